@@ -1,0 +1,55 @@
+"""An open NATS connection with the JetStream helpers the connector uses, async and blocking."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from nats_spark.connection import ConnectionSettings, connect
+from nats_spark.jetstream.api import JetStreamApi
+from nats_spark.jetstream.pull import PullConsumer
+from nats_spark.loop import Blocking, run_sync
+from nats_spark.server import check_server_version
+
+
+class NatsClient:
+    """Connection, raw JetStream API, nats-py JetStream context (for KV) and pull consumers."""
+
+    def __init__(self, nc: NATS, settings: ConnectionSettings) -> None:
+        self.nc = nc
+        self.settings = settings
+        self.api = JetStreamApi(nc)
+        self.js: JetStreamContext = nc.jetstream()
+
+    @classmethod
+    async def open(cls, settings: ConnectionSettings) -> NatsClient:
+        """Connect and check that the server supports priority groups (2.11+)."""
+        nc = await connect(settings)
+        version = nc.connected_server_version
+        try:
+            check_server_version(
+                (version.major, version.minor, version.patch), f"NATS server {settings.described()}"
+            )
+        except Exception:
+            await nc.close()
+            raise
+        return cls(nc, settings)
+
+    @property
+    def server_version(self) -> tuple[int, int, int]:
+        version = self.nc.connected_server_version
+        return version.major, version.minor, version.patch
+
+    def pull_consumer(
+        self, stream: str, consumer: str, group: str | None = None, pin_id: str | None = None
+    ) -> PullConsumer:
+        return PullConsumer(self.nc, stream, consumer, group=group, pin_id=pin_id)
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            await self.nc.drain() if self.nc.is_connected else await self.nc.close()
+
+
+def open_blocking(settings: ConnectionSettings) -> Blocking[NatsClient]:
+    """A `NatsClient` for synchronous callers; its coroutine methods block on the process loop."""
+    return Blocking(run_sync(NatsClient.open(settings)))

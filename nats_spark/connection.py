@@ -1,0 +1,182 @@
+"""Connection settings in one place, mapped to `nats.connect`; secrets never printed."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import ssl
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from nats.aio.client import Client as NATS
+
+from nats_spark.errors import ConfigurationError, ConnectionFailed
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "nats://127.0.0.1:4222"
+_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
+
+
+def parse_servers(text: str) -> tuple[str, ...]:
+    """Split a comma list of server URLs; bare `host:port` gets `nats://`."""
+    servers = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "://" not in part:
+            part = "nats://" + part
+        if not part.startswith(_SCHEMES):
+            raise ConfigurationError(
+                f"server URL {redact_url(part)!r} has an unknown scheme; use nats://, tls://, "
+                "ws:// or wss://"
+            )
+        servers.append(part)
+    if not servers:
+        raise ConfigurationError("no NATS server given; set servers to e.g. nats://host:4222")
+    return tuple(servers)
+
+
+def redact_url(url: str) -> str:
+    """The URL with any `user:password@` or `token@` part replaced by `***@`."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """How to reach NATS. Picklable, so it can travel to Spark executors inside a partition.
+
+    `nkey_seed` and `creds` are paths to files; `password` and `token` are the secrets themselves
+    and never appear in `repr`.
+    """
+
+    servers: tuple[str, ...] = (DEFAULT_URL,)
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    nkey_seed: str | None = None
+    creds: str | None = None
+    tls_ca_cert: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_hostname: str | None = None
+    name: str = "nats-spark"
+    connect_timeout: float = 5.0
+    max_reconnect_attempts: int = 60
+    reconnect_time_wait: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.password is not None and self.user is None:
+            raise ConfigurationError("password given without user; set user as well")
+        if self.token and self.user:
+            raise ConfigurationError("both token and user given; use one way to authenticate")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigurationError(
+                "tlsCert and tlsKey go together; give both for mutual TLS, or neither"
+            )
+        for label, path in (
+            ("nkeySeed", self.nkey_seed),
+            ("creds", self.creds),
+            ("tlsCaCert", self.tls_ca_cert),
+            ("tlsCert", self.tls_cert),
+            ("tlsKey", self.tls_key),
+        ):
+            if path and not os.path.isfile(path):
+                raise ConfigurationError(f"{label} file {path} does not exist; check the path")
+        if self.connect_timeout <= 0:
+            raise ConfigurationError("connect timeout must be positive")
+
+    @property
+    def uses_tls(self) -> bool:
+        return bool(self.tls_ca_cert or self.tls_cert) or any(
+            s.startswith(("tls://", "wss://")) for s in self.servers
+        )
+
+    def described(self) -> str:
+        """Servers without credentials, for messages."""
+        return ",".join(redact_url(s) for s in self.servers)
+
+    def with_name(self, name: str) -> ConnectionSettings:
+        return replace(self, name=name)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not self.uses_tls:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca_cert)
+        if self.tls_cert:
+            context.load_cert_chain(self.tls_cert, self.tls_key)
+        return context
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "servers": list(self.servers),
+            "name": self.name,
+            "connect_timeout": self.connect_timeout,
+            "max_reconnect_attempts": self.max_reconnect_attempts,
+            "reconnect_time_wait": self.reconnect_time_wait,
+            "allow_reconnect": True,
+        }
+        if self.user is not None:
+            kwargs["user"] = self.user
+            kwargs["password"] = self.password or ""
+        if self.token:
+            kwargs["token"] = self.token
+        if self.nkey_seed:
+            kwargs["nkeys_seed"] = self.nkey_seed
+        if self.creds:
+            kwargs["user_credentials"] = self.creds
+        context = self.ssl_context()
+        if context is not None:
+            kwargs["tls"] = context
+            if self.tls_hostname:
+                kwargs["tls_hostname"] = self.tls_hostname
+        return kwargs
+
+
+def _failure_reason(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    lowered = text.lower()
+    if "authorization" in lowered or "authentication" in lowered:
+        return "the server refused the credentials; check user/password, token, nkey or creds"
+    if "permissions violation" in lowered:
+        return f"permission denied ({text}); grant the user the subjects the README lists"
+    if (
+        isinstance(error, (ConnectionRefusedError, TimeoutError))
+        or "connect call failed" in lowered
+    ):
+        return f"no server answered ({text}); check the URL and that nats-server is running"
+    if isinstance(error, ssl.SSLError) or "ssl" in lowered or "certificate" in lowered:
+        return f"TLS failed ({text}); check tlsCaCert, tlsCert, tlsKey and the server's TLS setup"
+    return text
+
+
+async def connect(settings: ConnectionSettings) -> NATS:
+    """Connect with `settings`; failures become one-line `ConnectionFailed` errors."""
+    errors: list[BaseException] = []
+
+    async def on_error(error: Exception) -> None:
+        if not nc.is_connected and not errors:
+            errors.append(error)  # the first failure explains a failed connect best
+        level = logging.WARNING if nc.is_connected or nc.is_reconnecting else logging.DEBUG
+        log.log(level, "NATS error on %s: %s", settings.described(), _failure_reason(error))
+
+    kwargs = settings.connect_kwargs()
+    # Fail fast on the first connect (one retry per server); reconnect policy applies afterwards.
+    kwargs["max_reconnect_attempts"] = 1
+    nc = NATS()
+    try:
+        await nc.connect(error_cb=on_error, **kwargs)
+    except Exception as error:  # nats-py raises many unrelated types here
+        cause = errors[0] if errors else error
+        with contextlib.suppress(Exception):  # best effort on a connection that never opened
+            await nc.close()
+        raise ConnectionFailed(
+            f"cannot connect to NATS at {settings.described()}: {_failure_reason(cause)}"
+        ) from None
+    nc.options["max_reconnect_attempts"] = settings.max_reconnect_attempts
+    return nc

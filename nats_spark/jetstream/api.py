@@ -1,0 +1,132 @@
+"""Raw `$JS.API` requests, for what nats-py does not do (priority fields, unpin) or does lossily.
+
+nats-py's `add_consumer` drops `priority_*` fields, so every consumer call goes through here.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from nats_spark.errors import JetStreamApiError, NatsSparkError, NotFound
+
+NANOS = 1_000_000_000
+
+
+def to_nanos(seconds: float) -> int:
+    return int(round(seconds * NANOS))
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """A message read from a stream by sequence."""
+
+    subject: str
+    seq: int
+    data: bytes
+    headers: bytes | None
+    time: str
+
+
+class JetStreamApi:
+    """JetStream API requests answering with decoded JSON, errors raised as `JetStreamApiError`."""
+
+    def __init__(self, nc: NATS, prefix: str = "$JS.API", timeout: float = 5.0) -> None:
+        self.nc = nc
+        self.prefix = prefix
+        self.timeout = timeout
+
+    async def request(self, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        full = f"{self.prefix}.{subject}"
+        payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else b""
+        try:
+            reply = await self.nc.request(full, payload, timeout=self.timeout)
+        except NoRespondersError:
+            raise NatsSparkError(
+                f"JetStream did not answer {full}; enable JetStream on the server "
+                "(nats-server -js) and check the account's permissions"
+            ) from None
+        except NatsTimeout:
+            raise NatsSparkError(
+                f"JetStream request {full} timed out after {self.timeout}s; check the server's "
+                "health and the user's permission to publish to $JS.API.>"
+            ) from None
+        answer = json.loads(reply.data)
+        error = answer.get("error")
+        if error:
+            cls = NotFound if error.get("code") == 404 else JetStreamApiError
+            raise cls(
+                full, error.get("code", 0), error.get("err_code", 0), error.get("description", "")
+            )
+        return answer
+
+    async def account_info(self) -> dict[str, Any]:
+        return await self.request("INFO")
+
+    async def stream_info(self, stream: str) -> dict[str, Any]:
+        return await self.request(f"STREAM.INFO.{stream}")
+
+    async def create_stream(self, config: dict[str, Any]) -> dict[str, Any]:
+        return await self.request(f"STREAM.CREATE.{config['name']}", config)
+
+    async def update_stream(self, config: dict[str, Any]) -> dict[str, Any]:
+        return await self.request(f"STREAM.UPDATE.{config['name']}", config)
+
+    async def delete_stream(self, stream: str) -> None:
+        await self.request(f"STREAM.DELETE.{stream}")
+
+    async def stream_names(self, subject: str | None = None) -> list[str]:
+        names: list[str] = []
+        while True:
+            body: dict[str, Any] = {"offset": len(names)}
+            if subject:
+                body["subject"] = subject
+            page = await self.request("STREAM.NAMES", body)
+            names += page.get("streams") or []
+            if not page.get("streams") or len(names) >= page.get("total", 0):
+                return names
+
+    async def create_consumer(
+        self, stream: str, name: str, config: dict[str, Any], action: str = "create"
+    ) -> dict[str, Any]:
+        """Create (`action="create"`), update (`"update"`) or create-or-update (`""`) a consumer."""
+        body = {"stream_name": stream, "config": {**config, "name": name}, "action": action}
+        if config.get("durable_name"):
+            body["config"]["durable_name"] = name
+        return await self.request(f"CONSUMER.CREATE.{stream}.{name}", body)
+
+    async def consumer_info(self, stream: str, consumer: str) -> dict[str, Any]:
+        return await self.request(f"CONSUMER.INFO.{stream}.{consumer}")
+
+    async def delete_consumer(self, stream: str, consumer: str) -> None:
+        await self.request(f"CONSUMER.DELETE.{stream}.{consumer}")
+
+    async def consumer_names(self, stream: str) -> list[str]:
+        names: list[str] = []
+        while True:
+            page = await self.request(f"CONSUMER.NAMES.{stream}", {"offset": len(names)})
+            names += page.get("consumers") or []
+            if not page.get("consumers") or len(names) >= page.get("total", 0):
+                return names
+
+    async def unpin(self, stream: str, consumer: str, group: str) -> None:
+        """Drop the current pin of `group`, so the server pins the next waiting pull."""
+        await self.request(f"CONSUMER.UNPIN.{stream}.{consumer}", {"group": group})
+
+    async def get_message(self, stream: str, seq: int) -> StoredMessage:
+        """The message at `seq`; `NotFound` when it was deleted (retention, purge)."""
+        answer = await self.request(f"STREAM.MSG.GET.{stream}", {"seq": seq})
+        msg = answer["message"]
+        return StoredMessage(
+            subject=msg["subject"],
+            seq=msg["seq"],
+            data=base64.b64decode(msg.get("data") or ""),
+            headers=base64.b64decode(msg["hdrs"]) if msg.get("hdrs") else None,
+            time=msg["time"],
+        )

@@ -1,0 +1,162 @@
+"""Group configs in the KV buckets the Go library uses, read and written with compare-and-set."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import NotFoundError as JsNotFound
+from nats.js.kv import KeyValue
+
+from nats_spark.client import NatsClient
+from nats_spark.errors import ConfigurationError, NatsSparkError
+from nats_spark.pcg.config import ElasticConfig, StaticConfig
+
+GroupConfig = StaticConfig | ElasticConfig
+
+
+class GroupKind(StrEnum):
+    STATIC = "static"
+    ELASTIC = "elastic"
+
+    @property
+    def bucket(self) -> str:
+        return f"{self.value}-consumer-groups"
+
+    @property
+    def config_type(self) -> type[GroupConfig]:
+        return StaticConfig if self is GroupKind.STATIC else ElasticConfig
+
+
+class GroupNotFound(ConfigurationError):
+    """No config for the group in the KV bucket(s)."""
+
+
+class GroupChanged(NatsSparkError):
+    """A compare-and-set update lost against a concurrent writer."""
+
+
+def group_key(stream: str, group: str) -> str:
+    return f"{stream}.{group}"
+
+
+@dataclass(frozen=True)
+class GroupEntry:
+    """A group's config as stored, with the KV revision it was read at."""
+
+    kind: GroupKind
+    stream: str
+    group: str
+    config: GroupConfig
+    revision: int
+
+    @property
+    def key(self) -> str:
+        return group_key(self.stream, self.group)
+
+
+async def _bucket(client: NatsClient, kind: GroupKind) -> KeyValue | None:
+    try:
+        return await client.js.key_value(kind.bucket)
+    except BucketNotFoundError:
+        return None
+
+
+async def _read(client: NatsClient, kind: GroupKind, stream: str, group: str) -> GroupEntry | None:
+    kv = await _bucket(client, kind)
+    if kv is None:
+        return None
+    key = group_key(stream, group)
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:  # also raised for a deleted key
+        return None
+    config = kind.config_type.from_json(entry.value or b"", key=f"{kind.bucket}/{key}")
+    config.validate()
+    return GroupEntry(kind, stream, group, config, entry.revision or 0)
+
+
+async def load_group(
+    client: NatsClient, stream: str, group: str, kind: GroupKind | None = None
+) -> GroupEntry:
+    """The group's entry; with `kind=None` both buckets are searched."""
+    kinds = [kind] if kind else list(GroupKind)
+    found = [entry for k in kinds if (entry := await _read(client, k, stream, group)) is not None]
+    if not found:
+        where = " or ".join(k.bucket for k in kinds)
+        raise GroupNotFound(
+            f"consumer group {group!r} on stream {stream!r} not found in KV bucket {where}; "
+            "create it first (nats-pcg static|elastic create ...) or check stream and group"
+        )
+    if len(found) > 1:
+        raise ConfigurationError(
+            f"consumer group {group!r} on stream {stream!r} exists both as static and elastic "
+            "group; set groupType to static or elastic"
+        )
+    return found[0]
+
+
+async def create_group(
+    client: NatsClient, kind: GroupKind, stream: str, group: str, config: GroupConfig
+) -> GroupEntry:
+    """Store a new group config; the bucket is made on first use with the stream's replicas."""
+    config.validate()
+    try:
+        info = await client.api.stream_info(stream)
+    except JsNotFound:
+        raise GroupNotFound(f"stream {stream!r} does not exist; create it first") from None
+    kv = await _bucket(client, kind)
+    if kv is None:
+        kv = await client.js.create_key_value(
+            bucket=kind.bucket, replicas=info["config"].get("num_replicas", 1), history=1
+        )
+    key = group_key(stream, group)
+    try:
+        revision = await kv.create(key, config.to_json())
+    except KeyWrongLastSequenceError:
+        raise ConfigurationError(
+            f"{kind.value} consumer group {group!r} on stream {stream!r} already exists; "
+            "delete it first or pick another name"
+        ) from None
+    return GroupEntry(kind, stream, group, config, revision)
+
+
+async def update_group(client: NatsClient, entry: GroupEntry, config: GroupConfig) -> GroupEntry:
+    """Replace the config if nobody wrote it since `entry` was read (compare-and-set)."""
+    config.validate()
+    kv = await _bucket(client, entry.kind)
+    if kv is None:
+        raise GroupNotFound(f"KV bucket {entry.kind.bucket} is gone; recreate the group")
+    try:
+        revision = await kv.update(entry.key, config.to_json(), last=entry.revision)
+    except KeyWrongLastSequenceError:
+        raise GroupChanged(
+            f"consumer group {entry.group!r} changed while it was being updated; retry"
+        ) from None
+    return GroupEntry(entry.kind, entry.stream, entry.group, config, revision)
+
+
+async def delete_group_entry(client: NatsClient, kind: GroupKind, stream: str, group: str) -> bool:
+    """Delete the group's KV entry; False when there was none."""
+    if await _read(client, kind, stream, group) is None:
+        return False
+    kv = await _bucket(client, kind)
+    assert kv is not None
+    await kv.delete(group_key(stream, group))
+    return True
+
+
+async def list_groups(client: NatsClient, kind: GroupKind, stream: str) -> list[str]:
+    """Names of the stream's groups of `kind`, sorted."""
+    kv = await _bucket(client, kind)
+    if kv is None:
+        return []
+    try:
+        keys = await kv.keys()
+    except Exception as error:  # nats-py raises NoKeysError for an empty bucket
+        if type(error).__name__ == "NoKeysError":
+            return []
+        raise
+    prefix = f"{stream}."
+    return sorted(key[len(prefix) :] for key in keys if key.startswith(prefix))

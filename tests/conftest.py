@@ -1,0 +1,62 @@
+"""Shared fixtures: a real NATS server (embedded binary, `NATS_URL`, or a Docker container)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from nats_spark.client import NatsClient, open_blocking
+from nats_spark.connection import ConnectionSettings, parse_servers
+from nats_spark.loop import Blocking, run_sync
+from nats_spark.server import EmbeddedServer
+
+
+def _docker_url() -> Iterator[str]:
+    try:
+        import docker
+
+        docker.from_env().ping()
+    except Exception as error:  # no engine reachable: the binary path is the default anyway
+        pytest.skip(f"no Docker engine reachable ({type(error).__name__})")
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.waiting_utils import wait_for_logs
+
+    container = DockerContainer("nats:2.12-alpine").with_command("-js").with_exposed_ports(4222)
+    with container:
+        wait_for_logs(container, "Server is ready", timeout=30)
+        host = container.get_container_host_ip()
+        yield f"nats://{host}:{container.get_exposed_port(4222)}"
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> Iterator[str]:
+    """The test server: `NATS_URL`, a container if NATS_SPARK_DOCKER=1, else the embedded binary."""
+    if os.environ.get("NATS_URL"):
+        yield os.environ["NATS_URL"]
+    elif os.environ.get("NATS_SPARK_DOCKER") == "1":
+        yield from _docker_url()
+    else:
+        with EmbeddedServer() as server:
+            yield server.url
+
+
+@pytest.fixture(scope="session")
+def settings(nats_url: str) -> ConnectionSettings:
+    return ConnectionSettings(servers=parse_servers(nats_url), name="nats-spark-tests")
+
+
+@pytest.fixture
+def client(settings: ConnectionSettings) -> Iterator[Blocking[NatsClient]]:
+    """A blocking client, closed after the test."""
+    blocking = open_blocking(settings)
+    yield blocking
+    run_sync(blocking.target.close())
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique token for stream and consumer names, so tests never collide."""
+    return uuid.uuid4().hex[:8]
