@@ -6,11 +6,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
-from nats.js.errors import NotFoundError as JsNotFound
 from nats.js.kv import KeyValue
 
 from nats_spark.client import NatsClient
-from nats_spark.errors import ConfigurationError, NatsSparkError
+from nats_spark.errors import ConfigurationError, NatsSparkError, NotFound
 from nats_spark.pcg.config import ElasticConfig, StaticConfig
 
 GroupConfig = StaticConfig | ElasticConfig
@@ -104,7 +103,7 @@ async def create_group(
     config.validate()
     try:
         info = await client.api.stream_info(stream)
-    except JsNotFound:
+    except NotFound:
         raise GroupNotFound(f"stream {stream!r} does not exist; create it first") from None
     kv = await _bucket(client, kind)
     if kv is None:

@@ -1,0 +1,579 @@
+"""`nats-pcg`: administer and try out partitioned consumer groups, like the Go `cg` CLI.
+
+Every command is a small coroutine taking an open `NatsClient` and the parsed arguments and
+returning the exit code; `main` parses, connects, runs it on the process event loop and turns
+any failure into one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from nats_spark.client import NatsClient
+from nats_spark.connection import DEFAULT_URL, ConnectionSettings, parse_servers
+from nats_spark.errors import ConfigurationError, NatsSparkError
+from nats_spark.loop import run_sync
+from nats_spark.pcg import admin
+from nats_spark.pcg.config import ElasticConfig, MemberMapping, PartitioningFilter
+from nats_spark.pcg.partitioning import elastic_stream_name, member_partitions
+from nats_spark.pcg.store import GroupEntry, GroupKind
+
+PROG = "nats-pcg"
+Command = Callable[[NatsClient, argparse.Namespace], Awaitable[int]]
+
+ELASTIC_CREATE_HELP = """\
+Partitioning: give one --partition-wildcards per --filter, in the same order, or none at all.
+--partition-wildcards takes the 1-based indexes of the filter's '*' tokens whose values pick
+the partition (e.g. --filter 'orders.*.*' --partition-wildcards 1,2); an empty value ('')
+hashes the whole subject for that filter. Without --partition-wildcards every filter hashes
+whole subjects, and without --filter the group takes every subject of the stream ('>'),
+hashed whole. Hashing whole subjects needs nats-server 2.12 or newer.
+"""
+
+
+# --- Argument types ---------------------------------------------------------------------------
+
+
+def _mapping(text: str) -> MemberMapping:
+    """`member:p1,p2,...` as a member mapping."""
+    member, sep, partitions = text.partition(":")
+    try:
+        numbers = [int(p) for p in partitions.split(",")]
+    except ValueError:
+        numbers = []
+    if not (sep and member and numbers):
+        raise argparse.ArgumentTypeError(
+            f"invalid member mapping {text!r}: use <member>:<partition>,<partition>... "
+            "such as m1:0,1,2"
+        )
+    return MemberMapping(member, numbers)
+
+
+def _wildcards(text: str) -> list[int]:
+    """`1,2` as wildcard indexes; an empty string for none."""
+    try:
+        return [int(i) for i in text.split(",")] if text.strip() else []
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid wildcard indexes {text!r}: use comma-separated numbers such as 1,2"
+        ) from None
+
+
+def _partitioning_filters(
+    filters: list[str] | None, wildcards: list[list[int]] | None
+) -> list[PartitioningFilter] | None:
+    if not filters:
+        if wildcards:
+            raise ConfigurationError(
+                "--partition-wildcards given without --filter; add the --filter it belongs to"
+            )
+        return None
+    if wildcards is None:
+        wildcards = [[] for _ in filters]
+    if len(wildcards) != len(filters):
+        raise ConfigurationError(
+            f"{len(filters)} --filter but {len(wildcards)} --partition-wildcards given; give one "
+            "--partition-wildcards per --filter in the same order, or none at all"
+        )
+    # No indexes are stored as null, Go's nil: hash the whole subject.
+    return [PartitioningFilter(f, w or None) for f, w in zip(filters, wildcards, strict=True)]
+
+
+# --- Output -----------------------------------------------------------------------------------
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Left-aligned columns separated by two spaces."""
+    lines = [list(header), *([str(cell) for cell in row] for row in rows)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
+
+
+def _fields(pairs: Iterable[tuple[str, Any]]) -> str:
+    """`label: value` lines with the values aligned."""
+    pairs = list(pairs)
+    width = max(len(label) for label, _ in pairs) + 1
+    return "\n".join(f"{label + ':':<{width}} {value}" for label, value in pairs)
+
+
+def _numbers(values: Iterable[int]) -> str:
+    return ",".join(map(str, values)) or "-"
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _limit(value: int) -> str:
+    return str(value) if value > 0 else "unlimited"
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2))
+
+
+# --- Commands ---------------------------------------------------------------------------------
+
+
+def _kind(args: argparse.Namespace) -> GroupKind:
+    return GroupKind(args.kind)
+
+
+async def _ls(client: NatsClient, args: argparse.Namespace) -> int:
+    kind = _kind(args)
+    lister = admin.list_static if kind is GroupKind.STATIC else admin.list_elastic
+    groups = await lister(client, args.stream)
+    if args.json:
+        _print_json({"kind": kind.value, "stream": args.stream, "groups": groups})
+    elif groups:
+        print("\n".join(groups))
+    else:
+        print(f"no {kind.value} consumer groups on stream {args.stream}")
+    return 0
+
+
+def _config_fields(entry: GroupEntry) -> list[tuple[str, Any]]:
+    config = entry.config
+    pairs: list[tuple[str, Any]] = [("max members", config.max_members)]
+    if isinstance(config, ElasticConfig):
+        filters = config.partitioning_filters or [PartitioningFilter(">")]
+        pairs += [
+            (
+                "filter",
+                f"{pf.filter} (partition by wildcards {_numbers(pf.partitioning_wildcards)})"
+                if pf.partitioning_wildcards
+                else f"{pf.filter} (partition by whole subject)",
+            )
+            for pf in filters
+        ]
+        pairs += [
+            ("work-queue stream", elastic_stream_name(entry.stream, entry.group)),
+            ("max buffered msgs", _limit(config.max_buffered_msgs)),
+            ("max buffered bytes", _limit(config.max_buffered_bytes)),
+        ]
+    else:
+        pairs.append(("filters", ", ".join(config.filters) or "> (all)"))
+    mode = "mapped" if config.member_mappings else "balanced" if config.members else "no members"
+    return [*pairs, ("membership", mode), ("KV revision", entry.revision)]
+
+
+async def _info(client: NatsClient, args: argparse.Namespace) -> int:
+    kind = _kind(args)
+    loader = admin.static_info if kind is GroupKind.STATIC else admin.elastic_info
+    entry = await loader(client, args.stream, args.group)
+    active = set(await admin.list_active_members(client, kind, args.stream, args.group))
+    config = entry.config
+    members = [
+        {
+            "member": member,
+            "partitions": member_partitions(
+                config.members, config.max_members, config.member_mappings, member
+            ),
+            "active": member in active,
+        }
+        for member in admin.membership(config)
+    ]
+    if args.json:
+        document: dict[str, Any] = {
+            "kind": kind.value,
+            "stream": entry.stream,
+            "group": entry.group,
+            "revision": entry.revision,
+            "config": json.loads(config.to_json()),
+            "members": members,
+        }
+        if kind is GroupKind.ELASTIC:
+            document["work_queue_stream"] = elastic_stream_name(entry.stream, entry.group)
+        _print_json(document)
+        return 0
+    print(f"{kind.value.capitalize()} consumer group {entry.group} on stream {entry.stream}")
+    print()
+    print(_fields(_config_fields(entry)))
+    if members:
+        print()
+        rows = [(m["member"], _numbers(m["partitions"]), _yes(m["active"])) for m in members]
+        print(_table(("MEMBER", "PARTITIONS", "ACTIVE"), rows))
+    return 0
+
+
+async def _create_static(client: NatsClient, args: argparse.Namespace) -> int:
+    entry = await admin.create_static(
+        client,
+        args.stream,
+        args.group,
+        args.max_members,
+        members=getattr(args, "members", None),  # balanced
+        member_mappings=getattr(args, "mappings", None),  # mapped
+        filters=args.filter,
+    )
+    print(f"created static consumer group {entry.group} on stream {entry.stream}")
+    return 0
+
+
+async def _create_elastic(client: NatsClient, args: argparse.Namespace) -> int:
+    filters = _partitioning_filters(args.filter, args.partition_wildcards)
+    entry = await admin.create_elastic(
+        client,
+        args.stream,
+        args.group,
+        args.max_members,
+        filters,
+        max_buffered_msgs=args.max_buffered_msgs,
+        max_buffered_bytes=args.max_buffered_bytes,
+    )
+    print(
+        f"created elastic consumer group {entry.group} on stream {entry.stream} "
+        f"(work-queue stream {elastic_stream_name(entry.stream, entry.group)})"
+    )
+    return 0
+
+
+async def _delete(client: NatsClient, args: argparse.Namespace) -> int:
+    if _kind(args) is GroupKind.STATIC:
+        consumers = await admin.delete_static(client, args.stream, args.group)
+        detail = f"; deleted consumers: {', '.join(consumers)}" if consumers else ""
+    else:
+        await admin.delete_elastic(client, args.stream, args.group)
+        detail = f"; deleted stream {elastic_stream_name(args.stream, args.group)}"
+    print(f"deleted {args.kind} consumer group {args.group} on stream {args.stream}{detail}")
+    return 0
+
+
+async def _add(client: NatsClient, args: argparse.Namespace) -> int:
+    entry = await admin.add_members(client, args.stream, args.group, args.members)
+    print(f"members of {entry.group}: {', '.join(entry.config.members)}")
+    return 0
+
+
+async def _drop(client: NatsClient, args: argparse.Namespace) -> int:
+    entry = await admin.drop_members(client, args.stream, args.group, args.members)
+    print(f"members of {entry.group}: {', '.join(entry.config.members) or '(none)'}")
+    return 0
+
+
+async def _create_mapping(client: NatsClient, args: argparse.Namespace) -> int:
+    entry = await admin.set_mappings(client, args.stream, args.group, args.mappings)
+    rows = [(m.member, _numbers(m.partitions)) for m in entry.config.member_mappings]
+    print(f"member mappings of {entry.group} set")
+    print(_table(("MEMBER", "PARTITIONS"), rows))
+    return 0
+
+
+async def _delete_mapping(client: NatsClient, args: argparse.Namespace) -> int:
+    entry = await admin.delete_mappings(client, args.stream, args.group)
+    print(f"member mappings of {entry.group} deleted; add members to assign the partitions")
+    return 0
+
+
+async def _member_info(client: NatsClient, args: argparse.Namespace) -> int:
+    info = await admin.member_info(client, _kind(args), args.stream, args.group, args.member)
+    if args.json:
+        _print_json(asdict(info))
+        return 0
+    print(
+        _fields(
+            [
+                ("member", info.member),
+                ("in membership", _yes(info.in_membership)),
+                ("active", _yes(info.active)),
+                ("pinned", _yes(info.pinned)),
+                ("partitions", _numbers(info.partitions)),
+                ("consumer", f"{info.stream} > {info.consumer}"),
+                ("pending", "-" if info.num_pending is None else info.num_pending),
+                ("ack pending", "-" if info.num_ack_pending is None else info.num_ack_pending),
+            ]
+        )
+    )
+    if info.in_membership and not info.active:
+        print(f"warning: member {info.member} is in the membership but has no running instance")
+    return 0
+
+
+async def _step_down(client: NatsClient, args: argparse.Namespace) -> int:
+    await admin.step_down(client, _kind(args), args.stream, args.group, args.member)
+    print(f"member {args.member} of {args.group} stepped down; the next waiting instance is pinned")
+    return 0
+
+
+async def _active(client: NatsClient, args: argparse.Namespace) -> int:
+    members = await admin.list_active_members(client, _kind(args), args.stream, args.group)
+    print("\n".join(members) if members else f"no active members in {args.group}")
+    return 0
+
+
+async def _consume(client: NatsClient, args: argparse.Namespace) -> int:
+    # Imported here: the member runtime is only needed by this command.
+    from nats_spark.pcg.member import GroupMessage, consume
+
+    received = 0
+    enough = asyncio.Event()
+
+    async def handler(msg: GroupMessage) -> None:
+        nonlocal received
+        if enough.is_set():
+            await msg.msg.nak()  # beyond --count: handed back for redelivery at once
+            return
+        text = msg.data.decode("utf-8", "replace")
+        print(f"[{msg.partition}] {msg.subject}: {text}", flush=True)
+        await msg.ack()
+        received += 1
+        if args.count and received >= args.count:
+            enough.set()
+
+    member = await consume(client, args.stream, args.group, args.member, handler, kind=_kind(args))
+    waiter = asyncio.ensure_future(enough.wait())
+    try:
+        await asyncio.wait(
+            {waiter, member.done}, timeout=args.timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        waiter.cancel()
+        stopped_by_itself = member.done.done()
+        await member.stop()
+    if enough.is_set():
+        return 0
+    if stopped_by_itself:
+        member.done.result()  # raises the member's error, if it ended with one
+        if args.count:
+            raise ConfigurationError(
+                f"member {args.member} stopped after {received} of {args.count} messages "
+                "(was the group deleted?)"
+            )
+        return 0
+    if args.count:
+        raise ConfigurationError(
+            f"timed out after {args.timeout:g}s with {received} of {args.count} messages; "
+            "publish more or raise --timeout"
+        )
+    return 0
+
+
+# --- Parser -----------------------------------------------------------------------------------
+
+
+def _add_connection_flags(parser: argparse.ArgumentParser) -> None:
+    conn = parser.add_argument_group("connection")
+    conn.add_argument(
+        "--server",
+        "-s",
+        default=os.environ.get("NATS_URL") or DEFAULT_URL,
+        help="NATS server URL(s), comma separated (default: $NATS_URL, else %(default)s)",
+    )
+    auth = conn.add_mutually_exclusive_group()
+    auth.add_argument("--user", help="user name (with --password)")
+    auth.add_argument("--token", help="authentication token")
+    auth.add_argument("--creds", metavar="FILE", help="credentials file (JWT and nkey seed)")
+    auth.add_argument("--nkey", metavar="FILE", help="nkey seed file")
+    conn.add_argument("--password", help="password for --user")
+    conn.add_argument("--tls-ca", metavar="FILE", help="CA certificate to verify the server")
+    conn.add_argument("--tls-cert", metavar="FILE", help="client certificate (mutual TLS)")
+    conn.add_argument("--tls-key", metavar="FILE", help="client key (mutual TLS)")
+
+
+def settings_from_args(args: argparse.Namespace) -> ConnectionSettings:
+    """The connection settings the command-line flags describe."""
+    return ConnectionSettings(
+        servers=parse_servers(args.server),
+        user=args.user,
+        password=args.password,
+        token=args.token,
+        nkey_seed=args.nkey,
+        creds=args.creds,
+        tls_ca_cert=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        name=PROG,
+    )
+
+
+def _command(
+    subparsers: Any, name: str, run: Command, help: str, *, aliases: Sequence[str] = ()
+) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(name, help=help, description=help, aliases=list(aliases))
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _group_args(parser: argparse.ArgumentParser, *, member: bool = False) -> None:
+    parser.add_argument("stream", help="stream name")
+    parser.add_argument("group", help="consumer group name")
+    if member:
+        parser.add_argument("member", help="member name")
+
+
+def _json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _add_shared_commands(subparsers: Any) -> None:
+    """Commands static and elastic groups have in common."""
+    ls = _command(subparsers, "ls", _ls, "list the consumer groups of a stream", aliases=["list"])
+    ls.add_argument("stream", help="stream name")
+    _json_flag(ls)
+    info = _command(subparsers, "info", _info, "show a consumer group's config and members")
+    _group_args(info)
+    _json_flag(info)
+    delete = _command(subparsers, "delete", _delete, "delete a consumer group", aliases=["rm"])
+    _group_args(delete)
+    member_info = _command(
+        subparsers,
+        "member-info",
+        _member_info,
+        "show one member's state",
+        aliases=["memberinfo", "minfo"],
+    )
+    _group_args(member_info, member=True)
+    _json_flag(member_info)
+    step_down = _command(
+        subparsers,
+        "step-down",
+        _step_down,
+        "unpin a member's running instance",
+        aliases=["stepdown", "sd"],
+    )
+    _group_args(step_down, member=True)
+    _group_args(_command(subparsers, "active", _active, "list the members that are running"))
+    consume = _command(
+        subparsers,
+        "consume",
+        _consume,
+        "join the group as a member; print and ack each message as '[partition] subject: data'",
+        aliases=["join"],
+    )
+    _group_args(consume, member=True)
+    consume.add_argument("--count", type=int, help="exit 0 after this many messages")
+    consume.add_argument(
+        "--timeout", type=float, help="give up after this many seconds (exit 1 if --count unmet)"
+    )
+
+
+def _add_static_commands(subparsers: Any) -> None:
+    create = subparsers.add_parser("create", help="create a static consumer group")
+    kinds = create.add_subparsers(dest="mode", required=True, metavar="{balanced,mapped}")
+    balanced = _command(
+        kinds, "balanced", _create_static, "spread the partitions evenly over the members"
+    )
+    _group_args(balanced)
+    balanced.add_argument("max_members", metavar="max-members", type=int, help="partitions")
+    balanced.add_argument("members", nargs="+", metavar="member", help="member names")
+    mapped = _command(kinds, "mapped", _create_static, "give each member explicit partitions")
+    _group_args(mapped)
+    mapped.add_argument("max_members", metavar="max-members", type=int, help="partitions")
+    mapped.add_argument(
+        "mappings", nargs="+", type=_mapping, metavar="member:p1,p2", help="member mappings"
+    )
+    for parser in (balanced, mapped):
+        parser.add_argument(
+            "--filter", action="append", help="subject filter (after the partition token); repeat"
+        )
+    _add_shared_commands(subparsers)
+
+
+def _add_elastic_commands(subparsers: Any) -> None:
+    create = _command(subparsers, "create", _create_elastic, "create an elastic consumer group")
+    create.epilog = ELASTIC_CREATE_HELP
+    create.formatter_class = argparse.RawDescriptionHelpFormatter
+    _group_args(create)
+    create.add_argument("max_members", metavar="max-members", type=int, help="partitions")
+    create.add_argument("--filter", action="append", help="partitioning subject filter; repeat")
+    create.add_argument(
+        "--partition-wildcards",
+        action="append",
+        type=_wildcards,
+        metavar="I,J",
+        help="wildcard indexes of the matching --filter (see below)",
+    )
+    for limit in ("msgs", "bytes"):
+        create.add_argument(
+            f"--max-buffered-{limit}",
+            type=int,
+            default=0,
+            metavar="N",
+            help=f"most {limit} the work-queue stream holds (default 0: unlimited)",
+        )
+    for name, run in (("add", _add), ("drop", _drop)):
+        change = _command(subparsers, name, run, f"{name} members (compare-and-set)")
+        _group_args(change)
+        change.add_argument("members", nargs="+", metavar="member", help="member names")
+    mapping = _command(
+        subparsers,
+        "create-mapping",
+        _create_mapping,
+        "map members to explicit partitions",
+        aliases=["createmapping", "cm"],
+    )
+    _group_args(mapping)
+    mapping.add_argument("mappings", nargs="+", type=_mapping, metavar="member:p1,p2")
+    _group_args(
+        _command(
+            subparsers,
+            "delete-mapping",
+            _delete_mapping,
+            "drop the member mappings",
+            aliases=["deletemapping", "dm"],
+        )
+    )
+    _add_shared_commands(subparsers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Administer NATS JetStream partitioned consumer groups (compatible with the "
+        "Go pcgroups library and its cg CLI).",
+    )
+    _add_connection_flags(parser)
+    kinds = parser.add_subparsers(dest="kind", required=True, metavar="{static,elastic}")
+    for kind, add_commands in (
+        (GroupKind.STATIC, _add_static_commands),
+        (GroupKind.ELASTIC, _add_elastic_commands),
+    ):
+        commands = kinds.add_parser(kind.value, help=f"{kind.value} consumer groups")
+        add_commands(commands.add_subparsers(dest="command", required=True, metavar="<command>"))
+    return parser
+
+
+# --- Entry point ------------------------------------------------------------------------------
+
+
+async def _run(settings: ConnectionSettings, args: argparse.Namespace) -> int:
+    client = await NatsClient.open(settings)
+    try:
+        return await args.run(client, args)
+    finally:
+        await client.close()
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
+    return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit code (2 for usage errors)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # usage error or --help: argparse already printed
+        return done.code if isinstance(done.code, int) else 2
+    try:
+        return run_sync(_run(settings_from_args(args), args))
+    except KeyboardInterrupt:
+        return 130
+    except (NatsSparkError, ValueError) as error:
+        return _fail(str(error))
+    except Exception as error:  # anything else still gets one line, never a traceback
+        return _fail(f"unexpected {type(error).__name__}: {error}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

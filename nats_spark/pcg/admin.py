@@ -1,0 +1,333 @@
+"""Administration of partitioned consumer groups, at parity with the Go library `pcgroups`.
+
+Static groups: create, delete, list, info. Elastic groups: the same plus membership changes and
+member mappings (compare-and-set on the KV revision). Both: active members, member info and
+step-down. Three defects of the Go library are not copied: static delete removes only the
+durables of the group's own members, membership lists keep a stable order, and an elastic member
+counts as active only when its own consumer exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nats_spark.client import NatsClient
+from nats_spark.errors import ConfigurationError, NotFound
+from nats_spark.pcg.config import ElasticConfig, MemberMapping, PartitioningFilter, StaticConfig
+from nats_spark.pcg.consumers import PRIORITY_GROUP, MemberConsumer, member_consumer
+from nats_spark.pcg.partitioning import (
+    elastic_stream_name,
+    elastic_subject_transforms,
+    member_partitions,
+)
+from nats_spark.pcg.store import (
+    GroupChanged,
+    GroupConfig,
+    GroupEntry,
+    GroupKind,
+    GroupNotFound,
+    create_group,
+    delete_group_entry,
+    list_groups,
+    load_group,
+    update_group,
+)
+
+STREAM_NOT_FOUND = 10059  # JetStream error code; 10014 is "consumer not found"
+CAS_ATTEMPTS = 5
+
+
+class StreamNotFound(GroupNotFound):
+    """The stream a group lives on (or an elastic group's work-queue stream) does not exist."""
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    """A member as the group config and the server see it; counts are None without a consumer."""
+
+    member: str
+    in_membership: bool
+    active: bool
+    pinned: bool
+    partitions: list[int]
+    stream: str
+    consumer: str
+    num_pending: int | None
+    num_ack_pending: int | None
+
+
+def membership(config: GroupConfig) -> list[str]:
+    """The member names of a config: its member list, or the members of its mappings."""
+    return list(config.members) or [m.member for m in config.member_mappings]
+
+
+async def _stream_info(client: NatsClient, stream: str) -> dict[str, Any]:
+    try:
+        return await client.api.stream_info(stream)
+    except NotFound:
+        raise StreamNotFound(
+            f"stream {stream!r} does not exist; create it first or check the name"
+        ) from None
+
+
+# --- Static groups ----------------------------------------------------------------------------
+
+
+async def create_static(
+    client: NatsClient,
+    stream: str,
+    group: str,
+    max_members: int,
+    members: Sequence[str] | None = None,
+    member_mappings: Sequence[MemberMapping] | None = None,
+    filters: Sequence[str] | None = None,
+) -> GroupEntry:
+    """Create a static group: balanced over `members`, or with explicit `member_mappings`.
+
+    The stream must exist and store `<partition>.<subject>` (Go members expect the same).
+    """
+    config = StaticConfig(
+        max_members=max_members,
+        filters=list(filters or ()),
+        members=list(members or ()),
+        member_mappings=list(member_mappings or ()),
+    )
+    config.validate()  # before touching the server, so a bad config names itself first
+    await _stream_info(client, stream)
+    return await create_group(client, GroupKind.STATIC, stream, group, config)
+
+
+async def delete_static(client: NatsClient, stream: str, group: str) -> list[str]:
+    """Delete the group's KV entry and its members' durables; returns the durables deleted.
+
+    Only `<group>-<member>` of the config's members goes: another group whose name starts with
+    `<group>-` keeps its consumers.
+    """
+    entry = await load_group(client, stream, group, GroupKind.STATIC)
+    # The entry first: running members see the delete and stop before their durable vanishes.
+    await delete_group_entry(client, GroupKind.STATIC, stream, group)
+    deleted = []
+    for member in membership(entry.config):
+        consumer = member_consumer(entry, member)
+        try:
+            await client.api.delete_consumer(consumer.stream, consumer.name)
+        except NotFound:
+            continue  # never created, or the member already deleted it
+        deleted.append(consumer.name)
+    return deleted
+
+
+async def list_static(client: NatsClient, stream: str) -> list[str]:
+    """Names of the stream's static groups, sorted."""
+    return await list_groups(client, GroupKind.STATIC, stream)
+
+
+async def static_info(client: NatsClient, stream: str, group: str) -> GroupEntry:
+    """The static group's stored config and KV revision."""
+    return await load_group(client, stream, group, GroupKind.STATIC)
+
+
+# --- Elastic groups ---------------------------------------------------------------------------
+
+
+def work_queue_stream_config(
+    stream: str, group: str, config: ElasticConfig, source_info: dict[str, Any]
+) -> dict[str, Any]:
+    """The config of the elastic group's work-queue stream, as the Go library creates it."""
+    source = source_info["config"]
+    return {
+        "name": elastic_stream_name(stream, group),
+        "retention": "workqueue",
+        "num_replicas": source.get("num_replicas", 1),
+        "storage": source.get("storage", "file"),
+        # The server reads 0 as "no limit" too; -1 states it the way stream info reports it.
+        "max_msgs": config.max_buffered_msgs if config.max_buffered_msgs > 0 else -1,
+        "max_bytes": config.max_buffered_bytes if config.max_buffered_bytes > 0 else -1,
+        "discard": "new",
+        "sources": [{"name": stream, "subject_transforms": elastic_subject_transforms(config)}],
+        "allow_direct": True,
+    }
+
+
+async def create_elastic(
+    client: NatsClient,
+    stream: str,
+    group: str,
+    max_members: int,
+    partitioning_filters: Sequence[PartitioningFilter] | None,
+    max_buffered_msgs: int = 0,
+    max_buffered_bytes: int = 0,
+) -> GroupEntry:
+    """Create an elastic group (no members yet) and its work-queue stream `<stream>-<group>`.
+
+    `partitioning_filters` None (stored as null) hashes every subject as a whole (server 2.12+).
+    """
+    config = ElasticConfig(
+        max_members=max_members,
+        partitioning_filters=None if partitioning_filters is None else list(partitioning_filters),
+        max_buffered_msgs=max_buffered_msgs,
+        max_buffered_bytes=max_buffered_bytes,
+    )
+    config.validate()
+    source_info = await _stream_info(client, stream)
+    entry = await create_group(client, GroupKind.ELASTIC, stream, group, config)
+    try:
+        await client.api.create_stream(work_queue_stream_config(stream, group, config, source_info))
+    except Exception:
+        # No half-made group: without its stream, members could never join.
+        await delete_group_entry(client, GroupKind.ELASTIC, stream, group)
+        raise
+    return entry
+
+
+async def delete_elastic(client: NatsClient, stream: str, group: str) -> None:
+    """Delete the group's KV entry (members stop) and its work-queue stream."""
+    await load_group(client, stream, group, GroupKind.ELASTIC)
+    await delete_group_entry(client, GroupKind.ELASTIC, stream, group)
+    with contextlib.suppress(NotFound):  # already gone: deleting is what was asked
+        await client.api.delete_stream(elastic_stream_name(stream, group))
+
+
+async def list_elastic(client: NatsClient, stream: str) -> list[str]:
+    """Names of the stream's elastic groups, sorted."""
+    return await list_groups(client, GroupKind.ELASTIC, stream)
+
+
+async def elastic_info(client: NatsClient, stream: str, group: str) -> GroupEntry:
+    """The elastic group's stored config and KV revision."""
+    return await load_group(client, stream, group, GroupKind.ELASTIC)
+
+
+async def _update_elastic(
+    client: NatsClient, stream: str, group: str, change: Callable[[GroupConfig], GroupConfig]
+) -> GroupEntry:
+    """Apply `change` to the current config with compare-and-set, retrying lost races."""
+    attempt = 0
+    while True:
+        entry = await load_group(client, stream, group, GroupKind.ELASTIC)
+        config = change(entry.config)
+        if config.to_json() == entry.config.to_json():
+            return entry  # nothing to write; a rewrite would only wake every member
+        try:
+            return await update_group(client, entry, config)
+        except GroupChanged:
+            attempt += 1
+            if attempt >= CAS_ATTEMPTS:
+                raise
+            await asyncio.sleep(random.uniform(0.01, 0.05) * attempt)  # let the writer finish
+
+
+async def add_members(
+    client: NatsClient, stream: str, group: str, names: Iterable[str]
+) -> GroupEntry:
+    """Add members: the existing ones keep their order, new names follow in the order given."""
+    names = list(names)
+    return await _update_elastic(client, stream, group, lambda c: c.with_members_added(names))
+
+
+async def drop_members(
+    client: NatsClient, stream: str, group: str, names: Iterable[str]
+) -> GroupEntry:
+    """Drop members (names that are not members are ignored); the others keep their order."""
+    names = list(names)
+    return await _update_elastic(client, stream, group, lambda c: c.with_members_dropped(names))
+
+
+async def set_mappings(
+    client: NatsClient, stream: str, group: str, mappings: Iterable[MemberMapping]
+) -> GroupEntry:
+    """Replace the member list (or earlier mappings) with explicit member mappings."""
+    mappings = list(mappings)
+    return await _update_elastic(client, stream, group, lambda c: c.with_mappings(mappings))
+
+
+async def delete_mappings(client: NatsClient, stream: str, group: str) -> GroupEntry:
+    """Drop the member mappings; add members afterwards to spread the partitions again."""
+    return await _update_elastic(client, stream, group, lambda c: c.without_mappings())
+
+
+# --- Members of both kinds --------------------------------------------------------------------
+
+
+async def _consumer_info(client: NatsClient, consumer: MemberConsumer) -> dict[str, Any] | None:
+    """The member consumer's info; None when it does not exist (the member is not running)."""
+    try:
+        return await client.api.consumer_info(consumer.stream, consumer.name)
+    except NotFound as error:
+        if error.err_code == STREAM_NOT_FOUND:
+            raise StreamNotFound(
+                f"stream {consumer.stream!r} does not exist; recreate the group "
+                "(an elastic group's work-queue stream comes with `create`)"
+            ) from None
+        return None
+
+
+def _pin_id(info: dict[str, Any]) -> str | None:
+    for state in info.get("priority_groups") or ():
+        if state.get("group") == PRIORITY_GROUP:
+            return state.get("pinned_client_id") or None
+    return None
+
+
+def _is_active(kind: GroupKind, info: dict[str, Any] | None) -> bool:
+    if info is None:
+        return False
+    if kind is GroupKind.ELASTIC:
+        return True  # elastic consumers vanish after their inactive threshold
+    # A static durable outlives its members: only waiting pulls or a pin show one is running.
+    return info.get("num_waiting", 0) > 0 or _pin_id(info) is not None
+
+
+async def list_active_members(
+    client: NatsClient, kind: GroupKind, stream: str, group: str
+) -> list[str]:
+    """Members of the group with a running instance, in membership order."""
+    entry = await load_group(client, stream, group, kind)
+    active = []
+    for member in membership(entry.config):
+        if _is_active(kind, await _consumer_info(client, member_consumer(entry, member))):
+            active.append(member)
+    return active
+
+
+async def member_info(
+    client: NatsClient, kind: GroupKind, stream: str, group: str, member: str
+) -> MemberInfo:
+    """Whether `member` belongs to the group, runs, holds a pin, and what it owns and owes."""
+    entry = await load_group(client, stream, group, kind)
+    config = entry.config
+    consumer = member_consumer(entry, member)
+    info = await _consumer_info(client, consumer)
+    return MemberInfo(
+        member=member,
+        in_membership=member in membership(config),
+        active=_is_active(kind, info),
+        pinned=info is not None and _pin_id(info) is not None,
+        partitions=member_partitions(
+            config.members, config.max_members, config.member_mappings, member
+        ),
+        stream=consumer.stream,
+        consumer=consumer.name,
+        num_pending=None if info is None else info.get("num_pending", 0),
+        num_ack_pending=None if info is None else info.get("num_ack_pending", 0),
+    )
+
+
+async def step_down(
+    client: NatsClient, kind: GroupKind, stream: str, group: str, member: str
+) -> None:
+    """Unpin the member's running instance, so the server pins another waiting instance."""
+    entry = await load_group(client, stream, group, kind)
+    consumer = member_consumer(entry, member)
+    try:
+        await client.api.unpin(consumer.stream, consumer.name, PRIORITY_GROUP)
+    except NotFound:
+        raise ConfigurationError(
+            f"member {member!r} of {kind.value} group {group!r} has no consumer "
+            f"{consumer.name!r} on stream {consumer.stream!r}; start the member first"
+        ) from None

@@ -1,0 +1,208 @@
+"""The write-ahead ack ledger: what each task took from NATS, in a JetStream KV bucket.
+
+An entry per (lineage, gen, slot) — a slot is one input partition of a batch: a group member, or
+one reader of a plain consumer. A task records every message it takes before it yields the rows,
+and seals the entry when done. A re-run of the same batch finds the entry and replays it; commit
+acks the entries of committed batches. Keys:
+
+- `<lineage>.<gen>.<slot>`: the head, JSON (state, attempt, chunk keys, count, pin, max_seq)
+- `<lineage>.<gen>.<slot>.<attempt>.<n>`: chunks of ack reply subjects, Arrow IPC, zstd
+- `query.<stream>.<target>`: the newest lineage and gen handed out for a target, so a restarted
+  driver on Spark 4.0/4.1 (whose `latestOffset` gets no start offset) can go on numbering, and
+  the pins the query's slots hold, so a restarted query resumes them instead of standing by
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import pyarrow as pa
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from nats_spark.client import NatsClient
+from nats_spark.errors import ConfigurationError, NatsSparkError
+
+_KEY_TOKEN = re.compile(r"^[-_=a-zA-Z0-9]+$")
+_CHUNK_SCHEMA = pa.schema([("reply", pa.string())])
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+CHUNK_MESSAGES = 4096  # reply subjects per chunk: ~300 KB raw, far below the 1 MB payload limit
+LEDGER_MAX_AGE = 7 * 24 * 3600.0
+
+
+class EntryState(StrEnum):
+    OPEN = "open"  # a task is (or was) taking messages
+    SEALED = "sealed"  # the task finished; the entry is what the batch emitted
+    ACKED = "acked"  # the batch was committed and its acks published
+
+
+class LedgerConflict(NatsSparkError):
+    """Another attempt of the same task took the entry over; this attempt must stop."""
+
+
+def key_token(name: str) -> str:
+    """A KV key token for `name`: itself when safe, else `_` and its UTF-8 in hex."""
+    if _KEY_TOKEN.match(name) and not name.startswith("_"):
+        return name
+    return "_" + name.encode().hex()
+
+
+def name_of(token: str) -> str:
+    """The name `key_token` made `token` from."""
+    return bytes.fromhex(token[1:]).decode() if token.startswith("_") else token
+
+
+@dataclass
+class EntryHead:
+    state: EntryState = EntryState.OPEN
+    attempt: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    chunks: list[str] = field(default_factory=list)
+    count: int = 0
+    max_seq: int = 0
+    pin: str | None = None
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> EntryHead:
+        raw = json.loads(data)
+        raw["state"] = EntryState(raw["state"])
+        return cls(**raw)
+
+
+def encode_chunk(replies: list[str]) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, _CHUNK_SCHEMA, options=_IPC_OPTIONS) as writer:
+        writer.write_batch(pa.record_batch([pa.array(replies, pa.string())], schema=_CHUNK_SCHEMA))
+    return sink.getvalue().to_pybytes()
+
+
+def decode_chunk(data: bytes) -> list[str]:
+    return pa.ipc.open_stream(data).read_all().column("reply").to_pylist()
+
+
+class Ledger:
+    """One query lineage's entries in the ledger bucket."""
+
+    def __init__(self, kv: KeyValue, lineage: str) -> None:
+        self.kv = kv
+        self.lineage = lineage
+
+    @staticmethod
+    async def bucket(client: NatsClient, name: str, create: bool, replicas: int = 1) -> KeyValue:
+        """The ledger bucket; the driver creates it, executors only open it."""
+        try:
+            return await client.js.key_value(name)
+        except BucketNotFoundError:
+            if not create:
+                raise ConfigurationError(
+                    f"ack ledger bucket {name!r} does not exist (deleted while the query ran?); "
+                    "restart the query so the driver recreates it"
+                ) from None
+        return await client.js.create_key_value(
+            bucket=name, history=1, ttl=LEDGER_MAX_AGE, replicas=replicas
+        )
+
+    def head_key(self, gen: int, slot: str) -> str:
+        return f"{self.lineage}.{gen}.{key_token(slot)}"
+
+    async def read_head(self, gen: int, slot: str) -> tuple[EntryHead, int] | None:
+        try:
+            entry = await self.kv.get(self.head_key(gen, slot))
+        except KeyNotFoundError:
+            return None
+        return EntryHead.from_bytes(entry.value or b""), entry.revision or 0
+
+    async def create_head(self, gen: int, slot: str, head: EntryHead) -> int | None:
+        """Create the head; None when it exists already (another attempt was first)."""
+        try:
+            return await self.kv.create(self.head_key(gen, slot), head.to_bytes())
+        except KeyWrongLastSequenceError:
+            return None
+
+    async def update_head(self, gen: int, slot: str, head: EntryHead, revision: int) -> int:
+        """Compare-and-set the head; `LedgerConflict` when someone else wrote it since."""
+        try:
+            return await self.kv.update(self.head_key(gen, slot), head.to_bytes(), last=revision)
+        except KeyWrongLastSequenceError:
+            raise LedgerConflict(
+                f"ledger entry {self.head_key(gen, slot)} was taken over by another task attempt"
+            ) from None
+
+    async def put_head(self, gen: int, slot: str, head: EntryHead) -> None:
+        await self.kv.put(self.head_key(gen, slot), head.to_bytes())
+
+    async def write_chunk(
+        self, gen: int, slot: str, head: EntryHead, replies: list[str]
+    ) -> list[str]:
+        """Store `replies` as new chunks of `head`'s attempt; returns their keys."""
+        keys = []
+        for start in range(0, len(replies), CHUNK_MESSAGES):
+            key = f"{self.head_key(gen, slot)}.{head.attempt}.{len(head.chunks) + len(keys)}"
+            await self.kv.put(key, encode_chunk(replies[start : start + CHUNK_MESSAGES]))
+            keys.append(key)
+        return keys
+
+    async def read_replies(self, head: EntryHead) -> list[str]:
+        replies: list[str] = []
+        for key in head.chunks:
+            try:
+                entry = await self.kv.get(key)
+            except KeyNotFoundError:
+                raise NatsSparkError(
+                    f"ack ledger chunk {key} is missing (bucket purged or expired?); the batch "
+                    "cannot be replayed exactly: restart the query with a new checkpoint"
+                ) from None
+            replies += decode_chunk(entry.value or b"")
+        return replies
+
+    async def heads(self) -> list[tuple[int, str]]:
+        """(gen, slot token) of every entry of this lineage."""
+        try:
+            keys = await self.kv.keys()
+        except Exception as error:  # nats-py raises NoKeysError for an empty bucket
+            if type(error).__name__ == "NoKeysError":
+                return []
+            raise
+        found = []
+        for key in keys:
+            parts = key.split(".")
+            if len(parts) == 3 and parts[0] == self.lineage:
+                found.append((int(parts[1]), parts[2]))
+        return sorted(found)
+
+    async def delete_entry(self, gen: int, slot: str, head: EntryHead) -> None:
+        for key in [*head.chunks, self.head_key(gen, slot)]:
+            await self.kv.purge(key)
+
+
+def pointer_key(stream: str, target: str) -> str:
+    return f"query.{key_token(stream)}.{key_token(target)}"
+
+
+@dataclass
+class Pointer:
+    """A target's newest lineage and gen, and the pins its slots last held."""
+
+    lineage: str
+    gen: int
+    pins: dict[str, str] = field(default_factory=dict)
+
+
+async def read_pointer(kv: KeyValue, key: str) -> Pointer | None:
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:
+        return None
+    data: dict[str, Any] = json.loads(entry.value or b"{}")
+    return Pointer(data["lineage"], int(data["gen"]), data.get("pins", {}))
+
+
+async def write_pointer(kv: KeyValue, key: str, pointer: Pointer) -> None:
+    await kv.put(key, json.dumps(asdict(pointer)).encode())

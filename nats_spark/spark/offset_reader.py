@@ -1,0 +1,410 @@
+"""Driver side: offsets, planning of input partitions, and acks of committed batches.
+
+Lives in Spark's long-running Python process for the query's driver; all state here is a cache
+of what the ledger and the checkpointed offsets hold, so a restarted driver rebuilds it.
+"""
+
+from __future__ import annotations
+
+import logging
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.js.kv import KeyValue
+
+from nats_spark.client import NatsClient
+from nats_spark.errors import ConfigurationError, NotFound
+from nats_spark.jetstream.acks import parse_reply, publish_acks
+from nats_spark.spark.ledger import (
+    EntryHead,
+    EntryState,
+    Ledger,
+    Pointer,
+    name_of,
+    pointer_key,
+    read_pointer,
+    write_pointer,
+)
+from nats_spark.spark.offsets import MemberPlan, SourceOffset
+from nats_spark.spark.options import SourceOptions
+from nats_spark.spark.partition_reader import SlotPartition
+from nats_spark.spark.targets import Slot, target_for
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Entry:
+    """The driver's view of one ledger entry."""
+
+    gen: int
+    slot: str
+    head: EntryHead | None = None
+    seqs: array | None = None  # stream sequences, loaded when needed for dedupe
+
+
+@dataclass
+class SlotState:
+    """What the last look at a slot's consumer showed (for planning and progress)."""
+
+    pending: int = 0
+    ack_pending: int = 0
+    ack_floor: int = 0
+    pinned: str | None = None
+    status: str = "idle"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class OffsetReader:
+    """Plans batches and acks them once Spark has committed them."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self.target = target_for(options)
+        self.client: NatsClient | None = None
+        self.kv: KeyValue | None = None
+        self.ledger: Ledger | None = None
+        self.head_gen = 0  # newest gen handed out in this lineage
+        self.current: SourceOffset | None = None  # the last offset returned to Spark
+        self.entries: dict[tuple[int, str], Entry] = {}
+        self.slots: dict[str, Slot] = {}  # every slot seen, also ones since dropped
+        self.pins: dict[str, str] = {}
+        self.states: dict[str, SlotState] = {}
+        self.available_now_seq: dict[str, int] | None = None
+        self._pointer = pointer_key(options.stream, options.group or options.consumer or "")
+
+    async def _connect(self) -> NatsClient:
+        if self.client is None:
+            client = await NatsClient.open(self.options.connection)
+            try:
+                stream = await client.api.stream_info(self.options.stream)
+            except NotFound:
+                await client.close()
+                raise ConfigurationError(
+                    f"stream {self.options.stream!r} does not exist on "
+                    f"{self.options.connection.described()}; create it or fix the stream option"
+                ) from None
+            replicas = stream["config"].get("num_replicas", 1)
+            self.kv = await Ledger.bucket(
+                client, self.options.ledger_bucket, create=True, replicas=replicas
+            )
+            self.client = client
+            for slot in await self.target.resolve(client):
+                self.slots[slot.name] = slot
+        return self.client
+
+    async def _adopt(self, offset: SourceOffset | None) -> None:
+        """Take the lineage of `offset` (or of the stored pointer) and load its ledger entries."""
+        await self._connect()
+        assert self.kv is not None
+        if offset is not None and self.ledger is not None and self.ledger.lineage == offset.lineage:
+            self.head_gen = max(self.head_gen, offset.gen)
+            return
+        pointer = await read_pointer(self.kv, self._pointer)
+        if offset is None:
+            if self.ledger is not None:
+                return
+            offset = (
+                SourceOffset(pointer.lineage, pointer.gen) if pointer else SourceOffset.initial()
+            )
+        self.ledger = Ledger(self.kv, offset.lineage)
+        self.head_gen = offset.gen
+        if pointer and pointer.lineage == offset.lineage:
+            self.head_gen = max(self.head_gen, pointer.gen)
+            self.pins = dict(pointer.pins)
+        self.entries = {
+            (gen, name_of(token)): Entry(gen, name_of(token))
+            for gen, token in await self.ledger.heads()
+        }
+        await self._load_heads(list(self.entries.values()))
+
+    async def _load_heads(self, entries: list[Entry]) -> None:
+        assert self.ledger is not None
+        for entry in entries:
+            found = await self.ledger.read_head(entry.gen, entry.slot)
+            if found is None:
+                self.entries.pop((entry.gen, entry.slot), None)
+                continue
+            entry.head = found[0]
+            if entry.head.pin:
+                newest = max((g for g, s in self.entries if s == entry.slot), default=entry.gen)
+                if entry.gen == newest:
+                    self.pins[entry.slot] = entry.head.pin
+
+    async def _new_offset(self, members: dict[str, MemberPlan]) -> SourceOffset:
+        assert self.ledger is not None and self.kv is not None
+        self.head_gen += 1
+        offset = SourceOffset(self.ledger.lineage, self.head_gen, members)
+        await self._save_pointer()
+        return offset
+
+    async def _save_pointer(self) -> None:
+        assert self.ledger is not None and self.kv is not None
+        pointer = Pointer(self.ledger.lineage, self.head_gen, dict(sorted(self.pins.items())))
+        await write_pointer(self.kv, self._pointer, pointer)
+
+    async def initial_offset(self) -> SourceOffset:
+        """A new lineage: Spark asks only when the checkpoint has no offsets yet."""
+        await self._connect()
+        offset = SourceOffset.initial()
+        self.ledger = None
+        await self._adopt(offset)
+        self.pins = {}
+        await self._save_pointer()
+        self.current = offset
+        return offset
+
+    async def prepare_available_now(self) -> None:
+        """Fix the end of an availableNow run: what the streams hold now."""
+        client = await self._connect()
+        self.available_now_seq = {}
+        for slot in self.slots.values():
+            info = await client.api.stream_info(slot.stream)
+            self.available_now_seq[slot.name] = info["state"]["last_seq"]
+
+    async def latest_offset(self, start: SourceOffset | None, max_rows: int | None) -> SourceOffset:
+        await self._adopt(start)
+        pins_before = dict(self.pins)
+        if start is not None:
+            await self.ack_through(start.gen)  # Spark 4.2+: `start` is committed
+        client = await self._connect()
+        resolved = await self.target.resolve(client)
+        for slot in resolved:
+            self.slots[slot.name] = slot
+        unknown = [e for e in self.entries.values() if e.head is None]
+        await self._load_heads(unknown)
+        first_seqs: dict[str, int] = {}
+        plans: dict[str, MemberPlan] = {}
+        for slot in resolved:
+            state = await self._observe(client, slot)
+            if slot.stream not in first_seqs:
+                info = await client.api.stream_info(slot.stream)
+                first_seqs[slot.stream] = info["state"]["first_seq"]
+            plan = self._plan_slot(slot, state)
+            if plan is not None:
+                plans[slot.name] = plan
+        await self._settle(first_seqs)
+        plans = self._apply_limit(plans, max_rows)
+        unacked = any(
+            e.head is not None and e.head.state is EntryState.SEALED for e in self.entries.values()
+        )
+        base = start or self.current
+        if plans or unacked or base is None:
+            for name in plans:
+                self.entries.setdefault((self.head_gen + 1, name), Entry(self.head_gen + 1, name))
+            self.current = await self._new_offset(plans)
+        else:
+            self.current = base
+            if self.pins != pins_before:
+                await self._save_pointer()
+        return self.current
+
+    async def _observe(self, client: NatsClient, slot: Slot) -> SlotState:
+        try:
+            info = await client.api.consumer_info(slot.stream, slot.consumer)
+        except NotFound:
+            await self.target.heal(client, slot)
+            info = await client.api.consumer_info(slot.stream, slot.consumer)
+        pinned = None
+        for group in info.get("priority_groups") or []:
+            if group.get("group") == slot.priority_group:
+                pinned = group.get("pinned_client_id")
+        state = SlotState(
+            pending=info.get("num_pending", 0),
+            ack_pending=info.get("num_ack_pending", 0),
+            ack_floor=(info.get("ack_floor") or {}).get("stream_seq", 0),
+            pinned=pinned,
+            extra={
+                "delivered_seq": (info.get("delivered") or {}).get("stream_seq", 0),
+                "max_ack_pending": info["config"].get("max_ack_pending", -1),
+            },
+        )
+        self.states[slot.name] = state
+        return state
+
+    def _ours_unacked(self, slot: Slot) -> int:
+        """Messages of this slot's consumer that our ledger holds and that are not acked yet."""
+        return sum(
+            e.head.count
+            for e in self.entries.values()
+            if e.head is not None
+            and e.head.state is not EntryState.ACKED
+            and self.slots.get(e.slot, slot).consumer == slot.consumer
+        )
+
+    def _plan_slot(self, slot: Slot, state: SlotState) -> MemberPlan | None:
+        if (
+            slot.policy == "pinned_client"
+            and state.pinned
+            and state.pinned != self.pins.get(slot.name)
+        ):
+            if state.status != "standby":
+                log.warning(
+                    "%s: another client holds the pin of %s > %s; standing by until it is "
+                    "released or times out",
+                    slot.name,
+                    slot.stream,
+                    slot.consumer,
+                )
+            state.status = "standby"
+            return None
+        ours = self._ours_unacked(slot)
+        others = max(state.ack_pending - ours, 0)
+        if self.available_now_seq is not None:
+            if state.extra["delivered_seq"] >= self.available_now_seq.get(slot.name, 0):
+                state.status = "done"
+                return None
+            others = 0  # redeliveries may come too late for this run
+        work = state.pending + others
+        capacity = state.extra["max_ack_pending"]
+        if capacity and capacity > 0:
+            work = min(work, capacity - ours)
+        if self.options.max_messages_per_partition:
+            work = min(work, self.options.max_messages_per_partition)
+        work = -(-work // slot.readers)  # parallel readers of one consumer share its backlog
+        state.status = "pinned" if state.pinned else "active"
+        if work <= 0:
+            state.status = "idle" if state.pinned is None else state.status
+            return None
+        return MemberPlan(limit=work, pending=state.pending)
+
+    def _apply_limit(
+        self, plans: dict[str, MemberPlan], max_rows: int | None
+    ) -> dict[str, MemberPlan]:
+        limits = [v for v in (max_rows, self.options.max_messages_per_trigger) if v]
+        if not limits or not plans:
+            return plans
+        budget = min(limits)
+        total = sum(p.limit for p in plans.values())
+        if total <= budget:
+            return plans
+        shares: dict[str, MemberPlan] = {}
+        left = budget
+        for i, (name, plan) in enumerate(sorted(plans.items())):
+            rest = len(plans) - i
+            share = max(1, min(plan.limit, plan.limit * budget // total, left - (rest - 1)))
+            if left <= 0:
+                break
+            shares[name] = MemberPlan(limit=share, pending=plan.pending)
+            left -= share
+        return shares
+
+    async def _settle(self, first_seqs: dict[str, int]) -> None:
+        """Forget acked entries that no redelivery can touch any more."""
+        assert self.ledger is not None
+        for key, entry in list(self.entries.items()):
+            head = entry.head
+            if head is None or head.state is not EntryState.ACKED:
+                continue
+            slot = self.slots.get(entry.slot)
+            state = self.states.get(entry.slot)
+            floor = state.ack_floor if state else 0
+            first = first_seqs.get(slot.stream, 0) if slot else 0
+            if head.count == 0 or head.max_seq <= floor or head.max_seq < first:
+                await self.ledger.delete_entry(entry.gen, entry.slot, head)
+                del self.entries[key]
+
+    async def _seqs(self, entry: Entry) -> array:
+        if entry.seqs is None:
+            assert self.ledger is not None and entry.head is not None
+            replies = await self.ledger.read_replies(entry.head)
+            entry.seqs = array("Q", sorted(parse_reply(r).stream_seq for r in replies))
+        return entry.seqs
+
+    async def partitions(self, start: SourceOffset, end: SourceOffset) -> list[SlotPartition]:
+        await self._adopt(end)
+        await self._load_heads([e for e in self.entries.values() if e.head is None])
+        seqs: set[int] = set()
+        for entry in self.entries.values():
+            if entry.gen < end.gen and entry.head and entry.head.state is not EntryState.OPEN:
+                seqs.update(await self._seqs(entry))
+        dedupe = array("Q", sorted(seqs)).tobytes()
+        options = self.options
+        partitions = []
+        for name, plan in sorted(end.members.items()):
+            slot = self.slots[name]
+            self.entries.setdefault((end.gen, name), Entry(end.gen, name))
+            partitions.append(
+                SlotPartition(
+                    connection=options.connection,
+                    ledger_bucket=options.ledger_bucket,
+                    lineage=end.lineage,
+                    gen=end.gen,
+                    slot=name,
+                    stream=slot.stream,
+                    consumer=slot.consumer,
+                    priority_group=slot.priority_group,
+                    member=slot.member,
+                    partitioned=slot.partitioned,
+                    limit=plan.limit,
+                    pin_id=self.pins.get(name),
+                    dedupe=dedupe,
+                    fetch_batch_size=options.fetch_batch_size,
+                    fetch_timeout=options.fetch_timeout,
+                    include_headers=options.include_headers,
+                    fail_on_data_loss=options.fail_on_data_loss,
+                    min_pending=options.min_pending,
+                    min_ack_pending=options.min_ack_pending,
+                    priority=options.priority,
+                )
+            )
+        return partitions
+
+    async def ack_through(self, gen: int) -> int:
+        """Ack every sealed entry of batches up to `gen` (all committed by Spark); returns count."""
+        await self._adopt(None)
+        assert self.ledger is not None and self.client is not None
+        due = sorted(
+            (e for e in self.entries.values() if e.gen <= gen),
+            key=lambda e: (e.gen, e.slot),
+        )
+        await self._load_heads(
+            [e for e in due if e.head is None or e.head.state is EntryState.OPEN]
+        )
+        acked: list[Entry] = []
+        replies: list[str] = []
+        for entry in due:
+            head = entry.head
+            if (entry.gen, entry.slot) not in self.entries or head is None:
+                continue
+            if head.state is EntryState.OPEN:
+                log.warning(
+                    "ledger entry %s of a committed batch is not sealed; not acked",
+                    self.ledger.head_key(entry.gen, entry.slot),
+                )
+                continue
+            if head.state is EntryState.SEALED:
+                replies += await self.ledger.read_replies(head)
+                acked.append(entry)
+        count = await publish_acks(self.client.nc, replies)
+        for entry in acked:
+            assert entry.head is not None
+            entry.head.state = EntryState.ACKED
+            await self.ledger.put_head(entry.gen, entry.slot, entry.head)
+        if count:
+            log.info("acked %d messages of batches up to gen %d", count, gen)
+        return count
+
+    async def commit(self, end: SourceOffset) -> None:
+        await self._adopt(end)
+        await self.ack_through(end.gen)
+
+    def report(self) -> dict[str, Any]:
+        """Per-slot lag and pin state, for Spark's progress (`reportLatestOffset`)."""
+        return {
+            "target": self.options.target,
+            "members": {
+                name: {
+                    "pending": s.pending,
+                    "ackPending": s.ack_pending,
+                    "status": s.status,
+                }
+                for name, s in sorted(self.states.items())
+            },
+        }
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+            self.client = None

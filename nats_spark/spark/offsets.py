@@ -1,0 +1,65 @@
+"""The source's offset: which batch generation of which query lineage, and what it planned.
+
+Offsets are not positions: a pull consumer has none that a client can seek to. An offset names a
+batch (`lineage`, `gen`); what that batch took from NATS is recorded in the ack ledger under the
+same names, which is what makes a re-run of a logged batch replay exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats_spark.errors import ConfigurationError
+
+OFFSET_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MemberPlan:
+    """What one input partition of a batch may take: at most `limit` messages."""
+
+    limit: int
+    pending: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"limit": self.limit, "pending": self.pending}
+
+
+@dataclass(frozen=True)
+class SourceOffset:
+    lineage: str
+    gen: int
+    members: dict[str, MemberPlan] = field(default_factory=dict)
+
+    @classmethod
+    def initial(cls) -> SourceOffset:
+        return cls(lineage=uuid.uuid4().hex, gen=0)
+
+    def next(self, members: dict[str, MemberPlan]) -> SourceOffset:
+        return SourceOffset(self.lineage, self.gen + 1, members)
+
+    def to_json(self) -> dict[str, Any]:
+        """The dict Spark stores (it serializes with sorted keys and compares the strings)."""
+        return {
+            "v": OFFSET_VERSION,
+            "lineage": self.lineage,
+            "gen": self.gen,
+            "members": {name: plan.to_json() for name, plan in sorted(self.members.items())},
+        }
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any] | str) -> SourceOffset:
+        data = json.loads(value) if isinstance(value, str) else value
+        if data.get("v") != OFFSET_VERSION or "lineage" not in data:
+            raise ConfigurationError(
+                f"checkpoint offset {json.dumps(data)[:200]} was not written by this version of "
+                "nats-pcg; start the query with a new checkpoint location"
+            )
+        members = {
+            name: MemberPlan(plan["limit"], plan.get("pending", 0))
+            for name, plan in data.get("members", {}).items()
+        }
+        return cls(data["lineage"], int(data["gen"]), members)

@@ -1,0 +1,215 @@
+"""Every source option, parsed and validated in one place (Spark passes them all as strings)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from nats_spark.connection import ConnectionSettings, parse_servers
+from nats_spark.errors import ConfigurationError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_NAME = re.compile(r"^[^\s.*>/\\]{1,255}$")
+
+# Canonical option names with a one-line description (the README table mirrors this).
+KNOWN_OPTIONS: dict[str, str] = {
+    "servers": "comma list of NATS URLs (required)",
+    "stream": "the stream the group or consumer reads (required)",
+    "group": "partitioned consumer group name (this or consumer)",
+    "groupType": "auto | static | elastic (default auto)",
+    "members": "comma list of members to read (default all)",
+    "consumer": "an existing priority-group pull consumer (instead of group)",
+    "priorityGroup": "priority group of that consumer (default its only group)",
+    "minPending": "overflow: pull only when num_pending reaches this",
+    "minAckPending": "overflow: pull only when num_ack_pending reaches this",
+    "priority": "prioritized: 0-9, lower served first",
+    "numPartitions": "parallel pulls per batch on a plain consumer (default 1)",
+    "ackWait": "ack wait of member consumers the source creates (default 30s)",
+    "maxAckPending": "max ack pending of member consumers the source creates (default 20000)",
+    "maxMessagesPerTrigger": "cap on messages per micro-batch over all partitions",
+    "maxMessagesPerPartition": "cap on messages per partition per micro-batch",
+    "fetchBatchSize": "messages per pull request (default 500)",
+    "fetchTimeout": "how long a pull waits for messages (default 1s)",
+    "includeHeaders": "true | false (default true)",
+    "ledgerBucket": "KV bucket of the ack ledger (default nats-spark-ledger)",
+    "failOnDataLoss": "true | false (default true)",
+    "creds": "path of a .creds file",
+    "token": "auth token",
+    "user": "user name",
+    "password": "password",
+    "nkeySeed": "path of an nkey seed file",
+    "tlsCaCert": "path of the CA certificate that signs the server's",
+    "tlsCert": "path of the client certificate (mutual TLS)",
+    "tlsKey": "path of the client key (mutual TLS)",
+    "connectTimeout": "connect timeout (default 5s)",
+}
+_CANONICAL = {name.lower(): name for name in KNOWN_OPTIONS}
+SECRET_OPTIONS = frozenset({"token", "password"})
+
+
+def parse_duration(name: str, text: str) -> float:
+    """Seconds from `500ms`, `30s`, `2m`, `1h` or a bare number of seconds."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ConfigurationError(
+            f"option {name}={text!r} is not a duration; use e.g. 500ms, 30s or 2m"
+        )
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds <= 0:
+        raise ConfigurationError(f"option {name} must be positive, got {text!r}")
+    return seconds
+
+
+def parse_int(name: str, text: str, low: int = 1, high: int | None = None) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ConfigurationError(f"option {name}={text!r} is not a whole number") from None
+    if value < low or (high is not None and value > high):
+        bounds = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise ConfigurationError(f"option {name}={value} is out of range; use a number {bounds}")
+    return value
+
+
+def parse_bool(name: str, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise ConfigurationError(f"option {name}={text!r} is not a boolean; use true or false")
+
+
+def _check_name(option: str, value: str) -> str:
+    if not _NAME.match(value):
+        raise ConfigurationError(
+            f"option {option}={value!r} is not a valid NATS name; names have no spaces, "
+            "'.', '*', '>', '/' or '\\'"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Validated options of one query. Picklable; secrets live only in `connection`."""
+
+    connection: ConnectionSettings
+    stream: str
+    group: str | None = None
+    group_type: str = "auto"
+    members: tuple[str, ...] | None = None
+    consumer: str | None = None
+    priority_group: str | None = None
+    min_pending: int = 0
+    min_ack_pending: int = 0
+    priority: int | None = None
+    num_partitions: int = 1
+    ack_wait: float = 30.0
+    max_ack_pending: int = 20_000
+    max_messages_per_trigger: int | None = None
+    max_messages_per_partition: int | None = None
+    fetch_batch_size: int = 500
+    fetch_timeout: float = 1.0
+    include_headers: bool = True
+    ledger_bucket: str = "nats-spark-ledger"
+    fail_on_data_loss: bool = True
+
+    @property
+    def target(self) -> str:
+        """What the query reads, for messages and ledger keys."""
+        return f"{self.stream}/{self.group or self.consumer}"
+
+
+def parse_options(raw: Mapping[str, str]) -> SourceOptions:
+    """Validate `raw` (case-insensitive keys, string values) into `SourceOptions`."""
+    options: dict[str, str] = {}
+    for key, value in raw.items():
+        canonical = _CANONICAL.get(key.lower())
+        if canonical is None:
+            if key.lower() in ("path", "checkpointlocation"):
+                continue  # Spark adds these for some call paths
+            known = ", ".join(KNOWN_OPTIONS)
+            raise ConfigurationError(f"unknown option {key!r}; known options: {known}")
+        options[canonical] = str(value)
+
+    def take(name: str) -> str | None:
+        value = options.get(name)
+        return value if value is None or value.strip() else None
+
+    servers, stream = take("servers"), take("stream")
+    if servers is None:
+        raise ConfigurationError("option servers is required; set it to e.g. nats://host:4222")
+    if stream is None:
+        raise ConfigurationError("option stream is required; set it to the stream's name")
+    group, consumer = take("group"), take("consumer")
+    if (group is None) == (consumer is None):
+        raise ConfigurationError(
+            "set exactly one of the options group (a partitioned consumer group) and consumer "
+            "(a plain priority-group consumer)"
+        )
+    group_type = (take("groupType") or "auto").lower()
+    if group_type not in ("auto", "static", "elastic"):
+        raise ConfigurationError(
+            f"option groupType={group_type!r} is not valid; use auto, static or elastic"
+        )
+    group_only = ("groupType", "members", "ackWait", "maxAckPending")
+    consumer_only = ("priorityGroup", "minPending", "minAckPending", "priority", "numPartitions")
+    for name in group_only if consumer else consumer_only if group else ():
+        if take(name) is not None:
+            other = "consumer" if consumer else "group"
+            raise ConfigurationError(f"option {name} does not apply when reading a {other}")
+    members = None
+    if (text := take("members")) is not None:
+        members = tuple(_check_name("members", m.strip()) for m in text.split(",") if m.strip())
+        if not members:
+            raise ConfigurationError("option members is empty; list member names or omit it")
+
+    def optional_int(name: str, low: int = 1, high: int | None = None) -> int | None:
+        text = take(name)
+        return None if text is None else parse_int(name, text, low, high)
+
+    def duration(name: str, default: float) -> float:
+        text = take(name)
+        return default if text is None else parse_duration(name, text)
+
+    def flag(name: str, default: bool) -> bool:
+        text = take(name)
+        return default if text is None else parse_bool(name, text)
+
+    connection = ConnectionSettings(
+        servers=parse_servers(servers),
+        user=take("user"),
+        password=options.get("password"),
+        token=take("token"),
+        nkey_seed=take("nkeySeed"),
+        creds=take("creds"),
+        tls_ca_cert=take("tlsCaCert"),
+        tls_cert=take("tlsCert"),
+        tls_key=take("tlsKey"),
+        connect_timeout=duration("connectTimeout", 5.0),
+        name=f"nats-spark {stream}/{group or consumer}",
+    )
+    return SourceOptions(
+        connection=connection,
+        stream=_check_name("stream", stream),
+        group=_check_name("group", group) if group else None,
+        group_type=group_type,
+        members=members,
+        consumer=_check_name("consumer", consumer) if consumer else None,
+        priority_group=take("priorityGroup"),
+        min_pending=optional_int("minPending") or 0,
+        min_ack_pending=optional_int("minAckPending") or 0,
+        priority=optional_int("priority", 0, 9),
+        num_partitions=optional_int("numPartitions", 1, 1024) or 1,
+        ack_wait=duration("ackWait", 30.0),
+        max_ack_pending=optional_int("maxAckPending") or 20_000,
+        max_messages_per_trigger=optional_int("maxMessagesPerTrigger"),
+        max_messages_per_partition=optional_int("maxMessagesPerPartition"),
+        fetch_batch_size=optional_int("fetchBatchSize", 1, 100_000) or 500,
+        fetch_timeout=duration("fetchTimeout", 1.0),
+        include_headers=flag("includeHeaders", True),
+        ledger_bucket=_check_name("ledgerBucket", take("ledgerBucket") or "nats-spark-ledger"),
+        fail_on_data_loss=flag("failOnDataLoss", True),
+    )

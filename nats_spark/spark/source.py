@@ -1,0 +1,108 @@
+"""The `nats-pcg` data source: Spark's entry points, delegating to the offset and slot readers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from nats_spark.errors import ConfigurationError
+from nats_spark.loop import run_sync
+from nats_spark.spark.offset_reader import OffsetReader
+from nats_spark.spark.offsets import SourceOffset
+from nats_spark.spark.options import SourceOptions, parse_options
+from nats_spark.spark.partition_reader import SlotPartition, read_slot
+from nats_spark.spark.schema import SCHEMA_DDL
+
+try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python sources
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadLimit,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+except ImportError:  # Spark 4.0/4.1
+    ReadAllAvailable = ReadLimit = ReadMaxRows = None  # type: ignore[assignment,misc]
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        """Stand-in so the reader class has one definition on every Spark version."""
+
+
+class NatsPcgDataSource(DataSource):
+    """`spark.readStream.format("nats-pcg")`: partitioned consumer groups and priority-group
+    consumers of NATS JetStream."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.parsed = parse_options(options)  # bad options fail at load(), before any pull
+
+    @classmethod
+    def name(cls) -> str:
+        return "nats-pcg"
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: Any) -> Any:
+        raise ConfigurationError(
+            "nats-pcg is a streaming source; use spark.readStream.format('nats-pcg')"
+        )
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return NatsPcgStreamReader(self.parsed)
+
+
+class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Driver calls go to an `OffsetReader` (made on first use, never pickled); `read` runs on
+    executors from the partition alone."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._offsets: OffsetReader | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "_offsets": None}
+
+    @property
+    def offsets(self) -> OffsetReader:
+        if self._offsets is None:
+            self._offsets = OffsetReader(self.options)
+        return self._offsets
+
+    def initialOffset(self) -> dict[str, Any]:
+        return run_sync(self.offsets.initial_offset()).to_json()
+
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict[str, Any]:
+        begin = SourceOffset.from_json(start) if start else None
+        max_rows = getattr(limit, "max_rows", None)
+        return run_sync(self.offsets.latest_offset(begin, max_rows)).to_json()
+
+    def getDefaultReadLimit(self) -> Any:
+        if self.options.max_messages_per_trigger and ReadMaxRows is not None:
+            return ReadMaxRows(self.options.max_messages_per_trigger)
+        return ReadAllAvailable()
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return self.offsets.report() if self._offsets else None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        run_sync(self.offsets.prepare_available_now())
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return run_sync(
+            self.offsets.partitions(SourceOffset.from_json(start), SourceOffset.from_json(end))
+        )
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SlotPartition)
+        return read_slot(partition)
+
+    def commit(self, end: dict) -> None:
+        run_sync(self.offsets.commit(SourceOffset.from_json(end)))
+
+    def stop(self) -> None:
+        if self._offsets is not None:
+            run_sync(self._offsets.close())
+            self._offsets = None

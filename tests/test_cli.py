@@ -1,0 +1,339 @@
+"""The `nats-pcg` command line, end to end against the test server (in-process via `main`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from test_pcg_admin import api, key_for, kv, make_stream, publish, static_stream
+
+from nats_spark.cli import build_parser, main, settings_from_args
+from nats_spark.loop import run_sync
+from nats_spark.pcg import admin
+from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_member_consumer, member_consumer
+from nats_spark.pcg.partitioning import partition_for
+from nats_spark.pcg.store import GroupKind
+
+
+@pytest.fixture
+def cli(nats_url, capsys):
+    """Run `nats-pcg --server <test server> ...`; returns (exit code, stdout, stderr)."""
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(["--server", nats_url, *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def ok(result: tuple[int, str, str]) -> str:
+    code, out, err = result
+    assert (code, err) == (0, ""), out
+    return out
+
+
+def one_line_error(result: tuple[int, str, str], pattern: str) -> str:
+    code, out, err = result
+    assert code == 1 and out == ""
+    assert err.startswith("nats-pcg: error: ") and err.count("\n") == 1, err
+    assert re.search(pattern, err), err
+    return err
+
+
+def pin_member(client, stream: str, consumer: str) -> None:
+    """Pull once as the member's instance, so that the server pins it."""
+    puller = client.pull_consumer(stream, consumer, group=PRIORITY_GROUP)
+    assert run_sync(puller.fetch(1, expires=1)).messages
+    assert puller.pin_id
+    run_sync(puller.close())
+
+
+def test_static_commands(cli, client, unique):
+    stream = static_stream(client, unique, 4)
+    out = ok(cli("static", "create", "balanced", stream, "g", "4", "m1", "m2", "--filter", ">"))
+    assert out == f"created static consumer group g on stream {stream}\n"
+    ok(cli("static", "create", "mapped", stream, "h", "2", "a:1", "b:0"))
+    assert kv(client, GroupKind.STATIC).get(f"{stream}.h").value == (
+        b'{"max_members":2,"member_mappings":[{"member":"a","partitions":[1]},'
+        b'{"member":"b","partitions":[0]}]}'
+    )
+
+    assert ok(cli("static", "ls", stream)) == "g\nh\n"
+    assert json.loads(ok(cli("static", "list", stream, "--json"))) == {
+        "kind": "static",
+        "stream": stream,
+        "groups": ["g", "h"],
+    }
+    info = json.loads(ok(cli("static", "info", stream, "g", "--json")))
+    assert info["config"] == {"max_members": 4, "filters": [">"], "members": ["m1", "m2"]}
+    assert info["members"] == [
+        {"member": "m1", "partitions": [0, 1], "active": False},
+        {"member": "m2", "partitions": [2, 3], "active": False},
+    ]
+    text = ok(cli("static", "info", stream, "h"))
+    assert f"Static consumer group h on stream {stream}" in text
+    assert re.search(r"^max members: +2$", text, re.M)
+    assert re.search(r"^membership: +mapped$", text, re.M)
+    assert "MEMBER  PARTITIONS  ACTIVE\na       1           no\nb       0           no\n" in text
+
+    assert ok(cli("static", "active", stream, "g")) == "no active members in g\n"
+    one_line_error(cli("static", "step-down", stream, "g", "m1"), "has no consumer 'g-m1'")
+
+    entry = run_sync(admin.static_info(client.target, stream, "g"))
+    run_sync(ensure_member_consumer(client.target, member_consumer(entry, "m1")))
+    publish(client, f"{unique}.{key_for(1, 4)}", b"x")
+    pin_member(client, stream, "g-m1")
+    assert ok(cli("static", "active", stream, "g")) == "m1\n"
+    text = ok(cli("static", "member-info", stream, "g", "m1"))
+    assert re.search(r"^pinned: +yes$", text, re.M)
+    assert re.search(rf"^consumer: +{stream} > g-m1$", text, re.M)
+    assert re.search(r"^ack pending: +1$", text, re.M)
+    assert "stepped down" in ok(cli("static", "sd", stream, "g", "m1"))
+    member = json.loads(ok(cli("static", "minfo", stream, "g", "m1", "--json")))
+    assert member == {
+        "member": "m1",
+        "in_membership": True,
+        "active": False,
+        "pinned": False,
+        "partitions": [0, 1],
+        "stream": stream,
+        "consumer": "g-m1",
+        "num_pending": 0,
+        "num_ack_pending": 1,
+    }
+    text = ok(cli("static", "member-info", stream, "g", "m2"))
+    assert "warning: member m2 is in the membership but has no running instance" in text
+
+    out = ok(cli("static", "delete", stream, "g"))
+    assert out == f"deleted static consumer group g on stream {stream}; deleted consumers: g-m1\n"
+    assert api(client).consumer_names(stream) == []
+    one_line_error(cli("static", "info", stream, "g"), "consumer group 'g' on stream .* not found")
+    ok(cli("static", "rm", stream, "h"))
+    assert ok(cli("static", "ls", stream)) == f"no static consumer groups on stream {stream}\n"
+
+
+def test_elastic_commands(cli, client, unique):
+    stream = make_stream(client, f"S{unique}", [f"{unique}.>"])
+    create = ["elastic", "create", stream, "g", "4", "--max-buffered-msgs", "100"]
+    out = ok(cli(*create, "--filter", f"{unique}.*.*", "--partition-wildcards", "2"))
+    assert out.endswith(f"(work-queue stream {stream}-g)\n")
+    assert kv(client, GroupKind.ELASTIC).get(f"{stream}.g").value == (
+        b'{"max_members":4,"partitioning_filters":[{"filter":"' + unique.encode() + b'.*.*",'
+        b'"partitioning_wildcards":[2]}],"max_buffered_msg":100}'
+    )
+    assert api(client).stream_info(f"{stream}-g")["config"]["max_msgs"] == 100
+
+    assert ok(cli("elastic", "add", stream, "g", "m2", "m1")) == "members of g: m2, m1\n"
+    assert ok(cli("elastic", "add", stream, "g", "m3")) == "members of g: m2, m1, m3\n"
+    assert ok(cli("elastic", "drop", stream, "g", "m3")) == "members of g: m2, m1\n"
+    info = json.loads(ok(cli("elastic", "info", stream, "g", "--json")))
+    assert info["work_queue_stream"] == f"{stream}-g"
+    assert info["members"] == [
+        {"member": "m2", "partitions": [2, 3], "active": False},
+        {"member": "m1", "partitions": [0, 1], "active": False},
+    ]
+    text = ok(cli("elastic", "info", stream, "g"))
+    assert re.search(rf"^filter: +{unique}\.\*\.\* \(partition by wildcards 2\)$", text, re.M)
+    assert re.search(r"^max buffered msgs: +100$", text, re.M)
+    assert re.search(r"^max buffered bytes: +unlimited$", text, re.M)
+
+    out = ok(cli("elastic", "create-mapping", stream, "g", "a:0,1,2", "b:3"))
+    assert out.endswith("MEMBER  PARTITIONS\na       0,1,2\nb       3\n")
+    config = json.loads(ok(cli("elastic", "info", stream, "g", "--json")))["config"]
+    assert "members" not in config
+    assert config["member_mappings"] == [
+        {"member": "a", "partitions": [0, 1, 2]},
+        {"member": "b", "partitions": [3]},
+    ]
+    one_line_error(cli("elastic", "add", stream, "g", "c"), "uses member_mappings")
+    one_line_error(cli("elastic", "cm", stream, "g", "a:0"), "partitions are not mapped")
+    ok(cli("elastic", "delete-mapping", stream, "g"))
+    assert json.loads(ok(cli("elastic", "ls", stream, "--json")))["groups"] == ["g"]
+    assert json.loads(ok(cli("elastic", "info", stream, "g", "--json")))["members"] == []
+
+    ok(cli("elastic", "add", stream, "g", "m1"))
+    entry = run_sync(admin.elastic_info(client.target, stream, "g"))
+    template = {"ack_wait": 30_000_000_000}  # outlives the test's inactive threshold
+    run_sync(ensure_member_consumer(client.target, member_consumer(entry, "m1", template)))
+    publish(client, f"{unique}.a.b", b"x")
+    pin_member(client, f"{stream}-g", "m1")
+    assert ok(cli("elastic", "active", stream, "g")) == "m1\n"
+    member = json.loads(ok(cli("elastic", "member-info", stream, "g", "m1", "--json")))
+    assert (member["active"], member["pinned"], member["partitions"]) == (True, True, [0, 1, 2, 3])
+    ok(cli("elastic", "step-down", stream, "g", "m1"))
+    assert json.loads(ok(cli("elastic", "minfo", stream, "g", "m1", "--json")))["pinned"] is False
+
+    assert ok(cli("elastic", "delete", stream, "g")).endswith(f"deleted stream {stream}-g\n")
+    assert f"{stream}-g" not in api(client).stream_names()
+    one_line_error(cli("elastic", "delete", stream, "g"), "not found")
+
+
+def test_elastic_create_partitioning_rules(cli, client, unique):
+    stream = make_stream(client, f"S{unique}", [f"{unique}.>"])
+    filters = ["--filter", f"{unique}.*", "--filter", f"{unique}.x.>"]
+    one_line_error(
+        cli("elastic", "create", stream, "g", "2", *filters, "--partition-wildcards", "1"),
+        "2 --filter but 1 --partition-wildcards given",
+    )
+    one_line_error(
+        cli("elastic", "create", stream, "g", "2", "--partition-wildcards", "1"),
+        "--partition-wildcards given without --filter",
+    )
+    one_line_error(
+        cli(
+            "elastic",
+            "create",
+            stream,
+            "g",
+            "2",
+            "--filter",
+            f"{unique}.*",
+            "--partition-wildcards=2",
+        ),
+        "wildcard index 2 does not fit",
+    )
+    bucket = kv(client, GroupKind.ELASTIC)
+    ok(cli("elastic", "create", stream, "w", "2", *filters))  # whole subjects: null indexes
+    assert bucket.get(f"{stream}.w").value == (
+        b'{"max_members":2,"partitioning_filters":[{"filter":"' + unique.encode() + b'.*",'
+        b'"partitioning_wildcards":null},{"filter":"' + unique.encode() + b'.x.\\u003e",'
+        b'"partitioning_wildcards":null}]}'
+    )
+    wildcards = ["--partition-wildcards", "1", "--partition-wildcards", ""]
+    ok(cli("elastic", "create", stream, "m", "2", *filters, *wildcards))
+    assert json.loads(ok(cli("elastic", "info", stream, "m", "--json")))["config"][
+        "partitioning_filters"
+    ] == [
+        {"filter": f"{unique}.*", "partitioning_wildcards": [1]},
+        {"filter": f"{unique}.x.>", "partitioning_wildcards": None},
+    ]
+    ok(cli("elastic", "create", stream, "all", "3"))
+    assert bucket.get(f"{stream}.all").value == b'{"max_members":3,"partitioning_filters":null}'
+
+
+def test_usage_and_connection_errors(cli, capsys, unique, monkeypatch, nats_url):
+    code, out, err = cli("static", "create", "mapped", "S", "g", "2", "m1-0,1")
+    assert code == 2 and "invalid member mapping 'm1-0,1': use <member>:<partition>" in err
+    bad_indexes = ["--filter", "a.*", "--partition-wildcards", "x"]
+    code, _, err = cli("elastic", "create", "S", "g", "2", *bad_indexes)
+    assert code == 2 and "invalid wildcard indexes 'x'" in err
+    assert cli("static")[0] == 2
+    assert cli("--user", "u", "--token", "t", "static", "ls", "S")[0] == 2
+    assert main(["static", "--help"]) == 0
+    capsys.readouterr()
+
+    one_line_error(cli("static", "info", f"S{unique}", "nope"), "'nope' on stream .* not found")
+    one_line_error(cli("--creds", "/nonexistent.creds", "static", "ls", "S"), "does not exist")
+    one_line_error(cli("--server", "ftp://x", "static", "ls", "S"), "unknown scheme")
+    assert main(["--server", "nats://127.0.0.1:1", "static", "ls", "S"]) == 1
+    assert "cannot connect to NATS" in capsys.readouterr().err
+
+    monkeypatch.setenv("NATS_URL", nats_url)  # the default server when --server is not given
+    assert main(["static", "ls", f"S{unique}"]) == 0
+    assert capsys.readouterr().out == f"no static consumer groups on stream S{unique}\n"
+
+
+def test_connection_flags_map_to_settings(tmp_path):
+    ca, cert, key = (tmp_path / name for name in ("ca.pem", "cert.pem", "key.pem"))
+    for path in (ca, cert, key):
+        path.write_text("-")
+    flags = ["--server", "a:4222,tls://b:4443", "--user", "u", "--password", "p"]
+    flags += ["--tls-ca", str(ca), "--tls-cert", str(cert), "--tls-key", str(key)]
+    args = build_parser().parse_args([*flags, "static", "ls", "S"])
+    settings = settings_from_args(args)
+    assert settings.servers == ("nats://a:4222", "tls://b:4443")
+    assert (settings.user, settings.password, settings.token) == ("u", "p", None)
+    assert (settings.tls_ca_cert, settings.tls_cert, settings.tls_key) == (
+        str(ca),
+        str(cert),
+        str(key),
+    )
+    assert settings.name == "nats-pcg"
+    args = build_parser().parse_args(["--server", "x:1", "--token", "t", "elastic", "ls", "S"])
+    assert (settings_from_args(args).token, settings_from_args(args).user) == ("t", None)
+
+
+def test_consume_prints_and_acks_count_messages(cli, client, unique):
+    stream = static_stream(client, unique, 3)
+    ok(cli("static", "create", "balanced", stream, "g", "3", "m1"))
+    keys = [f"k{i}" for i in range(6)]
+    for i, key in enumerate(keys):
+        publish(client, f"{unique}.{key}", f"data {i}".encode())
+    out = ok(cli("static", "consume", stream, "g", "m1", "--count", "6", "--timeout", "20"))
+    expected = {f"[{partition_for([k], 3)}] {unique}.{k}: data {i}" for i, k in enumerate(keys)}
+    assert len(out.splitlines()) == 6 and set(out.splitlines()) == expected
+    info = api(client).consumer_info(stream, "g-m1")
+    assert (info["num_pending"], info["num_ack_pending"], info["ack_floor"]["stream_seq"]) == (
+        0,
+        0,
+        6,
+    )
+
+
+def test_consume_times_out_with_too_few_messages(cli, client, unique):
+    stream = make_stream(client, f"S{unique}", [f"{unique}.>"])
+    ok(
+        cli(
+            "elastic", "create", stream, "g", "2", f"--filter={unique}.*", "--partition-wildcards=1"
+        )
+    )
+    ok(cli("elastic", "add", stream, "g", "m1"))
+    publish(client, f"{unique}.only", b"lonely")
+    code, out, err = cli("elastic", "join", stream, "g", "m1", "--count", "3", "--timeout", "2")
+    assert out == f"[{partition_for(['only'], 2)}] {unique}.only: lonely\n"
+    one_line_error((code, "", err), r"timed out after 2s with 1 of 3 messages")
+
+
+def test_installed_console_script(nats_url, client, unique):
+    script = shutil.which("nats-pcg", path=os.path.dirname(sys.executable))
+    assert script, "nats-pcg is not installed; run pip install -e ."
+    stream = make_stream(client, f"S{unique}", [f"{unique}.>"])
+    run_sync(admin.create_static(client.target, stream, "g", 2, ["a"]))
+    done = subprocess.run(
+        [script, "--server", nats_url, "static", "ls", stream, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["groups"] == ["g"]
+    done = subprocess.run(
+        [script, "--server", nats_url, "static", "info", stream, "missing"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("nats-pcg: error: ") and done.stderr.count("\n") == 1
+
+
+def test_consume_fails_clearly_when_the_member_cannot_run_or_stops(cli, client, unique):
+    stream = static_stream(client, unique, 2)
+    ok(cli("static", "create", "balanced", stream, "g", "2", "m1"))
+    one_line_error(
+        cli("static", "consume", stream, "g", "stranger", "--count", "1", "--timeout", "2"),
+        "member 'stranger' is not in static consumer group 'g'",
+    )
+    results = []
+    consumer = threading.Thread(
+        target=lambda: results.append(
+            cli("static", "consume", stream, "g", "m1", "--count", "5", "--timeout", "20")
+        )
+    )
+    consumer.start()
+    deadline = time.monotonic() + 10
+    while "g-m1" not in api(client).consumer_names(stream):  # the member has joined
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    run_sync(admin.delete_static(client.target, stream, "g"))
+    consumer.join(20)
+    [result] = results
+    one_line_error(result, r"member m1 stopped after 0 of 5 messages \(was the group deleted\?\)")
