@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import ssl
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from nats.aio.client import Client as NATS
@@ -91,6 +92,13 @@ class ConnectionSettings:
         if self.connect_timeout <= 0:
             raise ConfigurationError("connect timeout must be positive")
 
+    def __repr__(self) -> str:
+        # Server URLs may embed `user:password@` or `token@`: show them redacted.
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        values["servers"] = tuple(redact_url(s) for s in self.servers)
+        shown = ", ".join(f"{name}={value!r}" for name, value in values.items())
+        return f"{type(self).__name__}({shown})"
+
     @property
     def uses_tls(self) -> bool:
         return bool(self.tls_ca_cert or self.tls_cert) or any(
@@ -165,6 +173,14 @@ async def connect(settings: ConnectionSettings) -> NATS:
         level = logging.WARNING if nc.is_connected or nc.is_reconnecting else logging.DEBUG
         log.log(level, "NATS error on %s: %s", settings.described(), _failure_reason(error))
 
+    if settings.nkey_seed or settings.creds:
+        try:  # nats-py signs with the optional `nkeys` package and fails obscurely without it
+            importlib.import_module("nkeys")
+        except ImportError:
+            raise ConfigurationError(
+                "nkeySeed and creds authentication need the nkeys package; install it with "
+                "`pip install nkeys` on the driver and every executor"
+            ) from None
     kwargs = settings.connect_kwargs()
     # Fail fast on the first connect (one retry per server); reconnect policy applies afterwards.
     kwargs["max_reconnect_attempts"] = 1

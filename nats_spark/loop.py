@@ -20,6 +20,15 @@ _loop: asyncio.AbstractEventLoop | None = None
 _loop_pid: int | None = None
 
 
+def _new_lock_in_child() -> None:
+    # A parent thread may have held the lock while another forked; nothing releases it here.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def event_loop() -> asyncio.AbstractEventLoop:
     """This process's background event loop, started on first use."""
     global _loop, _loop_pid

@@ -89,6 +89,7 @@ class EmbeddedServer:
         self.port: int | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.log_file = Path(self._own_dir) / "nats-server.log"
+        self.stderr_file = Path(self._own_dir) / "nats-server.stderr"
 
     @property
     def url(self) -> str:
@@ -122,12 +123,15 @@ class EmbeddedServer:
         if self.config_file:
             args += ["-c", self.config_file]
         args += self.extra_args
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Errors before logging starts (a bad config file) go to stderr, not to the log file.
+        with self.stderr_file.open("wb") as stderr:
+            self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"nats-server exited with code {self.process.returncode}; see {self.log_file}"
+                    f"nats-server exited with code {self.process.returncode}"
+                    f"{self._last_error()}; see {self.log_file}"
                 )
             files = list(ports_dir.glob("*.ports"))
             if files:
@@ -143,6 +147,11 @@ class EmbeddedServer:
         raise RuntimeError(
             f"nats-server did not report its port within {timeout}s; see {self.log_file}"
         )
+
+    def _last_error(self) -> str:
+        """`: <last line the server wrote to stderr>`, or nothing."""
+        lines = self.stderr_file.read_text(errors="replace").strip().splitlines()
+        return f": {lines[-1].strip()}" if lines else ""
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server by its pid: SIGTERM, then SIGKILL if it lingers."""

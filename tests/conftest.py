@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -60,3 +62,26 @@ def client(settings: ConnectionSettings) -> Iterator[Blocking[NatsClient]]:
 def unique() -> str:
     """A short unique token for stream and consumer names, so tests never collide."""
     return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="module")
+def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """One local Spark session per test module (`SPARK_MASTER` in the module overrides local[2])."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    master = getattr(request.module, "SPARK_MASTER", "local[2]")
+    session = (
+        SparkSession.builder.master(master)
+        .appName(f"nats-spark-{request.module.__name__}")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.streaming.pollingDelay", "50ms")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -95,7 +95,9 @@ class FetchResult:
 def status_of(msg: Msg) -> tuple[int, str] | None:
     """`(code, description)` of a status message, or None for a real message."""
     headers = msg.headers
-    if not headers or STATUS_HEADER not in headers or msg.data:
+    # Delivered messages always carry their ack subject as reply, statuses never do: a stored
+    # message with a `Status` header of its own must not be mistaken for one.
+    if msg.reply or not headers or STATUS_HEADER not in headers or msg.data:
         return None
     return int(headers[STATUS_HEADER]), headers.get(DESCRIPTION_HEADER, "")
 
@@ -206,6 +208,7 @@ class PullConsumer:
 
     def _end_status(self, code: int, description: str) -> PullStatus:
         lowered = description.lower()
+        where = f"{self.stream} > {self.consumer}"
         if code == 404:
             return PullStatus.NO_MESSAGES
         if code == 408:
@@ -216,24 +219,33 @@ class PullConsumer:
         if code == 409:
             for text, hint in _FATAL_409.items():
                 if lowered.startswith(text):
-                    raise PullError(code, f"{description} ({self.stream} > {self.consumer})", hint)
+                    raise PullError(code, f"{description} ({where})", hint)
             if "maxbytes" in lowered or "max bytes" in lowered:
                 return PullStatus.MAX_BYTES
             return PullStatus.INTERRUPTED
-        if code == 400:
+        if code == 400 and "priority" in lowered:
+            # Every priority-group rejection names it: "Priority Group missing", "Invalid Priority
+            # Group", "Not a Overflow Priority consumer", "Priority must be between 0 and 9", ...
             raise PriorityGroupMisconfigured(
                 code,
-                f"{description} ({self.stream} > {self.consumer}, group {self.group!r})",
+                f"{description} ({where}, group {self.group!r})",
                 "the pull does not fit the consumer's priority policy; check the priority group "
                 "name and the policy-specific options",
+            )
+        if code == 400:
+            raise PullError(
+                code,
+                f"{description} ({where})",
+                "the pull request's options do not fit; check batch, expires, idle heartbeat "
+                "(at most half of expires) and max bytes",
             )
         if code == 503:
             raise PullError(
                 code,
-                f"no responders for {self.stream} > {self.consumer}",
+                f"no responders for {where}",
                 "the stream or consumer does not exist; create it first",
             )
-        raise PullError(code, description, "unexpected status from the server")
+        raise PullError(code, f"{description} ({where})", "unexpected status from the server")
 
     async def unpin(self, api: Any) -> None:
         """Ask the server to drop the group's pin (step down); our own pin id is cleared."""

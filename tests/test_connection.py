@@ -1,0 +1,338 @@
+"""Connection settings (server lists, auth, clear failures, no leaks) and the sync facade."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pickle
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nats_spark import loop
+from nats_spark.client import NatsClient
+from nats_spark.connection import ConnectionSettings, connect, parse_servers, redact_url
+from nats_spark.errors import ConfigurationError, ConnectionFailed
+from nats_spark.jetstream import PullConsumer
+from nats_spark.loop import Blocking, event_loop, run_sync
+from nats_spark.server import EmbeddedServer
+
+USER, PASSWORD, TOKEN = "alice", "pw-Zq81x", "tok-Hk27y"
+
+
+@pytest.fixture(scope="module")
+def password_server() -> Iterator[EmbeddedServer]:
+    with EmbeddedServer(extra_args=["--user", USER, "--pass", PASSWORD]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def token_server() -> Iterator[EmbeddedServer]:
+    with EmbeddedServer(extra_args=["--auth", TOKEN]) as server:
+        yield server
+
+
+def _with_credentials(url: str, credentials: str) -> str:
+    return url.replace("nats://", f"nats://{credentials}@")
+
+
+def assert_works(settings: ConnectionSettings) -> None:
+    """Connect, make a JetStream request, close."""
+
+    async def check() -> None:
+        client = await NatsClient.open(settings)
+        try:
+            assert "limits" in await client.api.account_info()
+        finally:
+            await client.close()
+
+    run_sync(check())
+
+
+def refusal(settings: ConnectionSettings) -> str:
+    """The message of the ConnectionFailed that connecting with `settings` raises."""
+    with pytest.raises(ConnectionFailed) as caught:
+        run_sync(connect(settings))
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def test_parse_servers_comma_list() -> None:
+    assert parse_servers(" h1:4222, nats://h2:4223 ,,tls://h3:1,ws://h4:2 , wss://h5:3") == (
+        "nats://h1:4222",
+        "nats://h2:4223",
+        "tls://h3:1",
+        "ws://h4:2",
+        "wss://h5:3",
+    )
+    assert parse_servers("nats://u:p@h:1") == ("nats://u:p@h:1",)
+
+
+def test_parse_servers_rejects_bad_input_without_leaking() -> None:
+    with pytest.raises(ConfigurationError, match="no NATS server given"):
+        parse_servers(" , ")
+    with pytest.raises(ConfigurationError) as caught:
+        parse_servers("nats://h:1,http://bob:hunter2@h:2")
+    assert "unknown scheme" in str(caught.value)
+    assert "hunter2" not in str(caught.value)
+    assert "http://***@h:2" in str(caught.value)
+
+
+def test_redact_url() -> None:
+    assert redact_url("nats://u:secret@h:1") == "nats://***@h:1"
+    assert redact_url("tls://tok@h:1") == "tls://***@h:1"
+    assert redact_url("nats://h:1") == "nats://h:1"
+
+
+def test_repr_and_str_never_show_secrets() -> None:
+    with_password = ConnectionSettings(
+        servers=(_with_credentials("nats://h:1", f"{USER}:{PASSWORD}"), "nats://h:2"),
+        user=USER,
+        password=PASSWORD,
+    )
+    with_token = ConnectionSettings(servers=(_with_credentials("nats://h:1", TOKEN),), token=TOKEN)
+    for settings in (with_password, with_token):
+        for text in (repr(settings), str(settings), settings.described(), f"{settings!r}"):
+            assert PASSWORD not in text and TOKEN not in text
+    assert "user='alice'" in repr(with_password)
+    assert "nats://***@h:1" in repr(with_password) and "nats://h:2" in repr(with_password)
+
+
+def test_settings_pickle_round_trip() -> None:
+    settings = ConnectionSettings(servers=("nats://h:1",), user=USER, password=PASSWORD, name="x")
+    assert pickle.loads(pickle.dumps(settings)) == settings
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"password": "p"}, "password given without user"),
+        ({"user": "u", "token": "t"}, "both token and user"),
+        ({"tls_cert": __file__}, "tlsCert and tlsKey go together"),
+        ({"nkey_seed": "/no/such/seed.nk"}, "nkeySeed file /no/such/seed.nk does not exist"),
+        ({"creds": "/no/such/user.creds"}, "creds file /no/such/user.creds does not exist"),
+        ({"connect_timeout": 0}, "connect timeout must be positive"),
+    ],
+)
+def test_invalid_settings(kwargs: dict[str, object], expected: str) -> None:
+    with pytest.raises(ConfigurationError, match=expected):
+        ConnectionSettings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_user_and_password(password_server: EmbeddedServer) -> None:
+    assert_works(ConnectionSettings(servers=(password_server.url,), user=USER, password=PASSWORD))
+    url = _with_credentials(password_server.url, f"{USER}:{PASSWORD}")
+    assert_works(ConnectionSettings(servers=(url,)))
+
+
+@pytest.mark.parametrize("how", ["fields", "url", "none"])
+def test_wrong_password_is_refused_without_leaking(
+    password_server: EmbeddedServer, how: str
+) -> None:
+    wrong = "wrong-Pw93"
+    if how == "fields":
+        settings = ConnectionSettings(servers=(password_server.url,), user=USER, password=wrong)
+    elif how == "url":
+        url = _with_credentials(password_server.url, f"{USER}:{wrong}")
+        settings = ConnectionSettings(servers=(url,))
+    else:
+        settings = ConnectionSettings(servers=(password_server.url,))
+    message = refusal(settings)
+    assert "refused the credentials" in message
+    assert f"127.0.0.1:{password_server.port}" in message
+    assert wrong not in message and PASSWORD not in message
+
+
+def test_token(token_server: EmbeddedServer) -> None:
+    assert_works(ConnectionSettings(servers=(token_server.url,), token=TOKEN))
+    assert_works(ConnectionSettings(servers=(_with_credentials(token_server.url, TOKEN),)))
+    wrong = "tok-wrong-55"
+    for settings in (
+        ConnectionSettings(servers=(token_server.url,), token=wrong),
+        ConnectionSettings(servers=(_with_credentials(token_server.url, wrong),)),
+    ):
+        message = refusal(settings)
+        assert "refused the credentials" in message
+        assert wrong not in message and TOKEN not in message
+
+
+def test_unreachable_server() -> None:
+    with socket.socket() as probe:  # a port nobody listens on: bind, read it, release it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    message = refusal(ConnectionSettings(servers=(f"nats://127.0.0.1:{port}",)))
+    assert f"cannot connect to NATS at nats://127.0.0.1:{port}" in message
+    assert "no server answered" in message
+
+
+def test_nkey_auth_without_nkeys_package_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nats_url: str
+) -> None:
+    seed = tmp_path / "user.nk"
+    seed.write_text("SU-not-a-real-seed\n")
+    monkeypatch.setitem(sys.modules, "nkeys", None)  # makes `import nkeys` fail
+    for settings in (
+        ConnectionSettings(servers=(nats_url,), nkey_seed=str(seed)),
+        ConnectionSettings(servers=(nats_url,), creds=str(seed)),
+    ):
+        with pytest.raises(ConfigurationError, match="need the nkeys package"):
+            run_sync(connect(settings))
+
+
+def test_reconnect_policy_is_restored_after_connect(settings: ConnectionSettings) -> None:
+    nc = run_sync(connect(settings))
+    try:
+        assert nc.is_connected
+        assert nc.options["max_reconnect_attempts"] == settings.max_reconnect_attempts
+        assert nc.options["name"] == "nats-spark-tests"
+    finally:
+        run_sync(nc.close())
+
+
+# The sync facade: one loop per process, shared by threads, renewed after fork.
+
+
+def test_run_sync_from_many_threads_shares_one_loop() -> None:
+    async def nap(n: int) -> tuple[int, int]:
+        await asyncio.sleep(0.3)
+        return n, id(asyncio.get_running_loop())
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda n: run_sync(nap(n)), range(8)))
+    assert time.monotonic() - started < 1.0  # the eight naps overlapped on the loop
+    assert [n for n, _ in results] == list(range(8))
+    assert {loop_id for _, loop_id in results} == {id(event_loop())}
+
+
+def test_blocking_from_many_threads(
+    client: Blocking[NatsClient], unique: str, settings: ConnectionSettings
+) -> None:
+    api = Blocking(client.api)
+    name = f"FACADE_{unique}"
+    api.create_stream({"name": name, "subjects": [f"{name}.>"], "storage": "memory"})
+    try:
+        js = Blocking(client.js)
+
+        def publish_some(n: int) -> int:
+            for i in range(20):
+                js.publish(f"{name}.{n}", f"{n}-{i}".encode())
+            return api.stream_info(name)["state"]["messages"]
+
+        with ThreadPoolExecutor(8) as pool:
+            seen = list(pool.map(publish_some, range(8)))
+        assert max(seen) == 160 and api.stream_info(name)["state"]["messages"] == 160
+        # Plain attributes and methods pass through unchanged.
+        assert client.settings is settings
+        assert isinstance(client.pull_consumer(name, "C"), PullConsumer)
+    finally:
+        api.delete_stream(name)
+
+
+def test_run_sync_propagates_errors_and_cancels_on_timeout() -> None:
+    async def fail() -> None:
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError, match="boom"):
+        run_sync(fail())
+
+    cancelled = threading.Event()
+
+    async def hang() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    with pytest.raises(TimeoutError):
+        run_sync(hang(), timeout=0.1)
+    assert cancelled.wait(2)
+
+
+def in_forked_child(work: Callable[[], Any], timeout: float = 20.0) -> Any:
+    """Run `work` in an `os.fork()` child and return its JSON-able result, or fail the test."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the pipe and never return into pytest
+        try:
+            os.close(read_end)
+            try:
+                answer = {"ok": work()}
+            except BaseException as error:
+                answer = {"error": f"{type(error).__name__}: {error}"}
+            os.write(write_end, json.dumps(answer).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        if not select.select([read_end], [], [], timeout)[0]:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"the forked child did not answer within {timeout}s (deadlock?)")
+        chunks = []
+        while chunk := os.read(read_end, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    answer = json.loads(b"".join(chunks))
+    assert "error" not in answer, answer.get("error")
+    return answer["ok"]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12+ warns on fork with threads
+def test_forked_child_gets_its_own_working_loop(settings: ConnectionSettings) -> None:
+    parent_loop = event_loop()
+    assert run_sync(asyncio.sleep(0, "warm")) == "warm"  # the parent's loop thread is running
+
+    def child() -> dict[str, Any]:
+        # Several threads race to create the child's loop: exactly one loop and thread result.
+        with ThreadPoolExecutor(8) as pool:
+            loops = set(pool.map(lambda _: id(event_loop()), range(8)))
+        loop_threads = [t for t in threading.enumerate() if t.name == "nats-spark-loop"]
+
+        async def where() -> int:
+            return os.getpid()
+
+        async def jetstream() -> bool:
+            client = await NatsClient.open(settings)
+            try:
+                return "limits" in await client.api.account_info()
+            finally:
+                await client.close()
+
+        return {
+            "fresh": event_loop() is not parent_loop,
+            "loops": len(loops),
+            "threads": len(loop_threads),
+            "pid_ok": run_sync(where()) == os.getpid(),
+            "jetstream": run_sync(jetstream(), timeout=10),
+        }
+
+    assert in_forked_child(child) == {
+        "fresh": True,
+        "loops": 1,
+        "threads": 1,
+        "pid_ok": True,
+        "jetstream": True,
+    }
+    assert event_loop() is parent_loop  # the parent keeps its loop
+    assert run_sync(asyncio.sleep(0, "still")) == "still"
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_fork_while_the_loop_lock_is_held() -> None:
+    # Another thread may be inside event_loop() when a process forks: the child must not hang.
+    with loop._lock:
+        assert in_forked_child(lambda: run_sync(asyncio.sleep(0, "ok")), timeout=5) == "ok"

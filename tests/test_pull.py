@@ -1,0 +1,426 @@
+"""Priority-group pulls against a real server: pins, standby, overflow, priorities, every status."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from nats_spark.client import NatsClient, open_blocking
+from nats_spark.connection import ConnectionSettings
+from nats_spark.errors import (
+    ConfigurationError,
+    JetStreamApiError,
+    NotFound,
+    PriorityGroupMisconfigured,
+    PullError,
+)
+from nats_spark.jetstream import FetchResult, JetStreamApi, PullConsumer, PullStatus
+from nats_spark.jetstream.api import to_nanos
+from nats_spark.jetstream.pull import PIN_ID_HEADER
+from nats_spark.loop import Blocking, event_loop, run_sync
+from nats_spark.server import EmbeddedServer
+
+GROUP = "jobs"
+
+
+@pytest.fixture
+def api(client: Blocking[NatsClient]) -> Blocking[JetStreamApi]:
+    return Blocking(client.api)
+
+
+@pytest.fixture
+def stream(api: Blocking[JetStreamApi], unique: str) -> Iterator[str]:
+    name = f"PULL_{unique}"
+    api.create_stream({"name": name, "subjects": [f"{name}.>"], "storage": "memory"})
+    yield name
+    with contextlib.suppress(NotFound):
+        api.delete_stream(name)
+
+
+def publish(client: Blocking[NatsClient], stream: str, count: int, size: int = 8) -> None:
+    for _ in range(count):
+        run_sync(client.js.publish(f"{stream}.m", b"x" * size))
+
+
+def make_consumer(
+    api: Blocking[JetStreamApi], stream: str, name: str, policy: str | None, **extra: Any
+) -> dict[str, Any]:
+    """A durable explicit-ack pull consumer; with `policy`, in priority group `GROUP`."""
+    config: dict[str, Any] = {"durable_name": name, "ack_policy": "explicit", **extra}
+    if policy:
+        config |= {"priority_groups": [GROUP], "priority_policy": policy}
+    return api.create_consumer(stream, name, config)
+
+
+def puller(
+    client: Blocking[NatsClient], stream: str, consumer: str, group: str | None = GROUP
+) -> Blocking[PullConsumer]:
+    return Blocking(client.pull_consumer(stream, consumer, group=group))
+
+
+def in_background(pull: Blocking[PullConsumer], batch: int, **kwargs: Any) -> Future[FetchResult]:
+    """Start a fetch on the process loop and return at once."""
+    return asyncio.run_coroutine_threadsafe(pull.target.fetch(batch, **kwargs), event_loop())
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def waiting(api: Blocking[JetStreamApi], stream: str, consumer: str) -> int:
+    return api.consumer_info(stream, consumer)["num_waiting"]
+
+
+def stream_seqs(result: FetchResult) -> list[int]:
+    return [msg.metadata.sequence.stream for msg in result.messages]
+
+
+def pinned_id(api: Blocking[JetStreamApi], stream: str, consumer: str) -> str | None:
+    return api.consumer_info(stream, consumer)["priority_groups"][0].get("pinned_client_id")
+
+
+def needs_prioritized(client: Blocking[NatsClient]) -> None:
+    if client.server_version < (2, 12, 0):
+        pytest.skip("the prioritized policy needs nats-server 2.12+")
+
+
+def test_pinned_client_standby_and_takeover(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
+) -> None:
+    make_consumer(api, stream, "PIN", "pinned_client", priority_timeout=to_nanos(2.0))
+    publish(client, stream, 4)
+    active, standby = puller(client, stream, "PIN"), puller(client, stream, "PIN")
+
+    first = active.fetch(1, expires=0.5)
+    assert (first.status, stream_seqs(first)) == (PullStatus.BATCH_COMPLETE, [1])
+    old_pin = active.pin_id
+    assert old_pin and first.messages[0].headers[PIN_ID_HEADER] == old_pin
+
+    waited = standby.fetch(1, expires=0.3)
+    assert (waited.status, waited.messages, standby.pin_id) == (PullStatus.TIMEOUT, [], None)
+
+    # The active client keeps the pin by pulling with its id; without the id it would get 408.
+    second = active.fetch(1, expires=0.5)
+    assert stream_seqs(second) == [2] and active.pin_id == old_pin
+    assert pinned_id(api, stream, "PIN") == old_pin
+
+    # It stops pulling: after priority_timeout the server pins the waiting standby instead.
+    took_over = standby.fetch(1, expires=5.0)
+    assert (took_over.status, stream_seqs(took_over)) == (PullStatus.BATCH_COMPLETE, [3])
+    new_pin = standby.pin_id
+    assert new_pin and new_pin != old_pin
+    assert took_over.messages[0].headers[PIN_ID_HEADER] == new_pin
+    assert pinned_id(api, stream, "PIN") == new_pin
+
+    stale = active.fetch(1, expires=0.5)
+    assert (stale.status, stale.messages, active.pin_id) == (PullStatus.PIN_MISMATCH, [], None)
+    # Without an id it is now the standby.
+    assert active.fetch(1, expires=0.3).status == PullStatus.TIMEOUT
+    assert stream_seqs(standby.fetch(1, expires=0.5)) == [4]
+
+
+def test_unpin_mid_stream(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
+) -> None:
+    make_consumer(api, stream, "PIN", "pinned_client", priority_timeout=to_nanos(30))
+    publish(client, stream, 3)
+    pull = puller(client, stream, "PIN")
+    assert stream_seqs(pull.fetch(1, expires=0.5)) == [1]
+    first_pin = pull.pin_id
+    assert first_pin and pinned_id(api, stream, "PIN") == first_pin
+
+    api.unpin(stream, "PIN", GROUP)
+    assert pinned_id(api, stream, "PIN") is None
+    stale = pull.fetch(1, expires=0.5)
+    assert (stale.status, stale.messages, pull.pin_id) == (PullStatus.PIN_MISMATCH, [], None)
+
+    repinned = pull.fetch(1, expires=0.5)
+    assert stream_seqs(repinned) == [2]
+    second_pin = pull.pin_id
+    assert second_pin and second_pin != first_pin
+    assert repinned.messages[0].headers[PIN_ID_HEADER] == second_pin
+    assert pinned_id(api, stream, "PIN") == second_pin
+
+    # Stepping down through the pull consumer clears its own id as well.
+    pull.unpin(client.api)
+    assert pull.pin_id is None and pinned_id(api, stream, "PIN") is None
+    assert stream_seqs(pull.fetch(1, expires=0.5)) == [3]
+    assert pull.pin_id not in (None, second_pin)
+
+
+def test_overflow_min_pending(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
+) -> None:
+    make_consumer(api, stream, "OVF", "overflow")
+    overflow = puller(client, stream, "OVF")
+    publish(client, stream, 2)
+
+    below = overflow.fetch(1, expires=0.3, min_pending=3)
+    assert (below.status, below.messages) == (PullStatus.TIMEOUT, [])
+
+    publish(client, stream, 1)
+    reached = overflow.fetch(1, expires=0.5, min_pending=3)
+    assert (reached.status, stream_seqs(reached)) == (PullStatus.BATCH_COMPLETE, [1])
+
+    # Two pending now: a threshold pull waits, a plain one is served.
+    assert overflow.fetch(1, expires=0.3, min_pending=3).status == PullStatus.TIMEOUT
+    assert stream_seqs(overflow.fetch(1, expires=0.5)) == [2]
+
+
+def test_prioritized_serves_lowest_priority_number_first(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
+) -> None:
+    needs_prioritized(client)
+    make_consumer(api, stream, "PRI", "prioritized")
+    backup, primary = puller(client, stream, "PRI"), puller(client, stream, "PRI")
+    # The backup (priority 5) waits first, so plain arrival order would serve it.
+    backup_pull = in_background(backup, 1, expires=2.5, priority=5)
+    wait_until(lambda: waiting(api, stream, "PRI") == 1)
+    primary_pull = in_background(primary, 1, expires=2.5, priority=0)
+    wait_until(lambda: waiting(api, stream, "PRI") == 2)
+
+    publish(client, stream, 1)
+    served = primary_pull.result(5)
+    assert (served.status, stream_seqs(served)) == (PullStatus.BATCH_COMPLETE, [1])
+    left = backup_pull.result(5)
+    assert (left.status, left.messages) == (PullStatus.TIMEOUT, [])
+
+
+def test_idle_heartbeats_are_counted(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
+) -> None:
+    make_consumer(api, stream, "HB", "overflow")
+    result = puller(client, stream, "HB").fetch(1, expires=1.2, idle_heartbeat=0.25)
+    assert result.status == PullStatus.TIMEOUT
+    assert result.heartbeats >= 2
+
+
+def test_heartbeat_missed_when_nobody_answers(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str, unique: str
+) -> None:
+    # Pull requests go to a subscriber that swallows them: no message, no heartbeat, no status.
+    prefix = f"void.{unique}"
+    sink = run_sync(client.nc.subscribe(f"{prefix}.CONSUMER.MSG.NEXT.>"))
+    try:
+        pull = Blocking(PullConsumer(client.nc, stream, "C", api_prefix=prefix))
+        started = time.monotonic()
+        missed = pull.fetch(1, expires=10, idle_heartbeat=0.2)
+        assert missed.status == PullStatus.HEARTBEAT_MISSED
+        assert time.monotonic() - started < 2
+        # Without heartbeats the client gives up a few seconds after the request's expiry.
+        started = time.monotonic()
+        assert pull.fetch(1, expires=0.1).status == PullStatus.CLIENT_TIMEOUT
+        assert 5 <= time.monotonic() - started < 7
+        assert sink.pending_msgs == 2  # both requests reached the sink
+    finally:
+        run_sync(sink.unsubscribe())
+
+
+def test_heartbeat_missed_when_server_dies_mid_pull() -> None:
+    with EmbeddedServer() as server:
+        settings = ConnectionSettings(servers=(server.url,), reconnect_time_wait=0.2)
+        own = open_blocking(settings)
+        try:
+            api = Blocking(own.api)
+            api.create_stream({"name": "DIE", "subjects": ["die.>"], "storage": "memory"})
+            make_consumer(api, "DIE", "C", "overflow")
+            pull = puller(own, "DIE", "C")
+            pending = in_background(pull, 1, expires=30, idle_heartbeat=0.2)
+            time.sleep(0.7)
+            server.kill()
+            killed = time.monotonic()
+            result = pending.result(5)
+            assert result.status == PullStatus.HEARTBEAT_MISSED
+            assert result.heartbeats >= 1
+            assert time.monotonic() - killed < 3
+        finally:
+            run_sync(own.target.close())
+
+
+PRIORITY_REJECTIONS = [
+    # (policy, group the client pulls with, fetch options, pin id sent, server text)
+    ("pinned_client", None, {}, None, "Priority Group missing"),
+    ("pinned_client", "other", {}, None, "Invalid Priority Group"),
+    ("pinned_client", GROUP, {"min_pending": 3}, None, "Not a Overflow Priority consumer"),
+    ("pinned_client", GROUP, {"min_ack_pending": 3}, None, "Not a Overflow Priority consumer"),
+    ("overflow", None, {}, None, "Priority Group missing"),
+    ("overflow", GROUP, {}, "bogus", "Not a Pinned Client Priority consumer"),
+    ("prioritized", GROUP, {"priority": 10}, None, "Priority must be between 0 and 9"),
+    ("prioritized", GROUP, {"priority": -1}, None, "Priority must be between 0 and 9"),
+    ("prioritized", GROUP, {"min_pending": 1}, None, "Not a Overflow Priority consumer"),
+    ("prioritized", GROUP, {}, "bogus", "Not a Pinned Client Priority consumer"),
+]
+
+
+@pytest.mark.parametrize(("policy", "group", "options", "pin", "text"), PRIORITY_REJECTIONS)
+def test_priority_rejections_are_misconfigurations(
+    client: Blocking[NatsClient],
+    api: Blocking[JetStreamApi],
+    stream: str,
+    policy: str,
+    group: str | None,
+    options: dict[str, int],
+    pin: str | None,
+    text: str,
+) -> None:
+    if policy == "prioritized":
+        needs_prioritized(client)
+    make_consumer(api, stream, "BAD", policy)
+    pull = Blocking(client.pull_consumer(stream, "BAD", group=group, pin_id=pin))
+    with pytest.raises(PriorityGroupMisconfigured) as caught:
+        pull.fetch(1, expires=0.5, **options)
+    error = caught.value
+    assert isinstance(error, ConfigurationError)
+    assert (error.status, error.description.split(" (")[0]) == (400, f"Bad Request - {text}")
+    message = str(error)
+    assert "\n" not in message and f"{stream} > BAD" in message and f"group {group!r}" in message
+
+
+def test_other_bad_requests_are_pull_errors(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
+) -> None:
+    make_consumer(api, stream, "HB", "overflow")
+    with pytest.raises(PullError) as caught:
+        puller(client, stream, "HB").fetch(1, expires=1, idle_heartbeat=0.8)
+    assert not isinstance(caught.value, PriorityGroupMisconfigured)
+    assert caught.value.status == 400
+    assert "heartbeat value too large" in str(caught.value) and "idle heartbeat" in str(
+        caught.value
+    )
+
+
+def test_consumer_deleted_during_long_pull(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
+) -> None:
+    make_consumer(api, stream, "GONE", "pinned_client")
+    pending = in_background(puller(client, stream, "GONE"), 1, expires=5)
+    wait_until(lambda: waiting(api, stream, "GONE") == 1)
+    api.delete_consumer(stream, "GONE")
+    with pytest.raises(PullError) as caught:
+        pending.result(3)
+    assert caught.value.status == 409
+    message = str(caught.value)
+    assert "Consumer Deleted" in message and f"{stream} > GONE" in message
+    assert "recreate" in message and "\n" not in message
+
+
+def test_no_wait_with_nothing_available(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
+) -> None:
+    make_consumer(api, stream, "NW", "overflow")
+    pull = puller(client, stream, "NW")
+    empty = pull.fetch(5, no_wait=True)
+    assert (empty.status, empty.messages) == (PullStatus.NO_MESSAGES, [])
+    publish(client, stream, 2)
+    some = pull.fetch(5, no_wait=True)
+    assert (some.status, stream_seqs(some)) == (PullStatus.NO_MESSAGES, [1, 2])
+
+
+@pytest.mark.parametrize("missing", ["consumer", "stream"])
+def test_pull_on_missing_consumer_is_a_clear_error(
+    client: Blocking[NatsClient], stream: str, missing: str
+) -> None:
+    stream_name = stream if missing == "consumer" else f"{stream}_NOPE"
+    started = time.monotonic()
+    with pytest.raises(PullError) as caught:
+        puller(client, stream_name, "NOPE").fetch(1, expires=5)
+    assert time.monotonic() - started < 1  # no responders: no need to wait for the expiry
+    assert caught.value.status == 503
+    message = str(caught.value)
+    assert f"{stream_name} > NOPE" in message and "does not exist" in message
+    assert "\n" not in message
+
+
+def test_acks_from_another_connection(
+    client: Blocking[NatsClient],
+    api: Blocking[JetStreamApi],
+    stream: str,
+    settings: ConnectionSettings,
+) -> None:
+    make_consumer(api, stream, "ACK", "pinned_client", ack_wait=to_nanos(30))
+    publish(client, stream, 3)
+    fetched = puller(client, stream, "ACK").fetch(3, expires=1)
+    assert stream_seqs(fetched) == [1, 2, 3]
+    assert api.consumer_info(stream, "ACK")["num_ack_pending"] == 3
+
+    other = open_blocking(settings)
+    try:
+        for msg in fetched.messages:
+            # With a reply subject the server confirms the ack once it is applied.
+            run_sync(other.nc.request(msg.reply, b"+ACK", timeout=2))
+    finally:
+        run_sync(other.target.close())
+    info = api.consumer_info(stream, "ACK")
+    assert info["num_ack_pending"] == 0
+    assert info["ack_floor"]["stream_seq"] == 3
+
+
+@pytest.mark.parametrize("policy", ["pinned_client", "overflow", "prioritized"])
+def test_create_consumer_keeps_priority_fields(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str, policy: str
+) -> None:
+    if policy == "prioritized":
+        needs_prioritized(client)
+    extra = {"priority_timeout": to_nanos(1.5)} if policy == "pinned_client" else {}
+    created = make_consumer(api, stream, "KEEP", policy, **extra)
+    for config in (created["config"], api.consumer_info(stream, "KEEP")["config"]):
+        assert config["priority_groups"] == [GROUP]
+        assert config["priority_policy"] == policy
+        assert config["durable_name"] == "KEEP"
+        if extra:
+            assert config["priority_timeout"] == to_nanos(1.5)
+
+    make_consumer(api, stream, "KEEP", policy, **extra)  # the same config again: a no-op
+    with pytest.raises(JetStreamApiError) as caught:
+        make_consumer(api, stream, "KEEP", policy, **extra, max_ack_pending=7)
+    assert caught.value.err_code == 10148
+    assert "\n" not in str(caught.value) and f"CONSUMER.CREATE.{stream}.KEEP" in str(caught.value)
+
+    # An explicit update changes the config and keeps the priority fields.
+    config = {"durable_name": "KEEP", "ack_policy": "explicit", "max_ack_pending": 7, **extra}
+    config |= {"priority_groups": [GROUP], "priority_policy": policy}
+    api.create_consumer(stream, "KEEP", config, action="update")
+    updated = api.consumer_info(stream, "KEEP")["config"]
+    assert updated["max_ack_pending"] == 7 and updated["priority_policy"] == policy
+
+
+def test_max_bytes_loses_nothing(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
+) -> None:
+    make_consumer(api, stream, "MB", None)
+    publish(client, stream, 3, size=200)
+    pull = puller(client, stream, "MB", group=None)
+
+    too_small = pull.fetch(1, expires=0.5, max_bytes=100)
+    assert (too_small.status, too_small.messages) == (PullStatus.MAX_BYTES, [])
+    assert "Message Size Exceeds MaxBytes" in too_small.description
+
+    partial = pull.fetch(10, expires=0.5, max_bytes=450)  # room for one 200-byte message only
+    assert (partial.status, stream_seqs(partial)) == (PullStatus.MAX_BYTES, [1])
+
+    rest = pull.fetch(10, expires=0.3, max_bytes=10_000)
+    assert (rest.status, stream_seqs(rest)) == (PullStatus.TIMEOUT, [2, 3])
+
+
+def test_stored_messages_with_status_headers_are_delivered(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
+) -> None:
+    make_consumer(api, stream, "HDR", None)
+    for status, description in (("100", "Idle Heartbeat"), ("408", "Request Timeout")):
+        headers = {"Status": status, "Description": description}
+        run_sync(client.js.publish(f"{stream}.h", b"", headers=headers))
+    result = puller(client, stream, "HDR", group=None).fetch(2, expires=0.5)
+    assert (result.status, stream_seqs(result), result.heartbeats) == (
+        PullStatus.BATCH_COMPLETE,
+        [1, 2],
+        0,
+    )
