@@ -299,7 +299,7 @@ class OffsetReader:
                 continue
             slot = self.slots.get(entry.slot)
             state = self.states.get(entry.slot)
-            floor = state.ack_floor if state else 0
+            floor = state.ack_floor if state and slot and slot.durable else 0
             first = first_seqs.get(slot.stream, 0) if slot else 0
             if head.count == 0 or head.max_seq <= floor or head.max_seq < first:
                 await self.ledger.delete_entry(entry.gen, entry.slot, head)

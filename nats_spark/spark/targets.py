@@ -7,12 +7,14 @@ the Go library does); a `ConsumerTarget` is one existing priority-group pull con
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from nats_spark.client import NatsClient
-from nats_spark.errors import ConfigurationError, NotFound
+from nats_spark.errors import ConfigurationError, JetStreamApiError, NotFound
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.pcg.config import StaticConfig
 from nats_spark.pcg.consumers import (
@@ -27,6 +29,9 @@ from nats_spark.spark.options import SourceOptions
 
 log = logging.getLogger(__name__)
 
+FILTER_OVERLAP = 10100  # "filtered consumer not unique on workqueue stream"
+_OVERLAP_RETRIES = 20
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -38,6 +43,22 @@ class Slot:
     member: str | None
     partitioned: bool
     readers: int = 1  # slots pulling from the same consumer
+    # False for consumers the source recreates (elastic members): a new consumer's ack floor
+    # says nothing about messages the old one delivered.
+    durable: bool = True
+
+
+async def _ensure(client: NatsClient, consumer: MemberConsumer) -> None:
+    """Create a member consumer, waiting while another member (maybe a Go instance) still holds
+    overlapping filters on the work-queue stream, as Go members wait for each other."""
+    for attempt in range(_OVERLAP_RETRIES):
+        try:
+            await ensure_member_consumer(client, consumer)
+            return
+        except JetStreamApiError as error:
+            if error.err_code != FILTER_OVERLAP or attempt == _OVERLAP_RETRIES - 1:
+                raise
+            await asyncio.sleep(0.5)
 
 
 def _member_names(config: Any) -> list[str]:
@@ -88,33 +109,40 @@ class GroupTarget:
             )
         if missing:
             log.warning("members %s left group %s; they are no longer read", missing, entry.group)
-        slots = []
+        desired: dict[str, MemberConsumer] = {}
         for member in wanted:
-            if member in missing:
-                continue
-            partitions = member_partitions(
-                entry.config.members,
-                entry.config.max_members,
-                entry.config.member_mappings,
-                member,
-            )
-            if not partitions:
-                continue  # a member beyond max_members gets no partitions
-            consumer = member_consumer(entry, member, self._template())
-            if self.consumers.get(member) != consumer:
-                await ensure_member_consumer(client, consumer)
+            config = entry.config
+            if member in missing or not member_partitions(
+                config.members, config.max_members, config.member_mappings, member
+            ):
+                continue  # gone, or beyond max_members: no partitions to read
+            desired[member] = member_consumer(entry, member, self._template())
+        stale = [m for m, c in self.consumers.items() if desired.get(m) != c]
+        for member in stale:
+            old = self.consumers.pop(member)
+            if entry.kind is GroupKind.ELASTIC:
+                # Partitions move between members: free the old filters before any member claims
+                # them, as a work-queue stream refuses overlapping consumers.
+                log.info("membership changed: deleting consumer %s > %s", old.stream, old.name)
+                with contextlib.suppress(NotFound):
+                    await client.api.delete_consumer(old.stream, old.name)
+        for member, consumer in desired.items():
+            if member not in self.consumers:
+                await _ensure(client, consumer)
                 self.consumers[member] = consumer
-            slots.append(
-                Slot(
-                    member,
-                    consumer.stream,
-                    consumer.name,
-                    PRIORITY_GROUP,
-                    "pinned_client",
-                    member,
-                    partitioned=True,
-                )
+        slots = [
+            Slot(
+                member,
+                consumer.stream,
+                consumer.name,
+                PRIORITY_GROUP,
+                "pinned_client",
+                member,
+                partitioned=True,
+                durable=entry.kind is GroupKind.STATIC,
             )
+            for member, consumer in desired.items()
+        ]
         self.entry = entry
         return slots
 
@@ -122,7 +150,7 @@ class GroupTarget:
         """Recreate a member consumer that vanished (elastic ones expire when inactive)."""
         consumer = self.consumers[slot.name]
         log.info("recreating member consumer %s > %s", consumer.stream, consumer.name)
-        await ensure_member_consumer(client, consumer)
+        await _ensure(client, consumer)
 
 
 class ConsumerTarget:

@@ -1,0 +1,204 @@
+"""The nats-pcg source over static and elastic groups, with a real Spark session and server."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from spark_helpers import (
+    assert_exactly_once,
+    elastic_group,
+    member_states,
+    payloads,
+    publish,
+    source,
+    static_group,
+    wait_until,
+)
+
+from nats_spark.loop import run_sync
+from nats_spark.pcg import admin
+from nats_spark.pcg.consumers import member_consumer
+from nats_spark.pcg.store import load_group
+
+pytestmark = pytest.mark.spark
+
+
+def settled(client, stream, group) -> bool:
+    return all(
+        s == {"pending": 0, "ack_pending": 0} for s in member_states(client, stream, group).values()
+    )
+
+
+def test_static_group_available_now_exactly_once_and_acked(
+    spark, client, nats_url, unique, tmp_path
+):
+    stream, group = f"S{unique}", "g"
+    static_group(client, stream, group, ["m1", "m2", "m3"], partitions=6)
+    publish(client, stream, 600)
+    df = source(spark, nats_url, stream, group, ackWait="30s")
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "cp")
+
+    def run() -> None:
+        query = (
+            df.writeStream.format("parquet")
+            .option("path", out)
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120)
+        assert query.exception() is None
+
+    run()
+    assert_exactly_once(payloads(spark, out), 600)
+    assert settled(client, stream, group)
+    rows = spark.read.parquet(out)
+    members = {
+        r.member: r.partition for r in rows.select("member", "partition").distinct().collect()
+    }
+    assert set(members) == {"m1", "m2", "m3"}
+    first = rows.orderBy("stream_seq").first()
+    assert first.subject.startswith(f"{stream}.k") and first.stream == stream
+    assert first.headers == {"n": [first.data.decode()]} and first.delivered == 1
+
+    publish(client, stream, 300, start=600)
+    run()  # restart from the checkpoint
+    assert_exactly_once(payloads(spark, out), 900)
+    assert settled(client, stream, group)
+
+
+def test_elastic_group_processing_time_leaves_nothing_unacked(
+    spark, client, nats_url, unique, tmp_path
+):
+    stream, group = f"E{unique}", "eg"
+    elastic_group(client, stream, group, ["a", "b"], partitions=4)
+    publish(client, stream, 500)
+    seen: list[int] = []
+
+    def collect(batch, batch_id):
+        seen.extend(int(r.data.decode()) for r in batch.select("data").collect())
+
+    df = source(spark, nats_url, stream, group, ackWait="20s", maxMessagesPerTrigger=150)
+    query = (
+        df.writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="300 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(lambda: len(seen) >= 500, 90, "500 rows")
+        # Idle now: the query must ack its last batch without new data arriving.
+        wait_until(lambda: settled(client, stream, group), 30, "all members acked")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert_exactly_once(seen, 500)
+    assert query.lastProgress["sources"][0]["numInputRows"] >= 0
+
+
+def test_no_ack_before_commit(spark, client, nats_url, unique, tmp_path):
+    stream, group = f"N{unique}", "g"
+    static_group(client, stream, group, ["m1", "m2"], partitions=4)
+    publish(client, stream, 400)
+    entry = run_sync(load_group(client.target, stream, group))
+    consumers = {m: member_consumer(entry, m) for m in ("m1", "m2")}
+    seen: list[int] = []
+    violations: list[str] = []
+
+    def check(batch, batch_id):
+        rows = batch.select("member", "data").collect()
+        for member, consumer in consumers.items():
+            taken = sum(1 for r in rows if r.member == member)
+            info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
+            # While the batch is in flight none of its messages may be acked.
+            if info["num_ack_pending"] < taken:
+                violations.append(
+                    f"batch {batch_id} {member}: {taken} rows, {info['num_ack_pending']} pending"
+                )
+        seen.extend(int(r.data.decode()) for r in rows)
+
+    df = source(spark, nats_url, stream, group, maxMessagesPerTrigger=100)
+    query = (
+        df.writeStream.foreachBatch(check)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(lambda: len(seen) >= 400, 90, "400 rows")
+        wait_until(lambda: settled(client, stream, group), 30, "acks after commit")
+    finally:
+        query.stop()
+    assert not violations, violations
+    assert_exactly_once(seen, 400)
+
+
+def test_ack_wait_shorter_than_batch_redeliveries_deduplicated(
+    spark, client, nats_url, unique, tmp_path
+):
+    stream, group = f"R{unique}", "g"
+    static_group(client, stream, group, ["m1"], partitions=2)
+    publish(client, stream, 3000)
+    entry = run_sync(load_group(client.target, stream, group))
+    consumer = member_consumer(entry, "m1")
+    seen: list[int] = []
+    redelivered: list[int] = []
+
+    def collect(batch, batch_id):
+        seen.extend(int(r.data.decode()) for r in batch.select("data").collect())
+        info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
+        redelivered.append(info["num_redelivered"])
+
+    # Pulls of 5 messages, each recorded in the ledger: the task outlasts the 1 s ack wait, so
+    # its first messages come back to it while it still pulls.
+    df = source(spark, nats_url, stream, group, ackWait="1s", fetchBatchSize=5)
+    query = (
+        df.writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(lambda: len(seen) >= 3000, 120, "3000 rows")
+        wait_until(lambda: settled(client, stream, group), 60, "all acked")
+    finally:
+        query.stop()
+    assert max(redelivered) > 0, "the test did not provoke redeliveries"
+    assert_exactly_once(seen, 3000)
+
+
+def test_elastic_membership_change_followed(spark, client, nats_url, unique, tmp_path):
+    stream, group = f"M{unique}", "eg"
+    elastic_group(client, stream, group, ["a", "b"], partitions=4)
+    publish(client, stream, 200)
+    seen: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def collect(batch, batch_id):
+        with lock:
+            seen.extend(
+                (r.member, int(r.data.decode())) for r in batch.select("member", "data").collect()
+            )
+
+    df = source(spark, nats_url, stream, group, ackWait="5s")
+    query = (
+        df.writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="300 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(lambda: len(seen) >= 200, 90, "first 200 rows")
+        run_sync(admin.add_members(client.target, stream, group, ["c"]))
+        publish(client, stream, 200, start=200)
+        wait_until(lambda: len(seen) >= 400, 90, "rows after adding c")
+        run_sync(admin.drop_members(client.target, stream, group, ["a"]))
+        publish(client, stream, 200, start=400)
+        wait_until(lambda: len({v for _, v in seen}) >= 600, 90, "rows after dropping a")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert_exactly_once([v for _, v in seen], 600)
+    assert any(m == "c" for m, v in seen if v >= 200), "added member c never read"
+    assert not any(m == "a" for m, v in seen if v >= 400), "dropped member a still read"
