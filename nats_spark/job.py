@@ -1,0 +1,185 @@
+"""A ready streaming job: read a group (or consumer) with nats-pcg into files, checkpointed.
+
+    spark-submit nats_spark/job.py --servers nats://host:4222 --stream ORDERS --group g \\
+        --output /data/orders --checkpoint /data/orders-cp
+    python -m nats_spark.job --config conf/job.properties
+
+Flags override the config file, whose lines are `key = value` with the flag names as keys and
+`option.<name>` for source options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from nats_spark.errors import ConfigurationError
+from nats_spark.spark.options import SECRET_OPTIONS, parse_options
+
+log = logging.getLogger("nats_spark.job")
+
+_FLAGS = (
+    "servers",
+    "stream",
+    "group",
+    "consumer",
+    "output",
+    "checkpoint",
+    "format",
+    "trigger",
+    "timeout",
+    "master",
+    "app-name",
+)
+
+
+def read_config(path: str) -> dict[str, str]:
+    """`key = value` lines; `#` starts a comment."""
+    values: dict[str, str] = {}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigurationError(f"cannot read config file {path}: {error.strerror}") from None
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise ConfigurationError(f"{path}:{number}: expected 'key = value', got {line!r}")
+        values[key.strip()] = value.strip()
+    return values
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nats_spark.job",
+        description="Stream a NATS partitioned consumer group (or priority-group consumer) into "
+        "files with Spark, exactly once per committed batch.",
+    )
+    p.add_argument("--config", help="file of 'key = value' lines (flag names, option.<name>)")
+    p.add_argument("--servers", help="NATS URLs, comma separated (default $NATS_URL)")
+    p.add_argument("--stream")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--group", help="partitioned consumer group")
+    target.add_argument("--consumer", help="plain priority-group pull consumer")
+    p.add_argument("--output", help="output directory")
+    p.add_argument("--checkpoint", help="checkpoint directory")
+    p.add_argument("--format", help="file format of the output (default parquet)")
+    p.add_argument("--trigger", help="processing-time interval such as 5s, or availableNow/once")
+    p.add_argument("--timeout", type=float, help="stop after this many seconds (default: run on)")
+    p.add_argument("--master", help="Spark master when not set by spark-submit (default local[2])")
+    p.add_argument("--app-name", help="Spark application name")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="source option, repeatable (e.g. ackWait=30s)",
+    )
+    return p
+
+
+def settings(argv: Sequence[str] | None) -> tuple[dict[str, str], dict[str, str]]:
+    """(job settings, source options) from the config file and the flags."""
+    args = parser().parse_args(argv)
+    job: dict[str, str] = {}
+    options: dict[str, str] = {}
+    if args.config:
+        for key, value in read_config(args.config).items():
+            if key.startswith("option."):
+                options[key[len("option.") :]] = value
+            elif key in _FLAGS:
+                job[key] = value
+            else:
+                raise ConfigurationError(
+                    f"unknown key {key!r} in {args.config}; use one of {', '.join(_FLAGS)} "
+                    "or option.<name>"
+                )
+    for key in _FLAGS:
+        value = getattr(args, key.replace("-", "_"))
+        if value is not None:
+            job[key] = str(value)
+    for item in args.option:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigurationError(f"--option {item!r} is not NAME=VALUE")
+        options[name.strip()] = value.strip()
+    job.setdefault("servers", os.environ.get("NATS_URL", ""))
+    for key in ("servers", "stream", "group", "consumer"):
+        if job.get(key):
+            options[key] = job[key]
+    for key in ("output", "checkpoint"):
+        if not job.get(key):
+            raise ConfigurationError(f"--{key} is required (or '{key} = ...' in the config file)")
+    parse_options(options)  # fail on bad options before Spark starts
+    return job, options
+
+
+def start_query(spark: Any, job: dict[str, str], options: dict[str, str]) -> Any:
+    reader = spark.readStream.format("nats-pcg")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    writer = (
+        reader.load()
+        .writeStream.format(job.get("format", "parquet"))
+        .option("path", job["output"])
+        .option("checkpointLocation", job["checkpoint"])
+        .queryName(job.get("app-name", "nats-spark-job").replace("-", "_"))
+    )
+    trigger = job.get("trigger", "1s")
+    if trigger == "availableNow":
+        writer = writer.trigger(availableNow=True)
+    elif trigger == "once":
+        writer = writer.trigger(once=True)
+    else:
+        writer = writer.trigger(processingTime=trigger)
+    return writer.start()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        job, options = settings(argv)
+    except ConfigurationError as error:
+        print(f"nats_spark.job: error: {error}", file=sys.stderr)
+        return 1
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(job.get("app-name", "nats-spark-job"))
+    if job.get("master") or "spark.master" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+        builder = builder.config("spark.master", job.get("master", "local[2]"))
+    spark = builder.getOrCreate()
+    shown = {k: ("***" if k in SECRET_OPTIONS else v) for k, v in options.items()}
+    log.info("starting query on %s with options %s", options.get("stream"), shown)
+    query = start_query(spark, job, options)
+    deadline = time.monotonic() + float(job["timeout"]) if job.get("timeout") else None
+    last_batch = -1
+    try:
+        while query.isActive and (deadline is None or time.monotonic() < deadline):
+            query.awaitTermination(1)
+            progress = query.lastProgress
+            if progress and progress["batchId"] != last_batch:
+                last_batch = progress["batchId"]
+                print(f"batch {last_batch}: {progress['numInputRows']} rows", flush=True)
+    finally:
+        if query.isActive:
+            query.stop()
+    error = query.exception()
+    if error is not None:
+        print(f"nats_spark.job: query failed: {error.desc.splitlines()[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
