@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nats_spark.errors import ConfigurationError
-from nats_spark.spark.options import SECRET_OPTIONS, parse_options
+from nats_spark.spark.options import SECRET_OPTIONS, parse_duration, parse_options
 
 log = logging.getLogger("nats_spark.job")
 
@@ -119,6 +119,9 @@ def settings(argv: Sequence[str] | None) -> tuple[dict[str, str], dict[str, str]
         if not job.get(key):
             raise ConfigurationError(f"--{key} is required (or '{key} = ...' in the config file)")
     parse_options(options)  # fail on bad options before Spark starts
+    trigger = job.get("trigger", "1s")
+    if trigger not in ("availableNow", "once"):
+        parse_duration("trigger", trigger)
     return job, options
 
 
@@ -139,7 +142,8 @@ def start_query(spark: Any, job: dict[str, str], options: dict[str, str]) -> Any
     elif trigger == "once":
         writer = writer.trigger(once=True)
     else:
-        writer = writer.trigger(processingTime=trigger)
+        millis = round(parse_duration("trigger", trigger) * 1000)
+        writer = writer.trigger(processingTime=f"{millis} milliseconds")
     return writer.start()
 
 
