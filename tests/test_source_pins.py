@@ -1,0 +1,93 @@
+"""Pins: the query stands by while another instance holds a member's pin, then takes over."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from spark_helpers import assert_exactly_once, publish, source, static_group, wait_until
+
+from nats_spark.client import NatsClient
+from nats_spark.loop import run_sync
+from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_member_consumer, member_consumer
+from nats_spark.pcg.store import load_group
+
+pytestmark = pytest.mark.spark
+
+
+class OtherInstance:
+    """Another instance of member m1 (as a Go member would be): pulls with its pin, acks."""
+
+    def __init__(self, settings, stream: str, consumer: str) -> None:
+        self.client = run_sync(NatsClient.open(settings))
+        self.puller = self.client.pull_consumer(stream, consumer, group=PRIORITY_GROUP)
+        self.received: list[int] = []
+        self.running = True
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        async def pull_once() -> None:
+            result = await self.puller.fetch(50, expires=0.5)
+            for msg in result.messages:
+                self.received.append(int(msg.data.decode()))
+                await msg.ack()
+
+        while self.running:
+            run_sync(pull_once())
+
+    def stop(self) -> None:
+        self.running = False
+        self.thread.join(10)
+        run_sync(self.client.close())
+
+
+def test_query_stands_by_while_another_instance_is_pinned(
+    spark, client, settings, nats_url, unique, tmp_path
+):
+    stream = f"P{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=2)
+    entry = run_sync(load_group(client.target, stream, "g"))
+    consumer = member_consumer(entry, "m1", {"ack_wait": 2_000_000_000})
+    run_sync(ensure_member_consumer(client.target, consumer))
+    other = OtherInstance(settings, stream, consumer.name)
+    other.thread.start()
+    publish(client, stream, 100)
+    wait_until(lambda: len(other.received) >= 100, 30, "the other instance to be served")
+
+    seen: list[int] = []
+    progress: list[dict] = []
+
+    def collect(batch, batch_id):
+        seen.extend(int(r.data.decode()) for r in batch.select("data").collect())
+
+    df = source(spark, nats_url, stream, "g", ackWait="2s")
+    query = (
+        df.writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="300 milliseconds")
+        .start()
+    )
+    try:
+        publish(client, stream, 100, start=100)
+
+        def standing_by() -> bool:
+            for p in query.recentProgress:
+                report = json.loads(p["sources"][0].get("latestOffset") or "{}")
+                progress.append(report)
+                if report.get("members", {}).get("m1", {}).get("status") == "standby":
+                    return True
+            return False
+
+        wait_until(standing_by, 30, "the query to report standby")
+        wait_until(lambda: len(other.received) >= 200, 30, "the pinned instance to keep reading")
+        assert seen == [], "the query read while another instance held the pin"
+        other.stop()  # its pin times out after priority_timeout (2 s)
+        publish(client, stream, 100, start=200)
+        wait_until(lambda: len(seen) >= 100, 60, "the query to take over")
+        assert query.exception() is None
+    finally:
+        query.stop()
+        if other.running:
+            other.stop()
+    assert_exactly_once(other.received + seen, 300)
