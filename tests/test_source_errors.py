@@ -1,0 +1,87 @@
+"""Clear, one-line errors before any message is taken."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from spark_helpers import publish, source, static_group
+
+from nats_spark.loop import run_sync
+from nats_spark.server import EmbeddedServer
+
+pytestmark = pytest.mark.spark
+
+
+def failure(query) -> str:
+    """The message a user sees when the query dies: our line, found in Spark's wrapper."""
+    with pytest.raises(Exception) as caught:
+        query.awaitTermination(60)
+    return str(caught.value)
+
+
+def start(df, tmp_path):
+    return (
+        df.writeStream.format("memory")
+        .queryName(f"q{abs(hash(str(tmp_path))) % 10**8}")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"stream": ""}, "option stream is required"),
+        ({"group": "g", "consumer": "c"}, "set exactly one of the options group"),
+        ({"fetchBatchSize": "many"}, "fetchBatchSize='many' is not a whole number"),
+        ({"ackWait": "soon"}, "ackWait='soon' is not a duration"),
+        ({"includeHeaders": "maybe"}, "includeHeaders='maybe' is not a boolean"),
+        ({"colour": "blue"}, "unknown option 'colour'; known options: servers"),
+        ({"groupType": "dynamic"}, "groupType='dynamic' is not valid"),
+    ],
+)
+def test_bad_options_fail_at_load(spark, nats_url, options, message):
+    reader = spark.readStream.format("nats-pcg").option("servers", nats_url)
+    for key, value in {"stream": "S", "group": "g", **options}.items():
+        reader = reader.option(key, value)
+    with pytest.raises(Exception, match=re.escape(message)):
+        reader.load()
+
+
+def test_missing_stream(spark, nats_url, unique, tmp_path):
+    text = failure(start(source(spark, nats_url, f"NO{unique}", "g"), tmp_path))
+    assert f"stream 'NO{unique}' does not exist" in text
+
+
+def test_missing_group_takes_nothing(spark, client, nats_url, unique, tmp_path):
+    stream = f"G{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=2)
+    publish(client, stream, 10)
+    text = failure(start(source(spark, nats_url, stream, "other"), tmp_path))
+    assert "consumer group 'other' on stream" in text and "not found" in text
+    state = run_sync(client.api.stream_info(stream))["state"]
+    assert state["messages"] == 10 and state["consumer_count"] == 0
+
+
+def test_members_not_in_group(spark, client, nats_url, unique, tmp_path):
+    stream = f"M{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=2)
+    text = failure(start(source(spark, nats_url, stream, "g", members="m1,m9"), tmp_path))
+    assert "members m9 are not in group 'g'" in text
+
+
+def test_unreachable_server(spark, tmp_path):
+    with EmbeddedServer() as server:
+        url = server.url
+    text = failure(start(source(spark, url, "S", "g"), tmp_path))
+    assert "cannot connect to NATS at" in text and "check the URL" in text
+
+
+def test_wrong_credentials(spark, tmp_path):
+    with EmbeddedServer(extra_args=["--user", "app", "--pass", "right-secret-123"]) as server:
+        df = source(spark, server.url, "S", "g", user="app", password="wrong-secret-456")
+        text = failure(start(df, tmp_path))
+    assert "refused the credentials" in text
+    assert "wrong-secret-456" not in text and "right-secret-123" not in text
