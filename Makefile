@@ -2,7 +2,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test demo lint clean
+.PHONY: test test-compat demo lint clean
+
+COMPAT_VENV := .venv-compat
+SOURCE_TESTS := tests/test_source_groups.py tests/test_source_replay.py tests/test_source_pins.py tests/test_source_errors.py tests/test_source_recovery.py
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +25,17 @@ test: $(VENV)/.test-installed
 
 demo: $(VENV)/.server-installed
 	$(BIN)/python -m nats_spark.demo
+
+# The source tests on the oldest supported Spark (4.0.x), in a venv of their own.
+$(COMPAT_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install -q --upgrade pip
+	$(COMPAT_VENV)/bin/pip install -q -e '.[test]' 'pyspark>=4.0,<4.1'
+	touch $@
+
+test-compat: $(COMPAT_VENV)/.installed
+	$(COMPAT_VENV)/bin/python -c 'import pyspark; print("pyspark", pyspark.__version__)'
+	$(COMPAT_VENV)/bin/python -m pytest -q $(SOURCE_TESTS)
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .

@@ -6,12 +6,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pyspark
+
 from nats_spark.client import NatsClient
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.config import PartitioningFilter
 from nats_spark.pcg.consumers import member_consumer
 from nats_spark.pcg.store import load_group
+
+SPARK_VERSION = tuple(int(part) for part in pyspark.__version__.split(".")[:2])
+# Spark 4.2+ passes the committed start offset to latestOffset, so the source acks a query's last
+# batch before it stops; older versions leave it to the next start (DESIGN guarantee 6).
+ACKS_LAST_BATCH = SPARK_VERSION >= (4, 2)
+# Spark 4.2+ reports reportLatestOffset() (per-member lag and pin status) in progress.
+REPORTS_LAG = SPARK_VERSION >= (4, 2)
 
 
 def static_group(

@@ -52,14 +52,17 @@ def test_failed_task_is_retried_exactly_once(spark, client, nats_url, unique, tm
         df.withColumn("stream_seq", fail_first_attempt(col("stream_seq"), col("member")))
         .writeStream.foreachBatch(collect)
         .option("checkpointLocation", str(tmp_path / "cp"))
-        .trigger(availableNow=True)
+        .trigger(processingTime="200 milliseconds")
         .start()
     )
-    assert query.awaitTermination(120)
-    assert query.exception() is None
+    try:
+        wait_until(lambda: len(seen) >= 400, 90, "400 rows")
+        wait_until(lambda: settled(client, stream), 30, "acks")
+        assert query.exception() is None
+    finally:
+        query.stop()
     assert marker.exists(), "no task failed: the test did not inject its failure"
     assert_exactly_once(seen, 400)
-    wait_until(lambda: settled(client, stream), 30, "acks")
 
 
 def test_rerun_of_a_logged_batch_replays_the_same_rows(spark, client, nats_url, unique, tmp_path):
@@ -80,9 +83,12 @@ def test_rerun_of_a_logged_batch_replays_the_same_rows(spark, client, nats_url, 
             source(spark, nats_url, stream, "g", maxMessagesPerTrigger=120)
             .writeStream.foreachBatch(record)
             .option("checkpointLocation", str(tmp_path / "cp"))
-            .trigger(availableNow=True)
+            .trigger(processingTime="200 milliseconds")
             .start()
         )
+
+    def rows_committed() -> int:
+        return sum(len(tries[-1]) for tries in attempts.values())
 
     failing = run()
     with pytest.raises(Exception, match="sink failed"):
@@ -90,11 +96,14 @@ def test_rerun_of_a_logged_batch_replays_the_same_rows(spark, client, nats_url, 
     publish(client, stream, 50, start=300)  # new messages must not leak into the re-run
     fail[0] = False
     query = run()
-    assert query.awaitTermination(120)
+    try:
+        wait_until(lambda: rows_committed() >= 350, 90, "350 rows")
+        wait_until(lambda: settled(client, stream), 30, "acks")
+    finally:
+        query.stop()
     first, again = attempts[0]
     for member in ("m1", "m2"):
         assert [s for m, s in again if m == member] == [s for m, s in first if m == member]
     assert sorted(again) == sorted(first)
     every = [s for batch_id, tries in attempts.items() for m, s in tries[-1]]
     assert_exactly_once([s - 1 for s in every], 350)
-    wait_until(lambda: settled(client, stream), 30, "acks")

@@ -80,7 +80,8 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return run_sync(self.offsets.latest_offset(begin, max_rows)).to_json()
 
     def getDefaultReadLimit(self) -> Any:
-        if self.options.max_messages_per_trigger and ReadMaxRows is not None:
+        """Spark 4.2+ only (older versions never call it)."""
+        if self.options.max_messages_per_trigger:
             return ReadMaxRows(self.options.max_messages_per_trigger)
         return ReadAllAvailable()
 
