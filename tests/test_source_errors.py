@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 
 import pytest
-from spark_helpers import publish, source, static_group
+from spark_helpers import publish, source, static_group, wait_until
 
 from nats_spark.loop import run_sync
+from nats_spark.pcg import admin
+from nats_spark.pcg.store import load_group, update_group
 from nats_spark.server import EmbeddedServer
 
 pytestmark = pytest.mark.spark
@@ -85,3 +87,33 @@ def test_wrong_credentials(spark, tmp_path):
         text = failure(start(df, tmp_path))
     assert "refused the credentials" in text
     assert "wrong-secret-456" not in text and "right-secret-123" not in text
+
+
+def running_query(spark, url, stream, tmp_path):
+    return (
+        source(spark, url, stream, "g")
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+
+def test_deleted_group_fails_the_query(spark, client, nats_url, unique, tmp_path):
+    stream = f"X{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=2)
+    query = running_query(spark, nats_url, stream, tmp_path)
+    wait_until(lambda: len(query.recentProgress) >= 2, 30, "the query to run")
+    run_sync(admin.delete_static(client.target, stream, "g"))
+    text = failure(query)
+    assert "consumer group 'g' on stream" in text and "not found" in text
+
+
+def test_changed_static_group_fails_the_query(spark, client, nats_url, unique, tmp_path):
+    stream = f"C{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=2)
+    query = running_query(spark, nats_url, stream, tmp_path)
+    wait_until(lambda: len(query.recentProgress) >= 2, 30, "the query to run")
+    entry = run_sync(load_group(client.target, stream, "g"))
+    run_sync(update_group(client.target, entry, entry.config.with_members_added(["m2"])))
+    assert "static groups are immutable" in failure(query)
