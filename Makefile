@@ -7,16 +7,18 @@ BIN := $(VENV)/bin
 COMPAT_VENV := .venv-compat
 SOURCE_TESTS := tests/test_source_groups.py tests/test_source_replay.py tests/test_source_pins.py tests/test_source_errors.py tests/test_source_recovery.py
 
+# editable_mode=compat puts the project on sys.path through a .pth file, so Spark's lookup of
+# top-level pyspark_* modules (pkgutil) finds pyspark_nats_pcg and registers the format.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=compat
 	touch $@
 
 $(VENV)/.server-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[server]'
+	$(BIN)/pip install -q -e '.[server]' --config-settings editable_mode=compat
 	touch $@
 
 test: $(VENV)/.test-installed
@@ -30,7 +32,7 @@ demo: $(VENV)/.server-installed
 $(COMPAT_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/python -m pip install -q --upgrade pip
-	$(COMPAT_VENV)/bin/pip install -q -e '.[test]' 'pyspark>=4.0,<4.1'
+	$(COMPAT_VENV)/bin/pip install -q -e '.[test]' 'pyspark>=4.0,<4.1' --config-settings editable_mode=compat
 	touch $@
 
 test-compat: $(COMPAT_VENV)/.installed
