@@ -24,6 +24,7 @@ from nats_spark.pcg import admin
 from nats_spark.pcg.config import ElasticConfig, MemberMapping, PartitioningFilter
 from nats_spark.pcg.partitioning import elastic_stream_name, member_partitions
 from nats_spark.pcg.store import GroupEntry, GroupKind
+from nats_spark.progress import progress_bar
 
 PROG = "nats-pcg"
 Command = Callable[[NatsClient, argparse.Namespace], Awaitable[int]]
@@ -299,6 +300,32 @@ async def _member_info(client: NatsClient, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _status(client: NatsClient, args: argparse.Namespace) -> int:
+    entry, members = await admin.group_status(client, args.stream, args.group)
+    if args.json:
+        _print_json(
+            {
+                "kind": entry.kind.value,
+                "members": [{**asdict(m), "state": m.state} for m in members],
+            }
+        )
+        return 0
+    print(f"{entry.kind.value} group {entry.group} on {entry.stream}")
+    rows = [
+        (
+            m.member,
+            _numbers(m.partitions),
+            m.state,
+            "-" if m.num_pending is None else m.num_pending,
+            "-" if m.num_ack_pending is None else m.num_ack_pending,
+            m.last_active or "-",
+        )
+        for m in members
+    ]
+    print(_table(("MEMBER", "PARTITIONS", "STATE", "PENDING", "ACK PENDING", "LAST ACTIVE"), rows))
+    return 0
+
+
 async def _step_down(client: NatsClient, args: argparse.Namespace) -> int:
     await admin.step_down(client, _kind(args), args.stream, args.group, args.member)
     print(f"member {args.member} of {args.group} stepped down; the next waiting instance is pinned")
@@ -327,8 +354,10 @@ async def _consume(client: NatsClient, args: argparse.Namespace) -> int:
         print(f"[{msg.partition}] {msg.subject}: {text}", flush=True)
         await msg.ack()
         received += 1
-        if args.count and received >= args.count:
-            enough.set()
+        if args.count:
+            progress_bar(received, args.count, "consumed")
+            if received >= args.count:
+                enough.set()
 
     member = await consume(client, args.stream, args.group, args.member, handler, kind=_kind(args))
     waiter = asyncio.ensure_future(enough.wait())
@@ -533,7 +562,12 @@ def build_parser() -> argparse.ArgumentParser:
         "Go pcgroups library and its cg CLI).",
     )
     _add_connection_flags(parser)
-    kinds = parser.add_subparsers(dest="kind", required=True, metavar="{static,elastic}")
+    kinds = parser.add_subparsers(dest="kind", required=True, metavar="{static,elastic,status}")
+    status = _command(
+        kinds, "status", _status, "per member of a group: partitions, pin, pending, last activity"
+    )
+    _group_args(status)
+    _json_flag(status)
     for kind, add_commands in (
         (GroupKind.STATIC, _add_static_commands),
         (GroupKind.ELASTIC, _add_elastic_commands),

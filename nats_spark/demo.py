@@ -22,18 +22,8 @@ from nats_spark.connection import ConnectionSettings, parse_servers
 from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.consumers import member_consumer
+from nats_spark.progress import progress_bar
 from nats_spark.server import EmbeddedServer
-
-
-def progress_bar(done: int, total: int, label: str, width: int = 30) -> None:
-    """One self-overwriting line on a terminal's stderr."""
-    if not sys.stderr.isatty() and done < total:
-        return  # a log file gets the final line only
-    filled = width * done // max(total, 1)
-    end = "\n" if done >= total else ""
-    sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-    sys.stderr.write(end)
-    sys.stderr.flush()
 
 
 @contextlib.contextmanager

@@ -98,6 +98,7 @@ def test_static_commands(cli, client, unique):
     assert re.search(r"^ack pending: +1$", text, re.M)
     assert "stepped down" in ok(cli("static", "sd", stream, "g", "m1"))
     member = json.loads(ok(cli("static", "minfo", stream, "g", "m1", "--json")))
+    assert member.pop("last_active")  # the time of the delivery above
     assert member == {
         "member": "m1",
         "in_membership": True,
@@ -108,6 +109,7 @@ def test_static_commands(cli, client, unique):
         "consumer": "g-m1",
         "num_pending": 0,
         "num_ack_pending": 1,
+        "num_waiting": 0,
     }
     text = ok(cli("static", "member-info", stream, "g", "m2"))
     assert "warning: member m2 is in the membership but has no running instance" in text
@@ -337,3 +339,34 @@ def test_consume_fails_clearly_when_the_member_cannot_run_or_stops(cli, client, 
     consumer.join(20)
     [result] = results
     one_line_error(result, r"member m1 stopped after 0 of 5 messages \(was the group deleted\?\)")
+
+
+def test_status_shows_every_member(cli, client, unique):
+    stream = static_stream(client, unique, 4)
+    ok(cli("static", "create", "balanced", stream, "g", "4", "m1", "m2"))
+    entry = run_sync(admin.static_info(client.target, stream, "g"))
+    consumer = member_consumer(entry, "m1")
+    run_sync(ensure_member_consumer(client.target, consumer))
+    publish(client, f"{unique}.k1", b"x")
+    pin_member(client, stream, consumer.name)
+    out = ok(cli("status", stream, "g"))
+    lines = out.splitlines()
+    assert lines[0] == f"static group g on {stream}"
+    assert lines[1].split() == [
+        "MEMBER",
+        "PARTITIONS",
+        "STATE",
+        "PENDING",
+        "ACK",
+        "PENDING",
+        "LAST",
+        "ACTIVE",
+    ]
+    m1 = next(line.split() for line in lines if line.startswith("m1"))
+    m2 = next(line.split() for line in lines if line.startswith("m2"))
+    assert m1[1:5] == ["0,1", "pinned", "0", "1"] and m1[5] != "-"
+    assert m2[1:] == ["2,3", "no", "consumer", "-", "-", "-"]
+    status = json.loads(ok(cli("status", stream, "g", "--json")))
+    assert status["kind"] == "static"
+    assert [m["state"] for m in status["members"]] == ["pinned", "no consumer"]
+    one_line_error(cli("status", stream, "nope"), "consumer group 'nope' on stream")

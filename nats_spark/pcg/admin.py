@@ -59,6 +59,18 @@ class MemberInfo:
     consumer: str
     num_pending: int | None
     num_ack_pending: int | None
+    num_waiting: int | None = None  # pull requests waiting: running instances, pinned or not
+    last_active: str | None = None  # when the consumer last delivered a message
+
+    @property
+    def state(self) -> str:
+        """`pinned` (an instance holds the pin), `waiting` (pulls wait, no pin yet), `idle` (a
+        consumer but no instance pulling) or `no consumer`."""
+        if self.num_pending is None:
+            return "no consumer"
+        if self.pinned:
+            return "pinned"
+        return "waiting" if self.num_waiting else "idle"
 
 
 def membership(config: GroupConfig) -> list[str]:
@@ -315,7 +327,21 @@ async def member_info(
         consumer=consumer.name,
         num_pending=None if info is None else info.get("num_pending", 0),
         num_ack_pending=None if info is None else info.get("num_ack_pending", 0),
+        num_waiting=None if info is None else info.get("num_waiting", 0),
+        last_active=None if info is None else (info.get("delivered") or {}).get("last_active"),
     )
+
+
+async def group_status(
+    client: NatsClient, stream: str, group: str, kind: GroupKind | None = None
+) -> tuple[GroupEntry, list[MemberInfo]]:
+    """The group (either kind when `kind` is None) and the state of each of its members."""
+    entry = await load_group(client, stream, group, kind)
+    infos = [
+        await member_info(client, entry.kind, stream, group, member)
+        for member in membership(entry.config)
+    ]
+    return entry, infos
 
 
 async def step_down(
