@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from nats_spark.errors import ConfigurationError
 from nats_spark.spark.options import SECRET_OPTIONS, parse_duration, parse_options
@@ -40,15 +41,15 @@ _FLAGS = (
 
 
 def read_config(path: str) -> dict[str, str]:
-    """`key = value` lines; `#` starts a comment."""
+    """`key = value` lines; lines starting with `#` are comments (a value may hold `#`)."""
     values: dict[str, str] = {}
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigurationError(f"cannot read config file {path}: {error.strerror}") from None
     for number, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
+        line = line.strip()
+        if not line or line.startswith("#"):
             continue
         key, sep, value = line.partition("=")
         if not sep:
@@ -57,8 +58,19 @@ def read_config(path: str) -> dict[str, str]:
     return values
 
 
+# The connector's own error line inside a failed query's message (a Python traceback's last line).
+_SOURCE_ERROR = re.compile(r"^nats_spark\.[\w.]+?: (.+)$", re.MULTILINE)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad flags become a ConfigurationError: one line on stderr and exit code 1, not usage + 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigurationError(f"{message}; see --help")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="nats_spark.job",
         description="Stream a NATS partitioned consumer group (or priority-group consumer) into "
         "files with Spark, exactly once per committed batch.",
@@ -126,7 +138,16 @@ def settings(argv: Sequence[str] | None) -> tuple[dict[str, str], dict[str, str]
 
 
 def start_query(spark: Any, job: dict[str, str], options: dict[str, str]) -> Any:
-    reader = spark.readStream.format("nats-pcg")
+    from nats_spark.spark.source import NatsPcgDataSource
+
+    # Spark registers `pyspark_nats_pcg` by itself only where pkgutil can see it (not through a
+    # plain editable install's import hook); registering again is refused on Spark 4.0/4.1.
+    try:
+        spark.dataSource.register(NatsPcgDataSource)
+    except Exception as error:
+        if "DATA_SOURCE_ALREADY_EXISTS" not in str(error):
+            raise
+    reader = spark.readStream.format(NatsPcgDataSource.name())
     for key, value in options.items():
         reader = reader.option(key, value)
     writer = (
@@ -147,40 +168,62 @@ def start_query(spark: Any, job: dict[str, str], options: dict[str, str]) -> Any
     return writer.start()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+def launcher_sets_master() -> bool:
+    """Whether spark-submit or PYSPARK_SUBMIT_ARGS already chose the master (then keep it)."""
+    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+    # spark-submit starts this interpreter itself and hands it the gateway port of its JVM,
+    # whose conf holds the --master it was given.
+    return "PYSPARK_GATEWAY_PORT" in os.environ or any(
+        flag in submit_args for flag in ("--master", "spark.master")
     )
+
+
+def failure_line(error: Exception) -> str:
+    """One line for a failed query: the connector's own error if it raised one, else Spark's."""
+    text = str(error)
+    match = _SOURCE_ERROR.search(text)
+    return match.group(1).strip() if match else text.strip().splitlines()[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # INFO for the job's own lines only: py4j's INFO chatter would bury them.
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log.setLevel(logging.INFO)
     try:
         job, options = settings(argv)
     except ConfigurationError as error:
         print(f"nats_spark.job: error: {error}", file=sys.stderr)
         return 1
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.errors import StreamingQueryException
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(job.get("app-name", "nats-spark-job"))
-    if job.get("master") or "spark.master" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
-        builder = builder.config("spark.master", job.get("master", "local[2]"))
+    if job.get("master") or not launcher_sets_master():
+        builder = builder.master(job.get("master", "local[2]"))
     spark = builder.getOrCreate()
     shown = {k: ("***" if k in SECRET_OPTIONS else v) for k, v in options.items()}
+    shown["servers"] = parse_options(options).connection.described()  # URLs may hold passwords
     log.info("starting query on %s with options %s", options.get("stream"), shown)
     query = start_query(spark, job, options)
     deadline = time.monotonic() + float(job["timeout"]) if job.get("timeout") else None
     last_batch = -1
+    error: Exception | None = None
     try:
         while query.isActive and (deadline is None or time.monotonic() < deadline):
-            query.awaitTermination(1)
+            query.awaitTermination(1)  # raises StreamingQueryException when the query fails
             progress = query.lastProgress
             if progress and progress["batchId"] != last_batch:
                 last_batch = progress["batchId"]
                 print(f"batch {last_batch}: {progress['numInputRows']} rows", flush=True)
+    except StreamingQueryException as raised:
+        error = raised
     finally:
         if query.isActive:
             query.stop()
-    error = query.exception()
+    error = error or query.exception()  # it may have failed between two waits
     if error is not None:
-        print(f"nats_spark.job: query failed: {error.desc.splitlines()[0]}", file=sys.stderr)
+        print(f"nats_spark.job: query failed: {failure_line(error)}", file=sys.stderr)
         return 1
     return 0
 

@@ -82,6 +82,9 @@ class EmbeddedServer:
         self.version = binary_version(self.binary)
         check_server_version(self.version, f"nats-server at {self.binary}")
         self.config_file = str(config_file) if config_file else None
+        self._config_sets_store_dir = bool(
+            config_file and store_dir is None and "store_dir" in Path(config_file).read_text()
+        )
         self.extra_args = list(extra_args or [])
         self.host = host
         self._own_dir = tempfile.mkdtemp(prefix="nats-spark-server-")
@@ -113,8 +116,6 @@ class EmbeddedServer:
             "-p",
             str(self.port if self.port is not None else -1),
             "-js",
-            "-sd",
-            self.store_dir,
             "--ports_file_dir",
             str(ports_dir),
             "-l",
@@ -122,6 +123,8 @@ class EmbeddedServer:
         ]
         if self.config_file:
             args += ["-c", self.config_file]
+        if not self._config_sets_store_dir:
+            args += ["-sd", self.store_dir]  # nats-server refuses a store_dir given twice
         args += self.extra_args
         # Errors before logging starts (a bad config file) go to stderr, not to the log file.
         with self.stderr_file.open("wb") as stderr:

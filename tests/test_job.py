@@ -1,0 +1,364 @@
+"""The ready job nats_spark/job.py: under spark-submit, as `python -m` with conf/job.properties,
+and its one-line errors. Also the helpers the cluster and Spark Connect tests launch Spark with."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import nats
+import pyarrow.parquet as pq
+import pyspark
+import pytest
+from spark_helpers import assert_exactly_once, member_states, publish, static_group, wait_until
+
+import nats_spark.job
+import pyspark_nats_pcg
+from nats_spark.client import open_blocking
+from nats_spark.connection import ConnectionSettings
+from nats_spark.loop import run_sync
+from nats_spark.pcg import admin
+from nats_spark.pcg.config import StaticConfig
+from nats_spark.server import find_server_binary
+
+pytestmark = pytest.mark.spark
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+SPARK_HOME = os.path.dirname(pyspark.__file__)
+JOB_FILE = nats_spark.job.__file__
+# Spark finds `pyspark_*` modules (the auto-registered `nats-pcg`) with pkgutil in a fresh Python
+# worker. An editable install's import hook is invisible to pkgutil, so processes that rely on the
+# auto-registration get the module's directory as PYTHONPATH, as a wheel install would have it.
+AUTO_REGISTER_PATH = str(Path(pyspark_nats_pcg.__file__).parent)
+
+
+def spark_env(**extra: str) -> dict[str, str]:
+    """Environment for Spark processes of this venv's pyspark, on loopback, with this interpreter
+    for drivers and Python workers (they import nats_spark)."""
+    return {
+        **os.environ,
+        "SPARK_HOME": SPARK_HOME,  # bin/ scripts look for it with `python3`, which lacks pyspark
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        # `python -m nats_spark.job` starts its own JVM: no web UI on a fixed port 4040.
+        "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false pyspark-shell",
+        **extra,
+    }
+
+
+def spark_bin(name: str) -> str:
+    return os.path.join(SPARK_HOME, "bin", name)
+
+
+@dataclass
+class Launched:
+    """A process started by a test, in its own session so that it can be stopped with its JVM."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    out: Path
+    err: Path
+
+    def wait(self, timeout: float) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr) once it ended; killed (and failing) after `timeout`."""
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            pytest.fail(f"{self.name} still running after {timeout}s; stderr: {self.tail()}")
+        return code, self.out.read_text(errors="replace"), self.err.read_text(errors="replace")
+
+    def tail(self, lines: int = 15) -> str:
+        return "\n".join(self.err.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, grace: float = 15) -> None:
+        """SIGTERM to its process group, then SIGKILL if it lingers."""
+        if self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(grace)
+
+
+def launch(name: str, args: Sequence[str], logs: Path, env: dict[str, str]) -> Launched:
+    logs.mkdir(parents=True, exist_ok=True)
+    out, err = logs / f"{name}.out", logs / f"{name}.err"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        process = subprocess.Popen(
+            list(args), stdout=stdout, stderr=stderr, env=env, cwd=logs, start_new_session=True
+        )
+    return Launched(name, process, out, err)
+
+
+def committed_rows(path: Path) -> list[dict]:
+    """Rows of the files the file sink committed (listed in its `_spark_metadata` log), which is
+    what Spark reads back; files of failed attempts are not counted."""
+    files: set[str] = set()
+    for log in (path / "_spark_metadata").iterdir():
+        if log.name.startswith("."):
+            continue  # checksum files
+        for line in log.read_text().splitlines()[1:]:  # after the version line
+            entry = json.loads(line)
+            if entry["action"] == "add":
+                files.add(urlparse(entry["path"]).path)  # compactions repeat earlier entries
+    return [row for file in sorted(files) for row in pq.read_table(file).to_pylist()]
+
+
+def payloads(rows: list[dict]) -> list[int]:
+    return [int(row["data"].decode()) for row in rows]
+
+
+def settled(client, stream: str, group: str) -> bool:
+    return all(
+        s == {"pending": 0, "ack_pending": 0} for s in member_states(client, stream, group).values()
+    )
+
+
+def job_flags(url: str, stream: str, out: Path) -> list[str]:
+    return [
+        "--servers",
+        url,
+        "--stream",
+        stream,
+        "--output",
+        str(out / "data"),
+        "--checkpoint",
+        str(out / "checkpoint"),
+        "--trigger",
+        "availableNow",
+    ]
+
+
+@dataclass
+class Runs:
+    submit: Launched
+    config: Launched
+    failing: Launched
+    streams: dict[str, str]
+    dirs: dict[str, Path]
+
+
+@pytest.fixture(scope="module")
+def runs(settings: ConnectionSettings, nats_url: str, tmp_path_factory) -> Iterator[Runs]:
+    """The three Spark runs of this module, started together: JVM start-up dominates each."""
+    tmp = tmp_path_factory.mktemp("job")
+    unique = os.urandom(4).hex()
+    client = open_blocking(settings)
+    streams = {"submit": f"JS{unique}", "config": f"JC{unique}"}
+    static_group(client, streams["submit"], "g", ["m1", "m2"], partitions=4)
+    publish(client, streams["submit"], 400)
+    # The group of conf/group-example.json (members mapped to partitions 0-1 and 2-3).
+    example = StaticConfig.from_json((CONF / "group-example.json").read_bytes())
+    run_sync(
+        client.api.create_stream(
+            {
+                "name": streams["config"],
+                "subjects": [f"{streams['config']}.*"],
+                "subject_transform": {
+                    "src": f"{streams['config']}.*",
+                    "dest": f"{{{{partition({example.max_members},1)}}}}."
+                    f"{streams['config']}.{{{{wildcard(1)}}}}",
+                },
+            }
+        )
+    )
+    run_sync(
+        admin.create_static(
+            client.target,
+            streams["config"],
+            "orders",  # the group named in conf/job.properties
+            example.max_members,
+            member_mappings=example.member_mappings,
+        )
+    )
+    publish(client, streams["config"], 300)
+    dirs = {name: tmp / name for name in ("submit", "config", "failing")}
+    env = spark_env()
+    submit = launch(
+        "submit",
+        [
+            spark_bin("spark-submit"),
+            "--master",
+            "local[2]",
+            "--properties-file",
+            str(CONF / "spark-defaults.conf"),
+            "--conf",
+            "spark.ui.enabled=false",
+            JOB_FILE,
+            "--group",
+            "g",
+            *job_flags(nats_url, streams["submit"], dirs["submit"]),
+        ],
+        tmp / "logs",
+        env,
+    )
+    config = launch(
+        "config",
+        [
+            sys.executable,
+            "-m",
+            "nats_spark.job",
+            "--config",
+            str(CONF / "job.properties"),
+            "--master",
+            "local[2]",
+            *job_flags(nats_url, streams["config"], dirs["config"]),
+        ],
+        tmp / "logs",
+        env,
+    )
+    failing = launch(
+        "failing",
+        [
+            spark_bin("spark-submit"),
+            "--master",
+            "local[1]",
+            "--conf",
+            "spark.ui.enabled=false",
+            JOB_FILE,
+            "--group",
+            "missing",
+            *job_flags(nats_url, streams["submit"], dirs["failing"]),
+        ],
+        tmp / "logs",
+        env,
+    )
+    yield Runs(submit, config, failing, streams, dirs)
+    for run in (submit, config, failing):
+        run.stop()
+    for stream in streams.values():
+        run_sync(client.api.delete_stream(stream))
+    run_sync(client.target.close())
+
+
+def test_spark_submit_available_now_exactly_once(runs: Runs, client) -> None:
+    code, out, _ = runs.submit.wait(150)
+    assert code == 0, runs.submit.tail()
+    assert "batch 0: 400 rows" in out
+    rows = committed_rows(runs.dirs["submit"] / "data")
+    assert_exactly_once(payloads(rows), 400)
+    assert {row["member"] for row in rows} == {"m1", "m2"}
+    assert settled(client, runs.streams["submit"], "g")
+
+
+def test_python_module_with_config_file_and_example_group(runs: Runs, client) -> None:
+    code, _, err = runs.config.wait(150)
+    assert code == 0, runs.config.tail()
+    rows = committed_rows(runs.dirs["config"] / "data")
+    assert_exactly_once(payloads(rows), 300)
+    owned: dict[str, set[int]] = {}
+    for row in rows:
+        owned.setdefault(row["member"], set()).add(row["partition"])
+    assert owned == {"spark-a": {0, 1}, "spark-b": {2, 3}}  # conf/group-example.json's mapping
+    assert settled(client, runs.streams["config"], "orders")
+    # Options of the file reached the source: the job logs them (the file's ackWait, not 30s).
+    assert "'ackWait': '60s'" in err and "'group': 'orders'" in err
+
+
+def test_failing_query_ends_with_one_line_and_code_1(runs: Runs) -> None:
+    code, out, err = runs.failing.wait(150)
+    assert code == 1
+    # spark-submit merges the Python driver's stderr into its stdout.
+    ours = [line for line in (out + err).splitlines() if line.startswith("nats_spark.job:")]
+    assert len(ours) == 1, ours
+    assert "query failed: consumer group 'missing'" in ours[0] and "create it first" in ours[0]
+    assert 'nats_spark/job.py", line' not in out + err  # no traceback through the job itself
+
+
+COMPLETE = ["--stream", "S", "--group", "g", "--output", "o", "--checkpoint", "c"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (COMPLETE[:6], "--checkpoint is required"),
+        (["--group", "g", "--consumer", "c"], "not allowed with argument"),
+        (["--timeout", "soon"], "invalid float value: 'soon'"),
+        (["--output", "o", "--checkpoint", "c", "--stream", "S"], "set exactly one of"),
+        ([*COMPLETE, "--trigger", "x"], "option trigger='x' is not a duration"),
+        ([*COMPLETE, "--option", "ackWait"], "--option 'ackWait' is not NAME=VALUE"),
+        ([*COMPLETE, "--option", "x=1"], "unknown option 'x'"),
+        (["--config", "/nonexistent/job.properties"], "cannot read config file"),
+    ],
+)
+def test_bad_flags_exit_1_with_one_line(args: list[str], message: str, tmp_path: Path) -> None:
+    env = {**spark_env(), "NATS_URL": "nats://127.0.0.1:1"}  # never reached: flags fail first
+    done = subprocess.run(
+        [sys.executable, "-m", "nats_spark.job", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nats_spark.job: error: "), done.stderr
+    assert message in lines[0]
+    assert done.stdout == ""
+
+
+def test_unknown_key_in_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "job.properties"
+    config.write_text((CONF / "job.properties").read_text() + "\nchekpoint = /tmp/x\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "nats_spark.job", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=spark_env(),
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"nats_spark.job: error: unknown key 'chekpoint' in {config}; use one of servers, stream, "
+        "group, consumer, output, checkpoint, format, trigger, timeout, master, app-name or "
+        "option.<name>"
+    )
+
+
+def test_dev_server_config_starts_jetstream_on_loopback(tmp_path: Path) -> None:
+    """conf/nats-server.conf as documented (`nats-server -c`), with only the port made free."""
+    binary = find_server_binary()
+    process = subprocess.Popen(
+        [binary, "-c", str(CONF / "nats-server.conf"), "-p", "-1", "--ports_file_dir", "."],
+        cwd=tmp_path,  # the store directory in the file is relative
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        ports = wait_until(lambda: list(tmp_path.glob("*.ports")), 20, "the ports file")
+        url = wait_until(lambda: json.loads(ports[0].read_text() or "{}").get("nats"), 20, "port")
+        assert url[0].startswith("nats://127.0.0.1:")
+
+        async def max_payload() -> int:
+            nc = await nats.connect(url[0])
+            try:
+                await nc.jetstream().account_info()  # fails unless JetStream is on
+                return nc.max_payload
+            finally:
+                await nc.close()
+
+        assert run_sync(max_payload()) == 8 * 1024 * 1024
+        assert (tmp_path / "data" / "jetstream").is_dir()
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_config_values_may_hold_hash_signs(tmp_path: Path) -> None:
+    config = tmp_path / "job.properties"
+    config.write_text("# a comment\n  # another\noption.password = pa#ss word\n")
+    assert nats_spark.job.read_config(str(config)) == {"option.password": "pa#ss word"}
