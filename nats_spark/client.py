@@ -15,16 +15,20 @@ from nats_spark.server import check_server_version
 class NatsClient:
     """Connection, raw JetStream API, nats-py JetStream context (for KV) and pull consumers."""
 
-    def __init__(self, nc: NATS, settings: ConnectionSettings) -> None:
+    def __init__(
+        self, nc: NATS, settings: ConnectionSettings, denied: list[str] | None = None
+    ) -> None:
         self.nc = nc
         self.settings = settings
+        self.denied = denied if denied is not None else []  # publishes the server refused
         self.api = JetStreamApi(nc)
         self.js: JetStreamContext = nc.jetstream()
 
     @classmethod
     async def open(cls, settings: ConnectionSettings) -> NatsClient:
         """Connect and check that the server supports priority groups (2.11+)."""
-        nc = await connect(settings)
+        denied: list[str] = []
+        nc = await connect(settings, denied)
         version = nc.connected_server_version
         try:
             check_server_version(
@@ -33,7 +37,7 @@ class NatsClient:
         except Exception:
             await nc.close()
             raise
-        return cls(nc, settings)
+        return cls(nc, settings, denied)
 
     @property
     def server_version(self) -> tuple[int, int, int]:

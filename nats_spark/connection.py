@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import logging
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from nats.aio.client import Client as NATS
+from nats.errors import ConnectionClosedError, StaleConnectionError
 
 from nats_spark.errors import ConfigurationError, ConnectionFailed
 
@@ -146,7 +148,8 @@ class ConnectionSettings:
         return kwargs
 
 
-def _failure_reason(error: BaseException) -> str:
+def _failure_reason(error: BaseException, tls: bool = False) -> str:
+    """Why a connect failed, with the fix; `tls` says the connection was to use TLS."""
     text = str(error).strip() or type(error).__name__
     lowered = text.lower()
     if "authorization" in lowered or "authentication" in lowered:
@@ -158,18 +161,30 @@ def _failure_reason(error: BaseException) -> str:
         or "connect call failed" in lowered
     ):
         return f"no server answered ({text}); check the URL and that nats-server is running"
-    if isinstance(error, ssl.SSLError) or "ssl" in lowered or "certificate" in lowered:
+    # Without a TLS error of its own, a TLS connection dropped during the handshake is one too.
+    dropped = tls and isinstance(error, (OSError, StaleConnectionError, ConnectionClosedError))
+    if isinstance(error, ssl.SSLError) or "ssl" in lowered or "certificate" in lowered or dropped:
         return f"TLS failed ({text}); check tlsCaCert, tlsCert, tlsKey and the server's TLS setup"
     return text
 
 
-async def connect(settings: ConnectionSettings) -> NATS:
-    """Connect with `settings`; failures become one-line `ConnectionFailed` errors."""
+async def connect(settings: ConnectionSettings, denied: list[str] | None = None) -> NATS:
+    """Connect with `settings`; failures become one-line `ConnectionFailed` errors.
+
+    The server reports a publish it refuses only asynchronously; such permission violations are
+    appended to `denied` (when given) so that callers can check after a flush.
+    """
     errors: list[BaseException] = []
+    tls_failed = asyncio.Event()
 
     async def on_error(error: Exception) -> None:
-        if not nc.is_connected and not errors:
-            errors.append(error)  # the first failure explains a failed connect best
+        if not nc.is_connected:
+            if not errors:
+                errors.append(error)  # the first failure explains a failed connect best
+            if isinstance(error, ssl.SSLError):
+                tls_failed.set()
+        if denied is not None and "permissions violation" in str(error).lower():
+            denied.append(str(error))
         level = logging.WARNING if nc.is_connected or nc.is_reconnecting else logging.DEBUG
         log.log(level, "NATS error on %s: %s", settings.described(), _failure_reason(error))
 
@@ -185,14 +200,39 @@ async def connect(settings: ConnectionSettings) -> NATS:
     # Fail fast on the first connect (one retry per server); reconnect policy applies afterwards.
     kwargs["max_reconnect_attempts"] = 1
     nc = NATS()
+    attempt = asyncio.ensure_future(nc.connect(error_cb=on_error, **kwargs))
+    # Retrieve the outcome even of an attempt given up on below ("never retrieved" noise).
+    attempt.add_done_callback(lambda task: task.cancelled() or task.exception())
+    watch = asyncio.ensure_future(tls_failed.wait())
+    # nats-py hangs for good after a failed TLS handshake (nats.py issue #718), and a TLS error
+    # does not heal on retry: stop at the first one. The deadline bounds any other hang.
+    deadline = 2 * len(settings.servers) * (settings.connect_timeout + settings.reconnect_time_wait)
     try:
-        await nc.connect(error_cb=on_error, **kwargs)
-    except Exception as error:  # nats-py raises many unrelated types here
-        cause = errors[0] if errors else error
-        with contextlib.suppress(Exception):  # best effort on a connection that never opened
-            await nc.close()
-        raise ConnectionFailed(
-            f"cannot connect to NATS at {settings.described()}: {_failure_reason(cause)}"
-        ) from None
-    nc.options["max_reconnect_attempts"] = settings.max_reconnect_attempts
-    return nc
+        await asyncio.wait({attempt, watch}, timeout=deadline + 1, return_when="FIRST_COMPLETED")
+    except BaseException:  # our caller gave up: so does the attempt
+        attempt.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if attempt.done() and not attempt.cancelled() and attempt.exception() is None:
+        nc.options["max_reconnect_attempts"] = settings.max_reconnect_attempts
+        return nc
+    if attempt.done() and not attempt.cancelled():
+        cause: BaseException = errors[0] if errors else attempt.exception()  # type: ignore[assignment]
+    else:
+        attempt.cancel()
+        cause = errors[0] if errors else TimeoutError(f"no answer within {deadline + 1:g}s")
+    with contextlib.suppress(BaseException):  # best effort on a connection that never opened
+        await asyncio.wait_for(nc.close(), 1)
+    if nc._transport is not None:  # close() may give up on a half-upgraded TLS socket
+        nc._transport.close()
+    info = nc._server_info or {}
+    untrusted = isinstance(cause, ssl.SSLCertVerificationError)  # the server's cert, not ours
+    if info.get("tls_verify") and not settings.tls_cert and not untrusted:
+        reason = (
+            "TLS failed: the server requires a client certificate (mutual TLS); set tlsCert and "
+            "tlsKey"
+        )
+    else:
+        reason = _failure_reason(cause, settings.uses_tls or bool(info.get("tls_required")))
+    raise ConnectionFailed(f"cannot connect to NATS at {settings.described()}: {reason}")

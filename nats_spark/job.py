@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if job.get("master") or not launcher_sets_master():
         builder = builder.master(job.get("master", "local[2]"))
     spark = builder.getOrCreate()
-    shown = {k: ("***" if k in SECRET_OPTIONS else v) for k, v in options.items()}
+    shown = {k: ("***" if k.lower() in SECRET_OPTIONS else v) for k, v in options.items()}
     shown["servers"] = parse_options(options).connection.described()  # URLs may hold passwords
     log.info("starting query on %s with options %s", options.get("stream"), shown)
     query = start_query(spark, job, options)

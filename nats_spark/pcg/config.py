@@ -264,7 +264,10 @@ class _GroupConfig(_WireObject):
                 raise _ShapeError(f"expected an object, got {_describe(obj)}")
             return cls._from_wire(obj, "")
         except ValueError as e:  # also JSONDecodeError, UnicodeDecodeError and _ShapeError
-            raise GroupConfigError(f"{where} is not valid JSON: {e}") from e
+            raise GroupConfigError(
+                f"{where} is not valid JSON: {e}; rewrite the KV entry with a valid config "
+                "(or delete and recreate the group)"
+            ) from e
 
     def to_json(self) -> bytes:
         """The value to store: as read where unchanged, as Go's `json.Marshal` writes elsewhere."""

@@ -10,7 +10,7 @@ from nats.js.kv import KeyValue
 
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NatsSparkError, NotFound
-from nats_spark.pcg.config import ElasticConfig, StaticConfig
+from nats_spark.pcg.config import ElasticConfig, GroupConfigError, StaticConfig
 
 GroupConfig = StaticConfig | ElasticConfig
 
@@ -71,8 +71,12 @@ async def _read(client: NatsClient, kind: GroupKind, stream: str, group: str) ->
         entry = await kv.get(key)
     except KeyNotFoundError:  # also raised for a deleted key
         return None
-    config = kind.config_type.from_json(entry.value or b"", key=f"{kind.bucket}/{key}")
-    config.validate()
+    where = f"{kind.bucket}/{key}"
+    config = kind.config_type.from_json(entry.value or b"", key=where)
+    try:
+        config.validate()
+    except GroupConfigError as error:
+        raise GroupConfigError(f"group config {where}: {error}") from None
     return GroupEntry(kind, stream, group, config, entry.revision or 0)
 
 

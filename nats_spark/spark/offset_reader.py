@@ -377,7 +377,15 @@ class OffsetReader:
             if head.state is EntryState.SEALED:
                 replies += await self.ledger.read_replies(head)
                 acked.append(entry)
+        refused_before = len(self.client.denied)
         count = await publish_acks(self.client.nc, replies)
+        refused = [e for e in self.client.denied[refused_before:] if "$js.ack" in e.lower()]
+        if refused:
+            # Marking the entries acked would hide messages that stay pending for good.
+            raise ConfigurationError(
+                f"the server refused the acks of committed batches ({refused[0]}); allow the "
+                f"user to publish to $JS.ACK.{self.options.stream}.> (see the README's permissions)"
+            )
         for entry in acked:
             assert entry.head is not None
             entry.head.state = EntryState.ACKED

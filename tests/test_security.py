@@ -1,0 +1,474 @@
+"""Security: TLS and mutual TLS, every way to authenticate, a least-privilege user, and secrets
+that never reach logs, exceptions, checkpoints, the ack ledger or Spark's progress."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nkeys
+import pytest
+from certs import Pki, creds_file, make_pki, new_nkey, operator_setup, public, tls_config
+from pyspark.errors import StreamingQueryException
+from spark_helpers import (
+    assert_exactly_once,
+    member_states,
+    payloads,
+    publish,
+    source,
+    static_group,
+)
+
+from nats_spark.client import NatsClient, open_blocking
+from nats_spark.connection import ConnectionSettings
+from nats_spark.errors import ConnectionFailed
+from nats_spark.loop import Blocking, run_sync
+from nats_spark.server import EmbeddedServer
+from nats_spark.spark.ledger import decode_chunk
+from nats_spark.spark.options import parse_options
+
+# Unique secrets, so that finding one anywhere can only mean a leak.
+ADMIN_PASSWORD = f"pw-{uuid.uuid4().hex}"
+TOKEN = f"tok-{uuid.uuid4().hex}"
+TAG = uuid.uuid4().hex[:6]
+LEAN_STREAM, NOACK_STREAM, NOAPI_STREAM = f"LEAN{TAG}", f"NOACK{TAG}", f"NOAPI{TAG}"
+LEDGER = "nats-spark-ledger"
+
+
+def connector_permissions(stream: str, leave_out: str = "") -> dict[str, Any]:
+    """The least a user needs to read a static group on `stream` (the README's list), except the
+    subjects starting with `leave_out`."""
+    kv_ledger, kv_static = f"KV_{LEDGER}", "KV_static-consumer-groups"
+    allow = [
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.STREAM.MSG.GET.{stream}",  # replay of a re-run batch
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.INFO.{stream}.>",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
+        f"$JS.ACK.{stream}.>",
+        f"$JS.API.STREAM.INFO.{kv_static}",
+        "$JS.API.STREAM.INFO.KV_elastic-consumer-groups",  # groupType=auto looks in both
+        # KV reads: direct gets when the bucket allows them (Go and the nats CLI make such
+        # buckets), else message gets.
+        f"$JS.API.STREAM.MSG.GET.{kv_static}",
+        f"$JS.API.DIRECT.GET.{kv_static}.>",
+        f"$JS.API.STREAM.INFO.{kv_ledger}",
+        f"$JS.API.STREAM.CREATE.{kv_ledger}",  # first query only
+        f"$JS.API.STREAM.MSG.GET.{kv_ledger}",
+        f"$JS.API.DIRECT.GET.{kv_ledger}.>",
+        f"$JS.API.CONSUMER.CREATE.{kv_ledger}",  # listing the ledger's keys
+        f"$JS.API.CONSUMER.INFO.{kv_ledger}.>",
+        f"$KV.{LEDGER}.>",
+    ]
+    if leave_out:
+        allow = [subject for subject in allow if not subject.startswith(leave_out)]
+    return {"publish": {"allow": allow}, "subscribe": {"allow": ["_INBOX.>"]}}
+
+
+def start_server(directory: Path, config: dict[str, Any] | str, *args: str) -> EmbeddedServer:
+    """A server with `config` (JSON is valid nats-server config) and extra arguments."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "server.conf"
+    path.write_text(config if isinstance(config, str) else json.dumps(config))
+    return EmbeddedServer(config_file=path, extra_args=list(args)).start()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def tls_server(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    server = start_server(tmp_path_factory.mktemp("tls"), tls_config(pki, verify=False))
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="module")
+def mtls_server(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    server = start_server(tmp_path_factory.mktemp("mtls"), tls_config(pki, verify=True))
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="module")
+def nkey_user() -> nkeys.KeyPair:
+    return new_nkey(nkeys.PREFIX_BYTE_USER)
+
+
+@pytest.fixture(scope="module")
+def auth_server(
+    tmp_path_factory: pytest.TempPathFactory, nkey_user: nkeys.KeyPair
+) -> Iterator[EmbeddedServer]:
+    users = [
+        {"user": "admin", "password": ADMIN_PASSWORD},
+        {"user": "lean", "password": "lean-pw", "permissions": connector_permissions(LEAN_STREAM)},
+        {
+            "user": "noack",
+            "password": "noack-pw",
+            "permissions": connector_permissions(NOACK_STREAM, leave_out="$JS.ACK."),
+        },
+        {
+            "user": "noapi",
+            "password": "noapi-pw",
+            "permissions": connector_permissions(
+                NOAPI_STREAM, leave_out=f"$JS.API.CONSUMER.CREATE.{NOAPI_STREAM}."
+            ),
+        },
+        {"nkey": public(nkey_user)},
+    ]
+    server = start_server(tmp_path_factory.mktemp("auth"), {"authorization": {"users": users}})
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="module")
+def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    server = start_server(tmp_path_factory.mktemp("token"), "", "--auth", TOKEN)
+    yield server
+    server.cleanup()
+
+
+def close(client: Blocking[NatsClient]) -> None:
+    run_sync(client.target.close())
+
+
+def assert_works(settings: ConnectionSettings) -> None:
+    """Connect, make a JetStream request, close."""
+    client = open_blocking(settings)
+    try:
+        assert "limits" in Blocking(client.api).account_info()
+    finally:
+        close(client)
+
+
+def refusal(settings: ConnectionSettings, within: float = 8.0) -> str:
+    """The one-line ConnectionFailed message of a connect with `settings`, which must be quick."""
+    started = time.monotonic()
+    with pytest.raises(ConnectionFailed) as caught:
+        run_sync(NatsClient.open(settings), timeout=30)
+    assert time.monotonic() - started < within, "the failed connect took too long (hang?)"
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def source_settings(**options: str) -> ConnectionSettings:
+    """Connection settings as the source maps its options (proves the option names work)."""
+    return parse_options({"stream": "S", "group": "g", **options}).connection
+
+
+def settled(client: Blocking[NatsClient], stream: str, group: str = "g") -> bool:
+    return all(
+        s == {"pending": 0, "ack_pending": 0} for s in member_states(client, stream, group).values()
+    )
+
+
+def run_query(df: Any, directory: Path) -> tuple[Any, StreamingQueryException | None]:
+    """Run `df` into parquet with Trigger.AvailableNow: the query and the error it ended with."""
+    query = (
+        df.writeStream.format("parquet")
+        .option("path", str(directory / "out"))
+        .option("checkpointLocation", str(directory / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert query.awaitTermination(120), "the query did not finish"
+    except StreamingQueryException as error:
+        return query, error
+    return query, None
+
+
+# TLS
+
+
+def test_tls_verifies_the_server_with_the_test_ca(tls_server: EmbeddedServer, pki: Pki) -> None:
+    port, ca = tls_server.port, str(pki.ca_cert)
+    for url in (tls_server.url, f"tls://127.0.0.1:{port}", f"tls://localhost:{port}"):
+        assert_works(source_settings(servers=url, tlsCaCert=ca))
+    for settings in (
+        source_settings(servers=f"tls://127.0.0.1:{port}"),  # system CAs only
+        source_settings(servers=tls_server.url),  # the server asks for TLS, the client trusts none
+        source_settings(servers=tls_server.url, tlsCaCert=str(pki.other_ca_cert)),
+    ):
+        message = refusal(settings)
+        assert "TLS failed" in message and "certificate verify failed" in message, message
+        assert "tlsCaCert" in message
+
+
+def test_mutual_tls(mtls_server: EmbeddedServer, pki: Pki) -> None:
+    ca, cert, key = str(pki.ca_cert), str(pki.client_cert), str(pki.client_key)
+    assert_works(source_settings(servers=mtls_server.url, tlsCaCert=ca, tlsCert=cert, tlsKey=key))
+    message = refusal(source_settings(servers=mtls_server.url, tlsCaCert=ca))
+    assert "TLS failed" in message and "requires a client certificate" in message, message
+    assert "set tlsCert and tlsKey" in message
+
+
+@pytest.mark.spark
+def test_source_reads_static_group_through_mutual_tls(
+    spark: Any, mtls_server: EmbeddedServer, pki: Pki, tmp_path: Path
+) -> None:
+    tls = {"tlsCaCert": str(pki.ca_cert), "tlsCert": str(pki.client_cert)}
+    tls["tlsKey"] = str(pki.client_key)
+    admin = open_blocking(source_settings(servers=mtls_server.url, **tls))
+    try:
+        stream = f"TLS{TAG}"
+        static_group(admin, stream, "g", ["m1", "m2"], partitions=4)
+        publish(admin, stream, 300)
+        _, error = run_query(source(spark, mtls_server.url, stream, "g", **tls), tmp_path)
+        assert error is None
+        assert_exactly_once(payloads(spark, str(tmp_path / "out")), 300)
+        assert settled(admin, stream)
+    finally:
+        close(admin)
+
+
+# Authentication: user/password and token are covered in test_connection.py; nkeys and creds here.
+
+
+def test_nkey_seed_file(auth_server: EmbeddedServer, nkey_user: nkeys.KeyPair, tmp_path: Path):
+    seed = tmp_path / "user.nk"
+    seed.write_bytes(nkey_user.seed)
+    assert_works(source_settings(servers=auth_server.url, nkeySeed=str(seed)))
+    stranger = tmp_path / "stranger.nk"
+    stranger.write_bytes(new_nkey(nkeys.PREFIX_BYTE_USER).seed)
+    message = refusal(source_settings(servers=auth_server.url, nkeySeed=str(stranger)))
+    assert "refused the credentials" in message
+    assert nkey_user.seed.decode() not in message
+
+
+def test_creds_file_in_operator_mode(tmp_path: Path) -> None:
+    setup = operator_setup(tmp_path)
+    server = start_server(tmp_path / "server", setup.config)
+    try:
+        assert_works(source_settings(servers=server.url, creds=str(setup.creds)))
+        # A user signed by an account the server does not know.
+        unknown = new_nkey(nkeys.PREFIX_BYTE_ACCOUNT)
+        other = creds_file(tmp_path / "other.creds", unknown, new_nkey(nkeys.PREFIX_BYTE_USER))
+        message = refusal(source_settings(servers=server.url, creds=str(other)))
+        assert "refused the credentials" in message
+    finally:
+        server.cleanup()
+
+
+# Permissions
+
+
+def violations(server: EmbeddedServer, user: str) -> list[str]:
+    """Permission violations the server logged for `user`."""
+    lines = server.log_file.read_text(errors="replace").splitlines()
+    return [line for line in lines if "Violation" in line and f'/user:{user}"' in line]
+
+
+@pytest.mark.spark
+def test_least_privilege_user_reads_end_to_end(
+    spark: Any, auth_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    admin = open_blocking(ConnectionSettings((auth_server.url,), "admin", ADMIN_PASSWORD))
+    try:
+        static_group(admin, LEAN_STREAM, "g", ["m1", "m2"], partitions=4)
+        publish(admin, LEAN_STREAM, 200)
+        df = source(spark, auth_server.url, LEAN_STREAM, "g", user="lean", password="lean-pw")
+        assert run_query(df, tmp_path)[1] is None
+        publish(admin, LEAN_STREAM, 100, start=200)
+        assert run_query(df, tmp_path)[1] is None  # a restart: reads the ledger and pointer
+        assert_exactly_once(payloads(spark, str(tmp_path / "out")), 300)
+        assert settled(admin, LEAN_STREAM)
+    finally:
+        close(admin)
+    assert violations(auth_server, "lean") == []
+
+
+@pytest.mark.spark
+def test_user_without_ack_permission(
+    spark: Any, auth_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    admin = open_blocking(ConnectionSettings((auth_server.url,), "admin", ADMIN_PASSWORD))
+    try:
+        static_group(admin, NOACK_STREAM, "g", ["m1"], partitions=2)
+        publish(admin, NOACK_STREAM, 50)
+        df = source(spark, auth_server.url, NOACK_STREAM, "g", user="noack", password="noack-pw")
+        _, error = run_query(df, tmp_path)
+        states = member_states(admin, NOACK_STREAM, "g")
+    finally:
+        close(admin)
+    denied = violations(auth_server, "noack")
+    assert denied and all(f'"$JS.ACK.{NOACK_STREAM}.g-m1.' in line for line in denied), denied
+    # Each row was emitted, but the server dropped every ack: the query must say so rather than
+    # count the batch as acked with its messages pending for good.
+    assert error is not None, f"denied acks went unnoticed: {states}"
+    message = str(error)
+    assert "permission" in message and "$JS.ACK" in message, message
+
+
+@pytest.mark.spark
+def test_user_without_consumer_create_permission(
+    spark: Any, auth_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    admin = open_blocking(ConnectionSettings((auth_server.url,), "admin", ADMIN_PASSWORD))
+    try:
+        static_group(admin, NOAPI_STREAM, "g", ["m1"], partitions=2)
+        publish(admin, NOAPI_STREAM, 10)
+        df = source(spark, auth_server.url, NOAPI_STREAM, "g", user="noapi", password="noapi-pw")
+        message = failure_text(df, tmp_path)
+        assert Blocking(admin.api).consumer_names(NOAPI_STREAM) == []
+    finally:
+        close(admin)
+    line = next(line for line in message.splitlines() if line.startswith("nats_spark."))
+    assert f"$JS.API.CONSUMER.CREATE.{NOAPI_STREAM}.g-m1" in line, line
+    assert "permission" in line, line
+
+
+# Secrets
+
+
+WRONG_SECRET = f"wrong-{uuid.uuid4().hex}"
+
+# Imported by every Python process of the job (driver, source runner, executors) through
+# PYTHONPATH: their connector and nats-py logs, at DEBUG, each into a file of its own.
+SITE_CUSTOMIZE = """
+import logging, os
+_path = os.path.join(os.environ["NATS_SPARK_TEST_LOGS"], f"{os.getpid()}.log")
+_handler = logging.FileHandler(_path)
+_handler.setFormatter(logging.Formatter("%(process)d %(levelname)s %(name)s: %(message)s"))
+for _name in ("nats_spark", "nats"):
+    logging.getLogger(_name).setLevel(logging.DEBUG)
+    logging.getLogger(_name).addHandler(_handler)
+"""
+
+
+def start_job(url: str, stream: str, auth: dict[str, str], directory: Path) -> subprocess.Popen:
+    """`python -m nats_spark.job` (availableNow) with DEBUG logs of all its Python processes."""
+    logs, site = directory / "logs", directory / "site"
+    logs.mkdir(parents=True)
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITE_CUSTOMIZE)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+        "NATS_SPARK_TEST_LOGS": str(logs),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
+    args = [sys.executable, "-m", "nats_spark.job", "--servers", url, "--stream", stream]
+    args += ["--group", "g", "--output", str(directory / "out")]
+    args += ["--checkpoint", str(directory / "cp"), "--trigger", "availableNow"]
+    args += ["--master", "local[2]"]
+    for name, value in auth.items():
+        args += ["--option", f"{name}={value}"]
+    with (directory / "job.out").open("wb") as output:  # in a session of its own: see kill_job
+        return subprocess.Popen(
+            args, stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+
+def kill_job(job: subprocess.Popen) -> None:
+    """SIGKILL the job's process group: the job and the JVM it started."""
+    if job.poll() is None:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(30)
+
+
+def files_text(directory: Path) -> str:
+    """Every file under `directory`, decoded leniently (checkpoint files are mostly text)."""
+    return "\n".join(
+        f"{path}: {path.read_bytes().decode(errors='replace')}"
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    )
+
+
+def ledger_text(client: Blocking[NatsClient]) -> str:
+    """Every key and value of the ledger bucket, with reply-subject chunks decompressed."""
+
+    async def dump() -> str:
+        kv = await client.target.js.key_value(LEDGER)
+        lines = []
+        for key in await kv.keys():
+            value = (await kv.get(key)).value or b""
+            chunk = len(key.split(".")) == 5  # <lineage>.<gen>.<slot>.<attempt>.<n>
+            lines.append(f"{key}={decode_chunk(value) if chunk else value.decode()}")
+        return "\n".join(lines)
+
+    return run_sync(dump())
+
+
+def failure_text(df: Any, directory: Path) -> str:
+    """Everything the failure of running `df` says: message and stack trace."""
+    _, error = run_query(df, directory)
+    assert error is not None, "the query did not fail"
+    return f"{error}\n{getattr(error, '_stackTrace', '')}"
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("kind", ["password", "token"])
+def test_secrets_never_leak(
+    kind: str,
+    spark: Any,
+    auth_server: EmbeddedServer,
+    token_server: EmbeddedServer,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if kind == "password":
+        server, secret = auth_server, ADMIN_PASSWORD
+        auth, wrong = {"user": "admin", "password": secret}, {"user": "admin", "password": ""}
+    else:
+        server, secret = token_server, TOKEN
+        auth, wrong = {"token": secret}, {"token": ""}
+    wrong[kind] = WRONG_SECRET
+    caplog.set_level(logging.DEBUG, logger="nats_spark")
+    admin = open_blocking(source_settings(servers=server.url, **auth))
+    stream, job_stream = f"SEC{kind[0]}{TAG}", f"JOB{kind[0]}{TAG}"
+    try:
+        for name in (stream, job_stream):
+            static_group(admin, name, "g", ["m1", "m2"], partitions=4)
+            publish(admin, name, 100)
+        job = start_job(server.url, job_stream, auth, tmp_path / "job")
+        try:
+            refused = refusal(source_settings(servers=server.url, **wrong))
+            assert "refused the credentials" in refused
+            failed = failure_text(source(spark, server.url, stream, "g", **wrong), tmp_path / "bad")
+            assert "refused the credentials" in failed
+
+            query, error = run_query(source(spark, server.url, stream, "g", **auth), tmp_path)
+            assert error is None
+            progress = json.dumps([query.lastProgress, *query.recentProgress], default=str)
+            query.explain(extended=True)
+            assert job.wait(180) == 0, (tmp_path / "job" / "job.out").read_text()
+        finally:
+            kill_job(job)
+        assert_exactly_once(payloads(spark, str(tmp_path / "out")), 100)
+        assert_exactly_once(payloads(spark, str(tmp_path / "job" / "out")), 100)
+        ledger = ledger_text(admin)
+    finally:
+        close(admin)
+    job_logs = {path.name: path.read_text() for path in (tmp_path / "job" / "logs").iterdir()}
+    # The capture works: connector records from the job's driver and from its Spark workers.
+    assert sum(1 for text in job_logs.values() if " nats_spark." in text) >= 2, job_logs
+    places = {
+        "connect error": refused,
+        "query failure": failed,
+        "caplog": caplog.text,
+        "progress": progress,
+        "explain": capsys.readouterr().out,
+        "ledger": ledger,
+        "checkpoints": files_text(tmp_path / "cp") + files_text(tmp_path / "job" / "cp"),
+        "job output": (tmp_path / "job" / "job.out").read_text(errors="replace"),
+        "job logs": "\n".join(job_logs.values()),
+    }
+    assert places["ledger"] and places["checkpoints"] and places["progress"]
+    leaks = [where for where, text in places.items() if secret in text or WRONG_SECRET in text]
+    assert leaks == [], f"{kind} found in {leaks}"
