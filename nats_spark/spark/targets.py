@@ -186,6 +186,11 @@ class ConsumerTarget:
         policy = config.get("priority_policy") or "none"
         groups = config.get("priority_groups") or []
         group = options.priority_group
+        if group is None and len(groups) > 1:
+            raise ConfigurationError(
+                f"consumer {name!r} has several priority groups {groups}; set the priorityGroup "
+                "option to the one to read"
+            )
         if group is None and groups:
             group = groups[0]
         if groups and group not in groups:

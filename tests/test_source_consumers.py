@@ -1,0 +1,388 @@
+"""The nats-pcg source over one plain priority-group consumer (overflow, prioritized, pinned_client,
+none), with a real Spark session and server, next to nats-py pullers on the same consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+from pyspark.sql.functions import spark_partition_id
+from spark_helpers import assert_exactly_once, publish, wait_until
+
+from nats_spark.client import NatsClient
+from nats_spark.jetstream.acks import publish_acks
+from nats_spark.jetstream.api import to_nanos
+from nats_spark.jetstream.pull import FetchResult, PullConsumer, PullStatus
+from nats_spark.loop import Blocking, event_loop, run_sync
+
+pytestmark = pytest.mark.spark
+
+GROUP = "g"
+
+
+def make_stream(client: Blocking[NatsClient], stream: str) -> None:
+    """A memory stream over `<stream>.*` (what `publish` sends to)."""
+    run_sync(
+        client.api.create_stream({"name": stream, "subjects": [f"{stream}.*"], "storage": "memory"})
+    )
+
+
+def make_consumer(
+    client: Blocking[NatsClient], stream: str, name: str, policy: str | None, **extra: Any
+) -> None:
+    """A durable explicit-ack pull consumer, in priority group `GROUP` when `policy` is set."""
+    config: dict[str, Any] = {"durable_name": name, "ack_policy": "explicit", **extra}
+    if policy:
+        config = {"priority_groups": [GROUP], "priority_policy": policy, **config}
+    run_sync(client.api.create_consumer(stream, name, config))
+
+
+def info(client: Blocking[NatsClient], stream: str, name: str) -> dict[str, Any]:
+    return run_sync(client.api.consumer_info(stream, name))
+
+
+def consumer_source(spark: Any, url: str, stream: str, consumer: str, **options: Any) -> Any:
+    reader = spark.readStream.format("nats-pcg").option("servers", url)
+    reader = reader.option("stream", stream).option("consumer", consumer)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+class Sink:
+    """foreachBatch target: payload numbers and Spark partition ids of every row, and the input
+    partition count of every batch."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, int]] = []
+        self.partitions: list[int] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        rows = batch.select("data", spark_partition_id().alias("pid")).collect()
+        with self.lock:
+            self.partitions.append(batch.rdd.getNumPartitions())
+            self.rows.extend((int(r.data.decode()), r.pid) for r in rows)
+
+    @property
+    def values(self) -> list[int]:
+        with self.lock:
+            return [v for v, _ in self.rows]
+
+
+def start(df: Any, sink: Sink, checkpoint: str) -> Any:
+    return (
+        df.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+
+def puller(client: Blocking[NatsClient], stream: str, consumer: str) -> Blocking[PullConsumer]:
+    """A nats-py puller of priority group `GROUP`."""
+    return Blocking(client.pull_consumer(stream, consumer, group=GROUP))
+
+
+def in_background(pull: Blocking[PullConsumer], batch: int, **kwargs: Any) -> Future[FetchResult]:
+    """Start a fetch on the process loop and return at once."""
+    return asyncio.run_coroutine_threadsafe(pull.target.fetch(batch, **kwargs), event_loop())
+
+
+def drain(client: Blocking[NatsClient], pull: Blocking[PullConsumer]) -> list[int]:
+    """Everything the threshold-less puller can get now, acked; returns the payloads."""
+    taken: list[int] = []
+    while True:
+        result = pull.fetch(500, expires=0.5)
+        run_sync(publish_acks(client.nc, [m.reply for m in result.messages]))
+        taken += [int(m.data.decode()) for m in result.messages]
+        if not result.messages:
+            return taken
+
+
+def acked(client: Blocking[NatsClient], stream: str, name: str) -> bool:
+    state = info(client, stream, name)
+    return state["num_ack_pending"] == 0 and state["num_pending"] == 0
+
+
+def test_overflow_waits_for_min_pending_and_yields_to_plain_pullers(
+    spark, client, nats_url, unique, tmp_path
+):
+    stream, name = f"O{unique}", "ovf"
+    make_stream(client, stream)
+    make_consumer(client, stream, name, "overflow", ack_wait=to_nanos(20))
+    config = info(client, stream, name)["config"]
+    publish(client, stream, 500)
+    sink = Sink()
+    df = consumer_source(spark, nats_url, stream, name, minPending=1000, fetchTimeout="500ms")
+    query = start(df, sink, str(tmp_path / "cp"))
+    plain = puller(client, stream, name)
+    try:
+        wait_until(lambda: query.lastProgress is not None, 120, "the first batch")
+        time.sleep(2)  # several triggers, each pulling with min_pending 1000
+        assert sink.values == [], "the query pulled below its minPending threshold"
+
+        # A puller without threshold is served at once, while the query's pulls wait.
+        first = plain.fetch(100, expires=3.0)
+        assert first.status is PullStatus.BATCH_COMPLETE and len(first.messages) == 100
+        run_sync(publish_acks(client.nc, [m.reply for m in first.messages]))
+        first_taken = [int(m.data.decode()) for m in first.messages]
+        assert sink.values == []
+
+        # 1400 pending now: the query takes the overflow, down to its threshold.
+        publish(client, stream, 1000, start=500)
+        wait_until(lambda: info(client, stream, name)["num_pending"] < 1000, 60, "overflow read")
+        assert info(client, stream, name)["num_pending"] == 999
+        wait_until(lambda: len(sink.values) >= 401, 30, "the overflow in the sink")
+        assert len(sink.values) == 401  # 1400 - 999: served while pending >= minPending
+        rest = drain(client, plain)
+        wait_until(lambda: acked(client, stream, name), 30, "the query's rows acked")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    taken = first_taken + rest
+    assert not set(taken) & set(sink.values), "a message reached both the query and the puller"
+    assert_exactly_once(sink.values + taken, 1500)
+    assert info(client, stream, name)["config"] == config, "the source changed the consumer"
+
+
+@pytest.mark.parametrize(("query_priority", "rival_priority"), [(0, 5), (9, 0)])
+def test_prioritized_lower_number_served_first(
+    spark, client, nats_url, unique, tmp_path, query_priority, rival_priority
+):
+    if client.server_version < (2, 12, 0):
+        pytest.skip("the prioritized policy needs nats-server 2.12+")
+    stream, name = f"P{unique}", "pri"
+    make_stream(client, stream)
+    make_consumer(client, stream, name, "prioritized", ack_wait=to_nanos(30))
+    publish(client, stream, 50)
+    # A holder takes all 50 unacked: the query plans a batch for their redelivery and waits in a
+    # long pull; the NAKs below release all of them while both competitors are waiting.
+    held = puller(client, stream, name).fetch(50, expires=1.0)
+    assert len(held.messages) == 50
+    sink = Sink()
+    df = consumer_source(spark, nats_url, stream, name, priority=query_priority, fetchTimeout="5s")
+    query = start(df, sink, str(tmp_path / "cp"))
+    try:
+        # Catch the start of one of the query's long pulls, so it is far from expiring.
+        wait_until(lambda: info(client, stream, name)["num_waiting"] == 0, 60, "no pull waiting")
+        wait_until(lambda: info(client, stream, name)["num_waiting"] == 1, 60, "the query's pull")
+        rival = in_background(
+            puller(client, stream, name), 50, expires=3.0, priority=rival_priority
+        )
+        wait_until(lambda: info(client, stream, name)["num_waiting"] == 2, 5, "the rival's pull")
+        for msg in held.messages:
+            run_sync(msg.nak())
+        got = rival.result(10)
+        if query_priority < rival_priority:
+            assert (got.status, got.messages) == (PullStatus.TIMEOUT, [])
+            wait_until(lambda: len(sink.values) >= 50, 30, "50 rows in the query")
+        else:
+            assert got.status is PullStatus.BATCH_COMPLETE and len(got.messages) == 50
+            run_sync(publish_acks(client.nc, [m.reply for m in got.messages]))
+        wait_until(lambda: acked(client, stream, name), 30, "everything acked")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    if query_priority < rival_priority:
+        assert_exactly_once(sink.values, 50)
+    else:
+        assert sink.values == []
+
+
+class Standby:
+    """A nats-py client of the same consumer pulling in a loop (as a context), without a pin id
+    until it is pinned, then with its id, which keeps the pin; acks what it gets at once."""
+
+    def __init__(self, client: Blocking[NatsClient], stream: str, consumer: str) -> None:
+        self.client = client
+        self.pull = puller(client, stream, consumer)
+        self.got: list[int] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            messages = self.pull.fetch(10, expires=0.5).messages
+            run_sync(publish_acks(self.client.nc, [m.reply for m in messages]))
+            self.got += [int(m.data.decode()) for m in messages]
+
+    def halt(self) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(5)
+
+    def __enter__(self) -> Standby:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.halt()
+
+
+def pinned(client: Blocking[NatsClient], stream: str, name: str) -> str | None:
+    return info(client, stream, name)["priority_groups"][0].get("pinned_client_id")
+
+
+def test_pinned_client_one_receiver_at_a_time_and_handover(
+    spark, client, nats_url, unique, tmp_path
+):
+    stream, name = f"N{unique}", "pin"
+    make_stream(client, stream)
+    make_consumer(
+        client, stream, name, "pinned_client", priority_timeout=to_nanos(3), ack_wait=to_nanos(20)
+    )
+    publish(client, stream, 30)
+    sink = Sink()
+    df = consumer_source(
+        spark, nats_url, stream, name, maxMessagesPerTrigger=10, fetchTimeout="500ms"
+    )
+    checkpoint = str(tmp_path / "cp")
+    with Standby(client, stream, name) as standby:
+        query = start(df, sink, checkpoint)
+        try:
+            wait_until(lambda: sink.values, 60, "the query's first rows")
+            query_pin = pinned(client, stream, name)
+            assert query_pin
+            standby.thread.start()  # pulls without id all the while the query reads
+            wait_until(lambda: len(sink.values) >= 30, 60, "30 rows in the query")
+            assert standby.got == [], "the standby received messages while the query was pinned"
+            wait_until(lambda: acked(client, stream, name), 30, "the query's rows acked")
+            assert query.exception() is None
+        finally:
+            query.stop()
+
+        # The query no longer pulls: its pin times out and the waiting standby is pinned.
+        publish(client, stream, 20, start=30)
+        wait_until(lambda: len(standby.got) >= 20, 15, "the standby to take over")
+        standby_pin = pinned(client, stream, name)
+        assert standby_pin and standby_pin != query_pin and standby.pull.pin_id == standby_pin
+
+        # Restarted while the standby holds the pin, the query stands by ...
+        query = start(df, sink, checkpoint)
+        try:
+            publish(client, stream, 20, start=50)
+            wait_until(lambda: len(standby.got) >= 40, 15, "the standby to read on")
+            assert len(sink.values) == 30, "the query read while the standby held the pin"
+            # ... and takes over once the standby is gone and the server drops its pin.
+            standby.halt()
+            publish(client, stream, 20, start=70)
+            wait_until(lambda: len(sink.values) >= 50, 30, "the query to take over")
+            assert pinned(client, stream, name) not in (None, standby_pin)
+            wait_until(lambda: acked(client, stream, name), 30, "the query's rows acked")
+            assert query.exception() is None
+        finally:
+            query.stop()
+    assert sorted(standby.got) == list(range(30, 70))
+    assert_exactly_once([v for v in sink.values if v < 30] + standby.got, 70)
+    assert sorted(v for v in sink.values if v >= 30) == list(range(70, 90))
+
+
+@pytest.mark.parametrize("policy", ["overflow", None])
+def test_num_partitions_pull_in_parallel_exactly_once(
+    spark, client, nats_url, unique, tmp_path, policy
+):
+    stream, name = f"M{unique}", "many"
+    make_stream(client, stream)
+    make_consumer(client, stream, name, policy, ack_wait=to_nanos(20))
+    publish(client, stream, 300)
+    sink = Sink()
+    query = start(
+        consumer_source(spark, nats_url, stream, name, numPartitions=3), sink, str(tmp_path / "cp")
+    )
+    try:
+        wait_until(lambda: len(sink.values) >= 300, 60, "300 rows")
+        wait_until(lambda: acked(client, stream, name), 30, "everything acked")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 300)
+    assert sink.partitions[0] == 3
+    assert Counter(pid for _, pid in sink.rows) == {0: 100, 1: 100, 2: 100}
+
+
+# (policy, extra consumer config, source options, error text); policy "missing" makes no consumer.
+QUERY_ERRORS = [
+    ("missing", {}, {}, "does not exist on stream"),
+    (None, {"deliver_subject": "push.here"}, {}, "is a push consumer"),
+    ("pinned_client", {}, {"numPartitions": 2}, "numPartitions must be 1"),
+    ("pinned_client", {}, {"minPending": 10}, "minPending/minAckPending need an overflow"),
+    ("overflow", {}, {"priority": 1}, "priority needs a prioritized consumer"),
+    ("overflow", {}, {"priorityGroup": "other"}, "priority group 'other' is not one of"),
+    (None, {}, {"priorityGroup": GROUP}, "has no priority groups"),
+    ("overflow", {"priority_groups": ["a", "b"]}, {}, "set the priorityGroup option"),
+    ("overflow", {"ack_policy": "all"}, {}, "needs explicit acks"),
+    ("overflow", {"ack_policy": "none"}, {}, "needs explicit acks"),
+]
+
+
+@pytest.mark.parametrize(("policy", "extra", "options", "error"), QUERY_ERRORS)
+def test_misfit_consumer_fails_the_query_before_taking_anything(
+    spark, client, nats_url, unique, tmp_path, policy, extra, options, error
+):
+    stream, name = f"X{unique}", "bad"
+    make_stream(client, stream)
+    if policy != "missing":
+        make_consumer(client, stream, name, policy, **extra)
+    publish(client, stream, 5)
+    df = consumer_source(spark, nats_url, stream, name, **options)
+    query = df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp")).start()
+    try:
+        with pytest.raises(Exception, match=error):
+            query.awaitTermination(30)
+    finally:
+        query.stop()
+    if policy != "missing":
+        state = info(client, stream, name)
+        assert state["delivered"]["stream_seq"] == 0 and state["num_pending"] == 5
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"consumer": "c", "priority": 10}, "option priority=10 is out of range"),
+        ({"consumer": "c", "numPartitions": 0}, "option numPartitions=0 is out of range"),
+        ({"consumer": "c", "minPending": "many"}, "option minPending='many' is not a whole"),
+        ({"consumer": "c", "group": "g"}, "set exactly one of the options group"),
+        ({"group": "g", "minPending": 5}, "option minPending does not apply"),
+    ],
+)
+def test_bad_consumer_options_fail_at_load(spark, nats_url, options, error):
+    reader = spark.readStream.format("nats-pcg").option("servers", nats_url).option("stream", "S")
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    with pytest.raises(Exception, match=error):
+        reader.load()
+
+
+def test_num_partitions_redeliveries_within_a_batch_not_duplicated(
+    spark, client, nats_url, unique, tmp_path
+):
+    stream, name = f"D{unique}", "redo"
+    make_stream(client, stream)
+    make_consumer(client, stream, name, None, ack_wait=to_nanos(0.3))
+    publish(client, stream, 1000)
+    redelivered: list[int] = []
+
+    class Probe(Sink):
+        def __call__(self, batch: Any, batch_id: int) -> None:
+            super().__call__(batch, batch_id)
+            redelivered.append(info(client, stream, name)["num_redelivered"])
+
+    sink = Probe()
+    # Pulls of 2, each recorded in the ledger: both tasks outlast the 300 ms ack wait, so messages
+    # one of them took come back while the batch still runs, to either of them.
+    df = consumer_source(spark, nats_url, stream, name, numPartitions=2, fetchBatchSize=2)
+    query = start(df, sink, str(tmp_path / "cp"))
+    try:
+        wait_until(lambda: len(set(sink.values)) >= 1000, 120, "1000 distinct rows")
+        wait_until(lambda: acked(client, stream, name), 60, "everything acked")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert max(redelivered) > 0, "the test did not provoke redeliveries"
+    assert_exactly_once(sink.values, 1000)
