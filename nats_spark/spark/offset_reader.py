@@ -233,6 +233,17 @@ class OffsetReader:
             and self.slots.get(e.slot, slot).consumer == slot.consumer
         )
 
+    def _over_thresholds(self, state: SlotState) -> bool:
+        """Overflow pulls with thresholds are served only past one of them: below, a batch
+        would only wait out its pull."""
+        low_pending, low_acks = self.options.min_pending, self.options.min_ack_pending
+        if not (low_pending or low_acks):
+            return True
+        return bool(
+            (low_pending and state.pending >= low_pending)
+            or (low_acks and state.ack_pending >= low_acks)
+        )
+
     def _plan_slot(self, slot: Slot, state: SlotState) -> MemberPlan | None:
         if (
             slot.policy == "pinned_client"
@@ -248,6 +259,9 @@ class OffsetReader:
                     slot.consumer,
                 )
             state.status = "standby"
+            return None
+        if not self._over_thresholds(state):
+            state.status = "below threshold"
             return None
         ours = self._ours_unacked(slot)
         others = max(state.ack_pending - ours, 0)

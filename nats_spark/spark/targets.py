@@ -48,6 +48,19 @@ class Slot:
     durable: bool = True
 
 
+def _can_hold_partition_tokens(stream_config: dict[str, Any]) -> bool:
+    """Whether a static group's stream can store `<partition>.<subject>`: it transforms subjects
+    with `partition(...)`, or one of its subjects may start with a number."""
+    transforms = [stream_config.get("subject_transform") or {}]
+    if any("partition(" in (t.get("dest") or "").lower() for t in transforms):
+        return True
+    for subject in stream_config.get("subjects") or []:
+        first = subject.split(".", 1)[0]
+        if first in ("*", ">") or first.isdigit():
+            return True
+    return False
+
+
 async def _ensure(client: NatsClient, consumer: MemberConsumer) -> None:
     """Create a member consumer, waiting while another member (maybe a Go instance) still holds
     overlapping filters on the work-queue stream, as Go members wait for each other."""
@@ -98,6 +111,14 @@ class GroupTarget:
         options = self.options
         entry = await load_group(client, options.stream, options.group or "", self.kind)
         self._check_unchanged(entry)
+        if self.entry is None and entry.kind is GroupKind.STATIC:
+            stream = await client.api.stream_info(entry.stream)
+            if not _can_hold_partition_tokens(stream["config"]):
+                raise ConfigurationError(
+                    f"stream {entry.stream!r} of static group {entry.group!r} does not store "
+                    "subjects as '<partition>.<subject>', so no member filter matches; add a "
+                    "subject transform such as {{partition(N,1)}}.<subject> to the stream"
+                )
         self.kind = entry.kind
         names = _member_names(entry.config)
         wanted = list(options.members) if options.members else names
