@@ -39,8 +39,18 @@ test-compat: $(COMPAT_VENV)/.installed
 	$(COMPAT_VENV)/bin/python -c 'import pyspark; print("pyspark", pyspark.__version__)'
 	$(COMPAT_VENV)/bin/python -m pytest -q $(SOURCE_TESTS)
 
+# Throughput, latency, commit time and memory on an embedded server; see bench/run.py --help.
+.PHONY: bench
+bench: $(VENV)/.test-installed
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Randomised soak: faults at random while publishing; fails on any lost, duplicated or unacked message.
+.PHONY: chaos
+chaos: $(VENV)/.test-installed
+	$(BIN)/python chaos/run.py --minutes $(or $(MINUTES),3)

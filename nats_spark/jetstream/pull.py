@@ -6,22 +6,25 @@ JSON body of `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from functools import cached_property
+from typing import Any, NamedTuple
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import ConnectionClosedError
 
-from nats_spark.errors import PriorityGroupMisconfigured, PullError
+from nats_spark.errors import NatsSparkError, PriorityGroupMisconfigured, PullError
 from nats_spark.jetstream.api import to_nanos
 
 PIN_ID_HEADER = "Nats-Pin-Id"
-STATUS_HEADER = "Status"
-DESCRIPTION_HEADER = "Description"
 
 # 409 texts after which the consumer can no longer be pulled: configuration problems, not weather.
 _FATAL_409 = {
@@ -84,22 +87,208 @@ class PullRequest:
         return json.dumps(body, separators=(",", ":")).encode()
 
 
+class RawMessage(NamedTuple):
+    """A message as nats-py's protocol parser hands it over: nothing decoded, no `Msg` built."""
+
+    subject: bytes
+    reply: bytes
+    data: bytes
+    headers: bytes | None  # the raw block, `NATS/1.0[ <status> <description>]\r\n...\r\n\r\n`
+
+
+def header_values(raw: bytes | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Headers of a message (delivered or stored): each name once, in order, with all its values.
+
+    Lines follow nats-py's rules: the name is ASCII without whitespace (else the line is
+    skipped), the value is stripped and invalid UTF-8 becomes U+FFFD.
+    """
+    if not raw:
+        return ()
+    found: dict[str, list[str]] = {}
+    for line in raw.split(b"\r\n")[1:]:  # after `NATS/1.0`
+        name, colon, value = line.partition(b":")
+        if not colon:
+            continue
+        try:
+            key = name.strip().decode("ascii")
+        except UnicodeDecodeError:
+            continue
+        if key and not any(c.isspace() for c in key):
+            found.setdefault(key, []).append(value.strip().decode("utf-8", "replace"))
+    return tuple((key, tuple(values)) for key, values in found.items())
+
+
+def parse_headers(raw: bytes | None) -> dict[str, str] | None:
+    """Headers as nats-py's `Msg.headers` has them: the last value of each name."""
+    return {key: values[-1] for key, values in header_values(raw)} or None
+
+
+def _status_of(msg: RawMessage) -> tuple[int, str] | None:
+    """`(code, description)` of a status message, or None for a real message."""
+    # Delivered messages always carry their ack subject as reply, statuses never do: a stored
+    # message with a `Status` header of its own must not be mistaken for one.
+    if msg.reply or msg.data or not msg.headers:
+        return None
+    line = msg.headers.split(b"\r\n", 1)[0]  # `NATS/1.0 404 No Messages`
+    _, _, status = line.partition(b" ")
+    code, _, description = status.partition(b" ")
+    if not code.isdigit():
+        return None
+    return int(code), description.strip().decode(errors="replace")
+
+
+_PIN_LINE = f"\r\n{PIN_ID_HEADER}:".encode()
+
+
+def _pin_of(headers: bytes) -> str | None:
+    start = headers.find(_PIN_LINE)
+    if start < 0:
+        return None
+    start += len(_PIN_LINE)
+    return headers[start : headers.index(b"\r\n", start)].strip().decode()
+
+
+_ROUTES = "_nats_spark_raw_routes"
+RawHandler = Callable[[bytes, bytes, bytes, "bytes | None"], None]
+
+
+def _raw_routes(nc: NATS) -> dict[int, RawHandler]:
+    """Subscriptions (by sid) of `nc` whose messages go raw to a handler instead of into a `Msg`.
+
+    nats-py's parser passes every message to `Client._process_msg`, which parses the headers,
+    builds a `Msg`, queues it and wakes a waiter: most of a pull's cost per message. For pull
+    inboxes those steps are skipped; every other subscription is served as before.
+    """
+    routes: dict[int, RawHandler] | None = nc.__dict__.get(_ROUTES)
+    if routes is None:
+        process_msg = getattr(nc, "_process_msg", None)
+        if process_msg is None:
+            raise NatsSparkError(
+                "this nats-py has no Client._process_msg, which pulls hook into; install "
+                "nats-py 2.x (tested with 2.16)"
+            )
+        routes = {}
+
+        async def route(
+            sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
+        ) -> None:
+            handler = routes.get(sid)
+            if handler is None:
+                await process_msg(sid, subject, reply, data, headers)
+            else:
+                handler(subject, reply, data, headers)
+
+        nc._process_msg = route  # type: ignore[method-assign]
+        setattr(nc, _ROUTES, routes)
+    return routes
+
+
 @dataclass
 class FetchResult:
-    messages: list[Msg] = field(default_factory=list)
+    """What one pull request yielded, and why it ended."""
+
+    raw: list[RawMessage] = field(default_factory=list)
     status: PullStatus = PullStatus.BATCH_COMPLETE
     description: str = ""
     heartbeats: int = 0
+    nc: NATS | None = field(default=None, repr=False)
+
+    @cached_property
+    def messages(self) -> list[Msg]:
+        """The deliveries as nats-py messages (built on first use; `raw` is the cheap form)."""
+        return [
+            Msg(
+                _client=self.nc,  # type: ignore[arg-type]
+                subject=m.subject.decode(),
+                reply=m.reply.decode(),
+                data=m.data,
+                headers=parse_headers(m.headers),
+            )
+            for m in self.raw
+        ]
 
 
-def status_of(msg: Msg) -> tuple[int, str] | None:
-    """`(code, description)` of a status message, or None for a real message."""
-    headers = msg.headers
-    # Delivered messages always carry their ack subject as reply, statuses never do: a stored
-    # message with a `Status` header of its own must not be mistaken for one.
-    if msg.reply or not headers or STATUS_HEADER not in headers or msg.data:
-        return None
-    return int(headers[STATUS_HEADER]), headers.get(DESCRIPTION_HEADER, "")
+class Pull:
+    """One pull request in flight. Iterating yields its deliveries in chunks as they arrive (all
+    that is buffered at each step); when iteration ends, `status` says why the request ended."""
+
+    def __init__(
+        self, consumer: PullConsumer, reply: str, batch: int, expires: float, quiet: float | None
+    ) -> None:
+        self.consumer = consumer
+        self.reply = reply.encode()
+        self.batch = batch
+        self.deadline = time.monotonic() + expires + 5.0  # the server ends it first, normally
+        self.quiet = quiet
+        self.received = 0
+        self.done = False
+        self.status = PullStatus.BATCH_COMPLETE
+        self.description = ""
+        self.heartbeats = 0
+
+    def __aiter__(self) -> Pull:
+        return self
+
+    async def __anext__(self) -> list[RawMessage]:
+        while not self.done:
+            chunk = self._take()
+            if chunk:
+                return chunk
+            if not self.done:
+                await self._wait()
+        raise StopAsyncIteration
+
+    def _take(self) -> list[RawMessage]:
+        """Deliveries buffered for this request, up to its batch; ends it on its status."""
+        queue = self.consumer._queue
+        chunk: list[RawMessage] = []
+        room = self.batch - self.received
+        while queue and room:
+            msg = queue.popleft()
+            status = _status_of(msg)
+            if status is None:
+                # Delivered messages keep their own subject, so they cannot be matched to a
+                # request. Requests run one at a time; one that outlived its fetch may still
+                # deliver, and what it delivers is ours all the same.
+                chunk.append(msg)
+                room -= 1
+                continue
+            if msg.subject != self.reply:
+                continue  # the end of an earlier request
+            code, description = status
+            if code == 100:
+                self.heartbeats += 1
+                continue
+            self.description = description
+            self.status = self.consumer._end_status(code, description)
+            self.done = True
+            break
+        self.received += len(chunk)
+        if not room:
+            self.done = True
+        self.consumer._note_pin(chunk)
+        return chunk
+
+    async def _wait(self) -> None:
+        """Wait for the next arrival; end the request when none comes in time."""
+        wait = self.deadline - time.monotonic()
+        if self.quiet is not None:
+            wait = min(wait, self.quiet)
+        if self.consumer.nc.is_closed:
+            raise ConnectionClosedError
+        if wait > 0:
+            arrived = asyncio.get_running_loop().create_future()
+            self.consumer._arrived = arrived
+            try:
+                await asyncio.wait_for(arrived, wait)
+                return
+            except TimeoutError:
+                pass
+            finally:
+                self.consumer._arrived = None
+        expired = time.monotonic() >= self.deadline
+        self.status = PullStatus.CLIENT_TIMEOUT if expired else PullStatus.HEARTBEAT_MISSED
+        self.done = True
 
 
 class PullConsumer:
@@ -127,15 +316,23 @@ class PullConsumer:
         self._inbox = nc.new_inbox()
         self._sub: Subscription | None = None
         self._request_no = 0
+        self._queue: deque[RawMessage] = deque()
+        self._arrived: asyncio.Future[None] | None = None
+
+    def _receive(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        """Called by the connection's parser for every message to our inbox."""
+        self._queue.append(RawMessage(subject, reply, data, headers))
+        arrived = self._arrived
+        if arrived is not None and not arrived.done():
+            arrived.set_result(None)
 
     async def _subscription(self) -> Subscription:
         if self._sub is None:
-            self._sub = await self.nc.subscribe(
-                f"{self._inbox}.*", pending_msgs_limit=-1, pending_bytes_limit=-1
-            )
+            self._sub = await self.nc.subscribe(f"{self._inbox}.*")
+            _raw_routes(self.nc)[self._sub._id] = self._receive
         return self._sub
 
-    async def fetch(
+    async def pull(
         self,
         batch: int,
         *,
@@ -146,10 +343,9 @@ class PullConsumer:
         min_pending: int = 0,
         min_ack_pending: int = 0,
         priority: int | None = None,
-    ) -> FetchResult:
-        """Send one pull request and collect what it yields until it ends."""
-        sub = await self._subscription()
-        result = FetchResult()
+    ) -> Pull:
+        """Send one pull request; iterate the returned `Pull` for what it delivers."""
+        await self._subscription()
         self._request_no += 1
         reply = f"{self._inbox}.{self._request_no}"
         request = PullRequest(
@@ -165,46 +361,26 @@ class PullConsumer:
             priority=priority,
         )
         await self.nc.publish(self.subject, request.payload(), reply=reply)
-        deadline = time.monotonic() + (expires if not no_wait else 0) + 5.0
-        quiet_limit = 2 * idle_heartbeat if idle_heartbeat else None
-        while len(result.messages) < batch:
-            wait = deadline - time.monotonic()
-            if quiet_limit is not None:
-                wait = min(wait, quiet_limit)
-            if wait <= 0:
-                result.status = PullStatus.CLIENT_TIMEOUT
-                return result
-            try:
-                msg = await sub.next_msg(timeout=wait)
-            except TimeoutError:
-                expired = time.monotonic() >= deadline
-                result.status = (
-                    PullStatus.CLIENT_TIMEOUT if expired else PullStatus.HEARTBEAT_MISSED
-                )
-                return result
-            status = status_of(msg)
-            if status is None:
-                # Delivered messages keep their own subject, so they cannot be matched to a
-                # request. Requests run one at a time; one that outlived its fetch may still
-                # deliver, and what it delivers is ours all the same.
-                self._note_pin(msg)
-                result.messages.append(msg)
-                continue
-            if msg.subject != reply:
-                continue  # the end of an earlier request
-            code, description = status
-            if code == 100:
-                result.heartbeats += 1
-                continue
-            result.description = description
-            result.status = self._end_status(code, description)
-            return result
+        quiet = 2 * idle_heartbeat if idle_heartbeat else None
+        return Pull(self, reply, batch, 0 if no_wait else expires, quiet)
+
+    async def fetch(self, batch: int, **options: Any) -> FetchResult:
+        """Send one pull request (options as for `pull`) and collect what it yields until it
+        ends."""
+        pull = await self.pull(batch, **options)
+        result = FetchResult(nc=self.nc)
+        async for chunk in pull:
+            result.raw += chunk
+        result.status, result.description = pull.status, pull.description
+        result.heartbeats = pull.heartbeats
         return result
 
-    def _note_pin(self, msg: Msg) -> None:
-        pin = msg.headers.get(PIN_ID_HEADER) if msg.headers else None
-        if pin:
-            self.pin_id = pin
+    def _note_pin(self, chunk: list[RawMessage]) -> None:
+        for msg in reversed(chunk):  # the newest pin id wins
+            pin = _pin_of(msg.headers) if msg.headers else None
+            if pin:
+                self.pin_id = pin
+                return
 
     def _end_status(self, code: int, description: str) -> PullStatus:
         lowered = description.lower()
@@ -254,5 +430,6 @@ class PullConsumer:
 
     async def close(self) -> None:
         if self._sub is not None:
+            _raw_routes(self.nc).pop(self._sub._id, None)
             await self._sub.unsubscribe()
             self._sub = None

@@ -7,26 +7,34 @@ of it and nothing more; open: what was recorded, then it goes on pulling).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
-from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from pyspark.sql.datasource import InputPartition
 
 from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings
-from nats_spark.errors import NatsSparkError, NotFound
-from nats_spark.jetstream.acks import ACK, Delivery, parse_reply
-from nats_spark.jetstream.pull import PIN_ID_HEADER, PullConsumer, PullStatus
+from nats_spark.errors import NatsSparkError, NotFound, PullError
+from nats_spark.jetstream.acks import parse_reply, publish_acks, reply_numbers
+from nats_spark.jetstream.api import StoredMessage
+from nats_spark.jetstream.pull import (
+    PIN_ID_HEADER,
+    Pull,
+    PullConsumer,
+    PullStatus,
+    RawMessage,
+    header_values,
+)
 from nats_spark.loop import run_sync
 from nats_spark.pcg.partitioning import strip_partition
-from nats_spark.spark.ledger import EntryHead, EntryState, Ledger
+from nats_spark.spark.ledger import CHUNK_MESSAGES, EntryHead, EntryState, Ledger
 from nats_spark.spark.schema import ARROW_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -77,55 +85,111 @@ def shared_client(settings: ConnectionSettings) -> NatsClient:
     return client
 
 
+def close_shared_clients() -> None:
+    """Close this process's shared connections. Spark workers never need to (they end with the
+    process); in-process callers such as the benchmark do, before stopping the server."""
+    while _clients:
+        _, client = _clients.popitem()
+        run_sync(client.close())
+
+
+_EMIT_BYTES = 4 << 20  # payload bytes that close a record batch early (large messages)
+_REPLAY_WINDOW = 256  # stored-message requests in flight while replaying
+_MAX_BYTES_REFUSED = "exceeded maxrequestmaxbytes"
+PULL_MAX_BYTES = 8 << 20  # what one pull request may deliver: bounds a task's memory
+
+
+@lru_cache(maxsize=256)
+def _header_column(raw: bytes | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """A message's entry in the `headers` column. Cached: most messages of a pull carry the same
+    block (often just the pin)."""
+    # Nats-Pin-Id is added per delivery, not stored: leaving it out keeps replays exact.
+    return tuple(item for item in header_values(raw) if item[0] != PIN_ID_HEADER)
+
+
 class _Columns:
-    """Column buffers for one record batch."""
+    """Column buffers for one record batch; the `headers` map is kept as its flat Arrow parts."""
 
     def __init__(self, partition: SlotPartition) -> None:
         self.p = partition
-        self.subject: list[str] = []
+        self.subject: list[bytes] = []
         self.data: list[bytes] = []
-        self.headers: list[list[tuple[str, list[str]]] | None] = []
-        self.partition: list[int | None] = []
+        self.partition: list[int] = []
         self.stream_seq: list[int] = []
         self.consumer_seq: list[int] = []
         self.delivered: list[int] = []
         self.timestamp: list[int] = []
+        self.header_offsets = [0]  # per row, into header_keys
+        self.header_keys: list[str] = []
+        self.value_offsets = [0]  # per key, into header_values
+        self.header_values: list[str] = []
+        self.nbytes = 0
 
     def __len__(self) -> int:
         return len(self.stream_seq)
 
+    def full(self) -> bool:
+        return len(self.stream_seq) >= CHUNK_MESSAGES or self.nbytes >= _EMIT_BYTES
+
     def add(
-        self, subject: str, data: bytes, headers: dict[str, str] | None, delivery: Delivery
+        self,
+        subject: bytes,
+        data: bytes,
+        headers: bytes | None,
+        delivered: int,
+        stream_seq: int,
+        consumer_seq: int,
+        timestamp_ns: int,
     ) -> None:
         if self.p.partitioned:
-            number, subject = strip_partition(subject)
-            self.partition.append(number)
-        else:
-            self.partition.append(None)
+            head, dot, rest = subject.partition(b".")
+            if not (dot and head.isdigit()):
+                strip_partition(subject.decode())  # raises the error that explains it
+            self.partition.append(int(head))
+            subject = rest
         self.subject.append(subject)
         self.data.append(data)
+        self.nbytes += len(data)
         if self.p.include_headers:
-            # Nats-Pin-Id is added per delivery, not stored: leaving it out keeps replays exact.
-            self.headers.append(
-                [(k, [v]) for k, v in headers.items() if k != PIN_ID_HEADER] if headers else []
-            )
-        else:
-            self.headers.append(None)
-        self.stream_seq.append(delivery.stream_seq)
-        self.consumer_seq.append(delivery.consumer_seq)
-        self.delivered.append(delivery.delivered)
-        self.timestamp.append(delivery.timestamp_ns // 1000)
+            for key, values in _header_column(headers):
+                self.header_keys.append(key)
+                self.header_values.extend(values)
+                self.value_offsets.append(len(self.header_values))
+            self.header_offsets.append(len(self.header_keys))
+        self.stream_seq.append(stream_seq)
+        self.consumer_seq.append(consumer_seq)
+        self.delivered.append(delivered)
+        self.timestamp.append(timestamp_ns // 1000)
+
+    def _headers(self, n: int) -> pa.Array:
+        kind = ARROW_SCHEMA.field("headers").type
+        if not self.p.include_headers:
+            return pa.nulls(n, kind)
+        items = pa.ListArray.from_arrays(
+            pa.array(self.value_offsets, pa.int32()), pa.array(self.header_values, pa.string())
+        )
+        offsets = pa.array(self.header_offsets, pa.int32())
+        keys = pa.array(self.header_keys, pa.string())
+        return pa.MapArray.from_arrays(offsets, keys, items, type=kind)
+
+    def _constant(self, value: str | None, n: int) -> pa.Array:
+        if value is None:
+            return pa.nulls(n, pa.string())
+        return pa.repeat(pa.scalar(value, pa.string()), n)
 
     def batch(self) -> pa.RecordBatch:
         n = len(self)
+        partition = (
+            pa.array(self.partition, pa.int32()) if self.p.partitioned else pa.nulls(n, pa.int32())
+        )
         return pa.record_batch(
             [
                 pa.array(self.subject, pa.string()),
                 pa.array(self.data, pa.binary()),
-                pa.array(self.headers, ARROW_SCHEMA.field("headers").type),
-                pa.array(self.partition, pa.int32()),
-                pa.array([self.p.member] * n, pa.string()),
-                pa.array([self.p.stream] * n, pa.string()),
+                self._headers(n),
+                partition,
+                self._constant(self.p.member, n),
+                self._constant(self.p.stream, n),
                 pa.array(self.stream_seq, pa.int64()),
                 pa.array(self.consumer_seq, pa.int64()),
                 pa.array(self.delivered, pa.int32()),
@@ -133,14 +197,6 @@ class _Columns:
             ],
             schema=ARROW_SCHEMA,
         )
-
-
-def _parse_stored_headers(raw: bytes | None) -> dict[str, str] | None:
-    """Headers of a stored message, parsed with the rules nats-py applies to deliveries."""
-    if not raw:
-        return None
-    _, _, lines = raw.partition(b"\r\n")
-    return NATS._parse_header_lines(lines) or None
 
 
 class SlotReader:
@@ -156,6 +212,7 @@ class SlotReader:
         self.replay: list[str] = []
         self.pull = partition.limit > 0
         self.lost = 0
+        self.max_bytes = PULL_MAX_BYTES
 
     async def begin(self) -> None:
         """Claim the ledger entry: create it, take over an open one, or replay a sealed one."""
@@ -189,48 +246,83 @@ class SlotReader:
             )
             return
 
+    async def _stored(self, seq: int) -> StoredMessage | None:
+        try:
+            return await self.client.api.get_message(self.p.stream, seq)
+        except NotFound:
+            if self.p.fail_on_data_loss:
+                raise DataLoss(
+                    f"message {seq} of stream {self.p.stream} was removed (retention or purge) "
+                    "before its batch was committed; raise the stream's limits, or set "
+                    "failOnDataLoss=false to skip lost messages"
+                ) from None
+            self.lost += 1
+            log.warning("skipping message %d of %s: removed before commit", seq, self.p.stream)
+            return None
+
     async def replay_batch(self, replies: list[str]) -> pa.RecordBatch:
-        """Rows for recorded deliveries, read back from the stream by sequence."""
+        """Rows for recorded deliveries, read back from the stream by sequence, a window of
+        requests at a time (the server's API queue is shared)."""
+        deliveries = [parse_reply(reply) for reply in replies]
+        stored: list[StoredMessage | None] = []
+        for start in range(0, len(deliveries), _REPLAY_WINDOW):
+            window = deliveries[start : start + _REPLAY_WINDOW]
+            stored += await asyncio.gather(*(self._stored(d.stream_seq) for d in window))
         columns = _Columns(self.p)
-        for reply in replies:
-            delivery = parse_reply(reply)
-            try:
-                stored = await self.client.api.get_message(self.p.stream, delivery.stream_seq)
-            except NotFound:
-                if self.p.fail_on_data_loss:
-                    raise DataLoss(
-                        f"message {delivery.stream_seq} of stream {self.p.stream} was removed "
-                        "(retention or purge) before its batch was committed; raise the stream's "
-                        "limits, or set failOnDataLoss=false to skip lost messages"
-                    ) from None
-                self.lost += 1
-                log.warning(
-                    "skipping message %d of stream %s: removed before commit",
-                    delivery.stream_seq,
-                    self.p.stream,
+        for d, msg in zip(deliveries, stored, strict=True):
+            if msg is not None:
+                columns.add(
+                    msg.subject.encode(),
+                    msg.data,
+                    msg.headers,
+                    d.delivered,
+                    d.stream_seq,
+                    d.consumer_seq,
+                    d.timestamp_ns,
                 )
-                continue
-            headers = _parse_stored_headers(stored.headers)
-            columns.add(stored.subject, stored.data, headers, delivery)
         return columns.batch()
 
     def _accept(
-        self, msg: Msg, columns: _Columns, replies: list[str], redundant: list[str]
-    ) -> None:
-        delivery = parse_reply(msg.reply)
-        seq = delivery.stream_seq
-        if seq in self.taken:
-            return  # redelivered within this batch: emitted once already
-        i = bisect_left(self.dedupe, seq)
-        if i < len(self.dedupe) and self.dedupe[i] == seq:
-            redundant.append(msg.reply)  # emitted by an earlier, committed batch: ack, drop
-            return
-        self.taken.add(seq)
-        replies.append(msg.reply)
-        columns.add(msg.subject, msg.data, msg.headers, delivery)
+        self, chunk: list[RawMessage], columns: _Columns, replies: list[bytes]
+    ) -> list[bytes]:
+        """Add new deliveries to `columns` and `replies`; returns the redundant ones' replies."""
+        taken, dedupe, redundant = self.taken, self.dedupe, []
+        for msg in chunk:
+            delivered, seq, consumer_seq, timestamp = reply_numbers(msg.reply)
+            if seq in taken:
+                continue  # redelivered within this batch: emitted once already
+            if dedupe:
+                i = bisect_left(dedupe, seq)
+                if i < len(dedupe) and dedupe[i] == seq:
+                    redundant.append(msg.reply)  # emitted by an earlier, committed batch: ack
+                    continue
+            taken.add(seq)
+            replies.append(msg.reply)
+            columns.add(msg.subject, msg.data, msg.headers, delivered, seq, consumer_seq, timestamp)
+        return redundant
+
+    async def _request(self, consumer: PullConsumer, want: int, wait: bool) -> Pull | None:
+        if want <= 0:
+            return None
+        return await consumer.pull(
+            min(self.p.fetch_batch_size, want),
+            expires=self.p.fetch_timeout,
+            max_bytes=self.max_bytes,
+            no_wait=not wait,
+            min_pending=self.p.min_pending,
+            min_ack_pending=self.p.min_ack_pending,
+            priority=self.p.priority,
+        )
 
     async def pull_batches(self) -> Any:
-        """Async generator of record batches pulled from NATS, each recorded before it leaves."""
+        """Async generator of record batches pulled from NATS, each recorded before it leaves.
+
+        Deliveries are taken as they arrive; what one pull request delivered becomes one record
+        batch and one ledger write (split at a ledger chunk or 4 MiB). The work overlaps: when a
+        request has delivered all it asked for, the next one is sent before its messages are
+        processed, and a batch's ledger write runs while the next batch is gathered (writes stay
+        in order, one at a time; a batch is yielded only once its write is done).
+        """
         consumer = PullConsumer(
             self.client.nc,
             self.p.stream,
@@ -239,37 +331,52 @@ class SlotReader:
             pin_id=self.head.pin,
         )
         remaining = self.p.limit - self.head.count
+        columns, replies = _Columns(self.p), []
+        recording: asyncio.Future[pa.RecordBatch] | None = None
         wait = waited = got_any = False
         pin_retries = transient = 0
         try:
-            while remaining > 0:
-                result = await consumer.fetch(
-                    min(self.p.fetch_batch_size, remaining),
-                    expires=self.p.fetch_timeout,
-                    no_wait=not wait,
-                    min_pending=self.p.min_pending,
-                    min_ack_pending=self.p.min_ack_pending,
-                    priority=self.p.priority,
-                )
-                columns, replies, redundant = _Columns(self.p), [], []
-                for msg in result.messages:
-                    self._accept(msg, columns, replies, redundant)
-                for reply in redundant:
-                    await self.client.nc.publish(reply, ACK)
-                if replies:
-                    await self._record(replies, consumer.pin_id)
-                    remaining -= len(replies)
-                    got_any = True
-                    yield columns.batch()
-                status = result.status
-                if status is PullStatus.BATCH_COMPLETE:
+            pull = await self._request(consumer, remaining, wait)
+            while pull is not None:
+                following = None
+                try:
+                    async for chunk in _until_ended(pull):
+                        if following is None and _sent_all(pull):
+                            following = await self._request(
+                                consumer, remaining - len(replies) - len(chunk), False
+                            )
+                        redundant = self._accept(chunk, columns, replies)
+                        got_any = got_any or bool(replies)
+                        if redundant:
+                            await publish_acks(self.client.nc, redundant)
+                        if replies and (pull.done or columns.full()):
+                            remaining -= len(replies)
+                            recorded = await recording if recording else None
+                            recording = asyncio.ensure_future(
+                                self._record(columns, replies, consumer.pin_id)
+                            )
+                            columns, replies = _Columns(self.p), []
+                            if recorded is not None:
+                                yield recorded
+                except PullError as error:
+                    if not (self.max_bytes and _MAX_BYTES_REFUSED in error.description.lower()):
+                        raise
+                    # The consumer caps a pull's bytes below ours (its max_bytes): pull uncapped.
+                    self.max_bytes = 0
+                    pull = await self._request(consumer, remaining - len(replies), wait)
+                    continue
+                status, received = pull.status, pull.received
+                pull = following
+                if _complete(status):
                     wait = False
+                    if status is PullStatus.MAX_BYTES and not received:
+                        self.max_bytes = 0  # one message is larger than our bound: lift it
                 elif status is PullStatus.PIN_MISMATCH:
                     pin_retries += 1  # the pin id was cleared: the next pull asks for a new pin
                     if pin_retries > _PIN_RETRIES:
                         break
                 elif status in (PullStatus.NO_MESSAGES, PullStatus.TIMEOUT):
-                    if result.messages:
+                    if received:
                         wait = False  # drained what was ready; look again without waiting
                     elif waited or got_any:
                         break
@@ -280,18 +387,29 @@ class SlotReader:
                     transient += 1
                     if transient > _TRANSIENT_RETRIES:
                         break
+                if pull is None:
+                    pull = await self._request(consumer, remaining, wait)
+            if recording:
+                yield await recording
+                recording = None
         finally:
+            if recording:
+                recording.cancel()
             await consumer.close()
 
-    async def _record(self, replies: list[str], pin: str | None) -> None:
+    async def _record(
+        self, columns: _Columns, replies: list[bytes], pin: str | None
+    ) -> pa.RecordBatch:
+        """Record the deliveries in the ledger, then hand out their rows."""
         keys = await self.ledger.write_chunk(self.p.gen, self.p.slot, self.head, replies)
         self.head.chunks = [*self.head.chunks, *keys]
         self.head.count += len(replies)
-        self.head.max_seq = max(self.head.max_seq, max(parse_reply(r).stream_seq for r in replies))
+        self.head.max_seq = max(self.head.max_seq, max(columns.stream_seq))
         self.head.pin = pin
         self.revision = await self.ledger.update_head(
             self.p.gen, self.p.slot, self.head, self.revision
         )
+        return columns.batch()
 
     async def seal(self) -> None:
         if self.head.state is EntryState.OPEN:
@@ -299,6 +417,24 @@ class SlotReader:
             self.revision = await self.ledger.update_head(
                 self.p.gen, self.p.slot, self.head, self.revision
             )
+
+
+async def _until_ended(pull: Pull) -> AsyncIterator[list[RawMessage]]:
+    """The pull's chunks of deliveries, then an empty one once it has ended."""
+    async for chunk in pull:
+        yield chunk
+    yield []
+
+
+def _complete(status: PullStatus) -> bool:
+    """Whether a pull that ended with `status` got all it could: more may be ready at once."""
+    return status is PullStatus.BATCH_COMPLETE or status is PullStatus.MAX_BYTES
+
+
+def _sent_all(pull: Pull) -> bool:
+    """Whether `pull` delivered all it could: the next one can be sent before its messages are
+    processed."""
+    return pull.done and pull.received > 0 and _complete(pull.status)
 
 
 def read_slot(partition: SlotPartition) -> Iterator[pa.RecordBatch]:
@@ -312,12 +448,15 @@ def read_slot(partition: SlotPartition) -> Iterator[pa.RecordBatch]:
             yield batch
     if reader.pull:
         batches = reader.pull_batches()
-        while True:
-            try:
-                batch = run_sync(batches.__anext__())
-            except StopAsyncIteration:
-                break
-            yield batch
+        try:
+            while True:
+                try:
+                    batch = run_sync(batches.__anext__())
+                except StopAsyncIteration:
+                    break
+                yield batch
+        finally:
+            run_sync(batches.aclose())  # when Spark stops early: end pulls, free the inbox
         run_sync(reader.seal())
     if reader.lost:
         log.warning("slot %s lost %d messages to retention", partition.slot, reader.lost)

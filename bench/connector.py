@@ -1,0 +1,153 @@
+"""The connector under Spark: availableNow throughput into a `noop` sink, and per-batch latency
+with a processingTime trigger under a steady load."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from bench.common import KEYS, ProcessSampler, percentile
+from nats_spark.client import NatsClient
+from nats_spark.connection import ConnectionSettings
+from nats_spark.loop import run_sync
+
+
+def spark_session(master: str = "local[2]") -> Any:
+    """A local session like the tests' (UI off, loopback only); workers use this interpreter."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master(master)
+        .appName("nats-spark-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.streaming.pollingDelay", "50ms")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def _reader(spark: Any, url: str, stream: str, group: str, options: dict[str, Any]) -> Any:
+    reader = spark.readStream.format("nats-pcg").option("servers", url)
+    reader = reader.option("stream", stream).option("group", group)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def available_now(
+    spark: Any, url: str, stream: str, group: str, expected: int, options: dict[str, Any]
+) -> dict[str, Any]:
+    """Read everything `stream` holds through `group` into a noop sink; time it end to end."""
+    with tempfile.TemporaryDirectory(prefix="nats-spark-bench-") as checkpoint:
+        with ProcessSampler() as sampler:
+            started = time.perf_counter()
+            query = (
+                _reader(spark, url, stream, group, options)
+                .writeStream.format("noop")
+                .option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination()
+            elapsed = time.perf_counter() - started
+        progress = query.recentProgress
+    rows = sum(p["numInputRows"] for p in progress)
+    batches = [p for p in progress if p["numInputRows"]]
+    batch_ms = sum(p["durationMs"].get("triggerExecution", 0) for p in batches)
+    if rows != expected:
+        raise RuntimeError(f"{group}: read {rows} rows, expected {expected}")
+    return {
+        "messages": rows,
+        "seconds": round(elapsed, 2),
+        "msgs_per_s": round(rows / elapsed),
+        "batches": len(batches),
+        "msgs_per_s_in_batches": round(rows / (batch_ms / 1000)) if batch_ms else None,
+        "peak_rss": sampler.mib(),
+        "cpu_us_per_msg": sampler.cpu_us_per_msg(rows),
+    }
+
+
+def _publish_steadily(url: str, stream: str, rate: int, seconds: float, size: int) -> None:
+    """Publish `rate` messages/s for `seconds`, in 10 ms slices confirmed by JetStream."""
+
+    async def run() -> None:
+        client = await NatsClient.open(ConnectionSettings(servers=(url,)))
+        try:
+            body = os.urandom(size)
+            per_slice = max(1, rate // 100)
+            start = time.perf_counter()
+            sent = 0
+            while time.perf_counter() - start < seconds:
+                await asyncio.gather(
+                    *(
+                        client.js.publish(f"{stream}.k{(sent + i) % KEYS}", body)
+                        for i in range(per_slice)
+                    )
+                )
+                sent += per_slice
+                ahead = sent / rate - (time.perf_counter() - start)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+        finally:
+            await client.close()
+
+    run_sync(run())
+
+
+def latency(
+    spark: Any,
+    url: str,
+    stream: str,
+    group: str,
+    rate: int,
+    seconds: float,
+    trigger: str,
+    options: dict[str, Any],
+    size: int = 100,
+) -> dict[str, Any]:
+    """Per-batch time (`durationMs.triggerExecution`) under a steady load of `rate` msgs/s."""
+    with tempfile.TemporaryDirectory(prefix="nats-spark-bench-") as checkpoint:
+        query = (
+            _reader(spark, url, stream, group, options)
+            .writeStream.format("noop")
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime=trigger)
+            .start()
+        )
+        publisher = threading.Thread(
+            target=_publish_steadily, args=(url, stream, rate, seconds, size), daemon=True
+        )
+        publisher.start()
+        publisher.join()
+        time.sleep(3)  # let the last batches drain
+        progress = query.recentProgress
+        query.stop()
+    warm = [p for p in progress if p["numInputRows"]][2:]  # skip query start-up batches
+    durations = [p["durationMs"]["triggerExecution"] for p in warm]
+    rows = [p["numInputRows"] for p in warm]
+    parts = ("latestOffset", "addBatch", "walCommit", "commitOffsets")
+    return {
+        "rate_msgs_per_s": rate,
+        "seconds": seconds,
+        "trigger": trigger,
+        "batches": len(durations),
+        "rows_per_batch_p50": percentile(rows, 0.5),
+        "batch_ms_p50": percentile(durations, 0.5),
+        "batch_ms_p99": percentile(durations, 0.99),
+        "batch_ms_max": max(durations, default=None),
+        "p50_ms_by_phase": {
+            part: percentile([p["durationMs"].get(part, 0) for p in warm], 0.5) for part in parts
+        },
+    }

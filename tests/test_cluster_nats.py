@@ -1,0 +1,138 @@
+"""A three-node NATS cluster with everything replicated three times: the member consumer's leader is
+killed mid-stream and restarted; the query still commits every message once and acks them all."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from spark_helpers import assert_exactly_once, publish, source, static_group, wait_until
+from test_cluster import free_port
+from test_faults import Collector, consumer_of, drained, reading, start, survived
+
+from nats_spark.client import NatsClient, open_blocking
+from nats_spark.connection import ConnectionSettings
+from nats_spark.errors import JetStreamApiError, NatsSparkError
+from nats_spark.loop import Blocking, run_sync
+from nats_spark.pcg.store import GroupKind
+from nats_spark.server import EmbeddedServer
+
+pytestmark = pytest.mark.spark
+
+SPARK_MASTER = "local[2,3]"  # task retries, as on a cluster
+NO_PEERS = 10005  # "no suitable peers for placement"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, EmbeddedServer]]:
+    """Servers n1..n3 routed to each other on loopback, each with a store of its own."""
+    ports = [free_port() for _ in range(3)]
+    servers: dict[str, EmbeddedServer] = {}
+    try:
+        for i, port in enumerate(ports, 1):
+            routes = ",".join(f"nats://127.0.0.1:{p}" for p in ports if p != port)
+            name = f"n{i}"
+            servers[name] = EmbeddedServer(
+                extra_args=[
+                    "--cluster",
+                    f"nats://127.0.0.1:{port}",
+                    "--routes",
+                    routes,
+                    "--cluster_name",
+                    "c",
+                    "--server_name",
+                    name,
+                ]
+            )
+            servers[name].start()
+        yield servers
+    finally:
+        for server in servers.values():
+            server.cleanup()
+
+
+@pytest.fixture
+def client(cluster: dict[str, EmbeddedServer]) -> Iterator[Blocking[NatsClient]]:
+    settings = ConnectionSettings(servers=tuple(s.url for s in cluster.values()), name="cluster")
+    blocking = open_blocking(settings)
+    yield blocking
+    run_sync(blocking.target.close())
+
+
+def replicated(client: Blocking[NatsClient], stream: str, consumer: str | None = None) -> bool:
+    """Whether `stream` (or its `consumer`) has a leader and two current followers."""
+    try:
+        if consumer is None:
+            info = run_sync(client.api.stream_info(stream))
+        else:
+            info = run_sync(client.api.consumer_info(stream, consumer))
+    except NatsSparkError:  # no leader (yet)
+        return False
+    peers = info.get("cluster", {}).get("replicas") or []
+    return len(peers) == 2 and all(p.get("current") for p in peers)
+
+
+def scale_to_three(client: Blocking[NatsClient], stream: str) -> None:
+    config = run_sync(client.api.stream_info(stream))["config"]
+
+    def accepted() -> bool:
+        try:
+            run_sync(client.api.update_stream({**config, "num_replicas": 3}))
+        except JetStreamApiError as error:
+            if error.err_code != NO_PEERS:
+                raise
+            return False  # not every server has joined the cluster yet
+        return True
+
+    wait_until(accepted, 30, "three servers to place replicas on")
+    wait_until(lambda: replicated(client, stream), 30, f"{stream} on three servers")
+
+
+def test_consumer_leader_killed_mid_stream(spark, cluster, client, unique, tmp_path):
+    def meta_leader() -> bool:
+        try:
+            run_sync(client.api.account_info())
+        except NatsSparkError:
+            return False
+        return True
+
+    wait_until(meta_leader, 30, "the JetStream meta leader")
+    stream = f"C{unique}"
+    # Stream, group config bucket and (created by the source with the stream's replicas) member
+    # consumers and ack ledger: all on three servers.
+    static_group(client, stream, "g", ["m1", "m2"], partitions=4)
+    scale_to_three(client, stream)
+    scale_to_three(client, f"KV_{GroupKind.STATIC.bucket}")
+    publish(client, stream, 1500)
+    urls = ",".join(s.url for s in cluster.values())
+    sink = Collector()
+    df = source(spark, urls, stream, "g", ackWait="5s", fetchBatchSize=5)
+    query = start(df, sink, tmp_path / "cp")
+
+    def again() -> Any:
+        """The query, restarted from its checkpoint once the member consumers have leaders."""
+        for member in ("m1", "m2"):
+            name = consumer_of(client, stream, "g", member).name
+            wait_until(lambda n=name: replicated(client, stream, n), 60, f"{name}'s leader")
+        return start(df, sink, tmp_path / "cp")
+
+    try:
+        reading(client, stream, "g", "m1")
+        consumer = consumer_of(client, stream, "g", "m1")
+        info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
+        leader = info["cluster"]["leader"]
+        cluster[leader].kill()
+        time.sleep(3)  # a replica takes over
+        cluster[leader].start()
+        wait_until(lambda: replicated(client, stream), 30, "the stream on three servers again")
+        publish(client, stream, 500, start=1500)
+        query, failed = survived(query, sink, 2000, again)
+        drained(query, client, stream, "g", sink, 2000)  # rows, then every member acked
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 2000)
+    if failed:
+        # BUG (reported): transient leaderless-consumer and ledger errors are not retried.
+        pytest.xfail(f"the query failed while the consumer leader moved: {failed}")

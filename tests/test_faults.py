@@ -1,0 +1,643 @@
+"""Faults at fixed points: the guarantees hold under NATS server kills, zombie task attempts, pin
+switches, ack-wait expiry, deleted consumers and members, a deleted ledger, retention and driver
+kill -9.
+
+Each test ends with: every published message committed exactly once (or, where the stream lost
+data on purpose, exactly what it still held) and nothing left unacked by the member consumers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from array import array
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from spark_helpers import (
+    assert_exactly_once,
+    elastic_group,
+    member_states,
+    publish,
+    source,
+    static_group,
+    wait_until,
+)
+from test_source_pins import OtherInstance
+
+from nats_spark.client import NatsClient, open_blocking
+from nats_spark.connection import ConnectionSettings
+from nats_spark.errors import NotFound
+from nats_spark.jetstream.acks import parse_reply, publish_acks
+from nats_spark.jetstream.api import to_nanos
+from nats_spark.job import failure_line
+from nats_spark.loop import Blocking, run_sync
+from nats_spark.pcg import admin
+from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_member_consumer, member_consumer
+from nats_spark.pcg.partitioning import elastic_stream_name
+from nats_spark.pcg.store import load_group
+from nats_spark.server import EmbeddedServer
+from nats_spark.spark.ledger import EntryState, Ledger, LedgerConflict, pointer_key, read_pointer
+from nats_spark.spark.offset_reader import OffsetReader
+from nats_spark.spark.offsets import SourceOffset
+from nats_spark.spark.options import parse_options
+from nats_spark.spark.partition_reader import SlotPartition, SlotReader, read_slot
+
+pytestmark = pytest.mark.spark
+
+SPARK_MASTER = "local[2,3]"  # task retries, as on a cluster
+DRIVER = Path(__file__).with_name("fault_driver.py")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[EmbeddedServer]:
+    """A server of this module's own, so killing it disturbs no other test."""
+    with EmbeddedServer() as own:
+        yield own
+
+
+def consumer_of(client: Blocking[NatsClient], stream: str, group: str, member: str) -> Any:
+    return member_consumer(run_sync(load_group(client.target, stream, group)), member)
+
+
+def unacked(client: Blocking[NatsClient], stream: str, group: str) -> int:
+    """Messages of the group not acked yet: pending plus ack pending over all members; -1 while
+    a member consumer is missing (deleted, not recreated yet)."""
+    try:
+        states = member_states(client, stream, group).values()
+    except NotFound:
+        return -1
+    return sum(s["pending"] + s["ack_pending"] for s in states)
+
+
+def reading(client: Blocking[NatsClient], stream: str, group: str, member: str) -> None:
+    """Wait until `member`'s task is pulling: part of its backlog delivered, part still pending."""
+
+    def mid_way() -> bool:
+        try:
+            state = member_states(client, stream, group)[member]
+        except NotFound:
+            return False  # the query has not created the member consumers yet
+        return state["ack_pending"] >= 20 and state["pending"] > 0
+
+    wait_until(mid_way, 60, f"the task of {member} to be pulling")
+
+
+class Collector:
+    """foreachBatch target: payload numbers of every committed batch (a re-run replaces its
+    batch's rows). `after_read[batch_id]` runs once the rows are read, before the sink commits."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, list[int]] = {}
+        self.lock = threading.Lock()
+        self.after_read: dict[int, Callable[[list[int]], None]] = {}
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        rows = [int(r.data.decode()) for r in batch.select("data").collect()]
+        action = self.after_read.pop(batch_id, None)
+        if action is not None:
+            action(rows)
+        with self.lock:
+            self.batches[batch_id] = rows
+
+    @property
+    def values(self) -> list[int]:
+        with self.lock:
+            return [v for rows in self.batches.values() for v in rows]
+
+
+def start(df: Any, sink: Collector, checkpoint: Path) -> Any:
+    return (
+        df.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+
+def drained(query: Any, client, stream: str, group: str, sink: Collector, total: int) -> None:
+    """Every row committed and, with the query idle, every message acked."""
+    wait_until(lambda: len(sink.values) >= total or query.exception(), 120, f"{total} rows")
+    assert query.exception() is None, query.exception()
+    wait_until(lambda: unacked(client, stream, group) == 0, 60, "every member acked")
+
+
+def survived(query: Any, sink: Collector, total: int, again: Callable[[], Any]) -> tuple[Any, str]:
+    """Wait for `total` rows. If the query fails first, start it again with `again()` (as a
+    supervisor would); returns the query now running and the failure's line (or "")."""
+    wait_until(lambda: len(sink.values) >= total or query.exception(), 120, f"{total} rows")
+    if query.exception() is None:
+        return query, ""
+    return again(), failure_line(query.exception())
+
+
+def failure(query: Any, timeout: float = 90) -> str:
+    """The error a failed query ends with."""
+    with pytest.raises(Exception) as caught:
+        query.awaitTermination(timeout)
+    return str(caught.value)
+
+
+def restart(server: EmbeddedServer) -> None:
+    """kill -9 the server, leave it down for a second, start it again on its port and store."""
+    server.kill()
+    time.sleep(1)
+    server.start()
+
+
+@pytest.fixture
+def own(server: EmbeddedServer) -> Iterator[Blocking[NatsClient]]:
+    """A blocking client of `server` (it reconnects across restarts); the server runs again after
+    the test, whatever the test did to it."""
+    blocking = open_blocking(ConnectionSettings(servers=(server.url,), name="fault-tests"))
+    yield blocking
+    if server.process is None or server.process.poll() is not None:
+        server.start()
+    run_sync(blocking.target.close())
+
+
+# --- NATS server kill -9 ----------------------------------------------------------------------
+
+
+def test_server_killed_during_and_between_batches(spark, server, own, unique, tmp_path):
+    stream = f"SK{unique}"
+    static_group(own, stream, "g", ["m1", "m2"], partitions=4)
+    publish(own, stream, 1500)
+    sink = Collector()
+    df = source(spark, server.url, stream, "g", fetchBatchSize=5, ledgerBucket=f"L{unique}")
+    query = start(df, sink, tmp_path / "cp")
+    try:
+        reading(own, stream, "g", "m1")
+        restart(server)  # while a task pulls
+        drained(query, own, stream, "g", sink, 1500)
+        # While the query runs idle (not within ~0.2 s of its last acks: that is the next test).
+        time.sleep(1)
+        restart(server)
+        publish(own, stream, 500, start=1500)
+        drained(query, own, stream, "g", sink, 2000)
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 2000)
+
+
+@pytest.mark.xfail(
+    reason="BUG: OffsetReader._settle forgets an acked ledger entry as soon as the reported ack "
+    "floor passes it, before the server has persisted that floor (~0.1 s): after a kill -9 the "
+    "batch is redelivered and emitted twice (not strict: the kill can lose the race)",
+)
+def test_acks_lost_in_a_server_crash_are_not_emitted_again(server, own, unique):
+    """The driver forgets a committed batch's ledger entry once the consumer's ack floor has passed
+    it. The server persists that floor a moment later; kill -9 it in between and the batch's
+    messages come back: they must be acked and dropped, not emitted a second time."""
+    stream = f"SC{unique}"
+    static_group(own, stream, "g", ["m1"], partitions=2)
+    options = {"servers": server.url, "stream": stream, "group": "g", "ackWait": "1s"}
+    reader = OffsetReader(parse_options({**options, "ledgerBucket": f"L{unique}"}))
+
+    def batch(start: SourceOffset) -> tuple[SourceOffset, list[int]]:
+        """What one micro-batch does: plan, read every partition; `start` was committed."""
+        end = run_sync(reader.latest_offset(start, None))
+        rows = []
+        for partition in run_sync(reader.partitions(start, end)) if end != start else []:
+            rows += seqs_of(read_slot(partition))
+        return end, rows
+
+    try:
+        first = run_sync(reader.initial_offset())
+        publish(own, stream, 100)
+        end, rows = batch(first)
+        assert rows == list(range(1, 101))
+        # Batch 1 committed: planning the next batch acks it, a later planning forgets it (as
+        # soon as the ack floor passed it). Kill -9 the server right then.
+        deadline = time.monotonic() + 10
+        while reader.entries and time.monotonic() < deadline:
+            assert run_sync(reader.latest_offset(end, None)) == end  # nothing new to read
+        assert not reader.entries, "batch 1 was never settled"
+        server.kill()
+        server.start()
+        time.sleep(2)  # the ack wait of what the crash un-acked runs out
+        _, again = batch(end)
+        assert again == [], f"{len(again)} messages of the committed batch 1 emitted again"
+    finally:
+        run_sync(reader.close())
+
+
+# --- Task attempts at the SlotReader level: zombies, ack wait expiry ------------------------------
+
+
+class Slot:
+    """Member m1 of a one-member static group on a fresh stream, its consumer (1 s ack wait) and
+    an ack ledger: `partition(...)` is what the driver would hand a task for one batch."""
+
+    def __init__(self, client: Blocking[NatsClient], settings, unique: str) -> None:
+        self.client, self.settings = client, settings
+        self.stream, self.bucket, self.lineage = f"Z{unique}", f"L{unique}", uuid.uuid4().hex
+        static_group(client, self.stream, "g", ["m1"], partitions=2)
+        entry = run_sync(load_group(client.target, self.stream, "g"))
+        self.consumer = member_consumer(entry, "m1", {"ack_wait": to_nanos(1)})
+        run_sync(ensure_member_consumer(client.target, self.consumer))
+        kv = run_sync(Ledger.bucket(client.target, self.bucket, create=True))
+        self.ledger = Ledger(kv, self.lineage)
+
+    def partition(
+        self, gen: int, limit: int, pin: str | None = None, dedupe: list[int] = ()
+    ) -> SlotPartition:
+        return SlotPartition(
+            connection=self.settings,
+            ledger_bucket=self.bucket,
+            lineage=self.lineage,
+            gen=gen,
+            slot="m1",
+            stream=self.stream,
+            consumer=self.consumer.name,
+            priority_group=PRIORITY_GROUP,
+            member="m1",
+            partitioned=True,
+            limit=limit,
+            pin_id=pin,
+            dedupe=array("Q", sorted(dedupe)).tobytes(),
+            fetch_batch_size=100,
+            fetch_timeout=3.0,
+            include_headers=False,
+            fail_on_data_loss=True,
+        )
+
+    def entry(self, gen: int) -> tuple[Any, list[int]]:
+        """The ledger head of batch `gen` and the stream sequences it recorded."""
+        head, _ = run_sync(self.ledger.read_head(gen, "m1"))
+        replies = run_sync(self.ledger.read_replies(head))
+        return head, [parse_reply(r).stream_seq for r in replies]
+
+    def ack(self, *gens: int) -> None:
+        """What commit does: ack everything the entries of `gens` recorded."""
+        replies: list[str] = []
+        for gen in gens:
+            head, _ = run_sync(self.ledger.read_head(gen, "m1"))
+            replies += run_sync(self.ledger.read_replies(head))
+        run_sync(publish_acks(self.client.nc, replies))
+
+    def info(self) -> dict[str, Any]:
+        return run_sync(self.client.api.consumer_info(self.consumer.stream, self.consumer.name))
+
+
+def seqs(batch: Any) -> list[int]:
+    return batch.column("stream_seq").to_pylist()
+
+
+def seqs_of(batches: Iterator[Any]) -> list[int]:
+    return [s for batch in batches for s in seqs(batch)]
+
+
+def rest(pulls: Any) -> list[int]:
+    """Stream sequences of every batch an unfinished `pull_batches` generator still yields."""
+    rows: list[int] = []
+    while True:
+        try:
+            rows += seqs(run_sync(pulls.__anext__()))
+        except StopAsyncIteration:
+            return rows
+
+
+def test_zombie_attempt_cannot_record_after_its_retry_took_over(client, settings, unique):
+    """Attempt A records messages, its retry B takes the entry over: A's next record and its seal
+    fail, B emits A's recorded messages once, and what A took without recording comes back."""
+    slot = Slot(client, settings, unique)
+    partition = slot.partition(1, limit=60)
+    publish(client, slot.stream, 10)
+    zombie = SlotReader(partition)
+    run_sync(zombie.begin())
+    recorded = rest(zombie.pull_batches())  # all there is: the task waits for more
+    assert recorded == list(range(1, 11))
+    publish(client, slot.stream, 50, start=10)
+
+    retry = SlotReader(partition)
+    run_sync(retry.begin())  # takes the open entry over
+    zombie_pulls = zombie.pull_batches()  # the zombie pulls on: takes the 50, cannot record them
+    with pytest.raises(LedgerConflict, match="taken over by another task attempt"):
+        run_sync(zombie_pulls.__anext__())
+    with pytest.raises(LedgerConflict):
+        run_sync(zombie.seal())
+
+    rows = seqs(run_sync(retry.replay_batch(retry.replay)))
+    assert rows == recorded
+    rows += rest(retry.pull_batches())  # the zombie's 50 come back after the 1 s ack wait
+    run_sync(retry.seal())
+    assert_exactly_once([s - 1 for s in rows], 60)
+    head, recorded_by_retry = slot.entry(1)
+    assert head.state is EntryState.SEALED and recorded_by_retry == rows
+    slot.ack(1)
+    wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
+
+
+def test_ack_wait_expires_within_and_between_batches(client, settings, unique):
+    """Within a batch, messages the task took come back to it after the ack wait: skipped. Between
+    batches, a committed batch whose acks were lost comes back to the next one: acked, dropped."""
+    slot = Slot(client, settings, unique)
+    publish(client, slot.stream, 20)
+    task = SlotReader(slot.partition(1, limit=40))
+    run_sync(task.begin())
+    rows = rest(task.pull_batches())
+    time.sleep(1.5)  # every message the task took expires while the task goes on pulling
+    publish(client, slot.stream, 20, start=20)
+    rows += rest(task.pull_batches())
+    run_sync(task.seal())
+    assert slot.info()["num_redelivered"] == 20, "the task did not get its messages again"
+    assert_exactly_once([s - 1 for s in rows], 40)
+    head, recorded = slot.entry(1)
+    assert recorded == rows and head.count == 40
+
+    # Batch 1 committed but its acks lost: after the ack wait its messages come to batch 2.
+    time.sleep(1.5)
+    publish(client, slot.stream, 10, start=40)
+    following = seqs_of(read_slot(slot.partition(2, limit=10, pin=head.pin, dedupe=rows)))
+    assert following == list(range(41, 51))
+    assert slot.info()["num_ack_pending"] == 10, "batch 1's redeliveries were not acked"
+    slot.ack(1, 2)
+    wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
+
+
+# --- Pins -------------------------------------------------------------------------------------
+
+
+def test_pin_switches_during_and_between_batches(
+    spark, client, settings, nats_url, unique, tmp_path
+):
+    stream = f"PS{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=2)
+    consumer = consumer_of(client, stream, "g", "m1")
+    publish(client, stream, 1500)
+    sink = Collector()
+    df = source(
+        spark, nats_url, stream, "g", ackWait="2s", fetchBatchSize=5, ledgerBucket=f"L{unique}"
+    )
+    query = start(df, sink, tmp_path / "cp")
+    other = None
+    try:
+        reading(client, stream, "g", "m1")
+        run_sync(client.api.unpin(consumer.stream, consumer.name, PRIORITY_GROUP))
+        drained(query, client, stream, "g", sink, 1500)
+
+        # Between batches another instance takes the pin: the query stands by, then takes over.
+        run_sync(client.api.unpin(consumer.stream, consumer.name, PRIORITY_GROUP))
+        other = OtherInstance(settings, stream, consumer.name)
+        other.thread.start()
+        publish(client, stream, 200, start=1500)
+        wait_until(lambda: len(other.received) >= 200, 30, "the other instance to be served")
+        other.stop()  # its pin times out after priority_timeout (2 s)
+        publish(client, stream, 300, start=1700)
+        drained(query, client, stream, "g", sink, 1800)
+    finally:
+        query.stop()
+        if other is not None and other.running:
+            other.stop()
+    assert sorted(other.received) == list(range(1500, 1700)), "the query read while not pinned"
+    assert_exactly_once(sink.values + other.received, 2000)
+
+
+# --- Elastic member consumers deleted, members dropped ------------------------------------------
+
+
+def test_elastic_consumer_deleted_and_member_dropped(spark, client, nats_url, unique, tmp_path):
+    stream, group = f"ED{unique}", "eg"
+    elastic_group(client, stream, group, ["a", "b"], partitions=4)
+    publish(client, stream, 400)
+    sink = Collector()
+
+    def delete(member: str) -> Callable[[list[int]], None]:
+        def action(rows: list[int]) -> None:
+            consumer = consumer_of(client, stream, group, member)
+            run_sync(client.api.delete_consumer(consumer.stream, consumer.name))
+
+        return action
+
+    # Deleted after batch 0 was read, before its commit: the acks of a's rows go nowhere, the
+    # recreated consumer delivers them again, and they must not be emitted twice.
+    sink.after_read[0] = delete("a")
+    df = source(spark, nats_url, stream, group, ackWait="5s", ledgerBucket=f"L{unique}")
+    query = start(df, sink, tmp_path / "cp")
+    try:
+        drained(query, client, stream, group, sink, 400)
+        delete("b")([])  # between batches, as its inactivity threshold would
+        publish(client, stream, 200, start=400)
+        drained(query, client, stream, group, sink, 600)
+
+        publish(client, stream, 1500, start=600)
+        reading(client, stream, group, "a")
+        run_sync(admin.drop_members(client.target, stream, group, ["a"]))  # a's batch in flight
+        publish(client, stream, 200, start=2100)
+        drained(query, client, stream, group, sink, 2300)
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 2300)
+    work_queue = run_sync(client.api.stream_info(elastic_stream_name(stream, group)))
+    assert work_queue["state"]["messages"] == 0, "messages left unacked in the work queue"
+
+
+def test_elastic_consumer_deleted_while_its_batch_is_in_flight(
+    spark, client, nats_url, unique, tmp_path
+):
+    stream, group = f"EF{unique}", "eg"
+    elastic_group(client, stream, group, ["a", "b"], partitions=4)
+    publish(client, stream, 1500)
+    sink = Collector()
+    df = source(spark, nats_url, stream, group, fetchBatchSize=5, ledgerBucket=f"L{unique}")
+    query = start(df, sink, tmp_path / "cp")
+    try:
+        reading(client, stream, group, "a")
+        consumer = consumer_of(client, stream, group, "a")
+        run_sync(client.api.delete_consumer(consumer.stream, consumer.name))
+        query, failed = survived(query, sink, 1500, lambda: start(df, sink, tmp_path / "cp"))
+        drained(query, client, stream, group, sink, 1500)
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 1500)
+    if failed:
+        # BUG (reported): the task's pull ends in 503/409 and fails the query, though the driver
+        # would recreate the consumer at the next batch.
+        pytest.xfail(f"the query failed when a's consumer vanished mid-batch: {failed}")
+
+
+# --- The ack ledger deleted -------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a deleted ledger bucket fails the driver with nats-py's raw NoStreamResponseError "
+    "traceback (offset_reader._save_pointer -> ledger.write_pointer -> kv.put), not a clear line",
+)
+def test_ledger_bucket_deleted_while_running(spark, client, nats_url, unique, tmp_path):
+    stream, bucket = f"LD{unique}", f"L{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=4)
+    publish(client, stream, 300)
+    sink = Collector()
+    # A short ack wait: the restart below stands by until the pin it held times out (its record
+    # of the pin went with the bucket).
+    df = source(spark, nats_url, stream, "g", ackWait="2s", ledgerBucket=bucket)
+    query = start(df, sink, tmp_path / "cp")
+    try:
+        drained(query, client, stream, "g", sink, 300)
+        run_sync(client.target.js.delete_key_value(bucket))
+        publish(client, stream, 200, start=300)
+        text = failure(query)
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 300)
+    # Everything committed was acked, so a restart (which recreates the bucket) is safe.
+    query = start(df, sink, tmp_path / "cp")
+    try:
+        drained(query, client, stream, "g", sink, 500)
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 500)
+    # The query stopped with one line naming the bucket and the fix, not a nats-py traceback.
+    assert f"ack ledger bucket {bucket!r} does not exist" in text, text
+    assert "Traceback" not in text, text
+
+
+# --- Retention removes messages before commit --------------------------------------------------
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_messages_removed_before_commit(
+    spark, client, nats_url, unique, tmp_path, fail_on_data_loss
+):
+    stream = f"DL{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=2)
+    publish(client, stream, 200)
+    sink = Collector()
+
+    def purge_then_fail(rows: list[int]) -> None:
+        run_sync(client.api.request(f"STREAM.PURGE.{stream}", {}))
+        raise RuntimeError("sink failed after the purge")
+
+    sink.after_read[0] = purge_then_fail
+    options = {"ledgerBucket": f"L{unique}", "failOnDataLoss": str(fail_on_data_loss).lower()}
+    df = source(spark, nats_url, stream, "g", **options)
+    assert "sink failed after the purge" in failure(start(df, sink, tmp_path / "cp"))
+    publish(client, stream, 100, start=200)
+    # The restart re-runs batch 0, whose messages the stream no longer holds.
+    query = start(df, sink, tmp_path / "cp")
+    if fail_on_data_loss:
+        text = failure(query)
+        assert "removed (retention or purge) before its batch was committed" in text, text
+        assert "failOnDataLoss=false" in text
+        assert sink.values == []
+        return
+    try:
+        drained(query, client, stream, "g", sink, 100)
+    finally:
+        query.stop()
+    assert sink.batches[0] == [], "lost messages must be skipped, not invented"
+    assert_exactly_once([v - 200 for v in sink.values], 100)
+
+
+# --- Driver kill -9 ---------------------------------------------------------------------------
+
+
+class Driver:
+    """tests/fault_driver.py in its own session: a foreachBatch query writing one JSON file per
+    committed batch, which SIGKILLs its process group at the point it is told."""
+
+    def __init__(self, url: str, stream: str, folder: Path) -> None:
+        self.url, self.stream, self.folder = url, stream, folder
+        self.out = folder / "out"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, kill_at: str, trigger: str = "200ms") -> None:
+        env = {
+            **os.environ,
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false pyspark-shell",
+            "SPARK_LOCAL_IP": "127.0.0.1",
+        }
+        args = [sys.executable, str(DRIVER), self.url, self.stream, str(self.out)]
+        args += [str(self.folder / "cp"), kill_at, trigger]
+        with (self.folder / "driver.log").open("ab") as log:
+            self.process = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+
+    def killed(self, timeout: float = 240) -> None:
+        """Wait for the driver to kill itself at its fault point."""
+        assert self.process is not None
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            pytest.fail(f"the driver never reached its fault point; see {self.folder}/driver.log")
+        assert code == -signal.SIGKILL, f"driver exited with {code}; see {self.folder}/driver.log"
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
+
+    def files(self) -> dict[str, str]:
+        if not self.out.exists():
+            return {}
+        return {f.name: f.read_text() for f in self.out.glob("batch-*.json")}
+
+    def values(self) -> list[int]:
+        return [v for text in self.files().values() for v in json.loads(text)]
+
+
+@pytest.mark.timeout(900)  # five driver starts: a JVM each
+def test_driver_killed_at_fixed_points(client, nats_url, unique, tmp_path):
+    stream = f"DK{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=4)
+    driver = Driver(nats_url, stream, tmp_path)
+    published = 0
+
+    def publish_more(count: int) -> None:
+        nonlocal published
+        publish(client, stream, count, start=published)
+        published += count
+
+    def assert_nothing_acked(point: str) -> None:
+        # Guarantee 1: nothing of a batch that was not committed (and acked) is acked.
+        assert unacked(client, stream, "g") == published, f"acked early ({point})"
+
+    try:
+        publish_more(300)
+        # While tasks pull (a UDF on the rows), after the tasks before the sink commit, and after
+        # the sink commit before Spark's commit log: batch 0 each time, re-run on restart.
+        for point in ("pulling", "before_sink", "after_sink"):
+            driver.start(point)
+            driver.killed()
+            assert_nothing_acked(point)
+            publish_more(100)
+        written = driver.files()
+        assert list(written) == ["batch-0.json"], written
+
+        # After the commit log: batch 0 is committed, its acks not sent.
+        driver.start("after_commit_log", trigger="once")
+        driver.killed()
+        assert driver.files() == written, "the re-run of batch 0 must rewrite the same rows"
+        assert_nothing_acked("after_commit_log")
+        # Killed during the commit: half of batch 0's acks sent, its ledger entries not marked.
+        kv = run_sync(Ledger.bucket(client.target, "nats-spark-ledger", create=False))
+        pointer = run_sync(read_pointer(kv, pointer_key(stream, "g")))
+        ledger = Ledger(kv, pointer.lineage)
+        replies: list[str] = []
+        for gen, slot in run_sync(ledger.heads()):
+            head, _ = run_sync(ledger.read_head(gen, slot))
+            assert head.state is EntryState.SEALED, (gen, slot, head.state)
+            replies += run_sync(ledger.read_replies(head))
+        run_sync(publish_acks(client.nc, replies[::2]))
+        publish_more(100)
+
+        driver.start("never")
+        wait_until(lambda: len(driver.values()) >= published, 120, f"{published} rows")
+        wait_until(lambda: unacked(client, stream, "g") == 0, 60, "every member acked")
+    finally:
+        driver.stop()
+    assert_exactly_once(driver.values(), published)
