@@ -7,6 +7,7 @@ of what the ledger and the checkpointed offsets hold, so a restarted driver rebu
 from __future__ import annotations
 
 import logging
+import time
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,8 @@ from nats_spark.spark.targets import Slot, target_for
 
 log = logging.getLogger(__name__)
 
+SETTLE_SECONDS = 10.0
+
 
 @dataclass
 class Entry:
@@ -42,6 +45,7 @@ class Entry:
     slot: str
     head: EntryHead | None = None
     seqs: array | None = None  # stream sequences, loaded when needed for dedupe
+    settled_since: float | None = None  # when acks were first seen past all its messages
 
 
 @dataclass
@@ -315,7 +319,16 @@ class OffsetReader:
             state = self.states.get(entry.slot)
             floor = state.ack_floor if state and slot and slot.durable else 0
             first = first_seqs.get(slot.stream, 0) if slot else 0
-            if head.count == 0 or head.max_seq <= floor or head.max_seq < first:
+            if head.count and head.max_seq > floor and head.max_seq >= first:
+                entry.settled_since = None
+                continue
+            # A consumer's ack floor is in the server's memory before it is on disk: a server
+            # crash right after the acks can take it back and redeliver. Forget the entry (and
+            # with it the dedupe of those messages) only once the floor has held for a while.
+            now = time.monotonic()
+            if head.count and entry.settled_since is None:
+                entry.settled_since = now
+            if head.count == 0 or now - entry.settled_since >= SETTLE_SECONDS:
                 await self.ledger.delete_entry(entry.gen, entry.slot, head)
                 del self.entries[key]
 
@@ -361,6 +374,11 @@ class OffsetReader:
                     min_pending=options.min_pending,
                     min_ack_pending=options.min_ack_pending,
                     priority=options.priority,
+                    siblings=tuple(
+                        other
+                        for other in sorted(end.members)
+                        if other != name and self.slots[other].consumer == slot.consumer
+                    ),
                 )
             )
         return partitions

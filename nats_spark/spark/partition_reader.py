@@ -71,6 +71,7 @@ class SlotPartition(InputPartition):
     min_pending: int = 0
     min_ack_pending: int = 0
     priority: int | None = None
+    siblings: tuple[str, ...] = ()  # other slots of this batch pulling from the same consumer
 
 
 _clients: dict[ConnectionSettings, NatsClient] = {}
@@ -213,6 +214,8 @@ class SlotReader:
         self.pull = partition.limit > 0
         self.lost = 0
         self.max_bytes = PULL_MAX_BYTES
+        self.sibling_seqs: set[int] = set()
+        self.sibling_counts: dict[str, int] = {}
 
     async def begin(self) -> None:
         """Claim the ledger entry: create it, take over an open one, or replay a sealed one."""
@@ -296,10 +299,26 @@ class SlotReader:
                 if i < len(dedupe) and dedupe[i] == seq:
                     redundant.append(msg.reply)  # emitted by an earlier, committed batch: ack
                     continue
+            if seq in self.sibling_seqs:
+                continue  # a sibling slot took and recorded it first; it acks it at commit
             taken.add(seq)
             replies.append(msg.reply)
             columns.add(msg.subject, msg.data, msg.headers, delivered, seq, consumer_seq, timestamp)
         return redundant
+
+    async def _load_sibling_seqs(self) -> None:
+        """What the slots sharing this consumer recorded so far in this batch. A redelivery may
+        reach us after a sibling took the message and its ack wait ran out; the sibling records
+        before its rows leave, so its ledger entry shows it (barring a sibling stalled longer
+        than the ack wait between receiving and recording)."""
+        for sibling in self.p.siblings:
+            found = await self.ledger.read_head(self.p.gen, sibling)
+            if found is None or found[0].count == self.sibling_counts.get(sibling):
+                continue
+            head = found[0]
+            replies = await self.ledger.read_replies(head)
+            self.sibling_seqs.update(parse_reply(r).stream_seq for r in replies)
+            self.sibling_counts[sibling] = head.count
 
     async def _request(self, consumer: PullConsumer, want: int, wait: bool) -> Pull | None:
         if want <= 0:
@@ -345,6 +364,8 @@ class SlotReader:
                             following = await self._request(
                                 consumer, remaining - len(replies) - len(chunk), False
                             )
+                        if self.p.siblings and any(reply_numbers(m.reply)[0] > 1 for m in chunk):
+                            await self._load_sibling_seqs()
                         redundant = self._accept(chunk, columns, replies)
                         got_any = got_any or bool(replies)
                         if redundant:
