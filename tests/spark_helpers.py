@@ -107,3 +107,21 @@ def assert_exactly_once(values: list[int], expected: int) -> None:
     assert duplicates == 0, f"{duplicates} duplicated rows"
     assert not missing, f"{len(missing)} messages missing, e.g. {sorted(missing)[:10]}"
     assert len(values) == expected
+
+
+def run_query(df: Any, directory: Any) -> tuple[Any, Any]:
+    """Run `df` into parquet with Trigger.AvailableNow: the query and the error it ended with."""
+    from pyspark.errors import StreamingQueryException
+
+    query = (
+        df.writeStream.format("parquet")
+        .option("path", str(directory / "out"))
+        .option("checkpointLocation", str(directory / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert query.awaitTermination(120), "the query did not finish"
+    except StreamingQueryException as error:
+        return query, error
+    return query, None

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.client import ServerVersion
-from pyspark.errors import StreamingQueryException
-from spark_helpers import publish, source, static_group
+from spark_helpers import publish, run_query, source, static_group
 
 from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings
@@ -167,22 +166,6 @@ def consumer_states(client: Blocking[NatsClient], stream: str) -> dict[str, tupl
             info["delivered"]["stream_seq"],
         )
     return states
-
-
-def run_query(df: Any, directory: Path) -> tuple[Any, StreamingQueryException | None]:
-    """Run `df` into parquet with Trigger.AvailableNow: the query and the error it ended with."""
-    query = (
-        df.writeStream.format("parquet")
-        .option("path", str(directory / "out"))
-        .option("checkpointLocation", str(directory / "cp"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        assert query.awaitTermination(120), "the query did not finish"
-    except StreamingQueryException as error:
-        return query, error
-    return query, None
 
 
 def ours(error: BaseException) -> str:

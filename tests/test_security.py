@@ -18,12 +18,12 @@ from typing import Any
 import nkeys
 import pytest
 from certs import Pki, creds_file, make_pki, new_nkey, operator_setup, public, tls_config
-from pyspark.errors import StreamingQueryException
 from spark_helpers import (
     assert_exactly_once,
     member_states,
     payloads,
     publish,
+    run_query,
     source,
     static_group,
 )
@@ -172,22 +172,6 @@ def settled(client: Blocking[NatsClient], stream: str, group: str = "g") -> bool
     return all(
         s == {"pending": 0, "ack_pending": 0} for s in member_states(client, stream, group).values()
     )
-
-
-def run_query(df: Any, directory: Path) -> tuple[Any, StreamingQueryException | None]:
-    """Run `df` into parquet with Trigger.AvailableNow: the query and the error it ended with."""
-    query = (
-        df.writeStream.format("parquet")
-        .option("path", str(directory / "out"))
-        .option("checkpointLocation", str(directory / "cp"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        assert query.awaitTermination(120), "the query did not finish"
-    except StreamingQueryException as error:
-        return query, error
-    return query, None
 
 
 # TLS
