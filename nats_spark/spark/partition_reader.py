@@ -380,6 +380,11 @@ class SlotReader:
                             if recorded is not None:
                                 yield recorded
                 except PullError as error:
+                    if _consumer_gone(error):
+                        # Elastic member consumers come and go (inactivity, membership changes):
+                        # end the batch with what was recorded; the driver recreates the consumer.
+                        log.warning("slot %s: %s; ending its batch early", self.p.slot, error)
+                        break
                     if not (self.max_bytes and _MAX_BYTES_REFUSED in error.description.lower()):
                         raise
                     # The consumer caps a pull's bytes below ours (its max_bytes): pull uncapped.
@@ -438,6 +443,12 @@ class SlotReader:
             self.revision = await self.ledger.update_head(
                 self.p.gen, self.p.slot, self.head, self.revision
             )
+
+
+def _consumer_gone(error: PullError) -> bool:
+    return error.status == 503 or (
+        error.status == 409 and "consumer deleted" in error.description.lower()
+    )
 
 
 async def _until_ended(pull: Pull) -> AsyncIterator[list[RawMessage]]:
