@@ -255,7 +255,9 @@ def test_static_member_info_active_and_step_down(client, unique):
     run_sync(ensure_member_consumer(client.target, member_consumer(entry, "m1")))
 
     info = run_sync(admin.member_info(client.target, STATIC, stream, "g", "m1"))
-    assert info == admin.MemberInfo("m1", True, False, False, [0], stream, "g-m1", 0, 0)
+    assert info == admin.MemberInfo(
+        "m1", True, False, False, [0], stream, "g-m1", 0, 0, num_waiting=0, last_active=None
+    )
     assert run_sync(admin.list_active_members(client.target, STATIC, stream, "g")) == []
 
     publish(client, f"{unique}.{key_for(0, 2)}", b"hello")

@@ -148,7 +148,7 @@ def test_ack_wait_shorter_than_batch_redeliveries_deduplicated(
 ):
     stream, group = f"R{unique}", "g"
     static_group(client, stream, group, ["m1"], partitions=2)
-    publish(client, stream, 3000)
+    publish(client, stream, 5000)
     entry = run_sync(load_group(client.target, stream, group))
     consumer = member_consumer(entry, "m1")
     seen: list[int] = []
@@ -159,9 +159,9 @@ def test_ack_wait_shorter_than_batch_redeliveries_deduplicated(
         info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
         redelivered.append(info["num_redelivered"])
 
-    # Pulls of 5 messages, each recorded in the ledger: the task outlasts the 1 s ack wait, so
+    # Pulls of one message, each recorded in the ledger: the task outlasts the 1 s ack wait, so
     # its first messages come back to it while it still pulls.
-    df = source(spark, nats_url, stream, group, ackWait="1s", fetchBatchSize=5)
+    df = source(spark, nats_url, stream, group, ackWait="1s", fetchBatchSize=1)
     query = (
         df.writeStream.foreachBatch(collect)
         .option("checkpointLocation", str(tmp_path / "cp"))
@@ -169,12 +169,12 @@ def test_ack_wait_shorter_than_batch_redeliveries_deduplicated(
         .start()
     )
     try:
-        wait_until(lambda: len(seen) >= 3000, 120, "3000 rows")
+        wait_until(lambda: len(seen) >= 5000, 120, "5000 rows")
         wait_until(lambda: settled(client, stream, group), 60, "all acked")
     finally:
         query.stop()
     assert max(redelivered) > 0, "the test did not provoke redeliveries"
-    assert_exactly_once(seen, 3000)
+    assert_exactly_once(seen, 5000)
 
 
 def test_elastic_membership_change_followed(spark, client, nats_url, unique, tmp_path):
