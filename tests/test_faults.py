@@ -421,7 +421,10 @@ def test_elastic_consumer_deleted_and_member_dropped(spark, client, nats_url, un
     # Deleted after batch 0 was read, before its commit: the acks of a's rows go nowhere, the
     # recreated consumer delivers them again, and they must not be emitted twice.
     sink.after_read[0] = delete("a")
-    df = source(spark, nats_url, stream, group, ackWait="5s", ledgerBucket=f"L{unique}")
+    # Pulls of one message keep a batch in flight long enough to drop its member mid-way.
+    df = source(
+        spark, nats_url, stream, group, ackWait="5s", ledgerBucket=f"L{unique}", fetchBatchSize=1
+    )
     query = start(df, sink, tmp_path / "cp")
     try:
         drained(query, client, stream, group, sink, 400)
