@@ -125,3 +125,15 @@ def run_query(df: Any, directory: Any) -> tuple[Any, Any]:
     except StreamingQueryException as error:
         return query, error
     return query, None
+
+
+def foreach_batches(
+    df: Any, handler: Callable[[Any, int], None], checkpoint: Any, every: str
+) -> Any:
+    """Start `df` into `handler` (foreachBatch) with a processing-time trigger of `every`."""
+    return (
+        df.writeStream.foreachBatch(handler)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime=every)
+        .start()
+    )

@@ -9,6 +9,7 @@ from spark_helpers import (
     ACKS_LAST_BATCH,
     assert_exactly_once,
     elastic_group,
+    foreach_batches,
     member_states,
     payloads,
     publish,
@@ -89,12 +90,7 @@ def test_elastic_group_processing_time_leaves_nothing_unacked(
         seen.extend(int(r.data.decode()) for r in batch.select("data").collect())
 
     df = source(spark, nats_url, stream, group, ackWait="20s", maxMessagesPerTrigger=150)
-    query = (
-        df.writeStream.foreachBatch(collect)
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .trigger(processingTime="300 milliseconds")
-        .start()
-    )
+    query = foreach_batches(df, collect, tmp_path / "cp", "300 milliseconds")
     try:
         wait_until(lambda: len(seen) >= 500, 90, "500 rows")
         # Idle now: the query must ack its last batch without new data arriving.
@@ -128,12 +124,7 @@ def test_no_ack_before_commit(spark, client, nats_url, unique, tmp_path):
         seen.extend(int(r.data.decode()) for r in rows)
 
     df = source(spark, nats_url, stream, group, maxMessagesPerTrigger=100)
-    query = (
-        df.writeStream.foreachBatch(check)
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
+    query = foreach_batches(df, check, tmp_path / "cp", "200 milliseconds")
     try:
         wait_until(lambda: len(seen) >= 400, 90, "400 rows")
         wait_until(lambda: settled(client, stream, group), 30, "acks after commit")
@@ -162,12 +153,7 @@ def test_ack_wait_shorter_than_batch_redeliveries_deduplicated(
     # Pulls of one message, each recorded in the ledger: the task outlasts the 1 s ack wait, so
     # its first messages come back to it while it still pulls.
     df = source(spark, nats_url, stream, group, ackWait="1s", fetchBatchSize=1)
-    query = (
-        df.writeStream.foreachBatch(collect)
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .trigger(processingTime="100 milliseconds")
-        .start()
-    )
+    query = foreach_batches(df, collect, tmp_path / "cp", "100 milliseconds")
     try:
         wait_until(lambda: len(seen) >= 5000, 120, "5000 rows")
         wait_until(lambda: settled(client, stream, group), 60, "all acked")
@@ -191,12 +177,7 @@ def test_elastic_membership_change_followed(spark, client, nats_url, unique, tmp
             )
 
     df = source(spark, nats_url, stream, group, ackWait="5s")
-    query = (
-        df.writeStream.foreachBatch(collect)
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .trigger(processingTime="300 milliseconds")
-        .start()
-    )
+    query = foreach_batches(df, collect, tmp_path / "cp", "300 milliseconds")
     try:
         wait_until(lambda: len(seen) >= 200, 90, "first 200 rows")
         run_sync(admin.add_members(client.target, stream, group, ["c"]))

@@ -9,6 +9,7 @@ import pytest
 from spark_helpers import (
     REPORTS_LAG,
     assert_exactly_once,
+    foreach_batches,
     publish,
     source,
     static_group,
@@ -69,12 +70,7 @@ def test_query_stands_by_while_another_instance_is_pinned(
         seen.extend(int(r.data.decode()) for r in batch.select("data").collect())
 
     df = source(spark, nats_url, stream, "g", ackWait="2s")
-    query = (
-        df.writeStream.foreachBatch(collect)
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .trigger(processingTime="300 milliseconds")
-        .start()
-    )
+    query = foreach_batches(df, collect, tmp_path / "cp", "300 milliseconds")
     try:
         publish(client, stream, 100, start=100)
 
