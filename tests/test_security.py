@@ -32,6 +32,7 @@ from spark_helpers import (
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConnectionFailed
+from nats_spark.jetstream.acks import publish_acks
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.ledger import decode_chunk
@@ -273,6 +274,21 @@ def test_least_privilege_user_reads_end_to_end(
     finally:
         close(admin)
     assert violations(auth_server, "lean") == []
+
+
+def test_refused_acks_are_known_when_publish_acks_returns(auth_server: EmbeddedServer) -> None:
+    """The commit path decides from `denied` right after `publish_acks`: every refusal must be
+    in by then (nats-py's own flush can overtake queued publishes)."""
+    noack = open_blocking(ConnectionSettings((auth_server.url,), "noack", "noack-pw"))
+    try:
+        for round_ in range(20):
+            replies = [f"$JS.ACK.{NOACK_STREAM}.g-m1.1.{n}.{n}.1.0" for n in range(1, 51)]
+            before = len(noack.denied)
+            assert run_sync(publish_acks(noack.nc, replies)) == 50
+            refused = len(noack.denied) - before
+            assert refused == 50, f"round {round_}: {refused} of 50 refusals seen on return"
+    finally:
+        close(noack)
 
 
 @pytest.mark.spark

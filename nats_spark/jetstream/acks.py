@@ -58,8 +58,8 @@ async def publish_acks(nc: NATS, replies: Iterable[str | bytes], block: int = 40
 
     Acks are plain publishes, queued on the connection as blocks of `PUB` commands through
     nats-py's command queue (it has no batch publish, and `publish` costs microseconds per call;
-    ack subjects come from the server, so they need no validation). One flush at the end
-    confirms that the server received all of them.
+    ack subjects come from the server, so they need no validation). One round trip at the end
+    confirms that the server has processed all of them (see `flush_published`).
     """
     if nc.is_closed:
         raise ConnectionClosedError
@@ -76,5 +76,17 @@ async def publish_acks(nc: NATS, replies: Iterable[str | bytes], block: int = 40
         await nc._send_command(b"".join(commands))
         count += len(commands)
     if count:
-        await nc.flush(timeout=30)
+        await flush_published(nc, timeout=30)
     return count
+
+
+async def flush_published(nc: NATS, timeout: float) -> None:
+    """Return once the server has processed everything published on `nc` so far.
+
+    nats-py's `flush()` writes its PING straight to the socket, ahead of commands still queued
+    for its flusher task, so its PONG can come back before the server has seen those commands
+    (and before any permission error they cause). Writing the queue out first keeps them ahead
+    of the PING.
+    """
+    await nc._flush_pending(force_flush=True)
+    await nc.flush(timeout=timeout)
