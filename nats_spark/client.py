@@ -21,7 +21,7 @@ class NatsClient:
         self.nc = nc
         self.settings = settings
         self.denied = denied if denied is not None else []  # publishes the server refused
-        self.api = JetStreamApi(nc)
+        self.api = JetStreamApi(nc, retry_timeout=settings.retry_timeout, denied=self.denied)
         self.js: JetStreamContext = nc.jetstream()
 
     @classmethod

@@ -70,6 +70,7 @@ class ConnectionSettings:
     tls_hostname: str | None = None
     name: str = "nats-spark"
     connect_timeout: float = 5.0
+    retry_timeout: float = 60.0  # how long JetStream calls are retried while it has no leader
     max_reconnect_attempts: int = 60
     reconnect_time_wait: float = 0.5
 
@@ -93,6 +94,8 @@ class ConnectionSettings:
                 raise ConfigurationError(f"{label} file {path} does not exist; check the path")
         if self.connect_timeout <= 0:
             raise ConfigurationError("connect timeout must be positive")
+        if self.retry_timeout <= 0:
+            raise ConfigurationError("retry timeout must be positive")
 
     def __repr__(self) -> str:
         # Server URLs may embed `user:password@` or `token@`: show them redacted.

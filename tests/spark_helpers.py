@@ -86,13 +86,15 @@ def source(spark: Any, url: str, stream: str, group: str, **options: Any) -> Any
     return reader.load()
 
 
-def wait_until(condition: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
+def wait_until(
+    condition: Callable[[], Any], timeout: float = 60, what: str = "condition", every: float = 0.25
+) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
-        time.sleep(0.25)
+        time.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 

@@ -123,6 +123,7 @@ def test_settings_pickle_round_trip() -> None:
         ({"nkey_seed": "/no/such/seed.nk"}, "nkeySeed file /no/such/seed.nk does not exist"),
         ({"creds": "/no/such/user.creds"}, "creds file /no/such/user.creds does not exist"),
         ({"connect_timeout": 0}, "connect timeout must be positive"),
+        ({"retry_timeout": -1}, "retry timeout must be positive"),
     ],
 )
 def test_invalid_settings(kwargs: dict[str, object], expected: str) -> None:

@@ -15,6 +15,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from nats_spark.errors import JetStreamApiError, NatsSparkError, NotFound
+from nats_spark.jetstream.retry import retrying
 
 NANOS = 1_000_000_000
 
@@ -35,16 +36,37 @@ class StoredMessage:
 
 
 class JetStreamApi:
-    """JetStream API requests answering with decoded JSON, errors raised as `JetStreamApiError`."""
+    """JetStream API requests answering with decoded JSON, errors raised as `JetStreamApiError`.
 
-    def __init__(self, nc: NATS, prefix: str = "$JS.API", timeout: float = 5.0) -> None:
+    Requests that fail only because JetStream cannot answer right now (no leader) are retried
+    for up to `retry_timeout` seconds. `denied` is the connection's list of refused publishes: a
+    request the user may not send times out too, and is reported as what it is instead.
+    """
+
+    def __init__(
+        self,
+        nc: NATS,
+        prefix: str = "$JS.API",
+        timeout: float = 5.0,
+        retry_timeout: float = 60.0,
+        denied: list[str] | None = None,
+    ) -> None:
         self.nc = nc
         self.prefix = prefix
         self.timeout = timeout
+        self.retry_timeout = retry_timeout
+        self.denied = denied if denied is not None else []
 
     async def request(self, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         full = f"{self.prefix}.{subject}"
         payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else b""
+        return await retrying(
+            lambda: self._request_once(full, payload),
+            f"JetStream request {full}",
+            self.retry_timeout,
+        )
+
+    async def _request_once(self, full: str, payload: bytes) -> dict[str, Any]:
         try:
             reply = await self.nc.request(full, payload, timeout=self.timeout)
         except NoRespondersError:
@@ -53,10 +75,13 @@ class JetStreamApi:
                 "(nats-server -js) and check the account's permissions"
             ) from None
         except NatsTimeout:
-            raise NatsSparkError(
-                f"JetStream request {full} timed out after {self.timeout}s; check the server's "
-                "health and the user's permission to publish to $JS.API.>"
-            ) from None
+            quoted = f'"{full.lower()}"'  # nats-py lowercases the server's error text
+            if any(quoted in refusal for refusal in self.denied):
+                raise NatsSparkError(
+                    f"permission denied to publish {full}; grant the user the subjects the "
+                    "README lists under permissions"
+                ) from None
+            raise
         answer = json.loads(reply.data)
         error = answer.get("error")
         if error:

@@ -10,6 +10,7 @@ from nats.js.kv import KeyValue
 
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NatsSparkError, NotFound
+from nats_spark.jetstream.retry import retrying
 from nats_spark.pcg.config import ElasticConfig, GroupConfigError, StaticConfig
 
 GroupConfig = StaticConfig | ElasticConfig
@@ -63,13 +64,20 @@ async def _bucket(client: NatsClient, kind: GroupKind) -> KeyValue | None:
 
 
 async def _read(client: NatsClient, kind: GroupKind, stream: str, group: str) -> GroupEntry | None:
-    kv = await _bucket(client, kind)
-    if kv is None:
-        return None
     key = group_key(stream, group)
-    try:
-        entry = await kv.get(key)
-    except KeyNotFoundError:  # also raised for a deleted key
+
+    async def read_once() -> KeyValue.Entry | None:
+        kv = await _bucket(client, kind)
+        if kv is None:
+            return None
+        try:
+            return await kv.get(key)
+        except KeyNotFoundError:  # also raised for a deleted key
+            return None
+
+    what = f"reading {kind.bucket}/{key}"
+    entry = await retrying(read_once, what, client.settings.retry_timeout)
+    if entry is None:
         return None
     where = f"{kind.bucket}/{key}"
     config = kind.config_type.from_json(entry.value or b"", key=where)

@@ -19,22 +19,31 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.errors import NoRespondersError
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoStreamResponseError,
+)
 from nats.js.kv import KeyValue
 
 from nats_spark.client import NatsClient
-from nats_spark.errors import ConfigurationError, NatsSparkError
+from nats_spark.errors import ConfigurationError, NatsSparkError, NotFound
+from nats_spark.jetstream.retry import is_transient, retrying
 
 _KEY_TOKEN = re.compile(r"^[-_=a-zA-Z0-9]+$")
 _CODEC = pa.Codec("zstd", compression_level=1)
 CHUNK_MESSAGES = 4096  # reply subjects per chunk: ~300 KB raw, far below the 1 MB payload limit
 LEDGER_MAX_AGE = 7 * 24 * 3600.0
+T = TypeVar("T")
+KvEntry = KeyValue.Entry
 
 
 class EntryState(StrEnum):
@@ -91,27 +100,93 @@ def decode_chunk(data: bytes) -> list[str]:
     return _CODEC.decompress(data[4:], size, asbytes=True).decode().split("\n")
 
 
+class LedgerBucket:
+    """The ledger's KV bucket, its calls retried while the bucket's stream has no leader.
+
+    A write to a stream without a leader finds no responder, just like a write to a deleted
+    bucket: the bucket's existence tells the two apart.
+    """
+
+    def __init__(self, kv: KeyValue, client: NatsClient, name: str) -> None:
+        self.kv = kv
+        self.client = client
+        self.name = name
+
+    async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        async def once() -> T:
+            try:
+                return await call()
+            except (NoStreamResponseError, NoRespondersError):
+                try:
+                    await self.client.api.stream_info(f"KV_{self.name}")
+                except NotFound:
+                    raise _missing(self.name) from None
+                raise _Leaderless from None
+
+        return await retrying(
+            once,
+            f"{what} in ack ledger bucket {self.name!r}",
+            self.client.settings.retry_timeout,
+            lambda error: isinstance(error, _Leaderless) or is_transient(error),
+        )
+
+    async def get(self, key: str) -> KvEntry:
+        return await self._call(f"reading {key}", lambda: self.kv.get(key))
+
+    async def create(self, key: str, value: bytes) -> int:
+        return await self._call(f"creating {key}", lambda: self.kv.create(key, value))
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        return await self._call(f"updating {key}", lambda: self.kv.update(key, value, last=last))
+
+    async def put(self, key: str, value: bytes) -> int:
+        return await self._call(f"writing {key}", lambda: self.kv.put(key, value))
+
+    async def purge(self, key: str) -> None:
+        await self._call(f"purging {key}", lambda: self.kv.purge(key))
+
+    async def keys(self) -> list[str]:
+        return await self._call("listing keys", self.kv.keys)
+
+
+class _Leaderless(NatsSparkError):
+    """The ledger bucket exists but its stream did not answer a write."""
+
+
+def _missing(name: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"ack ledger bucket {name!r} does not exist (deleted while the query ran?); restart the "
+        "query so the driver recreates it"
+    )
+
+
 class Ledger:
     """One query lineage's entries in the ledger bucket."""
 
-    def __init__(self, kv: KeyValue, lineage: str) -> None:
+    def __init__(self, kv: LedgerBucket, lineage: str) -> None:
         self.kv = kv
         self.lineage = lineage
 
     @staticmethod
-    async def bucket(client: NatsClient, name: str, create: bool, replicas: int = 1) -> KeyValue:
+    async def bucket(
+        client: NatsClient, name: str, create: bool, replicas: int = 1
+    ) -> LedgerBucket:
         """The ledger bucket; the driver creates it, executors only open it."""
-        try:
-            return await client.js.key_value(name)
-        except BucketNotFoundError:
-            if not create:
-                raise ConfigurationError(
-                    f"ack ledger bucket {name!r} does not exist (deleted while the query ran?); "
-                    "restart the query so the driver recreates it"
-                ) from None
-        return await client.js.create_key_value(
-            bucket=name, history=1, ttl=LEDGER_MAX_AGE, replicas=replicas
+
+        async def open_or_create() -> KeyValue:
+            try:
+                return await client.js.key_value(name)
+            except BucketNotFoundError:
+                if not create:
+                    raise _missing(name) from None
+            return await client.js.create_key_value(
+                bucket=name, history=1, ttl=LEDGER_MAX_AGE, replicas=replicas
+            )
+
+        kv = await retrying(
+            open_or_create, f"opening ack ledger bucket {name!r}", client.settings.retry_timeout
         )
+        return LedgerBucket(kv, client, name)
 
     def head_key(self, gen: int, slot: str) -> str:
         return f"{self.lineage}.{gen}.{key_token(slot)}"
@@ -135,6 +210,9 @@ class Ledger:
         try:
             return await self.kv.update(self.head_key(gen, slot), head.to_bytes(), last=revision)
         except KeyWrongLastSequenceError:
+            found = await self.read_head(gen, slot)
+            if found is not None and found[0] == head:
+                return found[1]  # our own write, retried after its answer was lost
             raise LedgerConflict(
                 f"ledger entry {self.head_key(gen, slot)} was taken over by another task attempt"
             ) from None
@@ -199,7 +277,7 @@ class Pointer:
     pins: dict[str, str] = field(default_factory=dict)
 
 
-async def read_pointer(kv: KeyValue, key: str) -> Pointer | None:
+async def read_pointer(kv: LedgerBucket, key: str) -> Pointer | None:
     try:
         entry = await kv.get(key)
     except KeyNotFoundError:
@@ -208,5 +286,5 @@ async def read_pointer(kv: KeyValue, key: str) -> Pointer | None:
     return Pointer(data["lineage"], int(data["gen"]), data.get("pins", {}))
 
 
-async def write_pointer(kv: KeyValue, key: str, pointer: Pointer) -> None:
+async def write_pointer(kv: LedgerBucket, key: str, pointer: Pointer) -> None:
     await kv.put(key, json.dumps(asdict(pointer)).encode())

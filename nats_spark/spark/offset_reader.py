@@ -12,8 +12,6 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from nats.js.kv import KeyValue
-
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound
 from nats_spark.jetstream.acks import parse_reply, publish_acks
@@ -21,6 +19,7 @@ from nats_spark.spark.ledger import (
     EntryHead,
     EntryState,
     Ledger,
+    LedgerBucket,
     Pointer,
     name_of,
     pointer_key,
@@ -67,7 +66,7 @@ class OffsetReader:
         self.options = options
         self.target = target_for(options)
         self.client: NatsClient | None = None
-        self.kv: KeyValue | None = None
+        self.kv: LedgerBucket | None = None
         self.ledger: Ledger | None = None
         self.head_gen = 0  # newest gen handed out in this lineage
         self.current: SourceOffset | None = None  # the last offset returned to Spark

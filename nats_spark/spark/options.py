@@ -44,6 +44,7 @@ KNOWN_OPTIONS: dict[str, str] = {
     "tlsCert": "path of the client certificate (mutual TLS)",
     "tlsKey": "path of the client key (mutual TLS)",
     "connectTimeout": "connect timeout (default 5s)",
+    "retryTimeout": "how long NATS calls are retried while JetStream has no leader (default 60s)",
 }
 _CANONICAL = {name.lower(): name for name in KNOWN_OPTIONS}
 SECRET_OPTIONS = frozenset({"token", "password"})
@@ -189,6 +190,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         tls_cert=take("tlsCert"),
         tls_key=take("tlsKey"),
         connect_timeout=duration("connectTimeout", 5.0),
+        retry_timeout=duration("retryTimeout", 60.0),
         name=f"nats-spark {stream}/{group or consumer}",
     )
     return SourceOptions(
