@@ -90,6 +90,8 @@ BAD_OPTIONS: list[tuple[dict[str, str | None], str]] = [
     ({"tlsCert": MISSING, "tlsKey": MISSING}, f"tlsCert file {MISSING} does not exist"),
     ({"connectTimeout": "0s"}, "option connectTimeout must be positive"),
     ({"connectTimeout": "quick"}, "option connectTimeout='quick' is not a duration"),
+    ({"retryTimeout": "0"}, "option retryTimeout must be positive"),
+    ({"retryTimeout": "forever"}, "option retryTimeout='forever' is not a duration"),
 ]
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from spark_helpers import assert_exactly_once, publish, source, static_group, wait_until
 from test_cluster import free_port
-from test_faults import Collector, consumer_of, drained, reading, start, survived
+from test_faults import Collector, consumer_of, drained, reading, start
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
@@ -111,13 +110,6 @@ def test_consumer_leader_killed_mid_stream(spark, cluster, client, unique, tmp_p
     df = source(spark, urls, stream, "g", ackWait="5s", fetchBatchSize=5)
     query = start(df, sink, tmp_path / "cp")
 
-    def again() -> Any:
-        """The query, restarted from its checkpoint once the member consumers have leaders."""
-        for member in ("m1", "m2"):
-            name = consumer_of(client, stream, "g", member).name
-            wait_until(lambda n=name: replicated(client, stream, n), 60, f"{name}'s leader")
-        return start(df, sink, tmp_path / "cp")
-
     try:
         reading(client, stream, "g", "m1")
         consumer = consumer_of(client, stream, "g", "m1")
@@ -128,11 +120,8 @@ def test_consumer_leader_killed_mid_stream(spark, cluster, client, unique, tmp_p
         cluster[leader].start()
         wait_until(lambda: replicated(client, stream), 30, "the stream on three servers again")
         publish(client, stream, 500, start=1500)
-        query, failed = survived(query, sink, 2000, again)
-        drained(query, client, stream, "g", sink, 2000)  # rows, then every member acked
+        # The query rides out the election (no failure), then commits and acks everything.
+        drained(query, client, stream, "g", sink, 2000)
     finally:
         query.stop()
     assert_exactly_once(sink.values, 2000)
-    if failed:
-        # BUG (reported): transient leaderless-consumer and ledger errors are not retried.
-        pytest.xfail(f"the query failed while the consumer leader moved: {failed}")

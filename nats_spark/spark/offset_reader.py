@@ -328,6 +328,7 @@ class OffsetReader:
             if head.count and entry.settled_since is None:
                 entry.settled_since = now
             if head.count == 0 or now - entry.settled_since >= SETTLE_SECONDS:
+                log.debug("forgetting settled ledger entry %s", self.ledger.head_key(*key))
                 await self.ledger.delete_entry(entry.gen, entry.slot, head)
                 del self.entries[key]
 
@@ -346,6 +347,9 @@ class OffsetReader:
             if entry.gen < end.gen and entry.head and entry.head.state is not EntryState.OPEN:
                 seqs.update(await self._seqs(entry))
         dedupe = array("Q", sorted(seqs)).tobytes()
+        log.debug(
+            "batch %d: %d messages of earlier batches to drop if redelivered", end.gen, len(seqs)
+        )
         options = self.options
         partitions = []
         for name, plan in sorted(end.members.items()):

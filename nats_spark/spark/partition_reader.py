@@ -213,6 +213,7 @@ class SlotReader:
         self.replay: list[str] = []
         self.pull = partition.limit > 0
         self.lost = 0
+        self.redundant = 0  # redeliveries of earlier batches' messages, acked and dropped
         self.max_bytes = PULL_MAX_BYTES
         self.sibling_seqs: set[int] = set()
         self.sibling_counts: dict[str, int] = {}
@@ -369,6 +370,7 @@ class SlotReader:
                         redundant = self._accept(chunk, columns, replies)
                         got_any = got_any or bool(replies)
                         if redundant:
+                            self.redundant += len(redundant)
                             await publish_acks(self.client.nc, redundant)
                         if replies and (pull.done or columns.full()):
                             remaining -= len(replies)
@@ -492,3 +494,11 @@ def read_slot(partition: SlotPartition) -> Iterator[pa.RecordBatch]:
         run_sync(reader.seal())
     if reader.lost:
         log.warning("slot %s lost %d messages to retention", partition.slot, reader.lost)
+    log.debug(
+        "slot %s of batch %d: %d rows (%d replayed), %d redeliveries of earlier batches dropped",
+        partition.slot,
+        partition.gen,
+        reader.head.count,
+        len(reader.replay),
+        reader.redundant,
+    )
