@@ -151,6 +151,7 @@ class OffsetReader:
         """A new lineage: Spark asks only when the checkpoint has no offsets yet."""
         await self._connect()
         offset = SourceOffset.initial()
+        log.info("%s: new query lineage %s", self.options.target, offset.lineage)
         self.ledger = None
         await self._adopt(offset)
         self.pins = {}
