@@ -364,8 +364,9 @@ def test_num_partitions_redeliveries_within_a_batch_not_duplicated(
 ):
     stream, name = f"D{unique}", "redo"
     make_stream(client, stream)
-    make_consumer(client, stream, name, None, ack_wait=to_nanos(0.3))
-    publish(client, stream, 1000)
+    # An ack wait far above a task's stalls (see the README's limits), far below a batch's time.
+    make_consumer(client, stream, name, None, ack_wait=to_nanos(1.0))
+    publish(client, stream, 2000)
     redelivered: list[int] = []
 
     class Probe(Sink):
@@ -374,15 +375,15 @@ def test_num_partitions_redeliveries_within_a_batch_not_duplicated(
             redelivered.append(info(client, stream, name)["num_redelivered"])
 
     sink = Probe()
-    # Pulls of 2, each recorded in the ledger: both tasks outlast the 300 ms ack wait, so messages
+    # Pulls of 1, each recorded in the ledger: both tasks outlast the 1 s ack wait, so messages
     # one of them took come back while the batch still runs, to either of them.
-    df = consumer_source(spark, nats_url, stream, name, numPartitions=2, fetchBatchSize=2)
+    df = consumer_source(spark, nats_url, stream, name, numPartitions=2, fetchBatchSize=1)
     query = start(df, sink, str(tmp_path / "cp"))
     try:
-        wait_until(lambda: len(set(sink.values)) >= 1000, 120, "1000 distinct rows")
+        wait_until(lambda: len(set(sink.values)) >= 2000, 120, "2000 distinct rows")
         wait_until(lambda: acked(client, stream, name), 60, "everything acked")
         assert query.exception() is None
     finally:
         query.stop()
     assert max(redelivered) > 0, "the test did not provoke redeliveries"
-    assert_exactly_once(sink.values, 1000)
+    assert_exactly_once(sink.values, 2000)

@@ -361,7 +361,10 @@ class SlotReader:
                 following = None
                 try:
                     async for chunk in _until_ended(pull):
-                        if following is None and _sent_all(pull):
+                        # Not with siblings: deliveries of an early pull would wait unrecorded
+                        # while the rows before them are handed out, and past the ack wait come
+                        # back to a sibling that cannot tell they were taken.
+                        if following is None and _sent_all(pull) and not self.p.siblings:
                             following = await self._request(
                                 consumer, remaining - len(replies) - len(chunk), False
                             )
