@@ -89,7 +89,7 @@ def reading(client: Blocking[NatsClient], stream: str, group: str, member: str) 
             return False  # the query has not created the member consumers yet
         return state["ack_pending"] >= 20 and state["pending"] > 0
 
-    wait_until(mid_way, 60, f"the task of {member} to be pulling")
+    wait_until(mid_way, 60, f"the task of {member} to be pulling", every=0.02)
 
 
 class Collector:
@@ -164,7 +164,8 @@ def test_server_killed_during_and_between_batches(spark, server, own, unique, tm
     static_group(own, stream, "g", ["m1", "m2"], partitions=4)
     publish(own, stream, 1500)
     sink = Collector()
-    df = source(spark, server.url, stream, "g", fetchBatchSize=5, ledgerBucket=f"L{unique}")
+    # Pulls of 2 keep a task pulling long enough to catch it at it.
+    df = source(spark, server.url, stream, "g", fetchBatchSize=2, ledgerBucket=f"L{unique}")
     query = start(df, sink, tmp_path / "cp")
     try:
         reading(own, stream, "g", "m1")
@@ -226,6 +227,24 @@ def test_acks_lost_in_a_server_crash_are_not_emitted_again(server, own, unique, 
         end, again = batch(end)
         assert again == [], f"{len(again)} messages of the committed batch 1 emitted again"
         wait_until(forgotten, 30, "batch 1 to be forgotten")
+    finally:
+        run_sync(reader.close())
+
+
+def test_initial_offset_stays_until_a_batch_is_planned(server, own, unique):
+    """Spark may ask a new query's source for its initial offset more than once: the answers name
+    one lineage (one set of ledger entries and one pointer), until a batch is planned in it."""
+    stream = f"IO{unique}"
+    static_group(own, stream, "g", ["m1"], partitions=2)
+    options = {"servers": server.url, "stream": stream, "group": "g", "ledgerBucket": f"L{unique}"}
+    reader = OffsetReader(parse_options(options))
+    try:
+        first = run_sync(reader.initial_offset())
+        assert run_sync(reader.initial_offset()) == first
+        publish(own, stream, 10)
+        planned = run_sync(reader.latest_offset(first, None))
+        assert (planned.lineage, planned.gen) == (first.lineage, 1)
+        assert run_sync(reader.initial_offset()).lineage != first.lineage
     finally:
         run_sync(reader.close())
 

@@ -366,7 +366,7 @@ def test_num_partitions_redeliveries_within_a_batch_not_duplicated(
     make_stream(client, stream)
     # An ack wait far above a task's stalls (see the README's limits), far below a batch's time.
     make_consumer(client, stream, name, None, ack_wait=to_nanos(1.0))
-    publish(client, stream, 2000)
+    publish(client, stream, 6000)
     redelivered: list[int] = []
 
     class Probe(Sink):
@@ -380,10 +380,10 @@ def test_num_partitions_redeliveries_within_a_batch_not_duplicated(
     df = consumer_source(spark, nats_url, stream, name, numPartitions=2, fetchBatchSize=1)
     query = start(df, sink, str(tmp_path / "cp"))
     try:
-        wait_until(lambda: len(set(sink.values)) >= 2000, 120, "2000 distinct rows")
+        wait_until(lambda: len(set(sink.values)) >= 6000, 120, "6000 distinct rows")
         wait_until(lambda: acked(client, stream, name), 60, "everything acked")
         assert query.exception() is None
     finally:
         query.stop()
     assert max(redelivered) > 0, "the test did not provoke redeliveries"
-    assert_exactly_once(sink.values, 2000)
+    assert_exactly_once(sink.values, 6000)

@@ -148,8 +148,12 @@ class OffsetReader:
         await write_pointer(self.kv, self._pointer, pointer)
 
     async def initial_offset(self) -> SourceOffset:
-        """A new lineage: Spark asks only when the checkpoint has no offsets yet."""
+        """A new lineage, when the checkpoint has no offsets yet. Spark may ask more than once
+        before the first batch: the same lineage answers until a batch is planned in it."""
         await self._connect()
+        started = self.current
+        if started is not None and started.gen == 0 and self.head_gen == 0:
+            return started
         offset = SourceOffset.initial()
         log.info("%s: new query lineage %s", self.options.target, offset.lineage)
         self.ledger = None
