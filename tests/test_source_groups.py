@@ -134,9 +134,11 @@ def test_no_ack_before_commit(spark, client, nats_url, unique, tmp_path):
     assert_exactly_once(seen, 400)
 
 
-def test_ack_wait_shorter_than_batch_redeliveries_deduplicated(
+def test_ack_wait_shorter_than_batch_messages_held_until_commit(
     spark, client, nats_url, unique, tmp_path
 ):
+    """A batch that runs longer than the ack wait: the task keeps restarting the ack wait of what
+    it took (in-progress acks), so nothing comes back before the commit acks it."""
     stream, group = f"R{unique}", "g"
     static_group(client, stream, group, ["m1"], partitions=2)
     publish(client, stream, 5000)
@@ -150,16 +152,17 @@ def test_ack_wait_shorter_than_batch_redeliveries_deduplicated(
         info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
         redelivered.append(info["num_redelivered"])
 
-    # Pulls of one message, each recorded in the ledger: the task outlasts the 1 s ack wait, so
-    # its first messages come back to it while it still pulls.
+    # Pulls of one message, each recorded in the ledger: the task outlasts the 1 s ack wait.
     df = source(spark, nats_url, stream, group, ackWait="1s", fetchBatchSize=1)
     query = foreach_batches(df, collect, tmp_path / "cp", "100 milliseconds")
     try:
         wait_until(lambda: len(seen) >= 5000, 120, "5000 rows")
         wait_until(lambda: settled(client, stream, group), 60, "all acked")
+        longest = max(p.durationMs.get("triggerExecution", 0) for p in query.recentProgress)
     finally:
         query.stop()
-    assert max(redelivered) > 0, "the test did not provoke redeliveries"
+    assert longest > 2000, f"the batches ({longest} ms) did not outlast the ack wait"
+    assert max(redelivered) == 0, f"{max(redelivered)} messages came back before their commit"
     assert_exactly_once(seen, 5000)
 
 

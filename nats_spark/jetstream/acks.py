@@ -53,8 +53,14 @@ def reply_numbers(reply: bytes) -> tuple[int, int, int, int]:
     return int(tokens[at]), int(tokens[at + 1]), int(tokens[at + 2]), int(tokens[at + 3])
 
 
-async def publish_acks(nc: NATS, replies: Iterable[str | bytes], block: int = 4096) -> int:
+ACK, IN_PROGRESS = b"+ACK", b"+WPI"  # both four bytes: the PUB template below relies on it
+
+
+async def publish_acks(
+    nc: NATS, replies: Iterable[str | bytes], block: int = 4096, kind: bytes = ACK
+) -> int:
     """Ack every delivery in `replies` and wait until the server has them all; returns the count.
+    With `kind=IN_PROGRESS` the deliveries are not acked but their ack wait starts over.
 
     Acks are plain publishes, queued on the connection as blocks of `PUB` commands through
     nats-py's command queue (it has no batch publish, and `publish` costs microseconds per call;
@@ -67,7 +73,7 @@ async def publish_acks(nc: NATS, replies: Iterable[str | bytes], block: int = 40
     commands: list[bytes] = []
     for reply in replies:
         subject = reply if isinstance(reply, bytes) else reply.encode()
-        commands.append(b"PUB %b 4\r\n+ACK\r\n" % subject)
+        commands.append(b"PUB %b 4\r\n%b\r\n" % (subject, kind))
         if len(commands) == block:
             await nc._send_command(b"".join(commands))
             count += len(commands)

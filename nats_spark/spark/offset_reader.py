@@ -15,6 +15,7 @@ from typing import Any
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound
 from nats_spark.jetstream.acks import parse_reply, publish_acks
+from nats_spark.jetstream.api import NANOS
 from nats_spark.spark.ledger import (
     EntryHead,
     EntryState,
@@ -226,6 +227,7 @@ class OffsetReader:
             extra={
                 "delivered_seq": (info.get("delivered") or {}).get("stream_seq", 0),
                 "max_ack_pending": info["config"].get("max_ack_pending", -1),
+                "ack_wait": info["config"].get("ack_wait", 30 * NANOS) / NANOS,
             },
         )
         self.states[slot.name] = state
@@ -382,6 +384,9 @@ class OffsetReader:
                     min_pending=options.min_pending,
                     min_ack_pending=options.min_ack_pending,
                     priority=options.priority,
+                    ack_wait=self.states[name].extra["ack_wait"]
+                    if name in self.states
+                    else self.options.ack_wait,
                     siblings=tuple(
                         other
                         for other in sorted(end.members)

@@ -30,7 +30,7 @@ KNOWN_OPTIONS: dict[str, str] = {
     "maxAckPending": "max ack pending of member consumers the source creates (default 20000)",
     "maxMessagesPerTrigger": "cap on messages per micro-batch over all partitions",
     "maxMessagesPerPartition": "cap on messages per partition per micro-batch",
-    "fetchBatchSize": "messages per pull request (default 500)",
+    "fetchBatchSize": "messages per pull request (default 4096)",
     "fetchTimeout": "how long a pull waits for messages (default 1s)",
     "includeHeaders": "true | false (default true)",
     "ledgerBucket": "KV bucket of the ack ledger (default nats-spark-ledger)",
@@ -111,7 +111,7 @@ class SourceOptions:
     max_ack_pending: int = 20_000
     max_messages_per_trigger: int | None = None
     max_messages_per_partition: int | None = None
-    fetch_batch_size: int = 500
+    fetch_batch_size: int = 4096
     fetch_timeout: float = 1.0
     include_headers: bool = True
     ledger_bucket: str = "nats-spark-ledger"
@@ -209,7 +209,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         max_ack_pending=optional_int("maxAckPending") or 20_000,
         max_messages_per_trigger=optional_int("maxMessagesPerTrigger"),
         max_messages_per_partition=optional_int("maxMessagesPerPartition"),
-        fetch_batch_size=optional_int("fetchBatchSize", 1, 100_000) or 500,
+        fetch_batch_size=optional_int("fetchBatchSize", 1, 100_000) or 4096,
         fetch_timeout=duration("fetchTimeout", 1.0),
         include_headers=flag("includeHeaders", True),
         ledger_bucket=_check_name("ledgerBucket", take("ledgerBucket") or "nats-spark-ledger"),

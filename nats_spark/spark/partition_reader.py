@@ -22,7 +22,7 @@ from pyspark.sql.datasource import InputPartition
 from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import NatsSparkError, NotFound, PullError
-from nats_spark.jetstream.acks import parse_reply, publish_acks, reply_numbers
+from nats_spark.jetstream.acks import IN_PROGRESS, parse_reply, publish_acks, reply_numbers
 from nats_spark.jetstream.api import StoredMessage
 from nats_spark.jetstream.pull import (
     PIN_ID_HEADER,
@@ -72,6 +72,7 @@ class SlotPartition(InputPartition):
     min_ack_pending: int = 0
     priority: int | None = None
     siblings: tuple[str, ...] = ()  # other slots of this batch pulling from the same consumer
+    ack_wait: float = 30.0  # the consumer's: what this task takes must not come back meanwhile
 
 
 _clients: dict[ConnectionSettings, NatsClient] = {}
@@ -208,6 +209,7 @@ class SlotReader:
         self.client = shared_client(partition.connection)
         self.dedupe = array("Q", partition.dedupe)
         self.taken: set[int] = set()
+        self.held: list[bytes] = []  # reply subjects of what this attempt took, not yet acked
         self.head = EntryHead()
         self.revision = 0
         self.replay: list[str] = []
@@ -304,6 +306,7 @@ class SlotReader:
                 continue  # a sibling slot took and recorded it first; it acks it at commit
             taken.add(seq)
             replies.append(msg.reply)
+            self.held.append(msg.reply)
             columns.add(msg.subject, msg.data, msg.headers, delivered, seq, consumer_seq, timestamp)
         return redundant
 
@@ -355,10 +358,12 @@ class SlotReader:
         recording: asyncio.Future[pa.RecordBatch] | None = None
         wait = waited = got_any = False
         pin_retries = transient = 0
+        keeping = asyncio.ensure_future(self._keep_held())
         try:
             pull = await self._request(consumer, remaining, wait)
             while pull is not None:
                 following = None
+                took_before, acked_before = len(self.taken), self.redundant
                 try:
                     async for chunk in _until_ended(pull):
                         # Not with siblings: deliveries of an early pull would wait unrecorded
@@ -398,6 +403,10 @@ class SlotReader:
                     continue
                 status, received = pull.status, pull.received
                 pull = following
+                if received and len(self.taken) == took_before and self.redundant == acked_before:
+                    # Only messages this batch holds came back (a stall past the ack wait):
+                    # pulling on would take the same ones over and over.
+                    break
                 if _complete(status):
                     wait = False
                     if status is PullStatus.MAX_BYTES and not received:
@@ -424,9 +433,18 @@ class SlotReader:
                 yield await recording
                 recording = None
         finally:
+            keeping.cancel()
             if recording:
                 recording.cancel()
             await consumer.close()
+
+    async def _keep_held(self) -> None:
+        """Restart the ack wait of everything taken, a few times per ack wait, while the task
+        runs: its messages must not come back (to it or to a sibling) before it is done."""
+        while True:
+            await asyncio.sleep(self.p.ack_wait / 3)
+            if self.held:
+                await publish_acks(self.client.nc, list(self.held), kind=IN_PROGRESS)
 
     async def _record(
         self, columns: _Columns, replies: list[bytes], pin: str | None
