@@ -18,6 +18,7 @@ import time
 import uuid
 from array import array
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -381,6 +382,23 @@ def test_ack_wait_expires_within_and_between_batches(client, settings, unique):
     assert slot.info()["num_ack_pending"] == 10, "batch 1's redeliveries were not acked"
     slot.ack(1, 2)
     wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
+
+
+def test_sibling_redeliveries_skipped(client, settings, unique):
+    """Two slots of one batch share a consumer. A message one took and recorded comes back to the
+    other once its ack wait runs out (as after a stall): the other skips it, unacked (the first
+    acks it at commit), and goes on with new messages."""
+    slot = Slot(client, settings, unique)
+    publish(client, slot.stream, 10)
+    first = seqs_of(read_slot(slot.partition(1, limit=10)))
+    assert first == list(range(1, 11))
+    time.sleep(1.5)  # the 1 s ack wait of everything the first slot took runs out
+    publish(client, slot.stream, 10, start=10)
+    other = replace(slot.partition(1, limit=10), slot="m1#1", siblings=("m1",))
+    second = seqs_of(read_slot(other))
+    assert slot.info()["num_redelivered"] == 10, "the first slot's messages did not come back"
+    assert second == list(range(11, 21)), second
+    assert slot.info()["num_ack_pending"] == 20, "a skipped redelivery was acked before commit"
 
 
 # --- Pins -------------------------------------------------------------------------------------

@@ -99,6 +99,7 @@ _EMIT_BYTES = 4 << 20  # payload bytes that close a record batch early (large me
 _REPLAY_WINDOW = 256  # stored-message requests in flight while replaying
 _MAX_BYTES_REFUSED = "exceeded maxrequestmaxbytes"
 PULL_MAX_BYTES = 8 << 20  # what one pull request may deliver: bounds a task's memory
+_HELD_ONLY_PULLS = 3  # pulls in a row that bring back only what the batch holds: stop pulling
 
 
 @lru_cache(maxsize=256)
@@ -209,7 +210,7 @@ class SlotReader:
         self.client = shared_client(partition.connection)
         self.dedupe = array("Q", partition.dedupe)
         self.taken: set[int] = set()
-        self.held: list[bytes] = []  # reply subjects of what this attempt took, not yet acked
+        self.held: dict[int, bytes] = {}  # stream seq -> latest reply subject of what it took
         self.head = EntryHead()
         self.revision = 0
         self.replay: list[str] = []
@@ -296,6 +297,8 @@ class SlotReader:
         for msg in chunk:
             delivered, seq, consumer_seq, timestamp = reply_numbers(msg.reply)
             if seq in taken:
+                if seq in self.held:
+                    self.held[seq] = msg.reply  # later progress acks must name this delivery
                 continue  # redelivered within this batch: emitted once already
             if dedupe:
                 i = bisect_left(dedupe, seq)
@@ -306,7 +309,7 @@ class SlotReader:
                 continue  # a sibling slot took and recorded it first; it acks it at commit
             taken.add(seq)
             replies.append(msg.reply)
-            self.held.append(msg.reply)
+            self.held[seq] = msg.reply
             columns.add(msg.subject, msg.data, msg.headers, delivered, seq, consumer_seq, timestamp)
         return redundant
 
@@ -357,7 +360,7 @@ class SlotReader:
         columns, replies = _Columns(self.p), []
         recording: asyncio.Future[pa.RecordBatch] | None = None
         wait = waited = got_any = False
-        pin_retries = transient = 0
+        pin_retries = transient = held_only = 0
         keeping = asyncio.ensure_future(self._keep_held())
         try:
             pull = await self._request(consumer, remaining, wait)
@@ -404,9 +407,13 @@ class SlotReader:
                 status, received = pull.status, pull.received
                 pull = following
                 if received and len(self.taken) == took_before and self.redundant == acked_before:
-                    # Only messages this batch holds came back (a stall past the ack wait):
-                    # pulling on would take the same ones over and over.
-                    break
+                    # Only messages this batch holds came back (a stall past the ack wait); when
+                    # that goes on, pulling on would take the same ones over and over.
+                    held_only += 1
+                    if held_only >= _HELD_ONLY_PULLS:
+                        break
+                else:
+                    held_only = 0
                 if _complete(status):
                     wait = False
                     if status is PullStatus.MAX_BYTES and not received:
@@ -444,7 +451,7 @@ class SlotReader:
         while True:
             await asyncio.sleep(self.p.ack_wait / 3)
             if self.held:
-                await publish_acks(self.client.nc, list(self.held), kind=IN_PROGRESS)
+                await publish_acks(self.client.nc, list(self.held.values()), kind=IN_PROGRESS)
 
     async def _record(
         self, columns: _Columns, replies: list[bytes], pin: str | None
