@@ -450,8 +450,12 @@ class SlotReader:
         runs: its messages must not come back (to it or to a sibling) before it is done."""
         while True:
             await asyncio.sleep(self.p.ack_wait / 3)
-            if self.held:
+            if not self.held:
+                continue
+            try:
                 await publish_acks(self.client.nc, list(self.held.values()), kind=IN_PROGRESS)
+            except Exception as error:  # the pulls meet the same trouble and report it
+                log.debug("slot %s: progress acks failed: %s", self.p.slot, error)
 
     async def _record(
         self, columns: _Columns, replies: list[bytes], pin: str | None
