@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.errors import NoRespondersError
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoStreamResponseError,
+)
 from nats.js.kv import KeyValue
 
 from nats_spark.client import NatsClient
@@ -108,6 +114,12 @@ async def load_group(
     return found[0]
 
 
+def _unanswered(error: BaseException) -> bool:
+    """A write no stream answered was not stored (a new bucket's stream has no leader yet):
+    safe to send again, unlike one that timed out."""
+    return isinstance(error, (NoStreamResponseError, NoRespondersError))
+
+
 async def create_group(
     client: NatsClient, kind: GroupKind, stream: str, group: str, config: GroupConfig
 ) -> GroupEntry:
@@ -124,7 +136,12 @@ async def create_group(
         )
     key = group_key(stream, group)
     try:
-        revision = await kv.create(key, config.to_json())
+        revision = await retrying(
+            lambda: kv.create(key, config.to_json()),
+            f"writing {kind.bucket}/{key}",
+            client.settings.retry_timeout,
+            _unanswered,
+        )
     except KeyWrongLastSequenceError:
         raise ConfigurationError(
             f"{kind.value} consumer group {group!r} on stream {stream!r} already exists; "
@@ -140,7 +157,12 @@ async def update_group(client: NatsClient, entry: GroupEntry, config: GroupConfi
     if kv is None:
         raise GroupNotFound(f"KV bucket {entry.kind.bucket} is gone; recreate the group")
     try:
-        revision = await kv.update(entry.key, config.to_json(), last=entry.revision)
+        revision = await retrying(
+            lambda: kv.update(entry.key, config.to_json(), last=entry.revision),
+            f"writing {entry.kind.bucket}/{entry.key}",
+            client.settings.retry_timeout,
+            _unanswered,
+        )
     except KeyWrongLastSequenceError:
         raise GroupChanged(
             f"consumer group {entry.group!r} changed while it was being updated; retry"
