@@ -9,6 +9,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from typing import Any
 
 from bench.common import KEYS, ProcessSampler, percentile
@@ -46,21 +47,29 @@ def _reader(spark: Any, url: str, stream: str, group: str, options: dict[str, An
     return reader.load()
 
 
+def _noop_query(df: Any, checkpoint: str, **trigger: Any) -> Any:
+    return (
+        df.writeStream.format("noop")
+        .option("checkpointLocation", checkpoint)
+        .trigger(**trigger)
+        .start()
+    )
+
+
 def available_now(
     spark: Any, url: str, stream: str, group: str, expected: int, options: dict[str, Any]
 ) -> dict[str, Any]:
-    """Read everything `stream` holds through `group` into a noop sink; time it end to end."""
+    """Read everything `stream` holds through `group` into a noop sink; time it end to end, and
+    from the start of the first batch (Spark's query start-up left out, as the baseline leaves
+    out its connect) to the end (the final commit's acks included)."""
     with tempfile.TemporaryDirectory(prefix="nats-spark-bench-") as checkpoint:
         with ProcessSampler() as sampler:
             started = time.perf_counter()
-            query = (
-                _reader(spark, url, stream, group, options)
-                .writeStream.format("noop")
-                .option("checkpointLocation", checkpoint)
-                .trigger(availableNow=True)
-                .start()
+            query = _noop_query(
+                _reader(spark, url, stream, group, options), checkpoint, availableNow=True
             )
             query.awaitTermination()
+            ended = time.time()
             elapsed = time.perf_counter() - started
         progress = query.recentProgress
     rows = sum(p["numInputRows"] for p in progress)
@@ -68,10 +77,13 @@ def available_now(
     batch_ms = sum(p["durationMs"].get("triggerExecution", 0) for p in batches)
     if rows != expected:
         raise RuntimeError(f"{group}: read {rows} rows, expected {expected}")
+    first_batch = datetime.fromisoformat(progress[0]["timestamp"]).timestamp()
     return {
         "messages": rows,
         "seconds": round(elapsed, 2),
         "msgs_per_s": round(rows / elapsed),
+        "query_start_seconds": round(elapsed - (ended - first_batch), 2),
+        "msgs_per_s_from_first_batch": round(rows / (ended - first_batch)),
         "batches": len(batches),
         "msgs_per_s_in_batches": round(rows / (batch_ms / 1000)) if batch_ms else None,
         "peak_rss": sampler.mib(),
@@ -119,12 +131,8 @@ def latency(
 ) -> dict[str, Any]:
     """Per-batch time (`durationMs.triggerExecution`) under a steady load of `rate` msgs/s."""
     with tempfile.TemporaryDirectory(prefix="nats-spark-bench-") as checkpoint:
-        query = (
-            _reader(spark, url, stream, group, options)
-            .writeStream.format("noop")
-            .option("checkpointLocation", checkpoint)
-            .trigger(processingTime=trigger)
-            .start()
+        query = _noop_query(
+            _reader(spark, url, stream, group, options), checkpoint, processingTime=trigger
         )
         publisher = threading.Thread(
             target=_publish_steadily, args=(url, stream, rate, seconds, size), daemon=True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pyspark
 
 from nats_spark.client import NatsClient
+from nats_spark.errors import NotFound
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.config import PartitioningFilter
@@ -130,7 +132,7 @@ def run_query(df: Any, directory: Any) -> tuple[Any, Any]:
 
 
 def foreach_batches(
-    df: Any, handler: Callable[[Any, int], None], checkpoint: Any, every: str
+    df: Any, handler: Callable[[Any, int], None], checkpoint: Any, every: str = "200 milliseconds"
 ) -> Any:
     """Start `df` into `handler` (foreachBatch) with a processing-time trigger of `every`."""
     return (
@@ -139,3 +141,60 @@ def foreach_batches(
         .trigger(processingTime=every)
         .start()
     )
+
+
+def consumer_of(client: Blocking[NatsClient], stream: str, group: str, member: str) -> Any:
+    return member_consumer(run_sync(load_group(client.target, stream, group)), member)
+
+
+def unacked(client: Blocking[NatsClient], stream: str, group: str) -> int:
+    """Messages of the group not acked yet: pending plus ack pending over all members; -1 while
+    a member consumer is missing (deleted, not recreated yet)."""
+    try:
+        states = member_states(client, stream, group).values()
+    except NotFound:
+        return -1
+    return sum(s["pending"] + s["ack_pending"] for s in states)
+
+
+def reading(client: Blocking[NatsClient], stream: str, group: str, member: str) -> None:
+    """Wait until `member`'s task is pulling: part of its backlog delivered, part still pending."""
+
+    def mid_way() -> bool:
+        try:
+            state = member_states(client, stream, group)[member]
+        except NotFound:
+            return False  # the query has not created the member consumers yet
+        return state["ack_pending"] >= 20 and state["pending"] > 0
+
+    wait_until(mid_way, 60, f"the task of {member} to be pulling", every=0.02)
+
+
+class Collector:
+    """foreachBatch target: payload numbers of every committed batch (a re-run replaces its
+    batch's rows). `after_read[batch_id]` runs once the rows are read, before the sink commits."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, list[int]] = {}
+        self.lock = threading.Lock()
+        self.after_read: dict[int, Callable[[list[int]], None]] = {}
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        rows = [int(r.data.decode()) for r in batch.select("data").collect()]
+        action = self.after_read.pop(batch_id, None)
+        if action is not None:
+            action(rows)
+        with self.lock:
+            self.batches[batch_id] = rows
+
+    @property
+    def values(self) -> list[int]:
+        with self.lock:
+            return [v for rows in self.batches.values() for v in rows]
+
+
+def drained(query: Any, client, stream: str, group: str, sink: Collector, total: int) -> None:
+    """Every row committed and, with the query idle, every message acked."""
+    wait_until(lambda: len(sink.values) >= total or query.exception(), 120, f"{total} rows")
+    assert query.exception() is None, query.exception()
+    wait_until(lambda: unacked(client, stream, group) == 0, 60, "every member acked")

@@ -7,9 +7,19 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from spark_helpers import assert_exactly_once, publish, source, static_group, wait_until
+from spark_helpers import (
+    Collector,
+    assert_exactly_once,
+    consumer_of,
+    drained,
+    foreach_batches,
+    publish,
+    reading,
+    source,
+    static_group,
+    wait_until,
+)
 from test_cluster import free_port
-from test_faults import Collector, consumer_of, drained, reading, start
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
@@ -108,7 +118,7 @@ def test_consumer_leader_killed_mid_stream(spark, cluster, client, unique, tmp_p
     urls = ",".join(s.url for s in cluster.values())
     sink = Collector()
     df = source(spark, urls, stream, "g", ackWait="5s", fetchBatchSize=5)
-    query = start(df, sink, tmp_path / "cp")
+    query = foreach_batches(df, sink, tmp_path / "cp")
 
     try:
         reading(client, stream, "g", "m1")

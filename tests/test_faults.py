@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from array import array
@@ -24,19 +23,23 @@ from typing import Any
 
 import pytest
 from spark_helpers import (
+    Collector,
     assert_exactly_once,
+    consumer_of,
+    drained,
     elastic_group,
-    member_states,
+    foreach_batches,
     publish,
+    reading,
     source,
     static_group,
+    unacked,
     wait_until,
 )
 from test_source_pins import OtherInstance
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
-from nats_spark.errors import NotFound
 from nats_spark.jetstream.acks import parse_reply, publish_acks
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.job import failure_line
@@ -64,72 +67,6 @@ def server() -> Iterator[EmbeddedServer]:
     """A server of this module's own, so killing it disturbs no other test."""
     with EmbeddedServer() as own:
         yield own
-
-
-def consumer_of(client: Blocking[NatsClient], stream: str, group: str, member: str) -> Any:
-    return member_consumer(run_sync(load_group(client.target, stream, group)), member)
-
-
-def unacked(client: Blocking[NatsClient], stream: str, group: str) -> int:
-    """Messages of the group not acked yet: pending plus ack pending over all members; -1 while
-    a member consumer is missing (deleted, not recreated yet)."""
-    try:
-        states = member_states(client, stream, group).values()
-    except NotFound:
-        return -1
-    return sum(s["pending"] + s["ack_pending"] for s in states)
-
-
-def reading(client: Blocking[NatsClient], stream: str, group: str, member: str) -> None:
-    """Wait until `member`'s task is pulling: part of its backlog delivered, part still pending."""
-
-    def mid_way() -> bool:
-        try:
-            state = member_states(client, stream, group)[member]
-        except NotFound:
-            return False  # the query has not created the member consumers yet
-        return state["ack_pending"] >= 20 and state["pending"] > 0
-
-    wait_until(mid_way, 60, f"the task of {member} to be pulling", every=0.02)
-
-
-class Collector:
-    """foreachBatch target: payload numbers of every committed batch (a re-run replaces its
-    batch's rows). `after_read[batch_id]` runs once the rows are read, before the sink commits."""
-
-    def __init__(self) -> None:
-        self.batches: dict[int, list[int]] = {}
-        self.lock = threading.Lock()
-        self.after_read: dict[int, Callable[[list[int]], None]] = {}
-
-    def __call__(self, batch: Any, batch_id: int) -> None:
-        rows = [int(r.data.decode()) for r in batch.select("data").collect()]
-        action = self.after_read.pop(batch_id, None)
-        if action is not None:
-            action(rows)
-        with self.lock:
-            self.batches[batch_id] = rows
-
-    @property
-    def values(self) -> list[int]:
-        with self.lock:
-            return [v for rows in self.batches.values() for v in rows]
-
-
-def start(df: Any, sink: Collector, checkpoint: Path) -> Any:
-    return (
-        df.writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
-
-
-def drained(query: Any, client, stream: str, group: str, sink: Collector, total: int) -> None:
-    """Every row committed and, with the query idle, every message acked."""
-    wait_until(lambda: len(sink.values) >= total or query.exception(), 120, f"{total} rows")
-    assert query.exception() is None, query.exception()
-    wait_until(lambda: unacked(client, stream, group) == 0, 60, "every member acked")
 
 
 def failure(query: Any, timeout: float = 90) -> str:
@@ -167,7 +104,7 @@ def test_server_killed_during_and_between_batches(spark, server, own, unique, tm
     sink = Collector()
     # Pulls of 2 keep a task pulling long enough to catch it at it.
     df = source(spark, server.url, stream, "g", fetchBatchSize=2, ledgerBucket=f"L{unique}")
-    query = start(df, sink, tmp_path / "cp")
+    query = foreach_batches(df, sink, tmp_path / "cp")
     try:
         reading(own, stream, "g", "m1")
         restart(server)  # while a task pulls
@@ -415,7 +352,7 @@ def test_pin_switches_during_and_between_batches(
     df = source(
         spark, nats_url, stream, "g", ackWait="2s", fetchBatchSize=5, ledgerBucket=f"L{unique}"
     )
-    query = start(df, sink, tmp_path / "cp")
+    query = foreach_batches(df, sink, tmp_path / "cp")
     other = None
     try:
         reading(client, stream, "g", "m1")
@@ -462,7 +399,7 @@ def test_elastic_consumer_deleted_and_member_dropped(spark, client, nats_url, un
     df = source(
         spark, nats_url, stream, group, ackWait="5s", ledgerBucket=f"L{unique}", fetchBatchSize=1
     )
-    query = start(df, sink, tmp_path / "cp")
+    query = foreach_batches(df, sink, tmp_path / "cp")
     try:
         drained(query, client, stream, group, sink, 400)
         delete("b")([])  # between batches, as its inactivity threshold would
@@ -489,7 +426,7 @@ def test_elastic_consumer_deleted_while_its_batch_is_in_flight(
     publish(client, stream, 1500)
     sink = Collector()
     df = source(spark, nats_url, stream, group, fetchBatchSize=5, ledgerBucket=f"L{unique}")
-    query = start(df, sink, tmp_path / "cp")
+    query = foreach_batches(df, sink, tmp_path / "cp")
     try:
         reading(client, stream, group, "a")
         consumer = consumer_of(client, stream, group, "a")
@@ -512,7 +449,7 @@ def test_ledger_bucket_deleted_while_running(spark, client, nats_url, unique, tm
     # A short ack wait: the restart below stands by until the pin it held times out (its record
     # of the pin went with the bucket).
     df = source(spark, nats_url, stream, "g", ackWait="2s", ledgerBucket=bucket)
-    query = start(df, sink, tmp_path / "cp")
+    query = foreach_batches(df, sink, tmp_path / "cp")
     try:
         drained(query, client, stream, "g", sink, 300)
         run_sync(client.target.js.delete_key_value(bucket))
@@ -522,7 +459,7 @@ def test_ledger_bucket_deleted_while_running(spark, client, nats_url, unique, tm
         query.stop()
     assert_exactly_once(sink.values, 300)
     # Everything committed was acked, so a restart (which recreates the bucket) is safe.
-    query = start(df, sink, tmp_path / "cp")
+    query = foreach_batches(df, sink, tmp_path / "cp")
     try:
         drained(query, client, stream, "g", sink, 500)
     finally:
@@ -553,10 +490,10 @@ def test_messages_removed_before_commit(
     sink.after_read[0] = purge_then_fail
     options = {"ledgerBucket": f"L{unique}", "failOnDataLoss": str(fail_on_data_loss).lower()}
     df = source(spark, nats_url, stream, "g", **options)
-    assert "sink failed after the purge" in failure(start(df, sink, tmp_path / "cp"))
+    assert "sink failed after the purge" in failure(foreach_batches(df, sink, tmp_path / "cp"))
     publish(client, stream, 100, start=200)
     # The restart re-runs batch 0, whose messages the stream no longer holds.
-    query = start(df, sink, tmp_path / "cp")
+    query = foreach_batches(df, sink, tmp_path / "cp")
     if fail_on_data_loss:
         text = failure(query)
         assert "removed (retention or purge) before its batch was committed" in text, text

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from pyspark.sql.functions import spark_partition_id
-from spark_helpers import assert_exactly_once, publish, wait_until
+from spark_helpers import assert_exactly_once, foreach_batches, publish, wait_until
 
 from nats_spark.client import NatsClient
 from nats_spark.jetstream.acks import publish_acks
@@ -75,15 +75,6 @@ class Sink:
             return [v for v, _ in self.rows]
 
 
-def start(df: Any, sink: Sink, checkpoint: str) -> Any:
-    return (
-        df.writeStream.foreachBatch(sink)
-        .option("checkpointLocation", checkpoint)
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
-
-
 def puller(client: Blocking[NatsClient], stream: str, consumer: str) -> Blocking[PullConsumer]:
     """A nats-py puller of priority group `GROUP`."""
     return Blocking(client.pull_consumer(stream, consumer, group=GROUP))
@@ -120,7 +111,7 @@ def test_overflow_waits_for_min_pending_and_yields_to_plain_pullers(
     publish(client, stream, 500)
     sink = Sink()
     df = consumer_source(spark, nats_url, stream, name, minPending=1000, fetchTimeout="500ms")
-    query = start(df, sink, str(tmp_path / "cp"))
+    query = foreach_batches(df, sink, str(tmp_path / "cp"))
     plain = puller(client, stream, name)
     try:
         wait_until(lambda: query.lastProgress is not None, 120, "the first batch")
@@ -167,7 +158,7 @@ def test_prioritized_lower_number_served_first(
     assert len(held.messages) == 50
     sink = Sink()
     df = consumer_source(spark, nats_url, stream, name, priority=query_priority, fetchTimeout="5s")
-    query = start(df, sink, str(tmp_path / "cp"))
+    query = foreach_batches(df, sink, str(tmp_path / "cp"))
     try:
         # Catch the start of one of the query's long pulls, so it is far from expiring.
         wait_until(lambda: info(client, stream, name)["num_waiting"] == 0, 60, "no pull waiting")
@@ -243,7 +234,7 @@ def test_pinned_client_one_receiver_at_a_time_and_handover(
     )
     checkpoint = str(tmp_path / "cp")
     with Standby(client, stream, name) as standby:
-        query = start(df, sink, checkpoint)
+        query = foreach_batches(df, sink, checkpoint)
         try:
             wait_until(lambda: sink.values, 60, "the query's first rows")
             query_pin = pinned(client, stream, name)
@@ -263,7 +254,7 @@ def test_pinned_client_one_receiver_at_a_time_and_handover(
         assert standby_pin and standby_pin != query_pin and standby.pull.pin_id == standby_pin
 
         # Restarted while the standby holds the pin, the query stands by ...
-        query = start(df, sink, checkpoint)
+        query = foreach_batches(df, sink, checkpoint)
         try:
             publish(client, stream, 20, start=50)
             wait_until(lambda: len(standby.got) >= 40, 15, "the standby to read on")
@@ -291,7 +282,7 @@ def test_num_partitions_pull_in_parallel_exactly_once(
     make_consumer(client, stream, name, policy, ack_wait=to_nanos(20))
     publish(client, stream, 300)
     sink = Sink()
-    query = start(
+    query = foreach_batches(
         consumer_source(spark, nats_url, stream, name, numPartitions=3), sink, str(tmp_path / "cp")
     )
     try:
@@ -376,7 +367,7 @@ def test_num_partitions_readers_hold_what_they_took(spark, client, nats_url, uni
     sink = Probe()
     # Pulls of 1, each recorded in the ledger: both tasks outlast the 1 s ack wait.
     df = consumer_source(spark, nats_url, stream, name, numPartitions=2, fetchBatchSize=1)
-    query = start(df, sink, str(tmp_path / "cp"))
+    query = foreach_batches(df, sink, str(tmp_path / "cp"))
     try:
         wait_until(lambda: len(set(sink.values)) >= 20000, 120, "20000 distinct rows")
         wait_until(lambda: acked(client, stream, name), 60, "everything acked")

@@ -10,6 +10,7 @@ from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
+    NoKeysError,
     NoStreamResponseError,
 )
 from nats.js.kv import KeyValue
@@ -187,9 +188,7 @@ async def list_groups(client: NatsClient, kind: GroupKind, stream: str) -> list[
         return []
     try:
         keys = await kv.keys()
-    except Exception as error:  # nats-py raises NoKeysError for an empty bucket
-        if type(error).__name__ == "NoKeysError":
-            return []
-        raise
+    except NoKeysError:  # what nats-py raises for an empty bucket
+        return []
     prefix = f"{stream}."
     return sorted(key[len(prefix) :] for key in keys if key.startswith(prefix))

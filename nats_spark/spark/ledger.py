@@ -30,6 +30,7 @@ from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
+    NoKeysError,
     NoStreamResponseError,
 )
 from nats.js.kv import KeyValue
@@ -248,10 +249,8 @@ class Ledger:
         """(gen, slot token) of every entry of this lineage."""
         try:
             keys = await self.kv.keys()
-        except Exception as error:  # nats-py raises NoKeysError for an empty bucket
-            if type(error).__name__ == "NoKeysError":
-                return []
-            raise
+        except NoKeysError:  # what nats-py raises for an empty bucket
+            return []
         found = []
         for key in keys:
             parts = key.split(".")
