@@ -41,6 +41,7 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--messages-1k", type=int, default=100_000, help="1 KiB messages")
     parser.add_argument("--messages-16k", type=int, default=20_000, help="16 KiB messages")
     parser.add_argument("--commit-messages", type=int, default=100_000)
+    parser.add_argument("--warmup-messages", type=int, default=100_000, help="read twice first")
     parser.add_argument("--members", default="1,2,4,8", help="group sizes to sweep")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--keys", type=int, default=KEYS, help="distinct subjects per stream")
@@ -105,10 +106,13 @@ def main() -> None:
 
         spark = spark_session()
         try:
+            # JVM warm-up, not reported: a streaming query runs JIT-compiled code for most of its
+            # life, and the first reads of a fresh JVM are several times slower.
             run_sync(create_stream(client, "WARM", args.partitions))
-            run_sync(publish(client, "WARM", 20_000, 100, args.keys))
-            run_sync(create_group(client, "WARM", "w", 4, args.partitions))
-            available_now(spark, url, "WARM", "w", 20_000, options)  # JVM warm-up, not reported
+            run_sync(publish(client, "WARM", args.warmup_messages, 100, args.keys))
+            for i in range(2):
+                run_sync(create_group(client, "WARM", f"w{i}", 4, args.partitions))
+                available_now(spark, url, "WARM", f"w{i}", args.warmup_messages, options)
 
             # The headline pair alternates, so that load from elsewhere on the machine hits both.
             rounds: dict[str, list[dict[str, Any]]] = {"baseline": [], "connector": []}
