@@ -136,8 +136,7 @@ def main() -> None:
                 if size != 100:
                     emit("connector_4_members", {"size": size, **connector[size]})
 
-            # The same read with the source's default options (maxAckPending 20000: batches of
-            # at most 20000 messages per member).
+            # The same read with the source's default options (only servers, stream and group).
             run_sync(create_group(client, "B100", "d4", 4, args.partitions))
             defaults = available_now(spark, url, "B100", "d4", args.messages, {})
             defaults["ratio_to_baseline"] = round(

@@ -27,7 +27,7 @@ KNOWN_OPTIONS: dict[str, str] = {
     "priority": "prioritized: 0-9, lower served first",
     "numPartitions": "parallel pulls per batch on a plain consumer (default 1)",
     "ackWait": "ack wait of member consumers the source creates (default 30s)",
-    "maxAckPending": "max ack pending of member consumers the source creates (default 20000)",
+    "maxAckPending": "max ack pending of member consumers the source creates (default 100000)",
     "maxMessagesPerTrigger": "cap on messages per micro-batch over all partitions",
     "maxMessagesPerPartition": "cap on messages per partition per micro-batch",
     "fetchBatchSize": "messages per pull request (default 4096)",
@@ -108,7 +108,7 @@ class SourceOptions:
     priority: int | None = None
     num_partitions: int = 1
     ack_wait: float = 30.0
-    max_ack_pending: int = 20_000
+    max_ack_pending: int = 100_000
     max_messages_per_trigger: int | None = None
     max_messages_per_partition: int | None = None
     fetch_batch_size: int = 4096
@@ -206,7 +206,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         priority=optional_int("priority", 0, 9),
         num_partitions=optional_int("numPartitions", 1, 1024) or 1,
         ack_wait=duration("ackWait", 30.0),
-        max_ack_pending=optional_int("maxAckPending") or 20_000,
+        max_ack_pending=optional_int("maxAckPending") or 100_000,
         max_messages_per_trigger=optional_int("maxMessagesPerTrigger"),
         max_messages_per_partition=optional_int("maxMessagesPerPartition"),
         fetch_batch_size=optional_int("fetchBatchSize", 1, 100_000) or 4096,
