@@ -193,7 +193,9 @@ class Collector:
             return [v for rows in self.batches.values() for v in rows]
 
 
-def drained(query: Any, client, stream: str, group: str, sink: Collector, total: int) -> None:
+def drained(
+    query: Any, client: Blocking[NatsClient], stream: str, group: str, sink: Collector, total: int
+) -> None:
     """Every row committed and, with the query idle, every message acked."""
     wait_until(lambda: len(sink.values) >= total or query.exception(), 120, f"{total} rows")
     assert query.exception() is None, query.exception()

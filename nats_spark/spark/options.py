@@ -189,8 +189,8 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         tls_ca_cert=take("tlsCaCert"),
         tls_cert=take("tlsCert"),
         tls_key=take("tlsKey"),
-        connect_timeout=duration("connectTimeout", 5.0),
-        retry_timeout=duration("retryTimeout", 60.0),
+        connect_timeout=duration("connectTimeout", ConnectionSettings.connect_timeout),
+        retry_timeout=duration("retryTimeout", ConnectionSettings.retry_timeout),
         name=f"nats-spark {stream}/{group or consumer}",
     )
     return SourceOptions(
@@ -201,17 +201,20 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         members=members,
         consumer=_check_name("consumer", consumer) if consumer else None,
         priority_group=take("priorityGroup"),
-        min_pending=optional_int("minPending") or 0,
-        min_ack_pending=optional_int("minAckPending") or 0,
+        min_pending=optional_int("minPending") or SourceOptions.min_pending,
+        min_ack_pending=optional_int("minAckPending") or SourceOptions.min_ack_pending,
         priority=optional_int("priority", 0, 9),
-        num_partitions=optional_int("numPartitions", 1, 1024) or 1,
-        ack_wait=duration("ackWait", 30.0),
-        max_ack_pending=optional_int("maxAckPending") or 100_000,
+        num_partitions=optional_int("numPartitions", 1, 1024) or SourceOptions.num_partitions,
+        ack_wait=duration("ackWait", SourceOptions.ack_wait),
+        max_ack_pending=optional_int("maxAckPending") or SourceOptions.max_ack_pending,
         max_messages_per_trigger=optional_int("maxMessagesPerTrigger"),
         max_messages_per_partition=optional_int("maxMessagesPerPartition"),
-        fetch_batch_size=optional_int("fetchBatchSize", 1, 100_000) or 4096,
-        fetch_timeout=duration("fetchTimeout", 1.0),
-        include_headers=flag("includeHeaders", True),
-        ledger_bucket=_check_name("ledgerBucket", take("ledgerBucket") or "nats-spark-ledger"),
-        fail_on_data_loss=flag("failOnDataLoss", True),
+        fetch_batch_size=optional_int("fetchBatchSize", 1, 100_000)
+        or SourceOptions.fetch_batch_size,
+        fetch_timeout=duration("fetchTimeout", SourceOptions.fetch_timeout),
+        include_headers=flag("includeHeaders", SourceOptions.include_headers),
+        ledger_bucket=_check_name(
+            "ledgerBucket", take("ledgerBucket") or SourceOptions.ledger_bucket
+        ),
+        fail_on_data_loss=flag("failOnDataLoss", SourceOptions.fail_on_data_loss),
     )
