@@ -40,6 +40,14 @@ class NatsClient:
         return cls(nc, settings, denied)
 
     @property
+    def usable(self) -> bool:
+        """Open, with its read loop alive. nats-py 2.16 ends the read loop for good when a PONG
+        answers a flush that timed out (`InvalidStateError` in `_process_pong`) yet still
+        reports connected, and then every request times out: such a client must be replaced."""
+        reading = self.nc._reading_task  # nats-py internal, see tests/test_nats_py_internals.py
+        return not self.nc.is_closed and (reading is None or not reading.done())
+
+    @property
     def server_version(self) -> tuple[int, int, int]:
         version = self.nc.connected_server_version
         return version.major, version.minor, version.patch

@@ -14,7 +14,13 @@ from nats_spark.errors import NotFound
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.config import PartitioningFilter
-from nats_spark.pcg.consumers import member_consumer
+from nats_spark.pcg.consumers import (
+    GroupConsumer,
+    member_consumer,
+    partition_consumer,
+    read_stream,
+)
+from nats_spark.pcg.partitioning import member_partitions
 from nats_spark.pcg.store import load_group
 
 SPARK_VERSION = tuple(int(part) for part in pyspark.__version__.split(".")[:2])
@@ -68,15 +74,31 @@ def publish(client: Blocking[NatsClient], stream: str, count: int, start: int = 
     run_sync(send())
 
 
+def consumers_of(
+    client: Blocking[NatsClient], stream: str, group: str, member: str
+) -> list[GroupConsumer]:
+    """The consumers that read `member`'s partitions now: one per partition in the partition
+    layout (where the group has them), else the member's own consumer."""
+    entry = run_sync(load_group(client.target, stream, group))
+    config = entry.config
+    owned = member_partitions(config.members, config.max_members, config.member_mappings, member)
+    partitions = [partition_consumer(entry, p) for p in owned]
+    existing = set(run_sync(client.api.consumer_names(read_stream(entry)))) if partitions else set()
+    return [c for c in partitions if c.name in existing] or [member_consumer(entry, member)]
+
+
 def member_states(client: Blocking[NatsClient], stream: str, group: str) -> dict[str, dict]:
-    """`num_pending` and `num_ack_pending` of every member consumer of the group."""
+    """`num_pending` and `num_ack_pending` of every member, over the consumers reading it."""
     entry = run_sync(load_group(client.target, stream, group))
     names = [m.member for m in entry.config.member_mappings] or entry.config.members
     states = {}
     for name in names:
-        consumer = member_consumer(entry, name)
-        info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
-        states[name] = {"pending": info["num_pending"], "ack_pending": info["num_ack_pending"]}
+        state = {"pending": 0, "ack_pending": 0}
+        for consumer in consumers_of(client, stream, group, name):
+            info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
+            state["pending"] += info["num_pending"]
+            state["ack_pending"] += info["num_ack_pending"]
+        states[name] = state
     return states
 
 
@@ -141,10 +163,6 @@ def foreach_batches(
         .trigger(processingTime=every)
         .start()
     )
-
-
-def consumer_of(client: Blocking[NatsClient], stream: str, group: str, member: str) -> Any:
-    return member_consumer(run_sync(load_group(client.target, stream, group)), member)
 
 
 def unacked(client: Blocking[NatsClient], stream: str, group: str) -> int:

@@ -21,7 +21,7 @@ from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError, ServerTooOld
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.pcg import admin
-from nats_spark.pcg.consumers import ensure_member_consumer, member_consumer
+from nats_spark.pcg.consumers import ensure_group_consumer, member_consumer
 from nats_spark.pcg.store import GroupKind, load_group
 from nats_spark.server import check_server_version
 from nats_spark.spark.options import KNOWN_OPTIONS, parse_options
@@ -207,7 +207,7 @@ def test_malformed_group_config_fails_before_taking_messages(
     static_group(client, stream, "g", ["m1", "m2"], partitions=4)
     entry = run_sync(load_group(client.target, stream, "g"))
     for member in ("m1", "m2"):  # consumers with work waiting: the failure must leave it there
-        run_sync(ensure_member_consumer(client.target, member_consumer(entry, member)))
+        run_sync(ensure_group_consumer(client.target, member_consumer(entry, member)))
     publish(client, stream, 40)
     before = consumer_states(client, stream)
     kv = run_sync(client.target.js.key_value(GroupKind.STATIC.bucket))

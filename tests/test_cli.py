@@ -17,7 +17,7 @@ from test_pcg_admin import api, key_for, kv, make_stream, publish, static_stream
 from nats_spark.cli import build_parser, main, settings_from_args
 from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
-from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_member_consumer, member_consumer
+from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_group_consumer, member_consumer
 from nats_spark.pcg.partitioning import partition_for
 from nats_spark.pcg.store import GroupKind
 
@@ -88,7 +88,7 @@ def test_static_commands(cli, client, unique):
     one_line_error(cli("static", "step-down", stream, "g", "m1"), "has no consumer 'g-m1'")
 
     entry = run_sync(admin.static_info(client.target, stream, "g"))
-    run_sync(ensure_member_consumer(client.target, member_consumer(entry, "m1")))
+    run_sync(ensure_group_consumer(client.target, member_consumer(entry, "m1")))
     publish(client, f"{unique}.{key_for(1, 4)}", b"x")
     pin_member(client, stream, "g-m1")
     assert ok(cli("static", "active", stream, "g")) == "m1\n"
@@ -164,7 +164,7 @@ def test_elastic_commands(cli, client, unique):
     ok(cli("elastic", "add", stream, "g", "m1"))
     entry = run_sync(admin.elastic_info(client.target, stream, "g"))
     template = {"ack_wait": 30_000_000_000}  # outlives the test's inactive threshold
-    run_sync(ensure_member_consumer(client.target, member_consumer(entry, "m1", template)))
+    run_sync(ensure_group_consumer(client.target, member_consumer(entry, "m1", template)))
     publish(client, f"{unique}.a.b", b"x")
     pin_member(client, f"{stream}-g", "m1")
     assert ok(cli("elastic", "active", stream, "g")) == "m1\n"
@@ -346,7 +346,7 @@ def test_status_shows_every_member(cli, client, unique):
     ok(cli("static", "create", "balanced", stream, "g", "4", "m1", "m2"))
     entry = run_sync(admin.static_info(client.target, stream, "g"))
     consumer = member_consumer(entry, "m1")
-    run_sync(ensure_member_consumer(client.target, consumer))
+    run_sync(ensure_group_consumer(client.target, consumer))
     publish(client, f"{unique}.k1", b"x")
     pin_member(client, stream, consumer.name)
     out = ok(cli("status", stream, "g"))

@@ -10,7 +10,7 @@ import pytest
 from spark_helpers import (
     Collector,
     assert_exactly_once,
-    consumer_of,
+    consumers_of,
     drained,
     foreach_batches,
     publish,
@@ -122,7 +122,7 @@ def test_consumer_leader_killed_mid_stream(spark, cluster, client, unique, tmp_p
 
     try:
         reading(client, stream, "g", "m1")
-        consumer = consumer_of(client, stream, "g", "m1")
+        consumer = consumers_of(client, stream, "g", "m1")[0]
         info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
         leader = info["cluster"]["leader"]
         cluster[leader].kill()

@@ -25,7 +25,7 @@ import pytest
 from spark_helpers import (
     Collector,
     assert_exactly_once,
-    consumer_of,
+    consumers_of,
     drained,
     elastic_group,
     foreach_batches,
@@ -45,7 +45,7 @@ from nats_spark.jetstream.api import to_nanos
 from nats_spark.job import failure_line
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.pcg import admin
-from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_member_consumer, member_consumer
+from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_group_consumer, member_consumer
 from nats_spark.pcg.partitioning import elastic_stream_name
 from nats_spark.pcg.store import load_group
 from nats_spark.server import EmbeddedServer
@@ -200,7 +200,7 @@ class Slot:
         static_group(client, self.stream, "g", ["m1"], partitions=2)
         entry = run_sync(load_group(client.target, self.stream, "g"))
         self.consumer = member_consumer(entry, "m1", {"ack_wait": to_nanos(1)})
-        run_sync(ensure_member_consumer(client.target, self.consumer))
+        run_sync(ensure_group_consumer(client.target, self.consumer))
         kv = run_sync(Ledger.bucket(client.target, self.bucket, create=True))
         self.ledger = Ledger(kv, self.lineage)
 
@@ -345,8 +345,7 @@ def test_pin_switches_during_and_between_batches(
     spark, client, settings, nats_url, unique, tmp_path
 ):
     stream = f"PS{unique}"
-    static_group(client, stream, "g", ["m1"], partitions=2)
-    consumer = consumer_of(client, stream, "g", "m1")
+    static_group(client, stream, "g", ["m1"], partitions=1)
     publish(client, stream, 1500)
     sink = Collector()
     df = source(
@@ -356,6 +355,7 @@ def test_pin_switches_during_and_between_batches(
     other = None
     try:
         reading(client, stream, "g", "m1")
+        [consumer] = consumers_of(client, stream, "g", "m1")
         run_sync(client.api.unpin(consumer.stream, consumer.name, PRIORITY_GROUP))
         drained(query, client, stream, "g", sink, 1500)
 
@@ -387,8 +387,8 @@ def test_elastic_consumer_deleted_and_member_dropped(spark, client, nats_url, un
 
     def delete(member: str) -> Callable[[list[int]], None]:
         def action(rows: list[int]) -> None:
-            consumer = consumer_of(client, stream, group, member)
-            run_sync(client.api.delete_consumer(consumer.stream, consumer.name))
+            for consumer in consumers_of(client, stream, group, member):
+                run_sync(client.api.delete_consumer(consumer.stream, consumer.name))
 
         return action
 
@@ -429,8 +429,8 @@ def test_elastic_consumer_deleted_while_its_batch_is_in_flight(
     query = foreach_batches(df, sink, tmp_path / "cp")
     try:
         reading(client, stream, group, "a")
-        consumer = consumer_of(client, stream, group, "a")
-        run_sync(client.api.delete_consumer(consumer.stream, consumer.name))
+        for consumer in consumers_of(client, stream, group, "a"):
+            run_sync(client.api.delete_consumer(consumer.stream, consumer.name))
         # a's task ends its part of the batch; the driver recreates the consumer for the next.
         drained(query, client, stream, group, sink, 1500)
     finally:

@@ -12,7 +12,7 @@ from nats_spark.jetstream.api import to_nanos
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.config import MemberMapping, PartitioningFilter
-from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_member_consumer, member_consumer
+from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_group_consumer, member_consumer
 from nats_spark.pcg.partitioning import elastic_subject_transforms, partition_for
 from nats_spark.pcg.store import GroupChanged, GroupKind, GroupNotFound
 
@@ -187,7 +187,7 @@ def test_delete_static_removes_only_its_own_members_durables(client, unique):
     run_sync(admin.create_static(client.target, stream, "g-x", 2, ["y"], filters=[">"]))
     for group, member in (("g", "m1"), ("g-x", "y")):
         entry = run_sync(admin.static_info(client.target, stream, group))
-        run_sync(ensure_member_consumer(client.target, member_consumer(entry, member)))
+        run_sync(ensure_group_consumer(client.target, member_consumer(entry, member)))
     assert sorted(api(client).consumer_names(stream)) == ["g-m1", "g-x-y"]
 
     assert run_sync(admin.delete_static(client.target, stream, "g")) == ["g-m1"]
@@ -252,7 +252,7 @@ def test_static_member_info_active_and_step_down(client, unique):
     stream = static_stream(client, unique, 2)
     run_sync(admin.create_static(client.target, stream, "g", 2, ["m1", "m2"]))
     entry = run_sync(admin.static_info(client.target, stream, "g"))
-    run_sync(ensure_member_consumer(client.target, member_consumer(entry, "m1")))
+    run_sync(ensure_group_consumer(client.target, member_consumer(entry, "m1")))
 
     info = run_sync(admin.member_info(client.target, STATIC, stream, "g", "m1"))
     assert info == admin.MemberInfo(
@@ -292,7 +292,7 @@ def test_elastic_active_means_the_members_own_consumer_exists(client, unique):
     run_sync(admin.create_elastic(client.target, stream, "g", 4, None))
     entry = run_sync(admin.add_members(client.target, stream, "g", ["m1", "m2"]))
     template = {"ack_wait": to_nanos(30)}  # keeps the consumer past its inactive threshold
-    run_sync(ensure_member_consumer(client.target, member_consumer(entry, "m1", template)))
+    run_sync(ensure_group_consumer(client.target, member_consumer(entry, "m1", template)))
 
     assert run_sync(admin.list_active_members(client.target, ELASTIC, stream, "g")) == ["m1"]
     m1 = run_sync(admin.member_info(client.target, ELASTIC, stream, "g", "m1"))

@@ -8,6 +8,7 @@ import pytest
 from spark_helpers import (
     ACKS_LAST_BATCH,
     assert_exactly_once,
+    consumers_of,
     elastic_group,
     foreach_batches,
     member_states,
@@ -20,8 +21,6 @@ from spark_helpers import (
 
 from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
-from nats_spark.pcg.consumers import member_consumer
-from nats_spark.pcg.store import load_group
 
 pytestmark = pytest.mark.spark
 
@@ -106,21 +105,18 @@ def test_no_ack_before_commit(spark, client, nats_url, unique, tmp_path):
     stream, group = f"N{unique}", "g"
     static_group(client, stream, group, ["m1", "m2"], partitions=4)
     publish(client, stream, 400)
-    entry = run_sync(load_group(client.target, stream, group))
-    consumers = {m: member_consumer(entry, m) for m in ("m1", "m2")}
     seen: list[int] = []
     violations: list[str] = []
 
     def check(batch, batch_id):
         rows = batch.select("member", "data").collect()
-        for member, consumer in consumers.items():
+        states = member_states(client, stream, group)
+        for member in ("m1", "m2"):
             taken = sum(1 for r in rows if r.member == member)
-            info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
+            pending = states[member]["ack_pending"]
             # While the batch is in flight none of its messages may be acked.
-            if info["num_ack_pending"] < taken:
-                violations.append(
-                    f"batch {batch_id} {member}: {taken} rows, {info['num_ack_pending']} pending"
-                )
+            if pending < taken:
+                violations.append(f"batch {batch_id} {member}: {taken} rows, {pending} pending")
         seen.extend(int(r.data.decode()) for r in rows)
 
     df = source(spark, nats_url, stream, group, maxMessagesPerTrigger=100)
@@ -142,15 +138,14 @@ def test_ack_wait_shorter_than_batch_messages_held_until_commit(
     stream, group = f"R{unique}", "g"
     static_group(client, stream, group, ["m1"], partitions=2)
     publish(client, stream, 5000)
-    entry = run_sync(load_group(client.target, stream, group))
-    consumer = member_consumer(entry, "m1")
     seen: list[int] = []
     redelivered: list[int] = []
 
     def collect(batch, batch_id):
         seen.extend(int(r.data.decode()) for r in batch.select("data").collect())
-        info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
-        redelivered.append(info["num_redelivered"])
+        for consumer in consumers_of(client, stream, group, "m1"):
+            info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
+            redelivered.append(info["num_redelivered"])
 
     # Pulls of one message, each recorded in the ledger: the task outlasts the 1 s ack wait.
     df = source(spark, nats_url, stream, group, ackWait="1s", fetchBatchSize=1)

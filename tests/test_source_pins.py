@@ -18,7 +18,12 @@ from spark_helpers import (
 
 from nats_spark.client import NatsClient
 from nats_spark.loop import run_sync
-from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_member_consumer, member_consumer
+from nats_spark.pcg.consumers import (
+    PRIORITY_GROUP,
+    ensure_group_consumer,
+    member_consumer,
+    partition_consumer,
+)
 from nats_spark.pcg.store import load_group
 
 pytestmark = pytest.mark.spark
@@ -50,14 +55,22 @@ class OtherInstance:
         run_sync(self.client.close())
 
 
+@pytest.mark.parametrize("layout", ["member", "partition"])
 def test_query_stands_by_while_another_instance_is_pinned(
-    spark, client, settings, nats_url, unique, tmp_path
+    spark, client, settings, nats_url, unique, tmp_path, layout
 ):
+    """Member layout: another instance of m1 (a Go member) is pinned, so `auto` reads the
+    member layout and stands by. Partition layout: another query's reader of the one partition
+    is pinned."""
     stream = f"P{unique}"
-    static_group(client, stream, "g", ["m1"], partitions=2)
+    static_group(client, stream, "g", ["m1"], partitions=2 if layout == "member" else 1)
     entry = run_sync(load_group(client.target, stream, "g"))
-    consumer = member_consumer(entry, "m1", {"ack_wait": 2_000_000_000})
-    run_sync(ensure_member_consumer(client.target, consumer))
+    template = {"ack_wait": 2_000_000_000}
+    if layout == "member":
+        consumer, slot = member_consumer(entry, "m1", template), "m1"
+    else:
+        consumer, slot = partition_consumer(entry, 0, template), "partition-0"
+    run_sync(ensure_group_consumer(client.target, consumer))
     other = OtherInstance(settings, stream, consumer.name)
     other.thread.start()
     publish(client, stream, 100)
@@ -78,7 +91,7 @@ def test_query_stands_by_while_another_instance_is_pinned(
             for p in query.recentProgress:
                 report = json.loads(p["sources"][0].get("latestOffset") or "{}")
                 progress.append(report)
-                if report.get("members", {}).get("m1", {}).get("status") == "standby":
+                if report.get("members", {}).get(slot, {}).get("status") == "standby":
                     return True
             return False
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -95,4 +96,6 @@ async def flush_published(nc: NATS, timeout: float) -> None:
     of the PING.
     """
     await nc._flush_pending(force_flush=True)
-    await nc.flush(timeout=timeout)
+    # Shielded: a flush cancelled while its PING is out leaves nats-py's PONG handler a
+    # cancelled future, and the exception that raises ends the connection's read loop.
+    await asyncio.shield(nc.flush(timeout=timeout))

@@ -144,9 +144,15 @@ class JetStreamApi:
         """Drop the current pin of `group`, so the server pins the next waiting pull."""
         await self.request(f"CONSUMER.UNPIN.{stream}.{consumer}", {"group": group})
 
-    async def get_message(self, stream: str, seq: int) -> StoredMessage:
-        """The message at `seq`; `NotFound` when it was deleted (retention, purge)."""
-        answer = await self.request(f"STREAM.MSG.GET.{stream}", {"seq": seq})
+    async def get_message(
+        self, stream: str, seq: int, next_by_subject: str | None = None
+    ) -> StoredMessage:
+        """The message at `seq`; `NotFound` when it was deleted (retention, purge). With
+        `next_by_subject`: the first message at or after `seq` whose subject matches it."""
+        body: dict[str, Any] = {"seq": seq}
+        if next_by_subject is not None:
+            body["next_by_subj"] = next_by_subject
+        answer = await self.request(f"STREAM.MSG.GET.{stream}", body)
         msg = answer["message"]
         return StoredMessage(
             subject=msg["subject"],

@@ -19,7 +19,13 @@ from typing import Any
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound
 from nats_spark.pcg.config import ElasticConfig, MemberMapping, PartitioningFilter, StaticConfig
-from nats_spark.pcg.consumers import PRIORITY_GROUP, MemberConsumer, member_consumer
+from nats_spark.pcg.consumers import (
+    PRIORITY_GROUP,
+    GroupConsumer,
+    member_consumer,
+    partition_consumer_name,
+    pinned_id,
+)
 from nats_spark.pcg.partitioning import (
     elastic_stream_name,
     elastic_subject_transforms,
@@ -115,22 +121,24 @@ async def create_static(
 
 
 async def delete_static(client: NatsClient, stream: str, group: str) -> list[str]:
-    """Delete the group's KV entry and its members' durables; returns the durables deleted.
+    """Delete the group's KV entry, its members' durables and its partition consumers (the
+    partition layout's); returns the consumers deleted.
 
-    Only `<group>-<member>` of the config's members goes: another group whose name starts with
-    `<group>-` keeps its consumers.
+    Only `<group>-<member>` of the config's members and `<group>-partition-<p>` go: another
+    group whose name starts with `<group>-` keeps its consumers.
     """
     entry = await load_group(client, stream, group, GroupKind.STATIC)
     # The entry first: running members see the delete and stop before their durable vanishes.
     await delete_group_entry(client, GroupKind.STATIC, stream, group)
+    names = [member_consumer(entry, member).name for member in membership(entry.config)]
+    names += [partition_consumer_name(entry, p) for p in range(entry.config.max_members)]
     deleted = []
-    for member in membership(entry.config):
-        consumer = member_consumer(entry, member)
+    for name in names:
         try:
-            await client.api.delete_consumer(consumer.stream, consumer.name)
+            await client.api.delete_consumer(stream, name)
         except NotFound:
             continue  # never created, or the member already deleted it
-        deleted.append(consumer.name)
+        deleted.append(name)
     return deleted
 
 
@@ -266,7 +274,7 @@ async def delete_mappings(client: NatsClient, stream: str, group: str) -> GroupE
 # --- Members of both kinds --------------------------------------------------------------------
 
 
-async def _consumer_info(client: NatsClient, consumer: MemberConsumer) -> dict[str, Any] | None:
+async def _consumer_info(client: NatsClient, consumer: GroupConsumer) -> dict[str, Any] | None:
     """The member consumer's info; None when it does not exist (the member is not running)."""
     try:
         return await client.api.consumer_info(consumer.stream, consumer.name)
@@ -279,20 +287,13 @@ async def _consumer_info(client: NatsClient, consumer: MemberConsumer) -> dict[s
         return None
 
 
-def _pin_id(info: dict[str, Any]) -> str | None:
-    for state in info.get("priority_groups") or ():
-        if state.get("group") == PRIORITY_GROUP:
-            return state.get("pinned_client_id") or None
-    return None
-
-
 def _is_active(kind: GroupKind, info: dict[str, Any] | None) -> bool:
     if info is None:
         return False
     if kind is GroupKind.ELASTIC:
         return True  # elastic consumers vanish after their inactive threshold
     # A static durable outlives its members: only waiting pulls or a pin show one is running.
-    return info.get("num_waiting", 0) > 0 or _pin_id(info) is not None
+    return info.get("num_waiting", 0) > 0 or pinned_id(info) is not None
 
 
 async def list_active_members(
@@ -319,7 +320,7 @@ async def member_info(
         member=member,
         in_membership=member in membership(config),
         active=_is_active(kind, info),
-        pinned=info is not None and _pin_id(info) is not None,
+        pinned=info is not None and pinned_id(info) is not None,
         partitions=member_partitions(
             config.members, config.max_members, config.member_mappings, member
         ),

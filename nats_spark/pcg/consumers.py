@@ -1,15 +1,25 @@
-"""Member consumers created exactly as the Go library does, so Go and Python members mix."""
+"""The consumers a group is read through, in either layout.
+
+Member layout: one consumer per member, created exactly as the Go library does (so Go and Python
+members mix). Partition layout: one durable single-filter consumer per partition, which
+nats-server serves at a cost that does not grow with the number of distinct subjects.
+"""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, JetStreamApiError, NotFound
 from nats_spark.jetstream.api import NANOS, to_nanos
-from nats_spark.pcg.partitioning import elastic_stream_name, member_filter_subjects
+from nats_spark.pcg.partitioning import (
+    elastic_stream_name,
+    member_filter_subjects,
+    partition_filter_subjects,
+)
 from nats_spark.pcg.store import GroupEntry, GroupKind
 
 log = logging.getLogger(__name__)
@@ -17,11 +27,18 @@ log = logging.getLogger(__name__)
 PRIORITY_GROUP = "PCG"
 DEFAULT_ACK_WAIT = 5.0  # seconds; what Go uses when the template's ack wait is 0 or less
 CONSUMER_EXISTS_WITH_OTHER_CONFIG = 10148
+PARTITION_PREFIX = "partition-"
+
+
+class ConsumerLayout(StrEnum):
+    MEMBER = "member"  # one consumer per member, one filter per owned partition (Go's)
+    PARTITION = "partition"  # one single-filter consumer per partition
 
 
 @dataclass(frozen=True)
-class MemberConsumer:
-    """Where a member pulls from and the consumer config it needs there (JSON wire form)."""
+class GroupConsumer:
+    """Where a member or a partition is pulled from, and the consumer config it needs there
+    (JSON wire form)."""
 
     stream: str
     name: str
@@ -33,7 +50,13 @@ class MemberConsumer:
 
     @property
     def filter_subjects(self) -> list[str]:
-        return self.config["filter_subjects"]
+        return filters_of(self.config)
+
+
+def filters_of(config: dict[str, Any]) -> list[str]:
+    if config.get("filter_subjects"):
+        return list(config["filter_subjects"])
+    return [config["filter_subject"]] if config.get("filter_subject") else []
 
 
 def pull_expires(ack_wait: float) -> float:
@@ -41,52 +64,96 @@ def pull_expires(ack_wait: float) -> float:
     return max(ack_wait / 2, 1.0)
 
 
-def member_consumer(
-    entry: GroupEntry, member: str, template: dict[str, Any] | None = None
-) -> MemberConsumer:
-    """The consumer of `member` in the group of `entry`; `template` holds wire-form overrides
-    (ack_wait in ns, max_ack_pending, ...) as a member's user config does in Go."""
+def pinned_id(info: dict[str, Any]) -> str | None:
+    """The pin id the server holds for the group's priority group, from a consumer info."""
+    for state in info.get("priority_groups") or ():
+        if state.get("group") == PRIORITY_GROUP:
+            return state.get("pinned_client_id") or None
+    return None
+
+
+def read_stream(entry: GroupEntry) -> str:
+    """The stream the group's consumers live on: the user's (static) or the work-queue one."""
+    if entry.kind is GroupKind.STATIC:
+        return entry.stream
+    return elastic_stream_name(entry.stream, entry.group)
+
+
+def _pinned_config(template: dict[str, Any] | None) -> dict[str, Any]:
+    """The template with Go's ack wait default and the group's pinned priority group."""
     config: dict[str, Any] = dict(template or {})
     ack_wait = config.get("ack_wait", 0)
     if ack_wait <= 0:
         ack_wait = to_nanos(DEFAULT_ACK_WAIT)
     config["ack_wait"] = ack_wait
-    config["filter_subjects"] = member_filter_subjects(entry.config, member)
     config["priority_groups"] = [PRIORITY_GROUP]
     config["priority_policy"] = "pinned_client"
     config["priority_timeout"] = max(ack_wait, NANOS)
+    return config
+
+
+def member_consumer(
+    entry: GroupEntry, member: str, template: dict[str, Any] | None = None
+) -> GroupConsumer:
+    """The consumer of `member` in the group of `entry`; `template` holds wire-form overrides
+    (ack_wait in ns, max_ack_pending, ...) as a member's user config does in Go."""
+    config = _pinned_config(template)
+    config["filter_subjects"] = member_filter_subjects(entry.config, member)
     if entry.kind is GroupKind.STATIC:
         name = f"{entry.group}-{member}"
         config["durable_name"] = name
         config.setdefault("ack_policy", "explicit")
-        stream = entry.stream
     else:
         name = member
         config.pop("durable_name", None)
         config["ack_policy"] = "explicit"
-        config["inactive_threshold"] = ack_wait
-        stream = elastic_stream_name(entry.stream, entry.group)
-    return MemberConsumer(stream, name, config)
+        config["inactive_threshold"] = config["ack_wait"]
+    return GroupConsumer(read_stream(entry), name, config)
+
+
+def partition_consumer_name(entry: GroupEntry, partition: int) -> str:
+    """`<group>-partition-<p>` on a static group's stream (Go's static delete, which removes
+    `<group>-*`, takes it too), `partition-<p>` on an elastic group's own work-queue stream."""
+    suffix = f"{PARTITION_PREFIX}{partition}"
+    return f"{entry.group}-{suffix}" if entry.kind is GroupKind.STATIC else suffix
+
+
+def partition_consumer(
+    entry: GroupEntry, partition: int, template: dict[str, Any] | None = None
+) -> GroupConsumer:
+    """The durable consumer of one partition: the owner's filters of that partition only (one
+    filter unless the static group has several), or none when an elastic group has a single
+    partition (its work-queue stream holds nothing else)."""
+    config = _pinned_config(template)
+    name = partition_consumer_name(entry, partition)
+    config["durable_name"] = name
+    config["ack_policy"] = "explicit"
+    config.pop("inactive_threshold", None)
+    filters = partition_filter_subjects(entry.config, partition)
+    if entry.kind is GroupKind.ELASTIC and entry.config.max_members == 1:
+        filters = []
+    if len(filters) == 1:
+        config["filter_subject"] = filters[0]
+    elif filters:
+        config["filter_subjects"] = filters
+    return GroupConsumer(read_stream(entry), name, config)
 
 
 def _same_membership(existing: dict[str, Any], wanted: dict[str, Any]) -> bool:
     """Whether an existing consumer serves the same partitions under the same priority rules."""
-    existing_filters = existing.get("filter_subjects") or (
-        [existing["filter_subject"]] if existing.get("filter_subject") else []
-    )
     return (
-        existing_filters == wanted["filter_subjects"]
+        filters_of(existing) == filters_of(wanted)
         and existing.get("priority_groups") == wanted["priority_groups"]
         and existing.get("priority_policy") == wanted["priority_policy"]
     )
 
 
-async def ensure_member_consumer(client: NatsClient, consumer: MemberConsumer) -> dict[str, Any]:
-    """Create the member consumer, or adopt or replace an existing one; returns its info.
+async def ensure_group_consumer(client: NatsClient, consumer: GroupConsumer) -> dict[str, Any]:
+    """Create the consumer, or adopt or replace an existing one; returns its info.
 
     An existing consumer with the same filters and priority settings is used as it is (its ack
-    wait may differ). Otherwise an elastic member's consumer is recreated, as Go does; a static
-    member's durable is not, because recreating it would replay the stream from the start.
+    wait may differ). Otherwise an elastic member's consumer is recreated, as Go does; a durable
+    is not, because recreating it would replay the stream from the start.
     """
     try:
         return await client.api.create_consumer(consumer.stream, consumer.name, consumer.config)

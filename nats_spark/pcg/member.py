@@ -42,8 +42,8 @@ from nats_spark.jetstream.pull import PullConsumer, PullStatus
 from nats_spark.pcg.config import ElasticConfig
 from nats_spark.pcg.consumers import (
     PRIORITY_GROUP,
-    MemberConsumer,
-    ensure_member_consumer,
+    GroupConsumer,
+    ensure_group_consumer,
     member_consumer,
     pull_expires,
 )
@@ -139,7 +139,7 @@ class GroupMember:
         self.batch = batch
         self._entry: GroupEntry | None = None
         self._ack_wait = 0.0
-        self._consumer: MemberConsumer | None = None  # the consumer being pulled; None: not joined
+        self._consumer: GroupConsumer | None = None  # the consumer being pulled; None: not joined
         self._puller: PullConsumer | None = None
         self._pull_task: asyncio.Task[None] | None = None
         self._halt = asyncio.Event()  # set to make the current pull task return
@@ -366,10 +366,10 @@ class GroupMember:
                 self._ack_wait + SELF_HEAL_MARGIN,
             )
 
-    async def _join(self, consumer: MemberConsumer) -> None:
+    async def _join(self, consumer: GroupConsumer) -> None:
         """Create or adopt the member consumer and start pulling from it."""
         try:
-            await ensure_member_consumer(self.client, consumer)
+            await ensure_group_consumer(self.client, consumer)
         except JetStreamApiError as error:
             if error.err_code == WQ_CONSUMER_NOT_UNIQUE:
                 # Normal while members process a membership change; the self-heal retries.

@@ -99,6 +99,27 @@ def member_filter_subjects(config: StaticConfig | ElasticConfig, member: str) ->
     ]
 
 
+def partition_owner(config: StaticConfig | ElasticConfig, partition: int) -> str | None:
+    """The member that owns `partition` (None when no member does: too few members)."""
+    names = list(config.members) or [m.member for m in config.member_mappings]
+    for member in dict.fromkeys(names):
+        if partition in member_partitions(
+            config.members, config.max_members, config.member_mappings, member
+        ):
+            return member
+    return None
+
+
+def partition_filter_subjects(config: StaticConfig | ElasticConfig, partition: int) -> list[str]:
+    """The filters of one partition: those of its owner's member filters that select it, so
+    that reading every partition alone takes exactly what the member consumers would."""
+    owner = partition_owner(config, partition)
+    prefix = f"{partition}."
+    if owner is None:
+        return []
+    return [s for s in member_filter_subjects(config, owner) if s.startswith(prefix)]
+
+
 def elastic_stream_name(stream: str, group: str) -> str:
     """The work-queue stream an elastic group's members consume from."""
     return f"{stream}-{group}"

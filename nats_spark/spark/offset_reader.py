@@ -30,7 +30,7 @@ from nats_spark.spark.ledger import (
 from nats_spark.spark.offsets import MemberPlan, SourceOffset
 from nats_spark.spark.options import SourceOptions
 from nats_spark.spark.partition_reader import SlotPartition
-from nats_spark.spark.targets import Slot, target_for
+from nats_spark.spark.targets import Held, Slot, target_for
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +73,18 @@ class OffsetReader:
         self.current: SourceOffset | None = None  # the last offset returned to Spark
         self.entries: dict[tuple[int, str], Entry] = {}
         self.slots: dict[str, Slot] = {}  # every slot seen, also ones since dropped
+        self.readable: set[str] | None = None  # the slots the last resolve gave to read
+        self.last_query_pins: frozenset[str] = frozenset()
         self.pins: dict[str, str] = {}
         self.states: dict[str, SlotState] = {}
         self.available_now_seq: dict[str, int] | None = None
         self._pointer = pointer_key(options.stream, options.group or options.consumer or "")
 
     async def _connect(self) -> NatsClient:
+        if self.client is not None and not self.client.usable:
+            log.warning("replacing the driver's NATS connection: its read loop ended")
+            await self.client.close()
+            self.client = None
         if self.client is None:
             client = await NatsClient.open(self.options.connection)
             try:
@@ -94,9 +100,26 @@ class OffsetReader:
                 client, self.options.ledger_bucket, create=True, replicas=replicas
             )
             self.client = client
-            for slot in await self.target.resolve(client):
-                self.slots[slot.name] = slot
+            if self.ledger is not None:
+                self.ledger = Ledger(self.kv, self.ledger.lineage)
         return self.client
+
+    async def _resolve(self) -> list[Slot]:
+        """What to read now (the target settles its consumers); needs the ledger's heads
+        loaded, which tell this query's own unacked messages from another client's."""
+        client = await self._connect()
+        if self.ledger is not None:
+            await self._load_heads([e for e in self.entries.values() if e.head is None])
+        unacked: dict[str, int] = {}
+        for entry in self.entries.values():
+            if entry.head is not None and entry.head.state is not EntryState.ACKED:
+                unacked[entry.slot] = unacked.get(entry.slot, 0) + entry.head.count
+        pins = self.last_query_pins | frozenset(self.pins.values())
+        resolved = await self.target.resolve(client, Held(pins, unacked))
+        self.readable = {slot.name for slot in resolved}
+        for slot in resolved:
+            self.slots[slot.name] = slot
+        return resolved
 
     async def _adopt(self, offset: SourceOffset | None) -> None:
         """Take the lineage of `offset` (or of the stored pointer) and load its ledger entries."""
@@ -106,6 +129,8 @@ class OffsetReader:
             self.head_gen = max(self.head_gen, offset.gen)
             return
         pointer = await read_pointer(self.kv, self._pointer)
+        if pointer is not None:  # pins of this target's last query: ours, not another client's
+            self.last_query_pins = frozenset(pointer.pins.values())
         if offset is None:
             if self.ledger is not None:
                 return
@@ -122,6 +147,8 @@ class OffsetReader:
             for gen, token in await self.ledger.heads()
         }
         await self._load_heads(list(self.entries.values()))
+        if self.readable is None:
+            await self._resolve()
 
     async def _load_heads(self, entries: list[Entry]) -> None:
         assert self.ledger is not None
@@ -166,6 +193,7 @@ class OffsetReader:
 
     async def prepare_available_now(self) -> None:
         """Fix the end of an availableNow run: what the streams hold now."""
+        await self._adopt(None)
         client = await self._connect()
         self.available_now_seq = {}
         for slot in self.slots.values():
@@ -178,11 +206,7 @@ class OffsetReader:
         if start is not None:
             await self.ack_through(start.gen)  # Spark 4.2+: `start` is committed
         client = await self._connect()
-        resolved = await self.target.resolve(client)
-        for slot in resolved:
-            self.slots[slot.name] = slot
-        unknown = [e for e in self.entries.values() if e.head is None]
-        await self._load_heads(unknown)
+        resolved = await self._resolve()
         first_seqs: dict[str, int] = {}
         plans: dict[str, MemberPlan] = {}
         for slot in resolved:
@@ -360,7 +384,16 @@ class OffsetReader:
         options = self.options
         partitions = []
         for name, plan in sorted(end.members.items()):
-            slot = self.slots[name]
+            slot = self.slots.get(name) or self.target.slot_named(name)
+            limit = plan.limit
+            if self.readable is not None and name not in self.readable:
+                # Planned in a layout the query has since moved from (before a restart): only
+                # what its ledger entry recorded may come back; without one nothing was emitted.
+                recorded = self.entries.get((end.gen, name))
+                if recorded is None or recorded.head is None:
+                    log.info("batch %d: slot %s is no longer read and took nothing", end.gen, name)
+                    continue
+                limit = recorded.head.count
             self.entries.setdefault((end.gen, name), Entry(end.gen, name))
             partitions.append(
                 SlotPartition(
@@ -374,7 +407,7 @@ class OffsetReader:
                     priority_group=slot.priority_group,
                     member=slot.member,
                     partitioned=slot.partitioned,
-                    limit=plan.limit,
+                    limit=limit,
                     pin_id=self.pins.get(name),
                     dedupe=dedupe,
                     fetch_batch_size=options.fetch_batch_size,
@@ -390,7 +423,9 @@ class OffsetReader:
                     siblings=tuple(
                         other
                         for other in sorted(end.members)
-                        if other != name and self.slots[other].consumer == slot.consumer
+                        if other != name
+                        and other in self.slots
+                        and self.slots[other].consumer == slot.consumer
                     ),
                 )
             )
@@ -444,18 +479,25 @@ class OffsetReader:
         await self.ack_through(end.gen)
 
     def report(self) -> dict[str, Any]:
-        """Per-slot lag and pin state, for Spark's progress (`reportLatestOffset`)."""
-        return {
-            "target": self.options.target,
-            "members": {
-                name: {
-                    "pending": s.pending,
-                    "ackPending": s.ack_pending,
-                    "status": s.status,
-                }
-                for name, s in sorted(self.states.items())
-            },
+        """Per-slot lag and pin state, for Spark's progress (`reportLatestOffset`); a slot of
+        the partition layout names the member that owns its partition."""
+        report: dict[str, Any] = {"target": self.options.target}
+        if self.target.layout is not None:
+            report["layout"] = self.target.layout.value
+        report["members"] = {
+            name: {
+                "pending": s.pending,
+                "ackPending": s.ack_pending,
+                "status": s.status,
+                **({"member": member} if (member := self._owner(name)) != name else {}),
+            }
+            for name, s in sorted(self.states.items())
         }
+        return report
+
+    def _owner(self, name: str) -> str | None:
+        slot = self.slots.get(name)
+        return slot.member if slot is not None and slot.member is not None else name
 
     async def close(self) -> None:
         if self.client is not None:

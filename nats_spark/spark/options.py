@@ -26,8 +26,9 @@ KNOWN_OPTIONS: dict[str, str] = {
     "minAckPending": "overflow: pull only when num_ack_pending reaches this",
     "priority": "prioritized: 0-9, lower served first",
     "numPartitions": "parallel pulls per batch on a plain consumer (default 1)",
-    "ackWait": "ack wait of member consumers the source creates (default 30s)",
-    "maxAckPending": "max ack pending of member consumers the source creates (default 100000)",
+    "consumerLayout": "auto | partition | member: a consumer per partition or member (auto)",
+    "ackWait": "ack wait of the consumers the source creates (default 30s)",
+    "maxAckPending": "max ack pending of the consumers the source creates (default 100000)",
     "maxMessagesPerTrigger": "cap on messages per micro-batch over all partitions",
     "maxMessagesPerPartition": "cap on messages per partition per micro-batch",
     "fetchBatchSize": "messages per pull request (default 4096)",
@@ -101,6 +102,7 @@ class SourceOptions:
     group: str | None = None
     group_type: str = "auto"
     members: tuple[str, ...] | None = None
+    consumer_layout: str = "auto"
     consumer: str | None = None
     priority_group: str | None = None
     min_pending: int = 0
@@ -155,12 +157,17 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         raise ConfigurationError(
             f"option groupType={group_type!r} is not valid; use auto, static or elastic"
         )
-    group_only = ("groupType", "members", "ackWait", "maxAckPending")
+    group_only = ("groupType", "members", "consumerLayout", "ackWait", "maxAckPending")
     consumer_only = ("priorityGroup", "minPending", "minAckPending", "priority", "numPartitions")
     for name in group_only if consumer else consumer_only if group else ():
         if take(name) is not None:
             other = "consumer" if consumer else "group"
             raise ConfigurationError(f"option {name} does not apply when reading a {other}")
+    consumer_layout = (take("consumerLayout") or SourceOptions.consumer_layout).lower()
+    if consumer_layout not in ("auto", "partition", "member"):
+        raise ConfigurationError(
+            f"option consumerLayout={consumer_layout!r} is not valid; use auto, partition or member"
+        )
     members = None
     if (text := take("members")) is not None:
         members = tuple(_check_name("members", m.strip()) for m in text.split(",") if m.strip())
@@ -199,6 +206,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         group=_check_name("group", group) if group else None,
         group_type=group_type,
         members=members,
+        consumer_layout=consumer_layout,
         consumer=_check_name("consumer", consumer) if consumer else None,
         priority_group=take("priorityGroup"),
         min_pending=optional_int("minPending") or SourceOptions.min_pending,

@@ -8,6 +8,7 @@ of it and nothing more; open: what was recorded, then it goes on pulling).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from array import array
 from bisect import bisect_left
@@ -81,7 +82,10 @@ _clients: dict[ConnectionSettings, NatsClient] = {}
 def shared_client(settings: ConnectionSettings) -> NatsClient:
     """One connection per settings per Python worker process (workers are reused across tasks)."""
     client = _clients.get(settings)
-    if client is None or client.nc.is_closed:
+    if client is None or not client.usable:
+        if client is not None:
+            log.warning("replacing a NATS connection whose read loop ended")
+            run_sync(client.close())
         client = run_sync(NatsClient.open(settings))
         _clients[settings] = client
     return client
@@ -361,7 +365,8 @@ class SlotReader:
         recording: asyncio.Future[pa.RecordBatch] | None = None
         wait = waited = got_any = False
         pin_retries = transient = held_only = 0
-        keeping = asyncio.ensure_future(self._keep_held())
+        done = asyncio.Event()
+        keeping = asyncio.ensure_future(self._keep_held(done))
         try:
             pull = await self._request(consumer, remaining, wait)
             while pull is not None:
@@ -440,16 +445,20 @@ class SlotReader:
                 yield await recording
                 recording = None
         finally:
-            keeping.cancel()
+            done.set()  # never cancelled: it may be inside a flush
+            await keeping
             if recording:
                 recording.cancel()
             await consumer.close()
 
-    async def _keep_held(self) -> None:
-        """Restart the ack wait of everything taken, a few times per ack wait, while the task
-        runs: its messages must not come back (to it or to a sibling) before it is done."""
+    async def _keep_held(self, done: asyncio.Event) -> None:
+        """Restart the ack wait of everything taken, a few times per ack wait, until `done`:
+        the task's messages must not come back (to it or to a sibling) before it ends."""
         while True:
-            await asyncio.sleep(self.p.ack_wait / 3)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), self.p.ack_wait / 3)
+            if done.is_set():
+                return
             if not self.held:
                 continue
             try:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from nats_spark.client import NatsClient
@@ -18,12 +19,19 @@ from nats_spark.errors import ConfigurationError, JetStreamApiError, NotFound
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.pcg.config import StaticConfig
 from nats_spark.pcg.consumers import (
+    PARTITION_PREFIX,
     PRIORITY_GROUP,
-    MemberConsumer,
-    ensure_member_consumer,
+    ConsumerLayout,
+    GroupConsumer,
+    ensure_group_consumer,
+    filters_of,
     member_consumer,
+    partition_consumer,
+    partition_consumer_name,
+    pinned_id,
+    read_stream,
 )
-from nats_spark.pcg.partitioning import member_partitions
+from nats_spark.pcg.partitioning import member_partitions, partition_owner
 from nats_spark.pcg.store import GroupEntry, GroupKind, load_group
 from nats_spark.spark.options import SourceOptions
 
@@ -31,6 +39,11 @@ log = logging.getLogger(__name__)
 
 FILTER_OVERLAP = 10100  # "filtered consumer not unique on workqueue stream"
 _OVERLAP_RETRIES = 20
+_MEMBER_LAYOUT_COST = (
+    "the member layout (one multi-filter consumer per member) costs nats-server CPU per message "
+    "that grows with the distinct subjects of a file-stored stream during catch-up (10-60x the "
+    "partition layout's at 1,000-10,000 keys)"
+)
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,30 @@ class Slot:
     durable: bool = True
 
 
+@dataclass(frozen=True)
+class Held:
+    """What this query holds on the server: the pin ids it (or the target's previous query) got,
+    and by slot the messages its ledger records as taken and not yet acked. What a consumer
+    shows beyond that is another client's doing."""
+
+    pins: frozenset[str] = frozenset()
+    unacked: Mapping[str, int] = field(default_factory=dict)
+
+    def other_reader(self, slot: str, info: dict[str, Any], reading: bool) -> str | None:
+        """Why another client seems to read the consumer of `slot` (None when nothing shows
+        one); `reading`: this query pulls from it itself, so waiting pulls may be its own."""
+        pin = pinned_id(info)
+        if pin and pin not in self.pins:
+            return "pinned by another client"
+        waiting = info.get("num_waiting", 0)
+        if waiting and not reading:
+            return f"{waiting} pull request(s) waiting"
+        extra = info.get("num_ack_pending", 0) - self.unacked.get(slot, 0)
+        if extra > 0:
+            return f"{extra} message(s) ack-pending"
+        return None
+
+
 def _can_hold_partition_tokens(stream_config: dict[str, Any]) -> bool:
     """Whether a static group's stream can store `<partition>.<subject>`: it transforms subjects
     with `partition(...)`, or one of its subjects may start with a number."""
@@ -61,17 +98,34 @@ def _can_hold_partition_tokens(stream_config: dict[str, Any]) -> bool:
     return False
 
 
-async def _ensure(client: NatsClient, consumer: MemberConsumer) -> None:
-    """Create a member consumer, waiting while another member (maybe a Go instance) still holds
-    overlapping filters on the work-queue stream, as Go members wait for each other."""
+async def _ensure(client: NatsClient, consumer: GroupConsumer, start_seq: int = 0) -> None:
+    """Create a group consumer (delivering from `start_seq` when given), waiting while another
+    consumer (maybe a Go member) still holds overlapping filters on the work-queue stream, as Go
+    members wait for each other."""
+    if start_seq > 1:
+        config = {**consumer.config, "deliver_policy": "by_start_sequence"}
+        consumer = GroupConsumer(
+            consumer.stream, consumer.name, config | {"opt_start_seq": start_seq}
+        )
     for attempt in range(_OVERLAP_RETRIES):
         try:
-            await ensure_member_consumer(client, consumer)
+            await ensure_group_consumer(client, consumer)
             return
         except JetStreamApiError as error:
             if error.err_code != FILTER_OVERLAP or attempt == _OVERLAP_RETRIES - 1:
                 raise
             await asyncio.sleep(0.5)
+
+
+async def _info(client: NatsClient, consumer: GroupConsumer) -> dict[str, Any] | None:
+    try:
+        return await client.api.consumer_info(consumer.stream, consumer.name)
+    except NotFound:
+        return None
+
+
+def _delivered_seq(info: dict[str, Any]) -> int:
+    return (info.get("delivered") or {}).get("stream_seq", 0)
 
 
 def _member_names(config: Any) -> list[str]:
@@ -81,13 +135,16 @@ def _member_names(config: Any) -> list[str]:
 
 
 class GroupTarget:
-    """A partitioned consumer group: every member with partitions is a slot."""
+    """A partitioned consumer group, read in the partition layout (a slot per partition of the
+    selected members) or the member layout (a slot per member, Go's consumers)."""
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self.kind = None if options.group_type == "auto" else GroupKind(options.group_type)
         self.entry: GroupEntry | None = None
-        self.consumers: dict[str, MemberConsumer] = {}
+        self.consumers: dict[str, GroupConsumer] = {}  # by slot name
+        self.wanted: ConsumerLayout | None = None  # the layout the query reads the group in
+        self.layout: ConsumerLayout | None = None  # the one it reads now (differs while moving)
 
     def _template(self) -> dict[str, Any]:
         return {
@@ -106,8 +163,8 @@ class GroupTarget:
                 "and recreate the group and restart the query"
             )
 
-    async def resolve(self, client: NatsClient) -> list[Slot]:
-        """Reload the group config and make sure every member's consumer matches it."""
+    async def resolve(self, client: NatsClient, held: Held) -> list[Slot]:
+        """Reload the group config, settle the layout and make sure every consumer matches."""
         options = self.options
         entry = await load_group(client, options.stream, options.group or "", self.kind)
         self._check_unchanged(entry)
@@ -130,58 +187,278 @@ class GroupTarget:
             )
         if missing:
             log.warning("members %s left group %s; they are no longer read", missing, entry.group)
-        desired: dict[str, MemberConsumer] = {}
-        for member in wanted:
-            config = entry.config
-            if member in missing or not member_partitions(
-                config.members, config.max_members, config.member_mappings, member
-            ):
-                continue  # gone, or beyond max_members: no partitions to read
-            desired[member] = member_consumer(entry, member, self._template())
-        stale = [m for m, c in self.consumers.items() if desired.get(m) != c]
-        for member in stale:
-            old = self.consumers.pop(member)
+        config = entry.config
+        owned = {
+            member: partitions
+            for member in wanted
+            if member not in missing
+            and (
+                partitions := member_partitions(
+                    config.members, config.max_members, config.member_mappings, member
+                )
+            )
+        }  # members gone, or beyond max_members, have no partitions to read
+        self.entry = entry
+        layout = await self._settle_layout(client, entry, owned, held)
+        template = self._template()
+        if layout is ConsumerLayout.MEMBER:
+            desired = {m: member_consumer(entry, m, template) for m in owned}
+            owners = {m: m for m in owned}
+        else:
+            desired, owners = {}, {}
+            for member, partitions in owned.items():
+                for p in partitions:
+                    slot = f"{PARTITION_PREFIX}{p}"
+                    desired[slot] = partition_consumer(entry, p, template)
+                    owners[slot] = member
+        for name in [n for n, c in self.consumers.items() if desired.get(n) != c]:
+            old = self.consumers.pop(name)
             if entry.kind is GroupKind.ELASTIC:
-                # Partitions move between members: free the old filters before any member claims
-                # them, as a work-queue stream refuses overlapping consumers.
-                log.info("membership changed: deleting consumer %s > %s", old.stream, old.name)
+                # Partitions move between readers: free the old filters before any reader
+                # claims them, as a work-queue stream refuses overlapping consumers.
+                log.info("no longer read: deleting consumer %s > %s", old.stream, old.name)
                 with contextlib.suppress(NotFound):
                     await client.api.delete_consumer(old.stream, old.name)
-        for member, consumer in desired.items():
-            if member not in self.consumers:
+        for name, consumer in desired.items():
+            if name not in self.consumers:
                 await _ensure(client, consumer)
-                self.consumers[member] = consumer
-        slots = [
-            Slot(
-                member,
-                consumer.stream,
-                consumer.name,
-                PRIORITY_GROUP,
-                "pinned_client",
-                member,
-                partitioned=True,
-                durable=entry.kind is GroupKind.STATIC,
+                self.consumers[name] = consumer
+        return [self._slot(name, consumer, owners[name]) for name, consumer in desired.items()]
+
+    def _slot(self, name: str, consumer: GroupConsumer, member: str | None) -> Slot:
+        assert self.entry is not None
+        return Slot(
+            name,
+            consumer.stream,
+            consumer.name,
+            PRIORITY_GROUP,
+            "pinned_client",
+            member,
+            partitioned=True,
+            # Partition consumers and static durables keep their ack floor; an elastic
+            # member's consumer is recreated when membership changes.
+            durable=consumer.config.get("durable_name") is not None,
+        )
+
+    def slot_named(self, name: str) -> Slot:
+        """The slot `name` of either layout (a batch planned before a restart may name slots
+        of the layout the query has since moved from)."""
+        assert self.entry is not None
+        entry = self.entry
+        number = name.removeprefix(PARTITION_PREFIX)
+        if name != number and number.isdigit():
+            p = int(number)
+            return self._slot(name, partition_consumer(entry, p), partition_owner(entry.config, p))
+        return self._slot(name, member_consumer(entry, name), name)
+
+    async def _settle_layout(
+        self,
+        client: NatsClient,
+        entry: GroupEntry,
+        owned: dict[str, list[int]],
+        held: Held,
+    ) -> ConsumerLayout:
+        """Decide the layout on first use and move the group into it once its old consumers
+        are quiet; refuse when another client reads the same messages in the other layout."""
+        members = {m: await _info(client, member_consumer(entry, m)) for m in owned}
+        partitions = {
+            p: await _info(client, partition_consumer(entry, p))
+            for ps in owned.values()
+            for p in ps
+        }
+        reading_members = self.layout is ConsumerLayout.MEMBER
+        go_active = {
+            m: why
+            for m, info in members.items()
+            if info is not None and (why := held.other_reader(m, info, reading_members))
+        }
+        if self.wanted is None:
+            self.wanted = self._choose_layout(entry, go_active, partitions)
+        if self.wanted is ConsumerLayout.PARTITION:
+            clashing = [m for m in owned if m.startswith(PARTITION_PREFIX)]
+            if clashing:
+                raise ConfigurationError(
+                    f"members {', '.join(clashing)} of group {entry.group!r} are named like the "
+                    "partition layout's consumers; rename them or read with consumerLayout=member"
+                )
+            if go_active:
+                member, why = sorted(go_active.items())[0]
+                consumer = member_consumer(entry, member)
+                raise ConfigurationError(
+                    f"Go-layout member {member!r} of group {entry.group!r} is active ({why} on "
+                    f"consumer {consumer.stream} > {consumer.name}) while this query reads the "
+                    "group per partition, so both would deliver the same messages; stop that "
+                    "member, or read with consumerLayout=member"
+                )
+            if self.layout is not ConsumerLayout.PARTITION:
+                await self._move_to_partitions(client, entry, owned, members, partitions)
+        elif self.layout is not ConsumerLayout.MEMBER:
+            await self._move_to_members(client, entry, owned, partitions, held)
+        assert self.layout is not None
+        return self.layout
+
+    def _choose_layout(
+        self,
+        entry: GroupEntry,
+        go_active: dict[str, str],
+        partitions: dict[int, dict[str, Any] | None],
+    ) -> ConsumerLayout:
+        """The option's layout; for `auto` the partition layout, unless Go-layout members are
+        active on a group that has no partition consumers (then it says what that costs)."""
+        choice = self.options.consumer_layout
+        if choice != "auto":
+            layout = ConsumerLayout(choice)
+        elif go_active and not any(partitions.values()):
+            layout = ConsumerLayout.MEMBER
+            log.warning(
+                "group %s: Go-layout members %s are active, so this query reads the group in "
+                "the member layout; %s: stop them and restart the query to read per partition",
+                entry.group,
+                ", ".join(sorted(go_active)),
+                _MEMBER_LAYOUT_COST,
             )
-            for member, consumer in desired.items()
-        ]
-        self.entry = entry
-        return slots
+        else:
+            layout = ConsumerLayout.PARTITION
+        log.info("group %s: reading in the %s layout", entry.group, layout.value)
+        return layout
+
+    async def _move_to_partitions(
+        self,
+        client: NatsClient,
+        entry: GroupEntry,
+        owned: dict[str, list[int]],
+        members: dict[str, dict[str, Any] | None],
+        partitions: dict[int, dict[str, Any] | None],
+    ) -> None:
+        """Create the missing partition consumers where their owners' member consumers stopped.
+
+        Exact because a member consumer with nothing ack-pending has delivered (and had acked)
+        every message of its partitions up to its delivered sequence and none after. Until its
+        acks are in (this query's own batch of the member layout), the member layout stays.
+        """
+        starts: dict[int, int] = {}
+        for member, ps in owned.items():
+            info = members[member]
+            missing = [p for p in ps if partitions[p] is None]
+            if info is None or not missing:
+                continue
+            if info.get("num_ack_pending", 0):
+                log.info(
+                    "group %s: member %s has acks pending; moving to the partition layout once "
+                    "they are in",
+                    entry.group,
+                    member,
+                )
+                self.layout = ConsumerLayout.MEMBER
+                return
+            if entry.kind is GroupKind.STATIC:
+                starts.update({p: _delivered_seq(info) + 1 for p in missing})
+            else:
+                # A work-queue stream keeps only unacked messages: the partition consumers
+                # start where the member consumer left, once its overlapping filters are gone.
+                with contextlib.suppress(NotFound):
+                    await client.api.delete_consumer(read_stream(entry), member)
+        template = self._template()
+        for p, start in sorted(starts.items()):
+            log.info(
+                "group %s: partition %d moves to its own consumer at %d", entry.group, p, start
+            )
+            await _ensure(client, partition_consumer(entry, p, template), start)
+        self.layout = ConsumerLayout.PARTITION
+
+    async def _move_to_members(
+        self,
+        client: NatsClient,
+        entry: GroupEntry,
+        owned: dict[str, list[int]],
+        partitions: dict[int, dict[str, Any] | None],
+        held: Held,
+    ) -> None:
+        """Hand the group's partitions back to member consumers where the partition consumers
+        stopped, and delete those. A static member consumer starts after the last message its
+        partition consumers delivered, which is exact only once they have caught up."""
+        template = self._template()
+        reading = self.layout is ConsumerLayout.PARTITION
+        for member, ps in owned.items():
+            infos = {p: info for p in ps if (info := partitions[p]) is not None}
+            for p, info in infos.items():
+                name = partition_consumer_name(entry, p)
+                why = held.other_reader(f"{PARTITION_PREFIX}{p}", info, reading)
+                if why:
+                    raise ConfigurationError(
+                        f"partition consumer {name!r} of group {entry.group!r} is read by another "
+                        f"query ({why}); stop it before reading the group in the member layout"
+                    )
+                if info.get("num_ack_pending", 0):
+                    self.layout = ConsumerLayout.PARTITION  # this query's batch: acked soon
+                    return
+            if not infos:
+                continue
+            consumer = member_consumer(entry, member, template)
+            start = 0
+            if entry.kind is GroupKind.STATIC:
+                start = max(_delivered_seq(info) for info in infos.values()) + 1
+                await self._check_caught_up(client, entry, infos, start)
+                with contextlib.suppress(NotFound):  # its position is from before the move
+                    await client.api.delete_consumer(consumer.stream, consumer.name)
+            for p in infos:
+                name = partition_consumer_name(entry, p)
+                await client.api.delete_consumer(consumer.stream, name)
+            log.info("group %s: member %s moves to its consumer at %d", entry.group, member, start)
+            await _ensure(client, consumer, start)
+        self.layout = ConsumerLayout.MEMBER
+
+    async def _check_caught_up(
+        self,
+        client: NatsClient,
+        entry: GroupEntry,
+        infos: dict[int, dict[str, Any]],
+        start: int,
+    ) -> None:
+        """A member consumer starting at `start` must not skip a message of its partitions that
+        their consumers have not delivered: none may lie between a partition's position and
+        `start` (messages after `start` are the member consumer's)."""
+        for p, info in infos.items():
+            for subject in filters_of(info["config"]) or [">"]:
+                try:
+                    found = await client.api.get_message(
+                        entry.stream, _delivered_seq(info) + 1, next_by_subject=subject
+                    )
+                except NotFound:
+                    continue
+                if found.seq < start:
+                    raise ConfigurationError(
+                        f"group {entry.group!r} was read per partition and partition {p} has "
+                        f"not been read up to message {start - 1} as the others have; read it "
+                        "with consumerLayout=partition (e.g. trigger availableNow) before "
+                        "moving the group to the member layout"
+                    )
 
     async def heal(self, client: NatsClient, slot: Slot) -> None:
-        """Recreate a member consumer that vanished (elastic ones expire when inactive)."""
+        """Recreate a consumer that vanished: elastic ones (members' expire when inactive; a
+        work-queue stream keeps what was not acked). A static partition consumer is not: a new
+        one would read its partition from the start again."""
         consumer = self.consumers[slot.name]
-        log.info("recreating member consumer %s > %s", consumer.stream, consumer.name)
+        if self.kind is GroupKind.STATIC and self.layout is ConsumerLayout.PARTITION:
+            raise ConfigurationError(
+                f"partition consumer {consumer.name!r} on stream {consumer.stream!r} was deleted "
+                "while the query ran; a new one would read its partition again from the start: "
+                "delete and recreate the group to start over, then restart the query"
+            )
+        log.info("recreating consumer %s > %s", consumer.stream, consumer.name)
         await _ensure(client, consumer)
 
 
 class ConsumerTarget:
     """One existing pull consumer with a priority policy, read by `numPartitions` slots."""
 
+    layout: ConsumerLayout | None = None  # groups only
+
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self.slots: list[Slot] | None = None
 
-    async def resolve(self, client: NatsClient) -> list[Slot]:
+    async def resolve(self, client: NatsClient, held: Held) -> list[Slot]:
         if self.slots is not None:
             return self.slots
         options = self.options
@@ -253,6 +530,10 @@ class ConsumerTarget:
             for i in range(count)
         ]
         return self.slots
+
+    def slot_named(self, name: str) -> Slot:
+        assert self.slots is not None
+        return next(slot for slot in self.slots if slot.name == name)
 
     async def heal(self, client: NatsClient, slot: Slot) -> None:
         raise ConfigurationError(

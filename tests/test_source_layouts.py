@@ -1,0 +1,277 @@
+"""The two read layouts of a group: a consumer per partition (the default) or per member (Go's),
+the refusal to mix them with running Go-layout members, and moving a group between them."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from spark_helpers import (
+    REPORTS_LAG,
+    assert_exactly_once,
+    consumers_of,
+    elastic_group,
+    foreach_batches,
+    member_states,
+    payloads,
+    publish,
+    run_query,
+    source,
+    static_group,
+    wait_until,
+)
+
+from nats_spark.loop import run_sync
+from nats_spark.pcg import admin
+from nats_spark.pcg.consumers import (
+    PRIORITY_GROUP,
+    member_consumer,
+    partition_consumer,
+    read_stream,
+)
+from nats_spark.pcg.member import GroupMember, consume
+from nats_spark.pcg.store import load_group
+
+pytestmark = pytest.mark.spark
+
+
+def names(client: Any, stream: str) -> list[str]:
+    return sorted(run_sync(client.api.consumer_names(stream)))
+
+
+def settled(client: Any, stream: str, group: str) -> bool:
+    states = member_states(client, stream, group).values()
+    return all(s == {"pending": 0, "ack_pending": 0} for s in states)
+
+
+def go_member(client: Any, stream: str, group: str, member: str) -> GroupMember:
+    """A running Go-layout member (this project's member runtime) that acks what it gets."""
+
+    async def handle(message: Any) -> None:
+        await message.ack()
+
+    return run_sync(consume(client.target, stream, group, member, handle))
+
+
+def test_partition_layout_is_the_default(spark, client, nats_url, unique, tmp_path):
+    """8 partitions over 4 members: one single-filter pinned durable per partition, one Spark
+    input partition each; the member column names each partition's owner; no member consumer."""
+    stream, group = f"PL{unique}", "g"
+    static_group(client, stream, group, ["m1", "m2", "m3", "m4"], partitions=8)
+    publish(client, stream, 800)
+    query, error = run_query(
+        source(spark, nats_url, stream, group, ledgerBucket=f"L{unique}"), tmp_path
+    )
+    assert error is None, error
+    rows = spark.read.parquet(str(tmp_path / "out")).select("member", "partition", "data")
+    rows = rows.collect()
+    assert_exactly_once([int(r.data.decode()) for r in rows], 800)
+    owners = {r.partition: r.member for r in rows}
+    assert owners == {p: f"m{p // 2 + 1}" for p in range(8)}
+    assert names(client, stream) == [f"g-partition-{p}" for p in range(8)]
+    for p in range(8):
+        info = run_sync(client.api.consumer_info(stream, f"g-partition-{p}"))
+        config = info["config"]
+        assert config["filter_subject"] == f"{p}.>" and not config.get("filter_subjects")
+        assert config["priority_groups"] == [PRIORITY_GROUP]
+        assert config["priority_policy"] == "pinned_client"
+        assert config["durable_name"] == f"g-partition-{p}"
+    wait_until(lambda: settled(client, stream, group), 30, "every partition acked")
+    if REPORTS_LAG:
+        report = json.loads(query.lastProgress["sources"][0]["latestOffset"])
+        assert report["layout"] == "partition"
+        assert report["members"]["partition-5"]["member"] == "m3"
+    # The group's deletion takes the partition consumers along.
+    deleted = run_sync(admin.delete_static(client.target, stream, group))
+    assert sorted(deleted) == [f"g-partition-{p}" for p in range(8)]
+    assert names(client, stream) == []
+
+
+def test_active_go_member_refused_at_start_and_auto_reads_its_layout(
+    spark, client, nats_url, unique, tmp_path
+):
+    stream, group = f"GM{unique}", "g"
+    static_group(client, stream, group, ["m1", "m2"], partitions=4)
+    publish(client, stream, 200)
+    member = go_member(client, stream, group, "m1")
+    try:
+        wait_until(lambda: member.active, 10, "the Go-layout member to hold its pin")
+        _, error = run_query(
+            source(spark, nats_url, stream, group, consumerLayout="partition"), tmp_path / "a"
+        )
+        assert error is not None
+        assert "Go-layout member 'm1'" in str(error) and "consumerLayout=member" in str(error)
+        # Refused before anything was taken: no partition consumer was created.
+        assert not [n for n in names(client, stream) if "partition" in n]
+
+        # auto reads the member layout beside the running member: m2's share, all of it.
+        publish(client, stream, 100, start=200)
+        _, error = run_query(source(spark, nats_url, stream, group), tmp_path / "b")
+        assert error is None, error
+        rows = spark.read.parquet(str(tmp_path / "b" / "out")).select("member").collect()
+        assert {r.member for r in rows} == {"m2"}
+        assert not [n for n in names(client, stream) if "partition" in n]
+    finally:
+        run_sync(member.stop())
+
+
+def test_go_member_starting_while_running_stops_the_query(
+    spark, client, nats_url, unique, tmp_path
+):
+    stream, group = f"GR{unique}", "g"
+    static_group(client, stream, group, ["m1", "m2"], partitions=4)
+    publish(client, stream, 100)
+    seen: list[int] = []
+
+    def collect(batch: Any, batch_id: int) -> None:
+        seen.extend(int(r.data.decode()) for r in batch.select("data").collect())
+
+    query = foreach_batches(source(spark, nats_url, stream, group), collect, tmp_path / "cp")
+    member = None
+    try:
+        wait_until(lambda: len(seen) >= 100, 60, "100 rows")
+        member = go_member(client, stream, group, "m2")
+        publish(client, stream, 100, start=100)
+        wait_until(lambda: query.exception() is not None, 30, "the query to stop")
+        assert "Go-layout member 'm2'" in str(query.exception())
+    finally:
+        query.stop()
+        if member is not None:
+            run_sync(member.stop())
+
+
+@pytest.mark.parametrize("kind", ["static", "elastic"])
+def test_group_moves_between_layouts_without_loss_or_repeat(
+    spark, client, nats_url, unique, tmp_path, kind
+):
+    """member layout -> partition layout -> member layout, one checkpoint, messages published
+    in between: every message exactly once; the old layout's consumers are moved past or gone."""
+    stream, group = f"MV{unique}", "g"
+    make = static_group if kind == "static" else elastic_group
+    make(client, stream, group, ["m1", "m2"], partitions=4)
+    entry = run_sync(load_group(client.target, stream, group))
+    where = read_stream(entry)
+    values: list[int] = []
+
+    def run(layout: str, first: int, count: int) -> None:
+        publish(client, stream, count, start=first)
+        df = source(
+            spark, nats_url, stream, group, consumerLayout=layout, ledgerBucket=f"L{unique}"
+        )
+        _, error = run_query(df, tmp_path)
+        assert error is None, error
+        values[:] = payloads(spark, str(tmp_path / "out"))
+        wait_until(lambda: settled(client, stream, group), 30, "everything acked")
+
+    run("member", 0, 300)
+    member_names = [member_consumer(entry, m).name for m in ("m1", "m2")]
+    assert set(member_names) <= set(names(client, where))
+    run("partition", 300, 300)
+    partition_names = [partition_consumer(entry, p).name for p in range(4)]
+    assert set(partition_names) <= set(names(client, where))
+    if kind == "elastic":
+        assert not set(member_names) & set(names(client, where)), "overlapping consumers"
+    run("member", 600, 300)
+    assert not set(partition_names) & set(names(client, where)), "partition consumers left"
+    assert_exactly_once(values, 900)
+
+
+def test_member_layout_refused_while_a_partition_lags_behind(
+    spark, client, nats_url, unique, tmp_path
+):
+    """Back to the member layout needs one start for all of a member's partitions: refused while
+    one partition's consumer is behind another's (its unread messages would be skipped)."""
+    stream, group = f"MB{unique}", "g"
+    static_group(client, stream, group, ["m1"], partitions=2)
+    publish(client, stream, 400)
+    _, error = run_query(source(spark, nats_url, stream, group, ackWait="1s"), tmp_path / "a")
+    assert error is None, error
+    publish(client, stream, 100, start=400)
+    time.sleep(1.5)  # the query's pins time out (priority_timeout = ack wait)
+    entry = run_sync(load_group(client.target, stream, group))
+    ahead = client.pull_consumer(stream, partition_consumer(entry, 0).name, group=PRIORITY_GROUP)
+    result = run_sync(ahead.fetch(100, expires=1.0))
+    assert result.messages, "partition 0 had nothing new"
+    for msg in result.messages:
+        run_sync(msg.ack())
+    _, error = run_query(
+        source(spark, nats_url, stream, group, consumerLayout="member"), tmp_path / "a"
+    )
+    assert error is not None and "partition 1 has not been read up to" in str(error), error
+    assert "consumerLayout=partition" in str(error)
+    assert f"{group}-m1" not in names(client, stream)
+
+
+def test_static_partition_consumer_deleted_while_running_fails_clearly(
+    spark, client, nats_url, unique, tmp_path
+):
+    stream, group = f"PD{unique}", "g"
+    static_group(client, stream, group, ["m1"], partitions=2)
+    publish(client, stream, 50)
+    seen: list[int] = []
+
+    def collect(batch: Any, batch_id: int) -> None:
+        seen.extend(int(r.data.decode()) for r in batch.select("data").collect())
+
+    query = foreach_batches(source(spark, nats_url, stream, group), collect, tmp_path / "cp")
+    try:
+        wait_until(lambda: len(seen) >= 50, 60, "50 rows")
+        [first, _] = consumers_of(client, stream, group, "m1")
+        run_sync(client.api.delete_consumer(first.stream, first.name))
+        publish(client, stream, 10, start=50)
+        wait_until(lambda: query.exception() is not None, 30, "the query to stop")
+        assert f"partition consumer '{first.name}'" in str(query.exception())
+    finally:
+        query.stop()
+
+
+def test_member_named_like_a_partition_consumer_is_refused(
+    spark, client, nats_url, unique, tmp_path
+):
+    stream, group = f"PN{unique}", "g"
+    static_group(client, stream, group, ["partition-1", "m2"], partitions=2)
+    publish(client, stream, 10)
+    _, error = run_query(source(spark, nats_url, stream, group), tmp_path)
+    assert error is not None and "named like the partition layout" in str(error), error
+    # The member layout reads it.
+    _, error = run_query(
+        source(spark, nats_url, stream, group, consumerLayout="member"), tmp_path / "m"
+    )
+    assert error is None, error
+    assert len(payloads(spark, str(tmp_path / "m" / "out"))) == 10
+
+
+def test_elastic_membership_change_keeps_partition_consumers(
+    spark, client, nats_url, unique, tmp_path
+):
+    """Adding and dropping members moves partitions between owners, not between consumers: the
+    partition consumers stay, the member column follows the new owner."""
+    stream, group = f"EM{unique}", "g"
+    elastic_group(client, stream, group, ["a"], partitions=4)
+    publish(client, stream, 200)
+    rows: list[tuple[str, int]] = []
+
+    def collect(batch: Any, batch_id: int) -> None:
+        rows.extend((r.member, int(r.data.decode())) for r in batch.collect())
+
+    df = source(spark, nats_url, stream, group)
+    query = foreach_batches(df, collect, tmp_path / "cp")
+    try:
+        wait_until(lambda: len(rows) >= 200, 60, "200 rows")
+        before = names(client, f"{stream}-{group}")
+        run_sync(admin.add_members(client.target, stream, group, ["b"]))
+        time.sleep(1)
+        publish(client, stream, 200, start=200)
+        wait_until(lambda: len(rows) >= 400, 60, "400 rows")
+        run_sync(admin.drop_members(client.target, stream, group, ["a"]))
+        time.sleep(1)
+        publish(client, stream, 200, start=400)
+        wait_until(lambda: len(rows) >= 600, 60, "600 rows")
+        assert names(client, f"{stream}-{group}") == before == [f"partition-{p}" for p in range(4)]
+    finally:
+        query.stop()
+    assert_exactly_once([v for _, v in rows], 600)
+    assert {m for m, v in rows if v < 200} == {"a"}
+    assert {m for m, v in rows if v >= 400} == {"b"}
