@@ -39,7 +39,7 @@ def spark_session(master: str = "local[2]") -> Any:
     return session
 
 
-def _reader(spark: Any, url: str, stream: str, group: str, options: dict[str, Any]) -> Any:
+def reader(spark: Any, url: str, stream: str, group: str, options: dict[str, Any]) -> Any:
     reader = spark.readStream.format("nats-pcg").option("servers", url)
     reader = reader.option("stream", stream).option("group", group)
     for key, value in options.items():
@@ -47,7 +47,7 @@ def _reader(spark: Any, url: str, stream: str, group: str, options: dict[str, An
     return reader.load()
 
 
-def _noop_query(df: Any, checkpoint: str, **trigger: Any) -> Any:
+def noop_query(df: Any, checkpoint: str, **trigger: Any) -> Any:
     return (
         df.writeStream.format("noop")
         .option("checkpointLocation", checkpoint)
@@ -65,8 +65,8 @@ def available_now(
     with tempfile.TemporaryDirectory(prefix="nats-spark-bench-") as checkpoint:
         with ProcessSampler() as sampler:
             started = time.perf_counter()
-            query = _noop_query(
-                _reader(spark, url, stream, group, options), checkpoint, availableNow=True
+            query = noop_query(
+                reader(spark, url, stream, group, options), checkpoint, availableNow=True
             )
             query.awaitTermination()
             ended = time.time()
@@ -131,8 +131,8 @@ def latency(
 ) -> dict[str, Any]:
     """Per-batch time (`durationMs.triggerExecution`) under a steady load of `rate` msgs/s."""
     with tempfile.TemporaryDirectory(prefix="nats-spark-bench-") as checkpoint:
-        query = _noop_query(
-            _reader(spark, url, stream, group, options), checkpoint, processingTime=trigger
+        query = noop_query(
+            reader(spark, url, stream, group, options), checkpoint, processingTime=trigger
         )
         publisher = threading.Thread(
             target=_publish_steadily, args=(url, stream, rate, seconds, size), daemon=True
