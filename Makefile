@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-compat demo lint clean
+.PHONY: test check test-compat demo lint clean
 
 COMPAT_VENV := .venv-compat
 SOURCE_TESTS := tests/test_source_groups.py tests/test_source_replay.py tests/test_source_pins.py tests/test_source_errors.py tests/test_source_recovery.py
@@ -21,8 +21,16 @@ $(VENV)/.server-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[server]' --config-settings editable_mode=compat
 	touch $@
 
-test: $(VENV)/.test-installed
+# The fast lane: lint, format, types and the unit tests of pure logic; no nats-server, no Spark.
+UNIT_TESTS := tests/test_options.py tests/test_pcg_config.py tests/test_pcg_partitioning.py
+
+check: $(VENV)/.test-installed
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy nats_spark
+	$(BIN)/python -m pytest -q $(UNIT_TESTS)
+
+test: check
 	$(BIN)/python -m pytest -q
 
 demo: $(VENV)/.server-installed

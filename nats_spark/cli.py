@@ -174,15 +174,15 @@ async def _info(client: NatsClient, args: argparse.Namespace) -> int:
     entry = await loader(client, args.stream, args.group)
     active = set(await admin.list_active_members(client, kind, args.stream, args.group))
     config = entry.config
-    members = [
-        {
-            "member": member,
-            "partitions": member_partitions(
-                config.members, config.max_members, config.member_mappings, member
-            ),
-            "active": member in active,
-        }
+    owned = {
+        member: member_partitions(
+            config.members, config.max_members, config.member_mappings, member
+        )
         for member in admin.membership(config)
+    }
+    members = [
+        {"member": member, "partitions": partitions, "active": member in active}
+        for member, partitions in owned.items()
     ]
     if args.json:
         document: dict[str, Any] = {
@@ -202,7 +202,10 @@ async def _info(client: NatsClient, args: argparse.Namespace) -> int:
     print(_fields(_config_fields(entry)))
     if members:
         print()
-        rows = [(m["member"], _numbers(m["partitions"]), _yes(m["active"])) for m in members]
+        rows = [
+            (member, _numbers(partitions), _yes(member in active))
+            for member, partitions in owned.items()
+        ]
         print(_table(("MEMBER", "PARTITIONS", "ACTIVE"), rows))
     return 0
 
@@ -301,12 +304,13 @@ async def _member_info(client: NatsClient, args: argparse.Namespace) -> int:
 
 
 async def _status(client: NatsClient, args: argparse.Namespace) -> int:
-    entry, members = await admin.group_status(client, args.stream, args.group)
+    entry, members, partitions = await admin.group_status(client, args.stream, args.group)
     if args.json:
         _print_json(
             {
                 "kind": entry.kind.value,
                 "members": [{**asdict(m), "state": m.state} for m in members],
+                "partitions": [{**asdict(p), "state": p.state} for p in partitions],
             }
         )
         return 0
@@ -323,6 +327,30 @@ async def _status(client: NatsClient, args: argparse.Namespace) -> int:
         for m in members
     ]
     print(_table(("MEMBER", "PARTITIONS", "STATE", "PENDING", "ACK PENDING", "LAST ACTIVE"), rows))
+    if partitions:
+        print("partition layout consumers:")
+        cells = [
+            (
+                str(p.partition),
+                p.member or "-",
+                p.consumer,
+                p.state,
+                p.num_pending,
+                p.num_ack_pending,
+                p.last_active or "-",
+            )
+            for p in partitions
+        ]
+        header = (
+            "PARTITION",
+            "MEMBER",
+            "CONSUMER",
+            "STATE",
+            "PENDING",
+            "ACK PENDING",
+            "LAST ACTIVE",
+        )
+        print(_table(header, cells))
     return 0
 
 
@@ -360,7 +388,7 @@ async def _consume(client: NatsClient, args: argparse.Namespace) -> int:
                 enough.set()
 
     member = await consume(client, args.stream, args.group, args.member, handler, kind=_kind(args))
-    waiter = asyncio.ensure_future(enough.wait())
+    waiter: asyncio.Future[Any] = asyncio.ensure_future(enough.wait())
     try:
         await asyncio.wait(
             {waiter, member.done}, timeout=args.timeout, return_when=asyncio.FIRST_COMPLETED

@@ -191,8 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.setLevel(logging.INFO)
     try:
         job, options = settings(argv)
-    except ConfigurationError as error:
-        print(f"nats_spark.job: error: {error}", file=sys.stderr)
+    except ConfigurationError as bad:
+        print(f"nats_spark.job: error: {bad}", file=sys.stderr)
         return 1
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.errors import StreamingQueryException

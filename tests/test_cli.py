@@ -17,7 +17,12 @@ from test_pcg_admin import api, key_for, kv, make_stream, publish, static_stream
 from nats_spark.cli import build_parser, main, settings_from_args
 from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
-from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_group_consumer, member_consumer
+from nats_spark.pcg.consumers import (
+    PRIORITY_GROUP,
+    ensure_group_consumer,
+    member_consumer,
+    partition_consumer,
+)
 from nats_spark.pcg.partitioning import partition_for
 from nats_spark.pcg.store import GroupKind
 
@@ -370,3 +375,24 @@ def test_status_shows_every_member(cli, client, unique):
     assert status["kind"] == "static"
     assert [m["state"] for m in status["members"]] == ["pinned", "no consumer"]
     one_line_error(cli("status", stream, "nope"), "consumer group 'nope' on stream")
+
+
+def test_status_shows_the_partition_layout_consumers(cli, client, unique):
+    stream = static_stream(client, unique, 4)
+    ok(cli("static", "create", "balanced", stream, "g", "4", "m1", "m2"))
+    entry = run_sync(admin.static_info(client.target, stream, "g"))
+    for p in (0, 3):
+        run_sync(ensure_group_consumer(client.target, partition_consumer(entry, p)))
+    lines = ok(cli("status", stream, "g")).splitlines()
+    start = lines.index("partition layout consumers:")
+    assert lines[start + 1].split()[:4] == ["PARTITION", "MEMBER", "CONSUMER", "STATE"]
+    rows = [line.split() for line in lines[start + 2 :]]
+    assert [r[:4] for r in rows] == [
+        ["0", "m1", "g-partition-0", "idle"],
+        ["3", "m2", "g-partition-3", "idle"],
+    ]
+    status = json.loads(ok(cli("status", stream, "g", "--json")))
+    assert [(p["partition"], p["member"], p["consumer"]) for p in status["partitions"]] == [
+        (0, "m1", "g-partition-0"),
+        (3, "m2", "g-partition-3"),
+    ]

@@ -98,4 +98,4 @@ async def flush_published(nc: NATS, timeout: float) -> None:
     await nc._flush_pending(force_flush=True)
     # Shielded: a flush cancelled while its PING is out leaves nats-py's PONG handler a
     # cancelled future, and the exception that raises ends the connection's read loop.
-    await asyncio.shield(nc.flush(timeout=timeout))
+    await asyncio.shield(nc.flush(timeout=timeout))  # type: ignore[arg-type]  # a float works

@@ -121,9 +121,10 @@ class JetStreamApi:
         self, stream: str, name: str, config: dict[str, Any], action: str = "create"
     ) -> dict[str, Any]:
         """Create (`action="create"`), update (`"update"`) or create-or-update (`""`) a consumer."""
-        body = {"stream_name": stream, "config": {**config, "name": name}, "action": action}
+        wire = {**config, "name": name}
         if config.get("durable_name"):
-            body["config"]["durable_name"] = name
+            wire["durable_name"] = name
+        body = {"stream_name": stream, "config": wire, "action": action}
         return await self.request(f"CONSUMER.CREATE.{stream}.{name}", body)
 
     async def consumer_info(self, stream: str, consumer: str) -> dict[str, Any]:

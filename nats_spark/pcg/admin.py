@@ -23,6 +23,7 @@ from nats_spark.pcg.consumers import (
     PRIORITY_GROUP,
     GroupConsumer,
     member_consumer,
+    partition_consumer,
     partition_consumer_name,
     pinned_id,
 )
@@ -30,6 +31,7 @@ from nats_spark.pcg.partitioning import (
     elastic_stream_name,
     elastic_subject_transforms,
     member_partitions,
+    partition_owner,
 )
 from nats_spark.pcg.store import (
     GroupChanged,
@@ -333,16 +335,63 @@ async def member_info(
     )
 
 
+@dataclass(frozen=True)
+class PartitionInfo:
+    """A partition consumer of the partition layout, as the server sees it."""
+
+    partition: int
+    member: str | None  # the partition's owner
+    stream: str
+    consumer: str
+    pinned: bool
+    num_pending: int
+    num_ack_pending: int
+    num_waiting: int
+    last_active: str | None
+
+    @property
+    def state(self) -> str:
+        """`pinned`, `waiting` (pulls wait, no pin yet) or `idle`."""
+        if self.pinned:
+            return "pinned"
+        return "waiting" if self.num_waiting else "idle"
+
+
+async def partition_status(client: NatsClient, entry: GroupEntry) -> list[PartitionInfo]:
+    """The group's partition consumers that exist (a query reads it in the partition layout)."""
+    infos = []
+    for p in range(entry.config.max_members):
+        consumer = partition_consumer(entry, p)
+        info = await _consumer_info(client, consumer)
+        if info is None:
+            continue
+        infos.append(
+            PartitionInfo(
+                partition=p,
+                member=partition_owner(entry.config, p),
+                stream=consumer.stream,
+                consumer=consumer.name,
+                pinned=pinned_id(info) is not None,
+                num_pending=info.get("num_pending", 0),
+                num_ack_pending=info.get("num_ack_pending", 0),
+                num_waiting=info.get("num_waiting", 0),
+                last_active=(info.get("delivered") or {}).get("last_active"),
+            )
+        )
+    return infos
+
+
 async def group_status(
     client: NatsClient, stream: str, group: str, kind: GroupKind | None = None
-) -> tuple[GroupEntry, list[MemberInfo]]:
-    """The group (either kind when `kind` is None) and the state of each of its members."""
+) -> tuple[GroupEntry, list[MemberInfo], list[PartitionInfo]]:
+    """The group (either kind when `kind` is None), the state of each of its members and of
+    its partition consumers (the partition layout's, where it has them)."""
     entry = await load_group(client, stream, group, kind)
     infos = [
         await member_info(client, entry.kind, stream, group, member)
         for member in membership(entry.config)
     ]
-    return entry, infos
+    return entry, infos, await partition_status(client, entry)
 
 
 async def step_down(

@@ -225,7 +225,7 @@ class Ledger:
         self, gen: int, slot: str, head: EntryHead, replies: Sequence[bytes]
     ) -> list[str]:
         """Store `replies` as new chunks of `head`'s attempt; returns their keys."""
-        keys = []
+        keys: list[str] = []
         for start in range(0, len(replies), CHUNK_MESSAGES):
             key = f"{self.head_key(gen, slot)}.{head.attempt}.{len(head.chunks) + len(keys)}"
             await self.kv.put(key, encode_chunk(replies[start : start + CHUNK_MESSAGES]))

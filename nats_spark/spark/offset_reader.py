@@ -356,9 +356,8 @@ class OffsetReader:
             # crash right after the acks can take it back and redeliver. Forget the entry (and
             # with it the dedupe of those messages) only once the floor has held for a while.
             now = time.monotonic()
-            if head.count and entry.settled_since is None:
-                entry.settled_since = now
-            if head.count == 0 or now - entry.settled_since >= SETTLE_SECONDS:
+            since = entry.settled_since = entry.settled_since or now
+            if head.count == 0 or now - since >= SETTLE_SECONDS:
                 log.debug("forgetting settled ledger entry %s", self.ledger.head_key(*key))
                 await self.ledger.delete_entry(entry.gen, entry.slot, head)
                 del self.entries[key]

@@ -361,7 +361,7 @@ class SlotReader:
             pin_id=self.head.pin,
         )
         remaining = self.p.limit - self.head.count
-        columns, replies = _Columns(self.p), []
+        columns, replies = _Columns(self.p), list[bytes]()
         recording: asyncio.Future[pa.RecordBatch] | None = None
         wait = waited = got_any = False
         pin_retries = transient = held_only = 0

@@ -1,0 +1,85 @@
+"""Pure logic, no server: option parsing and the consumers of each read layout."""
+
+from __future__ import annotations
+
+import pytest
+
+from nats_spark.errors import ConfigurationError
+from nats_spark.pcg.config import ElasticConfig, MemberMapping, PartitioningFilter, StaticConfig
+from nats_spark.pcg.consumers import member_consumer, partition_consumer
+from nats_spark.pcg.partitioning import partition_filter_subjects, partition_owner
+from nats_spark.pcg.store import GroupEntry, GroupKind
+from nats_spark.spark.options import parse_options
+
+BASE = {"servers": "nats://127.0.0.1:1", "stream": "S", "group": "g"}
+
+
+@pytest.mark.parametrize("value", ["auto", "partition", "member", "PARTITION"])
+def test_consumer_layout_values(value: str) -> None:
+    assert parse_options({**BASE, "consumerLayout": value}).consumer_layout == value.lower()
+
+
+def test_consumer_layout_default_and_bad_values() -> None:
+    assert parse_options(BASE).consumer_layout == "auto"
+    with pytest.raises(ConfigurationError, match="consumerLayout='members' is not valid"):
+        parse_options({**BASE, "consumerLayout": "members"})
+    plain = {**BASE, "consumer": "c"}
+    del plain["group"]
+    with pytest.raises(ConfigurationError, match="consumerLayout does not apply"):
+        parse_options({**plain, "consumerLayout": "partition"})
+
+
+def _static(config: StaticConfig) -> GroupEntry:
+    return GroupEntry(GroupKind.STATIC, "S", "g", config, 1)
+
+
+def test_partition_filters_are_the_owners_filters_of_that_partition() -> None:
+    balanced = StaticConfig(max_members=8, members=["m1", "m2", "m3"])
+    for p in range(8):
+        owner = partition_owner(balanced, p)
+        assert owner is not None
+        assert partition_filter_subjects(balanced, p) == [f"{p}.>"]
+        assert f"{p}.>" in member_consumer(_static(balanced), owner).filter_subjects
+    filtered = StaticConfig(max_members=2, filters=["a.*", "b.*"], members=["m1"])
+    assert partition_filter_subjects(filtered, 1) == ["1.a.*", "1.b.*"]
+    mapped = StaticConfig(
+        max_members=3,
+        filters=["a.*"],
+        member_mappings=[MemberMapping("x", [2, 0]), MemberMapping("y", [1])],
+    )
+    assert partition_owner(mapped, 1) == "y"
+    assert partition_filter_subjects(mapped, 0) == ["0.>"]  # as Go writes mapped members'
+    assert partition_owner(StaticConfig(max_members=2, members=[]), 0) is None
+
+
+def test_partition_consumer_config() -> None:
+    entry = _static(StaticConfig(max_members=4, members=["m1", "m2"]))
+    consumer = partition_consumer(entry, 3, {"ack_wait": 2_000_000_000, "max_ack_pending": 7})
+    assert (consumer.stream, consumer.name) == ("S", "g-partition-3")
+    assert consumer.config == {
+        "ack_wait": 2_000_000_000,
+        "max_ack_pending": 7,
+        "priority_groups": ["PCG"],
+        "priority_policy": "pinned_client",
+        "priority_timeout": 2_000_000_000,
+        "durable_name": "g-partition-3",
+        "ack_policy": "explicit",
+        "filter_subject": "3.>",
+    }
+    two_filters = _static(StaticConfig(max_members=2, filters=["a.*", "b.*"], members=["m"]))
+    assert partition_consumer(two_filters, 0).config["filter_subjects"] == ["0.a.*", "0.b.*"]
+
+
+def test_elastic_partition_consumers_live_on_the_work_queue_stream() -> None:
+    config = ElasticConfig(max_members=2, partitioning_filters=[PartitioningFilter("S.*", [1])])
+    config = config.with_members_added(["a"])
+    entry = GroupEntry(GroupKind.ELASTIC, "S", "g", config, 1)
+    consumer = partition_consumer(entry, 1)
+    assert (consumer.stream, consumer.name) == ("S-g", "partition-1")
+    assert consumer.config["filter_subject"] == "1.S.*"
+    assert "inactive_threshold" not in consumer.config  # durable, unlike a member's
+    single = GroupEntry(
+        GroupKind.ELASTIC, "S", "g", ElasticConfig(1, None).with_members_added(["a"]), 1
+    )
+    config_of_one = partition_consumer(single, 0).config
+    assert "filter_subject" not in config_of_one and "filter_subjects" not in config_of_one
