@@ -52,6 +52,11 @@ test-compat: $(COMPAT_VENV)/.installed
 bench: $(VENV)/.test-installed
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
+# Read throughput over key counts, both layouts, vs nats-py, with server CPU per message (~20 min).
+.PHONY: bench-keys
+bench-keys: $(VENV)/.test-installed
+	$(BIN)/python bench/keys.py $(BENCH_ARGS)
+
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .
 
