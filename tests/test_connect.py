@@ -128,7 +128,9 @@ def test_connect_session_reads_groups_exactly_once(
     assert result["session"] == "pyspark.sql.connect.session"  # not a classic session
     assert_exactly_once([n for n, _ in result["auto"]], 300)
     assert {member for _, member in result["auto"]} == {"m1", "m2"}
-    assert set(result["lag"]["members"]) == {"m1", "m2"}
+    lag = result["lag"]["members"]  # per input partition: one per group partition
+    assert set(lag) == {f"partition-{p}" for p in range(4)}
+    assert {state["member"] for state in lag.values()} == {"m1", "m2"}
     rows = committed_rows(out / "data")
     assert_exactly_once(payloads(rows), 200)
     assert {row["member"] for row in rows} == {"m1", "m2"}
