@@ -96,6 +96,7 @@ class ConnectionSettings:
             raise ConfigurationError("connect timeout must be positive")
         if self.retry_timeout <= 0:
             raise ConfigurationError("retry timeout must be positive")
+        self.ssl_context()  # a CA, cert or key file that is not PEM fails here, naming the option
 
     def __repr__(self) -> str:
         # Server URLs may embed `user:password@` or `token@`: show them redacted.
@@ -120,9 +121,21 @@ class ConnectionSettings:
     def ssl_context(self) -> ssl.SSLContext | None:
         if not self.uses_tls:
             return None
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca_cert)
+        try:
+            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca_cert)
+        except (ssl.SSLError, ValueError) as error:
+            raise ConfigurationError(
+                f"tlsCaCert file {self.tls_ca_cert} holds no usable CA certificate ({error}); "
+                "give a PEM file of the CA that signs the server's certificate"
+            ) from None
         if self.tls_cert:
-            context.load_cert_chain(self.tls_cert, self.tls_key)
+            try:
+                context.load_cert_chain(self.tls_cert, self.tls_key)
+            except (ssl.SSLError, ValueError) as error:
+                raise ConfigurationError(
+                    f"tlsCert {self.tls_cert} and tlsKey {self.tls_key} are not a PEM certificate "
+                    f"and its private key ({error}); give the client certificate and its key"
+                ) from None
         return context
 
     def connect_kwargs(self) -> dict[str, Any]:
@@ -171,6 +184,16 @@ def _failure_reason(error: BaseException, tls: bool = False) -> str:
     return text
 
 
+def _uses_tls(nc: NATS) -> bool:
+    """Whether the open connection is encrypted: nats-py upgrades a TCP connection only when the
+    server's INFO requires TLS, whatever the URL or TLS context; `wss://` is TLS underneath."""
+    server = nc._current_server  # nats-py internal, see tests/test_nats_py_internals.py
+    if server is not None and server.uri.scheme == "wss":
+        return True
+    scheme = server.uri.scheme if server is not None else ""
+    return scheme != "ws" and bool((nc._server_info or {}).get("tls_required"))
+
+
 async def connect(settings: ConnectionSettings, denied: list[str] | None = None) -> NATS:
     """Connect with `settings`; failures become one-line `ConnectionFailed` errors.
 
@@ -202,8 +225,18 @@ async def connect(settings: ConnectionSettings, denied: list[str] | None = None)
     kwargs = settings.connect_kwargs()
     # Fail fast on the first connect (one retry per server); reconnect policy applies afterwards.
     kwargs["max_reconnect_attempts"] = 1
+
+    async def on_reconnect() -> None:
+        if settings.uses_tls and not _uses_tls(nc):  # another server of the list, without TLS
+            log.error(
+                "closing a connection to %s: it reconnected without TLS", settings.described()
+            )
+            await nc.close()
+
     nc = NATS()
-    attempt = asyncio.ensure_future(nc.connect(error_cb=on_error, **kwargs))
+    attempt = asyncio.ensure_future(
+        nc.connect(error_cb=on_error, reconnected_cb=on_reconnect, **kwargs)
+    )
     # Retrieve the outcome even of an attempt given up on below ("never retrieved" noise).
     attempt.add_done_callback(lambda task: task.cancelled() or task.exception())
     watch = asyncio.ensure_future(tls_failed.wait())
@@ -218,6 +251,13 @@ async def connect(settings: ConnectionSettings, denied: list[str] | None = None)
     finally:
         watch.cancel()
     if attempt.done() and not attempt.cancelled() and attempt.exception() is None:
+        if settings.uses_tls and not _uses_tls(nc):
+            await nc.close()
+            raise ConnectionFailed(
+                f"cannot connect to NATS at {settings.described()}: TLS was asked for (a tls:// "
+                "or wss:// URL, or a TLS option) but the server offers no TLS, and the connection "
+                "would be plaintext; enable TLS on the server, or drop the TLS options"
+            )
         nc.options["max_reconnect_attempts"] = settings.max_reconnect_attempts
         return nc
     if attempt.done() and not attempt.cancelled():

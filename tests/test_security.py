@@ -31,7 +31,7 @@ from spark_helpers import (
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
-from nats_spark.errors import ConnectionFailed
+from nats_spark.errors import ConfigurationError, ConnectionFailed
 from nats_spark.jetstream.acks import publish_acks
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
@@ -191,6 +191,32 @@ def test_tls_verifies_the_server_with_the_test_ca(tls_server: EmbeddedServer, pk
         message = refusal(settings)
         assert "TLS failed" in message and "certificate verify failed" in message, message
         assert "tlsCaCert" in message
+
+
+def test_tls_never_downgrades_to_plaintext(pki: Pki, settings: ConnectionSettings) -> None:
+    """A tls:// URL or a TLS option against a server without TLS: refused, not plaintext."""
+    plain = settings.servers[0].removeprefix("nats://")
+    for options in (
+        {"servers": f"tls://{plain}"},
+        {"servers": f"tls://{plain}", "tlsCaCert": str(pki.ca_cert)},
+        {"servers": f"nats://{plain}", "tlsCaCert": str(pki.ca_cert)},
+    ):
+        message = refusal(source_settings(**options))
+        assert "TLS was asked for" in message and "offers no TLS" in message, message
+
+
+def test_tls_files_that_are_not_pem_name_the_option(pki: Pki, tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(ConfigurationError, match=r"^tlsCaCert file .* holds no usable CA"):
+        source_settings(servers="tls://127.0.0.1:1", tlsCaCert=str(junk))
+    with pytest.raises(ConfigurationError, match=r"^tlsCert .* and tlsKey .* are not a PEM"):
+        source_settings(
+            servers="tls://127.0.0.1:1",
+            tlsCaCert=str(pki.ca_cert),
+            tlsCert=str(junk),
+            tlsKey=str(pki.client_key),
+        )
 
 
 def test_mutual_tls(mtls_server: EmbeddedServer, pki: Pki) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from spark_helpers import publish, source, static_group, wait_until
+from spark_helpers import elastic_group, publish, source, static_group, wait_until
 
 from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
@@ -117,3 +117,30 @@ def test_changed_static_group_fails_the_query(spark, client, nats_url, unique, t
     entry = run_sync(load_group(client.target, stream, "g"))
     run_sync(update_group(client.target, entry, entry.config.with_members_added(["m2"])))
     assert "static groups are immutable" in failure(query)
+
+
+def test_user_schema_fails_before_anything_is_taken(spark, client, nats_url, unique, tmp_path):
+    stream = f"US{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=2)
+    publish(client, stream, 31)
+    reader = spark.readStream.format("nats-pcg").schema("value STRING")
+    for key, value in {"servers": nats_url, "stream": stream, "group": "g"}.items():
+        reader = reader.option(key, value)
+    text = failure(start(reader.load(), tmp_path))
+    assert "nats-pcg has a fixed schema" in text and "drop .schema(...)" in text, text
+    assert run_sync(client.api.consumer_names(stream)) == []  # nothing created, nothing pulled
+    assert run_sync(client.api.stream_info(stream))["state"]["messages"] == 31
+
+
+@pytest.mark.parametrize("kind", ["static", "elastic"])
+def test_group_without_members_fails_at_start(spark, client, nats_url, unique, tmp_path, kind):
+    stream = f"EG{unique}"
+    if kind == "static":
+        static_group(client, stream, "g", [], partitions=2)
+        fix = "nats-pcg static create"
+    else:
+        elastic_group(client, stream, "g", [], partitions=2)
+        fix = f"nats-pcg elastic add {stream} g <member>"
+    text = failure(start(source(spark, nats_url, stream, "g"), tmp_path))
+    assert f"{kind} group 'g' on stream '{stream}' has no members to read" in text, text
+    assert fix in text, text

@@ -275,3 +275,38 @@ def test_elastic_membership_change_keeps_partition_consumers(
     assert_exactly_once([v for _, v in rows], 600)
     assert {m for m, v in rows if v < 200} == {"a"}
     assert {m for m, v in rows if v >= 400} == {"b"}
+
+
+def test_elastic_group_losing_all_members_warns_then_reads_again(
+    spark, client, nats_url, unique, tmp_path
+):
+    stream, group = f"EL{unique}", "g"
+    elastic_group(client, stream, group, ["a"], partitions=2)
+    publish(client, stream, 50)
+    values: list[int] = []
+
+    def collect(batch: Any, batch_id: int) -> None:
+        values.extend(int(r.data.decode()) for r in batch.select("data").collect())
+
+    query = foreach_batches(source(spark, nats_url, stream, group), collect, tmp_path / "cp")
+    try:
+        wait_until(lambda: len(values) >= 50, 60, "50 rows")
+        run_sync(admin.drop_members(client.target, stream, group, ["a"]))
+        publish(client, stream, 50, start=50)
+
+        def warned() -> bool:
+            reports = [p["sources"][0].get("latestOffset") or "{}" for p in query.recentProgress]
+            return any(
+                "has no members to read" in json.loads(r).get("warning", "") for r in reports
+            )
+
+        if REPORTS_LAG:
+            wait_until(warned, 30, "a warning in progress")
+        time.sleep(1)
+        assert len(values) == 50, "read while the group had no members"
+        run_sync(admin.add_members(client.target, stream, group, ["b"]))
+        wait_until(lambda: len(values) >= 100, 60, "the new member's rows")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert_exactly_once(values, 100)

@@ -483,6 +483,8 @@ class OffsetReader:
         report: dict[str, Any] = {"target": self.options.target}
         if self.target.layout is not None:
             report["layout"] = self.target.layout.value
+        if self.target.warning is not None:
+            report["warning"] = self.target.warning
         report["members"] = {
             name: {
                 "pending": s.pending,

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 
-SCHEMA_DDL = (
-    "subject STRING, data BINARY, headers MAP<STRING, ARRAY<STRING>>, partition INT, "
-    "member STRING, stream STRING, stream_seq BIGINT, consumer_seq BIGINT, delivered INT, "
-    "timestamp TIMESTAMP"
+from nats_spark.errors import ConfigurationError
+
+SCHEMA_FIELDS = (  # name, Spark's simple type string
+    ("subject", "string"),
+    ("data", "binary"),
+    ("headers", "map<string,array<string>>"),
+    ("partition", "int"),
+    ("member", "string"),
+    ("stream", "string"),
+    ("stream_seq", "bigint"),
+    ("consumer_seq", "bigint"),
+    ("delivered", "int"),
+    ("timestamp", "timestamp"),
 )
+SCHEMA_DDL = ", ".join(f"{name} {kind.upper()}" for name, kind in SCHEMA_FIELDS)
 
 ARROW_SCHEMA = pa.schema(
     [
@@ -24,3 +36,15 @@ ARROW_SCHEMA = pa.schema(
         ("timestamp", pa.timestamp("us", tz="UTC")),
     ]
 )
+
+
+def check_schema(schema: Any) -> None:
+    """Refuse a user schema (`.schema(...)`) other than the source's own: rows are built in the
+    source's shape, and a batch of another shape would fail only after messages were taken."""
+    given = tuple((f.name, f.dataType.simpleString()) for f in schema.fields)
+    if given != SCHEMA_FIELDS:
+        raise ConfigurationError(
+            f"nats-pcg has a fixed schema ({SCHEMA_DDL}) and cannot read into "
+            f"{', '.join(f'{n} {k.upper()}' for n, k in given) or 'an empty schema'}; drop "
+            ".schema(...) and select or cast columns after load()"
+        )

@@ -14,7 +14,7 @@ from nats_spark.spark.offset_reader import OffsetReader
 from nats_spark.spark.offsets import SourceOffset
 from nats_spark.spark.options import SourceOptions, parse_options
 from nats_spark.spark.partition_reader import SlotPartition, read_slot
-from nats_spark.spark.schema import SCHEMA_DDL
+from nats_spark.spark.schema import SCHEMA_DDL, check_schema
 
 try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -46,11 +46,13 @@ class NatsPcgDataSource(DataSource):
         return SCHEMA_DDL
 
     def reader(self, schema: Any) -> Any:
+        check_schema(schema)
         raise ConfigurationError(
             "nats-pcg is a streaming source; use spark.readStream.format('nats-pcg')"
         )
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        check_schema(schema)  # at query start, before any message is taken
         return NatsPcgStreamReader(self.parsed)
 
 

@@ -143,6 +143,7 @@ class GroupTarget:
         self.kind = None if options.group_type == "auto" else GroupKind(options.group_type)
         self.entry: GroupEntry | None = None
         self.consumers: dict[str, GroupConsumer] = {}  # by slot name
+        self.warning: str | None = None  # why nothing is read (for progress), when so
         self.wanted: ConsumerLayout | None = None  # the layout the query reads the group in
         self.layout: ConsumerLayout | None = None  # the one it reads now (differs while moving)
 
@@ -198,6 +199,7 @@ class GroupTarget:
                 )
             )
         }  # members gone, or beyond max_members, have no partitions to read
+        self.warning = None if owned else self._no_members(entry, first=self.entry is None)
         self.entry = entry
         layout = await self._settle_layout(client, entry, owned, held)
         template = self._template()
@@ -224,6 +226,22 @@ class GroupTarget:
                 await _ensure(client, consumer)
                 self.consumers[name] = consumer
         return [self._slot(name, consumer, owners[name]) for name, consumer in desired.items()]
+
+    def _no_members(self, entry: GroupEntry, first: bool) -> str:
+        """A group without members to read fails at start; one that loses them while the query
+        runs is read again once members return, with a warning every batch until then."""
+        if entry.kind is GroupKind.ELASTIC:
+            fix = f"nats-pcg elastic add {entry.stream} {entry.group} <member>..."
+        else:
+            fix = "delete the group and create it with members (nats-pcg static create ...)"
+        message = (
+            f"{entry.kind.value} group {entry.group!r} on stream {entry.stream!r} has no members "
+            f"to read, so nothing is read; add members: {fix}"
+        )
+        if first:
+            raise ConfigurationError(message)
+        log.warning("%s", message)
+        return message
 
     def _slot(self, name: str, consumer: GroupConsumer, member: str | None) -> Slot:
         assert self.entry is not None
@@ -453,6 +471,7 @@ class ConsumerTarget:
     """One existing pull consumer with a priority policy, read by `numPartitions` slots."""
 
     layout: ConsumerLayout | None = None  # groups only
+    warning: str | None = None
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
