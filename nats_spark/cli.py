@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from nats_spark.client import NatsClient
-from nats_spark.connection import DEFAULT_URL, ConnectionSettings, parse_servers
+from nats_spark.connection import DEFAULT_URL, ConnectionSettings, credentials, parse_servers
 from nats_spark.errors import ConfigurationError, NatsSparkError
 from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
@@ -431,7 +431,9 @@ def _add_connection_flags(parser: argparse.ArgumentParser) -> None:
     auth.add_argument("--token", help="authentication token")
     auth.add_argument("--creds", metavar="FILE", help="credentials file (JWT and nkey seed)")
     auth.add_argument("--nkey", metavar="FILE", help="nkey seed file")
-    conn.add_argument("--password", help="password for --user")
+    conn.add_argument("--password", help="password for --user (visible in ps: prefer the next)")
+    conn.add_argument("--password-file", metavar="FILE", help="file holding the password")
+    conn.add_argument("--token-file", metavar="FILE", help="file holding the token")
     conn.add_argument("--tls-ca", metavar="FILE", help="CA certificate to verify the server")
     conn.add_argument("--tls-cert", metavar="FILE", help="client certificate (mutual TLS)")
     conn.add_argument("--tls-key", metavar="FILE", help="client key (mutual TLS)")
@@ -439,13 +441,26 @@ def _add_connection_flags(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> ConnectionSettings:
     """The connection settings the command-line flags describe."""
+    auth = credentials(
+        {
+            "user": args.user,
+            "password": args.password,
+            "token": args.token,
+            "creds": args.creds,
+            "nkey_seed": args.nkey,
+        },
+        {
+            "password": ("--password-file", args.password_file),
+            "token": ("--token-file", args.token_file),
+        },
+    )
     return ConnectionSettings(
         servers=parse_servers(args.server),
-        user=args.user,
-        password=args.password,
-        token=args.token,
-        nkey_seed=args.nkey,
-        creds=args.creds,
+        user=auth["user"],
+        password=auth["password"],
+        token=auth["token"],
+        nkey_seed=auth["nkey_seed"],
+        creds=auth["creds"],
         tls_ca_cert=args.tls_ca,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,

@@ -8,6 +8,7 @@ import importlib
 import logging
 import os
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -40,6 +41,52 @@ def parse_servers(text: str) -> tuple[str, ...]:
     if not servers:
         raise ConfigurationError("no NATS server given; set servers to e.g. nats://host:4222")
     return tuple(servers)
+
+
+SECRET_ENVIRONMENT = {
+    "user": "NATS_USER",
+    "password": "NATS_PASSWORD",
+    "token": "NATS_TOKEN",
+    "creds": "NATS_CREDS",
+}
+
+
+def read_secret_file(option: str, path: str) -> str:
+    """A password or token kept in a file (trailing newline dropped); errors name the option and
+    the path, never the content."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            secret = file.read().strip()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or type(error).__name__
+        raise ConfigurationError(
+            f"{option} {path} cannot be read ({reason}); check the path and its permissions"
+        ) from None
+    if not secret:
+        raise ConfigurationError(f"{option} {path} is empty; put the secret in it")
+    return secret
+
+
+def credentials(
+    given: dict[str, str | None],
+    files: dict[str, tuple[str, str | None]],
+    environ: Mapping[str, str] = os.environ,
+) -> dict[str, str | None]:
+    """`user`/`password`/`token`/`creds`/`nkey_seed` from the options (`given`), else secrets
+    from files (`files`: option name -> path, for password and token), else, when no way to
+    authenticate is given at all, from NATS_USER, NATS_PASSWORD, NATS_TOKEN and NATS_CREDS: so
+    that secrets need not be on a command line, where `ps` shows them."""
+    values = dict(given)
+    for key, (option, path) in files.items():
+        if path is None:
+            continue
+        if values.get(key) is not None:
+            raise ConfigurationError(f"both {key} and {option} given; use one of them")
+        values[key] = read_secret_file(option, path)
+    if not any(values.values()):
+        for key, variable in SECRET_ENVIRONMENT.items():
+            values[key] = environ.get(variable) or None
+    return values
 
 
 def redact_url(url: str) -> str:

@@ -20,12 +20,14 @@ from typing import Any
 import pytest
 
 from nats_spark import loop
+from nats_spark.cli import build_parser, settings_from_args
 from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings, connect, parse_servers, redact_url
 from nats_spark.errors import ConfigurationError, ConnectionFailed
 from nats_spark.jetstream import PullConsumer
 from nats_spark.loop import Blocking, event_loop, run_sync
 from nats_spark.server import EmbeddedServer
+from nats_spark.spark.options import parse_options
 
 USER, PASSWORD, TOKEN = "alice", "pw-Zq81x", "tok-Hk27y"
 
@@ -153,6 +155,30 @@ def test_wrong_password_is_refused_without_leaking(
     assert "refused the credentials" in message
     assert f"127.0.0.1:{password_server.port}" in message
     assert wrong not in message and PASSWORD not in message
+
+
+def test_secrets_from_the_environment_and_files(
+    password_server: EmbeddedServer, token_server: EmbeddedServer, tmp_path, monkeypatch
+) -> None:
+    """Secrets kept off the command line: the source's options and the CLI's flags read them
+    from NATS_* variables or from files."""
+    monkeypatch.setenv("NATS_USER", USER)
+    monkeypatch.setenv("NATS_PASSWORD", PASSWORD)
+    options = {"servers": password_server.url, "stream": "S", "group": "g"}
+    assert_works(parse_options(options).connection)
+    assert_works(
+        settings_from_args(
+            build_parser().parse_args(["-s", password_server.url, "static", "ls", "S"])
+        )
+    )
+    monkeypatch.delenv("NATS_USER")
+    monkeypatch.delenv("NATS_PASSWORD")
+    secret = tmp_path / "token"
+    secret.write_text(TOKEN + "\n")
+    options = {"servers": token_server.url, "stream": "S", "group": "g", "tokenFile": str(secret)}
+    assert_works(parse_options(options).connection)
+    argv = ["-s", token_server.url, "--token-file", str(secret), "static", "ls", "S"]
+    assert_works(settings_from_args(build_parser().parse_args(argv)))
 
 
 def test_token(token_server: EmbeddedServer) -> None:

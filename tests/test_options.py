@@ -83,3 +83,32 @@ def test_elastic_partition_consumers_live_on_the_work_queue_stream() -> None:
     )
     config_of_one = partition_consumer(single, 0).config
     assert "filter_subject" not in config_of_one and "filter_subjects" not in config_of_one
+
+
+def test_secrets_from_files_and_the_environment(tmp_path, monkeypatch) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("s3cr3t-Kq7\n")
+    parsed = parse_options({**BASE, "user": "u", "passwordFile": str(secret)}).connection
+    assert (parsed.user, parsed.password) == ("u", "s3cr3t-Kq7")
+    parsed = parse_options({**BASE, "tokenFile": str(secret)}).connection
+    assert parsed.token == "s3cr3t-Kq7"
+    with pytest.raises(ConfigurationError, match="both password and passwordFile given") as caught:
+        parse_options({**BASE, "user": "u", "password": "x-Zz9", "passwordFile": str(secret)})
+    assert "x-Zz9" not in str(caught.value) and "s3cr3t" not in str(caught.value)
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(ConfigurationError, match=r"tokenFile .*empty is empty"):
+        parse_options({**BASE, "tokenFile": str(empty)})
+
+    monkeypatch.setenv("NATS_USER", "envuser")
+    monkeypatch.setenv("NATS_PASSWORD", "env-Pw5")
+    parsed = parse_options(BASE).connection
+    assert (parsed.user, parsed.password) == ("envuser", "env-Pw5")
+    assert "env-Pw5" not in repr(parsed)
+    # Options win over the environment, which then applies not at all.
+    parsed = parse_options({**BASE, "tokenFile": str(secret)}).connection
+    assert (parsed.user, parsed.password, parsed.token) == (None, None, "s3cr3t-Kq7")
+    monkeypatch.delenv("NATS_USER")
+    monkeypatch.delenv("NATS_PASSWORD")
+    monkeypatch.setenv("NATS_TOKEN", "tok-Yy2")
+    assert parse_options(BASE).connection.token == "tok-Yy2"

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nats_spark.connection import ConnectionSettings, parse_servers
+from nats_spark.connection import ConnectionSettings, credentials, parse_servers
 from nats_spark.errors import ConfigurationError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -36,10 +36,12 @@ KNOWN_OPTIONS: dict[str, str] = {
     "includeHeaders": "true | false (default true)",
     "ledgerBucket": "KV bucket of the ack ledger (default nats-spark-ledger)",
     "failOnDataLoss": "true | false (default true)",
-    "creds": "path of a .creds file",
-    "token": "auth token",
-    "user": "user name",
-    "password": "password",
+    "creds": "path of a .creds file (or $NATS_CREDS)",
+    "token": "auth token (or tokenFile, or $NATS_TOKEN)",
+    "tokenFile": "path of a file holding the auth token",
+    "user": "user name (or $NATS_USER)",
+    "password": "password (or passwordFile, or $NATS_PASSWORD)",
+    "passwordFile": "path of a file holding the password",
     "nkeySeed": "path of an nkey seed file",
     "tlsCaCert": "path of the CA certificate that signs the server's",
     "tlsCert": "path of the client certificate (mutual TLS)",
@@ -186,13 +188,26 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         text = take(name)
         return default if text is None else parse_bool(name, text)
 
+    auth = credentials(
+        {
+            "user": take("user"),
+            "password": options.get("password"),
+            "token": take("token"),
+            "creds": take("creds"),
+            "nkey_seed": take("nkeySeed"),
+        },
+        {
+            "password": ("passwordFile", take("passwordFile")),
+            "token": ("tokenFile", take("tokenFile")),
+        },
+    )
     connection = ConnectionSettings(
         servers=parse_servers(servers),
-        user=take("user"),
-        password=options.get("password"),
-        token=take("token"),
-        nkey_seed=take("nkeySeed"),
-        creds=take("creds"),
+        user=auth["user"],
+        password=auth["password"],
+        token=auth["token"],
+        nkey_seed=auth["nkey_seed"],
+        creds=auth["creds"],
         tls_ca_cert=take("tlsCaCert"),
         tls_cert=take("tlsCert"),
         tls_key=take("tlsKey"),
