@@ -17,6 +17,10 @@ class ServerTooOld(NatsSparkError):
     """The NATS server lacks a feature the connector needs."""
 
 
+STREAM_NOT_FOUND = 10059  # JetStream error codes
+CONSUMER_NOT_FOUND = 10014
+
+
 class JetStreamApiError(NatsSparkError):
     """A `$JS.API` request answered with an error."""
 
@@ -26,6 +30,11 @@ class JetStreamApiError(NatsSparkError):
         self.err_code = err_code
         self.description = description
         super().__init__(f"{description} (status {code}, error code {err_code}, on {subject})")
+
+    @property
+    def stream_missing(self) -> bool:
+        """The stream itself is gone (not only the consumer or message asked for)."""
+        return self.err_code == STREAM_NOT_FOUND
 
 
 class NotFound(JetStreamApiError):

@@ -144,3 +144,27 @@ def test_group_without_members_fails_at_start(spark, client, nats_url, unique, t
     text = failure(start(source(spark, nats_url, stream, "g"), tmp_path))
     assert f"{kind} group 'g' on stream '{stream}' has no members to read" in text, text
     assert fix in text, text
+
+
+def test_stream_deleted_while_running_fails_with_one_line(
+    spark, client, nats_url, unique, tmp_path
+):
+    stream = f"SD{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=2)
+    publish(client, stream, 10)
+    seen: list[int] = []
+    query = (
+        source(spark, nats_url, stream, "g")
+        .writeStream.foreachBatch(lambda batch, _: seen.extend(range(batch.count())))
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(lambda: len(seen) >= 10, 60, "10 rows")
+        run_sync(client.api.delete_stream(stream))
+        text = failure(query)
+    finally:
+        query.stop()
+    assert f"stream '{stream}'" in text and "recreate it" in text, text
+    assert "error code 10059" not in text, text

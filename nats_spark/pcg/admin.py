@@ -46,7 +46,6 @@ from nats_spark.pcg.store import (
     update_group,
 )
 
-STREAM_NOT_FOUND = 10059  # JetStream error code; 10014 is "consumer not found"
 CAS_ATTEMPTS = 5
 
 
@@ -281,7 +280,7 @@ async def _consumer_info(client: NatsClient, consumer: GroupConsumer) -> dict[st
     try:
         return await client.api.consumer_info(consumer.stream, consumer.name)
     except NotFound as error:
-        if error.err_code == STREAM_NOT_FOUND:
+        if error.stream_missing:
             raise StreamNotFound(
                 f"stream {consumer.stream!r} does not exist; recreate the group "
                 "(an elastic group's work-queue stream comes with `create`)"

@@ -57,7 +57,6 @@ SELF_HEAL_MARGIN = 0.5  # seconds added to the ack wait before a missing consume
 RETRY_PAUSE = 0.5  # seconds to wait after a pull that ended without an answer from the server
 MEMBERSHIP_BACKOFF = (0.4, 0.5)  # seconds an unpinned instance waits on a membership change
 WQ_CONSUMER_NOT_UNIQUE = 10100  # another consumer of the work-queue stream still has our filters
-STREAM_NOT_FOUND = 10059
 
 _RETRY_STATUSES = {PullStatus.HEARTBEAT_MISSED, PullStatus.INTERRUPTED, PullStatus.CLIENT_TIMEOUT}
 
@@ -379,7 +378,7 @@ class GroupMember:
                     self._ack_wait + SELF_HEAL_MARGIN,
                 )
                 return
-            if error.err_code == STREAM_NOT_FOUND:
+            if error.stream_missing:
                 raise ConfigurationError(
                     f"stream {consumer.stream!r} of consumer group {self.group!r} does not "
                     "exist; create the group (nats-pcg elastic|static create) or check the names"

@@ -197,7 +197,7 @@ class OffsetReader:
         client = await self._connect()
         self.available_now_seq = {}
         for slot in self.slots.values():
-            info = await client.api.stream_info(slot.stream)
+            info = await self._stream_info(client, slot.stream)
             self.available_now_seq[slot.name] = info["state"]["last_seq"]
 
     async def latest_offset(self, start: SourceOffset | None, max_rows: int | None) -> SourceOffset:
@@ -212,7 +212,7 @@ class OffsetReader:
         for slot in resolved:
             state = await self._observe(client, slot)
             if slot.stream not in first_seqs:
-                info = await client.api.stream_info(slot.stream)
+                info = await self._stream_info(client, slot.stream)
                 first_seqs[slot.stream] = info["state"]["first_seq"]
             plan = self._plan_slot(slot, state)
             if plan is not None:
@@ -233,10 +233,24 @@ class OffsetReader:
                 await self._save_pointer()
         return self.current
 
+    async def _stream_info(self, client: NatsClient, stream: str) -> dict[str, Any]:
+        try:
+            return await client.api.stream_info(stream)
+        except NotFound:
+            raise self._stream_gone(stream) from None
+
+    def _stream_gone(self, stream: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"stream {stream!r} was deleted while the query read {self.options.target}; "
+            "recreate it (and the group), then restart the query with a new checkpoint"
+        )
+
     async def _observe(self, client: NatsClient, slot: Slot) -> SlotState:
         try:
             info = await client.api.consumer_info(slot.stream, slot.consumer)
-        except NotFound:
+        except NotFound as error:
+            if error.stream_missing:
+                raise self._stream_gone(slot.stream) from None
             await self.target.heal(client, slot)
             info = await client.api.consumer_info(slot.stream, slot.consumer)
         pinned = None

@@ -120,7 +120,12 @@ async def _ensure(client: NatsClient, consumer: GroupConsumer, start_seq: int = 
 async def _info(client: NatsClient, consumer: GroupConsumer) -> dict[str, Any] | None:
     try:
         return await client.api.consumer_info(consumer.stream, consumer.name)
-    except NotFound:
+    except NotFound as error:
+        if error.stream_missing:
+            raise ConfigurationError(
+                f"stream {consumer.stream!r} does not exist (deleted while the query ran?); "
+                "recreate it and the group, then restart the query with a new checkpoint"
+            ) from None
         return None
 
 
