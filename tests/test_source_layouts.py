@@ -310,3 +310,25 @@ def test_elastic_group_losing_all_members_warns_then_reads_again(
     finally:
         query.stop()
     assert_exactly_once(values, 100)
+
+
+def test_adopted_consumer_with_a_small_max_ack_pending_is_reported(
+    spark, client, nats_url, unique, tmp_path
+):
+    """A consumer created by someone else (a Go member's MaxAckPending=1, say) caps every batch:
+    the query reads on, a batch at a time, and says why in progress."""
+    stream, group = f"MA{unique}", "g"
+    static_group(client, stream, group, ["m1"], partitions=1)
+    entry = run_sync(load_group(client.target, stream, group))
+    run_sync(
+        ensure_group_consumer(client.target, partition_consumer(entry, 0, {"max_ack_pending": 2}))
+    )
+    publish(client, stream, 6)
+    query, error = run_query(source(spark, nats_url, stream, group), tmp_path)
+    assert error is None, error
+    assert_exactly_once(payloads(spark, str(tmp_path / "out")), 6)
+    batches = [p for p in query.recentProgress if p["numInputRows"]]
+    assert len(batches) == 3 and all(p["numInputRows"] == 2 for p in batches)
+    if REPORTS_LAG:
+        report = json.loads(batches[0]["sources"][0]["latestOffset"])
+        assert "allows 2 unacked messages" in report["members"]["partition-0"]["warning"]

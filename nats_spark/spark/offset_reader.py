@@ -57,6 +57,7 @@ class SlotState:
     ack_floor: int = 0
     pinned: str | None = None
     status: str = "idle"
+    warning: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -75,6 +76,7 @@ class OffsetReader:
         self.slots: dict[str, Slot] = {}  # every slot seen, also ones since dropped
         self.readable: set[str] | None = None  # the slots the last resolve gave to read
         self.last_query_pins: frozenset[str] = frozenset()
+        self.warned: set[str] = set()  # slots whose consumer's small capacity was logged
         self.pins: dict[str, str] = {}
         self.states: dict[str, SlotState] = {}
         self.available_now_seq: dict[str, int] | None = None
@@ -322,6 +324,7 @@ class OffsetReader:
         capacity = state.extra["max_ack_pending"]
         if capacity and capacity > 0:
             work = min(work, capacity - ours)
+            self._note_small_capacity(slot, state, capacity)
         if self.options.max_messages_per_partition:
             work = min(work, self.options.max_messages_per_partition)
         work = -(-work // slot.readers)  # parallel readers of one consumer share its backlog
@@ -330,6 +333,21 @@ class OffsetReader:
             state.status = "idle" if state.pinned is None else state.status
             return None
         return MemberPlan(limit=work, pending=state.pending)
+
+    def _note_small_capacity(self, slot: Slot, state: SlotState, capacity: int) -> None:
+        """A group consumer the source adopted (a Go member created it) may allow fewer
+        messages in flight than the source's maxAckPending: each batch then takes at most that
+        many. Said once in the log, and in progress for as long as it holds."""
+        if not slot.partitioned or capacity >= self.options.max_ack_pending:
+            return
+        state.warning = (
+            f"consumer {slot.consumer} allows {capacity} unacked messages (max_ack_pending), so "
+            f"each batch takes at most {capacity} from it; raise its max_ack_pending, or delete "
+            "it so that the source creates it with maxAckPending"
+        )
+        if slot.name not in self.warned:
+            self.warned.add(slot.name)
+            log.warning("%s", state.warning)
 
     def _apply_limit(
         self, plans: dict[str, MemberPlan], max_rows: int | None
@@ -505,6 +523,7 @@ class OffsetReader:
                 "ackPending": s.ack_pending,
                 "status": s.status,
                 **({"member": member} if (member := self._owner(name)) != name else {}),
+                **({"warning": s.warning} if s.warning else {}),
             }
             for name, s in sorted(self.states.items())
         }
