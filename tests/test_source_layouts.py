@@ -27,6 +27,7 @@ from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.consumers import (
     PRIORITY_GROUP,
+    ensure_group_consumer,
     member_consumer,
     partition_consumer,
     read_stream,
