@@ -36,9 +36,8 @@ from nats_spark.errors import NatsSparkError, NotFound
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.config import PartitioningFilter
-from nats_spark.pcg.consumers import PRIORITY_GROUP, member_consumer
+from nats_spark.pcg.consumers import PRIORITY_GROUP
 from nats_spark.pcg.partitioning import elastic_stream_name
-from nats_spark.pcg.store import load_group
 from nats_spark.server import EmbeddedServer
 
 STREAM, GROUP, MEMBERS, PARTITIONS = "CHAOS", "eg", ["a", "b", "c"], 6
@@ -169,9 +168,11 @@ class Job:
         ]
 
 
-def member_consumers(client: Blocking[NatsClient]) -> list[tuple[str, str]]:
-    entry = run_sync(load_group(client.target, STREAM, GROUP))
-    return [(c.stream, c.name) for c in (member_consumer(entry, m) for m in MEMBERS)]
+def group_consumers(client: Blocking[NatsClient]) -> list[tuple[str, str]]:
+    """The consumers the job reads the group through (either layout): those on its work-queue
+    stream."""
+    stream = elastic_stream_name(STREAM, GROUP)
+    return [(stream, name) for name in run_sync(client.api.consumer_names(stream))]
 
 
 def unacked(client: Blocking[NatsClient]) -> int:
@@ -189,7 +190,10 @@ def inject(kind: str, rng: random.Random, server: EmbeddedServer, job: Job, clie
         time.sleep(rng.uniform(0.0, 2.0))
         job.start()
     else:
-        stream, name = rng.choice(member_consumers(client))
+        consumers = group_consumers(client)
+        if not consumers:
+            return  # between a deletion and the job's next batch
+        stream, name = rng.choice(consumers)
         if kind == "unpin":
             run_sync(client.api.unpin(stream, name, PRIORITY_GROUP))
         else:

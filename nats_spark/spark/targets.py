@@ -283,10 +283,13 @@ class GroupTarget:
     ) -> ConsumerLayout:
         """Decide the layout on first use and move the group into it once its old consumers
         are quiet; refuse when another client reads the same messages in the other layout."""
-        members = {m: await _info(client, member_consumer(entry, m)) for m in owned}
+        # Once settled, only the partition layout keeps watching for Go-layout members.
+        settled = self.wanted is not None and self.layout is self.wanted
+        watched = owned if not settled or self.wanted is ConsumerLayout.PARTITION else {}
+        members = {m: await _info(client, member_consumer(entry, m)) for m in watched}
         partitions = {
             p: await _info(client, partition_consumer(entry, p))
-            for ps in owned.values()
+            for ps in ([] if settled else owned.values())
             for p in ps
         }
         reading_members = self.layout is ConsumerLayout.MEMBER
