@@ -13,9 +13,24 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 _NAME = re.compile(r"^[^\s.*>/\\]{1,255}$")
 
-# Canonical option names with a one-line description (the README table mirrors this).
-KNOWN_OPTIONS: dict[str, str] = {
+# Canonical option names with a one-line description (the README tables mirror these).
+CONNECTION_OPTIONS: dict[str, str] = {
     "servers": "comma list of NATS URLs (required)",
+    "creds": "path of a .creds file (or $NATS_CREDS)",
+    "token": "auth token (or tokenFile, or $NATS_TOKEN)",
+    "tokenFile": "path of a file holding the auth token",
+    "user": "user name (or $NATS_USER)",
+    "password": "password (or passwordFile, or $NATS_PASSWORD)",
+    "passwordFile": "path of a file holding the password",
+    "nkeySeed": "path of an nkey seed file",
+    "tlsCaCert": "path of the CA certificate that signs the server's",
+    "tlsCert": "path of the client certificate (mutual TLS)",
+    "tlsKey": "path of the client key (mutual TLS)",
+    "connectTimeout": "connect timeout (default 5s)",
+    "retryTimeout": "how long NATS calls are retried while JetStream has no leader (default 60s)",
+}
+KNOWN_OPTIONS: dict[str, str] = {
+    **CONNECTION_OPTIONS,
     "stream": "the stream the group or consumer reads (required)",
     "group": "partitioned consumer group name (this or consumer)",
     "groupType": "auto | static | elastic (default auto)",
@@ -36,20 +51,7 @@ KNOWN_OPTIONS: dict[str, str] = {
     "includeHeaders": "true | false (default true)",
     "ledgerBucket": "KV bucket of the ack ledger (default nats-spark-ledger)",
     "failOnDataLoss": "true | false (default true)",
-    "creds": "path of a .creds file (or $NATS_CREDS)",
-    "token": "auth token (or tokenFile, or $NATS_TOKEN)",
-    "tokenFile": "path of a file holding the auth token",
-    "user": "user name (or $NATS_USER)",
-    "password": "password (or passwordFile, or $NATS_PASSWORD)",
-    "passwordFile": "path of a file holding the password",
-    "nkeySeed": "path of an nkey seed file",
-    "tlsCaCert": "path of the CA certificate that signs the server's",
-    "tlsCert": "path of the client certificate (mutual TLS)",
-    "tlsKey": "path of the client key (mutual TLS)",
-    "connectTimeout": "connect timeout (default 5s)",
-    "retryTimeout": "how long NATS calls are retried while JetStream has no leader (default 60s)",
 }
-_CANONICAL = {name.lower(): name for name in KNOWN_OPTIONS}
 SECRET_OPTIONS = frozenset({"token", "password"})
 
 
@@ -127,27 +129,92 @@ class SourceOptions:
         return f"{self.stream}/{self.group or self.consumer}"
 
 
-def parse_options(raw: Mapping[str, str]) -> SourceOptions:
-    """Validate `raw` (case-insensitive keys, string values) into `SourceOptions`."""
-    options: dict[str, str] = {}
-    for key, value in raw.items():
-        canonical = _CANONICAL.get(key.lower())
-        if canonical is None:
-            if key.lower() in ("path", "checkpointlocation"):
-                continue  # Spark adds these for some call paths
-            known = ", ".join(KNOWN_OPTIONS)
-            raise ConfigurationError(f"unknown option {key!r}; known options: {known}")
-        options[canonical] = str(value)
+class OptionValues:
+    """Option strings under their canonical names (Spark passes names in any case), with the
+    typed readers every option goes through."""
 
-    def take(name: str) -> str | None:
-        value = options.get(name)
+    def __init__(self, raw: Mapping[str, str], known: Mapping[str, str]) -> None:
+        canonical = {name.lower(): name for name in known}
+        self.values: dict[str, str] = {}
+        for key, value in raw.items():
+            name = canonical.get(key.lower())
+            if name is None:
+                if key.lower() in ("path", "checkpointlocation"):
+                    continue  # Spark adds these for some call paths
+                raise ConfigurationError(
+                    f"unknown option {key!r}; known options: {', '.join(known)}"
+                )
+            self.values[name] = str(value)
+
+    def take(self, name: str) -> str | None:
+        """The value, None when absent or blank."""
+        value = self.values.get(name)
         return value if value is None or value.strip() else None
 
-    servers, stream = take("servers"), take("stream")
-    if servers is None:
+    def required(self, name: str, example: str) -> str:
+        value = self.take(name)
+        if value is None:
+            raise ConfigurationError(f"option {name} is required; set it to {example}")
+        return value
+
+    def optional_int(self, name: str, low: int = 1, high: int | None = None) -> int | None:
+        text = self.take(name)
+        return None if text is None else parse_int(name, text, low, high)
+
+    def duration(self, name: str, default: float) -> float:
+        text = self.take(name)
+        return default if text is None else parse_duration(name, text)
+
+    def flag(self, name: str, default: bool) -> bool:
+        text = self.take(name)
+        return default if text is None else parse_bool(name, text)
+
+    def connection(self, name: str) -> ConnectionSettings:
+        """The connection options (`CONNECTION_OPTIONS`) as settings; `name` is the client's
+        connection name on the server."""
+        take = self.take
+        servers = self.required("servers", "e.g. nats://host:4222")
+        auth = credentials(
+            {
+                "user": take("user"),
+                "password": self.values.get("password"),
+                "token": take("token"),
+                "creds": take("creds"),
+                "nkey_seed": take("nkeySeed"),
+            },
+            {
+                "password": ("passwordFile", take("passwordFile")),
+                "token": ("tokenFile", take("tokenFile")),
+            },
+        )
+        return ConnectionSettings(
+            servers=parse_servers(servers),
+            user=auth["user"],
+            password=auth["password"],
+            token=auth["token"],
+            nkey_seed=auth["nkey_seed"],
+            creds=auth["creds"],
+            tls_ca_cert=take("tlsCaCert"),
+            tls_cert=take("tlsCert"),
+            tls_key=take("tlsKey"),
+            connect_timeout=self.duration("connectTimeout", ConnectionSettings.connect_timeout),
+            retry_timeout=self.duration("retryTimeout", ConnectionSettings.retry_timeout),
+            name=name,
+        )
+
+
+def parse_options(raw: Mapping[str, str]) -> SourceOptions:
+    """Validate `raw` (case-insensitive keys, string values) into `SourceOptions`."""
+    values = OptionValues(raw, KNOWN_OPTIONS)
+    take, optional_int, duration, flag = (
+        values.take,
+        values.optional_int,
+        values.duration,
+        values.flag,
+    )
+    if take("servers") is None:
         raise ConfigurationError("option servers is required; set it to e.g. nats://host:4222")
-    if stream is None:
-        raise ConfigurationError("option stream is required; set it to the stream's name")
+    stream = values.required("stream", "the stream's name")
     group, consumer = take("group"), take("consumer")
     if (group is None) == (consumer is None):
         raise ConfigurationError(
@@ -175,48 +242,8 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         members = tuple(_check_name("members", m.strip()) for m in text.split(",") if m.strip())
         if not members:
             raise ConfigurationError("option members is empty; list member names or omit it")
-
-    def optional_int(name: str, low: int = 1, high: int | None = None) -> int | None:
-        text = take(name)
-        return None if text is None else parse_int(name, text, low, high)
-
-    def duration(name: str, default: float) -> float:
-        text = take(name)
-        return default if text is None else parse_duration(name, text)
-
-    def flag(name: str, default: bool) -> bool:
-        text = take(name)
-        return default if text is None else parse_bool(name, text)
-
-    auth = credentials(
-        {
-            "user": take("user"),
-            "password": options.get("password"),
-            "token": take("token"),
-            "creds": take("creds"),
-            "nkey_seed": take("nkeySeed"),
-        },
-        {
-            "password": ("passwordFile", take("passwordFile")),
-            "token": ("tokenFile", take("tokenFile")),
-        },
-    )
-    connection = ConnectionSettings(
-        servers=parse_servers(servers),
-        user=auth["user"],
-        password=auth["password"],
-        token=auth["token"],
-        nkey_seed=auth["nkey_seed"],
-        creds=auth["creds"],
-        tls_ca_cert=take("tlsCaCert"),
-        tls_cert=take("tlsCert"),
-        tls_key=take("tlsKey"),
-        connect_timeout=duration("connectTimeout", ConnectionSettings.connect_timeout),
-        retry_timeout=duration("retryTimeout", ConnectionSettings.retry_timeout),
-        name=f"nats-spark {stream}/{group or consumer}",
-    )
     return SourceOptions(
-        connection=connection,
+        connection=values.connection(f"nats-spark {stream}/{group or consumer}"),
         stream=_check_name("stream", stream),
         group=_check_name("group", group) if group else None,
         group_type=group_type,
