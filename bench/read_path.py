@@ -22,14 +22,17 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import KEYS, create_group, create_stream, emit, publish  # noqa: E402
-from nats_spark.client import NatsClient  # noqa: E402
+from nats_spark.client import (
+    NatsClient,  # noqa: E402
+    close_shared_clients,  # noqa: E402
+)
 from nats_spark.connection import ConnectionSettings  # noqa: E402
 from nats_spark.loop import run_sync  # noqa: E402
 from nats_spark.server import EmbeddedServer  # noqa: E402
 from nats_spark.spark.ledger import Ledger  # noqa: E402
 from nats_spark.spark.offset_reader import OffsetReader  # noqa: E402
 from nats_spark.spark.options import parse_options  # noqa: E402
-from nats_spark.spark.partition_reader import close_shared_clients, read_slot  # noqa: E402
+from nats_spark.spark.partition_reader import read_slot  # noqa: E402
 
 
 class LedgerClock:

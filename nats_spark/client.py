@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
@@ -10,6 +13,8 @@ from nats_spark.jetstream.api import JetStreamApi
 from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import check_server_version
+
+log = logging.getLogger(__name__)
 
 
 class NatsClient:
@@ -60,6 +65,30 @@ class NatsClient:
     async def close(self) -> None:
         if not self.nc.is_closed:
             await self.nc.drain() if self.nc.is_connected else await self.nc.close()
+
+
+_clients: dict[ConnectionSettings, NatsClient] = {}
+
+
+def shared_client(settings: ConnectionSettings) -> NatsClient:
+    """One connection per settings per Python worker process (workers are reused across tasks)."""
+    client = _clients.get(settings)
+    if client is None or not client.usable:
+        if client is not None:
+            log.warning("replacing a NATS connection whose read loop ended")
+            with contextlib.suppress(Exception):  # no drain: nothing would answer it
+                run_sync(client.nc.close(), timeout=5)
+        client = run_sync(NatsClient.open(settings))
+        _clients[settings] = client
+    return client
+
+
+def close_shared_clients() -> None:
+    """Close this process's shared connections. Spark workers never need to (they end with the
+    process); in-process callers such as the benchmark do, before stopping the server."""
+    while _clients:
+        _, client = _clients.popitem()
+        run_sync(client.close())
 
 
 def open_blocking(settings: ConnectionSettings) -> Blocking[NatsClient]:

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from nats_spark.client import NatsClient
+from nats_spark.client import shared_client
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import NatsSparkError, NotFound, PullError
 from nats_spark.jetstream.acks import IN_PROGRESS, parse_reply, publish_acks, reply_numbers
@@ -74,29 +74,6 @@ class SlotPartition(InputPartition):
     priority: int | None = None
     siblings: tuple[str, ...] = ()  # other slots of this batch pulling from the same consumer
     ack_wait: float = 30.0  # the consumer's: what this task takes must not come back meanwhile
-
-
-_clients: dict[ConnectionSettings, NatsClient] = {}
-
-
-def shared_client(settings: ConnectionSettings) -> NatsClient:
-    """One connection per settings per Python worker process (workers are reused across tasks)."""
-    client = _clients.get(settings)
-    if client is None or not client.usable:
-        if client is not None:
-            log.warning("replacing a NATS connection whose read loop ended")
-            run_sync(client.close())
-        client = run_sync(NatsClient.open(settings))
-        _clients[settings] = client
-    return client
-
-
-def close_shared_clients() -> None:
-    """Close this process's shared connections. Spark workers never need to (they end with the
-    process); in-process callers such as the benchmark do, before stopping the server."""
-    while _clients:
-        _, client = _clients.popitem()
-        run_sync(client.close())
 
 
 _EMIT_BYTES = 4 << 20  # payload bytes that close a record batch early (large messages)
