@@ -117,6 +117,15 @@ class JetStreamApi:
             if not page.get("streams") or len(names) >= page.get("total", 0):
                 return names
 
+    async def stream_configs(self) -> list[dict[str, Any]]:
+        """The config of every stream of the account (`STREAM.LIST`, all pages)."""
+        configs: list[dict[str, Any]] = []
+        while True:
+            page = await self.request("STREAM.LIST", {"offset": len(configs)})
+            configs += [info["config"] for info in page.get("streams") or []]
+            if not page.get("streams") or len(configs) >= page.get("total", 0):
+                return configs
+
     async def create_consumer(
         self, stream: str, name: str, config: dict[str, Any], action: str = "create"
     ) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from nats_spark.connection import ConnectionSettings, credentials, parse_servers
 from nats_spark.errors import ConfigurationError
+from nats_spark.jetstream.subjects import valid_publish_subject
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -267,4 +268,43 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
             "ledgerBucket", take("ledgerBucket") or SourceOptions.ledger_bucket
         ),
         fail_on_data_loss=flag("failOnDataLoss", SourceOptions.fail_on_data_loss),
+    )
+
+
+SINK_OPTIONS: dict[str, str] = {
+    **CONNECTION_OPTIONS,
+    "subject": "subject of rows without a subject column (or with a null subject)",
+    "stream": "the stream every subject must land in (checked before publishing)",
+    "publishAsyncMaxPending": "publishes in flight per task (default 4096)",
+    "publishTimeout": "how long to wait for a PubAck before sending again (default 5s)",
+}
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """Validated options of a write to NATS (format `nats`). Picklable."""
+
+    connection: ConnectionSettings
+    subject: str | None = None
+    stream: str | None = None
+    max_pending: int = 4096
+    publish_timeout: float = 5.0
+
+
+def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
+    """Validate the options of `df.write.format("nats")` / `writeStream.format("nats")`."""
+    values = OptionValues(raw, SINK_OPTIONS)
+    subject, stream = values.take("subject"), values.take("stream")
+    if subject is not None and not valid_publish_subject(subject):
+        raise ConfigurationError(
+            f"option subject={subject!r} is not a subject one can publish to; use tokens "
+            "without spaces or wildcards, e.g. orders.enriched"
+        )
+    return SinkOptions(
+        connection=values.connection(f"nats-spark sink {stream or subject or ''}".rstrip()),
+        subject=subject,
+        stream=_check_name("stream", stream) if stream else None,
+        max_pending=values.optional_int("publishAsyncMaxPending", 1, 1_000_000)
+        or SinkOptions.max_pending,
+        publish_timeout=values.duration("publishTimeout", SinkOptions.publish_timeout),
     )

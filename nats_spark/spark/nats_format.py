@@ -1,0 +1,149 @@
+"""The `nats` format: Spark's entry points for writing DataFrames to JetStream.
+
+`df.write.format("nats")` (append) and `df.writeStream.format("nats")`; see `sink.py` for how
+rows become messages and why a re-run stores nothing twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamWriter,
+    WriterCommitMessage,
+)
+
+from nats_spark.client import NatsClient
+from nats_spark.errors import ConfigurationError
+from nats_spark.loop import run_sync
+from nats_spark.spark.options import SinkOptions, parse_sink_options
+from nats_spark.spark.sink import (
+    PartitionPublisher,
+    SinkColumns,
+    arrow_chunks,
+    check_target,
+    log_commit,
+    new_write_id,
+    sink_columns,
+    task_id_prefix,
+)
+
+try:  # Spark 4.1+: the streaming writer gets Arrow record batches too
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
+except ImportError:  # Spark 4.0: Rows
+    _StreamWriterBase = DataSourceStreamWriter  # type: ignore[assignment,misc]
+
+
+class NatsDataSource(DataSource):
+    """`format("nats")`: writes to JetStream (reads of a stream are `nats-pcg`'s for now)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "nats"
+
+    def _prepare(self, schema: Any) -> tuple[SinkOptions, SinkColumns]:
+        """Options, columns and the target checked on the driver, before any task publishes."""
+        options = parse_sink_options(self.options)
+        columns = sink_columns(schema, options)
+
+        async def check() -> None:
+            client = await NatsClient.open(options.connection)
+            try:
+                await check_target(client, options)
+            finally:
+                await client.close()
+
+        run_sync(check())
+        return options, columns
+
+    def writer(self, schema: Any, overwrite: bool) -> NatsWriter:
+        if overwrite:
+            raise ConfigurationError("a NATS stream cannot be overwritten; use mode('append')")
+        options, columns = self._prepare(schema)
+        return NatsWriter(options, columns, new_write_id())
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> NatsStreamWriter:
+        options, columns = self._prepare(schema)
+        return NatsStreamWriter(options, columns)
+
+    def reader(self, schema: Any) -> Any:
+        raise ConfigurationError(
+            "format nats writes to JetStream; read groups and consumers with format nats-pcg"
+        )
+
+    def streamReader(self, schema: Any) -> Any:
+        return self.reader(schema)
+
+
+def _rows_chunks(
+    rows: Iterator[Any], columns: SinkColumns, size: int = 4096
+) -> Iterator[tuple[Sequence[Any], Sequence[Any], Sequence[Any]]]:
+    """Column chunks from Rows (Spark 4.0's streaming writer)."""
+    chunk: list[Any] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == size:
+            yield _columns_of(chunk, columns)
+            chunk = []
+    if chunk:
+        yield _columns_of(chunk, columns)
+
+
+def _columns_of(
+    rows: list[Any], columns: SinkColumns
+) -> tuple[Sequence[Any], Sequence[Any], Sequence[Any]]:
+    subjects = [row["subject"] for row in rows] if columns.subject else []
+    headers = [row["headers"] for row in rows] if columns.headers else []
+    return subjects, [row["data"] for row in rows], headers
+
+
+class NatsWriter(DataSourceArrowWriter):
+    """`df.write.format("nats")`: one write id per job, shared by the retries of its tasks."""
+
+    def __init__(self, options: SinkOptions, columns: SinkColumns, write_id: str) -> None:
+        self.options = options
+        self.columns = columns
+        self.write_id = write_id
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        publisher = PartitionPublisher(self.options, self.columns, task_id_prefix(self.write_id))
+        return publisher.publish(arrow_chunks(iterator, self.columns))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        log_commit(f"write {self.write_id}", messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        log_commit(f"write {self.write_id} failed; what its tasks stored stays", messages)
+
+
+class NatsStreamWriter(_StreamWriterBase):
+    """`df.writeStream.format("nats")`: message ids from the query id and the batch id."""
+
+    def __init__(self, options: SinkOptions, columns: SinkColumns) -> None:
+        self.options = options
+        self.columns = columns
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        publisher = PartitionPublisher(self.options, self.columns, task_id_prefix(None))
+        first = next(iterator, None)
+        if first is None:
+            return publisher.publish(())
+        rest = _chain(first, iterator)
+        if isinstance(first, pa.RecordBatch):
+            return publisher.publish(arrow_chunks(rest, self.columns))
+        return publisher.publish(_rows_chunks(rest, self.columns))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log_commit(f"batch {batchId}", messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log_commit(f"batch {batchId} failed; Spark runs it again", messages)
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest

@@ -1,0 +1,236 @@
+"""The `nats` sink: DataFrames to JetStream, exactly once in the target stream."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from spark_helpers import assert_exactly_once, publish, source, static_group, wait_until
+
+from nats_spark.client import NatsClient
+from nats_spark.connection import ConnectionSettings
+from nats_spark.jetstream.api import NANOS
+from nats_spark.loop import run_sync
+
+pytestmark = pytest.mark.spark
+SPARK_MASTER = "local[2,3]"  # a failed task is tried again (up to 3 attempts)
+
+
+def target(client: Any, name: str, window: float = 120.0) -> str:
+    run_sync(
+        client.api.create_stream(
+            {
+                "name": name,
+                "subjects": [f"{name}.>"],
+                "duplicate_window": int(window * NANOS),
+            }
+        )
+    )
+    return name
+
+
+def stored(client: Any, stream: str) -> list[Any]:
+    """Every message of `stream`, in order."""
+    count = run_sync(client.api.stream_info(stream))["state"]["messages"]
+    return [run_sync(client.api.get_message(stream, seq)) for seq in range(1, count + 1)]
+
+
+def values(client: Any, stream: str) -> list[int]:
+    return [int(m.data.decode()) for m in stored(client, stream)]
+
+
+def writer(df: Any, url: str, **options: Any) -> Any:
+    w = df.write.format("nats").mode("append").option("servers", url)
+    for key, value in options.items():
+        w = w.option(key, str(value))
+    return w
+
+
+class CoreCounter:
+    """Counts every publish to `subject` as core NATS delivers it (duplicates included, which
+    JetStream drops): proves that a retry published rows a second time."""
+
+    def __init__(self, settings: ConnectionSettings, subject: str) -> None:
+        self.count = 0
+
+        async def start() -> tuple[NatsClient, Any]:
+            client = await NatsClient.open(settings)
+
+            async def seen(msg: Any) -> None:
+                self.count += 1
+
+            return client, await client.nc.subscribe(subject, cb=seen)
+
+        self.client, self.sub = run_sync(start())
+
+    def close(self) -> None:
+        run_sync(self.client.close())
+
+
+def test_batch_write_with_subjects_headers_and_ids(spark, client, nats_url, unique):
+    stream = target(client, f"W{unique}")
+    rows = [(f"{stream}.k{i % 3}", str(i), {"n": [str(i), "x"]}) for i in range(300)]
+    df = spark.createDataFrame(
+        rows, "subject STRING, data STRING, headers MAP<STRING, ARRAY<STRING>>"
+    ).repartition(3)
+    writer(df, nats_url, stream=stream).save()
+    messages = stored(client, stream)
+    assert_exactly_once([int(m.data.decode()) for m in messages], 300)
+    for message in messages:
+        n = int(message.data.decode())
+        assert message.subject == f"{stream}.k{n % 3}"
+        headers = message.headers.decode()
+        assert f"n: {n}\r\n" in headers and "n: x\r\n" in headers and "Nats-Msg-Id: " in headers
+
+
+def test_task_failure_mid_write_stores_each_row_once(spark, client, settings, nats_url, unique):
+    """A task fails after it published part of its rows; Spark runs it again, which publishes
+    them all again with the same message ids: the stream keeps one copy of each."""
+    from pyspark.sql.functions import col, udf
+
+    stream = target(client, f"F{unique}")
+    counter = CoreCounter(settings, f"{stream}.>")
+
+    @udf("string")
+    def subject_failing_once(n: int) -> str:
+        from pyspark import TaskContext
+
+        # The sink checks each chunk of rows before sending it: on its first attempt the task
+        # fails at row 1700, after the chunks before it were published.
+        if n == 1700 and TaskContext.get().attemptNumber() == 0:
+            return "nowhere.x"
+        return f"{stream}.all"
+
+    small = {"spark.sql.execution.arrow.maxRecordsPerBatch": "50"}  # chunks of 50 rows
+    before = {key: spark.conf.get(key) for key in small}
+    try:
+        for key, value in small.items():
+            spark.conf.set(key, value)
+        df = spark.range(0, 2000, numPartitions=2).select(
+            subject_failing_once(col("id")).alias("subject"), col("id").cast("string").alias("data")
+        )
+        writer(df, nats_url, stream=stream).save()
+        wait_until(lambda: counter.count > 2000, 10, "the retried rows to be seen")
+    finally:
+        for key, value in before.items():
+            spark.conf.set(key, value)
+        counter.close()
+    assert_exactly_once(values(client, stream), 2000)
+    assert counter.count > 2000, "the retried task published nothing a second time"
+
+
+def test_streaming_group_to_stream_exactly_once_across_a_replay(
+    spark, client, nats_url, unique, tmp_path
+):
+    """nats-pcg -> Spark -> nats. A batch re-run after a crash (its commit log entry gone) is
+    published again with the same ids and dropped; after the duplicate window it is stored
+    twice, as the README says."""
+    source_stream = f"SG{unique}"
+    static_group(client, source_stream, "g", ["m1", "m2"], partitions=4)
+    window = 15.0
+    sink_stream = target(client, f"SK{unique}", window=window)
+    publish(client, source_stream, 500)
+    checkpoint = tmp_path / "cp"
+
+    def run_once() -> None:
+        df = source(spark, nats_url, source_stream, "g").selectExpr(
+            f"concat('{sink_stream}.', cast(partition as string)) as subject", "data"
+        )
+        query = (
+            df.writeStream.format("nats")
+            .option("servers", nats_url)
+            .option("stream", sink_stream)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120)
+        assert query.exception() is None
+
+    run_once()
+    written = time.monotonic()
+    assert_exactly_once(values(client, sink_stream), 500)
+    # A crash after the sink wrote batch 0, before Spark's commit log: the batch runs again.
+    last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+
+    def forget_commit() -> None:
+        (checkpoint / "commits" / str(last)).unlink()
+        (checkpoint / "commits" / f".{last}.crc").unlink(missing_ok=True)
+
+    forget_commit()
+    run_once()
+    assert_exactly_once(values(client, sink_stream), 500)
+    # The same, later than the stream's duplicate window: stored twice (documented).
+    forget_commit()
+    time.sleep(max(0.0, written + window + 1 - time.monotonic()))
+    run_once()
+    assert len(values(client, sink_stream)) > 500
+
+
+@pytest.mark.parametrize(
+    "frame, options, message",
+    [
+        ("value STRING", {}, "column data is missing"),
+        ("data INT", {}, "column data has type int"),
+        ("data STRING", {}, "no subject: the DataFrame has no subject column"),
+        ("subject INT, data STRING", {}, "column subject has type int"),
+        ("subject STRING, data STRING, headers INT", {}, "column headers has type int"),
+        ("data STRING", {"subject": "a b"}, "option subject='a b' is not a subject"),
+        ("data STRING", {"subject": "elsewhere.x"}, "subject 'elsewhere.x' is not captured"),
+        ("data STRING", {"subject": "X.y", "stream": "NOPE"}, "stream 'NOPE' does not exist"),
+        ("data STRING", {"subject": "X.y", "retryTimeout": "soon"}, "retryTimeout='soon'"),
+        ("data STRING", {"subject": "X.y", "colour": "blue"}, "unknown option 'colour'"),
+    ],
+)
+def test_bad_input_fails_before_anything_is_published(spark, nats_url, frame, options, message):
+    df = spark.createDataFrame([], frame)
+    with pytest.raises(Exception, match=message):
+        writer(df, nats_url, **options).save()
+
+
+def test_a_row_no_stream_captures_fails_the_task_with_one_line(spark, client, nats_url, unique):
+    stream = target(client, f"NC{unique}")
+    df = spark.createDataFrame(
+        [(f"{stream}.a", "1"), ("nowhere.b", "2")], "subject STRING, data STRING"
+    )
+    with pytest.raises(Exception, match="subject 'nowhere.b' is not captured by no stream"):
+        writer(df.coalesce(1), nats_url).save()
+    assert values(client, stream) == []  # its chunk was checked before any of it was sent
+
+
+def test_overwrite_is_refused(spark, nats_url):
+    df = spark.createDataFrame([("1",)], "data STRING")
+    with pytest.raises(Exception, match=r"cannot be overwritten; use mode\('append'\)"):
+        df.write.format("nats").mode("overwrite").option("servers", nats_url).save()
+
+
+def test_server_restart_mid_write(spark, unique):
+    """The server dies while a task publishes: the task waits, sends again what was not
+    acknowledged, and the stream still holds each row once."""
+    from nats_spark.server import EmbeddedServer
+
+    with EmbeddedServer() as server:
+        own = run_sync(NatsClient.open(ConnectionSettings(servers=(server.url,))))
+        try:
+            stream = target(own, f"R{unique}")
+
+            def stored_count() -> int:
+                return run_sync(own.api.stream_info(stream))["state"]["messages"]
+
+            df = spark.range(0, 50_000, numPartitions=2).selectExpr("cast(id as string) as data")
+
+            def restart() -> None:  # once part of the rows is stored
+                wait_until(lambda: 0 < stored_count() < 40_000, 60, "the write under way", 0.01)
+                server.kill()
+                time.sleep(1.0)
+                server.start()
+
+            thread = threading.Thread(target=restart)
+            thread.start()
+            writer(df, server.url, subject=f"{stream}.n", stream=stream).save()
+            thread.join()
+            assert_exactly_once(values(own, stream), 50_000)
+        finally:
+            run_sync(own.close())
