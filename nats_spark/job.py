@@ -1,7 +1,10 @@
-"""A ready streaming job: read a group (or consumer) with nats-pcg into files, checkpointed.
+"""A ready streaming job: read a group (or consumer) with nats-pcg into files, or into another
+stream (`--format nats`), checkpointed.
 
     spark-submit nats_spark/job.py --servers nats://host:4222 --stream ORDERS --group g \\
         --output /data/orders --checkpoint /data/orders-cp
+    spark-submit nats_spark/job.py --servers nats://host:4222 --stream ORDERS --group g \\
+        --format nats --sink-prefix copy --sink-stream COPY --checkpoint /data/copy-cp
     python -m nats_spark.job --config conf/job.properties
 
 Flags override the config file, whose lines are `key = value` with the flag names as keys and
@@ -21,7 +24,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from nats_spark.errors import ConfigurationError
-from nats_spark.spark.options import SECRET_OPTIONS, parse_duration, parse_options
+from nats_spark.spark.options import (
+    CONNECTION_OPTIONS,
+    SECRET_OPTIONS,
+    parse_duration,
+    parse_options,
+)
 
 log = logging.getLogger("nats_spark.job")
 
@@ -33,6 +41,8 @@ _FLAGS = (
     "output",
     "checkpoint",
     "format",
+    "sink-prefix",
+    "sink-stream",
     "trigger",
     "timeout",
     "master",
@@ -83,7 +93,13 @@ def parser() -> argparse.ArgumentParser:
     target.add_argument("--consumer", help="plain priority-group pull consumer")
     p.add_argument("--output", help="output directory")
     p.add_argument("--checkpoint", help="checkpoint directory")
-    p.add_argument("--format", help="file format of the output (default parquet)")
+    p.add_argument(
+        "--format", help="file format of the output (default parquet), or nats: another stream"
+    )
+    p.add_argument(
+        "--sink-prefix", help="with --format nats: publish each message to <prefix>.<subject>"
+    )
+    p.add_argument("--sink-stream", help="with --format nats: the stream that must store them")
     p.add_argument("--trigger", help="processing-time interval such as 5s, or availableNow/once")
     p.add_argument("--timeout", type=float, help="stop after this many seconds (default: run on)")
     p.add_argument("--master", help="Spark master when not set by spark-submit (default local[2])")
@@ -127,7 +143,8 @@ def settings(argv: Sequence[str] | None) -> tuple[dict[str, str], dict[str, str]
     for key in ("servers", "stream", "group", "consumer"):
         if job.get(key):
             options[key] = job[key]
-    for key in ("output", "checkpoint"):
+    required = ("checkpoint", "sink-prefix") if job.get("format") == "nats" else ("output",)
+    for key in ("checkpoint", *required):
         if not job.get(key):
             raise ConfigurationError(f"--{key} is required (or '{key} = ...' in the config file)")
     parse_options(options)  # fail on bad options before Spark starts
@@ -137,25 +154,40 @@ def settings(argv: Sequence[str] | None) -> tuple[dict[str, str], dict[str, str]
     return job, options
 
 
-def start_query(spark: Any, job: dict[str, str], options: dict[str, str]) -> Any:
-    from nats_spark.spark.source import NatsPcgDataSource
-
-    # Spark registers `pyspark_nats_pcg` by itself only where pkgutil can see it (not through a
-    # plain editable install's import hook); registering again is refused on Spark 4.0/4.1.
+def _register(spark: Any, source: Any) -> None:
+    # Spark registers `pyspark_*` modules by itself only where pkgutil can see them (not through
+    # a plain editable install's import hook); registering again is refused on Spark 4.0/4.1.
     try:
-        spark.dataSource.register(NatsPcgDataSource)
+        spark.dataSource.register(source)
     except Exception as error:
         if "DATA_SOURCE_ALREADY_EXISTS" not in str(error):
             raise
+
+
+def start_query(spark: Any, job: dict[str, str], options: dict[str, str]) -> Any:
+    from pyspark.sql.functions import col, concat, lit
+
+    from nats_spark.spark.nats_format import NatsDataSource
+    from nats_spark.spark.source import NatsPcgDataSource
+
+    _register(spark, NatsPcgDataSource)
     reader = spark.readStream.format(NatsPcgDataSource.name())
     for key, value in options.items():
         reader = reader.option(key, value)
-    writer = (
-        reader.load()
-        .writeStream.format(job.get("format", "parquet"))
-        .option("path", job["output"])
-        .option("checkpointLocation", job["checkpoint"])
-        .queryName(job.get("app-name", "nats-spark-job").replace("-", "_"))
+    rows = reader.load()
+    if job.get("format") == "nats":
+        _register(spark, NatsDataSource)
+        subject = concat(lit(job["sink-prefix"] + "."), col("subject")).alias("subject")
+        writer = rows.select(subject, "data", "headers").writeStream.format(NatsDataSource.name())
+        for key, value in options.items():  # the same server and credentials
+            if key in CONNECTION_OPTIONS:
+                writer = writer.option(key, value)
+        if job.get("sink-stream"):
+            writer = writer.option("stream", job["sink-stream"])
+    else:
+        writer = rows.writeStream.format(job.get("format", "parquet")).option("path", job["output"])
+    writer = writer.option("checkpointLocation", job["checkpoint"]).queryName(
+        job.get("app-name", "nats-spark-job").replace("-", "_")
     )
     trigger = job.get("trigger", "1s")
     if trigger == "availableNow":

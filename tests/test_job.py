@@ -146,19 +146,29 @@ class Runs:
     submit: Launched
     config: Launched
     failing: Launched
+    sink: Launched
     streams: dict[str, str]
     dirs: dict[str, Path]
 
 
 @pytest.fixture(scope="module")
 def runs(settings: ConnectionSettings, nats_url: str, tmp_path_factory) -> Iterator[Runs]:
-    """The three Spark runs of this module, started together: JVM start-up dominates each."""
+    """The four Spark runs of this module, started together: JVM start-up dominates each."""
     tmp = tmp_path_factory.mktemp("job")
     unique = os.urandom(4).hex()
     client = open_blocking(settings)
-    streams = {"submit": f"JS{unique}", "config": f"JC{unique}"}
+    streams = {
+        "submit": f"JS{unique}",
+        "config": f"JC{unique}",
+        "sink_in": f"JN{unique}",
+        "sink_out": f"JO{unique}",
+    }
     static_group(client, streams["submit"], "g", ["m1", "m2"], partitions=4)
     publish(client, streams["submit"], 400)
+    static_group(client, streams["sink_in"], "g", ["m1", "m2"], partitions=4)
+    publish(client, streams["sink_in"], 200)
+    out = streams["sink_out"]
+    run_sync(client.api.create_stream({"name": out, "subjects": [f"{out}.>"]}))
     # The group of conf/group-example.json (members mapped to partitions 0-1 and 2-3).
     example = StaticConfig.from_json((CONF / "group-example.json").read_bytes())
     run_sync(
@@ -184,7 +194,7 @@ def runs(settings: ConnectionSettings, nats_url: str, tmp_path_factory) -> Itera
         )
     )
     publish(client, streams["config"], 300)
-    dirs = {name: tmp / name for name in ("submit", "config", "failing")}
+    dirs = {name: tmp / name for name in ("submit", "config", "failing", "sink")}
     env = spark_env()
     submit = launch(
         "submit",
@@ -235,8 +245,29 @@ def runs(settings: ConnectionSettings, nats_url: str, tmp_path_factory) -> Itera
         tmp / "logs",
         env,
     )
-    yield Runs(submit, config, failing, streams, dirs)
-    for run in (submit, config, failing):
+    sink = launch(
+        "sink",
+        [
+            sys.executable,
+            "-m",
+            "nats_spark.job",
+            "--group",
+            "g",
+            "--master",
+            "local[2]",
+            *job_flags(nats_url, streams["sink_in"], dirs["sink"]),
+            "--format",
+            "nats",
+            "--sink-prefix",
+            out,
+            "--sink-stream",
+            out,
+        ],
+        tmp / "logs",
+        env,
+    )
+    yield Runs(submit, config, failing, sink, streams, dirs)
+    for run in (submit, config, failing, sink):
         run.stop()
     for stream in streams.values():
         run_sync(client.api.delete_stream(stream))
@@ -267,6 +298,17 @@ def test_python_module_with_config_file_and_example_group(runs: Runs, client) ->
     assert "'ackWait': '60s'" in err and "'group': 'orders'" in err
 
 
+def test_group_to_another_stream(runs: Runs, client) -> None:
+    code, out, _ = runs.sink.wait(150)
+    assert code == 0, runs.sink.tail()
+    target, source = runs.streams["sink_out"], runs.streams["sink_in"]
+    count = run_sync(client.api.stream_info(target))["state"]["messages"]
+    stored = [run_sync(client.api.get_message(target, seq)) for seq in range(1, count + 1)]
+    assert_exactly_once([int(m.data.decode()) for m in stored], 200)
+    assert all(m.subject.startswith(f"{target}.{source}.k") for m in stored)
+    assert settled(client, source, "g")
+
+
 def test_failing_query_ends_with_one_line_and_code_1(runs: Runs) -> None:
     code, out, err = runs.failing.wait(150)
     assert code == 1
@@ -292,6 +334,7 @@ COMPLETE = ["--stream", "S", "--group", "g", "--output", "o", "--checkpoint", "c
         ([*COMPLETE, "--option", "ackWait"], "--option 'ackWait' is not NAME=VALUE"),
         ([*COMPLETE, "--option", "x=1"], "unknown option 'x'"),
         (["--config", "/nonexistent/job.properties"], "cannot read config file"),
+        ([*COMPLETE, "--format", "nats"], "--sink-prefix is required"),
     ],
 )
 def test_bad_flags_exit_1_with_one_line(args: list[str], message: str, tmp_path: Path) -> None:

@@ -155,6 +155,7 @@ def test_quickstart_with_its_own_server(runs: Runs) -> None:
     assert set(per_member) == {"m1", "m2"} and all(per_member.values())
     assert sum(per_member.values()) == 1000
     assert "distinct messages: 1000" in text
+    assert "copied: 1000" in text  # the sink cell
     lag = line_json(text, "lag")
     partitions = [f"partition-{p}" for p in range(4)]
     assert set(lag) == set(partitions)
