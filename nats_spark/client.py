@@ -8,7 +8,7 @@ import logging
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from nats_spark.connection import ConnectionSettings, connect
+from nats_spark.connection import ConnectionSettings, connect, read_loop_alive
 from nats_spark.jetstream.api import JetStreamApi
 from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.loop import Blocking, run_sync
@@ -46,11 +46,8 @@ class NatsClient:
 
     @property
     def usable(self) -> bool:
-        """Open, with its read loop alive. nats-py 2.16 ends the read loop for good when a PONG
-        answers a flush that timed out (`InvalidStateError` in `_process_pong`) yet still
-        reports connected, and then every request times out: such a client must be replaced."""
-        reading = self.nc._reading_task  # nats-py internal, see tests/test_nats_py_internals.py
-        return not self.nc.is_closed and (reading is None or not reading.done())
+        """Open, with its read loop alive (else it must be replaced: see `read_loop_alive`)."""
+        return read_loop_alive(self.nc)
 
     @property
     def server_version(self) -> tuple[int, int, int]:

@@ -231,6 +231,14 @@ def _failure_reason(error: BaseException, tls: bool = False) -> str:
     return text
 
 
+def read_loop_alive(nc: NATS) -> bool:
+    """Whether the connection still reads from its socket. nats-py 2.16 ends the read loop for
+    good when a PONG answers a flush that gave up (`InvalidStateError` in `_process_pong`) yet
+    goes on reporting connected, and every request then times out."""
+    reading = nc._reading_task  # nats-py internal, see tests/test_nats_py_internals.py
+    return not nc.is_closed and (reading is None or not reading.done())
+
+
 def _uses_tls(nc: NATS) -> bool:
     """Whether the open connection is encrypted: nats-py upgrades a TCP connection only when the
     server's INFO requires TLS, whatever the URL or TLS context; `wss://` is TLS underneath."""

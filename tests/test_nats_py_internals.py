@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 
 import pytest
 from nats.aio.client import Client as NATS
 
-from nats_spark.client import NatsClient
+from nats_spark.client import NatsClient, close_shared_clients, shared_client
 from nats_spark.jetstream.acks import publish_acks
+from nats_spark.jetstream.retry import ConnectionLost
 from nats_spark.loop import run_sync
 
 USED = {
@@ -60,3 +62,26 @@ def test_cancelled_ack_flush_leaves_the_connection_usable(settings) -> None:
         return usable
 
     assert all(run_sync(scenario(), timeout=60))
+
+
+def test_a_connection_that_stopped_reading_fails_fast_and_is_replaced(settings) -> None:
+    """The watchdog: requests on a connection whose read loop ended fail within one request
+    timeout (not `retryTimeout`), and the shared client is replaced."""
+    client = shared_client(settings)
+    try:
+
+        async def kill_read_loop() -> None:
+            client.nc._reading_task.cancel()
+            await asyncio.sleep(0.1)
+
+        run_sync(kill_read_loop())
+        assert not client.usable
+        started = time.monotonic()
+        with pytest.raises(ConnectionLost, match="stopped reading from the server"):
+            run_sync(client.api.account_info(), timeout=30)
+        assert time.monotonic() - started < 10
+        fresh = shared_client(settings)
+        assert fresh is not client and fresh.usable
+        run_sync(fresh.api.account_info())
+    finally:
+        close_shared_clients()

@@ -64,6 +64,7 @@ class JetStreamApi:
             lambda: self._request_once(full, payload),
             f"JetStream request {full}",
             self.retry_timeout,
+            connection=self.nc,
         )
 
     async def _request_once(self, full: str, payload: bytes) -> dict[str, Any]:

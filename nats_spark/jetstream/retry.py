@@ -14,9 +14,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import APIError
 
+from nats_spark.connection import read_loop_alive
 from nats_spark.errors import JetStreamApiError, NatsSparkError
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,10 @@ TRANSIENT_ERR_CODES = frozenset(
     }
 )
 FIRST_PAUSE, MAX_PAUSE = 0.25, 2.0
+
+
+class ConnectionLost(NatsSparkError):
+    """The connection cannot receive answers any more (its read loop ended)."""
 
 
 class Unavailable(NatsSparkError):
@@ -55,9 +61,11 @@ async def retrying(
     what: str,
     budget: float,
     transient: Callable[[BaseException], bool] = is_transient,
+    connection: NATS | None = None,
 ) -> T:
     """`call()`, again after transient failures, with growing pauses, for up to `budget` seconds;
-    then `Unavailable` naming `what` and the last failure."""
+    then `Unavailable` naming `what` and the last failure. On `connection` whose read loop died,
+    nothing can answer: `ConnectionLost` at once instead of waiting out the budget."""
     deadline = time.monotonic() + budget
     pause, attempts = FIRST_PAUSE, 0
     while True:
@@ -66,6 +74,11 @@ async def retrying(
         except Exception as error:
             if not transient(error):
                 raise
+            if connection is not None and not read_loop_alive(connection):
+                raise ConnectionLost(
+                    f"{what} failed: the NATS connection stopped reading from the server; the "
+                    "task fails and Spark retries it on a new connection"
+                ) from None
             attempts += 1
             left = deadline - time.monotonic()
             if left <= 0:

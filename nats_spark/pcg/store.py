@@ -83,7 +83,7 @@ async def _read(client: NatsClient, kind: GroupKind, stream: str, group: str) ->
             return None
 
     what = f"reading {kind.bucket}/{key}"
-    entry = await retrying(read_once, what, client.settings.retry_timeout)
+    entry = await retrying(read_once, what, client.settings.retry_timeout, connection=client.nc)
     if entry is None:
         return None
     where = f"{kind.bucket}/{key}"

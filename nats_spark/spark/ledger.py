@@ -129,6 +129,7 @@ class LedgerBucket:
             f"{what} in ack ledger bucket {self.name!r}",
             self.client.settings.retry_timeout,
             lambda error: isinstance(error, _Leaderless) or is_transient(error),
+            connection=self.client.nc,
         )
 
     async def get(self, key: str) -> KvEntry:

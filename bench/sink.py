@@ -1,0 +1,158 @@
+"""The `nats` sink against a nats-py publish loop, and what exactly once costs.
+
+In one run on one embedded server:
+- nats-py: an asyncio loop publishing `--messages` rows of `--size` bytes to a stream, up to
+  `--in-flight` publishes awaiting their PubAck at a time (bench/common.publish);
+- the same loop with a `Nats-Msg-Id` header on every message (the server's dedupe cost);
+- the sink: `df.write.format("nats")` of as many rows in `--tasks` Spark partitions (local[2]).
+Prints a JSON line per run, then a summary with the ratio sink / nats-py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import ProcessSampler, emit, publish  # noqa: E402
+from bench.connector import spark_session  # noqa: E402
+from nats_spark.client import NatsClient  # noqa: E402
+from nats_spark.connection import ConnectionSettings  # noqa: E402
+from nats_spark.loop import run_sync  # noqa: E402
+from nats_spark.server import EmbeddedServer  # noqa: E402
+
+
+def _args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--messages", type=int, default=300_000)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--tasks", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    return parser.parse_args()
+
+
+async def _publish_with_ids(client: NatsClient, stream: str, count: int, size: int) -> float:
+    """bench/common.publish's loop, each message with a message id header."""
+    nc = client.nc
+    inbox = nc.new_inbox()
+    window = asyncio.Semaphore(2000)
+    done = asyncio.Event()
+    acked = 0
+
+    async def on_ack(msg: Any) -> None:
+        nonlocal acked
+        acked += 1
+        window.release()
+        if acked == count:
+            done.set()
+
+    sub = await nc.subscribe(f"{inbox}.*", cb=on_ack, pending_msgs_limit=-1)
+    body = os.urandom(size)
+    start = time.perf_counter()
+    for i in range(count):
+        await window.acquire()
+        headers = {"Nats-Msg-Id": f"bench.{i}"}
+        await nc.publish(f"{stream}.k{i % 64}", body, reply=f"{inbox}.{i}", headers=headers)
+    await asyncio.wait_for(done.wait(), timeout=300)
+    elapsed = time.perf_counter() - start
+    await sub.unsubscribe()
+    return count / elapsed
+
+
+def _stream(client: NatsClient, name: str) -> str:
+    run_sync(client.api.create_stream({"name": name, "subjects": [f"{name}.>"]}))
+    return name
+
+
+def _timed(what: str, count: int, run: Any) -> dict[str, Any]:
+    with ProcessSampler() as sampler:
+        started = time.perf_counter()
+        rate = run()
+        elapsed = time.perf_counter() - started
+    figures = {
+        "messages": count,
+        "seconds": round(elapsed, 2),
+        "msgs_per_s": round(rate if rate else count / elapsed),
+        "server_cpu_us_per_msg": sampler.cpu_us_per_msg(count).get("nats_server"),
+    }
+    emit(what, figures)
+    return figures
+
+
+def main() -> None:
+    args = _args()
+    results: dict[str, list[dict[str, Any]]] = {"nats_py": [], "nats_py_ids": [], "sink": []}
+    with EmbeddedServer() as server:
+        client = run_sync(NatsClient.open(ConnectionSettings(servers=(server.url,))))
+        spark = spark_session()
+        try:
+            payload = "x" * args.size
+            rows = spark.range(0, args.messages, numPartitions=args.tasks).selectExpr(
+                f"'{payload}' AS data"
+            )
+            rows = rows.cache()
+            rows.count()
+            for i in range(args.rounds + 1):  # round 0 warms up the JVM and the workers
+                stream = _stream(client, f"P{i}")
+                base = _timed(
+                    "nats_py",
+                    args.messages,
+                    lambda s=stream: run_sync(
+                        publish(client, s, args.messages, args.size, keys=64)
+                    ),
+                )
+                stream = _stream(client, f"I{i}")
+                ids = _timed(
+                    "nats_py_ids",
+                    args.messages,
+                    lambda s=stream: run_sync(
+                        _publish_with_ids(client, s, args.messages, args.size)
+                    ),
+                )
+                stream = _stream(client, f"S{i}")
+
+                def write(s: str = stream) -> None:
+                    rows.write.format("nats").mode("append").option("servers", server.url).option(
+                        "subject", f"{s}.all"
+                    ).save()
+
+                sink = _timed("sink", args.messages, write)
+                if i:
+                    results["nats_py"].append(base)
+                    results["nats_py_ids"].append(ids)
+                    results["sink"].append(sink)
+        finally:
+            spark.stop()
+            run_sync(client.close())
+
+    def median(runs: list[dict[str, Any]], key: str) -> float:
+        values = sorted(r[key] for r in runs)
+        return values[len(values) // 2]
+
+    summary = {
+        name: {
+            "msgs_per_s": median(runs, "msgs_per_s"),
+            "server_cpu_us_per_msg": median(runs, "server_cpu_us_per_msg"),
+        }
+        for name, runs in results.items()
+    }
+    summary["sink_vs_nats_py"] = round(
+        summary["sink"]["msgs_per_s"] / summary["nats_py"]["msgs_per_s"], 2
+    )
+    summary["message_id_server_cost_us"] = round(
+        summary["nats_py_ids"]["server_cpu_us_per_msg"]
+        - summary["nats_py"]["server_cpu_us_per_msg"],
+        1,
+    )
+    print(json.dumps({"settings": vars(args), **summary}))
+
+
+if __name__ == "__main__":
+    main()
