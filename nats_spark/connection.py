@@ -236,7 +236,8 @@ def read_loop_alive(nc: NATS) -> bool:
     good when a PONG answers a flush that gave up (`InvalidStateError` in `_process_pong`) yet
     goes on reporting connected, and every request then times out."""
     reading = nc._reading_task  # nats-py internal, see tests/test_nats_py_internals.py
-    return not nc.is_closed and (reading is None or not reading.done())
+    stuck = nc.is_connected and reading is not None and reading.done()
+    return not nc.is_closed and not stuck  # while reconnecting, the next read loop is on its way
 
 
 def _uses_tls(nc: NATS) -> bool:

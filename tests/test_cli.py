@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from certs import make_pki
 from test_pcg_admin import api, key_for, kv, make_stream, publish, static_stream
 
 from nats_spark.cli import build_parser, main, settings_from_args
@@ -249,9 +250,8 @@ def test_usage_and_connection_errors(cli, capsys, unique, monkeypatch, nats_url)
 
 
 def test_connection_flags_map_to_settings(tmp_path):
-    ca, cert, key = (tmp_path / name for name in ("ca.pem", "cert.pem", "key.pem"))
-    for path in (ca, cert, key):
-        path.write_text("-")
+    pki = make_pki(tmp_path)  # real PEM files: settings load them
+    ca, cert, key = pki.ca_cert, pki.client_cert, pki.client_key
     flags = ["--server", "a:4222,tls://b:4443", "--user", "u", "--password", "p"]
     flags += ["--tls-ca", str(ca), "--tls-cert", str(cert), "--tls-key", str(key)]
     args = build_parser().parse_args([*flags, "static", "ls", "S"])

@@ -367,8 +367,8 @@ def test_unknown_key_in_config_file(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stderr.strip() == (
         f"nats_spark.job: error: unknown key 'chekpoint' in {config}; use one of servers, stream, "
-        "group, consumer, output, checkpoint, format, trigger, timeout, master, app-name or "
-        "option.<name>"
+        "group, consumer, output, checkpoint, format, sink-prefix, sink-stream, trigger, timeout, "
+        "master, app-name or option.<name>"
     )
 
 

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import threading
 import time
 from typing import Any
 
 import pytest
-from spark_helpers import assert_exactly_once, publish, source, static_group, wait_until
+from spark_helpers import (
+    assert_exactly_once,
+    member_states,
+    publish,
+    source,
+    static_group,
+    wait_until,
+)
 
 from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings
@@ -234,3 +244,75 @@ def test_server_restart_mid_write(spark, unique):
             assert_exactly_once(values(own, stream), 50_000)
         finally:
             run_sync(own.close())
+
+
+def test_driver_killed_twice_group_to_stream_exactly_once(client, nats_url, unique, tmp_path):
+    """nats-pcg -> Spark -> nats in a job process, SIGKILLed (with its JVM) twice while batches
+    are published, restarted from its checkpoint each time: the target stream holds every
+    message once and the group is acked."""
+    from test_job import launch, spark_env
+
+    source_stream, sink_stream = f"KS{unique}", f"KT{unique}"
+    static_group(client, source_stream, "g", ["m1", "m2"], partitions=4)
+    target(client, sink_stream)
+    publish(client, source_stream, 3000)
+
+    def job(trigger: str) -> Any:
+        return launch(
+            f"job-{trigger}-{time.monotonic_ns()}",
+            [
+                sys.executable,
+                "-m",
+                "nats_spark.job",
+                "--servers",
+                nats_url,
+                "--stream",
+                source_stream,
+                "--group",
+                "g",
+                "--checkpoint",
+                str(tmp_path / "cp"),
+                "--trigger",
+                trigger,
+                "--option",
+                "maxMessagesPerTrigger=150",
+                "--format",
+                "nats",
+                "--sink-prefix",
+                sink_stream,
+                "--sink-stream",
+                sink_stream,
+            ],
+            tmp_path / "logs",
+            spark_env(),
+        )
+
+    def count() -> int:
+        return run_sync(client.api.stream_info(sink_stream))["state"]["messages"]
+
+    for low, high in ((300, 1200), (1500, 2600)):  # kill -9 while batches are written
+        running = job("200ms")
+        try:
+            wait_until(lambda lo=low: count() >= lo, 120, f"{low} messages published", 0.05)
+            assert count() < high, "the job ran past the window to kill it in"
+        finally:
+            os.killpg(running.process.pid, signal.SIGKILL)
+            running.process.wait(30)
+    final = job("availableNow")
+    code, _, _ = final.wait(180)
+    assert code == 0, final.tail()
+    assert_exactly_once(values(client, sink_stream), 3000)
+    states = member_states(client, source_stream, "g").values()
+    assert all(s == {"pending": 0, "ack_pending": 0} for s in states)
+
+
+def test_auth_failure_is_one_line_without_the_secret(spark):
+    from nats_spark.server import EmbeddedServer
+
+    with EmbeddedServer(extra_args=["--user", "writer", "--pass", "right-Pw7"]) as server:
+        df = spark.createDataFrame([("1",)], "data STRING")
+        w = writer(df, server.url, subject="x.y", user="writer", password="wrong-Pw8")
+        with pytest.raises(Exception) as caught:
+            w.save()
+    text = str(caught.value)
+    assert "refused the credentials" in text and "wrong-Pw8" not in text, text

@@ -140,7 +140,7 @@ class OptionValues:
         for key, value in raw.items():
             name = canonical.get(key.lower())
             if name is None:
-                if key.lower() in ("path", "checkpointlocation"):
+                if key.lower() in ("path", "checkpointlocation", "queryname"):
                     continue  # Spark adds these for some call paths
                 raise ConfigurationError(
                     f"unknown option {key!r}; known options: {', '.join(known)}"
