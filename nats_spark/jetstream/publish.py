@@ -14,19 +14,19 @@ import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from nats_spark.errors import NatsSparkError
+from nats_spark.jetstream.raw import route_raw, unroute_raw
 from nats_spark.jetstream.retry import TRANSIENT_ERR_CODES
 
 MSG_ID_HEADER = "Nats-Msg-Id"
 
 
-@dataclass(frozen=True)
-class OutMessage:
+class OutMessage(NamedTuple):
     """What to publish: subject, payload, headers (a name may repeat) and the message id."""
 
     subject: str
@@ -47,8 +47,8 @@ class PublishFailed(NatsSparkError):
 
 
 def _command(subject: str, reply: str, message: OutMessage) -> bytes:
-    lines = [f"{MSG_ID_HEADER}: {message.msg_id}"] + [f"{k}: {v}" for k, v in message.headers]
-    header = ("NATS/1.0\r\n" + "".join(line + "\r\n" for line in lines) + "\r\n").encode()
+    extra = "".join(f"{k}: {v}\r\n" for k, v in message.headers)
+    header = f"NATS/1.0\r\n{MSG_ID_HEADER}: {message.msg_id}\r\n{extra}\r\n".encode()
     size = len(header) + len(message.data)
     return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
         subject.encode(),
@@ -80,7 +80,8 @@ class Publisher:
         self._subscription: Subscription | None = None
 
     async def start(self) -> None:
-        self._subscription = await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_ack)
+        self._subscription = await self.nc.subscribe(f"{self._inbox}.*")
+        route_raw(self.nc, self._subscription, self._on_ack)
 
     async def send(self, messages: Iterable[OutMessage]) -> None:
         """Queue `messages` (waiting while `max_pending` are unacknowledged)."""
@@ -107,6 +108,7 @@ class Publisher:
         """Stop listening for PubAcks (after `finish`, or after a failure)."""
         if self._subscription is not None:
             subscription, self._subscription = self._subscription, None
+            unroute_raw(self.nc, subscription)
             with contextlib.suppress(Exception):  # a closed connection took it already
                 await subscription.unsubscribe()
 
@@ -138,18 +140,18 @@ class Publisher:
         if self._failure is not None:
             raise self._failure
 
-    async def _on_ack(self, msg: Msg) -> None:
-        index = int(msg.subject.rsplit(".", 1)[1])
+    def _on_ack(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        """A PubAck (raw, from the connection's parser): `{"stream":…,"seq":…}`, with
+        `"duplicate":true` when the id was stored before, or an error."""
+        index = int(subject[subject.rindex(b".") + 1 :])
         entry = self._pending.pop(index, None)
         if entry is None:
             return  # the answer to a copy sent again: the first answer counted
-        answer = json.loads(msg.data or b"{}")
-        error = answer.get("error") or {}
+        no_responders = headers is not None and headers.startswith(b"NATS/1.0 503")
+        error = json.loads(data).get("error") or {} if b'"error"' in data else {}
         # The subjects were checked against the streams before: no responders (503) or an
         # error JetStream gives while it has no leader is a moment to wait out, and resend.
-        if (msg.headers and msg.headers.get("Status") == "503") or (
-            error.get("err_code") in TRANSIENT_ERR_CODES
-        ):
+        if no_responders or error.get("err_code") in TRANSIENT_ERR_CODES:
             self._pending[index] = entry
             return
         self._progress = time.monotonic()
@@ -159,7 +161,7 @@ class Publisher:
                 f"JetStream refused a publish to {entry[2]!r}: {error.get('description')} "
                 f"(error code {error.get('err_code')}); fix the stream's limits or the data"
             )
-        elif answer.get("duplicate"):
+        elif b'"duplicate":true' in data:
             self.stats.duplicates += 1
         else:
             self.stats.published += 1

@@ -10,7 +10,6 @@ import asyncio
 import json
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
@@ -21,8 +20,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import ConnectionClosedError
 
-from nats_spark.errors import NatsSparkError, PriorityGroupMisconfigured, PullError
+from nats_spark.errors import PriorityGroupMisconfigured, PullError
 from nats_spark.jetstream.api import to_nanos
+from nats_spark.jetstream.raw import route_raw, unroute_raw
 
 PIN_ID_HEADER = "Nats-Pin-Id"
 
@@ -146,41 +146,6 @@ def _pin_of(headers: bytes) -> str | None:
         return None
     start += len(_PIN_LINE)
     return headers[start : headers.index(b"\r\n", start)].strip().decode()
-
-
-_ROUTES = "_nats_spark_raw_routes"
-RawHandler = Callable[[bytes, bytes, bytes, "bytes | None"], None]
-
-
-def _raw_routes(nc: NATS) -> dict[int, RawHandler]:
-    """Subscriptions (by sid) of `nc` whose messages go raw to a handler instead of into a `Msg`.
-
-    nats-py's parser passes every message to `Client._process_msg`, which parses the headers,
-    builds a `Msg`, queues it and wakes a waiter: most of a pull's cost per message. For pull
-    inboxes those steps are skipped; every other subscription is served as before.
-    """
-    routes: dict[int, RawHandler] | None = nc.__dict__.get(_ROUTES)
-    if routes is None:
-        process_msg = getattr(nc, "_process_msg", None)
-        if process_msg is None:
-            raise NatsSparkError(
-                "this nats-py has no Client._process_msg, which pulls hook into; install "
-                "nats-py 2.x (tested with 2.16)"
-            )
-        routes = {}
-
-        async def route(
-            sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
-        ) -> None:
-            handler = routes.get(sid)
-            if handler is None:
-                await process_msg(sid, subject, reply, data, headers)
-            else:
-                handler(subject, reply, data, headers)
-
-        nc._process_msg = route  # type: ignore[method-assign]
-        setattr(nc, _ROUTES, routes)
-    return routes
 
 
 @dataclass
@@ -329,7 +294,7 @@ class PullConsumer:
     async def _subscription(self) -> Subscription:
         if self._sub is None:
             self._sub = await self.nc.subscribe(f"{self._inbox}.*")
-            _raw_routes(self.nc)[self._sub._id] = self._receive
+            route_raw(self.nc, self._sub, self._receive)
         return self._sub
 
     async def pull(
@@ -430,6 +395,6 @@ class PullConsumer:
 
     async def close(self) -> None:
         if self._sub is not None:
-            _raw_routes(self.nc).pop(self._sub._id, None)
+            unroute_raw(self.nc, self._sub)
             await self._sub.unsubscribe()
             self._sub = None

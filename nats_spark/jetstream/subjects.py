@@ -33,14 +33,8 @@ class SubjectCapture:
             for config in streams
             for pattern in config.get("subjects") or []  # type: ignore[attr-defined]
         ]
-        self._known: dict[str, str | None] = {}
 
     def stream_of(self, subject: str) -> str | None:
-        if subject not in self._known:
-            if len(self._known) >= 100_000:  # many distinct keys: bound the memory
-                self._known.clear()
-            self._known[subject] = next(
-                (name for pattern, name in self.patterns if subject_matches(pattern, subject)),
-                None,
-            )
-        return self._known[subject]
+        return next(
+            (name for pattern, name in self.patterns if subject_matches(pattern, subject)), None
+        )

@@ -144,6 +144,7 @@ class PartitionPublisher:
             options.connection.retry_timeout,
         )
         self.rows = 0
+        self.checked: set[str] = set()  # subjects found publishable and captured
 
     def _messages(
         self, subjects: Sequence[str | None], data: Sequence[Any], headers: Sequence[Any]
@@ -153,13 +154,17 @@ class PartitionPublisher:
             row = self.rows + i
             subject = subjects[i] if self.columns.subject else None
             subject = subject or self.options.subject
-            if subject is None or not valid_publish_subject(subject):
-                raise ConfigurationError(
-                    f"row {row} of the task has subject {subject!r}, which one cannot publish "
-                    "to; fill the subject column (tokens without spaces or wildcards) or set "
-                    "the subject option for rows without one"
-                )
-            _check_subject(self.capture, self.options, subject)
+            if subject not in self.checked:
+                if subject is None or not valid_publish_subject(subject):
+                    raise ConfigurationError(
+                        f"row {row} of the task has subject {subject!r}, which one cannot "
+                        "publish to; fill the subject column (tokens without spaces or "
+                        "wildcards) or set the subject option for rows without one"
+                    )
+                _check_subject(self.capture, self.options, subject)
+                if len(self.checked) >= 100_000:  # many distinct keys: bound the memory
+                    self.checked.clear()
+                self.checked.add(subject)
             body = payload.encode() if isinstance(payload, str) else payload or b""
             pairs = _header_pairs(headers[i]) if self.columns.headers else []
             messages.append(OutMessage(subject, body, pairs, f"{self.prefix}.{row}"))
