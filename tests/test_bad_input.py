@@ -48,6 +48,8 @@ BAD_OPTIONS: list[tuple[dict[str, str | None], str]] = [
     ({"groupType": "dynamic"}, "option groupType='dynamic' is not valid; use auto, static"),
     ({"members": ","}, "option members is empty"),
     ({"consumerLayout": "per-member"}, "consumerLayout='per-member' is not valid"),
+    ({"startingPosition": "sequence:0"}, "startingPosition='sequence:0' is not valid"),
+    ({"group": DROP, "consumer": "c", "startingPosition": "latest"}, "does not apply"),
     ({"user": "u", "passwordFile": "/nonexistent/pw"}, "passwordFile /nonexistent/pw cannot be"),
     ({"tokenFile": "/nonexistent/tk"}, "tokenFile /nonexistent/tk cannot be read"),
     ({"members": "m1,m 2"}, "option members='m 2' is not a valid NATS name"),

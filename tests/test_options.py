@@ -112,3 +112,33 @@ def test_secrets_from_files_and_the_environment(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("NATS_PASSWORD")
     monkeypatch.setenv("NATS_TOKEN", "tok-Yy2")
     assert parse_options(BASE).connection.token == "tok-Yy2"
+
+
+@pytest.mark.parametrize(
+    "text, deliver",
+    [
+        ("earliest", {"deliver_policy": "all"}),
+        ("LATEST", {"deliver_policy": "new"}),
+        ("sequence:61", {"deliver_policy": "by_start_sequence", "opt_start_seq": 61}),
+        (
+            "time:2026-11-23T08:00:00+01:00",
+            {"deliver_policy": "by_start_time", "opt_start_time": "2026-11-23T07:00:00Z"},
+        ),
+        (
+            "time:2026-11-23T08:00:00",  # no zone: UTC
+            {"deliver_policy": "by_start_time", "opt_start_time": "2026-11-23T08:00:00Z"},
+        ),
+    ],
+)
+def test_starting_position(text: str, deliver: dict) -> None:
+    parsed = parse_options({**BASE, "startingPosition": text}).starting_position
+    assert parsed is not None and parsed.deliver == deliver
+    assert parse_options(BASE).starting_position is None
+
+
+@pytest.mark.parametrize(
+    "text", ["first", "sequence:x", "sequence:0", "time:yesterday", "latest:1"]
+)
+def test_bad_starting_position(text: str) -> None:
+    with pytest.raises(ConfigurationError, match="startingPosition=.* is not valid; use earliest"):
+        parse_options({**BASE, "startingPosition": text})

@@ -190,3 +190,43 @@ def test_elastic_membership_change_followed(spark, client, nats_url, unique, tmp
     assert_exactly_once([v for _, v in seen], 600)
     assert any(m == "c" for m, v in seen if v >= 200), "added member c never read"
     assert not any(m == "a" for m, v in seen if v >= 400), "dropped member a still read"
+
+
+def test_starting_position_applies_to_new_consumers_only(spark, client, nats_url, unique, tmp_path):
+    import datetime
+    import time
+
+    stream = f"SP{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=4)
+    publish(client, stream, 60)
+    time.sleep(0.05)
+    middle = datetime.datetime.now(datetime.UTC).isoformat()
+    time.sleep(0.05)
+    publish(client, stream, 40, start=60)
+
+    def run(position: str, checkpoint: str) -> list[int]:
+        time.sleep(1.5)  # the previous query's pins time out (priority_timeout = ackWait)
+        df = source(spark, nats_url, stream, "g", startingPosition=position, ackWait="1s")
+        query = (
+            df.writeStream.format("memory")
+            .queryName(f"sp_{unique}_{checkpoint}")
+            .option("checkpointLocation", str(tmp_path / checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120) and query.exception() is None
+        rows = spark.sql(f"SELECT data FROM sp_{unique}_{checkpoint}").collect()
+        return sorted(int(r.data.decode()) for r in rows)
+
+    assert run(f"time:{middle}", "a") == list(range(60, 100))
+    # The group's consumers exist now: another starting position does not move them.
+    publish(client, stream, 5, start=100)
+    assert run("earliest", "b") == list(range(100, 105))
+    admin_delete = run_sync(admin.delete_static(client.target, stream, "g"))
+    assert admin_delete  # the partition consumers went with the group
+    run_sync(admin.create_static(client.target, stream, "g", 4, members=["m1", "m2"]))
+    assert run("sequence:101", "c") == list(range(100, 105))
+    publish(client, stream, 3, start=105)
+    run_sync(admin.delete_static(client.target, stream, "g"))
+    run_sync(admin.create_static(client.target, stream, "g", 4, members=["m1", "m2"]))
+    assert run("latest", "d") == []

@@ -64,10 +64,10 @@ def pull_expires(ack_wait: float) -> float:
     return max(ack_wait / 2, 1.0)
 
 
-def pinned_id(info: dict[str, Any]) -> str | None:
-    """The pin id the server holds for the group's priority group, from a consumer info."""
+def pinned_id(info: dict[str, Any], group: str = PRIORITY_GROUP) -> str | None:
+    """The pin id the server holds for priority group `group`, from a consumer info."""
     for state in info.get("priority_groups") or ():
-        if state.get("group") == PRIORITY_GROUP:
+        if state.get("group") == group:
             return state.get("pinned_client_id") or None
     return None
 

@@ -18,6 +18,7 @@ from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound
 from nats_spark.jetstream.acks import parse_reply, publish_acks
 from nats_spark.jetstream.api import NANOS
+from nats_spark.pcg.consumers import pinned_id
 from nats_spark.spark.ledger import (
     EntryHead,
     EntryState,
@@ -258,10 +259,7 @@ class OffsetReader:
                 raise self._stream_gone(slot.stream) from None
             await self.target.heal(client, slot)
             info = await client.api.consumer_info(slot.stream, slot.consumer)
-        pinned = None
-        for group in info.get("priority_groups") or []:
-            if group.get("group") == slot.priority_group:
-                pinned = group.get("pinned_client_id")
+        pinned = pinned_id(info, slot.priority_group) if slot.priority_group else None
         state = SlotState(
             pending=info.get("num_pending", 0),
             ack_pending=info.get("num_ack_pending", 0),
@@ -537,6 +535,16 @@ class OffsetReader:
         return slot.member if slot is not None and slot.member is not None else name
 
     async def close(self) -> None:
+        """Step down from the pins this query holds, so that the next reader of the group (a
+        new query, a Go member) is served at once rather than after the pin timeout."""
         if self.client is not None:
+            for name, pin in self.pins.items():
+                slot = self.slots.get(name)
+                if slot is None or slot.policy != "pinned_client" or slot.priority_group is None:
+                    continue
+                with contextlib.suppress(Exception):  # best effort: it times out otherwise
+                    info = await self.client.api.consumer_info(slot.stream, slot.consumer)
+                    if pinned_id(info, slot.priority_group) == pin:
+                        await self.client.api.unpin(slot.stream, slot.consumer, slot.priority_group)
             await self.client.close()
             self.client = None

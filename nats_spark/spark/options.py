@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
 
 from nats_spark.connection import ConnectionSettings, credentials, parse_servers
 from nats_spark.errors import ConfigurationError
@@ -43,6 +45,7 @@ KNOWN_OPTIONS: dict[str, str] = {
     "priority": "prioritized: 0-9, lower served first",
     "numPartitions": "parallel pulls per batch on a plain consumer (default 1)",
     "consumerLayout": "auto | partition | member: a consumer per partition or member (auto)",
+    "startingPosition": "earliest | latest | sequence:<n> | time:<ISO-8601>, for new consumers",
     "ackWait": "ack wait of the consumers the source creates (default 30s)",
     "maxAckPending": "max ack pending of the consumers the source creates (default 100000)",
     "maxMessagesPerTrigger": "cap on messages per micro-batch over all partitions",
@@ -99,6 +102,43 @@ def _check_name(option: str, value: str) -> str:
 
 
 @dataclass(frozen=True)
+class StartingPosition:
+    """Where consumers the source creates for a static group start (existing ones keep theirs)."""
+
+    text: str = "earliest"  # as given, for messages
+    deliver: dict[str, Any] = field(default_factory=lambda: {"deliver_policy": "all"})
+
+
+def parse_starting_position(text: str) -> StartingPosition:
+    """`earliest`, `latest`, `sequence:<n>` (that message first) or `time:<ISO-8601>`."""
+    kind, _, value = text.strip().partition(":")
+    kind = kind.lower()
+    if kind == "earliest" and not value:
+        return StartingPosition()
+    if kind == "latest" and not value:
+        return StartingPosition("latest", {"deliver_policy": "new"})
+    if kind == "sequence" and value.strip().isdigit() and int(value) > 0:
+        seq = int(value)
+        return StartingPosition(text, {"deliver_policy": "by_start_sequence", "opt_start_seq": seq})
+    if kind == "time":
+        try:
+            when = datetime.fromisoformat(value.strip())
+        except ValueError:
+            when = None
+        if when is not None:
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=UTC)
+            stamp = when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+            return StartingPosition(
+                text, {"deliver_policy": "by_start_time", "opt_start_time": stamp}
+            )
+    raise ConfigurationError(
+        f"option startingPosition={text!r} is not valid; use earliest, latest, sequence:<n> "
+        "(n from 1) or time:<ISO-8601>, e.g. time:2026-11-23T08:00:00Z"
+    )
+
+
+@dataclass(frozen=True)
 class SourceOptions:
     """Validated options of one query. Picklable; secrets live only in `connection`."""
 
@@ -108,6 +148,7 @@ class SourceOptions:
     group_type: str = "auto"
     members: tuple[str, ...] | None = None
     consumer_layout: str = "auto"
+    starting_position: StartingPosition | None = None  # None: not given (earliest)
     consumer: str | None = None
     priority_group: str | None = None
     min_pending: int = 0
@@ -227,7 +268,14 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         raise ConfigurationError(
             f"option groupType={group_type!r} is not valid; use auto, static or elastic"
         )
-    group_only = ("groupType", "members", "consumerLayout", "ackWait", "maxAckPending")
+    group_only = (
+        "groupType",
+        "members",
+        "consumerLayout",
+        "startingPosition",
+        "ackWait",
+        "maxAckPending",
+    )
     consumer_only = ("priorityGroup", "minPending", "minAckPending", "priority", "numPartitions")
     for name in group_only if consumer else consumer_only if group else ():
         if take(name) is not None:
@@ -250,6 +298,9 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         group_type=group_type,
         members=members,
         consumer_layout=consumer_layout,
+        starting_position=None
+        if (position := take("startingPosition")) is None
+        else parse_starting_position(position),
         consumer=_check_name("consumer", consumer) if consumer else None,
         priority_group=take("priorityGroup"),
         min_pending=optional_int("minPending") or SourceOptions.min_pending,

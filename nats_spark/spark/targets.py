@@ -98,15 +98,20 @@ def _can_hold_partition_tokens(stream_config: dict[str, Any]) -> bool:
     return False
 
 
-async def _ensure(client: NatsClient, consumer: GroupConsumer, start_seq: int = 0) -> None:
-    """Create a group consumer (delivering from `start_seq` when given), waiting while another
-    consumer (maybe a Go member) still holds overlapping filters on the work-queue stream, as Go
-    members wait for each other."""
-    if start_seq > 1:
-        config = {**consumer.config, "deliver_policy": "by_start_sequence"}
-        consumer = GroupConsumer(
-            consumer.stream, consumer.name, config | {"opt_start_seq": start_seq}
-        )
+def _from_sequence(start_seq: int) -> dict[str, Any] | None:
+    if start_seq <= 1:
+        return None  # from the first message: the default
+    return {"deliver_policy": "by_start_sequence", "opt_start_seq": start_seq}
+
+
+async def _ensure(
+    client: NatsClient, consumer: GroupConsumer, deliver: Mapping[str, Any] | None = None
+) -> None:
+    """Create a group consumer (delivering from where `deliver` says, when it is new), waiting
+    while another consumer (maybe a Go member) still holds overlapping filters on the work-queue
+    stream, as Go members wait for each other."""
+    if deliver:
+        consumer = GroupConsumer(consumer.stream, consumer.name, {**consumer.config, **deliver})
     for attempt in range(_OVERLAP_RETRIES):
         try:
             await ensure_group_consumer(client, consumer)
@@ -174,6 +179,12 @@ class GroupTarget:
         options = self.options
         entry = await load_group(client, options.stream, options.group or "", self.kind)
         self._check_unchanged(entry)
+        if options.starting_position is not None and entry.kind is GroupKind.ELASTIC:
+            raise ConfigurationError(
+                f"startingPosition applies to static groups; elastic group {entry.group!r} is "
+                "read from its work-queue stream, which holds just what was not consumed yet: "
+                "drop the option"
+            )
         if self.entry is None and entry.kind is GroupKind.STATIC:
             stream = await client.api.stream_info(entry.stream)
             if not _can_hold_partition_tokens(stream["config"]):
@@ -228,9 +239,26 @@ class GroupTarget:
                     await client.api.delete_consumer(old.stream, old.name)
         for name, consumer in desired.items():
             if name not in self.consumers:
-                await _ensure(client, consumer)
+                await self._create_or_adopt(client, consumer)
                 self.consumers[name] = consumer
         return [self._slot(name, consumer, owners[name]) for name, consumer in desired.items()]
+
+    async def _create_or_adopt(self, client: NatsClient, consumer: GroupConsumer) -> None:
+        """A new consumer starts at `startingPosition`; an existing one keeps its position (as
+        a Kafka group's committed offsets win over `startingOffsets`)."""
+        position = self.options.starting_position
+        if position is None:
+            await _ensure(client, consumer)
+        elif await _info(client, consumer) is None:
+            await _ensure(client, consumer, position.deliver)
+        else:
+            log.info(
+                "startingPosition=%s not applied to %s > %s: it exists and keeps its position",
+                position.text,
+                consumer.stream,
+                consumer.name,
+            )
+            await _ensure(client, consumer)
 
     def _no_members(self, entry: GroupEntry, first: bool) -> str:
         """A group without members to read fails at start; one that loses them while the query
@@ -389,7 +417,7 @@ class GroupTarget:
             log.info(
                 "group %s: partition %d moves to its own consumer at %d", entry.group, p, start
             )
-            await _ensure(client, partition_consumer(entry, p, template), start)
+            await _ensure(client, partition_consumer(entry, p, template), _from_sequence(start))
         self.layout = ConsumerLayout.PARTITION
 
     async def _move_to_members(
@@ -431,7 +459,7 @@ class GroupTarget:
                 name = partition_consumer_name(entry, p)
                 await client.api.delete_consumer(consumer.stream, name)
             log.info("group %s: member %s moves to its consumer at %d", entry.group, member, start)
-            await _ensure(client, consumer, start)
+            await _ensure(client, consumer, _from_sequence(start))
         self.layout = ConsumerLayout.MEMBER
 
     async def _check_caught_up(
