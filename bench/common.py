@@ -43,10 +43,10 @@ async def create_group(
 
 
 async def publish(
-    client: NatsClient, stream: str, count: int, size: int, keys: int = KEYS
+    client: NatsClient, stream: str, count: int, size: int, keys: int = KEYS, ids: bool = False
 ) -> float:
-    """Publish `count` messages of `size` bytes over `keys` subjects, each confirmed by JetStream;
-    returns msgs/s.
+    """Publish `count` messages of `size` bytes over `keys` subjects, each confirmed by JetStream
+    (with a message id each when `ids`); returns msgs/s.
 
     Publishes are pipelined (many in flight, one reply subscription) so setup stays short.
     """
@@ -70,7 +70,8 @@ async def publish(
     start = time.perf_counter()
     for i in range(count):
         await window.acquire()
-        await nc.publish(f"{stream}.k{i % keys}", body, reply=f"{inbox}.{i}")
+        headers = {"Nats-Msg-Id": f"bench.{i}"} if ids else None
+        await nc.publish(f"{stream}.k{i % keys}", body, reply=f"{inbox}.{i}", headers=headers)
     await asyncio.wait_for(done.wait(), timeout=300)
     elapsed = time.perf_counter() - start
     await sub.unsubscribe()

@@ -11,9 +11,7 @@ Prints a JSON line per run, then a summary with the ratio sink / nats-py.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -36,34 +34,6 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--tasks", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     return parser.parse_args()
-
-
-async def _publish_with_ids(client: NatsClient, stream: str, count: int, size: int) -> float:
-    """bench/common.publish's loop, each message with a message id header."""
-    nc = client.nc
-    inbox = nc.new_inbox()
-    window = asyncio.Semaphore(2000)
-    done = asyncio.Event()
-    acked = 0
-
-    async def on_ack(msg: Any) -> None:
-        nonlocal acked
-        acked += 1
-        window.release()
-        if acked == count:
-            done.set()
-
-    sub = await nc.subscribe(f"{inbox}.*", cb=on_ack, pending_msgs_limit=-1)
-    body = os.urandom(size)
-    start = time.perf_counter()
-    for i in range(count):
-        await window.acquire()
-        headers = {"Nats-Msg-Id": f"bench.{i}"}
-        await nc.publish(f"{stream}.k{i % 64}", body, reply=f"{inbox}.{i}", headers=headers)
-    await asyncio.wait_for(done.wait(), timeout=300)
-    elapsed = time.perf_counter() - start
-    await sub.unsubscribe()
-    return count / elapsed
 
 
 def _stream(client: NatsClient, name: str) -> str:
@@ -113,7 +83,7 @@ def main() -> None:
                     "nats_py_ids",
                     args.messages,
                     lambda s=stream: run_sync(
-                        _publish_with_ids(client, s, args.messages, args.size)
+                        publish(client, s, args.messages, args.size, keys=64, ids=True)
                     ),
                 )
                 stream = _stream(client, f"S{i}")

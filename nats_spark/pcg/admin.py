@@ -275,15 +275,18 @@ async def delete_mappings(client: NatsClient, stream: str, group: str) -> GroupE
 # --- Members of both kinds --------------------------------------------------------------------
 
 
-async def _consumer_info(client: NatsClient, consumer: GroupConsumer) -> dict[str, Any] | None:
-    """The member consumer's info; None when it does not exist (the member is not running)."""
+async def consumer_info_or_none(
+    client: NatsClient, consumer: GroupConsumer
+) -> dict[str, Any] | None:
+    """The group consumer's info; None when it does not exist (the member is not running, or
+    the layout has none). A missing stream is an error."""
     try:
         return await client.api.consumer_info(consumer.stream, consumer.name)
     except NotFound as error:
         if error.stream_missing:
             raise StreamNotFound(
-                f"stream {consumer.stream!r} does not exist; recreate the group "
-                "(an elastic group's work-queue stream comes with `create`)"
+                f"stream {consumer.stream!r} does not exist (deleted?); recreate it and the "
+                "group (an elastic group's work-queue stream comes with `create`)"
             ) from None
         return None
 
@@ -304,7 +307,7 @@ async def list_active_members(
     entry = await load_group(client, stream, group, kind)
     active = []
     for member in membership(entry.config):
-        if _is_active(kind, await _consumer_info(client, member_consumer(entry, member))):
+        if _is_active(kind, await consumer_info_or_none(client, member_consumer(entry, member))):
             active.append(member)
     return active
 
@@ -316,7 +319,7 @@ async def member_info(
     entry = await load_group(client, stream, group, kind)
     config = entry.config
     consumer = member_consumer(entry, member)
-    info = await _consumer_info(client, consumer)
+    info = await consumer_info_or_none(client, consumer)
     return MemberInfo(
         member=member,
         in_membership=member in membership(config),
@@ -361,7 +364,7 @@ async def partition_status(client: NatsClient, entry: GroupEntry) -> list[Partit
     infos = []
     for p in range(entry.config.max_members):
         consumer = partition_consumer(entry, p)
-        info = await _consumer_info(client, consumer)
+        info = await consumer_info_or_none(client, consumer)
         if info is None:
             continue
         infos.append(

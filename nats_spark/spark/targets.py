@@ -17,6 +17,7 @@ from typing import Any
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, JetStreamApiError, NotFound
 from nats_spark.jetstream.api import to_nanos
+from nats_spark.pcg.admin import consumer_info_or_none
 from nats_spark.pcg.config import StaticConfig
 from nats_spark.pcg.consumers import (
     PARTITION_PREFIX,
@@ -120,18 +121,6 @@ async def _ensure(
             if error.err_code != FILTER_OVERLAP or attempt == _OVERLAP_RETRIES - 1:
                 raise
             await asyncio.sleep(0.5)
-
-
-async def _info(client: NatsClient, consumer: GroupConsumer) -> dict[str, Any] | None:
-    try:
-        return await client.api.consumer_info(consumer.stream, consumer.name)
-    except NotFound as error:
-        if error.stream_missing:
-            raise ConfigurationError(
-                f"stream {consumer.stream!r} does not exist (deleted while the query ran?); "
-                "recreate it and the group, then restart the query with a new checkpoint"
-            ) from None
-        return None
 
 
 def _delivered_seq(info: dict[str, Any]) -> int:
@@ -249,7 +238,7 @@ class GroupTarget:
         position = self.options.starting_position
         if position is None:
             await _ensure(client, consumer)
-        elif await _info(client, consumer) is None:
+        elif await consumer_info_or_none(client, consumer) is None:
             await _ensure(client, consumer, position.deliver)
         else:
             log.info(
@@ -314,9 +303,11 @@ class GroupTarget:
         # Once settled, only the partition layout keeps watching for Go-layout members.
         settled = self.wanted is not None and self.layout is self.wanted
         watched = owned if not settled or self.wanted is ConsumerLayout.PARTITION else {}
-        members = {m: await _info(client, member_consumer(entry, m)) for m in watched}
+        members = {
+            m: await consumer_info_or_none(client, member_consumer(entry, m)) for m in watched
+        }
         partitions = {
-            p: await _info(client, partition_consumer(entry, p))
+            p: await consumer_info_or_none(client, partition_consumer(entry, p))
             for ps in ([] if settled else owned.values())
             for p in ps
         }
