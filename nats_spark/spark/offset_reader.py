@@ -535,16 +535,6 @@ class OffsetReader:
         return slot.member if slot is not None and slot.member is not None else name
 
     async def close(self) -> None:
-        """Step down from the pins this query holds, so that the next reader of the group (a
-        new query, a Go member) is served at once rather than after the pin timeout."""
         if self.client is not None:
-            for name, pin in self.pins.items():
-                slot = self.slots.get(name)
-                if slot is None or slot.policy != "pinned_client" or slot.priority_group is None:
-                    continue
-                with contextlib.suppress(Exception):  # best effort: it times out otherwise
-                    info = await self.client.api.consumer_info(slot.stream, slot.consumer)
-                    if pinned_id(info, slot.priority_group) == pin:
-                        await self.client.api.unpin(slot.stream, slot.consumer, slot.priority_group)
             await self.client.close()
             self.client = None
