@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
@@ -59,6 +60,12 @@ class NatsClient:
     ) -> PullConsumer:
         return PullConsumer(self.nc, stream, consumer, group=group, pin_id=pin_id)
 
+    async def discard(self) -> None:
+        """Close a connection that stopped reading (see `read_loop_alive`): no drain, as
+        nothing would answer it."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.nc.close(), 5)
+
     async def close(self) -> None:
         if not self.nc.is_closed:
             await self.nc.drain() if self.nc.is_connected else await self.nc.close()
@@ -73,8 +80,7 @@ def shared_client(settings: ConnectionSettings) -> NatsClient:
     if client is None or not client.usable:
         if client is not None:
             log.warning("replacing a NATS connection whose read loop ended")
-            with contextlib.suppress(Exception):  # no drain: nothing would answer it
-                run_sync(client.nc.close(), timeout=5)
+            run_sync(client.discard())
         client = run_sync(NatsClient.open(settings))
         _clients[settings] = client
     return client

@@ -6,8 +6,6 @@ of what the ledger and the checkpointed offsets hold, so a restarted driver rebu
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from array import array
@@ -88,8 +86,7 @@ class OffsetReader:
     async def _connect(self) -> NatsClient:
         if self.client is not None and not self.client.usable:
             log.warning("replacing the driver's NATS connection: its read loop ended")
-            with contextlib.suppress(Exception):  # no drain: nothing would answer it
-                await asyncio.wait_for(self.client.nc.close(), 5)
+            await self.client.discard()
             self.client = None
         if self.client is None:
             client = await NatsClient.open(self.options.connection)

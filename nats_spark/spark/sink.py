@@ -171,7 +171,9 @@ class PartitionPublisher:
         self.rows += len(messages)
         return messages
 
-    def publish(self, chunks: Iterable[tuple[Sequence[Any], Sequence[Any], Sequence[Any]]]) -> Any:
+    def publish(
+        self, chunks: Iterable[tuple[Sequence[Any], Sequence[Any], Sequence[Any]]]
+    ) -> SinkCommit:
         """Publish chunks of (subjects, data, headers) columns; returns the task's commit."""
         run_sync(self.publisher.start())
         try:
@@ -215,7 +217,7 @@ def new_write_id() -> str:
     return uuid.uuid4().hex
 
 
-def log_commit(what: str, messages: Sequence[Any]) -> PublishStats:
+def log_commit(what: str, messages: Sequence[Any]) -> None:
     totals = PublishStats()
     rows = 0
     for message in messages:
@@ -233,4 +235,3 @@ def log_commit(what: str, messages: Sequence[Any]) -> PublishStats:
         totals.duplicates,
         totals.resent,
     )
-    return totals
