@@ -48,7 +48,7 @@ def test_cancelled_ack_flush_leaves_the_connection_usable(settings) -> None:
         usable = []
         try:
             for _ in range(20):
-                task = asyncio.ensure_future(publish_acks(nc_client.nc, ["nowhere.1"] * 50))
+                task = asyncio.ensure_future(publish_acks(nc_client.nc, [b"nowhere.1"] * 50))
                 for _ in range(3):
                     await asyncio.sleep(0)
                 task.cancel()

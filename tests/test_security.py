@@ -308,7 +308,7 @@ def test_refused_acks_are_known_when_publish_acks_returns(auth_server: EmbeddedS
     noack = open_blocking(ConnectionSettings((auth_server.url,), "noack", "noack-pw"))
     try:
         for round_ in range(20):
-            replies = [f"$JS.ACK.{NOACK_STREAM}.g-m1.1.{n}.{n}.1.0" for n in range(1, 51)]
+            replies = [f"$JS.ACK.{NOACK_STREAM}.g-m1.1.{n}.{n}.1.0".encode() for n in range(1, 51)]
             before = len(noack.denied)
             assert run_sync(publish_acks(noack.nc, replies)) == 50
             refused = len(noack.denied) - before

@@ -94,11 +94,11 @@ def encode_chunk(replies: Sequence[bytes]) -> bytes:
     return len(text).to_bytes(4, "little") + _CODEC.compress(text, asbytes=True)
 
 
-def decode_chunk(data: bytes) -> list[str]:
+def decode_chunk(data: bytes) -> list[bytes]:
     size = int.from_bytes(data[:4], "little")
     if not size:
         return []
-    return _CODEC.decompress(data[4:], size, asbytes=True).decode().split("\n")
+    return _CODEC.decompress(data[4:], size, asbytes=True).split(b"\n")
 
 
 class LedgerBucket:
@@ -233,8 +233,8 @@ class Ledger:
             keys.append(key)
         return keys
 
-    async def read_replies(self, head: EntryHead) -> list[str]:
-        replies: list[str] = []
+    async def read_replies(self, head: EntryHead) -> list[bytes]:
+        replies: list[bytes] = []
         for key in head.chunks:
             try:
                 entry = await self.kv.get(key)

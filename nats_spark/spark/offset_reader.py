@@ -472,7 +472,7 @@ class OffsetReader:
             [e for e in due if e.head is None or e.head.state is EntryState.OPEN]
         )
         acked: list[Entry] = []
-        replies: list[str] = []
+        replies: list[bytes] = []
         for entry in due:
             head = entry.head
             if (entry.gen, entry.slot) not in self.entries or head is None:

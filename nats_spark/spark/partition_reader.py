@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from nats_spark.client import shared_client
@@ -98,7 +99,6 @@ class _Columns:
         self.p = partition
         self.subject: list[bytes] = []
         self.data: list[bytes] = []
-        self.partition: list[int] = []
         self.stream_seq: list[int] = []
         self.consumer_seq: list[int] = []
         self.delivered: list[int] = []
@@ -125,12 +125,6 @@ class _Columns:
         consumer_seq: int,
         timestamp_ns: int,
     ) -> None:
-        if self.p.partitioned:
-            head, dot, rest = subject.partition(b".")
-            if not (dot and head.isdigit()):
-                strip_partition(subject.decode())  # raises the error that explains it
-            self.partition.append(int(head))
-            subject = rest
         self.subject.append(subject)
         self.data.append(data)
         self.nbytes += len(data)
@@ -143,7 +137,21 @@ class _Columns:
         self.stream_seq.append(stream_seq)
         self.consumer_seq.append(consumer_seq)
         self.delivered.append(delivered)
-        self.timestamp.append(timestamp_ns // 1000)
+        self.timestamp.append(timestamp_ns)
+
+    def _subjects(self, n: int) -> tuple[pa.Array, pa.Array]:
+        """The `subject` and `partition` columns; a group's stored `<partition>.<subject>` is
+        split in Arrow, not row by row."""
+        subjects = pa.array(self.subject, pa.string())
+        if not (self.p.partitioned and n):
+            return subjects, pa.nulls(n, pa.int32())
+        parts = pc.extract_regex(subjects, r"^(?P<partition>[0-9]+)\.(?P<subject>.*)$")
+        if not parts.null_count:
+            with contextlib.suppress(pa.ArrowInvalid):  # a number too large for int32
+                return parts.field("subject"), parts.field("partition").cast(pa.int32())
+        for subject in self.subject:
+            strip_partition(subject.decode())  # raises the error that explains the bad one
+        raise NatsSparkError("a subject's partition token does not fit a 32-bit partition number")
 
     def _headers(self, n: int) -> pa.Array:
         kind = ARROW_SCHEMA.field("headers").type
@@ -163,12 +171,11 @@ class _Columns:
 
     def batch(self) -> pa.RecordBatch:
         n = len(self)
-        partition = (
-            pa.array(self.partition, pa.int32()) if self.p.partitioned else pa.nulls(n, pa.int32())
-        )
+        subject, partition = self._subjects(n)
+        timestamp_us = pc.divide(pa.array(self.timestamp, pa.int64()), 1000)
         return pa.record_batch(
             [
-                pa.array(self.subject, pa.string()),
+                subject,
                 pa.array(self.data, pa.binary()),
                 self._headers(n),
                 partition,
@@ -177,7 +184,7 @@ class _Columns:
                 pa.array(self.stream_seq, pa.int64()),
                 pa.array(self.consumer_seq, pa.int64()),
                 pa.array(self.delivered, pa.int32()),
-                pa.array(self.timestamp, ARROW_SCHEMA.field("timestamp").type),
+                timestamp_us.cast(ARROW_SCHEMA.field("timestamp").type),
             ],
             schema=ARROW_SCHEMA,
         )
@@ -194,7 +201,7 @@ class SlotReader:
         self.held: dict[int, bytes] = {}  # stream seq -> latest reply subject of what it took
         self.head = EntryHead()
         self.revision = 0
-        self.replay: list[str] = []
+        self.replay: list[bytes] = []
         self.pull = partition.limit > 0
         self.lost = 0
         self.redundant = 0  # redeliveries of earlier batches' messages, acked and dropped
@@ -248,7 +255,7 @@ class SlotReader:
             log.warning("skipping message %d of %s: removed before commit", seq, self.p.stream)
             return None
 
-    async def replay_batch(self, replies: list[str]) -> pa.RecordBatch:
+    async def replay_batch(self, replies: list[bytes]) -> pa.RecordBatch:
         """Rows for recorded deliveries, read back from the stream by sequence, a window of
         requests at a time (the server's API queue is shared)."""
         deliveries = [parse_reply(reply) for reply in replies]
