@@ -69,7 +69,7 @@ def read_config(path: str) -> dict[str, str]:
 
 
 # The connector's own error line inside a failed query's message (a Python traceback's last line).
-_SOURCE_ERROR = re.compile(r"^nats_spark\.[\w.]+?: (.+)$", re.MULTILINE)
+_SOURCE_ERROR = re.compile(r"(?:^|\s)nats_spark\.[\w.]+?: (.+)$", re.MULTILINE)
 
 
 class _Parser(argparse.ArgumentParser):

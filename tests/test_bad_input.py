@@ -154,11 +154,9 @@ def test_bad_option_fails_load_with_the_one_line_message(
     spark: Any, overrides: dict[str, str | None], expected: str
 ) -> None:
     message = load_error(spark, options_with(overrides))
-    # The connector's line appears whole, on a line of its own, after the exception's name.
-    assert any(
-        line.strip().startswith("nats_spark.errors.ConfigurationError: ") and expected in line
-        for line in message.splitlines()
-    ), message
+    # The connector's line comes whole on the first line, after Spark's prefix.
+    first = message.splitlines()[0]
+    assert "nats_spark.errors.ConfigurationError: " in first and expected in first, message
 
 
 def consumer_states(client: Blocking[NatsClient], stream: str) -> dict[str, tuple[int, int, int]]:
@@ -176,10 +174,10 @@ def consumer_states(client: Blocking[NatsClient], stream: str) -> dict[str, tupl
 
 
 def ours(error: BaseException) -> str:
-    """The connector's own line in a Spark error (after the Python traceback), else all of it."""
-    lines = [line.strip() for line in str(error).splitlines()]
-    found = [line for line in lines if line.startswith("nats_spark.")]
-    return found[-1] if found else "\n".join(lines)
+    """The connector's own line in a Spark error: on the first line, not after a traceback."""
+    first = str(error).splitlines()[0]
+    assert "nats_spark." in first and "Traceback" not in first, str(error)
+    return first[first.index("nats_spark.") :]
 
 
 def query_failure(df: Any, directory: Path) -> str:

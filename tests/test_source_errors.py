@@ -16,10 +16,13 @@ pytestmark = pytest.mark.spark
 
 
 def failure(query) -> str:
-    """The message a user sees when the query dies: our line, found in Spark's wrapper."""
+    """The first line a user sees when the query dies: Spark's wrapper, then our line (not a
+    traceback that ends with it)."""
     with pytest.raises(Exception) as caught:
         query.awaitTermination(60)
-    return str(caught.value)
+    first = str(caught.value).splitlines()[0]
+    assert "nats_spark." in first and "Traceback" not in first, str(caught.value)
+    return first
 
 
 def start(df, tmp_path):

@@ -10,6 +10,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 
 from nats_spark.errors import ConfigurationError
 from nats_spark.loop import run_sync
+from nats_spark.spark.failures import one_line_errors
 from nats_spark.spark.offset_reader import OffsetReader
 from nats_spark.spark.offsets import SourceOffset
 from nats_spark.spark.options import SourceOptions, parse_options
@@ -34,6 +35,7 @@ class NatsPcgDataSource(DataSource):
     """`spark.readStream.format("nats-pcg")`: partitioned consumer groups and priority-group
     consumers of NATS JetStream."""
 
+    @one_line_errors
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         self.parsed = parse_options(options)  # bad options fail at load(), before any pull
@@ -45,14 +47,21 @@ class NatsPcgDataSource(DataSource):
     def schema(self) -> str:
         return SCHEMA_DDL
 
+    @one_line_errors
     def reader(self, schema: Any) -> Any:
         check_schema(schema)
         raise ConfigurationError(
             "nats-pcg is a streaming source; use spark.readStream.format('nats-pcg')"
         )
 
+    @one_line_errors
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
-        check_schema(schema)  # at query start, before any message is taken
+        try:
+            check_schema(schema)
+        except ConfigurationError as error:
+            # Raised from here, pyspark's runner masks it (its cleanup then fails on the reader
+            # it never got): the reader raises it on the query's first call, before any pull.
+            return NatsPcgStreamReader(self.parsed, refused=error)
         return NatsPcgStreamReader(self.parsed)
 
 
@@ -60,27 +69,33 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Driver calls go to an `OffsetReader` (made on first use, never pickled); `read` runs on
     executors from the partition alone."""
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, refused: ConfigurationError | None = None) -> None:
         self.options = options
+        self.refused = refused
         self._offsets: OffsetReader | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "_offsets": None}
+        return {"options": self.options, "refused": None, "_offsets": None}
 
     @property
     def offsets(self) -> OffsetReader:
+        if self.refused is not None:
+            raise self.refused
         if self._offsets is None:
             self._offsets = OffsetReader(self.options)
         return self._offsets
 
+    @one_line_errors
     def initialOffset(self) -> dict[str, Any]:
         return run_sync(self.offsets.initial_offset()).to_json()
 
+    @one_line_errors
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict[str, Any]:
         begin = SourceOffset.from_json(start) if start else None
         max_rows = getattr(limit, "max_rows", None)
         return run_sync(self.offsets.latest_offset(begin, max_rows)).to_json()
 
+    @one_line_errors
     def getDefaultReadLimit(self) -> Any:
         """Spark 4.2+ only (older versions never call it)."""
         if self.options.max_messages_per_trigger:
@@ -90,21 +105,26 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict[str, Any] | None:
         return self.offsets.report() if self._offsets else None
 
+    @one_line_errors
     def prepareForTriggerAvailableNow(self) -> None:
         run_sync(self.offsets.prepare_available_now())
 
+    @one_line_errors
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         return run_sync(
             self.offsets.partitions(SourceOffset.from_json(start), SourceOffset.from_json(end))
         )
 
+    @one_line_errors
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SlotPartition)
-        return read_slot(partition)
+        yield from read_slot(partition)
 
+    @one_line_errors
     def commit(self, end: dict) -> None:
         run_sync(self.offsets.commit(SourceOffset.from_json(end)))
 
+    @one_line_errors
     def stop(self) -> None:
         if self._offsets is not None:
             run_sync(self._offsets.close())
