@@ -8,6 +8,7 @@ data on purpose, exactly what it still held) and nothing left unacked by the mem
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -235,7 +236,7 @@ class Slot:
 
     def ack(self, *gens: int) -> None:
         """What commit does: ack everything the entries of `gens` recorded."""
-        replies: list[str] = []
+        replies: list[bytes] = []
         for gen in gens:
             head, _ = run_sync(self.ledger.read_head(gen, "m1"))
             replies += run_sync(self.ledger.read_replies(head))
@@ -336,6 +337,48 @@ def test_sibling_redeliveries_skipped(client, settings, unique):
     assert slot.info()["num_redelivered"] == 10, "the first slot's messages did not come back"
     assert second == list(range(11, 21)), second
     assert slot.info()["num_ack_pending"] == 20, "a skipped redelivery was acked before commit"
+
+
+def test_sibling_stalled_past_the_ack_wait_emits_nothing_twice(client, settings, unique):
+    """Two slots share an overflow consumer (1 s ack wait). Slot A takes 10 messages and stalls
+    past the ack wait before recording them (its progress acks stall with it); they come back to
+    sibling B, which records and emits them. A's late record then finds them in B's entry and
+    drops them: every message is emitted once, and recorded once."""
+    slot = Slot(client, settings, unique)
+    shared = "shared"
+    config = {"durable_name": shared, "ack_policy": "explicit", "ack_wait": to_nanos(1)}
+    config |= {"priority_groups": [PRIORITY_GROUP], "priority_policy": "overflow"}
+    run_sync(client.api.create_consumer(slot.stream, shared, config))
+    publish(client, slot.stream, 10)
+    first = replace(slot.partition(1, limit=10), consumer=shared, siblings=("m1#1",), ack_wait=1.0)
+    second = replace(first, slot="m1#1", siblings=("m1",))
+
+    async def rows_of(pulls: Any) -> list[int]:
+        return [s async for batch in pulls for s in seqs(batch)]
+
+    stalled, other = SlotReader(first), SlotReader(second)
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        await stalled.begin()
+        await other.begin()
+        write = stalled.ledger.write_chunk
+
+        async def write_late(*args: Any) -> list[str]:
+            await asyncio.sleep(1.8)  # frozen between receiving and recording
+            return await write(*args)
+
+        stalled.ledger.write_chunk = write_late  # type: ignore[method-assign]
+        stalled._keep_held = lambda done: done.wait()  # type: ignore[method-assign]
+        late = asyncio.ensure_future(rows_of(stalled.pull_batches()))
+        await asyncio.sleep(1.3)  # the stalled slot's deliveries are due again
+        taken_again = await rows_of(other.pull_batches())
+        return await late, taken_again
+
+    stalled_rows, other_rows = run_sync(scenario())
+    assert other_rows == list(range(1, 11)), other_rows
+    assert stalled_rows == [], f"emitted twice: {sorted(set(stalled_rows) & set(other_rows))}"
+    heads = [run_sync(slot.ledger.read_head(1, name))[0] for name in ("m1", "m1#1")]
+    assert [h.count for h in heads] == [0, 10], "a message stays recorded by both slots"
 
 
 # --- Pins -------------------------------------------------------------------------------------

@@ -90,7 +90,7 @@ def drain(client: Blocking[NatsClient], pull: Blocking[PullConsumer]) -> list[in
     taken: list[int] = []
     while True:
         result = pull.fetch(500, expires=0.5)
-        run_sync(publish_acks(client.nc, [m.reply for m in result.messages]))
+        run_sync(publish_acks(client.nc, [m.reply.encode() for m in result.messages]))
         taken += [int(m.data.decode()) for m in result.messages]
         if not result.messages:
             return taken
@@ -121,7 +121,7 @@ def test_overflow_waits_for_min_pending_and_yields_to_plain_pullers(
         # A puller without threshold is served at once, while the query's pulls wait.
         first = plain.fetch(100, expires=3.0)
         assert first.status is PullStatus.BATCH_COMPLETE and len(first.messages) == 100
-        run_sync(publish_acks(client.nc, [m.reply for m in first.messages]))
+        run_sync(publish_acks(client.nc, [m.reply.encode() for m in first.messages]))
         first_taken = [int(m.data.decode()) for m in first.messages]
         assert sink.values == []
 
@@ -175,7 +175,7 @@ def test_prioritized_lower_number_served_first(
             wait_until(lambda: len(sink.values) >= 50, 30, "50 rows in the query")
         else:
             assert got.status is PullStatus.BATCH_COMPLETE and len(got.messages) == 50
-            run_sync(publish_acks(client.nc, [m.reply for m in got.messages]))
+            run_sync(publish_acks(client.nc, [m.reply.encode() for m in got.messages]))
         wait_until(lambda: acked(client, stream, name), 30, "everything acked")
         assert query.exception() is None
     finally:
@@ -200,7 +200,7 @@ class Standby:
     def _run(self) -> None:
         while not self.stop.is_set():
             messages = self.pull.fetch(10, expires=0.5).messages
-            run_sync(publish_acks(self.client.nc, [m.reply for m in messages]))
+            run_sync(publish_acks(self.client.nc, [m.reply.encode() for m in messages]))
             self.got += [int(m.data.decode()) for m in messages]
 
     def halt(self) -> None:

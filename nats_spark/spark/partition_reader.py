@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from array import array
 from bisect import bisect_left
 from collections.abc import AsyncIterator, Iterator
@@ -108,6 +109,7 @@ class _Columns:
         self.value_offsets = [0]  # per key, into header_values
         self.header_values: list[str] = []
         self.nbytes = 0
+        self.first_received = time.monotonic()  # reset when the first row comes in
 
     def __len__(self) -> int:
         return len(self.stream_seq)
@@ -125,6 +127,8 @@ class _Columns:
         consumer_seq: int,
         timestamp_ns: int,
     ) -> None:
+        if not self.stream_seq:
+            self.first_received = time.monotonic()
         self.subject.append(subject)
         self.data.append(data)
         self.nbytes += len(data)
@@ -208,6 +212,7 @@ class SlotReader:
         self.max_bytes = PULL_MAX_BYTES
         self.sibling_seqs: set[int] = set()
         self.sibling_counts: dict[str, int] = {}
+        self.renewed = 0.0  # monotonic time of the last confirmed round of progress acks
 
     async def begin(self) -> None:
         """Claim the ledger entry: create it, take over an open one, or replay a sealed one."""
@@ -239,6 +244,13 @@ class SlotReader:
             self.revision = await self.ledger.update_head(
                 self.p.gen, self.p.slot, self.head, revision
             )
+            # The attempt that died may have recorded without looking at its siblings' records.
+            twice = await self._drop_taken_twice(set(self.taken)) if self.p.siblings else set()
+            if twice:
+                self.replay = [r for r in self.replay if parse_reply(r).stream_seq not in twice]
+                self.taken -= twice
+                self.head.count = 0
+                await self._write([], self.replay, [], self.head.pin)
             return
 
     async def _stored(self, seq: int) -> StoredMessage | None:
@@ -302,10 +314,9 @@ class SlotReader:
         return redundant
 
     async def _load_sibling_seqs(self) -> None:
-        """What the slots sharing this consumer recorded so far in this batch. A redelivery may
-        reach us after a sibling took the message and its ack wait ran out; the sibling records
-        before its rows leave, so its ledger entry shows it (barring a sibling stalled longer
-        than the ack wait between receiving and recording)."""
+        """What the slots sharing this consumer recorded so far in this batch: a redelivery may
+        reach us after a sibling took the message and its ack wait ran out. Skipping these
+        before taking is the cheap, usual case; `_drop_taken_twice` settles the races."""
         for sibling in self.p.siblings:
             found = await self.ledger.read_head(self.p.gen, sibling)
             if found is None or found[0].count == self.sibling_counts.get(sibling):
@@ -314,6 +325,33 @@ class SlotReader:
             replies = await self.ledger.read_replies(head)
             self.sibling_seqs.update(parse_reply(r).stream_seq for r in replies)
             self.sibling_counts[sibling] = head.count
+
+    async def _sibling_records(self) -> set[int]:
+        """Every stream sequence the sibling slots have recorded in this batch, read now."""
+        recorded: set[int] = set()
+        for sibling in self.p.siblings:
+            found = await self.ledger.read_head(self.p.gen, sibling)
+            if found is not None:
+                replies = await self.ledger.read_replies(found[0])
+                recorded.update(parse_reply(r).stream_seq for r in replies)
+        return recorded
+
+    async def _drop_taken_twice(self, at_risk: set[int]) -> set[int]:
+        """Of `at_risk`, just recorded by this slot, what a sibling recorded too; both drop it
+        from their entries, so it is emitted once or not at all (then it stays pending and comes
+        back). Each slot records before it looks, so of two slots taking one message the later
+        recorder always sees the other's record."""
+        if not at_risk:
+            return set()
+        twice = at_risk & await self._sibling_records()
+        if twice:
+            log.warning(
+                "slot %s: %d messages were also taken by a sibling slot after their ack wait ran "
+                "out; neither emits them, they are read again",
+                self.p.slot,
+                len(twice),
+            )
+        return twice
 
     async def _request(self, consumer: PullConsumer, want: int, wait: bool) -> Pull | None:
         if want <= 0:
@@ -446,23 +484,53 @@ class SlotReader:
             if not self.held:
                 continue
             try:
+                sent = time.monotonic()
                 await publish_acks(self.client.nc, list(self.held.values()), kind=IN_PROGRESS)
+                self.renewed = sent  # the ack wait of all taken so far started over by then
             except Exception as error:  # the pulls meet the same trouble and report it
                 log.debug("slot %s: progress acks failed: %s", self.p.slot, error)
 
     async def _record(
         self, columns: _Columns, replies: list[bytes], pin: str | None
     ) -> pa.RecordBatch:
-        """Record the deliveries in the ledger, then hand out their rows."""
+        """Record the deliveries in the ledger, then hand out their rows. With siblings, what
+        may have reached a sibling too (redeliveries, or rows recorded late: the ack wait may
+        have run out first) is checked against the siblings' records and dropped if found."""
+        chunks = self.head.chunks
+        await self._write(chunks, replies, columns.stream_seq, pin)
+        batch = columns.batch()
+        if not self.p.siblings:
+            return batch
+        late = time.monotonic() - max(columns.first_received, self.renewed) > self.p.ack_wait / 2
+        at_risk = {
+            seq
+            for seq, delivered in zip(columns.stream_seq, columns.delivered, strict=True)
+            if late or delivered > 1
+        }
+        twice = await self._drop_taken_twice(at_risk)
+        if not twice:
+            return batch
+        kept = [s not in twice for s in columns.stream_seq]
+        self.head.count -= len(replies)
+        await self._write(chunks, [r for r, k in zip(replies, kept, strict=True) if k], [], pin)
+        self.taken -= twice
+        for seq in twice:
+            self.held.pop(seq, None)  # no longer renewed: it comes back to a slot
+        return batch.filter(pa.array(kept))
+
+    async def _write(
+        self, chunks: list[str], replies: list[bytes], seqs: list[int], pin: str | None
+    ) -> None:
+        """Store `replies` as the chunks that follow `chunks` and update the head."""
+        self.head.chunks = chunks
         keys = await self.ledger.write_chunk(self.p.gen, self.p.slot, self.head, replies)
-        self.head.chunks = [*self.head.chunks, *keys]
+        self.head.chunks = [*chunks, *keys]
         self.head.count += len(replies)
-        self.head.max_seq = max(self.head.max_seq, max(columns.stream_seq))
+        self.head.max_seq = max(self.head.max_seq, max(seqs, default=0))
         self.head.pin = pin
         self.revision = await self.ledger.update_head(
             self.p.gen, self.p.slot, self.head, self.revision
         )
-        return columns.batch()
 
     async def seal(self) -> None:
         if self.head.state is EntryState.OPEN:
