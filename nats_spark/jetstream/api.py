@@ -156,11 +156,17 @@ class JetStreamApi:
         await self.request(f"CONSUMER.UNPIN.{stream}.{consumer}", {"group": group})
 
     async def get_message(
-        self, stream: str, seq: int, next_by_subject: str | None = None
+        self,
+        stream: str,
+        seq: int,
+        next_by_subject: str | None = None,
+        start_time: str | None = None,
     ) -> StoredMessage:
         """The message at `seq`; `NotFound` when it was deleted (retention, purge). With
-        `next_by_subject`: the first message at or after `seq` whose subject matches it."""
-        body: dict[str, Any] = {"seq": seq}
+        `next_by_subject`: the first message at or after `seq` whose subject matches it. With
+        `start_time` (RFC 3339) instead of `seq` (0): from the first message stored at or after
+        that time."""
+        body: dict[str, Any] = {"start_time": start_time} if start_time else {"seq": seq}
         if next_by_subject is not None:
             body["next_by_subj"] = next_by_subject
         answer = await self.request(f"STREAM.MSG.GET.{stream}", body)

@@ -1,7 +1,9 @@
-"""The `nats` format: Spark's entry points for writing DataFrames to JetStream.
+"""The `nats` format: Spark's entry points for writing DataFrames to JetStream and for reading
+a whole stream.
 
 `df.write.format("nats")` (append) and `df.writeStream.format("nats")`; see `sink.py` for how
-rows become messages and why a re-run stores nothing twice.
+rows become messages and why a re-run stores nothing twice. `spark.read.format("nats")` and
+`spark.readStream.format("nats")` read ranges of stream sequences; see `stream_range.py`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from pyspark.sql.datasource import (
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError
 from nats_spark.loop import run_sync
-from nats_spark.spark.options import SinkOptions, parse_sink_options
+from nats_spark.spark.failures import one_line_errors
+from nats_spark.spark.options import SinkOptions, parse_read_options, parse_sink_options
+from nats_spark.spark.schema import SCHEMA_DDL, check_schema
 from nats_spark.spark.sink import (
     PartitionPublisher,
     SinkColumns,
@@ -31,6 +35,7 @@ from nats_spark.spark.sink import (
     sink_columns,
     task_id_prefix,
 )
+from nats_spark.spark.stream_range import RangeReader, RangeStreamReader
 
 try:  # Spark 4.1+: the streaming writer gets Arrow record batches too
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
@@ -39,7 +44,8 @@ except ImportError:  # Spark 4.0: Rows
 
 
 class NatsDataSource(DataSource):
-    """`format("nats")`: writes to JetStream (reads of a stream are `nats-pcg`'s for now)."""
+    """`format("nats")`: writes to JetStream, and reads a whole stream without acks, consumers
+    of its own or groups (`nats-pcg` reads groups and consumers)."""
 
     @classmethod
     def name(cls) -> str:
@@ -60,23 +66,30 @@ class NatsDataSource(DataSource):
         run_sync(check())
         return options, columns
 
+    @one_line_errors
     def writer(self, schema: Any, overwrite: bool) -> NatsWriter:
         if overwrite:
             raise ConfigurationError("a NATS stream cannot be overwritten; use mode('append')")
         options, columns = self._prepare(schema)
         return NatsWriter(options, columns, new_write_id())
 
+    @one_line_errors
     def streamWriter(self, schema: Any, overwrite: bool) -> NatsStreamWriter:
         options, columns = self._prepare(schema)
         return NatsStreamWriter(options, columns)
 
-    def reader(self, schema: Any) -> Any:
-        raise ConfigurationError(
-            "format nats writes to JetStream; read groups and consumers with format nats-pcg"
-        )
+    def schema(self) -> str:
+        return SCHEMA_DDL
 
-    def streamReader(self, schema: Any) -> Any:
-        return self.reader(schema)
+    @one_line_errors
+    def reader(self, schema: Any) -> RangeReader:
+        check_schema(schema, "nats")
+        return RangeReader(parse_read_options(self.options, streaming=False))
+
+    @one_line_errors
+    def streamReader(self, schema: Any) -> RangeStreamReader:
+        check_schema(schema, "nats")
+        return RangeStreamReader(parse_read_options(self.options, streaming=True))
 
 
 def _rows_chunks(
@@ -109,6 +122,7 @@ class NatsWriter(DataSourceArrowWriter):
         self.columns = columns
         self.write_id = write_id
 
+    @one_line_errors
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         publisher = PartitionPublisher(self.options, self.columns, task_id_prefix(self.write_id))
         return publisher.publish(arrow_chunks(iterator, self.columns))
@@ -127,6 +141,7 @@ class NatsStreamWriter(_StreamWriterBase):
         self.options = options
         self.columns = columns
 
+    @one_line_errors
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         publisher = PartitionPublisher(self.options, self.columns, task_id_prefix(None))
         first = next(iterator, None)

@@ -109,7 +109,7 @@ class StartingPosition:
     deliver: dict[str, Any] = field(default_factory=lambda: {"deliver_policy": "all"})
 
 
-def parse_starting_position(text: str) -> StartingPosition:
+def parse_starting_position(text: str, option: str = "startingPosition") -> StartingPosition:
     """`earliest`, `latest`, `sequence:<n>` (that message first) or `time:<ISO-8601>`."""
     kind, _, value = text.strip().partition(":")
     kind = kind.lower()
@@ -133,7 +133,7 @@ def parse_starting_position(text: str) -> StartingPosition:
                 text, {"deliver_policy": "by_start_time", "opt_start_time": stamp}
             )
     raise ConfigurationError(
-        f"option startingPosition={text!r} is not valid; use earliest, latest, sequence:<n> "
+        f"option {option}={text!r} is not valid; use earliest, latest, sequence:<n> "
         "(n from 1) or time:<ISO-8601>, e.g. time:2026-11-23T08:00:00Z"
     )
 
@@ -358,4 +358,98 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         max_pending=values.optional_int("publishAsyncMaxPending", 1, 1_000_000)
         or SinkOptions.max_pending,
         publish_timeout=values.duration("publishTimeout", SinkOptions.publish_timeout),
+    )
+
+
+READ_OPTIONS: dict[str, str] = {
+    **CONNECTION_OPTIONS,
+    "stream": "the stream to read (required)",
+    "subjects": "comma list of filter subjects, wildcards allowed (default all)",
+    "startingPosition": "earliest | latest | sequence:<n> | time:<ISO-8601> (default earliest)",
+    "endingPosition": "batch reads: latest | sequence:<n> | time:<ISO-8601>, inclusive (latest)",
+    "numPartitions": "Spark partitions per read or micro-batch (default: by range size)",
+    "maxMessagesPerTrigger": "streaming: cap on stream sequences per micro-batch",
+    "includeHeaders": "true | false (default true)",
+    "readPath": "auto | consumer | direct: an ephemeral consumer (auto) or batch direct get",
+    "fetchBatchSize": "messages per request (default 4096)",
+}
+READ_PATHS = ("auto", "consumer", "direct")
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """Validated options of a read of a whole stream (format `nats`). Picklable."""
+
+    connection: ConnectionSettings
+    stream: str
+    subjects: tuple[str, ...] = ()
+    starting_position: StartingPosition = field(default_factory=StartingPosition)
+    ending_position: StartingPosition | None = None  # None: the stream's last message
+    num_partitions: int | None = None  # None: by range size
+    max_messages_per_trigger: int | None = None
+    include_headers: bool = True
+    read_path: str = "auto"
+    fetch_batch_size: int = 4096
+
+
+def _check_filter_subject(subject: str) -> str:
+    tokens = subject.split(".")
+    if not all(t and not any(c.isspace() for c in t) for t in tokens) or ">" in tokens[:-1]:
+        raise ConfigurationError(
+            f"option subjects has {subject!r}, which is not a filter subject; use tokens without "
+            "spaces, '*' for one token and '>' only last, e.g. orders.*,audit.>"
+        )
+    return subject
+
+
+def _position_order(start: StartingPosition, end: StartingPosition) -> None:
+    """Refuse an end given before the start, when both are sequences or both times."""
+    for key, parse in (("opt_start_seq", int), ("opt_start_time", datetime.fromisoformat)):
+        both = key in start.deliver and key in end.deliver
+        if both and parse(end.deliver[key]) < parse(start.deliver[key]):  # type: ignore[operator]
+            raise ConfigurationError(
+                f"option endingPosition={end.text!r} is before startingPosition="
+                f"{start.text!r}; give an end at or after the start"
+            )
+
+
+def parse_read_options(raw: Mapping[str, str], streaming: bool) -> ReadOptions:
+    """Validate the options of `spark.read.format("nats")` / `readStream.format("nats")`."""
+    values = OptionValues(raw, READ_OPTIONS)
+    take = values.take
+    stream = _check_name("stream", values.required("stream", "the name of the stream to read"))
+    for name, applies in (("endingPosition", not streaming), ("maxMessagesPerTrigger", streaming)):
+        if take(name) is not None and not applies:
+            where = "streaming reads (readStream)" if streaming else "batch reads (read)"
+            raise ConfigurationError(f"option {name} does not apply to {where}; drop it")
+    subjects: tuple[str, ...] = ()
+    if (text := take("subjects")) is not None:
+        subjects = tuple(_check_filter_subject(s.strip()) for s in text.split(",") if s.strip())
+    starting = parse_starting_position(take("startingPosition") or "earliest")
+    ending = None
+    if (text := take("endingPosition")) is not None:
+        ending = parse_starting_position(text, "endingPosition")
+        if ending.deliver["deliver_policy"] == "all":
+            raise ConfigurationError(
+                "option endingPosition=earliest is not valid; use latest, sequence:<n> or "
+                "time:<ISO-8601>"
+            )
+        _position_order(starting, ending)
+    read_path = (take("readPath") or "auto").lower()
+    if read_path not in READ_PATHS:
+        raise ConfigurationError(
+            f"option readPath={read_path!r} is not valid; use {', '.join(READ_PATHS)}"
+        )
+    return ReadOptions(
+        connection=values.connection(f"nats-spark read {stream}"),
+        stream=stream,
+        subjects=subjects,
+        starting_position=starting,
+        ending_position=ending,
+        num_partitions=values.optional_int("numPartitions", 1, 10_000),
+        max_messages_per_trigger=values.optional_int("maxMessagesPerTrigger"),
+        include_headers=values.flag("includeHeaders", ReadOptions.include_headers),
+        read_path=read_path,
+        fetch_batch_size=values.optional_int("fetchBatchSize", 1, 100_000)
+        or ReadOptions.fetch_batch_size,
     )

@@ -38,13 +38,13 @@ ARROW_SCHEMA = pa.schema(
 )
 
 
-def check_schema(schema: Any) -> None:
+def check_schema(schema: Any, source: str = "nats-pcg") -> None:
     """Refuse a user schema (`.schema(...)`) other than the source's own: rows are built in the
     source's shape, and a batch of another shape would fail only after messages were taken."""
     given = tuple((f.name, f.dataType.simpleString()) for f in schema.fields)
     if given != SCHEMA_FIELDS:
         raise ConfigurationError(
-            f"nats-pcg has a fixed schema ({SCHEMA_DDL}) and cannot read into "
+            f"{source} has a fixed schema ({SCHEMA_DDL}) and cannot read into "
             f"{', '.join(f'{n} {k.upper()}' for n, k in given) or 'an empty schema'}; drop "
             ".schema(...) and select or cast columns after load()"
         )
