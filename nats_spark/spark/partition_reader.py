@@ -211,7 +211,6 @@ class SlotReader:
         self.redundant = 0  # redeliveries of earlier batches' messages, acked and dropped
         self.max_bytes = PULL_MAX_BYTES
         self.sibling_seqs: set[int] = set()
-        self.sibling_counts: dict[str, int] = {}
         self.renewed = 0.0  # monotonic time of the last confirmed round of progress acks
 
     async def begin(self) -> None:
@@ -317,14 +316,7 @@ class SlotReader:
         """What the slots sharing this consumer recorded so far in this batch: a redelivery may
         reach us after a sibling took the message and its ack wait ran out. Skipping these
         before taking is the cheap, usual case; `_drop_taken_twice` settles the races."""
-        for sibling in self.p.siblings:
-            found = await self.ledger.read_head(self.p.gen, sibling)
-            if found is None or found[0].count == self.sibling_counts.get(sibling):
-                continue
-            head = found[0]
-            replies = await self.ledger.read_replies(head)
-            self.sibling_seqs.update(parse_reply(r).stream_seq for r in replies)
-            self.sibling_counts[sibling] = head.count
+        self.sibling_seqs |= await self._sibling_records()
 
     async def _sibling_records(self) -> set[int]:
         """Every stream sequence the sibling slots have recorded in this batch, read now."""
