@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import pyspark
@@ -218,3 +219,35 @@ def drained(
     wait_until(lambda: len(sink.values) >= total or query.exception(), 120, f"{total} rows")
     assert query.exception() is None, query.exception()
     wait_until(lambda: unacked(client, stream, group) == 0, 60, "every member acked")
+
+
+def check_trigger_pacing(
+    df: Any, publish_numbered: Callable[[int, int], None], checkpoint: Any
+) -> None:
+    """`df` read with minMessagesPerTrigger=20, maxTriggerDelay=5s (and messages 0-4 published):
+    5 messages are held back, 20 go at once, 3 more wait out the delay from the previous batch.
+    `publish_numbered(start, count)` publishes messages numbered start... ."""
+    sink = Collector()
+    query = foreach_batches(df, sink, checkpoint)
+    try:
+        time.sleep(3)
+        assert sink.values == [], f"a batch of {len(sink.values)} ran under the minimum of 20"
+        publish_numbered(5, 15)
+        wait_until(lambda: len(sink.values) >= 20 or query.exception(), 30, "20 rows")
+        publish_numbered(20, 3)
+        wait_until(lambda: len(sink.values) >= 23 or query.exception(), 30, "23 rows")
+        assert query.exception() is None, query.exception()
+        with_rows = [len(rows) for rows in sink.batches.values() if rows]
+        assert with_rows == [20, 3], with_rows
+        # Triggers start before the source plans their batch: the gap between the two starts
+        # is the delay less the first planning's time.
+        started = {
+            p["numInputRows"]: datetime.fromisoformat(p["timestamp"])
+            for p in query.recentProgress
+            if p["numInputRows"]
+        }
+        waited = (started[3] - started[20]).total_seconds()
+        assert waited >= 4.5, f"3 messages went {waited:.1f}s after the previous batch"
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 23)

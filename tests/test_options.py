@@ -9,9 +9,11 @@ from nats_spark.pcg.config import ElasticConfig, MemberMapping, PartitioningFilt
 from nats_spark.pcg.consumers import member_consumer, partition_consumer
 from nats_spark.pcg.partitioning import partition_filter_subjects, partition_owner
 from nats_spark.pcg.store import GroupEntry, GroupKind
-from nats_spark.spark.options import parse_options
+from nats_spark.spark.options import parse_options, parse_read_options
+from nats_spark.spark.pacing import TriggerPacing
 
 BASE = {"servers": "nats://127.0.0.1:1", "stream": "S", "group": "g"}
+STREAM = {"servers": "nats://127.0.0.1:1", "stream": "S"}  # format nats
 
 
 @pytest.mark.parametrize("value", ["auto", "partition", "member", "PARTITION"])
@@ -142,3 +144,51 @@ def test_starting_position(text: str, deliver: dict) -> None:
 def test_bad_starting_position(text: str) -> None:
     with pytest.raises(ConfigurationError, match="startingPosition=.* is not valid; use earliest"):
         parse_options({**BASE, "startingPosition": text})
+
+
+def test_trigger_pacing_options() -> None:
+    parsed = parse_options({**BASE, "minMessagesPerTrigger": "500", "maxTriggerDelay": "30s"})
+    assert (parsed.min_messages_per_trigger, parsed.max_trigger_delay) == (500, 30.0)
+    assert parse_options(BASE).max_trigger_delay == 900.0  # Kafka's 15 minutes
+    read = parse_read_options({**STREAM, "minMessagesPerTrigger": "5"}, streaming=True)
+    assert read.min_messages_per_trigger == 5
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"maxTriggerDelay": "1m"}, "maxTriggerDelay applies only with minMessagesPerTrigger"),
+        (
+            {"minMessagesPerTrigger": "10", "maxMessagesPerTrigger": "5"},
+            "minMessagesPerTrigger=10 is above maxMessagesPerTrigger=5",
+        ),
+        ({"minMessagesPerTrigger": "0"}, "minMessagesPerTrigger=0 is out of range"),
+        ({"minMessagesPerTrigger": "5", "maxTriggerDelay": "soon"}, "is not a duration"),
+    ],
+)
+def test_bad_trigger_pacing(extra: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        parse_options({**BASE, **extra})
+    with pytest.raises(ConfigurationError, match=message):
+        parse_read_options({**STREAM, **extra}, streaming=True)
+
+
+def test_trigger_pacing_is_for_streaming_reads_only() -> None:
+    with pytest.raises(ConfigurationError, match="minMessagesPerTrigger does not apply to batch"):
+        parse_read_options({**STREAM, "minMessagesPerTrigger": "5"}, streaming=False)
+
+
+def test_pacing_holds_back_until_enough_or_the_delay() -> None:
+    now = [100.0]
+    pacing = TriggerPacing(10, 60.0, clock=lambda: now[0])
+    assert not pacing.holds_back(0)  # nothing to read is no batch anyway, not a hold
+    assert pacing.holds_back(9)
+    assert not pacing.holds_back(10)
+    now[0] += 59.9
+    assert pacing.holds_back(9)
+    now[0] += 0.1  # the delay counts from the query's start ...
+    assert not pacing.holds_back(1)
+    pacing.batch_planned()
+    now[0] += 30
+    assert pacing.holds_back(1)  # ... then from the previous batch
+    assert not TriggerPacing(None, 60.0).holds_back(1)

@@ -8,6 +8,7 @@ import pytest
 from spark_helpers import (
     ACKS_LAST_BATCH,
     assert_exactly_once,
+    check_trigger_pacing,
     consumers_of,
     elastic_group,
     foreach_batches,
@@ -230,3 +231,13 @@ def test_starting_position_applies_to_new_consumers_only(spark, client, nats_url
     run_sync(admin.delete_static(client.target, stream, "g"))
     run_sync(admin.create_static(client.target, stream, "g", 4, members=["m1", "m2"]))
     assert run("latest", "d") == []
+
+
+def test_trigger_pacing(spark, client, nats_url, unique, tmp_path):
+    stream = f"TP{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=4)
+    publish(client, stream, 5)
+    df = source(spark, nats_url, stream, "g", minMessagesPerTrigger=20, maxTriggerDelay="5s")
+    check_trigger_pacing(
+        df, lambda start, count: publish(client, stream, count, start=start), tmp_path
+    )

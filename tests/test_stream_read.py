@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from spark_helpers import check_trigger_pacing
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
@@ -242,3 +243,11 @@ def test_streaming_caps_batches_and_starts_where_told(spark, nats_url, admin, un
     assert sizes == [30, 30, 30]
     rows = spark.read.parquet(str(tmp_path / "out")).select("stream_seq").collect()
     assert sorted(r.stream_seq for r in rows) == list(range(11, 101))
+
+
+def test_streaming_trigger_pacing(spark, nats_url, admin, unique, tmp_path):
+    name = create(admin, f"P{unique}", False)
+    publish(admin, name, 0, 5)
+    reader = spark.readStream.format("nats").option("servers", nats_url).option("stream", name)
+    df = reader.option("minMessagesPerTrigger", "20").option("maxTriggerDelay", "5s").load()
+    check_trigger_pacing(df, lambda start, count: publish(admin, name, start, count), tmp_path)

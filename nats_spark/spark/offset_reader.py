@@ -30,6 +30,7 @@ from nats_spark.spark.ledger import (
 )
 from nats_spark.spark.offsets import MemberPlan, SourceOffset
 from nats_spark.spark.options import SourceOptions
+from nats_spark.spark.pacing import TriggerPacing
 from nats_spark.spark.partition_reader import SlotPartition
 from nats_spark.spark.targets import Held, Slot, target_for
 
@@ -81,6 +82,7 @@ class OffsetReader:
         self.pins: dict[str, str] = {}
         self.states: dict[str, SlotState] = {}
         self.available_now_seq: dict[str, int] | None = None
+        self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
         self._pointer = pointer_key(options.stream, options.group or options.consumer or "")
 
     async def _connect(self) -> NatsClient:
@@ -221,12 +223,17 @@ class OffsetReader:
             if plan is not None:
                 plans[slot.name] = plan
         await self._settle(first_seqs)
+        available = sum(p.limit for p in plans.values())
+        if self.available_now_seq is None and self.pacing.holds_back(available):
+            plans = {}
         plans = self._apply_limit(plans, max_rows)
         unacked = any(
             e.head is not None and e.head.state is EntryState.SEALED for e in self.entries.values()
         )
         base = start or self.current
         if plans or unacked or base is None:
+            if plans:
+                self.pacing.batch_planned()
             for name in plans:
                 self.entries.setdefault((self.head_gen + 1, name), Entry(self.head_gen + 1, name))
             self.current = await self._new_offset(plans)

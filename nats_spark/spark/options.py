@@ -49,6 +49,8 @@ KNOWN_OPTIONS: dict[str, str] = {
     "ackWait": "ack wait of the consumers the source creates (default 30s)",
     "maxAckPending": "max ack pending of the consumers the source creates (default 100000)",
     "maxMessagesPerTrigger": "cap on messages per micro-batch over all partitions",
+    "minMessagesPerTrigger": "hold a micro-batch back until this many messages are available",
+    "maxTriggerDelay": "longest hold for minMessagesPerTrigger (default 15m)",
     "maxMessagesPerPartition": "cap on messages per partition per micro-batch",
     "fetchBatchSize": "messages per pull request (default 4096)",
     "fetchTimeout": "how long a pull waits for messages (default 1s)",
@@ -57,6 +59,7 @@ KNOWN_OPTIONS: dict[str, str] = {
     "failOnDataLoss": "true | false (default true)",
 }
 SECRET_OPTIONS = frozenset({"token", "password"})
+DEFAULT_MAX_TRIGGER_DELAY = 900.0  # 15 minutes, as Kafka's maxTriggerDelay
 
 
 def parse_duration(name: str, text: str) -> float:
@@ -158,6 +161,8 @@ class SourceOptions:
     ack_wait: float = 30.0
     max_ack_pending: int = 100_000
     max_messages_per_trigger: int | None = None
+    min_messages_per_trigger: int | None = None
+    max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY
     max_messages_per_partition: int | None = None
     fetch_batch_size: int = 4096
     fetch_timeout: float = 1.0
@@ -210,6 +215,24 @@ class OptionValues:
     def flag(self, name: str, default: bool) -> bool:
         text = self.take(name)
         return default if text is None else parse_bool(name, text)
+
+    def trigger_sizes(self) -> tuple[int | None, int | None, float]:
+        """maxMessagesPerTrigger, minMessagesPerTrigger and maxTriggerDelay, checked together."""
+        most, least = (
+            self.optional_int("maxMessagesPerTrigger"),
+            self.optional_int("minMessagesPerTrigger"),
+        )
+        if least is None and self.take("maxTriggerDelay") is not None:
+            raise ConfigurationError(
+                "option maxTriggerDelay applies only with minMessagesPerTrigger; set "
+                "minMessagesPerTrigger or drop maxTriggerDelay"
+            )
+        if least is not None and most is not None and least > most:
+            raise ConfigurationError(
+                f"option minMessagesPerTrigger={least} is above maxMessagesPerTrigger={most}; "
+                "give a minimum at or below the maximum"
+            )
+        return most, least, self.duration("maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY)
 
     def connection(self, name: str) -> ConnectionSettings:
         """The connection options (`CONNECTION_OPTIONS`) as settings; `name` is the client's
@@ -286,6 +309,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         raise ConfigurationError(
             f"option consumerLayout={consumer_layout!r} is not valid; use auto, partition or member"
         )
+    most, least, delay = values.trigger_sizes()
     members = None
     if (text := take("members")) is not None:
         members = tuple(_check_name("members", m.strip()) for m in text.split(",") if m.strip())
@@ -309,7 +333,9 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         num_partitions=optional_int("numPartitions", 1, 1024) or SourceOptions.num_partitions,
         ack_wait=duration("ackWait", SourceOptions.ack_wait),
         max_ack_pending=optional_int("maxAckPending") or SourceOptions.max_ack_pending,
-        max_messages_per_trigger=optional_int("maxMessagesPerTrigger"),
+        max_messages_per_trigger=most,
+        min_messages_per_trigger=least,
+        max_trigger_delay=delay,
         max_messages_per_partition=optional_int("maxMessagesPerPartition"),
         fetch_batch_size=optional_int("fetchBatchSize", 1, 100_000)
         or SourceOptions.fetch_batch_size,
@@ -369,6 +395,8 @@ READ_OPTIONS: dict[str, str] = {
     "endingPosition": "batch reads: latest | sequence:<n> | time:<ISO-8601>, inclusive (latest)",
     "numPartitions": "Spark partitions per read or micro-batch (default: by range size)",
     "maxMessagesPerTrigger": "streaming: cap on stream sequences per micro-batch",
+    "minMessagesPerTrigger": "streaming: hold a micro-batch back until this many sequences",
+    "maxTriggerDelay": "streaming: longest hold for minMessagesPerTrigger (default 15m)",
     "includeHeaders": "true | false (default true)",
     "readPath": "auto | consumer | direct: an ephemeral consumer (auto) or batch direct get",
     "fetchBatchSize": "messages per request (default 4096)",
@@ -387,6 +415,8 @@ class ReadOptions:
     ending_position: StartingPosition | None = None  # None: the stream's last message
     num_partitions: int | None = None  # None: by range size
     max_messages_per_trigger: int | None = None
+    min_messages_per_trigger: int | None = None
+    max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY
     include_headers: bool = True
     read_path: str = "auto"
     fetch_batch_size: int = 4096
@@ -418,8 +448,9 @@ def parse_read_options(raw: Mapping[str, str], streaming: bool) -> ReadOptions:
     values = OptionValues(raw, READ_OPTIONS)
     take = values.take
     stream = _check_name("stream", values.required("stream", "the name of the stream to read"))
-    for name, applies in (("endingPosition", not streaming), ("maxMessagesPerTrigger", streaming)):
-        if take(name) is not None and not applies:
+    streaming_only = ("maxMessagesPerTrigger", "minMessagesPerTrigger", "maxTriggerDelay")
+    for name in ("endingPosition", *streaming_only):
+        if take(name) is not None and (name in streaming_only) != streaming:
             where = "streaming reads (readStream)" if streaming else "batch reads (read)"
             raise ConfigurationError(f"option {name} does not apply to {where}; drop it")
     subjects: tuple[str, ...] = ()
@@ -435,6 +466,7 @@ def parse_read_options(raw: Mapping[str, str], streaming: bool) -> ReadOptions:
                 "time:<ISO-8601>"
             )
         _position_order(starting, ending)
+    most, least, delay = values.trigger_sizes()
     read_path = (take("readPath") or "auto").lower()
     if read_path not in READ_PATHS:
         raise ConfigurationError(
@@ -447,7 +479,9 @@ def parse_read_options(raw: Mapping[str, str], streaming: bool) -> ReadOptions:
         starting_position=starting,
         ending_position=ending,
         num_partitions=values.optional_int("numPartitions", 1, 10_000),
-        max_messages_per_trigger=values.optional_int("maxMessagesPerTrigger"),
+        max_messages_per_trigger=most,
+        min_messages_per_trigger=least,
+        max_trigger_delay=delay,
         include_headers=values.flag("includeHeaders", ReadOptions.include_headers),
         read_path=read_path,
         fetch_batch_size=values.optional_int("fetchBatchSize", 1, 100_000)

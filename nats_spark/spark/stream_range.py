@@ -27,6 +27,7 @@ from nats_spark.errors import ConfigurationError, NotFound
 from nats_spark.loop import run_sync
 from nats_spark.spark.failures import one_line_errors
 from nats_spark.spark.options import ReadOptions, StartingPosition
+from nats_spark.spark.pacing import TriggerPacing
 from nats_spark.spark.range_reader import RangePartition, read_range
 from nats_spark.spark.source import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
@@ -211,6 +212,7 @@ class RangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._ranges: StreamRanges | None = None
         self.available_now_end: int | None = None
         self.known_start: int | None = None  # for Spark 4.0/4.1, whose latestOffset has none
+        self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_ranges": None}
@@ -250,9 +252,13 @@ class RangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         caps = (getattr(limit, "max_rows", None), self.options.max_messages_per_trigger)
         cap = min((c for c in caps if c), default=None)
         if begin is not None:
+            if self.available_now_end is None and self.pacing.holds_back(end - begin):
+                end = begin
             if cap:
                 end = min(end, begin + cap)
             end = max(end, begin)  # a start past the stream's end waits there
+            if end > begin:
+                self.pacing.batch_planned()
         self.known_start = end
         return RangeOffset(self.options.stream, end).to_json()
 
