@@ -374,6 +374,10 @@ def test_status_shows_every_member(cli, client, unique):
     status = json.loads(ok(cli("status", stream, "g", "--json")))
     assert status["kind"] == "static"
     assert [m["state"] for m in status["members"]] == ["pinned", "no consumer"]
+    assert status["lag"] == {
+        "total": {"pending": 0, "ackPending": 1},
+        "byMember": {"m1": {"pending": 0, "ackPending": 1}},  # m2 has no consumer
+    }
     one_line_error(cli("status", stream, "nope"), "consumer group 'nope' on stream")
 
 
@@ -396,3 +400,4 @@ def test_status_shows_the_partition_layout_consumers(cli, client, unique):
         (0, "m1", "g-partition-0"),
         (3, "m2", "g-partition-3"),
     ]
+    assert set(status["lag"]["byMember"]) == {"m1", "m2"}  # from their partition consumers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -241,3 +242,30 @@ def test_trigger_pacing(spark, client, nats_url, unique, tmp_path):
     check_trigger_pacing(
         df, lambda start, count: publish(client, stream, count, start=start), tmp_path
     )
+
+
+@pytest.mark.parametrize("layout", ["partition", "member"])
+def test_lag_in_progress(spark, client, nats_url, unique, tmp_path, layout):
+    stream = f"LG{unique}{layout[0]}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=4)
+    publish(client, stream, 500)
+    df = source(spark, nats_url, stream, "g", consumerLayout=layout, maxMessagesPerTrigger=100)
+    query = (
+        df.writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(120) and query.exception() is None
+    taken = 0
+    batches = [p for p in query.recentProgress if p["numInputRows"]]
+    assert len(batches) >= 5
+    for progress in batches:
+        lag = json.loads(progress["sources"][0]["latestOffset"])["lag"]
+        assert lag["total"]["pending"] == 500 - taken  # earlier batches took the rest
+        taken += progress["numInputRows"]
+        assert lag["total"]["behindLatest"] == 500 - taken, (taken, lag)
+        assert set(lag["byMember"]) == {"m1", "m2"}
+        for field in ("pending", "ackPending", "behindLatest"):
+            assert sum(m[field] for m in lag["byMember"].values()) == lag["total"][field]
+    assert taken == 500

@@ -4,6 +4,7 @@ through batch direct get and through an ephemeral consumer, with nothing acked o
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -239,8 +240,11 @@ def test_streaming_caps_batches_and_starts_where_told(spark, nats_url, admin, un
     query = run_available_now(
         spark, nats_url, name, tmp_path, maxMessagesPerTrigger=30, startingPosition="sequence:11"
     )
-    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
-    assert sizes == [30, 30, 30]
+    batches = [p for p in query.recentProgress if p["numInputRows"]]
+    assert [p["numInputRows"] for p in batches] == [30, 30, 30]
+    reports = [json.loads(p["sources"][0]["latestOffset"]) for p in batches]
+    assert [r["lag"]["total"]["behindLatest"] for r in reports] == [60, 30, 0]
+    assert {r["seq"] for r in reports} == {101}  # the stream's end
     rows = spark.read.parquet(str(tmp_path / "out")).select("stream_seq").collect()
     assert sorted(r.stream_seq for r in rows) == list(range(11, 101))
 

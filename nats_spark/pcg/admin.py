@@ -359,6 +359,23 @@ class PartitionInfo:
         return "waiting" if self.num_waiting else "idle"
 
 
+def lag_by_member(
+    members: list[MemberInfo], partitions: list[PartitionInfo]
+) -> dict[str, dict[str, int]]:
+    """`pending` and `ackPending` of each member: over its partition consumers where the
+    partition layout has some, else of its member consumer; members with neither are left out."""
+    lag: dict[str, dict[str, int]] = {}
+    for p in partitions:
+        if p.member is not None:
+            into = lag.setdefault(p.member, {"pending": 0, "ackPending": 0})
+            into["pending"] += p.num_pending
+            into["ackPending"] += p.num_ack_pending
+    for m in members:
+        if m.member not in lag and m.num_pending is not None:
+            lag[m.member] = {"pending": m.num_pending, "ackPending": m.num_ack_pending or 0}
+    return dict(sorted(lag.items()))
+
+
 async def partition_status(client: NatsClient, entry: GroupEntry) -> list[PartitionInfo]:
     """The group's partition consumers that exist (a query reads it in the partition layout)."""
     infos = []

@@ -63,6 +63,9 @@ class SlotState:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+LAG_FIELDS = ("pending", "ackPending", "behindLatest")
+
+
 class OffsetReader:
     """Plans batches and acks them once Spark has committed them."""
 
@@ -83,6 +86,7 @@ class OffsetReader:
         self.states: dict[str, SlotState] = {}
         self.available_now_seq: dict[str, int] | None = None
         self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
+        self.planned: dict[str, int] = {}  # by slot: what the batch planned last may take
         self._pointer = pointer_key(options.stream, options.group or options.consumer or "")
 
     async def _connect(self) -> NatsClient:
@@ -231,6 +235,7 @@ class OffsetReader:
             e.head is not None and e.head.state is EntryState.SEALED for e in self.entries.values()
         )
         base = start or self.current
+        self.planned = {name: plan.limit for name, plan in plans.items()}
         if plans or unacked or base is None:
             if plans:
                 self.pacing.batch_planned()
@@ -532,7 +537,29 @@ class OffsetReader:
             }
             for name, s in sorted(self.states.items())
         }
+        report["lag"] = self._lag()
         return report
+
+    def _lag(self) -> dict[str, Any]:
+        """By member and in total, each consumer counted once: `pending` (not delivered yet),
+        `ackPending` (delivered, not acked) and `behindLatest` (neither acked nor taken by the
+        batch planned last: what later batches still have to read)."""
+        consumers: dict[tuple[str, str], list[str]] = {}
+        for name in sorted(self.states if self.readable is None else self.readable):
+            slot = self.slots.get(name)
+            if slot is not None and name in self.states:
+                consumers.setdefault((slot.stream, slot.consumer), []).append(name)
+        by_member: dict[str, dict[str, int]] = {}
+        for names in consumers.values():
+            slot, state = self.slots[names[0]], self.states[names[0]]
+            others = max(state.ack_pending - self._ours_unacked(slot), 0)
+            planned = sum(self.planned.get(name, 0) for name in names)
+            into = by_member.setdefault(slot.member or slot.consumer, dict.fromkeys(LAG_FIELDS, 0))
+            into["pending"] += state.pending
+            into["ackPending"] += state.ack_pending
+            into["behindLatest"] += max(state.pending + others - planned, 0)
+        total = {key: sum(lag[key] for lag in by_member.values()) for key in LAG_FIELDS}
+        return {"total": total, "byMember": dict(sorted(by_member.items()))}
 
     def _owner(self, name: str) -> str | None:
         slot = self.slots.get(name)

@@ -213,6 +213,7 @@ class RangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.available_now_end: int | None = None
         self.known_start: int | None = None  # for Spark 4.0/4.1, whose latestOffset has none
         self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
+        self.stream_end: int | None = None  # the stream's next sequence at the last latestOffset
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_ranges": None}
@@ -246,7 +247,7 @@ class RangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @one_line_errors
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict[str, Any]:
         begin = self._offset(start).seq if start else self.known_start
-        end = run_sync(self.ranges.stream_info())["state"]["last_seq"] + 1
+        end = self.stream_end = run_sync(self.ranges.stream_info())["state"]["last_seq"] + 1
         if self.available_now_end is not None:
             end = min(end, self.available_now_end)
         caps = (getattr(limit, "max_rows", None), self.options.max_messages_per_trigger)
@@ -261,6 +262,17 @@ class RangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self.pacing.batch_planned()
         self.known_start = end
         return RangeOffset(self.options.stream, end).to_json()
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """For Spark's progress: the stream's end and how many sequences later batches still
+        have to read (`lag.total.behindLatest`, as for `nats-pcg`)."""
+        if self.stream_end is None or self.known_start is None:
+            return None
+        behind = max(self.stream_end - self.known_start, 0)
+        return {
+            **RangeOffset(self.options.stream, self.stream_end).to_json(),
+            "lag": {"total": {"behindLatest": behind}},
+        }
 
     @one_line_errors
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
