@@ -22,7 +22,7 @@ class Delivery(NamedTuple):
     pending: int
 
 
-def _delivered_at(tokens: Sequence[str | bytes], reply: str | bytes) -> int:
+def delivered_at(tokens: Sequence[str | bytes], reply: str | bytes) -> int:
     """Where the delivery count is in a split ack subject: after `$JS.ACK.<stream>.<consumer>`
     (v1, 9 tokens) or after `$JS.ACK.<domain>.<account hash>.<stream>.<consumer>` (v2, 11+)."""
     if len(tokens) < 9 or tokens[0] not in ("$JS", b"$JS") or tokens[1] not in ("ACK", b"ACK"):
@@ -35,7 +35,7 @@ def parse_reply(reply: str | bytes) -> Delivery:
     tokens) or the v2 form with domain and account hash before the stream (11+ tokens)."""
     text = reply.decode() if isinstance(reply, bytes) else reply
     tokens = text.split(".")
-    at = _delivered_at(tokens, text)
+    at = delivered_at(tokens, text)
     return Delivery(
         tokens[at - 2],
         tokens[at - 1],
@@ -53,7 +53,7 @@ def reply_numbers(reply: bytes) -> tuple[int, int, int, int]:
     tokens = reply.split(b".")
     if len(tokens) == 9 and tokens[0] == b"$JS" and tokens[1] == b"ACK":  # v1, the usual form
         return int(tokens[4]), int(tokens[5]), int(tokens[6]), int(tokens[7])
-    at = _delivered_at(tokens, reply)
+    at = delivered_at(tokens, reply)
     return int(tokens[at]), int(tokens[at + 1]), int(tokens[at + 2]), int(tokens[at + 3])
 
 

@@ -25,6 +25,7 @@ from nats_spark.jetstream.api import to_nanos
 from nats_spark.jetstream.raw import route_raw, unroute_raw
 
 PIN_ID_HEADER = "Nats-Pin-Id"
+PULL_MAX_BYTES = 8 << 20  # what one pull request may deliver: bounds a task's memory
 
 # 409 texts after which the consumer can no longer be pulled: configuration problems, not weather.
 _FATAL_409 = {

@@ -15,7 +15,6 @@ from array import array
 from bisect import bisect_left
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
@@ -28,17 +27,16 @@ from nats_spark.errors import NatsSparkError, NotFound, PullError
 from nats_spark.jetstream.acks import IN_PROGRESS, parse_reply, publish_acks, reply_numbers
 from nats_spark.jetstream.api import StoredMessage
 from nats_spark.jetstream.pull import (
-    PIN_ID_HEADER,
+    PULL_MAX_BYTES,
     Pull,
     PullConsumer,
     PullStatus,
     RawMessage,
-    header_values,
 )
 from nats_spark.loop import run_sync
 from nats_spark.pcg.partitioning import strip_partition
+from nats_spark.spark.columns import headers_array, record_batch, timestamps_from_nanos
 from nats_spark.spark.ledger import CHUNK_MESSAGES, EntryHead, EntryState, Ledger
-from nats_spark.spark.schema import ARROW_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -81,33 +79,21 @@ class SlotPartition(InputPartition):
 _EMIT_BYTES = 4 << 20  # payload bytes that close a record batch early (large messages)
 _REPLAY_WINDOW = 256  # stored-message requests in flight while replaying
 _MAX_BYTES_REFUSED = "exceeded maxrequestmaxbytes"
-PULL_MAX_BYTES = 8 << 20  # what one pull request may deliver: bounds a task's memory
 _HELD_ONLY_PULLS = 3  # pulls in a row that bring back only what the batch holds: stop pulling
 
 
-@lru_cache(maxsize=256)
-def _header_column(raw: bytes | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """A message's entry in the `headers` column. Cached: most messages of a pull carry the same
-    block (often just the pin)."""
-    # Nats-Pin-Id is added per delivery, not stored: leaving it out keeps replays exact.
-    return tuple(item for item in header_values(raw) if item[0] != PIN_ID_HEADER)
-
-
 class _Columns:
-    """Column buffers for one record batch; the `headers` map is kept as its flat Arrow parts."""
+    """What the rows of one record batch are made of, gathered as they come in."""
 
     def __init__(self, partition: SlotPartition) -> None:
         self.p = partition
         self.subject: list[bytes] = []
         self.data: list[bytes] = []
+        self.headers: list[bytes | None] = []  # raw header blocks
         self.stream_seq: list[int] = []
         self.consumer_seq: list[int] = []
         self.delivered: list[int] = []
         self.timestamp: list[int] = []
-        self.header_offsets = [0]  # per row, into header_keys
-        self.header_keys: list[str] = []
-        self.value_offsets = [0]  # per key, into header_values
-        self.header_values: list[str] = []
         self.nbytes = 0
         self.first_received = time.monotonic()  # reset when the first row comes in
 
@@ -132,12 +118,7 @@ class _Columns:
         self.subject.append(subject)
         self.data.append(data)
         self.nbytes += len(data)
-        if self.p.include_headers:
-            for key, values in _header_column(headers):
-                self.header_keys.append(key)
-                self.header_values.extend(values)
-                self.value_offsets.append(len(self.header_values))
-            self.header_offsets.append(len(self.header_keys))
+        self.headers.append(headers)
         self.stream_seq.append(stream_seq)
         self.consumer_seq.append(consumer_seq)
         self.delivered.append(delivered)
@@ -157,40 +138,19 @@ class _Columns:
             strip_partition(subject.decode())  # raises the error that explains the bad one
         raise NatsSparkError("a subject's partition token does not fit a 32-bit partition number")
 
-    def _headers(self, n: int) -> pa.Array:
-        kind = ARROW_SCHEMA.field("headers").type
-        if not self.p.include_headers:
-            return pa.nulls(n, kind)
-        items = pa.ListArray.from_arrays(
-            pa.array(self.value_offsets, pa.int32()), pa.array(self.header_values, pa.string())
-        )
-        offsets = pa.array(self.header_offsets, pa.int32())
-        keys = pa.array(self.header_keys, pa.string())
-        return pa.MapArray.from_arrays(offsets, keys, items, type=kind)
-
-    def _constant(self, value: str | None, n: int) -> pa.Array:
-        if value is None:
-            return pa.nulls(n, pa.string())
-        return pa.repeat(pa.scalar(value, pa.string()), n)
-
     def batch(self) -> pa.RecordBatch:
-        n = len(self)
-        subject, partition = self._subjects(n)
-        timestamp_us = pc.divide(pa.array(self.timestamp, pa.int64()), 1000)
-        return pa.record_batch(
-            [
-                subject,
-                pa.array(self.data, pa.binary()),
-                self._headers(n),
-                partition,
-                self._constant(self.p.member, n),
-                self._constant(self.p.stream, n),
-                pa.array(self.stream_seq, pa.int64()),
-                pa.array(self.consumer_seq, pa.int64()),
-                pa.array(self.delivered, pa.int32()),
-                timestamp_us.cast(ARROW_SCHEMA.field("timestamp").type),
-            ],
-            schema=ARROW_SCHEMA,
+        subject, partition = self._subjects(len(self))
+        return record_batch(
+            subject=subject,
+            data=self.data,
+            headers=headers_array(self.headers, self.p.include_headers),
+            partition=partition,
+            member=self.p.member,
+            stream=self.p.stream,
+            stream_seq=self.stream_seq,
+            consumer_seq=pa.array(self.consumer_seq, pa.int64()),
+            delivered=pa.array(self.delivered, pa.int32()),
+            timestamp=timestamps_from_nanos(self.timestamp),
         )
 
 

@@ -26,20 +26,24 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from nats.aio.subscription import Subscription
 from pyspark.sql.datasource import InputPartition
 
 from nats_spark.client import NatsClient, shared_client
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import NatsSparkError, NotFound
-from nats_spark.jetstream.acks import _delivered_at
+from nats_spark.jetstream.acks import delivered_at
 from nats_spark.jetstream.api import to_nanos
-from nats_spark.jetstream.pull import header_values
+from nats_spark.jetstream.pull import PULL_MAX_BYTES, header_values
 from nats_spark.jetstream.raw import route_raw, unroute_raw
 from nats_spark.loop import run_sync
-from nats_spark.spark.partition_reader import PULL_MAX_BYTES, _header_column
-from nats_spark.spark.schema import ARROW_SCHEMA
+from nats_spark.spark.columns import (
+    constant,
+    headers_array,
+    record_batch,
+    timestamps_from_nanos,
+    timestamps_from_text,
+)
 
 _ROWS_PER_BATCH = 16_384
 _BYTES_PER_BATCH = 4 << 20  # payload bytes that close a record batch early (large messages)
@@ -47,7 +51,6 @@ _IN_FLIGHT = 2  # requests outstanding: the next one is served while the last is
 _ANSWER_TIMEOUT = 10.0  # no message nor status for this long: the request was lost
 _PULL_EXPIRES = 2.0
 _CONSUMER_INACTIVE = 60.0  # the server deletes a consumer left behind by a dead task
-_TIMESTAMP = ARROW_SCHEMA.field("timestamp").type
 
 
 @dataclass(frozen=True)
@@ -65,8 +68,8 @@ class RangePartition(InputPartition):
 
 
 class RangeColumns:
-    """Column buffers for one record batch. Timestamps are RFC 3339 text (direct get) or Unix
-    nanoseconds (consumer deliveries); both are converted in Arrow, not row by row."""
+    """What the rows of one record batch are made of. Timestamps are RFC 3339 text (direct get)
+    or Unix nanoseconds (consumer deliveries)."""
 
     def __init__(self, stream: str, text_stamps: bool) -> None:
         self.stream = stream
@@ -84,50 +87,25 @@ class RangeColumns:
     def full(self) -> bool:
         return len(self.seqs) >= _ROWS_PER_BATCH or self.nbytes >= _BYTES_PER_BATCH
 
-    def _headers(self, include: bool) -> pa.Array:
-        kind = ARROW_SCHEMA.field("headers").type
-        n = len(self.seqs)
-        if not include:
-            return pa.nulls(n, kind)
-        row_offsets, keys, values, value_offsets = [0], list[str](), list[str](), [0]
-        for raw in self.headers:
-            if raw is not None:
-                for key, items in _header_column(raw):
-                    keys.append(key)
-                    values.extend(items)
-                    value_offsets.append(len(values))
-            row_offsets.append(len(keys))
-        items_array = pa.ListArray.from_arrays(
-            pa.array(value_offsets, pa.int32()), pa.array(values, pa.string())
-        )
-        return pa.MapArray.from_arrays(
-            pa.array(row_offsets, pa.int32()), pa.array(keys, pa.string()), items_array, type=kind
-        )
-
-    def _timestamps(self) -> pa.Array:
-        if self.text_stamps:
-            stamps = pa.array(self.stamps, pa.binary()).cast(pa.string())
-            nanos = stamps.cast(pa.timestamp("ns", tz="UTC"))
-            return nanos.cast(_TIMESTAMP, safe=False)  # truncated to microseconds
-        micros = pc.divide(pa.array(self.stamps, pa.int64()), 1000)
-        return micros.cast(_TIMESTAMP)
-
     def batch(self, include_headers: bool) -> pa.RecordBatch:
         n = len(self.seqs)
-        return pa.record_batch(
-            [
-                pa.array(self.subjects, pa.string()),
-                pa.array(self.data, pa.binary()),
-                self._headers(include_headers),
-                pa.nulls(n, pa.int32()),  # partition: no group
-                pa.nulls(n, pa.string()),  # member: no group
-                pa.repeat(pa.scalar(self.stream, pa.string()), n),
-                pa.array(self.seqs, pa.int64()),
-                pa.nulls(n, pa.int64()),  # consumer_seq: no consumer of the user's
-                pa.repeat(pa.scalar(1, pa.int32()), n),  # delivered: every row is a first read
-                self._timestamps(),
-            ],
-            schema=ARROW_SCHEMA,
+        stamps = self.stamps
+        timestamp = (
+            timestamps_from_text(stamps)  # type: ignore[arg-type]
+            if self.text_stamps
+            else timestamps_from_nanos(stamps)  # type: ignore[arg-type]
+        )
+        return record_batch(
+            subject=pa.array(self.subjects, pa.string()),
+            data=self.data,
+            headers=headers_array(self.headers, include_headers),
+            partition=pa.nulls(n, pa.int32()),  # no group
+            member=None,
+            stream=self.stream,
+            stream_seq=self.seqs,
+            consumer_seq=pa.nulls(n, pa.int64()),  # no consumer of the user's
+            delivered=constant(1, n, pa.int32()),  # every row is a first read
+            timestamp=timestamp,
         )
 
 
@@ -378,7 +356,7 @@ class ConsumerRangeRead(_RangeRead):
 
     def _take(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         tokens = reply.split(b".")
-        at = _delivered_at(tokens, reply)
+        at = delivered_at(tokens, reply)
         seq, consumer_seq = int(tokens[at + 1]), int(tokens[at + 2])
         if consumer_seq != self.consumer_seq + 1:
             self._fail(

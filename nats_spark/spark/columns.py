@@ -1,0 +1,93 @@
+"""The source schema's Arrow columns, built per record batch: one home for what both formats'
+readers emit (rows are gathered as Python lists; every conversion runs once per batch in Arrow)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nats_spark.jetstream.pull import PIN_ID_HEADER, header_values
+from nats_spark.spark.schema import ARROW_SCHEMA
+
+HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
+TIMESTAMP_TYPE = ARROW_SCHEMA.field("timestamp").type
+
+
+@lru_cache(maxsize=256)
+def header_column(raw: bytes | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """A message's entry in the `headers` column. Cached: most messages of a pull carry the same
+    block (often just the pin)."""
+    # Nats-Pin-Id is added per delivery, not stored: leaving it out keeps replays exact.
+    return tuple(item for item in header_values(raw) if item[0] != PIN_ID_HEADER)
+
+
+def headers_array(blocks: Sequence[bytes | None], include: bool) -> pa.Array:
+    """The `headers` map column from each row's raw header block (null when not `include`)."""
+    if not include:
+        return pa.nulls(len(blocks), HEADERS_TYPE)
+    row_offsets, keys, values, value_offsets = [0], list[str](), list[str](), [0]
+    for raw in blocks:
+        if raw is not None:
+            for key, items in header_column(raw):
+                keys.append(key)
+                values.extend(items)
+                value_offsets.append(len(values))
+        row_offsets.append(len(keys))
+    items_array = pa.ListArray.from_arrays(
+        pa.array(value_offsets, pa.int32()), pa.array(values, pa.string())
+    )
+    offsets, key_array = pa.array(row_offsets, pa.int32()), pa.array(keys, pa.string())
+    return pa.MapArray.from_arrays(offsets, key_array, items_array, type=HEADERS_TYPE)
+
+
+def timestamps_from_nanos(nanos: Sequence[int]) -> pa.Array:
+    """The `timestamp` column from Unix nanoseconds (Spark keeps microseconds)."""
+    return pc.divide(pa.array(nanos, pa.int64()), 1000).cast(TIMESTAMP_TYPE)
+
+
+def timestamps_from_text(stamps: Sequence[bytes]) -> pa.Array:
+    """The `timestamp` column from RFC 3339 times (nanoseconds), truncated to microseconds."""
+    nanos = pa.array(stamps, pa.binary()).cast(pa.string()).cast(pa.timestamp("ns", tz="UTC"))
+    return nanos.cast(TIMESTAMP_TYPE, safe=False)
+
+
+def constant(value: str | int | None, n: int, kind: pa.DataType) -> pa.Array:
+    """A column with the same value (or null) in each of `n` rows."""
+    if value is None:
+        return pa.nulls(n, kind)
+    return pa.repeat(pa.scalar(value, kind), n)
+
+
+def record_batch(
+    *,
+    subject: pa.Array,
+    data: Sequence[bytes],
+    headers: pa.Array,
+    partition: pa.Array,
+    member: str | None,
+    stream: str,
+    stream_seq: Sequence[int],
+    consumer_seq: pa.Array,
+    delivered: pa.Array,
+    timestamp: pa.Array,
+) -> pa.RecordBatch:
+    """One record batch of the source schema, its columns named rather than placed."""
+    n = len(stream_seq)
+    return pa.record_batch(
+        [
+            subject,
+            pa.array(data, pa.binary()),
+            headers,
+            partition,
+            constant(member, n, pa.string()),
+            constant(stream, n, pa.string()),
+            pa.array(stream_seq, pa.int64()),
+            consumer_seq,
+            delivered,
+            timestamp,
+        ],
+        schema=ARROW_SCHEMA,
+    )
