@@ -55,7 +55,8 @@ from nats_spark.spark.ledger import EntryState, Ledger, LedgerConflict, pointer_
 from nats_spark.spark.offset_reader import OffsetReader
 from nats_spark.spark.offsets import SourceOffset
 from nats_spark.spark.options import parse_options
-from nats_spark.spark.partition_reader import SlotPartition, SlotReader, read_slot
+from nats_spark.spark.partition_reader import SlotReader, read_slot
+from nats_spark.spark.slot_partition import SlotPartition
 
 pytestmark = pytest.mark.spark
 
@@ -391,14 +392,15 @@ def test_sibling_stalled_past_the_ack_wait_emits_nothing_twice(client, settings,
     async def scenario() -> tuple[list[int], list[int]]:
         await stalled.begin()
         await other.begin()
-        write = stalled.ledger.write_chunk
+        ledger = stalled.entry.ledger
+        write = ledger.write_chunk
 
         async def write_late(*args: Any) -> list[str]:
             await asyncio.sleep(1.8)  # frozen between receiving and recording
             return await write(*args)
 
-        stalled.ledger.write_chunk = write_late  # type: ignore[method-assign]
-        stalled._keep_held = lambda done: done.wait()  # type: ignore[method-assign]
+        ledger.write_chunk = write_late  # type: ignore[method-assign]
+        stalled.keeper.run = lambda done: done.wait()  # type: ignore[method-assign]
         late = asyncio.ensure_future(rows_of(stalled.pull_batches()))
         await asyncio.sleep(1.3)  # the stalled slot's deliveries are due again
         taken_again = await rows_of(other.pull_batches())

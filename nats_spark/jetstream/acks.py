@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from nats.aio.client import Client as NATS
 from nats.errors import ConnectionClosedError
+
+log = logging.getLogger(__name__)
 
 
 class Delivery(NamedTuple):
@@ -95,3 +100,31 @@ async def flush_published(nc: NATS, timeout: float) -> None:
     # Shielded: a flush cancelled while its PING is out leaves nats-py's PONG handler a
     # cancelled future, and the exception that raises ends the connection's read loop.
     await asyncio.shield(nc.flush(timeout=timeout))  # type: ignore[arg-type]  # a float works
+
+
+class InProgressKeeper:
+    """Keeps held deliveries from being redelivered: `+WPI` for all of them a few times per ack
+    wait (nats.go's `InProgress`), until `run`'s event is set. Stopped by that event, never
+    cancelled: it may be inside a flush (see `flush_published`)."""
+
+    def __init__(self, nc: NATS, ack_wait: float, label: str) -> None:
+        self.nc = nc
+        self.ack_wait = ack_wait
+        self.label = label
+        self.held: dict[int, bytes] = {}  # stream seq -> reply subject of its latest delivery
+        self.renewed = 0.0  # monotonic time of the last confirmed round
+
+    async def run(self, done: asyncio.Event) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), self.ack_wait / 3)
+            if done.is_set():
+                return
+            if not self.held:
+                continue
+            try:
+                sent = time.monotonic()
+                await publish_acks(self.nc, list(self.held.values()), kind=IN_PROGRESS)
+                self.renewed = sent  # the ack wait of all held so far started over by then
+            except Exception as error:  # the pulls meet the same trouble and report it
+                log.debug("%s: progress acks failed: %s", self.label, error)

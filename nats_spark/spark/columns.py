@@ -3,15 +3,21 @@ readers emit (rows are gathered as Python lists; every conversion runs once per 
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Sequence
 from functools import lru_cache
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nats_spark.errors import NatsSparkError
 from nats_spark.jetstream.pull import PIN_ID_HEADER, header_values
+from nats_spark.pcg.partitioning import strip_partition
+from nats_spark.spark.ledger import CHUNK_MESSAGES
 from nats_spark.spark.schema import ARROW_SCHEMA
 
+EMIT_BYTES = 4 << 20  # payload bytes that close a record batch early (large messages)
 HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
 TIMESTAMP_TYPE = ARROW_SCHEMA.field("timestamp").type
 
@@ -91,3 +97,79 @@ def record_batch(
         ],
         schema=ARROW_SCHEMA,
     )
+
+
+class SlotColumns:
+    """What the rows of one record batch of a group slot are made of, gathered as they come
+    in; `partitioned`: subjects carry the group's partition token, split off here."""
+
+    def __init__(
+        self, stream: str, member: str | None, partitioned: bool, include_headers: bool
+    ) -> None:
+        self.stream, self.member = stream, member
+        self.partitioned, self.include_headers = partitioned, include_headers
+        self.subject: list[bytes] = []
+        self.data: list[bytes] = []
+        self.headers: list[bytes | None] = []  # raw header blocks
+        self.stream_seq: list[int] = []
+        self.consumer_seq: list[int] = []
+        self.delivered: list[int] = []
+        self.timestamp: list[int] = []
+        self.nbytes = 0
+        self.first_received = time.monotonic()  # reset when the first row comes in
+
+    def __len__(self) -> int:
+        return len(self.stream_seq)
+
+    def full(self) -> bool:
+        return len(self.stream_seq) >= CHUNK_MESSAGES or self.nbytes >= EMIT_BYTES
+
+    def add(
+        self,
+        subject: bytes,
+        data: bytes,
+        headers: bytes | None,
+        delivered: int,
+        stream_seq: int,
+        consumer_seq: int,
+        timestamp_ns: int,
+    ) -> None:
+        if not self.stream_seq:
+            self.first_received = time.monotonic()
+        self.subject.append(subject)
+        self.data.append(data)
+        self.nbytes += len(data)
+        self.headers.append(headers)
+        self.stream_seq.append(stream_seq)
+        self.consumer_seq.append(consumer_seq)
+        self.delivered.append(delivered)
+        self.timestamp.append(timestamp_ns)
+
+    def _subjects(self, n: int) -> tuple[pa.Array, pa.Array]:
+        """The `subject` and `partition` columns; a group's stored `<partition>.<subject>` is
+        split in Arrow, not row by row."""
+        subjects = pa.array(self.subject, pa.string())
+        if not (self.partitioned and n):
+            return subjects, pa.nulls(n, pa.int32())
+        parts = pc.extract_regex(subjects, r"^(?P<partition>[0-9]+)\.(?P<subject>.*)$")
+        if not parts.null_count:
+            with contextlib.suppress(pa.ArrowInvalid):  # a number too large for int32
+                return parts.field("subject"), parts.field("partition").cast(pa.int32())
+        for subject in self.subject:
+            strip_partition(subject.decode())  # raises the error that explains the bad one
+        raise NatsSparkError("a subject's partition token does not fit a 32-bit partition number")
+
+    def batch(self) -> pa.RecordBatch:
+        subject, partition = self._subjects(len(self))
+        return record_batch(
+            subject=subject,
+            data=self.data,
+            headers=headers_array(self.headers, self.include_headers),
+            partition=partition,
+            member=self.member,
+            stream=self.stream,
+            stream_seq=self.stream_seq,
+            consumer_seq=pa.array(self.consumer_seq, pa.int64()),
+            delivered=pa.array(self.delivered, pa.int32()),
+            timestamp=timestamps_from_nanos(self.timestamp),
+        )

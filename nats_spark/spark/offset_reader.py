@@ -31,7 +31,7 @@ from nats_spark.spark.ledger import (
 from nats_spark.spark.offsets import MemberPlan, SourceOffset
 from nats_spark.spark.options import SourceOptions
 from nats_spark.spark.pacing import TriggerPacing
-from nats_spark.spark.partition_reader import SlotPartition
+from nats_spark.spark.slot_partition import SlotPartition
 from nats_spark.spark.targets import Held, Slot, target_for
 
 log = logging.getLogger(__name__)

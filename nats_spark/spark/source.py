@@ -14,8 +14,9 @@ from nats_spark.spark.failures import one_line_errors
 from nats_spark.spark.offset_reader import OffsetReader
 from nats_spark.spark.offsets import SourceOffset
 from nats_spark.spark.options import SourceOptions, parse_options
-from nats_spark.spark.partition_reader import SlotPartition, read_slot
+from nats_spark.spark.partition_reader import read_slot
 from nats_spark.spark.schema import SCHEMA_DDL, check_schema
+from nats_spark.spark.slot_partition import SlotPartition
 
 try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (

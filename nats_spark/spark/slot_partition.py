@@ -1,0 +1,37 @@
+"""What the driver hands a task for one slot of one batch (the group source's input partition)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import InputPartition
+
+from nats_spark.connection import ConnectionSettings
+
+
+@dataclass(frozen=True)
+class SlotPartition(InputPartition):
+    """Everything a task needs: executors get no other state from the driver."""
+
+    connection: ConnectionSettings
+    ledger_bucket: str
+    lineage: str
+    gen: int
+    slot: str  # ledger name of this partition: member name, or `<consumer>#<i>`
+    stream: str  # stream the consumer reads (for elastic groups the work-queue stream)
+    consumer: str
+    priority_group: str | None
+    member: str | None  # value of the `member` column
+    partitioned: bool  # subjects carry a partition token to strip
+    limit: int
+    pin_id: str | None
+    dedupe: bytes  # sorted stream sequences (uint64) of earlier, committed batches not yet settled
+    fetch_batch_size: int
+    fetch_timeout: float
+    include_headers: bool
+    fail_on_data_loss: bool
+    min_pending: int = 0
+    min_ack_pending: int = 0
+    priority: int | None = None
+    siblings: tuple[str, ...] = ()  # other slots of this batch pulling from the same consumer
+    ack_wait: float = 30.0  # the consumer's: what this task takes must not come back meanwhile
