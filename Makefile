@@ -22,7 +22,8 @@ $(VENV)/.server-installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 # The fast lane: lint, format, types and the unit tests of pure logic; no nats-server, no Spark.
-UNIT_TESTS := tests/test_options.py tests/test_pcg_config.py tests/test_pcg_partitioning.py tests/test_stream_range.py
+UNIT_TESTS := tests/test_options.py tests/test_pcg_config.py tests/test_pcg_partitioning.py tests/test_stream_range.py \
+	tests/test_planner.py
 
 check: $(VENV)/.test-installed
 	$(BIN)/ruff check .

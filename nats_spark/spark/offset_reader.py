@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from nats_spark.client import NatsClient
@@ -31,6 +31,14 @@ from nats_spark.spark.ledger import (
 from nats_spark.spark.offsets import MemberPlan, SourceOffset
 from nats_spark.spark.options import SourceOptions
 from nats_spark.spark.pacing import TriggerPacing
+from nats_spark.spark.planner import (
+    ConsumerLag,
+    SlotState,
+    apply_limit,
+    lag_report,
+    plan_slot,
+    small_capacity,
+)
 from nats_spark.spark.slot_partition import SlotPartition
 from nats_spark.spark.targets import Held, Slot, target_for
 
@@ -48,22 +56,6 @@ class Entry:
     head: EntryHead | None = None
     seqs: array | None = None  # stream sequences, loaded when needed for dedupe
     settled_since: float | None = None  # when acks were first seen past all its messages
-
-
-@dataclass
-class SlotState:
-    """What the last look at a slot's consumer showed (for planning and progress)."""
-
-    pending: int = 0
-    ack_pending: int = 0
-    ack_floor: int = 0
-    pinned: str | None = None
-    status: str = "idle"
-    warning: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-LAG_FIELDS = ("pending", "ackPending", "behindLatest")
 
 
 class OffsetReader:
@@ -219,18 +211,20 @@ class OffsetReader:
         first_seqs: dict[str, int] = {}
         plans: dict[str, MemberPlan] = {}
         for slot in resolved:
+            was = self.states[slot.name].status if slot.name in self.states else None
             state = await self._observe(client, slot)
             if slot.stream not in first_seqs:
                 info = await self._stream_info(client, slot.stream)
                 first_seqs[slot.stream] = info["state"]["first_seq"]
-            plan = self._plan_slot(slot, state)
+            plan = self._plan_slot(slot, state, was)
             if plan is not None:
                 plans[slot.name] = plan
         await self._settle(first_seqs)
         available = sum(p.limit for p in plans.values())
         if self.available_now_seq is None and self.pacing.holds_back(available):
             plans = {}
-        plans = self._apply_limit(plans, max_rows)
+        budgets = [v for v in (max_rows, self.options.max_messages_per_trigger) if v]
+        plans = apply_limit(plans, min(budgets, default=None))
         unacked = any(
             e.head is not None and e.head.state is EntryState.SEALED for e in self.entries.values()
         )
@@ -269,16 +263,15 @@ class OffsetReader:
             await self.target.heal(client, slot)
             info = await client.api.consumer_info(slot.stream, slot.consumer)
         pinned = pinned_id(info, slot.priority_group) if slot.priority_group else None
+        config = info["config"]
         state = SlotState(
             pending=info.get("num_pending", 0),
             ack_pending=info.get("num_ack_pending", 0),
             ack_floor=(info.get("ack_floor") or {}).get("stream_seq", 0),
             pinned=pinned,
-            extra={
-                "delivered_seq": (info.get("delivered") or {}).get("stream_seq", 0),
-                "max_ack_pending": info["config"].get("max_ack_pending", -1),
-                "ack_wait": info["config"].get("ack_wait", 30 * NANOS) / NANOS,
-            },
+            delivered_seq=(info.get("delivered") or {}).get("stream_seq", 0),
+            max_ack_pending=config.get("max_ack_pending", -1),
+            ack_wait=config.get("ack_wait", 30 * NANOS) / NANOS,
         )
         self.states[slot.name] = state
         return state
@@ -293,92 +286,30 @@ class OffsetReader:
             and self.slots.get(e.slot, slot).consumer == slot.consumer
         )
 
-    def _over_thresholds(self, state: SlotState) -> bool:
-        """Overflow pulls with thresholds are served only past one of them: below, a batch
-        would only wait out its pull."""
-        low_pending, low_acks = self.options.min_pending, self.options.min_ack_pending
-        if not (low_pending or low_acks):
-            return True
-        return bool(
-            (low_pending and state.pending >= low_pending)
-            or (low_acks and state.ack_pending >= low_acks)
+    def _plan_slot(self, slot: Slot, state: SlotState, was: str | None) -> MemberPlan | None:
+        """`plan_slot`, with what the log should say: a standby once it starts, a consumer's
+        small capacity once per query (it stays in progress for as long as it holds)."""
+        plan = plan_slot(
+            self.options,
+            slot,
+            state,
+            self._ours_unacked(slot),
+            self.pins.get(slot.name),
+            None if self.available_now_seq is None else self.available_now_seq.get(slot.name, 0),
         )
-
-    def _plan_slot(self, slot: Slot, state: SlotState) -> MemberPlan | None:
-        if (
-            slot.policy == "pinned_client"
-            and state.pinned
-            and state.pinned != self.pins.get(slot.name)
-        ):
-            if state.status != "standby":
-                log.warning(
-                    "%s: another client holds the pin of %s > %s; standing by until it is "
-                    "released or times out",
-                    slot.name,
-                    slot.stream,
-                    slot.consumer,
-                )
-            state.status = "standby"
-            return None
-        if not self._over_thresholds(state):
-            state.status = "below threshold"
-            return None
-        ours = self._ours_unacked(slot)
-        others = max(state.ack_pending - ours, 0)
-        if self.available_now_seq is not None:
-            if state.extra["delivered_seq"] >= self.available_now_seq.get(slot.name, 0):
-                state.status = "done"
-                return None
-            others = 0  # redeliveries may come too late for this run
-        work = state.pending + others
-        capacity = state.extra["max_ack_pending"]
-        if capacity and capacity > 0:
-            work = min(work, capacity - ours)
-            self._note_small_capacity(slot, state, capacity)
-        if self.options.max_messages_per_partition:
-            work = min(work, self.options.max_messages_per_partition)
-        work = -(-work // slot.readers)  # parallel readers of one consumer share its backlog
-        state.status = "pinned" if state.pinned else "active"
-        if work <= 0:
-            state.status = "idle" if state.pinned is None else state.status
-            return None
-        return MemberPlan(limit=work, pending=state.pending)
-
-    def _note_small_capacity(self, slot: Slot, state: SlotState, capacity: int) -> None:
-        """A group consumer the source adopted (a Go member created it) may allow fewer
-        messages in flight than the source's maxAckPending: each batch then takes at most that
-        many. Said once in the log, and in progress for as long as it holds."""
-        if not slot.partitioned or capacity >= self.options.max_ack_pending:
-            return
-        state.warning = (
-            f"consumer {slot.consumer} allows {capacity} unacked messages (max_ack_pending), so "
-            f"each batch takes at most {capacity} from it; raise its max_ack_pending, or delete "
-            "it so that the source creates it with maxAckPending"
-        )
-        if slot.name not in self.warned:
+        if state.status == "standby" and was != "standby":
+            log.warning(
+                "%s: another client holds the pin of %s > %s; standing by until it is released "
+                "or times out",
+                slot.name,
+                slot.stream,
+                slot.consumer,
+            )
+        state.warning = small_capacity(self.options, slot, state)
+        if state.warning is not None and slot.name not in self.warned:
             self.warned.add(slot.name)
             log.warning("%s", state.warning)
-
-    def _apply_limit(
-        self, plans: dict[str, MemberPlan], max_rows: int | None
-    ) -> dict[str, MemberPlan]:
-        limits = [v for v in (max_rows, self.options.max_messages_per_trigger) if v]
-        if not limits or not plans:
-            return plans
-        budget = min(limits)
-        total = sum(p.limit for p in plans.values())
-        if total <= budget:
-            return plans
-        shares: dict[str, MemberPlan] = {}
-        left = budget
-        for i, (name, plan) in enumerate(sorted(plans.items())):
-            rest = len(plans) - i
-            share = max(1, min(plan.limit, plan.limit * budget // total, left - (rest - 1)))
-            if left <= 0:
-                break
-            shares[name] = MemberPlan(limit=share, pending=plan.pending)
-            left -= share
-        return shares
+        return plan
 
     async def _settle(self, first_seqs: dict[str, int]) -> None:
         """Forget acked entries that no redelivery can touch any more."""
@@ -458,7 +389,7 @@ class OffsetReader:
                     min_pending=options.min_pending,
                     min_ack_pending=options.min_ack_pending,
                     priority=options.priority,
-                    ack_wait=self.states[name].extra["ack_wait"]
+                    ack_wait=self.states[name].ack_wait
                     if name in self.states
                     else self.options.ack_wait,
                     siblings=tuple(
@@ -541,25 +472,24 @@ class OffsetReader:
         return report
 
     def _lag(self) -> dict[str, Any]:
-        """By member and in total, each consumer counted once: `pending` (not delivered yet),
-        `ackPending` (delivered, not acked) and `behindLatest` (neither acked nor taken by the
-        batch planned last: what later batches still have to read)."""
+        """`lag_report` over the slots read last (each consumer once)."""
         consumers: dict[tuple[str, str], list[str]] = {}
         for name in sorted(self.states if self.readable is None else self.readable):
             slot = self.slots.get(name)
             if slot is not None and name in self.states:
                 consumers.setdefault((slot.stream, slot.consumer), []).append(name)
-        by_member: dict[str, dict[str, int]] = {}
-        for names in consumers.values():
-            slot, state = self.slots[names[0]], self.states[names[0]]
-            others = max(state.ack_pending - self._ours_unacked(slot), 0)
-            planned = sum(self.planned.get(name, 0) for name in names)
-            into = by_member.setdefault(slot.member or slot.consumer, dict.fromkeys(LAG_FIELDS, 0))
-            into["pending"] += state.pending
-            into["ackPending"] += state.ack_pending
-            into["behindLatest"] += max(state.pending + others - planned, 0)
-        total = {key: sum(lag[key] for lag in by_member.values()) for key in LAG_FIELDS}
-        return {"total": total, "byMember": dict(sorted(by_member.items()))}
+        return lag_report(
+            [
+                ConsumerLag(
+                    owner=slot.member or slot.consumer,
+                    state=self.states[names[0]],
+                    ours=self._ours_unacked(slot),
+                    planned=sum(self.planned.get(name, 0) for name in names),
+                )
+                for names in consumers.values()
+                for slot in (self.slots[names[0]],)
+            ]
+        )
 
     def _owner(self, name: str) -> str | None:
         slot = self.slots.get(name)
