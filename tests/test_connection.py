@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import pytest
 
 from nats_spark import loop
 from nats_spark.cli import build_parser, settings_from_args
-from nats_spark.client import NatsClient, shared_client
+from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings, connect, parse_servers, redact_url
 from nats_spark.errors import ConfigurationError, ConnectionFailed
 from nats_spark.jetstream import PullConsumer
@@ -364,23 +363,3 @@ def test_fork_while_the_loop_lock_is_held() -> None:
     # Another thread may be inside event_loop() when a process forks: the child must not hang.
     with loop._lock:
         assert in_forked_child(lambda: run_sync(asyncio.sleep(0, "ok")), timeout=5) == "ok"
-
-
-def test_a_connection_whose_read_loop_died_is_replaced(settings: ConnectionSettings) -> None:
-    """nats-py 2.16 ends its read loop for good when a PONG answers a flush that was cancelled
-    (`InvalidStateError` in `_process_pong`), and still reports connected: every request would
-    time out. The hazard as nats-py has it, then the watchdog: the shared connection is
-    replaced, not reused."""
-    dying = shared_client(replace(settings, name="read-loop-test"))
-
-    async def cancel_a_flush() -> None:
-        flush = asyncio.ensure_future(dying.nc.flush())
-        await asyncio.sleep(0)  # the PING is on its way
-        flush.cancel()
-        await asyncio.sleep(0.5)  # its PONG comes back to a cancelled waiter
-
-    run_sync(cancel_a_flush())
-    assert dying.nc.is_connected and not dying.usable
-    fresh = shared_client(replace(settings, name="read-loop-test"))
-    assert fresh is not dying and fresh.usable
-    assert isinstance(run_sync(fresh.api.account_info()), dict)

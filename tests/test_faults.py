@@ -126,7 +126,7 @@ def test_go_member_config_under_server_kills(spark, server, own, unique, tmp_pat
     a task's keeper of in-progress acks runs every ~0.7 s) with the server killed three times
     while the query reads: nothing lost or repeated, rows flow again soon after each restart.
     (The failure once seen in this setting, a connection whose read loop died after a cancelled
-    flush, is pinned down by test_connection's read-loop test.)"""
+    flush, is pinned down in test_nats_py_internals.)"""
     stream = f"CG{unique}"
     static_group(own, stream, "g", ["m1"], partitions=2)
     entry = run_sync(load_group(own.target, stream, "g"))
