@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for member in members:
                 consumer = member_consumer(entry, member)
                 info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
-                total += info["num_pending"] + info["num_ack_pending"]
+                total += info.num_pending + info.num_ack_pending
             return total
 
         while time.monotonic() < deadline and (

@@ -1,5 +1,7 @@
 """The connector's exceptions: each carries one line naming the problem and the fix."""
 
+from enum import IntEnum
+
 
 class NatsSparkError(Exception):
     """Base of every error the connector raises on purpose."""
@@ -17,8 +19,28 @@ class ServerTooOld(NatsSparkError):
     """The NATS server lacks a feature the connector needs."""
 
 
-STREAM_NOT_FOUND = 10059  # JetStream error codes
-CONSUMER_NOT_FOUND = 10014
+class ErrorCode(IntEnum):
+    """`err_code` values of JetStream API errors the connector acts on."""
+
+    CLUSTER_INCOMPLETE = 10004
+    UNAVAILABLE = 10008  # JetStream temporarily unavailable (no meta leader)
+    NOT_LEADER = 10009  # this server can not handle the request (leader moving)
+    CONSUMER_NOT_FOUND = 10014
+    PEER_NOT_MEMBER = 10040
+    STREAM_NOT_FOUND = 10059
+    FILTER_NOT_UNIQUE_ON_WORK_QUEUE = 10100  # another consumer of the work queue has the filter
+    CONSUMER_EXISTS_WITH_OTHER_CONFIG = 10148
+
+
+# What means "ask again shortly".
+TRANSIENT_ERROR_CODES = frozenset(
+    {
+        ErrorCode.CLUSTER_INCOMPLETE,
+        ErrorCode.UNAVAILABLE,
+        ErrorCode.NOT_LEADER,
+        ErrorCode.PEER_NOT_MEMBER,
+    }
+)
 
 
 class JetStreamApiError(NatsSparkError):
@@ -34,7 +56,7 @@ class JetStreamApiError(NatsSparkError):
     @property
     def stream_missing(self) -> bool:
         """The stream itself is gone (not only the consumer or message asked for)."""
-        return self.err_code == STREAM_NOT_FOUND
+        return self.err_code == ErrorCode.STREAM_NOT_FOUND
 
 
 class NotFound(JetStreamApiError):
@@ -49,6 +71,13 @@ class PullError(NatsSparkError):
         self.description = description
         message = f"pull failed with status {status} {description}".rstrip()
         super().__init__(f"{message}: {hint}" if hint else message)
+
+    @property
+    def consumer_gone(self) -> bool:
+        """The consumer no longer exists (deleted, or no responders)."""
+        return self.status == 503 or (
+            self.status == 409 and self.description.lower().startswith("consumer deleted")
+        )
 
 
 class PriorityGroupMisconfigured(PullError, ConfigurationError):

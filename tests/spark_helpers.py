@@ -237,6 +237,9 @@ def check_trigger_pacing(
         publish_numbered(20, 3)
         wait_until(lambda: len(sink.values) >= 23 or query.exception(), 30, "23 rows")
         assert query.exception() is None, query.exception()
+        # Progress is reported once a batch has ended, after its rows reached the sink.
+        rows_reported = lambda: sum(p["numInputRows"] for p in query.recentProgress)  # noqa: E731
+        wait_until(lambda: rows_reported() >= 23, 30, "the progress of the last batch")
         with_rows = [len(rows) for rows in sink.batches.values() if rows]
         assert with_rows == [20, 3], with_rows
         # Triggers start before the source plans their batch: the gap between the two starts

@@ -15,9 +15,8 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from nats_spark.errors import JetStreamApiError, NatsSparkError, NotFound
+from nats_spark.jetstream.replies import NANOS, ConsumerInfo, StreamInfo
 from nats_spark.jetstream.retry import retrying
-
-NANOS = 1_000_000_000
 
 
 def to_nanos(seconds: float) -> int:
@@ -95,8 +94,8 @@ class JetStreamApi:
     async def account_info(self) -> dict[str, Any]:
         return await self.request("INFO")
 
-    async def stream_info(self, stream: str) -> dict[str, Any]:
-        return await self.request(f"STREAM.INFO.{stream}")
+    async def stream_info(self, stream: str) -> StreamInfo:
+        return StreamInfo(await self.request(f"STREAM.INFO.{stream}"))
 
     async def create_stream(self, config: dict[str, Any]) -> dict[str, Any]:
         return await self.request(f"STREAM.CREATE.{config['name']}", config)
@@ -129,16 +128,16 @@ class JetStreamApi:
 
     async def create_consumer(
         self, stream: str, name: str, config: dict[str, Any], action: str = "create"
-    ) -> dict[str, Any]:
+    ) -> ConsumerInfo:
         """Create (`action="create"`), update (`"update"`) or create-or-update (`""`) a consumer."""
         wire = {**config, "name": name}
         if config.get("durable_name"):
             wire["durable_name"] = name
         body = {"stream_name": stream, "config": wire, "action": action}
-        return await self.request(f"CONSUMER.CREATE.{stream}.{name}", body)
+        return ConsumerInfo(await self.request(f"CONSUMER.CREATE.{stream}.{name}", body))
 
-    async def consumer_info(self, stream: str, consumer: str) -> dict[str, Any]:
-        return await self.request(f"CONSUMER.INFO.{stream}.{consumer}")
+    async def consumer_info(self, stream: str, consumer: str) -> ConsumerInfo:
+        return ConsumerInfo(await self.request(f"CONSUMER.INFO.{stream}.{consumer}"))
 
     async def delete_consumer(self, stream: str, consumer: str) -> None:
         await self.request(f"CONSUMER.DELETE.{stream}.{consumer}")

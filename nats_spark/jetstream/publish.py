@@ -19,9 +19,8 @@ from typing import NamedTuple
 from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 
-from nats_spark.errors import NatsSparkError
+from nats_spark.errors import TRANSIENT_ERROR_CODES, NatsSparkError
 from nats_spark.jetstream.raw import route_raw, unroute_raw
-from nats_spark.jetstream.retry import TRANSIENT_ERR_CODES
 
 MSG_ID_HEADER = "Nats-Msg-Id"
 
@@ -151,7 +150,7 @@ class Publisher:
         error = json.loads(data).get("error") or {} if b'"error"' in data else {}
         # The subjects were checked against the streams before: no responders (503) or an
         # error JetStream gives while it has no leader is a moment to wait out, and resend.
-        if no_responders or error.get("err_code") in TRANSIENT_ERR_CODES:
+        if no_responders or error.get("err_code") in TRANSIENT_ERROR_CODES:
             self._pending[index] = entry
             return
         self._progress = time.monotonic()

@@ -19,21 +19,12 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import APIError
 
 from nats_spark.connection import read_loop_alive
-from nats_spark.errors import JetStreamApiError, NatsSparkError
+from nats_spark.errors import TRANSIENT_ERROR_CODES, JetStreamApiError, NatsSparkError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# err_code values of the JetStream API that mean "ask again shortly".
-TRANSIENT_ERR_CODES = frozenset(
-    {
-        10004,  # cluster incomplete
-        10008,  # JetStream system temporarily unavailable (no meta leader)
-        10009,  # this server can not handle the request (leader moving)
-        10040,  # peer not a member (yet)
-    }
-)
 FIRST_PAUSE, MAX_PAUSE = 0.25, 2.0
 
 
@@ -52,7 +43,7 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, (JetStreamApiError, APIError)):
         # nats-py's key-value errors are APIErrors without the codes
         code, err_code = getattr(error, "code", None), getattr(error, "err_code", None)
-        return code == 503 or err_code in TRANSIENT_ERR_CODES
+        return code == 503 or err_code in TRANSIENT_ERROR_CODES
     return False
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound
+from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from nats_spark.pcg.config import ElasticConfig, MemberMapping, PartitioningFilter, StaticConfig
 from nats_spark.pcg.consumers import (
     PRIORITY_GROUP,
@@ -25,7 +26,6 @@ from nats_spark.pcg.consumers import (
     member_consumer,
     partition_consumer,
     partition_consumer_name,
-    pinned_id,
 )
 from nats_spark.pcg.partitioning import (
     elastic_stream_name,
@@ -85,7 +85,7 @@ def membership(config: GroupConfig) -> list[str]:
     return list(config.members) or [m.member for m in config.member_mappings]
 
 
-async def _stream_info(client: NatsClient, stream: str) -> dict[str, Any]:
+async def _stream_info(client: NatsClient, stream: str) -> StreamInfo:
     try:
         return await client.api.stream_info(stream)
     except NotFound:
@@ -157,10 +157,10 @@ async def static_info(client: NatsClient, stream: str, group: str) -> GroupEntry
 
 
 def work_queue_stream_config(
-    stream: str, group: str, config: ElasticConfig, source_info: dict[str, Any]
+    stream: str, group: str, config: ElasticConfig, source_info: StreamInfo
 ) -> dict[str, Any]:
     """The config of the elastic group's work-queue stream, as the Go library creates it."""
-    source = source_info["config"]
+    source = source_info.config
     return {
         "name": elastic_stream_name(stream, group),
         "retention": "workqueue",
@@ -275,9 +275,7 @@ async def delete_mappings(client: NatsClient, stream: str, group: str) -> GroupE
 # --- Members of both kinds --------------------------------------------------------------------
 
 
-async def consumer_info_or_none(
-    client: NatsClient, consumer: GroupConsumer
-) -> dict[str, Any] | None:
+async def consumer_info_or_none(client: NatsClient, consumer: GroupConsumer) -> ConsumerInfo | None:
     """The group consumer's info; None when it does not exist (the member is not running, or
     the layout has none). A missing stream is an error."""
     try:
@@ -291,13 +289,13 @@ async def consumer_info_or_none(
         return None
 
 
-def _is_active(kind: GroupKind, info: dict[str, Any] | None) -> bool:
+def _is_active(kind: GroupKind, info: ConsumerInfo | None) -> bool:
     if info is None:
         return False
     if kind is GroupKind.ELASTIC:
         return True  # elastic consumers vanish after their inactive threshold
     # A static durable outlives its members: only waiting pulls or a pin show one is running.
-    return info.get("num_waiting", 0) > 0 or pinned_id(info) is not None
+    return info.num_waiting > 0 or info.pinned_id(PRIORITY_GROUP) is not None
 
 
 async def list_active_members(
@@ -324,16 +322,16 @@ async def member_info(
         member=member,
         in_membership=member in membership(config),
         active=_is_active(kind, info),
-        pinned=info is not None and pinned_id(info) is not None,
+        pinned=info is not None and info.pinned_id(PRIORITY_GROUP) is not None,
         partitions=member_partitions(
             config.members, config.max_members, config.member_mappings, member
         ),
         stream=consumer.stream,
         consumer=consumer.name,
-        num_pending=None if info is None else info.get("num_pending", 0),
-        num_ack_pending=None if info is None else info.get("num_ack_pending", 0),
-        num_waiting=None if info is None else info.get("num_waiting", 0),
-        last_active=None if info is None else (info.get("delivered") or {}).get("last_active"),
+        num_pending=None if info is None else info.num_pending,
+        num_ack_pending=None if info is None else info.num_ack_pending,
+        num_waiting=None if info is None else info.num_waiting,
+        last_active=None if info is None else info.last_active,
     )
 
 
@@ -390,11 +388,11 @@ async def partition_status(client: NatsClient, entry: GroupEntry) -> list[Partit
                 member=partition_owner(entry.config, p),
                 stream=consumer.stream,
                 consumer=consumer.name,
-                pinned=pinned_id(info) is not None,
-                num_pending=info.get("num_pending", 0),
-                num_ack_pending=info.get("num_ack_pending", 0),
-                num_waiting=info.get("num_waiting", 0),
-                last_active=(info.get("delivered") or {}).get("last_active"),
+                pinned=info.pinned_id(PRIORITY_GROUP) is not None,
+                num_pending=info.num_pending,
+                num_ack_pending=info.num_ack_pending,
+                num_waiting=info.num_waiting,
+                last_active=info.last_active,
             )
         )
     return infos

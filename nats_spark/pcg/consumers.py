@@ -13,8 +13,9 @@ from enum import StrEnum
 from typing import Any
 
 from nats_spark.client import NatsClient
-from nats_spark.errors import ConfigurationError, JetStreamApiError, NotFound
+from nats_spark.errors import ConfigurationError, ErrorCode, JetStreamApiError, NotFound
 from nats_spark.jetstream.api import NANOS, to_nanos
+from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.pcg.partitioning import (
     elastic_stream_name,
     member_filter_subjects,
@@ -26,7 +27,6 @@ log = logging.getLogger(__name__)
 
 PRIORITY_GROUP = "PCG"
 DEFAULT_ACK_WAIT = 5.0  # seconds; what Go uses when the template's ack wait is 0 or less
-CONSUMER_EXISTS_WITH_OTHER_CONFIG = 10148
 PARTITION_PREFIX = "partition-"
 
 
@@ -62,14 +62,6 @@ def filters_of(config: dict[str, Any]) -> list[str]:
 def pull_expires(ack_wait: float) -> float:
     """How long one pull may wait: half the ack wait, at least 1 s (Go members do the same)."""
     return max(ack_wait / 2, 1.0)
-
-
-def pinned_id(info: dict[str, Any], group: str = PRIORITY_GROUP) -> str | None:
-    """The pin id the server holds for priority group `group`, from a consumer info."""
-    for state in info.get("priority_groups") or ():
-        if state.get("group") == group:
-            return state.get("pinned_client_id") or None
-    return None
 
 
 def read_stream(entry: GroupEntry) -> str:
@@ -148,7 +140,7 @@ def _same_membership(existing: dict[str, Any], wanted: dict[str, Any]) -> bool:
     )
 
 
-async def ensure_group_consumer(client: NatsClient, consumer: GroupConsumer) -> dict[str, Any]:
+async def ensure_group_consumer(client: NatsClient, consumer: GroupConsumer) -> ConsumerInfo:
     """Create the consumer, or adopt or replace an existing one; returns its info.
 
     An existing consumer with the same filters and priority settings is used as it is (its ack
@@ -158,13 +150,13 @@ async def ensure_group_consumer(client: NatsClient, consumer: GroupConsumer) -> 
     try:
         return await client.api.create_consumer(consumer.stream, consumer.name, consumer.config)
     except JetStreamApiError as error:
-        if error.err_code != CONSUMER_EXISTS_WITH_OTHER_CONFIG:
+        if error.err_code != ErrorCode.CONSUMER_EXISTS_WITH_OTHER_CONFIG:
             raise
     try:
         info = await client.api.consumer_info(consumer.stream, consumer.name)
     except NotFound:  # deleted in between; create afresh
         return await client.api.create_consumer(consumer.stream, consumer.name, consumer.config)
-    if _same_membership(info["config"], consumer.config):
+    if _same_membership(info.config, consumer.config):
         return info
     if consumer.config.get("durable_name"):
         raise ConfigurationError(

@@ -33,6 +33,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from nats_spark.client import NatsClient
 from nats_spark.errors import (
     ConfigurationError,
+    ErrorCode,
     JetStreamApiError,
     NatsSparkError,
     NotFound,
@@ -56,7 +57,6 @@ DEFAULT_BATCH = 500
 SELF_HEAL_MARGIN = 0.5  # seconds added to the ack wait before a missing consumer is recreated
 RETRY_PAUSE = 0.5  # seconds to wait after a pull that ended without an answer from the server
 MEMBERSHIP_BACKOFF = (0.4, 0.5)  # seconds an unpinned instance waits on a membership change
-WQ_CONSUMER_NOT_UNIQUE = 10100  # another consumer of the work-queue stream still has our filters
 
 _RETRY_STATUSES = {PullStatus.HEARTBEAT_MISSED, PullStatus.INTERRUPTED, PullStatus.CLIENT_TIMEOUT}
 
@@ -89,13 +89,6 @@ class GroupMessage:
 
 def _in_membership(config: GroupConfig, member: str) -> bool:
     return member in config.members or any(m.member == member for m in config.member_mappings)
-
-
-def _consumer_gone(error: PullError) -> bool:
-    """Whether a pull failed because the consumer no longer exists (deleted, or no responders)."""
-    return error.status == 503 or (
-        error.status == 409 and error.description.lower().startswith("consumer deleted")
-    )
 
 
 async def _next_entry(watcher: KeyValue.KeyWatcher, key: str) -> KeyValue.Entry | None:
@@ -370,7 +363,7 @@ class GroupMember:
         try:
             await ensure_group_consumer(self.client, consumer)
         except JetStreamApiError as error:
-            if error.err_code == WQ_CONSUMER_NOT_UNIQUE:
+            if error.err_code == ErrorCode.FILTER_NOT_UNIQUE_ON_WORK_QUEUE:
                 # Normal while members process a membership change; the self-heal retries.
                 log.info(
                     "%s: its partitions are still held by another consumer; retrying in %.1fs",
@@ -400,10 +393,7 @@ class GroupMember:
             info = await self.client.api.consumer_info(consumer.stream, consumer.name)
         except NotFound:
             return False
-        return any(
-            group.get("group") == PRIORITY_GROUP and group.get("pinned_client_id") == pin
-            for group in info.get("priority_groups") or ()
-        )
+        return info.pinned_id(PRIORITY_GROUP) == pin
 
     async def _delete_durable(self) -> None:
         consumer = member_consumer(self._require_entry(), self.member, self.template)
@@ -459,7 +449,7 @@ class GroupMember:
                 else:
                     result = await puller.fetch(1, expires=expires, idle_heartbeat=expires / 2)
             except PullError as error:
-                if not _consumer_gone(error):
+                if not error.consumer_gone:
                     raise
                 log.info("%s: its consumer was deleted (%s)", self._name, error.description)
                 return
@@ -495,7 +485,7 @@ class GroupMember:
         # An unpinned pull also times out on an idle consumer: ask whether someone holds the pin.
         with contextlib.suppress(NatsSparkError):
             info = await self.client.api.consumer_info(puller.stream, puller.consumer)
-            if any(g.get("pinned_client_id") for g in info.get("priority_groups") or ()):
+            if info.pinned_id(PRIORITY_GROUP):
                 self._standing_by = True
                 log.info("%s: another instance holds the pin; standing by", self._name)
 

@@ -132,9 +132,7 @@ async def create_group(
         raise GroupNotFound(f"stream {stream!r} does not exist; create it first") from None
     kv = await _bucket(client, kind)
     if kv is None:
-        kv = await client.js.create_key_value(
-            bucket=kind.bucket, replicas=info["config"].get("num_replicas", 1), history=1
-        )
+        kv = await client.js.create_key_value(bucket=kind.bucket, replicas=info.replicas, history=1)
     key = group_key(stream, group)
     try:
         revision = await retrying(

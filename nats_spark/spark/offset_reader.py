@@ -15,8 +15,7 @@ from typing import Any
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound
 from nats_spark.jetstream.acks import parse_reply, publish_acks
-from nats_spark.jetstream.api import NANOS
-from nats_spark.pcg.consumers import pinned_id
+from nats_spark.jetstream.replies import StreamInfo
 from nats_spark.spark.ledger import (
     EntryHead,
     EntryState,
@@ -96,7 +95,7 @@ class OffsetReader:
                     f"stream {self.options.stream!r} does not exist on "
                     f"{self.options.connection.described()}; create it or fix the stream option"
                 ) from None
-            replicas = stream["config"].get("num_replicas", 1)
+            replicas = stream.replicas
             self.kv = await Ledger.bucket(
                 client, self.options.ledger_bucket, create=True, replicas=replicas
             )
@@ -199,7 +198,7 @@ class OffsetReader:
         self.available_now_seq = {}
         for slot in self.slots.values():
             info = await self._stream_info(client, slot.stream)
-            self.available_now_seq[slot.name] = info["state"]["last_seq"]
+            self.available_now_seq[slot.name] = info.last_seq
 
     async def latest_offset(self, start: SourceOffset | None, max_rows: int | None) -> SourceOffset:
         await self._adopt(start)
@@ -215,7 +214,7 @@ class OffsetReader:
             state = await self._observe(client, slot)
             if slot.stream not in first_seqs:
                 info = await self._stream_info(client, slot.stream)
-                first_seqs[slot.stream] = info["state"]["first_seq"]
+                first_seqs[slot.stream] = info.first_seq
             plan = self._plan_slot(slot, state, was)
             if plan is not None:
                 plans[slot.name] = plan
@@ -242,7 +241,7 @@ class OffsetReader:
                 await self._save_pointer()
         return self.current
 
-    async def _stream_info(self, client: NatsClient, stream: str) -> dict[str, Any]:
+    async def _stream_info(self, client: NatsClient, stream: str) -> StreamInfo:
         try:
             return await client.api.stream_info(stream)
         except NotFound:
@@ -262,16 +261,15 @@ class OffsetReader:
                 raise self._stream_gone(slot.stream) from None
             await self.target.heal(client, slot)
             info = await client.api.consumer_info(slot.stream, slot.consumer)
-        pinned = pinned_id(info, slot.priority_group) if slot.priority_group else None
-        config = info["config"]
+        pinned = info.pinned_id(slot.priority_group) if slot.priority_group else None
         state = SlotState(
-            pending=info.get("num_pending", 0),
-            ack_pending=info.get("num_ack_pending", 0),
-            ack_floor=(info.get("ack_floor") or {}).get("stream_seq", 0),
+            pending=info.num_pending,
+            ack_pending=info.num_ack_pending,
+            ack_floor=info.ack_floor_seq,
             pinned=pinned,
-            delivered_seq=(info.get("delivered") or {}).get("stream_seq", 0),
-            max_ack_pending=config.get("max_ack_pending", -1),
-            ack_wait=config.get("ack_wait", 30 * NANOS) / NANOS,
+            delivered_seq=info.delivered_seq,
+            max_ack_pending=info.max_ack_pending,
+            ack_wait=info.ack_wait,
         )
         self.states[slot.name] = state
         return state

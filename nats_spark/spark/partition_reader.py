@@ -209,7 +209,7 @@ class SlotReader:
                             if recorded is not None:
                                 yield recorded
                 except PullError as error:
-                    if _consumer_gone(error):
+                    if error.consumer_gone:
                         # Elastic member consumers come and go (inactivity, membership changes):
                         # end the batch with what was recorded; the driver recreates the consumer.
                         log.warning("slot %s: %s; ending its batch early", self.p.slot, error)
@@ -275,12 +275,6 @@ class SlotReader:
 
     async def seal(self) -> None:
         await self.entry.seal()
-
-
-def _consumer_gone(error: PullError) -> bool:
-    return error.status == 503 or (
-        error.status == 409 and "consumer deleted" in error.description.lower()
-    )
 
 
 async def _until_ended(pull: Pull) -> AsyncIterator[list[RawMessage]]:

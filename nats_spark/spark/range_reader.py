@@ -328,7 +328,7 @@ class ConsumerRangeRead(_RangeRead):
             config["filter_subjects"] = list(self.p.subjects)
         info = await self.client.api.create_consumer(self.p.stream, self.name, config)
         self.created = True
-        self.pending = info["num_pending"]
+        self.pending = info.num_pending
         self.finished = self.pending == 0
 
     async def _send(self) -> None:

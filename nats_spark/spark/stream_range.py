@@ -24,6 +24,7 @@ from pyspark.sql.datasource import (
 
 from nats_spark.client import NatsClient, shared_client
 from nats_spark.errors import ConfigurationError, NotFound
+from nats_spark.jetstream.replies import StreamInfo
 from nats_spark.loop import run_sync
 from nats_spark.spark.failures import one_line_errors
 from nats_spark.spark.options import ReadOptions, StartingPosition
@@ -97,7 +98,7 @@ class StreamRanges:
         self.client = client
         self._direct: bool | None = None
 
-    async def stream_info(self) -> dict[str, Any]:
+    async def stream_info(self) -> StreamInfo:
         try:
             return await self.client.api.stream_info(self.options.stream)
         except NotFound as error:
@@ -117,10 +118,9 @@ class StreamRanges:
             return last_seq + 1
         return found.seq
 
-    async def start_seq(self, info: dict[str, Any]) -> int:
+    async def start_seq(self, info: StreamInfo) -> int:
         """The first sequence a read covers (`last_seq + 1` when it covers nothing yet)."""
-        state = info["state"]
-        first, last = max(1, state["first_seq"]), state["last_seq"]
+        first, last = max(1, info.first_seq), info.last_seq
         deliver = self.options.starting_position.deliver
         if "opt_start_seq" in deliver:
             return max(first, deliver["opt_start_seq"])
@@ -128,9 +128,9 @@ class StreamRanges:
             return max(first, await self._first_at(deliver["opt_start_time"], last))
         return last + 1 if deliver["deliver_policy"] == "new" else first
 
-    async def end_seq(self, info: dict[str, Any]) -> int:
+    async def end_seq(self, info: StreamInfo) -> int:
         """The last sequence a batch read covers, inclusive."""
-        last = info["state"]["last_seq"]
+        last = info.last_seq
         ending: StartingPosition | None = self.options.ending_position
         deliver = ending.deliver if ending else {}
         if "opt_start_seq" in deliver:
@@ -139,12 +139,12 @@ class StreamRanges:
             return await self._first_at(next_microsecond(deliver["opt_start_time"]), last) - 1
         return last
 
-    def use_direct(self, info: dict[str, Any]) -> bool:
+    def use_direct(self, info: StreamInfo) -> bool:
         """Batch direct get only on request (`readPath=direct`): the ephemeral consumer measured
         faster (bench/batch_read.py). A direct get takes one filter subject at most."""
         if self.options.read_path != "direct":
             return False
-        allowed = bool(info["config"].get("allow_direct"))
+        allowed = bool(info.config.get("allow_direct"))
         if not allowed or len(self.options.subjects) > 1:
             why = "a direct get takes one filter subject" if allowed else "allow_direct is false"
             raise ConfigurationError(
@@ -242,12 +242,12 @@ class RangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @one_line_errors
     def prepareForTriggerAvailableNow(self) -> None:
-        self.available_now_end = run_sync(self.ranges.stream_info())["state"]["last_seq"] + 1
+        self.available_now_end = run_sync(self.ranges.stream_info()).last_seq + 1
 
     @one_line_errors
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict[str, Any]:
         begin = self._offset(start).seq if start else self.known_start
-        end = self.stream_end = run_sync(self.ranges.stream_info())["state"]["last_seq"] + 1
+        end = self.stream_end = run_sync(self.ranges.stream_info()).last_seq + 1
         if self.available_now_end is not None:
             end = min(end, self.available_now_end)
         caps = (getattr(limit, "max_rows", None), self.options.max_messages_per_trigger)

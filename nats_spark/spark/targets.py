@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nats_spark.client import NatsClient
-from nats_spark.errors import ConfigurationError, JetStreamApiError, NotFound
+from nats_spark.errors import ConfigurationError, ErrorCode, JetStreamApiError, NotFound
 from nats_spark.jetstream.api import to_nanos
+from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.pcg.admin import consumer_info_or_none
 from nats_spark.pcg.config import StaticConfig
 from nats_spark.pcg.consumers import (
@@ -29,7 +30,6 @@ from nats_spark.pcg.consumers import (
     member_consumer,
     partition_consumer,
     partition_consumer_name,
-    pinned_id,
     read_stream,
 )
 from nats_spark.pcg.partitioning import member_partitions, partition_owner
@@ -38,7 +38,6 @@ from nats_spark.spark.options import SourceOptions
 
 log = logging.getLogger(__name__)
 
-FILTER_OVERLAP = 10100  # "filtered consumer not unique on workqueue stream"
 _OVERLAP_RETRIES = 20
 _MEMBER_LAYOUT_COST = (
     "the member layout (one multi-filter consumer per member) costs nats-server CPU per message "
@@ -71,16 +70,16 @@ class Held:
     pins: frozenset[str] = frozenset()
     unacked: Mapping[str, int] = field(default_factory=dict)
 
-    def other_reader(self, slot: str, info: dict[str, Any], reading: bool) -> str | None:
+    def other_reader(self, slot: str, info: ConsumerInfo, reading: bool) -> str | None:
         """Why another client seems to read the consumer of `slot` (None when nothing shows
         one); `reading`: this query pulls from it itself, so waiting pulls may be its own."""
-        pin = pinned_id(info)
+        pin = info.pinned_id(PRIORITY_GROUP)
         if pin and pin not in self.pins:
             return "pinned by another client"
-        waiting = info.get("num_waiting", 0)
+        waiting = info.num_waiting
         if waiting and not reading:
             return f"{waiting} pull request(s) waiting"
-        extra = info.get("num_ack_pending", 0) - self.unacked.get(slot, 0)
+        extra = info.num_ack_pending - self.unacked.get(slot, 0)
         if extra > 0:
             return f"{extra} message(s) ack-pending"
         return None
@@ -118,13 +117,16 @@ async def _ensure(
             await ensure_group_consumer(client, consumer)
             return
         except JetStreamApiError as error:
-            if error.err_code != FILTER_OVERLAP or attempt == _OVERLAP_RETRIES - 1:
+            if (
+                error.err_code != ErrorCode.FILTER_NOT_UNIQUE_ON_WORK_QUEUE
+                or attempt == _OVERLAP_RETRIES - 1
+            ):
                 raise
             await asyncio.sleep(0.5)
 
 
-def _delivered_seq(info: dict[str, Any]) -> int:
-    return (info.get("delivered") or {}).get("stream_seq", 0)
+def _delivered_seq(info: ConsumerInfo) -> int:
+    return info.delivered_seq
 
 
 def _member_names(config: Any) -> list[str]:
@@ -176,7 +178,7 @@ class GroupTarget:
             )
         if self.entry is None and entry.kind is GroupKind.STATIC:
             stream = await client.api.stream_info(entry.stream)
-            if not _can_hold_partition_tokens(stream["config"]):
+            if not _can_hold_partition_tokens(stream.config):
                 raise ConfigurationError(
                     f"stream {entry.stream!r} of static group {entry.group!r} does not store "
                     "subjects as '<partition>.<subject>', so no member filter matches; add a "
@@ -346,7 +348,7 @@ class GroupTarget:
         self,
         entry: GroupEntry,
         go_active: dict[str, str],
-        partitions: dict[int, dict[str, Any] | None],
+        partitions: dict[int, ConsumerInfo | None],
     ) -> ConsumerLayout:
         """The option's layout; for `auto` the partition layout, unless Go-layout members are
         active on a group that has no partition consumers (then it says what that costs)."""
@@ -372,8 +374,8 @@ class GroupTarget:
         client: NatsClient,
         entry: GroupEntry,
         owned: dict[str, list[int]],
-        members: dict[str, dict[str, Any] | None],
-        partitions: dict[int, dict[str, Any] | None],
+        members: dict[str, ConsumerInfo | None],
+        partitions: dict[int, ConsumerInfo | None],
     ) -> None:
         """Create the missing partition consumers where their owners' member consumers stopped.
 
@@ -387,7 +389,7 @@ class GroupTarget:
             missing = [p for p in ps if partitions[p] is None]
             if info is None or not missing:
                 continue
-            if info.get("num_ack_pending", 0):
+            if info.num_ack_pending:
                 log.info(
                     "group %s: member %s has acks pending; moving to the partition layout once "
                     "they are in",
@@ -416,7 +418,7 @@ class GroupTarget:
         client: NatsClient,
         entry: GroupEntry,
         owned: dict[str, list[int]],
-        partitions: dict[int, dict[str, Any] | None],
+        partitions: dict[int, ConsumerInfo | None],
         held: Held,
     ) -> None:
         """Hand the group's partitions back to member consumers where the partition consumers
@@ -434,7 +436,7 @@ class GroupTarget:
                         f"partition consumer {name!r} of group {entry.group!r} is read by another "
                         f"query ({why}); stop it before reading the group in the member layout"
                     )
-                if info.get("num_ack_pending", 0):
+                if info.num_ack_pending:
                     self.layout = ConsumerLayout.PARTITION  # this query's batch: acked soon
                     return
             if not infos:
@@ -457,14 +459,14 @@ class GroupTarget:
         self,
         client: NatsClient,
         entry: GroupEntry,
-        infos: dict[int, dict[str, Any]],
+        infos: dict[int, ConsumerInfo],
         start: int,
     ) -> None:
         """A member consumer starting at `start` must not skip a message of its partitions that
         their consumers have not delivered: none may lie between a partition's position and
         `start` (messages after `start` are the member consumer's)."""
         for p, info in infos.items():
-            for subject in filters_of(info["config"]) or [">"]:
+            for subject in filters_of(info.config) or [">"]:
                 try:
                     found = await client.api.get_message(
                         entry.stream, _delivered_seq(info) + 1, next_by_subject=subject
@@ -516,7 +518,7 @@ class ConsumerTarget:
                 f"consumer {name!r} does not exist on stream {options.stream!r}; create it "
                 "first (the source never creates or changes a plain consumer)"
             ) from None
-        config = info["config"]
+        config = info.config
         if config.get("deliver_subject"):
             raise ConfigurationError(
                 f"consumer {name!r} is a push consumer; the source reads pull consumers only"

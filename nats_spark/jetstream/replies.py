@@ -1,0 +1,96 @@
+"""Typed views of the JetStream API's replies: the server's JSON names are read here and nowhere
+else (its error codes are in `nats_spark.errors`, beside the API error).
+
+`ConsumerInfo` and `StreamInfo` stay the dicts the server sent (callers that pass a config on
+or print it keep doing so), with typed properties for what the connector reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+NANOS = 1_000_000_000
+
+
+class ConsumerInfo(dict[str, Any]):
+    """A `CONSUMER.INFO` (or `CONSUMER.CREATE`) reply."""
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.get("config") or {}
+
+    @property
+    def num_pending(self) -> int:
+        """Messages the consumer has not delivered yet."""
+        return int(self.get("num_pending", 0))
+
+    @property
+    def num_ack_pending(self) -> int:
+        """Messages delivered and not acked yet."""
+        return int(self.get("num_ack_pending", 0))
+
+    @property
+    def num_waiting(self) -> int:
+        """Pull requests waiting on the consumer."""
+        return int(self.get("num_waiting", 0))
+
+    @property
+    def ack_floor_seq(self) -> int:
+        """The stream sequence up to which everything is acked."""
+        return int((self.get("ack_floor") or {}).get("stream_seq", 0))
+
+    @property
+    def delivered_seq(self) -> int:
+        """The stream sequence of the last message delivered."""
+        return int((self.get("delivered") or {}).get("stream_seq", 0))
+
+    @property
+    def last_active(self) -> str | None:
+        """When the consumer last delivered a message (RFC 3339), if ever."""
+        return (self.get("delivered") or {}).get("last_active")
+
+    @property
+    def ack_wait(self) -> float:
+        """Seconds (the server's default is 30 s)."""
+        return float(self.config.get("ack_wait", 30 * NANOS)) / NANOS
+
+    @property
+    def max_ack_pending(self) -> int:
+        """-1: unlimited."""
+        return int(self.config.get("max_ack_pending", -1))
+
+    def pinned_id(self, group: str) -> str | None:
+        """The pin id the server holds for priority group `group`, if any."""
+        for state in self.get("priority_groups") or ():
+            if state.get("group") == group:
+                return state.get("pinned_client_id") or None
+        return None
+
+
+class StreamInfo(dict[str, Any]):
+    """A `STREAM.INFO` (or `STREAM.CREATE`) reply."""
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.get("config") or {}
+
+    @property
+    def first_seq(self) -> int:
+        return int((self.get("state") or {}).get("first_seq", 0))
+
+    @property
+    def last_seq(self) -> int:
+        return int((self.get("state") or {}).get("last_seq", 0))
+
+    @property
+    def replicas(self) -> int:
+        return int(self.config.get("num_replicas", 1))
+
+    @property
+    def allow_direct(self) -> bool:
+        return bool(self.config.get("allow_direct"))
+
+    @property
+    def duplicate_window(self) -> float:
+        """Seconds (0: the server's default applies)."""
+        return float(self.config.get("duplicate_window", 0)) / NANOS

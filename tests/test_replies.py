@@ -1,0 +1,59 @@
+"""Typed views of JetStream API replies and the API's error codes, pure."""
+
+from __future__ import annotations
+
+from nats_spark.errors import TRANSIENT_ERROR_CODES, ErrorCode, JetStreamApiError, PullError
+from nats_spark.jetstream.replies import NANOS, ConsumerInfo, StreamInfo
+
+CONSUMER = {
+    "name": "g-m1",
+    "config": {"ack_wait": 2 * NANOS, "max_ack_pending": 1, "priority_groups": ["pcg"]},
+    "delivered": {"consumer_seq": 9, "stream_seq": 42, "last_active": "2026-11-24T01:00:00Z"},
+    "ack_floor": {"consumer_seq": 7, "stream_seq": 40},
+    "num_ack_pending": 2,
+    "num_pending": 100,
+    "num_waiting": 1,
+    "priority_groups": [{"group": "other"}, {"group": "pcg", "pinned_client_id": "P1"}],
+}
+
+
+def test_consumer_info_view() -> None:
+    info = ConsumerInfo(CONSUMER)
+    assert (info.num_pending, info.num_ack_pending, info.num_waiting) == (100, 2, 1)
+    assert (info.delivered_seq, info.ack_floor_seq) == (42, 40)
+    assert info.last_active == "2026-11-24T01:00:00Z"
+    assert (info.ack_wait, info.max_ack_pending) == (2.0, 1)
+    assert info.pinned_id("pcg") == "P1" and info.pinned_id("other") is None
+    assert info["name"] == "g-m1"  # still the reply as sent
+
+
+def test_consumer_info_defaults_are_the_servers() -> None:
+    info = ConsumerInfo({"config": {}})
+    assert (info.num_pending, info.delivered_seq, info.last_active) == (0, 0, None)
+    assert (info.ack_wait, info.max_ack_pending, info.pinned_id("pcg")) == (30.0, -1, None)
+
+
+def test_stream_info_view() -> None:
+    info = StreamInfo(
+        {
+            "config": {"num_replicas": 3, "allow_direct": True, "duplicate_window": 120 * NANOS},
+            "state": {"first_seq": 5, "last_seq": 9},
+        }
+    )
+    assert (info.first_seq, info.last_seq, info.replicas) == (5, 9, 3)
+    assert info.allow_direct and info.duplicate_window == 120.0
+    empty = StreamInfo({"config": {}, "state": {}})
+    assert (empty.replicas, empty.allow_direct, empty.last_seq) == (1, False, 0)
+
+
+def test_error_codes() -> None:
+    missing = JetStreamApiError("$JS.API.STREAM.INFO.S", 404, 10059, "stream not found")
+    assert missing.stream_missing and missing.err_code == ErrorCode.STREAM_NOT_FOUND
+    assert ErrorCode.NOT_LEADER in TRANSIENT_ERROR_CODES
+    assert ErrorCode.STREAM_NOT_FOUND not in TRANSIENT_ERROR_CODES
+
+
+def test_consumer_gone() -> None:
+    assert PullError(409, "Consumer Deleted").consumer_gone
+    assert PullError(503, "No Responders").consumer_gone
+    assert not PullError(409, "Exceeded MaxRequestBatch of 10").consumer_gone
