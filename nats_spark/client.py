@@ -9,10 +9,11 @@ import logging
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from nats_spark.connection import ConnectionSettings, connect, read_loop_alive
+from nats_spark.connection import ConnectionSettings, connect
 from nats_spark.jetstream.api import JetStreamApi
 from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.loop import Blocking, run_sync
+from nats_spark.nats_py import read_loop_alive
 from nats_spark.server import check_server_version
 
 log = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.errors import ConnectionClosedError, StaleConnectionError
 
+from nats_spark import nats_py
 from nats_spark.errors import ConfigurationError, ConnectionFailed
 
 log = logging.getLogger(__name__)
@@ -231,23 +232,13 @@ def _failure_reason(error: BaseException, tls: bool = False) -> str:
     return text
 
 
-def read_loop_alive(nc: NATS) -> bool:
-    """Whether the connection still reads from its socket. nats-py 2.16 ends the read loop for
-    good when a PONG answers a flush that gave up (`InvalidStateError` in `_process_pong`) yet
-    goes on reporting connected, and every request then times out."""
-    reading = nc._reading_task  # nats-py internal, see tests/test_nats_py_internals.py
-    stuck = nc.is_connected and reading is not None and reading.done()
-    return not nc.is_closed and not stuck  # while reconnecting, the next read loop is on its way
-
-
 def _uses_tls(nc: NATS) -> bool:
     """Whether the open connection is encrypted: nats-py upgrades a TCP connection only when the
     server's INFO requires TLS, whatever the URL or TLS context; `wss://` is TLS underneath."""
-    server = nc._current_server  # nats-py internal, see tests/test_nats_py_internals.py
-    if server is not None and server.uri.scheme == "wss":
+    scheme = nats_py.server_scheme(nc)
+    if scheme == "wss":
         return True
-    scheme = server.uri.scheme if server is not None else ""
-    return scheme != "ws" and bool((nc._server_info or {}).get("tls_required"))
+    return scheme != "ws" and bool(nats_py.server_info(nc).get("tls_required"))
 
 
 async def connect(settings: ConnectionSettings, denied: list[str] | None = None) -> NATS:
@@ -290,6 +281,7 @@ async def connect(settings: ConnectionSettings, denied: list[str] | None = None)
             await nc.close()
 
     nc = NATS()
+    nats_py.install(nc)
     attempt = asyncio.ensure_future(
         nc.connect(error_cb=on_error, reconnected_cb=on_reconnect, **kwargs)
     )
@@ -323,9 +315,8 @@ async def connect(settings: ConnectionSettings, denied: list[str] | None = None)
         cause = errors[0] if errors else TimeoutError(f"no answer within {deadline + 1:g}s")
     with contextlib.suppress(BaseException):  # best effort on a connection that never opened
         await asyncio.wait_for(nc.close(), 1)
-    if nc._transport is not None:  # close() may give up on a half-upgraded TLS socket
-        nc._transport.close()
-    info = nc._server_info or {}
+    nats_py.drop_transport(nc)
+    info = nats_py.server_info(nc)
     untrusted = isinstance(cause, ssl.SSLCertVerificationError)  # the server's cert, not ours
     if info.get("tls_verify") and not settings.tls_cert and not untrusted:
         reason = (

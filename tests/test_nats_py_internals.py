@@ -1,7 +1,7 @@
 """The nats-py internals the connector relies on, and the nats-py defect it works around.
 
-When a nats-py release changes one of these, this module fails first and names what moved (the
-connector's users are in `jetstream/acks.py`, `jetstream/pull.py`, `connection.py`, `client.py`).
+When a nats-py release changes one of these, this module fails first and names what moved; all of
+them are used in one adapter, `nats_spark/nats_py.py`.
 """
 
 from __future__ import annotations
@@ -12,31 +12,40 @@ import time
 
 import pytest
 from nats.aio.client import Client as NATS
+from nats.protocol.parser import Parser
 
 from nats_spark.client import NatsClient, close_shared_clients, shared_client
 from nats_spark.jetstream.acks import publish_acks
 from nats_spark.jetstream.retry import ConnectionLost
 from nats_spark.loop import run_sync
+from nats_spark.nats_py import RoutingParser
 
+ADAPTER = "nats_spark/nats_py.py"
 USED = {
-    "_send_command": "jetstream/acks.py queues blocks of PUB commands",
-    "_flush_pending": "jetstream/acks.py writes the queue out before the flush PING",
-    "_process_msg": "jetstream/pull.py routes pull inbox messages raw",
-    "_process_pong": "client.py: a PONG for a cancelled flush ends the read loop",
+    "_send_command": "queue_command queues blocks of PUB commands",
+    "_flush_pending": "write_queued writes the queue out before the flush PING",
+    "_process_msg": "RoutingParser hands it the messages of unrouted subscriptions",
+    "_process_ping": "RoutingParser answers PINGs through it",
+    "_process_pong": "RoutingParser passes PONGs to it (and a cancelled flush's PONG kills it)",
+    "_process_err": "RoutingParser passes -ERR lines to it",
+    "_process_info": "RoutingParser passes INFO updates to it",
 }
 
 
 @pytest.mark.parametrize("name", sorted(USED))
 def test_nats_py_still_has_the_internals_the_connector_uses(name: str) -> None:
     assert inspect.iscoroutinefunction(getattr(NATS, name, None)), (
-        f"nats-py no longer has Client.{name} ({USED[name]}); adapt the connector to this release"
+        f"nats-py no longer has Client.{name} ({USED[name]}); adapt {ADAPTER} to this release"
     )
 
 
 def test_nats_py_client_state_the_connector_reads(client) -> None:
     nc = client.target.nc
-    for attribute in ("_reading_task", "_transport", "_server_info", "_pongs"):
-        assert hasattr(nc, attribute), f"nats-py Client has no {attribute} any more"
+    for attribute in ("_reading_task", "_transport", "_server_info", "_current_server"):
+        assert hasattr(nc, attribute), f"nats-py Client has no {attribute}; adapt {ADAPTER}"
+    assert isinstance(nc._ps, RoutingParser), f"the connection's parser is not {ADAPTER}'s"
+    fields = {"buf", "reset", "parse"}
+    assert all(hasattr(Parser(), f) for f in fields), f"nats-py's Parser changed; adapt {ADAPTER}"
 
 
 def test_cancelled_ack_flush_leaves_the_connection_usable(settings) -> None:

@@ -21,6 +21,7 @@ from nats_spark.errors import (
     PullError,
 )
 from nats_spark.jetstream import FetchResult, JetStreamApi, PullConsumer, PullStatus
+from nats_spark.jetstream import pull as pull_module
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.jetstream.pull import PIN_ID_HEADER
 from nats_spark.loop import Blocking, event_loop, run_sync
@@ -424,3 +425,28 @@ def test_stored_messages_with_status_headers_are_delivered(
         [1, 2],
         0,
     )
+
+
+def test_what_a_request_given_up_on_delivers_is_settled(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str, monkeypatch
+) -> None:
+    """The client stops waiting for a pull before the server ends it (a busy server ends it
+    late); messages published then are still delivered to it. `settle` waits for the server's
+    end of that request and hands them over instead of leaving them unread until the ack wait
+    runs out."""
+    monkeypatch.setattr(pull_module, "CLIENT_GRACE", -1.5)  # gives up at 0.5 s of 2 s
+    make_consumer(api, stream, "LATE", None)
+    consumer = client.pull_consumer(stream, "LATE")
+
+    async def scenario() -> tuple[PullStatus, list[Any]]:
+        pull = await consumer.pull(10, expires=2.0)
+        async for _ in pull:
+            pass
+        for _ in range(3):
+            await client.js.publish(f"{stream}.m", b"late")
+        return pull.status, await consumer.settle(patience=10)
+
+    status, late = run_sync(scenario())
+    assert status is PullStatus.CLIENT_TIMEOUT
+    assert [m.data for m in late] == [b"late"] * 3
+    assert api.consumer_info(stream, "LATE").num_ack_pending == 3  # taken by us, not acked

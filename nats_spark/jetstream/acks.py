@@ -12,6 +12,8 @@ from typing import NamedTuple
 from nats.aio.client import Client as NATS
 from nats.errors import ConnectionClosedError
 
+from nats_spark.nats_py import queue_command, write_queued
+
 log = logging.getLogger(__name__)
 
 
@@ -82,7 +84,7 @@ async def publish_acks(
     tail = b" 4\r\n%b\r\n" % kind
     for start in range(0, len(replies), block):
         subjects = b"\n".join(replies[start : start + block])
-        await nc._send_command(b"PUB " + subjects.replace(b"\n", tail + b"PUB ") + tail)
+        await queue_command(nc, b"PUB " + subjects.replace(b"\n", tail + b"PUB ") + tail)
     if replies:
         await flush_published(nc, timeout=30)
     return len(replies)
@@ -96,7 +98,7 @@ async def flush_published(nc: NATS, timeout: float) -> None:
     (and before any permission error they cause). Writing the queue out first keeps them ahead
     of the PING.
     """
-    await nc._flush_pending(force_flush=True)
+    await write_queued(nc, force=True)
     # Shielded: a flush cancelled while its PING is out leaves nats-py's PONG handler a
     # cancelled future, and the exception that raises ends the connection's read loop.
     await asyncio.shield(nc.flush(timeout=timeout))  # type: ignore[arg-type]  # a float works

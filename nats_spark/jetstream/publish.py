@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 
 from nats_spark.errors import TRANSIENT_ERROR_CODES, NatsSparkError
-from nats_spark.jetstream.raw import route_raw, unroute_raw
+from nats_spark.nats_py import queue_command, route_raw, unroute_raw, write_queued
 
 MSG_ID_HEADER = "Nats-Msg-Id"
 
@@ -86,14 +86,14 @@ class Publisher:
         """Queue `messages` (waiting while `max_pending` are unacknowledged)."""
         for message in messages:
             while len(self._pending) >= self.max_pending:
-                await self.nc._flush_pending()
+                await write_queued(self.nc)
                 await self._wait_for_acks()
             index = self._next
             self._next += 1
             command = _command(message.subject, f"{self._inbox}.{index}", message)
             self._pending[index] = (command, time.monotonic(), message.subject)
-            await self.nc._send_command(command)  # nats-py internal, see its test module
-        await self.nc._flush_pending()  # queued commands go out only when the flusher is asked
+            await queue_command(self.nc, command)
+        await write_queued(self.nc)  # queued commands go out only when the flusher is asked
         self._raise_failure()
 
     async def finish(self) -> PublishStats:
@@ -132,8 +132,8 @@ class Publisher:
             if now - sent >= self.ack_timeout:
                 self._pending[index] = (command, now, subject)
                 self.stats.resent += 1
-                await self.nc._send_command(command)
-        await self.nc._flush_pending()
+                await queue_command(self.nc, command)
+        await write_queued(self.nc)
 
     def _raise_failure(self) -> None:
         if self._failure is not None:

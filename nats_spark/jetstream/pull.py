@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from nats.errors import ConnectionClosedError
 
 from nats_spark.errors import PriorityGroupMisconfigured, PullError
 from nats_spark.jetstream.api import to_nanos
-from nats_spark.jetstream.raw import route_raw, unroute_raw
+from nats_spark.nats_py import route_raw, unroute_raw
 
 PIN_ID_HEADER = "Nats-Pin-Id"
 PULL_MAX_BYTES = 8 << 20  # what one pull request may deliver: bounds a task's memory
@@ -174,6 +175,9 @@ class FetchResult:
         ]
 
 
+CLIENT_GRACE = 5.0  # seconds past a request's expiry before the client stops waiting for it
+
+
 class Pull:
     """One pull request in flight. Iterating yields its deliveries in chunks as they arrive (all
     that is buffered at each step); when iteration ends, `status` says why the request ended."""
@@ -184,7 +188,7 @@ class Pull:
         self.consumer = consumer
         self.reply = reply.encode()
         self.batch = batch
-        self.deadline = time.monotonic() + expires + 5.0  # the server ends it first, normally
+        self.deadline = time.monotonic() + expires + CLIENT_GRACE  # the server ends it first
         self.quiet = quiet
         self.received = 0
         self.done = False
@@ -219,9 +223,11 @@ class Pull:
                 chunk.append(msg)
                 room -= 1
                 continue
+            code, description = status
+            if code != 100:
+                self.consumer._live.pop(msg.subject, None)  # that request has ended
             if msg.subject != self.reply:
                 continue  # the end of an earlier request
-            code, description = status
             if code == 100:
                 self.heartbeats += 1
                 continue
@@ -232,6 +238,7 @@ class Pull:
         self.received += len(chunk)
         if not room:
             self.done = True
+            self.consumer._live.pop(self.reply, None)  # served in full: no status follows
         self.consumer._note_pin(chunk)
         return chunk
 
@@ -255,6 +262,8 @@ class Pull:
         expired = time.monotonic() >= self.deadline
         self.status = PullStatus.CLIENT_TIMEOUT if expired else PullStatus.HEARTBEAT_MISSED
         self.done = True
+        if self.reply in self.consumer._live:
+            self.consumer._live[self.reply] = math.inf  # the server may serve it still
 
 
 class PullConsumer:
@@ -284,6 +293,9 @@ class PullConsumer:
         self._request_no = 0
         self._queue: deque[RawMessage] = deque()
         self._arrived: asyncio.Future[None] | None = None
+        # Requests the server may still serve, by reply subject: until when to expect their end
+        # (a request the client gave up on may end any time: infinity).
+        self._live: dict[bytes, float] = {}
 
     def _receive(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """Called by the connection's parser for every message to our inbox."""
@@ -327,6 +339,7 @@ class PullConsumer:
             priority=priority,
         )
         await self.nc.publish(self.subject, request.payload(), reply=reply)
+        self._live[reply.encode()] = time.monotonic() + (0 if no_wait else expires) + CLIENT_GRACE
         quiet = 2 * idle_heartbeat if idle_heartbeat else None
         return Pull(self, reply, batch, 0 if no_wait else expires, quiet)
 
@@ -340,6 +353,37 @@ class PullConsumer:
         result.status, result.description = pull.status, pull.description
         result.heartbeats = pull.heartbeats
         return result
+
+    async def settle(self, patience: float) -> list[RawMessage]:
+        """What requests given up on (or never iterated) still deliver: the server serves a pull
+        until it ends it, whatever the client stopped waiting for. Waits until every request
+        has ended (its status came, or it was due and did not come), at most `patience` seconds,
+        and returns the deliveries; they are the caller's to take, else they come back only
+        after the ack wait."""
+        delivered: list[RawMessage] = []
+        give_up = time.monotonic() + patience
+        while True:
+            while self._queue:
+                msg = self._queue.popleft()
+                status = _status_of(msg)
+                if status is None:
+                    delivered.append(msg)
+                elif status[0] != 100:
+                    self._live.pop(msg.subject, None)
+            now = time.monotonic()
+            self._live = {r: due for r, due in self._live.items() if due > now}
+            if not self._live or now >= give_up:
+                self._note_pin(delivered)
+                return delivered
+            arrived = asyncio.get_running_loop().create_future()
+            self._arrived = arrived
+            try:
+                wait = min(give_up, *self._live.values()) - now
+                await asyncio.wait_for(arrived, max(wait, 0.01))
+            except TimeoutError:
+                pass
+            finally:
+                self._arrived = None
 
     def _note_pin(self, chunk: list[RawMessage]) -> None:
         for msg in reversed(chunk):  # the newest pin id wins

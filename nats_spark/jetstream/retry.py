@@ -18,8 +18,8 @@ from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import APIError
 
-from nats_spark.connection import read_loop_alive
 from nats_spark.errors import TRANSIENT_ERROR_CODES, JetStreamApiError, NatsSparkError
+from nats_spark.nats_py import read_loop_alive
 
 log = logging.getLogger(__name__)
 

@@ -136,6 +136,15 @@ class SlotReader:
             columns.add(msg.subject, msg.data, msg.headers, delivered, seq, consumer_seq, timestamp)
         return redundant
 
+    async def _take(
+        self, chunk: list[RawMessage], columns: SlotColumns, replies: list[bytes]
+    ) -> None:
+        """`_accept` the chunk; what earlier batches already emitted is acked and dropped."""
+        redundant = self._accept(chunk, columns, replies)
+        if redundant:
+            self.redundant += len(redundant)
+            await publish_acks(self.client.nc, redundant)
+
     async def _load_sibling_seqs(self) -> None:
         """What the slots sharing this consumer recorded so far in this batch: a redelivery may
         reach us after a sibling took the message and its ack wait ran out. Skipping these
@@ -194,11 +203,8 @@ class SlotReader:
                             )
                         if self.p.siblings and any(reply_numbers(m.reply)[0] > 1 for m in chunk):
                             await self._load_sibling_seqs()
-                        redundant = self._accept(chunk, columns, replies)
+                        await self._take(chunk, columns, replies)
                         got_any = got_any or bool(replies)
-                        if redundant:
-                            self.redundant += len(redundant)
-                            await publish_acks(self.client.nc, redundant)
                         if replies and (pull.done or columns.full()):
                             remaining -= len(replies)
                             recorded = await recording if recording else None
@@ -253,6 +259,18 @@ class SlotReader:
                         break
                 if pull is None:
                     pull = await self._request(consumer, remaining, wait)
+            # Requests given up on may still deliver: take that too (the batch then holds a
+            # little more than planned) rather than leave it unread until its ack wait runs out.
+            late = await consumer.settle(self.p.ack_wait / 2)
+            if late:
+                await self._take(late, columns, replies)
+                if replies:
+                    recorded = await recording if recording else None
+                    recording = asyncio.ensure_future(
+                        self._record(columns, replies, consumer.pin_id)
+                    )
+                    if recorded is not None:
+                        yield recorded
             if recording:
                 yield await recording
                 recording = None

@@ -35,8 +35,8 @@ from nats_spark.errors import NatsSparkError, NotFound
 from nats_spark.jetstream.acks import delivered_at
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.jetstream.pull import PULL_MAX_BYTES, header_values
-from nats_spark.jetstream.raw import route_raw, unroute_raw
 from nats_spark.loop import run_sync
+from nats_spark.nats_py import route_raw, unroute_raw
 from nats_spark.spark.columns import (
     constant,
     headers_array,

@@ -1,0 +1,110 @@
+"""The routing protocol parser (nats_py.RoutingParser), pure: every split of a read gives the
+same messages and protocol calls as the whole."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+from nats.errors import ProtocolError
+
+from nats_spark.nats_py import RoutingParser
+
+HEADERS = b"NATS/1.0\r\nn: 1\r\n\r\n"
+STATUS = b"NATS/1.0 408\r\n\r\n"
+WIRE = (
+    b'INFO {"server_id": "a b", "max_payload": 1048576}\r\n'
+    b"MSG orders.k1 7 $JS.ACK.S.C.1.10.10.1700000000000000000.4 5\r\nhello\r\n"
+    b"PING\r\n"
+    b"HMSG orders.k2 9 _INBOX.x %d %d\r\n%bhi!!!\r\n"
+    % (len(HEADERS), len(HEADERS) + 5, HEADERS)
+    + b"MSG plain 3 0\r\n\r\n"
+    b"+OK\r\n"
+    b"HMSG _INBOX.y 7 %d %d\r\n%b\r\n"
+    % (len(STATUS), len(STATUS), STATUS)
+    + b"MSG big 7 inbox.z 12\r\nline\r\nbreak!\r\n"
+    b"PONG\r\n"
+    b"-ERR 'Permissions Violation for Subscription to \"x\"'\r\n"
+)
+EXPECTED = [
+    ("info", {"server_id": "a b", "max_payload": 1048576}),
+    ("raw", b"orders.k1", b"$JS.ACK.S.C.1.10.10.1700000000000000000.4", b"hello", None),
+    ("ping",),
+    ("msg", 9, b"orders.k2", b"_INBOX.x", b"hi!!!", HEADERS),
+    ("msg", 3, b"plain", b"", b"", None),
+    ("raw", b"_INBOX.y", b"", b"", STATUS),
+    ("raw", b"big", b"inbox.z", b"line\r\nbreak!", None),
+    ("pong",),
+    ("err", "'permissions violation for subscription to \"x\"'"),
+]
+
+
+class FakeClient:
+    """What the parser calls on nats-py's client, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    async def _process_msg(self, sid, subject, reply, data, headers) -> None:
+        self.calls.append(("msg", sid, subject, reply, data, headers))
+
+    async def _process_ping(self) -> None:
+        self.calls.append(("ping",))
+
+    async def _process_pong(self) -> None:
+        self.calls.append(("pong",))
+
+    async def _process_err(self, text: str) -> None:
+        self.calls.append(("err", text))
+
+    async def _process_info(self, info: dict) -> None:
+        self.calls.append(("info", info))
+
+
+def parse(reads: list[bytes]) -> list[tuple[Any, ...]]:
+    client = FakeClient()
+    parser = RoutingParser(client)  # type: ignore[arg-type]
+    parser.routes[7] = lambda *message: client.calls.append(("raw", *message))
+
+    async def run() -> None:
+        for data in reads:
+            await parser.parse(data)
+
+    asyncio.run(run())
+    assert not parser.buf, "bytes left over"
+    return client.calls
+
+
+def test_whole_read() -> None:
+    assert parse([WIRE]) == EXPECTED
+
+
+@pytest.mark.parametrize("cut", range(1, len(WIRE)))
+def test_every_split_in_two(cut: int) -> None:
+    assert parse([WIRE[:cut], WIRE[cut:]]) == EXPECTED
+
+
+def test_byte_by_byte_and_random_reads() -> None:
+    assert parse([WIRE[i : i + 1] for i in range(len(WIRE))]) == EXPECTED
+    rng = random.Random(7)
+    for _ in range(200):
+        cuts = sorted(rng.sample(range(1, len(WIRE)), 6))
+        reads = [WIRE[a:b] for a, b in zip([0, *cuts], [*cuts, len(WIRE)], strict=True)]
+        assert parse(reads) == EXPECTED
+
+
+def test_a_large_message_waits_for_all_its_bytes() -> None:
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    wire = b"MSG big 7 r %d\r\n" % len(payload) + payload + b"\r\nPING\r\n"
+    reads = [wire[i : i + 65536] for i in range(0, len(wire), 65536)]
+    assert parse(reads) == [("raw", b"big", b"r", payload, None), ("ping",)]
+
+
+@pytest.mark.parametrize(
+    "wire", [b"MSG a\r\n", b"MSG a 1 2 3 4\r\n", b"HMSG a 1 2\r\n", b"BOGUS\r\n"]
+)
+def test_malformed_lines_are_protocol_errors(wire: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        parse([wire])
