@@ -78,6 +78,13 @@ BAD_OPTIONS: list[tuple[dict[str, str | None], str]] = [
     ({"maxMessagesPerTrigger": "0"}, "option maxMessagesPerTrigger=0 is out of range"),
     ({"maxMessagesPerTrigger": "lots"}, "is not a whole number"),
     ({"maxMessagesPerPartition": "-5"}, "option maxMessagesPerPartition=-5 is out of range"),
+    ({"minMessagesPerTrigger": "none"}, "option minMessagesPerTrigger='none' is not a whole"),
+    (
+        {"minMessagesPerTrigger": "50", "maxMessagesPerTrigger": "10"},
+        "minMessagesPerTrigger=50 is above maxMessagesPerTrigger=10",
+    ),
+    ({"maxTriggerDelay": "5m"}, "maxTriggerDelay applies only with minMessagesPerTrigger"),
+    ({"minMessagesPerTrigger": "5", "maxTriggerDelay": "soon"}, "is not a duration"),
     ({"fetchBatchSize": "0"}, "option fetchBatchSize=0 is out of range; use a number from 1"),
     ({"fetchBatchSize": "100001"}, "option fetchBatchSize=100001 is out of range"),
     ({"fetchTimeout": "0ms"}, "option fetchTimeout must be positive"),
