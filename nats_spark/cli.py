@@ -306,14 +306,12 @@ async def _member_info(client: NatsClient, args: argparse.Namespace) -> int:
 async def _status(client: NatsClient, args: argparse.Namespace) -> int:
     entry, members, partitions = await admin.group_status(client, args.stream, args.group)
     if args.json:
-        lag = admin.lag_by_member(members, partitions)
-        total = {key: sum(m[key] for m in lag.values()) for key in ("pending", "ackPending")}
         _print_json(
             {
                 "kind": entry.kind.value,
                 "members": [{**asdict(m), "state": m.state} for m in members],
                 "partitions": [{**asdict(p), "state": p.state} for p in partitions],
-                "lag": {"total": total, "byMember": lag},
+                "lag": admin.group_lag(members, partitions),
             }
         )
         return 0

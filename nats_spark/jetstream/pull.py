@@ -249,16 +249,8 @@ class Pull:
             wait = min(wait, self.quiet)
         if self.consumer.nc.is_closed:
             raise ConnectionClosedError
-        if wait > 0:
-            arrived = asyncio.get_running_loop().create_future()
-            self.consumer._arrived = arrived
-            try:
-                await asyncio.wait_for(arrived, wait)
-                return
-            except TimeoutError:
-                pass
-            finally:
-                self.consumer._arrived = None
+        if wait > 0 and await self.consumer._arrival(wait):
+            return
         expired = time.monotonic() >= self.deadline
         self.status = PullStatus.CLIENT_TIMEOUT if expired else PullStatus.HEARTBEAT_MISSED
         self.done = True
@@ -303,6 +295,18 @@ class PullConsumer:
         arrived = self._arrived
         if arrived is not None and not arrived.done():
             arrived.set_result(None)
+
+    async def _arrival(self, timeout: float) -> bool:
+        """Wait until the next message reaches the inbox; False when none came in `timeout`."""
+        arrived = asyncio.get_running_loop().create_future()
+        self._arrived = arrived
+        try:
+            await asyncio.wait_for(arrived, timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._arrived = None
 
     async def _subscription(self) -> Subscription:
         if self._sub is None:
@@ -375,15 +379,7 @@ class PullConsumer:
             if not self._live or now >= give_up:
                 self._note_pin(delivered)
                 return delivered
-            arrived = asyncio.get_running_loop().create_future()
-            self._arrived = arrived
-            try:
-                wait = min(give_up, *self._live.values()) - now
-                await asyncio.wait_for(arrived, max(wait, 0.01))
-            except TimeoutError:
-                pass
-            finally:
-                self._arrived = None
+            await self._arrival(max(min(give_up, *self._live.values()) - now, 0.01))
 
     def _note_pin(self, chunk: list[RawMessage]) -> None:
         for msg in reversed(chunk):  # the newest pin id wins

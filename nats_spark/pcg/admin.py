@@ -357,11 +357,10 @@ class PartitionInfo:
         return "waiting" if self.num_waiting else "idle"
 
 
-def lag_by_member(
-    members: list[MemberInfo], partitions: list[PartitionInfo]
-) -> dict[str, dict[str, int]]:
-    """`pending` and `ackPending` of each member: over its partition consumers where the
-    partition layout has some, else of its member consumer; members with neither are left out."""
+def group_lag(members: list[MemberInfo], partitions: list[PartitionInfo]) -> dict[str, dict]:
+    """`pending` and `ackPending` in total and by member (`byMember`, as in the source's
+    progress): over a member's partition consumers where the partition layout has some, else of
+    its member consumer; members with neither are left out."""
     lag: dict[str, dict[str, int]] = {}
     for p in partitions:
         if p.member is not None:
@@ -371,7 +370,8 @@ def lag_by_member(
     for m in members:
         if m.member not in lag and m.num_pending is not None:
             lag[m.member] = {"pending": m.num_pending, "ackPending": m.num_ack_pending or 0}
-    return dict(sorted(lag.items()))
+    total = {key: sum(counts[key] for counts in lag.values()) for key in ("pending", "ackPending")}
+    return {"total": total, "byMember": dict(sorted(lag.items()))}
 
 
 async def partition_status(client: NatsClient, entry: GroupEntry) -> list[PartitionInfo]:

@@ -476,18 +476,18 @@ class OffsetReader:
             slot = self.slots.get(name)
             if slot is not None and name in self.states:
                 consumers.setdefault((slot.stream, slot.consumer), []).append(name)
-        return lag_report(
-            [
+        lags = []
+        for names in consumers.values():
+            slot = self.slots[names[0]]
+            lags.append(
                 ConsumerLag(
                     owner=slot.member or slot.consumer,
                     state=self.states[names[0]],
                     ours=self._ours_unacked(slot),
                     planned=sum(self.planned.get(name, 0) for name in names),
                 )
-                for names in consumers.values()
-                for slot in (self.slots[names[0]],)
-            ]
-        )
+            )
+        return lag_report(lags)
 
     def _owner(self, name: str) -> str | None:
         slot = self.slots.get(name)

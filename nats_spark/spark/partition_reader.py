@@ -207,9 +207,8 @@ class SlotReader:
                         got_any = got_any or bool(replies)
                         if replies and (pull.done or columns.full()):
                             remaining -= len(replies)
-                            recorded = await recording if recording else None
-                            recording = asyncio.ensure_future(
-                                self._record(columns, replies, consumer.pin_id)
+                            recorded, recording = await self._record_next(
+                                recording, columns, replies, consumer.pin_id
                             )
                             columns, replies = self._columns(), []
                             if recorded is not None:
@@ -265,9 +264,8 @@ class SlotReader:
             if late:
                 await self._take(late, columns, replies)
                 if replies:
-                    recorded = await recording if recording else None
-                    recording = asyncio.ensure_future(
-                        self._record(columns, replies, consumer.pin_id)
+                    recorded, recording = await self._record_next(
+                        recording, columns, replies, consumer.pin_id
                     )
                     if recorded is not None:
                         yield recorded
@@ -280,6 +278,18 @@ class SlotReader:
             if recording:
                 recording.cancel()
             await consumer.close()
+
+    async def _record_next(
+        self,
+        recording: asyncio.Future[pa.RecordBatch] | None,
+        columns: SlotColumns,
+        replies: list[bytes],
+        pin: str | None,
+    ) -> tuple[pa.RecordBatch | None, asyncio.Future[pa.RecordBatch]]:
+        """Start recording `columns` once the recording before it is done (writes stay in
+        order); returns that one's rows, to hand out, and the new recording."""
+        recorded = await recording if recording else None
+        return recorded, asyncio.ensure_future(self._record(columns, replies, pin))
 
     async def _record(
         self, columns: SlotColumns, replies: list[bytes], pin: str | None

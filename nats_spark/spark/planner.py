@@ -118,7 +118,8 @@ def apply_limit(plans: dict[str, MemberPlan], budget: int | None) -> dict[str, M
 
 @dataclass(frozen=True)
 class ConsumerLag:
-    """One consumer's numbers for the lag report; `slots` read it in the batch planned last."""
+    """One consumer's numbers for the lag report; `planned`: what its slots may take in the
+    batch planned last."""
 
     owner: str  # the member it belongs to (a plain consumer: its own name)
     state: SlotState

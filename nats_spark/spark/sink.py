@@ -23,7 +23,6 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from nats_spark.client import NatsClient, shared_client
 from nats_spark.errors import ConfigurationError, NotFound
-from nats_spark.jetstream.api import NANOS
 from nats_spark.jetstream.publish import OutMessage, Publisher, PublishStats
 from nats_spark.jetstream.subjects import SubjectCapture, valid_publish_subject
 from nats_spark.loop import run_sync
@@ -75,7 +74,7 @@ async def check_target(client: NatsClient, options: SinkOptions) -> None:
             raise ConfigurationError(
                 f"stream {options.stream!r} does not exist; create it or fix the stream option"
             ) from None
-        window = info["config"].get("duplicate_window", 0) / NANOS
+        window = info.duplicate_window
         level = logging.WARNING if window < _WINDOW_WARNING else logging.INFO
         log.log(
             level,

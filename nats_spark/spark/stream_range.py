@@ -144,7 +144,7 @@ class StreamRanges:
         faster (bench/batch_read.py). A direct get takes one filter subject at most."""
         if self.options.read_path != "direct":
             return False
-        allowed = bool(info.config.get("allow_direct"))
+        allowed = info.allow_direct
         if not allowed or len(self.options.subjects) > 1:
             why = "a direct get takes one filter subject" if allowed else "allow_direct is false"
             raise ConfigurationError(
