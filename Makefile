@@ -7,23 +7,23 @@ BIN := $(VENV)/bin
 COMPAT_VENV := .venv-compat
 SOURCE_TESTS := tests/test_source_groups.py tests/test_source_replay.py tests/test_source_pins.py tests/test_source_errors.py tests/test_source_recovery.py
 
-# editable_mode=compat puts the project on sys.path through a .pth file, so Spark's lookup of
-# top-level pyspark_* modules (pkgutil) finds pyspark_nats_pcg and registers the format.
+# The default editable install puts the checkout on sys.path (see package-dir in pyproject.toml),
+# so Spark's lookup of top-level pyspark_* modules finds pyspark_nats_pcg and pyspark_nats.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=compat
+	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
 $(VENV)/.server-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[server]' --config-settings editable_mode=compat
+	$(BIN)/pip install -q -e '.[server]'
 	touch $@
 
 # The fast lane: lint, format, types and the unit tests of pure logic; no nats-server, no Spark.
 UNIT_TESTS := tests/test_options.py tests/test_pcg_config.py tests/test_pcg_partitioning.py tests/test_stream_range.py \
-	tests/test_planner.py tests/test_replies.py tests/test_routing_parser.py
+	tests/test_planner.py tests/test_replies.py tests/test_routing_parser.py tests/test_ledger_codec.py
 
 check: $(VENV)/.test-installed
 	$(BIN)/ruff check .
@@ -41,7 +41,7 @@ demo: $(VENV)/.server-installed
 $(COMPAT_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/python -m pip install -q --upgrade pip
-	$(COMPAT_VENV)/bin/pip install -q -e '.[test]' 'pyspark>=4.0,<4.1' --config-settings editable_mode=compat
+	$(COMPAT_VENV)/bin/pip install -q -e '.[test]' 'pyspark>=4.0,<4.1'
 	touch $@
 
 test-compat: $(COMPAT_VENV)/.installed

@@ -5,13 +5,18 @@ one reader of a plain consumer. A task records every message it takes before it 
 and seals the entry when done. A re-run of the same batch finds the entry and replays it; commit
 acks the entries of committed batches. Keys:
 
-- `<lineage>.<gen>.<slot>`: the head, JSON (state, attempt, chunk keys, count, pin, max_seq)
+- `<lineage>.<gen>.<slot>`: the head, JSON (format, state, attempt, chunk keys, count, pin,
+  max_seq)
 - `<lineage>.<gen>.<slot>.<attempt>.<n>`: chunks of ack reply subjects: their uncompressed size
   (4 bytes, little endian), then the subjects joined by newlines, zstd-compressed (encoding a
   chunk of 4096 takes well under a millisecond; subjects never contain newlines)
 - `query.<stream>.<target>`: the newest lineage and gen handed out for a target, so a restarted
   driver on Spark 4.0/4.1 (whose `latestOffset` gets no start offset) can go on numbering, and
   the pins the query's slots hold, so a restarted query resumes them instead of standing by
+
+Heads and pointers carry `format` (`LEDGER_FORMAT`; absent in entries written before it existed,
+which are format 1). A release that changes what they hold raises the number, reads the formats
+it knows and refuses newer ones with one line, since a misread entry would ack the wrong messages.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from nats_spark import __version__
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NatsSparkError, NotFound
 from nats_spark.jetstream.retry import is_transient, retrying
@@ -43,6 +49,7 @@ _KEY_TOKEN = re.compile(r"^[-_=a-zA-Z0-9]+$")
 _CODEC = pa.Codec("zstd", compression_level=1)
 CHUNK_MESSAGES = 4096  # reply subjects per chunk: ~300 KB raw, far below the 1 MB payload limit
 LEDGER_MAX_AGE = 7 * 24 * 3600.0
+LEDGER_FORMAT = 1
 T = TypeVar("T")
 KvEntry = KeyValue.Entry
 
@@ -79,13 +86,25 @@ class EntryHead:
     pin: str | None = None
 
     def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        return json.dumps({"format": LEDGER_FORMAT, **asdict(self)}, separators=(",", ":")).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> EntryHead:
-        raw = json.loads(data)
+    def from_bytes(cls, data: bytes, key: str) -> EntryHead:
+        raw = _readable(json.loads(data), key)
         raw["state"] = EntryState(raw["state"])
         return cls(**raw)
+
+
+def _readable(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    """`raw` without its format number, once it is known to be a format this release reads."""
+    found = raw.pop("format", 1)
+    if found != LEDGER_FORMAT:
+        raise ConfigurationError(
+            f"ack ledger entry {key} has format {found!r} but nats-spark {__version__} reads "
+            f"format {LEDGER_FORMAT}: run the release that wrote it, or start the query with a new "
+            "checkpoint location"
+        )
+    return raw
 
 
 def encode_chunk(replies: Sequence[bytes]) -> bytes:
@@ -194,11 +213,12 @@ class Ledger:
         return f"{self.lineage}.{gen}.{key_token(slot)}"
 
     async def read_head(self, gen: int, slot: str) -> tuple[EntryHead, int] | None:
+        key = self.head_key(gen, slot)
         try:
-            entry = await self.kv.get(self.head_key(gen, slot))
+            entry = await self.kv.get(key)
         except KeyNotFoundError:
             return None
-        return EntryHead.from_bytes(entry.value or b""), entry.revision or 0
+        return EntryHead.from_bytes(entry.value or b"", key), entry.revision or 0
 
     async def create_head(self, gen: int, slot: str, head: EntryHead) -> int | None:
         """Create the head; None when it exists already (another attempt was first)."""
@@ -282,9 +302,9 @@ async def read_pointer(kv: LedgerBucket, key: str) -> Pointer | None:
         entry = await kv.get(key)
     except KeyNotFoundError:
         return None
-    data: dict[str, Any] = json.loads(entry.value or b"{}")
+    data = _readable(json.loads(entry.value or b"{}"), key)
     return Pointer(data["lineage"], int(data["gen"]), data.get("pins", {}))
 
 
 async def write_pointer(kv: LedgerBucket, key: str, pointer: Pointer) -> None:
-    await kv.put(key, json.dumps(asdict(pointer)).encode())
+    await kv.put(key, json.dumps({"format": LEDGER_FORMAT, **asdict(pointer)}).encode())
