@@ -1,19 +1,26 @@
 """Randomised soak: the streaming job reads an elastic group while messages are published and
 faults strike at random; at the end every published message must be committed exactly once and
-acked.
+acked, and the job must have caught up soon after each fault.
 
-Faults: NATS server kill -9 and restart, driver kill -9 (the job's whole process group), admin
-unpin of a member, deletion of a member consumer. A job that dies of a fault is restarted, as a
-supervisor would. The run ends with a table; the exit code is 1 if anything was lost, duplicated
-or left unacked.
+Faults: NATS server kill -9 and restart (with `--cluster`: the kill -9 of the leader of the
+group's work-queue stream in a three-node cluster, everything replicated three times), driver
+kill -9 (the job's whole process group), kill -9 of a Python worker (an executor's task), a
+network partition between the job and NATS (a TCP proxy stops relaying for a few seconds), a cut
+of every connection of the job, admin unpin of a member, deletion of a member consumer. A job
+that dies of a fault is restarted, as a supervisor would. The run ends with a table; the exit
+code is 1 if anything was lost, duplicated or left unacked.
 
-    .venv/bin/python chaos/run.py --minutes 3 [--seed N] [--rate 200] [--keep DIR]
+A fault's stall is the time from its end until everything published before its end was committed
+and acked (the group's work-queue stream holds nothing older).
+
+    .venv/bin/python chaos/run.py --minutes 3 [--cluster] [--seed N] [--rate 200] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -25,10 +32,14 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlparse
 
 import pyarrow.parquet as pq
+from proxy import Proxy, free_port
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
@@ -38,10 +49,20 @@ from nats_spark.pcg import admin
 from nats_spark.pcg.config import PartitioningFilter
 from nats_spark.pcg.consumers import PRIORITY_GROUP
 from nats_spark.pcg.partitioning import elastic_stream_name
+from nats_spark.pcg.store import GroupKind
 from nats_spark.server import EmbeddedServer
 
 STREAM, GROUP, MEMBERS, PARTITIONS = "CHAOS", "eg", ["a", "b", "c"], 6
-FAULTS = ("server kill -9", "driver kill -9", "unpin", "consumer deleted")
+WORK_QUEUE = elastic_stream_name(STREAM, GROUP)
+T = TypeVar("T")
+COMMON_FAULTS = (
+    "driver kill -9",
+    "executor kill -9",
+    "network partition",
+    "connections cut",
+    "unpin",
+    "consumer deleted",
+)
 
 
 def log(text: str) -> None:
@@ -85,8 +106,8 @@ class Publisher(threading.Thread):
 class Job:
     """`python -m nats_spark.job` in its own process group (so kill -9 takes its JVM along)."""
 
-    def __init__(self, url: str, folder: Path) -> None:
-        self.url = url
+    def __init__(self, urls: str, folder: Path) -> None:
+        self.urls = urls
         self.folder = folder
         self.output = folder / "out"
         self.process: subprocess.Popen[bytes] | None = None
@@ -94,27 +115,12 @@ class Job:
 
     def start(self) -> None:
         args = [
-            sys.executable,
-            "-m",
-            "nats_spark.job",
-            "--servers",
-            self.url,
-            "--stream",
-            STREAM,
-            "--group",
-            GROUP,
-            "--output",
-            str(self.output),
-            "--checkpoint",
-            str(self.folder / "cp"),
-            "--trigger",
-            "500ms",
-            "--master",
-            "local[2]",
-            "--option",
-            "ackWait=5s",
-            "--option",
-            "maxMessagesPerTrigger=3000",
+            *(sys.executable, "-m", "nats_spark.job", "--servers", self.urls, "--stream", STREAM),
+            *("--group", GROUP, "--output", str(self.output)),
+            *("--checkpoint", str(self.folder / "cp"), "--trigger", "500ms"),
+            # up to 4 attempts per task, as on a cluster (plain local mode fails the job at once)
+            *("--master", "local[2,4]", "--option", "ackWait=5s"),
+            *("--option", "maxMessagesPerTrigger=3000"),
         ]
         env = {
             **os.environ,
@@ -138,6 +144,41 @@ class Job:
             assert self.process is not None
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(30)
+
+    def kill_worker(self, rng: random.Random) -> bool:
+        """kill -9 one Python worker of the job's executor (forked by the `pyspark.daemon` that
+        serves tasks; it runs in a process group of its own, so it is found by ancestry): a
+        running or idle task's process. False when there is none yet."""
+        if not self.running:
+            return False
+        assert self.process is not None
+        job = self.process.pid
+        parents: dict[int, int] = {}
+        commands: dict[int, bytes] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError):
+                pid = int(stat.parent.name)
+                parents[pid] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+                commands[pid] = (stat.parent / "cmdline").read_bytes()
+
+        def descends_from_job(pid: int) -> bool:
+            while pid > 1:
+                if pid == job:
+                    return True
+                pid = parents.get(pid, 0)
+            return False
+
+        daemons = {
+            pid
+            for pid, command in commands.items()
+            if command.endswith(b"pyspark.daemon\0pyspark.worker\0") and descends_from_job(pid)
+        }
+        workers = [pid for pid, parent in parents.items() if parent in daemons]
+        if not workers:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rng.choice(workers), signal.SIGKILL)
+        return True
 
     def stop(self) -> None:
         if self.running:
@@ -168,110 +209,266 @@ class Job:
         ]
 
 
-def group_consumers(client: Blocking[NatsClient]) -> list[tuple[str, str]]:
+class Nats:
+    """One server, or three routed to each other (`cluster`), each behind a TCP proxy that the
+    job connects through; the publisher and the checks connect directly."""
+
+    def __init__(self, cluster: bool) -> None:
+        self.servers: list[EmbeddedServer] = []
+        if cluster:
+            ports = [free_port() for _ in range(3)]
+            for n, port in enumerate(ports, 1):
+                routes = ",".join(f"nats://127.0.0.1:{p}" for p in ports if p != port)
+                self.servers.append(
+                    EmbeddedServer(
+                        extra_args=[
+                            *("--cluster", f"nats://127.0.0.1:{port}", "--routes", routes),
+                            *("--cluster_name", "chaos", "--server_name", f"n{n}"),
+                            "--no_advertise",  # clients keep to the proxies they were given
+                        ]
+                    )
+                )
+        else:
+            self.servers.append(EmbeddedServer())
+        for server in self.servers:
+            server.start()
+        self.proxies = [Proxy(int(server.port or 0)) for server in self.servers]
+
+    @property
+    def direct_urls(self) -> str:
+        return ",".join(server.url for server in self.servers)
+
+    @property
+    def proxied_urls(self) -> str:
+        return ",".join(proxy.url for proxy in self.proxies)
+
+    def server_named(self, name: str) -> EmbeddedServer:
+        return self.servers[int(name.removeprefix("n")) - 1]
+
+    def close(self) -> None:
+        for proxy in self.proxies:
+            proxy.close()
+        for server in self.servers:
+            server.cleanup()
+
+
+class Progress(threading.Thread):
+    """Polls the work-queue stream: `acked_through` is the highest sequence up to which every
+    message was committed and acked (acks remove messages from a work queue)."""
+
+    def __init__(self, client: Blocking[NatsClient]) -> None:
+        super().__init__(daemon=True)
+        self.client = client
+        self.acked_through = 0
+        self.halt = threading.Event()
+
+    def last_stored(self) -> int:
+        return int(run_sync(self.client.api.stream_info(WORK_QUEUE))["state"]["last_seq"])
+
+    def run(self) -> None:
+        while not self.halt.wait(0.25):
+            try:
+                state = run_sync(self.client.api.stream_info(WORK_QUEUE), timeout=5)["state"]
+            except Exception:  # server down or no leader: no reading this time
+                continue
+            held = state["messages"]
+            self.acked_through = state["last_seq"] if not held else state["first_seq"] - 1
+
+
+@dataclass
+class Tally:
+    faults: Counter[str] = field(default_factory=Counter)
+    stalls: dict[str, float] = field(default_factory=dict)  # longest per kind
+
+    def stalled(self, kind: str, seconds: float) -> None:
+        self.faults[kind] += 1
+        self.stalls[kind] = max(self.stalls.get(kind, 0.0), seconds)
+
+
+def group_consumers(client: Blocking[NatsClient]) -> list[str]:
     """The consumers the job reads the group through (either layout): those on its work-queue
     stream."""
-    stream = elastic_stream_name(STREAM, GROUP)
-    return [(stream, name) for name in run_sync(client.api.consumer_names(stream))]
+    return list(run_sync(client.api.consumer_names(WORK_QUEUE)))
 
 
-def unacked(client: Blocking[NatsClient]) -> int:
-    """Messages in the group's work-queue stream: every message stays there until acked."""
-    return run_sync(client.api.stream_info(elastic_stream_name(STREAM, GROUP)))["state"]["messages"]
+def retried(call: Callable[[], T], seconds: float = 60.0) -> T:
+    """`call()`, retried while the cluster elects leaders or a server restarts."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return call()
+        except (NatsSparkError, TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
-def inject(kind: str, rng: random.Random, server: EmbeddedServer, job: Job, client) -> None:
+def inject(
+    kind: str, rng: random.Random, nats: Nats, job: Job, client: Blocking[NatsClient]
+) -> bool:
+    """Strike with `kind`; returns once the fault has ended. False when it could not strike."""
     if kind == "server kill -9":
+        server = nats.servers[0]
         server.kill()
         time.sleep(rng.uniform(0.2, 2.0))
+        server.start()
+    elif kind == "leader kill -9":
+        info = retried(lambda: run_sync(client.api.stream_info(WORK_QUEUE)))
+        server = nats.server_named(info["cluster"]["leader"])
+        server.kill()
+        time.sleep(rng.uniform(0.5, 3.0))
         server.start()
     elif kind == "driver kill -9":
         job.kill()
         time.sleep(rng.uniform(0.0, 2.0))
         job.start()
+    elif kind == "executor kill -9":
+        return job.kill_worker(rng)
+    elif kind == "network partition":
+        for proxy in nats.proxies:
+            proxy.blackhole()
+        time.sleep(rng.uniform(3.0, 15.0))
+        for proxy in nats.proxies:
+            proxy.heal()
+    elif kind == "connections cut":
+        for proxy in nats.proxies:
+            proxy.cut()
     else:
         consumers = group_consumers(client)
         if not consumers:
-            return  # between a deletion and the job's next batch
-        stream, name = rng.choice(consumers)
+            return False  # between a deletion and the job's next batch
+        name = rng.choice(consumers)
         if kind == "unpin":
-            run_sync(client.api.unpin(stream, name, PRIORITY_GROUP))
+            run_sync(client.api.unpin(WORK_QUEUE, name, PRIORITY_GROUP))
         else:
-            run_sync(client.api.delete_consumer(stream, name))
+            run_sync(client.api.delete_consumer(WORK_QUEUE, name))
+    return True
+
+
+def create_group(client: Blocking[NatsClient], replicas: int) -> None:
+    run_sync(
+        client.api.create_stream(
+            {"name": STREAM, "subjects": [f"{STREAM}.*"], "num_replicas": replicas}
+        )
+    )
+    filters = [PartitioningFilter(f"{STREAM}.*", [1])]
+    run_sync(admin.create_elastic(client.target, STREAM, GROUP, PARTITIONS, filters))
+    if replicas > 1:  # the group's config bucket, created with one replica by default
+        bucket = f"KV_{GroupKind.ELASTIC.bucket}"
+        config = run_sync(client.api.stream_info(bucket))["config"]
+        run_sync(client.api.update_stream({**config, "num_replicas": replicas}))
+    run_sync(admin.add_members(client.target, STREAM, GROUP, MEMBERS))
 
 
 def soak(args: argparse.Namespace, folder: Path) -> int:
     rng = random.Random(args.seed)
-    faults: Counter[str] = Counter()
-    with EmbeddedServer() as server:
-        client = open_blocking(ConnectionSettings(servers=(server.url,), name="chaos"))
-        run_sync(client.api.create_stream({"name": STREAM, "subjects": [f"{STREAM}.*"]}))
-        filters = [PartitioningFilter(f"{STREAM}.*", [1])]
-        run_sync(admin.create_elastic(client.target, STREAM, GROUP, PARTITIONS, filters))
-        run_sync(admin.add_members(client.target, STREAM, GROUP, MEMBERS))
-        publisher = Publisher(client, args.rate)
-        job = Job(server.url, folder)
-        publisher.start()
-        job.start()
-        log(f"soak for {args.minutes} min, seed {args.seed}, work dir {folder}")
-        end = time.monotonic() + args.minutes * 60
-        try:
-            while time.monotonic() < end:
-                time.sleep(rng.uniform(4, 12))
-                if not job.running:
-                    log("the job ended (a fault failed its query): restarting it")
-                    job.start()
-                kind = rng.choice(FAULTS)
-                try:
-                    inject(kind, rng, server, job, client)
-                except (NatsSparkError, NotFound) as error:  # e.g. the consumer is gone already
-                    log(f"{kind}: not injected ({error})")
-                    continue
-                faults[kind] += 1
-                log(f"{kind} (published {publisher.published})")
-            publisher.halt.set()
-            publisher.join(30)
-            log(f"publishing stopped at {publisher.published}; draining")
-            drain_end = time.monotonic() + args.drain
-            left = -1
-            while time.monotonic() < drain_end:
+    kinds = args.faults or ("leader kill -9" if args.cluster else "server kill -9", *COMMON_FAULTS)
+    tally = Tally()
+    nats = Nats(args.cluster)
+    client = open_blocking(
+        ConnectionSettings(servers=tuple(nats.direct_urls.split(",")), name="chaos")
+    )
+    retried(lambda: run_sync(client.api.account_info()))  # a cluster elects its meta leader
+    retried(lambda: create_group(client, 3 if args.cluster else 1))
+    publisher = Publisher(client, args.rate)
+    progress = Progress(client)
+    job = Job(nats.proxied_urls, folder)
+    publisher.start()
+    progress.start()
+    job.start()
+    mode = "three-node cluster" if args.cluster else "one server"
+    log(f"soak for {args.minutes} min ({mode}), seed {args.seed}, work dir {folder}")
+    end = time.monotonic() + args.minutes * 60
+    left = -1
+    try:
+        while time.monotonic() < end:
+            time.sleep(rng.uniform(*args.gap))
+            if not job.running:
+                log("the job ended (a fault failed its query): restarting it")
+                job.start()
+            kind = rng.choice(kinds)
+            try:
+                struck = inject(kind, rng, nats, job, client)
+            except (NatsSparkError, NotFound) as error:  # e.g. the consumer is gone already
+                log(f"{kind}: not injected ({error})")
+                continue
+            if not struck:
+                log(f"{kind}: nothing to strike")
+                continue
+            ended = time.monotonic()
+            stored = retried(progress.last_stored)
+            while progress.acked_through < stored and time.monotonic() - ended < args.max_stall:
                 if not job.running:
                     log("the job ended: restarting it")
                     job.start()
-                left = unacked(client)
-                if left == 0 and len(set(job.committed())) >= publisher.published:
-                    break
-                time.sleep(2)
-        finally:
-            publisher.halt.set()
-            job.stop()
-            run_sync(client.target.close())
-        rows = job.committed()
-        published = set(range(publisher.published))
-        lost = len(published - set(rows))
-        duplicated = len(rows) - len(set(rows))
-        table = [
-            ("faults injected", sum(faults.values())),
-            *((f"  {kind}", faults[kind]) for kind in FAULTS),
-            ("job starts", job.starts),
-            ("messages published", publisher.published),
-            ("rows committed", len(rows)),
-            ("lost", lost),
-            ("duplicated", duplicated),
-            ("unacked", left),
-        ]
-        width = max(len(name) for name, _ in table)
-        print()
-        for name, value in table:
-            print(f"{name:<{width}}  {value:>8}")
-        return 1 if lost or duplicated or left else 0
+                time.sleep(0.25)
+            stall = time.monotonic() - ended
+            tally.stalled(kind, stall)
+            log(f"{kind}: caught up {stall:.1f}s after it ended (published {publisher.published})")
+        publisher.halt.set()
+        publisher.join(30)
+        log(f"publishing stopped at {publisher.published}; draining")
+        drain_end = time.monotonic() + args.drain
+        while time.monotonic() < drain_end:
+            if not job.running:
+                log("the job ended: restarting it")
+                job.start()
+            left = retried(lambda: run_sync(client.api.stream_info(WORK_QUEUE)))["state"][
+                "messages"
+            ]
+            if left == 0 and len(set(job.committed())) >= publisher.published:
+                break
+            time.sleep(2)
+    finally:
+        publisher.halt.set()
+        progress.halt.set()
+        job.stop()
+        run_sync(client.target.close())
+        nats.close()
+    rows = job.committed()
+    published = set(range(publisher.published))
+    lost = len(published - set(rows))
+    duplicated = len(rows) - len(set(rows))
+    longest = max(tally.stalls.items(), key=lambda item: item[1], default=("-", 0.0))
+    table = [
+        ("faults injected", sum(tally.faults.values())),
+        *(
+            (f"  {kind}", f"{tally.faults[kind]} (longest stall {tally.stalls.get(kind, 0):.1f}s)")
+            for kind in kinds
+        ),
+        ("job starts", job.starts),
+        ("messages published", publisher.published),
+        ("rows committed", len(rows)),
+        ("lost", lost),
+        ("duplicated", duplicated),
+        ("unacked", left),
+        ("longest stall", f"{longest[1]:.1f}s ({longest[0]})"),
+    ]
+    width = max(len(name) for name, _ in table)
+    print()
+    for name, value in table:
+        print(f"{name:<{width}}  {value}")
+    return 1 if lost or duplicated or left else 0
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--minutes", type=float, default=3.0, help="how long faults strike")
+    parser.add_argument("--cluster", action="store_true", help="three servers, replicas 3")
+    parser.add_argument(
+        "--faults",
+        nargs="+",
+        choices=("server kill -9", "leader kill -9", *COMMON_FAULTS),
+        help="only these kinds (default: all that fit the mode)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     parser.add_argument("--rate", type=int, default=200, help="messages published per second")
+    parser.add_argument(
+        "--gap", type=float, nargs=2, default=(4.0, 12.0), help="seconds between faults (range)"
+    )
+    parser.add_argument(
+        "--max-stall", type=float, default=120.0, help="seconds to wait for catch-up per fault"
+    )
     parser.add_argument("--drain", type=float, default=300.0, help="seconds allowed to catch up")
     parser.add_argument("--keep", help="work directory to keep (default: a temporary one)")
     args = parser.parse_args()

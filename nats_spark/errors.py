@@ -30,6 +30,11 @@ class ErrorCode(IntEnum):
     STREAM_NOT_FOUND = 10059
     FILTER_NOT_UNIQUE_ON_WORK_QUEUE = 10100  # another consumer of the work queue has the filter
     CONSUMER_EXISTS_WITH_OTHER_CONFIG = 10148
+    DUPLICATE_IN_PROCESS = 10158  # a publish with the same message id is being stored
+    ATOMIC_BATCH_INCOMPLETE = 10176
+    ATOMIC_BATCH_TOO_LARGE = 10199
+    ATOMIC_BATCH_HAS_DUPLICATE = 10201  # a message id of the batch is stored already
+    ATOMIC_TOO_MANY_INFLIGHT = 10210
 
 
 # What means "ask again shortly".

@@ -28,13 +28,14 @@ pytestmark = pytest.mark.spark
 SPARK_MASTER = "local[2,3]"  # a failed task is tried again (up to 3 attempts)
 
 
-def target(client: Any, name: str, window: float = 120.0) -> str:
+def target(client: Any, name: str, window: float = 120.0, atomic: bool = False) -> str:
     run_sync(
         client.api.create_stream(
             {
                 "name": name,
                 "subjects": [f"{name}.>"],
                 "duplicate_window": int(window * NANOS),
+                "allow_atomic": atomic,
             }
         )
     )
@@ -95,21 +96,17 @@ def test_batch_write_with_subjects_headers_and_ids(spark, client, nats_url, uniq
         assert f"n: {n}\r\n" in headers and "n: x\r\n" in headers and "Nats-Msg-Id: " in headers
 
 
-def test_task_failure_mid_write_stores_each_row_once(spark, client, settings, nats_url, unique):
-    """A task fails after it published part of its rows; Spark runs it again, which publishes
-    them all again with the same message ids: the stream keeps one copy of each."""
+def failing_write(spark: Any, stream: str, fail_at: int, **options: Any) -> None:
+    """Write 0..1999 (two tasks of 1000 rows, chunks of 50) to `stream.all`; the first attempt of
+    the task holding `fail_at` fails there, after the chunks before it were published."""
     from pyspark.sql.functions import col, udf
-
-    stream = target(client, f"F{unique}")
-    counter = CoreCounter(settings, f"{stream}.>")
 
     @udf("string")
     def subject_failing_once(n: int) -> str:
         from pyspark import TaskContext
 
-        # The sink checks each chunk of rows before sending it: on its first attempt the task
-        # fails at row 1700, after the chunks before it were published.
-        if n == 1700 and TaskContext.get().attemptNumber() == 0:
+        # The sink checks each chunk of rows before sending it.
+        if n == fail_at and TaskContext.get().attemptNumber() == 0:
             return "nowhere.x"
         return f"{stream}.all"
 
@@ -121,14 +118,63 @@ def test_task_failure_mid_write_stores_each_row_once(spark, client, settings, na
         df = spark.range(0, 2000, numPartitions=2).select(
             subject_failing_once(col("id")).alias("subject"), col("id").cast("string").alias("data")
         )
-        writer(df, nats_url, stream=stream).save()
-        wait_until(lambda: counter.count > 2000, 10, "the retried rows to be seen")
+        writer(df, options.pop("url"), stream=stream, **options).save()
     finally:
         for key, value in before.items():
             spark.conf.set(key, value)
+
+
+def test_task_failure_mid_write_stores_each_row_once(spark, client, settings, nats_url, unique):
+    """A task fails after it published part of its rows; Spark runs it again, which publishes
+    them all again with the same message ids: the stream keeps one copy of each."""
+    stream = target(client, f"F{unique}")
+    counter = CoreCounter(settings, f"{stream}.>")
+    try:
+        failing_write(spark, stream, 1700, url=nats_url)
+        wait_until(lambda: counter.count > 2000, 10, "the retried rows to be seen")
+    finally:
         counter.close()
     assert_exactly_once(values(client, stream), 2000)
     assert counter.count > 2000, "the retried task published nothing a second time"
+
+
+def test_atomic_batches_with_a_task_failure_mid_write(spark, client, settings, nats_url, unique):
+    """On a stream with allow_atomic every row lands in an atomic batch of atomicBatchSize
+    consecutive rows of one task (all stored at its commit, or none); a task that fails after
+    seven of its batches is run again: the server refuses those seven as holding stored ids, the
+    retry sends them row by row (all dropped as duplicates) and stores the rest in batches."""
+    stream = target(client, f"AB{unique}", atomic=True)
+    counter = CoreCounter(settings, f"{stream}.>")
+    try:
+        failing_write(spark, stream, 1750, url=nats_url, atomicBatchSize=100)
+        wait_until(lambda: counter.count >= 2700, 10, "the retried rows to be seen")
+    finally:
+        counter.close()
+    messages = stored(client, stream)
+    assert_exactly_once([int(m.data.decode()) for m in messages], 2000)
+    batches: dict[str, list[tuple[int, int]]] = {}
+    for message in messages:
+        batch = message.headers and dict(
+            line.split(": ", 1) for line in message.headers.decode().split("\r\n")[1:] if line
+        ).get("Nats-Batch-Id")
+        assert batch, f"row {message.data!r} was not published in an atomic batch"
+        batches.setdefault(batch, []).append((message.seq, int(message.data.decode())))
+    assert len(batches) == 20
+    for rows in batches.values():
+        seqs, values_ = zip(*rows, strict=True)
+        assert len(rows) == 100 and values_[0] % 100 == 0
+        assert list(seqs) == list(range(seqs[0], seqs[0] + 100)), "a batch was interleaved"
+        assert list(values_) == list(range(values_[0], values_[0] + 100))
+    # first attempt: 1700 rows; retry of the failed task: 1000 (700 of them row by row)
+    assert counter.count >= 2700
+
+
+def test_atomic_batch_size_needs_a_stream_that_allows_it(spark, client, nats_url, unique):
+    stream = target(client, f"NA{unique}")
+    df = spark.createDataFrame([("1",)], "data STRING")
+    with pytest.raises(Exception, match=f"stream '{stream}' does not allow atomic batches"):
+        writer(df, nats_url, subject=f"{stream}.x", stream=stream, atomicBatchSize=10).save()
+    assert values(client, stream) == []
 
 
 def test_streaming_group_to_stream_exactly_once_across_a_replay(
@@ -192,6 +238,8 @@ def test_streaming_group_to_stream_exactly_once_across_a_replay(
         ("data STRING", {"subject": "X.y", "stream": "NOPE"}, "stream 'NOPE' does not exist"),
         ("data STRING", {"subject": "X.y", "retryTimeout": "soon"}, "retryTimeout='soon'"),
         ("data STRING", {"subject": "X.y", "colour": "blue"}, "unknown option 'colour'"),
+        ("data STRING", {"subject": "X.y", "atomicBatchSize": "5000"}, "atomicBatchSize"),
+        ("data STRING", {"subject": "X.y", "atomicBatchSize": "9"}, "needs the stream option"),
     ],
 )
 def test_bad_input_fails_before_anything_is_published(spark, nats_url, frame, options, message):
@@ -249,12 +297,13 @@ def test_server_restart_mid_write(spark, unique):
 def test_driver_killed_twice_group_to_stream_exactly_once(client, nats_url, unique, tmp_path):
     """nats-pcg -> Spark -> nats in a job process, SIGKILLed (with its JVM) twice while batches
     are published, restarted from its checkpoint each time: the target stream holds every
-    message once and the group is acked."""
+    message once and the group is acked. The target allows atomic batches, which the sink then
+    uses without being told."""
     from test_job import launch, spark_env
 
     source_stream, sink_stream = f"KS{unique}", f"KT{unique}"
     static_group(client, source_stream, "g", ["m1", "m2"], partitions=4)
-    target(client, sink_stream)
+    target(client, sink_stream, atomic=True)
     publish(client, source_stream, 3000)
 
     def job(trigger: str) -> Any:
@@ -301,7 +350,9 @@ def test_driver_killed_twice_group_to_stream_exactly_once(client, nats_url, uniq
     final = job("availableNow")
     code, _, _ = final.wait(180)
     assert code == 0, final.tail()
-    assert_exactly_once(values(client, sink_stream), 3000)
+    messages = stored(client, sink_stream)
+    assert_exactly_once([int(m.data.decode()) for m in messages], 3000)
+    assert all(b"Nats-Batch-Id: " in (m.headers or b"") for m in messages)
     states = member_states(client, source_stream, "g").values()
     assert all(s == {"pending": 0, "ack_pending": 0} for s in states)
 

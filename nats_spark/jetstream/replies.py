@@ -91,6 +91,11 @@ class StreamInfo(dict[str, Any]):
         return bool(self.config.get("allow_direct"))
 
     @property
+    def allow_atomic(self) -> bool:
+        """Atomic batch publish (nats-server 2.12+)."""
+        return bool(self.config.get("allow_atomic"))
+
+    @property
     def duplicate_window(self) -> float:
         """Seconds (0: the server's default applies)."""
         return float(self.config.get("duplicate_window", 0)) / NANOS

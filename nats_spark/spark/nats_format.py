@@ -56,15 +56,14 @@ class NatsDataSource(DataSource):
         options = parse_sink_options(self.options)
         columns = sink_columns(schema, options)
 
-        async def check() -> None:
+        async def check() -> SinkOptions:
             client = await NatsClient.open(options.connection)
             try:
-                await check_target(client, options)
+                return await check_target(client, options)
             finally:
                 await client.close()
 
-        run_sync(check())
-        return options, columns
+        return run_sync(check()), columns
 
     @one_line_errors
     def writer(self, schema: Any, overwrite: bool) -> NatsWriter:

@@ -10,6 +10,7 @@ from typing import Any
 
 from nats_spark.connection import ConnectionSettings, credentials, parse_servers
 from nats_spark.errors import ConfigurationError
+from nats_spark.jetstream.publish import ATOMIC_BATCH_MAX
 from nats_spark.jetstream.subjects import valid_publish_subject
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -354,6 +355,8 @@ SINK_OPTIONS: dict[str, str] = {
     "stream": "the stream every subject must land in (checked before publishing)",
     "publishAsyncMaxPending": "publishes in flight per task (default 4096)",
     "publishTimeout": "how long to wait for a PubAck before sending again (default 5s)",
+    "atomicBatchSize": "rows per atomic batch when the stream option names a stream with "
+    "allow_atomic (default 1000; 0: row by row)",
 }
 
 
@@ -366,6 +369,8 @@ class SinkOptions:
     stream: str | None = None
     max_pending: int = 4096
     publish_timeout: float = 5.0
+    # Rows per atomic batch (0: row by row); None: not given, the stream decides (`check_target`).
+    atomic_batch: int | None = None
 
 
 def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
@@ -384,7 +389,19 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         max_pending=values.optional_int("publishAsyncMaxPending", 1, 1_000_000)
         or SinkOptions.max_pending,
         publish_timeout=values.duration("publishTimeout", SinkOptions.publish_timeout),
+        atomic_batch=_atomic_batch(
+            values.optional_int("atomicBatchSize", 0, ATOMIC_BATCH_MAX), stream
+        ),
     )
+
+
+def _atomic_batch(size: int | None, stream: str | None) -> int | None:
+    if size and stream is None:
+        raise ConfigurationError(
+            "option atomicBatchSize needs the stream option: atomic batches go to one stream, "
+            "which must have allow_atomic; set stream, or drop atomicBatchSize"
+        )
+    return size
 
 
 READ_OPTIONS: dict[str, str] = {

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -23,7 +23,8 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from nats_spark.client import NatsClient, shared_client
 from nats_spark.errors import ConfigurationError, NotFound
-from nats_spark.jetstream.publish import OutMessage, Publisher, PublishStats
+from nats_spark.jetstream.publish import ATOMIC_BATCH_MAX, OutMessage, Publisher, PublishStats
+from nats_spark.jetstream.replies import StreamInfo
 from nats_spark.jetstream.subjects import SubjectCapture, valid_publish_subject
 from nats_spark.loop import run_sync
 from nats_spark.spark.options import SinkOptions
@@ -64,9 +65,11 @@ def sink_columns(schema: Any, options: SinkOptions) -> SinkColumns:
     return SinkColumns("subject" in types, kinds.get(types.get("headers", "")))
 
 
-async def check_target(client: NatsClient, options: SinkOptions) -> None:
+async def check_target(client: NatsClient, options: SinkOptions) -> SinkOptions:
     """Before anything is published: the stream exists, the subject option lands in it, and its
-    duplicate window (what bounds exactly once) is said."""
+    duplicate window (what bounds exactly once) is said. Returns the options with the atomic
+    batch size settled: atomic batches where the stream allows them, unless told otherwise."""
+    atomic = 0
     if options.stream is not None:
         try:
             info = await client.api.stream_info(options.stream)
@@ -74,6 +77,7 @@ async def check_target(client: NatsClient, options: SinkOptions) -> None:
             raise ConfigurationError(
                 f"stream {options.stream!r} does not exist; create it or fix the stream option"
             ) from None
+        atomic = _atomic_batch(options, info)
         window = info.duplicate_window
         level = logging.WARNING if window < _WINDOW_WARNING else logging.INFO
         log.log(
@@ -87,6 +91,27 @@ async def check_target(client: NatsClient, options: SinkOptions) -> None:
     if options.subject is not None:
         capture = SubjectCapture(await _target_streams(client, options))
         _check_subject(capture, options, options.subject)
+    return replace(options, atomic_batch=atomic)
+
+
+def _atomic_batch(options: SinkOptions, info: StreamInfo) -> int:
+    if info.allow_atomic:
+        size = ATOMIC_BATCH_MAX if options.atomic_batch is None else options.atomic_batch
+        log.info("stream %s allows atomic batches: %d rows per batch", options.stream, size)
+        return size
+    if options.atomic_batch:
+        raise ConfigurationError(
+            f"stream {options.stream!r} does not allow atomic batches (allow_atomic, nats-server "
+            "2.12+); enable it on the stream, or drop atomicBatchSize"
+        )
+    if options.atomic_batch is None:
+        log.info(
+            "stream %s does not allow atomic batches: rows are published one by one, and a "
+            "failed task's rows are visible before its retry completes them (allow_atomic "
+            "on the stream hides them)",
+            options.stream,
+        )
+    return 0
 
 
 async def _target_streams(client: NatsClient, options: SinkOptions) -> list[dict[str, Any]]:
@@ -113,6 +138,7 @@ class SinkCommit(WriterCommitMessage):
     published: int
     duplicates: int
     resent: int
+    batches: int
 
 
 def _header_pairs(value: Any) -> list[tuple[str, str]]:
@@ -141,6 +167,7 @@ class PartitionPublisher:
             options.max_pending,
             options.publish_timeout,
             options.connection.retry_timeout,
+            options.atomic_batch or 0,
         )
         self.rows = 0
         self.checked: set[str] = set()  # subjects found publishable and captured
@@ -181,7 +208,7 @@ class PartitionPublisher:
             stats = run_sync(self.publisher.finish())
         finally:
             run_sync(self.publisher.stop())
-        return SinkCommit(self.rows, stats.published, stats.duplicates, stats.resent)
+        return SinkCommit(self.rows, stats.published, stats.duplicates, stats.resent, stats.batches)
 
 
 def arrow_chunks(
@@ -225,12 +252,14 @@ def log_commit(what: str, messages: Sequence[Any]) -> None:
             totals.published += message.published
             totals.duplicates += message.duplicates
             totals.resent += message.resent
+            totals.batches += message.batches
     log.info(
-        "%s: %d rows, %d stored, %d already stored by an earlier attempt (dropped by message "
-        "id), %d sent again after a missing PubAck",
+        "%s: %d rows, %d stored (%d atomic batches), %d already stored by an earlier attempt "
+        "(dropped by message id), %d sent again after a missing PubAck",
         what,
         rows,
         totals.published,
+        totals.batches,
         totals.duplicates,
         totals.resent,
     )
