@@ -4,8 +4,11 @@ In one run on one embedded server:
 - nats-py: an asyncio loop publishing `--messages` rows of `--size` bytes to a stream, up to
   `--in-flight` publishes awaiting their PubAck at a time (bench/common.publish);
 - the same loop with a `Nats-Msg-Id` header on every message (the server's dedupe cost);
-- the sink: `df.write.format("nats")` of as many rows in `--tasks` Spark partitions (local[2]).
-Prints a JSON line per run, then a summary with the ratio sink / nats-py.
+- the sink: `df.write.format("nats")` of as many rows in `--tasks` Spark partitions (local[2]),
+  row by row (every row with its message id, one PubAck each);
+- the sink into a stream with `allow_atomic`: atomic batches of 1000 rows, one PubAck each.
+Prints a JSON line per run, then a summary with the ratios to nats-py and the server's cost of
+message ids.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ def _args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _stream(client: NatsClient, name: str) -> str:
-    run_sync(client.api.create_stream({"name": name, "subjects": [f"{name}.>"]}))
+def _stream(client: NatsClient, name: str, atomic: bool = False) -> str:
+    config = {"name": name, "subjects": [f"{name}.>"], "allow_atomic": atomic}
+    run_sync(client.api.create_stream(config))
     return name
 
 
@@ -58,7 +62,12 @@ def _timed(what: str, count: int, run: Any) -> dict[str, Any]:
 
 def main() -> None:
     args = _args()
-    results: dict[str, list[dict[str, Any]]] = {"nats_py": [], "nats_py_ids": [], "sink": []}
+    results: dict[str, list[dict[str, Any]]] = {
+        "nats_py": [],
+        "nats_py_ids": [],
+        "sink": [],
+        "sink_atomic": [],
+    }
     with EmbeddedServer() as server:
         client = run_sync(NatsClient.open(ConnectionSettings(servers=(server.url,))))
         spark = spark_session()
@@ -86,18 +95,25 @@ def main() -> None:
                         publish(client, s, args.messages, args.size, keys=64, ids=True)
                     ),
                 )
+
+                def write(s: str, **options: str) -> None:
+                    writer = rows.write.format("nats").mode("append")
+                    for key, value in {"servers": server.url, "subject": f"{s}.all"}.items():
+                        writer = writer.option(key, value)
+                    writer.options(**options).save()
+
                 stream = _stream(client, f"S{i}")
-
-                def write(s: str = stream) -> None:
-                    rows.write.format("nats").mode("append").option("servers", server.url).option(
-                        "subject", f"{s}.all"
-                    ).save()
-
-                sink = _timed("sink", args.messages, write)
+                sink = _timed("sink", args.messages, lambda s=stream: write(s))
+                stream = _stream(client, f"A{i}", atomic=True)
+                atomic = _timed("sink_atomic", args.messages, lambda s=stream: write(s, stream=s))
                 if i:
-                    results["nats_py"].append(base)
-                    results["nats_py_ids"].append(ids)
-                    results["sink"].append(sink)
+                    for name, figures in (
+                        ("nats_py", base),
+                        ("nats_py_ids", ids),
+                        ("sink", sink),
+                        ("sink_atomic", atomic),
+                    ):
+                        results[name].append(figures)
         finally:
             spark.stop()
             run_sync(client.close())
@@ -113,9 +129,10 @@ def main() -> None:
         }
         for name, runs in results.items()
     }
-    summary["sink_vs_nats_py"] = round(
-        summary["sink"]["msgs_per_s"] / summary["nats_py"]["msgs_per_s"], 2
-    )
+    for name in ("sink", "sink_atomic"):
+        summary[f"{name}_vs_nats_py"] = round(
+            summary[name]["msgs_per_s"] / summary["nats_py"]["msgs_per_s"], 2
+        )
     summary["message_id_server_cost_us"] = round(
         summary["nats_py_ids"]["server_cpu_us_per_msg"]
         - summary["nats_py"]["server_cpu_us_per_msg"],

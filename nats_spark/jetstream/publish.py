@@ -227,7 +227,7 @@ class Publisher:
 
     def _on_ack(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """A PubAck (raw, from the connection's parser): `{"stream":…,"seq":…}`, with
-        `"duplicate":true` when the id was stored before (`"batch"`, `"count"` for an atomic
+        `"duplicate": true` when the id was stored before (`"batch"`, `"count"` for an atomic
         batch), or an error."""
         index = int(subject[subject.rindex(b".") + 1 :])
         unit = self._pending.pop(index, None)
@@ -264,7 +264,7 @@ class Publisher:
         elif unit.atomic:
             self.stats.batches += 1
             self.stats.published += len(unit.messages)
-        elif b'"duplicate":true' in data:
+        elif b'"duplicate"' in data:  # the server writes `"duplicate": true`, only when true
             self.stats.duplicates += 1
         else:
             self.stats.published += 1
