@@ -10,14 +10,17 @@ summary; exit code 1 if any run lost, duplicated or left a message unacked.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from nats.errors import Error as NatsError
 from run import (
     STREAM,
     WORK_QUEUE,
@@ -35,13 +38,21 @@ from nats_spark.loop import Blocking, run_sync
 
 
 def publish(client: Blocking[NatsClient], first: int, count: int) -> None:
+    """Messages `first`… each with its number as message id, so that one sent again while the
+    stream elects a leader is stored once."""
+
     async def send() -> None:
         for n in range(first, first + count):
-            await client.target.js.publish(
-                f"{STREAM}.k{n % 37}", str(n).encode(), headers={"Nats-Msg-Id": str(n)}
-            )
+            for _ in range(120):
+                try:
+                    await client.target.js.publish(
+                        f"{STREAM}.k{n % 37}", str(n).encode(), headers={"Nats-Msg-Id": str(n)}
+                    )
+                    break
+                except (NatsError, TimeoutError):  # no leader yet
+                    await asyncio.sleep(0.5)
 
-    run_sync(send(), timeout=120)
+    run_sync(send(), timeout=180)
 
 
 def work_queue_state(client: Blocking[NatsClient]) -> dict[str, int]:
@@ -70,7 +81,7 @@ def one_run(number: int, args: argparse.Namespace, folder: Path) -> RunResult:
     client = open_blocking(
         ConnectionSettings(servers=tuple(nats.direct_urls.split(",")), name="cluster-restart")
     )
-    job = Job(nats.proxied_urls, folder)
+    job = Job(nats.proxied_urls, folder, per_trigger=args.per_trigger)
     began = time.monotonic()
     try:
         retried(lambda: run_sync(client.api.account_info()))
@@ -121,10 +132,15 @@ def one_run(number: int, args: argparse.Namespace, folder: Path) -> RunResult:
 
 
 def main() -> int:
+    # SIGTERM ends the run through its cleanup (job, servers), like Ctrl-C
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--messages", type=int, default=1500, help="backlog before the kill")
     parser.add_argument("--tail", type=int, default=500, help="published after the restart")
+    parser.add_argument(
+        "--per-trigger", type=int, default=100, help="maxMessagesPerTrigger: batches mid-stream"
+    )
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds per run to finish")
     parser.add_argument("--keep", help="keep every run's job log, output and checkpoint here")
     args = parser.parse_args()

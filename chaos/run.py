@@ -106,8 +106,9 @@ class Publisher(threading.Thread):
 class Job:
     """`python -m nats_spark.job` in its own process group (so kill -9 takes its JVM along)."""
 
-    def __init__(self, urls: str, folder: Path) -> None:
+    def __init__(self, urls: str, folder: Path, per_trigger: int = 3000) -> None:
         self.urls = urls
+        self.per_trigger = per_trigger
         self.folder = folder
         self.output = folder / "out"
         self.process: subprocess.Popen[bytes] | None = None
@@ -120,7 +121,7 @@ class Job:
             *("--checkpoint", str(self.folder / "cp"), "--trigger", "500ms"),
             # up to 4 attempts per task, as on a cluster (plain local mode fails the job at once)
             *("--master", "local[2,4]", "--option", "ackWait=5s"),
-            *("--option", "maxMessagesPerTrigger=3000"),
+            *("--option", f"maxMessagesPerTrigger={self.per_trigger}"),
         ]
         env = {
             **os.environ,
@@ -452,6 +453,8 @@ def soak(args: argparse.Namespace, folder: Path) -> int:
 
 
 def main() -> int:
+    # SIGTERM ends the run through its cleanup (job, servers), like Ctrl-C
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--minutes", type=float, default=3.0, help="how long faults strike")
     parser.add_argument("--cluster", action="store_true", help="three servers, replicas 3")
