@@ -50,7 +50,7 @@ from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_group_consumer, memb
 from nats_spark.pcg.partitioning import elastic_stream_name
 from nats_spark.pcg.store import load_group
 from nats_spark.server import EmbeddedServer
-from nats_spark.spark import offset_reader
+from nats_spark.spark import driver_ledger
 from nats_spark.spark.ledger import EntryState, Ledger, LedgerConflict, pointer_key, read_pointer
 from nats_spark.spark.offset_reader import OffsetReader
 from nats_spark.spark.offsets import SourceOffset
@@ -157,7 +157,7 @@ def test_acks_lost_in_a_server_crash_are_not_emitted_again(server, own, unique, 
     floor passed it: kill -9 the server right when the floor passes, and the messages the crash
     un-acks come back; they must be acked and dropped, not emitted a second time. Later, the entry
     is forgotten (the ledger does not grow for good)."""
-    monkeypatch.setattr(offset_reader, "SETTLE_SECONDS", 4.0)
+    monkeypatch.setattr(driver_ledger, "SETTLE_SECONDS", 4.0)
     stream = f"SC{unique}"
     static_group(own, stream, "g", ["m1"], partitions=1)  # one consumer: rows in stream order
     options = {"servers": server.url, "stream": stream, "group": "g", "ackWait": "1s"}
@@ -176,12 +176,12 @@ def test_acks_lost_in_a_server_crash_are_not_emitted_again(server, own, unique, 
 
     def floor_passed() -> bool:
         plan_nothing()
-        entries = reader.entries.values()
+        entries = reader.ledger.entries.values()
         return not entries or any(e.settled_since is not None for e in entries)
 
     def forgotten() -> bool:
         plan_nothing()
-        return not reader.entries
+        return not reader.ledger.entries
 
     try:
         first = run_sync(reader.initial_offset())

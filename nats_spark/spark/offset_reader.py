@@ -1,32 +1,21 @@
-"""Driver side: offsets, planning of input partitions, and acks of committed batches.
+"""Driver side: offsets and the planning of input partitions; the ledger's entries and the acks
+of committed batches are the `DriverLedger`'s.
 
 Lives in Spark's long-running Python process for the query's driver; all state here is a cache
-of what the ledger and the checkpointed offsets hold, so a restarted driver rebuilds it.
+of what the consumers, the ledger and the checkpointed offsets hold, so a restarted driver
+rebuilds it.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from array import array
-from dataclasses import dataclass
 from typing import Any
 
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound
-from nats_spark.jetstream.acks import parse_reply, publish_acks
 from nats_spark.jetstream.replies import StreamInfo
-from nats_spark.spark.ledger import (
-    EntryHead,
-    EntryState,
-    Ledger,
-    LedgerBucket,
-    Pointer,
-    name_of,
-    pointer_key,
-    read_pointer,
-    write_pointer,
-)
+from nats_spark.spark.driver_ledger import DriverLedger, Horizon
+from nats_spark.spark.ledger import Ledger, pointer_key
 from nats_spark.spark.offsets import MemberPlan, SourceOffset
 from nats_spark.spark.options import SourceOptions
 from nats_spark.spark.pacing import TriggerPacing
@@ -43,19 +32,6 @@ from nats_spark.spark.targets import Held, Slot, target_for
 
 log = logging.getLogger(__name__)
 
-SETTLE_SECONDS = 10.0
-
-
-@dataclass
-class Entry:
-    """The driver's view of one ledger entry."""
-
-    gen: int
-    slot: str
-    head: EntryHead | None = None
-    seqs: array | None = None  # stream sequences, loaded when needed for dedupe
-    settled_since: float | None = None  # when acks were first seen past all its messages
-
 
 class OffsetReader:
     """Plans batches and acks them once Spark has committed them."""
@@ -64,21 +40,17 @@ class OffsetReader:
         self.options = options
         self.target = target_for(options)
         self.client: NatsClient | None = None
-        self.kv: LedgerBucket | None = None
-        self.ledger: Ledger | None = None
-        self.head_gen = 0  # newest gen handed out in this lineage
+        self.ledger = DriverLedger(
+            options.stream, pointer_key(options.stream, options.group or options.consumer or "")
+        )
         self.current: SourceOffset | None = None  # the last offset returned to Spark
-        self.entries: dict[tuple[int, str], Entry] = {}
         self.slots: dict[str, Slot] = {}  # every slot seen, also ones since dropped
         self.readable: set[str] | None = None  # the slots the last resolve gave to read
-        self.last_query_pins: frozenset[str] = frozenset()
-        self.warned: set[str] = set()  # slots whose consumer's small capacity was logged
-        self.pins: dict[str, str] = {}
         self.states: dict[str, SlotState] = {}
+        self.warned: set[str] = set()  # slots whose consumer's small capacity was logged
         self.available_now_seq: dict[str, int] | None = None
         self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
         self.planned: dict[str, int] = {}  # by slot: what the batch planned last may take
-        self._pointer = pointer_key(options.stream, options.group or options.consumer or "")
 
     async def _connect(self) -> NatsClient:
         if self.client is not None and not self.client.usable:
@@ -95,26 +67,24 @@ class OffsetReader:
                     f"stream {self.options.stream!r} does not exist on "
                     f"{self.options.connection.described()}; create it or fix the stream option"
                 ) from None
-            replicas = stream.replicas
-            self.kv = await Ledger.bucket(
-                client, self.options.ledger_bucket, create=True, replicas=replicas
+            kv = await Ledger.bucket(
+                client, self.options.ledger_bucket, create=True, replicas=stream.replicas
             )
+            self.ledger.attach(kv)
             self.client = client
-            if self.ledger is not None:
-                self.ledger = Ledger(self.kv, self.ledger.lineage)
         return self.client
 
     async def _resolve(self) -> list[Slot]:
         """What to read now (the target settles its consumers); needs the ledger's heads
         loaded, which tell this query's own unacked messages from another client's."""
         client = await self._connect()
-        if self.ledger is not None:
-            await self._load_heads([e for e in self.entries.values() if e.head is None])
+        if self.ledger.lineage is not None:
+            await self.ledger.load_missing_heads()
         unacked: dict[str, int] = {}
-        for entry in self.entries.values():
-            if entry.head is not None and entry.head.state is not EntryState.ACKED:
-                unacked[entry.slot] = unacked.get(entry.slot, 0) + entry.head.count
-        pins = self.last_query_pins | frozenset(self.pins.values())
+        for entry in self.ledger.unacked():
+            assert entry.head is not None
+            unacked[entry.slot] = unacked.get(entry.slot, 0) + entry.head.count
+        pins = self.ledger.last_query_pins | frozenset(self.ledger.pins.values())
         resolved = await self.target.resolve(client, Held(pins, unacked))
         self.readable = {slot.name for slot in resolved}
         for slot in resolved:
@@ -124,70 +94,21 @@ class OffsetReader:
     async def _adopt(self, offset: SourceOffset | None) -> None:
         """Take the lineage of `offset` (or of the stored pointer) and load its ledger entries."""
         await self._connect()
-        assert self.kv is not None
-        if offset is not None and self.ledger is not None and self.ledger.lineage == offset.lineage:
-            self.head_gen = max(self.head_gen, offset.gen)
-            return
-        pointer = await read_pointer(self.kv, self._pointer)
-        if pointer is not None:  # pins of this target's last query: ours, not another client's
-            self.last_query_pins = frozenset(pointer.pins.values())
-        if offset is None:
-            if self.ledger is not None:
-                return
-            offset = (
-                SourceOffset(pointer.lineage, pointer.gen) if pointer else SourceOffset.initial()
-            )
-        self.ledger = Ledger(self.kv, offset.lineage)
-        self.head_gen = offset.gen
-        if pointer and pointer.lineage == offset.lineage:
-            self.head_gen = max(self.head_gen, pointer.gen)
-            self.pins = dict(pointer.pins)
-        self.entries = {
-            (gen, name_of(token)): Entry(gen, name_of(token))
-            for gen, token in await self.ledger.heads()
-        }
-        await self._load_heads(list(self.entries.values()))
-        if self.readable is None:
+        if await self.ledger.adopt(offset) and self.readable is None:
             await self._resolve()
-
-    async def _load_heads(self, entries: list[Entry]) -> None:
-        assert self.ledger is not None
-        for entry in entries:
-            found = await self.ledger.read_head(entry.gen, entry.slot)
-            if found is None:
-                self.entries.pop((entry.gen, entry.slot), None)
-                continue
-            entry.head = found[0]
-            if entry.head.pin:
-                newest = max((g for g, s in self.entries if s == entry.slot), default=entry.gen)
-                if entry.gen == newest:
-                    self.pins[entry.slot] = entry.head.pin
-
-    async def _new_offset(self, members: dict[str, MemberPlan]) -> SourceOffset:
-        assert self.ledger is not None and self.kv is not None
-        self.head_gen += 1
-        offset = SourceOffset(self.ledger.lineage, self.head_gen, members)
-        await self._save_pointer()
-        return offset
-
-    async def _save_pointer(self) -> None:
-        assert self.ledger is not None and self.kv is not None
-        pointer = Pointer(self.ledger.lineage, self.head_gen, dict(sorted(self.pins.items())))
-        await write_pointer(self.kv, self._pointer, pointer)
 
     async def initial_offset(self) -> SourceOffset:
         """A new lineage, when the checkpoint has no offsets yet. Spark may ask more than once
         before the first batch: the same lineage answers until a batch is planned in it."""
         await self._connect()
         started = self.current
-        if started is not None and started.gen == 0 and self.head_gen == 0:
+        if started is not None and started.gen == 0 and self.ledger.head_gen == 0:
             return started
         offset = SourceOffset.initial()
         log.info("%s: new query lineage %s", self.options.target, offset.lineage)
-        self.ledger = None
+        self.ledger.forget_lineage()
         await self._adopt(offset)
-        self.pins = {}
-        await self._save_pointer()
+        await self.ledger.clear_pins()
         self.current = offset
         return offset
 
@@ -202,7 +123,7 @@ class OffsetReader:
 
     async def latest_offset(self, start: SourceOffset | None, max_rows: int | None) -> SourceOffset:
         await self._adopt(start)
-        pins_before = dict(self.pins)
+        pins_before = dict(self.ledger.pins)
         if start is not None:
             await self.ack_through(start.gen)  # Spark 4.2+: `start` is committed
         client = await self._connect()
@@ -218,27 +139,23 @@ class OffsetReader:
             plan = self._plan_slot(slot, state, was)
             if plan is not None:
                 plans[slot.name] = plan
-        await self._settle(first_seqs)
+        await self.ledger.settle(self._horizons(first_seqs))
         available = sum(p.limit for p in plans.values())
         if self.available_now_seq is None and self.pacing.holds_back(available):
             plans = {}
         budgets = [v for v in (max_rows, self.options.max_messages_per_trigger) if v]
         plans = apply_limit(plans, min(budgets, default=None))
-        unacked = any(
-            e.head is not None and e.head.state is EntryState.SEALED for e in self.entries.values()
-        )
         base = start or self.current
         self.planned = {name: plan.limit for name, plan in plans.items()}
-        if plans or unacked or base is None:
+        if plans or self.ledger.has_sealed() or base is None:
             if plans:
                 self.pacing.batch_planned()
-            for name in plans:
-                self.entries.setdefault((self.head_gen + 1, name), Entry(self.head_gen + 1, name))
-            self.current = await self._new_offset(plans)
+            self.ledger.expect(self.ledger.head_gen + 1, plans)
+            self.current = await self.ledger.new_offset(plans)
         else:
             self.current = base
-            if self.pins != pins_before:
-                await self._save_pointer()
+            if self.ledger.pins != pins_before:
+                await self.ledger.save_pointer()
         return self.current
 
     async def _stream_info(self, client: NatsClient, stream: str) -> StreamInfo:
@@ -278,10 +195,8 @@ class OffsetReader:
         """Messages of this slot's consumer that our ledger holds and that are not acked yet."""
         return sum(
             e.head.count
-            for e in self.entries.values()
-            if e.head is not None
-            and e.head.state is not EntryState.ACKED
-            and self.slots.get(e.slot, slot).consumer == slot.consumer
+            for e in self.ledger.unacked()
+            if e.head is not None and self.slots.get(e.slot, slot).consumer == slot.consumer
         )
 
     def _plan_slot(self, slot: Slot, state: SlotState, was: str | None) -> MemberPlan | None:
@@ -292,7 +207,7 @@ class OffsetReader:
             slot,
             state,
             self._ours_unacked(slot),
-            self.pins.get(slot.name),
+            self.ledger.pins.get(slot.name),
             None if self.available_now_seq is None else self.available_now_seq.get(slot.name, 0),
         )
         if state.status == "standby" and was != "standby":
@@ -309,48 +224,19 @@ class OffsetReader:
             log.warning("%s", state.warning)
         return plan
 
-    async def _settle(self, first_seqs: dict[str, int]) -> None:
-        """Forget acked entries that no redelivery can touch any more."""
-        assert self.ledger is not None
-        for key, entry in list(self.entries.items()):
-            head = entry.head
-            if head is None or head.state is not EntryState.ACKED:
-                continue
-            slot = self.slots.get(entry.slot)
-            state = self.states.get(entry.slot)
-            floor = state.ack_floor if state and slot and slot.durable else 0
-            first = first_seqs.get(slot.stream, 0) if slot else 0
-            if head.count and head.max_seq > floor and head.max_seq >= first:
-                entry.settled_since = None
-                continue
-            # A consumer's ack floor is in the server's memory before it is on disk: a server
-            # crash right after the acks can take it back and redeliver. Forget the entry (and
-            # with it the dedupe of those messages) only once the floor has held for a while.
-            now = time.monotonic()
-            since = entry.settled_since = entry.settled_since or now
-            if head.count == 0 or now - since >= SETTLE_SECONDS:
-                log.debug("forgetting settled ledger entry %s", self.ledger.head_key(*key))
-                await self.ledger.delete_entry(entry.gen, entry.slot, head)
-                del self.entries[key]
-
-    async def _seqs(self, entry: Entry) -> array:
-        if entry.seqs is None:
-            assert self.ledger is not None and entry.head is not None
-            replies = await self.ledger.read_replies(entry.head)
-            entry.seqs = array("Q", sorted(parse_reply(r).stream_seq for r in replies))
-        return entry.seqs
+    def _horizons(self, first_seqs: dict[str, int]) -> dict[str, Horizon]:
+        """By slot: its consumer's ack floor (durable consumers only) and its stream's start."""
+        horizons = {}
+        for name, slot in self.slots.items():
+            state = self.states.get(name)
+            floor = state.ack_floor if state and slot.durable else 0
+            horizons[name] = Horizon(floor, first_seqs.get(slot.stream, 0))
+        return horizons
 
     async def partitions(self, start: SourceOffset, end: SourceOffset) -> list[SlotPartition]:
         await self._adopt(end)
-        await self._load_heads([e for e in self.entries.values() if e.head is None])
-        seqs: set[int] = set()
-        for entry in self.entries.values():
-            if entry.gen < end.gen and entry.head and entry.head.state is not EntryState.OPEN:
-                seqs.update(await self._seqs(entry))
-        dedupe = array("Q", sorted(seqs)).tobytes()
-        log.debug(
-            "batch %d: %d messages of earlier batches to drop if redelivered", end.gen, len(seqs)
-        )
+        await self.ledger.load_missing_heads()
+        dedupe = await self.ledger.dedupe_before(end.gen)
         options = self.options
         partitions = []
         for name, plan in sorted(end.members.items()):
@@ -359,12 +245,12 @@ class OffsetReader:
             if self.readable is not None and name not in self.readable:
                 # Planned in a layout the query has since moved from (before a restart): only
                 # what its ledger entry recorded may come back; without one nothing was emitted.
-                recorded = self.entries.get((end.gen, name))
-                if recorded is None or recorded.head is None:
+                recorded = self.ledger.recorded(end.gen, name)
+                if recorded is None:
                     log.info("batch %d: slot %s is no longer read and took nothing", end.gen, name)
                     continue
-                limit = recorded.head.count
-            self.entries.setdefault((end.gen, name), Entry(end.gen, name))
+                limit = recorded.count
+            self.ledger.expect(end.gen, [name])
             partitions.append(
                 SlotPartition(
                     connection=options.connection,
@@ -378,7 +264,7 @@ class OffsetReader:
                     member=slot.member,
                     partitioned=slot.partitioned,
                     limit=limit,
-                    pin_id=self.pins.get(name),
+                    pin_id=self.ledger.pins.get(name),
                     dedupe=dedupe,
                     fetch_batch_size=options.fetch_batch_size,
                     fetch_timeout=options.fetch_timeout,
@@ -404,45 +290,8 @@ class OffsetReader:
     async def ack_through(self, gen: int) -> int:
         """Ack every sealed entry of batches up to `gen` (all committed by Spark); returns count."""
         await self._adopt(None)
-        assert self.ledger is not None and self.client is not None
-        due = sorted(
-            (e for e in self.entries.values() if e.gen <= gen),
-            key=lambda e: (e.gen, e.slot),
-        )
-        await self._load_heads(
-            [e for e in due if e.head is None or e.head.state is EntryState.OPEN]
-        )
-        acked: list[Entry] = []
-        replies: list[bytes] = []
-        for entry in due:
-            head = entry.head
-            if (entry.gen, entry.slot) not in self.entries or head is None:
-                continue
-            if head.state is EntryState.OPEN:
-                log.warning(
-                    "ledger entry %s of a committed batch is not sealed; not acked",
-                    self.ledger.head_key(entry.gen, entry.slot),
-                )
-                continue
-            if head.state is EntryState.SEALED:
-                replies += await self.ledger.read_replies(head)
-                acked.append(entry)
-        refused_before = len(self.client.denied)
-        count = await publish_acks(self.client.nc, replies)
-        refused = [e for e in self.client.denied[refused_before:] if "$js.ack" in e.lower()]
-        if refused:
-            # Marking the entries acked would hide messages that stay pending for good.
-            raise ConfigurationError(
-                f"the server refused the acks of committed batches ({refused[0]}); allow the "
-                f"user to publish to $JS.ACK.{self.options.stream}.> (see the README's permissions)"
-            )
-        for entry in acked:
-            assert entry.head is not None
-            entry.head.state = EntryState.ACKED
-            await self.ledger.put_head(entry.gen, entry.slot, entry.head)
-        if count:
-            log.info("acked %d messages of batches up to gen %d", count, gen)
-        return count
+        assert self.client is not None
+        return await self.ledger.ack_through(self.client, gen)
 
     async def commit(self, end: SourceOffset) -> None:
         await self._adopt(end)

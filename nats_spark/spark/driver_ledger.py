@@ -1,0 +1,243 @@
+"""Driver side of the ack ledger: the entries of the query's lineage, its pointer (newest gen,
+pins) and the acks of committed batches.
+
+All of it is a cache of what the ledger bucket holds, so a restarted driver rebuilds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from array import array
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from nats_spark.client import NatsClient
+from nats_spark.errors import ConfigurationError
+from nats_spark.jetstream.acks import parse_reply, publish_acks
+from nats_spark.spark.ledger import (
+    EntryHead,
+    EntryState,
+    Ledger,
+    LedgerBucket,
+    Pointer,
+    name_of,
+    read_pointer,
+    write_pointer,
+)
+from nats_spark.spark.offsets import MemberPlan, SourceOffset
+
+log = logging.getLogger(__name__)
+
+SETTLE_SECONDS = 10.0
+
+
+@dataclass
+class Entry:
+    """The driver's view of one ledger entry."""
+
+    gen: int
+    slot: str
+    head: EntryHead | None = None
+    seqs: array | None = None  # stream sequences, loaded when needed for dedupe
+    settled_since: float | None = None  # when acks were first seen past all its messages
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """How far a slot's consumer and stream have moved: entries below both are settled."""
+
+    ack_floor: int  # 0 where the consumer's floor says nothing (not durable, unknown)
+    first_seq: int  # the stream's first sequence
+
+
+class DriverLedger:
+    """The ledger entries of one query lineage, as the driver plans, replays and acks them."""
+
+    def __init__(self, stream: str, pointer_key: str) -> None:
+        self.stream = stream
+        self.pointer_key = pointer_key
+        self.kv: LedgerBucket | None = None
+        self.ledger: Ledger | None = None  # None until a lineage is adopted
+        self.head_gen = 0  # newest gen handed out in this lineage
+        self.entries: dict[tuple[int, str], Entry] = {}
+        self.pins: dict[str, str] = {}  # by slot: the pin its newest entry (or pointer) holds
+        self.last_query_pins: frozenset[str] = frozenset()  # pins of this target's last query
+
+    def attach(self, kv: LedgerBucket) -> None:
+        """Use `kv` (a new connection's handle on the bucket)."""
+        self.kv = kv
+        if self.ledger is not None:
+            self.ledger = Ledger(kv, self.ledger.lineage)
+
+    @property
+    def lineage(self) -> str | None:
+        return None if self.ledger is None else self.ledger.lineage
+
+    async def adopt(self, offset: SourceOffset | None) -> bool:
+        """Take the lineage of `offset` (or of the stored pointer) and load its entries; False
+        when it was adopted already."""
+        assert self.kv is not None
+        if offset is not None and self.lineage == offset.lineage:
+            self.head_gen = max(self.head_gen, offset.gen)
+            return False
+        pointer = await read_pointer(self.kv, self.pointer_key)
+        if pointer is not None:  # pins of this target's last query: ours, not another client's
+            self.last_query_pins = frozenset(pointer.pins.values())
+        if offset is None:
+            if self.ledger is not None:
+                return False
+            offset = (
+                SourceOffset(pointer.lineage, pointer.gen) if pointer else SourceOffset.initial()
+            )
+        self.ledger = Ledger(self.kv, offset.lineage)
+        self.head_gen = offset.gen
+        if pointer and pointer.lineage == offset.lineage:
+            self.head_gen = max(self.head_gen, pointer.gen)
+            self.pins = dict(pointer.pins)
+        self.entries = {
+            (gen, name_of(token)): Entry(gen, name_of(token))
+            for gen, token in await self.ledger.heads()
+        }
+        await self.load_heads(self.entries.values())
+        return True
+
+    def forget_lineage(self) -> None:
+        """Before a new lineage is adopted: the current one is done with."""
+        self.ledger = None
+
+    async def clear_pins(self) -> None:
+        """A new lineage holds no pins yet: point the target at it without any."""
+        self.pins = {}
+        await self.save_pointer()
+
+    async def load_heads(self, entries: Iterable[Entry]) -> None:
+        assert self.ledger is not None
+        for entry in list(entries):
+            found = await self.ledger.read_head(entry.gen, entry.slot)
+            if found is None:
+                self.entries.pop((entry.gen, entry.slot), None)
+                continue
+            entry.head = found[0]
+            if entry.head.pin:
+                newest = max((g for g, s in self.entries if s == entry.slot), default=entry.gen)
+                if entry.gen == newest:
+                    self.pins[entry.slot] = entry.head.pin
+
+    async def load_missing_heads(self) -> None:
+        await self.load_heads(e for e in self.entries.values() if e.head is None)
+
+    def unacked(self) -> Iterator[Entry]:
+        """Entries whose messages are taken and not acked yet (heads loaded)."""
+        for entry in self.entries.values():
+            if entry.head is not None and entry.head.state is not EntryState.ACKED:
+                yield entry
+
+    def has_sealed(self) -> bool:
+        """Whether a finished batch waits for its acks."""
+        return any(
+            e.head is not None and e.head.state is EntryState.SEALED for e in self.entries.values()
+        )
+
+    def expect(self, gen: int, slots: Iterable[str]) -> None:
+        """Entries the slots of batch `gen` will write (so that acks look for them)."""
+        for slot in slots:
+            self.entries.setdefault((gen, slot), Entry(gen, slot))
+
+    def recorded(self, gen: int, slot: str) -> EntryHead | None:
+        entry = self.entries.get((gen, slot))
+        return None if entry is None else entry.head
+
+    async def new_offset(self, members: dict[str, MemberPlan]) -> SourceOffset:
+        assert self.ledger is not None
+        self.head_gen += 1
+        offset = SourceOffset(self.ledger.lineage, self.head_gen, members)
+        await self.save_pointer()
+        return offset
+
+    async def save_pointer(self) -> None:
+        assert self.ledger is not None and self.kv is not None
+        pointer = Pointer(self.ledger.lineage, self.head_gen, dict(sorted(self.pins.items())))
+        await write_pointer(self.kv, self.pointer_key, pointer)
+
+    async def dedupe_before(self, gen: int) -> bytes:
+        """Stream sequences (packed `Q`s, sorted) of what batches before `gen` emitted: a
+        redelivery of one of them is acked and dropped."""
+        seqs: set[int] = set()
+        for entry in self.entries.values():
+            if entry.gen < gen and entry.head and entry.head.state is not EntryState.OPEN:
+                seqs.update(await self._seqs(entry))
+        log.debug("batch %d: %d messages of earlier batches to drop if redelivered", gen, len(seqs))
+        return array("Q", sorted(seqs)).tobytes()
+
+    async def _seqs(self, entry: Entry) -> array:
+        if entry.seqs is None:
+            assert self.ledger is not None and entry.head is not None
+            replies = await self.ledger.read_replies(entry.head)
+            entry.seqs = array("Q", sorted(parse_reply(r).stream_seq for r in replies))
+        return entry.seqs
+
+    async def settle(self, horizons: dict[str, Horizon]) -> None:
+        """Forget acked entries that no redelivery can touch any more."""
+        assert self.ledger is not None
+        for key, entry in list(self.entries.items()):
+            head = entry.head
+            if head is None or head.state is not EntryState.ACKED:
+                continue
+            horizon = horizons.get(entry.slot, Horizon(0, 0))
+            if (
+                head.count
+                and head.max_seq > horizon.ack_floor
+                and head.max_seq >= horizon.first_seq
+            ):
+                entry.settled_since = None
+                continue
+            # A consumer's ack floor is in the server's memory before it is on disk: a server
+            # crash right after the acks can take it back and redeliver. Forget the entry (and
+            # with it the dedupe of those messages) only once the floor has held for a while.
+            now = time.monotonic()
+            since = entry.settled_since = entry.settled_since or now
+            if head.count == 0 or now - since >= SETTLE_SECONDS:
+                log.debug("forgetting settled ledger entry %s", self.ledger.head_key(*key))
+                await self.ledger.delete_entry(entry.gen, entry.slot, head)
+                del self.entries[key]
+
+    async def ack_through(self, client: NatsClient, gen: int) -> int:
+        """Ack every sealed entry of batches up to `gen` (all committed by Spark); returns count."""
+        assert self.ledger is not None
+        due = sorted(
+            (e for e in self.entries.values() if e.gen <= gen),
+            key=lambda e: (e.gen, e.slot),
+        )
+        await self.load_heads(e for e in due if e.head is None or e.head.state is EntryState.OPEN)
+        acked: list[Entry] = []
+        replies: list[bytes] = []
+        for entry in due:
+            head = entry.head
+            if (entry.gen, entry.slot) not in self.entries or head is None:
+                continue
+            if head.state is EntryState.OPEN:
+                log.warning(
+                    "ledger entry %s of a committed batch is not sealed; not acked",
+                    self.ledger.head_key(entry.gen, entry.slot),
+                )
+                continue
+            if head.state is EntryState.SEALED:
+                replies += await self.ledger.read_replies(head)
+                acked.append(entry)
+        refused_before = len(client.denied)
+        count = await publish_acks(client.nc, replies)
+        refused = [e for e in client.denied[refused_before:] if "$js.ack" in e.lower()]
+        if refused:
+            # Marking the entries acked would hide messages that stay pending for good.
+            raise ConfigurationError(
+                f"the server refused the acks of committed batches ({refused[0]}); allow the "
+                f"user to publish to $JS.ACK.{self.stream}.> (see the README's permissions)"
+            )
+        for entry in acked:
+            assert entry.head is not None
+            entry.head.state = EntryState.ACKED
+            await self.ledger.put_head(entry.gen, entry.slot, entry.head)
+        if count:
+            log.info("acked %d messages of batches up to gen %d", count, gen)
+        return count
