@@ -8,6 +8,7 @@ import threading
 import pytest
 from spark_helpers import (
     ACKS_LAST_BATCH,
+    REPORTS_LAG,
     assert_exactly_once,
     check_trigger_pacing,
     consumers_of,
@@ -221,9 +222,10 @@ def test_starting_position_applies_to_new_consumers_only(spark, client, nats_url
         return sorted(int(r.data.decode()) for r in rows)
 
     assert run(f"time:{middle}", "a") == list(range(60, 100))
-    # The group's consumers exist now: another starting position does not move them.
+    # The group's consumers exist now: another starting position does not move them. (Before
+    # Spark 4.2 the first query's last batch stays unacked when it stops, and comes back.)
     publish(client, stream, 5, start=100)
-    assert run("earliest", "b") == list(range(100, 105))
+    assert run("earliest", "b") == list(range(100 if ACKS_LAST_BATCH else 60, 105))
     admin_delete = run_sync(admin.delete_static(client.target, stream, "g"))
     assert admin_delete  # the partition consumers went with the group
     run_sync(admin.create_static(client.target, stream, "g", 4, members=["m1", "m2"]))
@@ -244,6 +246,11 @@ def test_trigger_pacing(spark, client, nats_url, unique, tmp_path):
     )
 
 
+@pytest.mark.skipif(
+    not REPORTS_LAG,
+    reason="Spark 4.2+ puts reportLatestOffset in progress and runs availableNow "
+    "in several batches for Python sources",
+)
 @pytest.mark.parametrize("layout", ["partition", "member"])
 def test_lag_in_progress(spark, client, nats_url, unique, tmp_path, layout):
     stream = f"LG{unique}{layout[0]}"
