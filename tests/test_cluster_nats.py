@@ -3,6 +3,7 @@ killed mid-stream and restarted; the query still commits every message once and 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -13,8 +14,8 @@ from spark_helpers import (
     consumers_of,
     drained,
     foreach_batches,
+    member_states,
     publish,
-    reading,
     source,
     static_group,
     wait_until,
@@ -117,21 +118,34 @@ def test_consumer_leader_killed_mid_stream(spark, cluster, client, unique, tmp_p
     publish(client, stream, 1500)
     urls = ",".join(s.url for s in cluster.values())
     sink = Collector()
+    # The first batch is held after its rows are read, before it commits: m1's consumer leader
+    # dies while that batch's messages are delivered and not acked (a poll for "mid pull" missed
+    # the window in CI, where consumer info on the loaded cluster took seconds).
+    read, killed = threading.Event(), threading.Event()
+
+    def hold_until_killed(_: list[int]) -> None:
+        read.set()
+        killed.wait(120)
+
+    sink.after_read[0] = hold_until_killed
     df = source(spark, urls, stream, "g", ackWait="5s", fetchBatchSize=5)
     query = foreach_batches(df, sink, tmp_path / "cp")
 
     try:
-        reading(client, stream, "g", "m1")
+        assert read.wait(120), "the first batch was not read"
+        assert member_states(client, stream, "g")["m1"]["ack_pending"] > 0
         consumer = consumers_of(client, stream, "g", "m1")[0]
         info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
         leader = info["cluster"]["leader"]
         cluster[leader].kill()
         time.sleep(3)  # a replica takes over
         cluster[leader].start()
+        killed.set()
         wait_until(lambda: replicated(client, stream), 30, "the stream on three servers again")
         publish(client, stream, 500, start=1500)
         # The query rides out the election (no failure), then commits and acks everything.
         drained(query, client, stream, "g", sink, 2000)
     finally:
+        killed.set()
         query.stop()
     assert_exactly_once(sink.values, 2000)

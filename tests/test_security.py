@@ -18,7 +18,6 @@ from typing import Any
 import nkeys
 import pytest
 from certs import Pki, creds_file, make_pki, new_nkey, operator_setup, public, tls_config
-from nats.js.errors import NoKeysError
 from spark_helpers import (
     assert_exactly_once,
     member_states,
@@ -418,23 +417,26 @@ def files_text(directory: Path) -> str:
     )
 
 
-def ledger_text(client: Blocking[NatsClient]) -> str:
-    """Every key and value of the ledger bucket, with reply-subject chunks decompressed."""
+def record_ledger_writes(client: Blocking[NatsClient]) -> list[tuple[str, bytes]]:
+    """Every write to the ledger bucket from now on, as (key, value): entries settle and are
+    purged once their batch commits, so the bucket itself may be empty when a query ends."""
+    writes: list[tuple[str, bytes]] = []
 
-    async def dump() -> str:
-        kv = await client.target.js.key_value(LEDGER)
-        lines = []
-        try:
-            keys = await kv.keys()
-        except NoKeysError:  # an empty bucket holds no secret either
-            return ""
-        for key in keys:
-            value = (await kv.get(key)).value or b""
-            chunk = len(key.split(".")) == 5  # <lineage>.<gen>.<slot>.<attempt>.<n>
-            lines.append(f"{key}={decode_chunk(value) if chunk else value.decode()}")
-        return "\n".join(lines)
+    async def record(msg: Any) -> None:
+        writes.append((msg.subject.removeprefix(f"$KV.{LEDGER}."), msg.data))
 
-    return run_sync(dump())
+    run_sync(client.target.nc.subscribe(f"$KV.{LEDGER}.>", cb=record))
+    return writes
+
+
+def ledger_text(client: Blocking[NatsClient], writes: list[tuple[str, bytes]]) -> str:
+    """The recorded ledger writes, with reply-subject chunks decompressed."""
+    run_sync(client.target.nc.flush())
+    lines = []
+    for key, value in writes:
+        chunk = len(key.split(".")) == 5 and value  # <lineage>.<gen>.<slot>.<attempt>.<n>
+        lines.append(f"{key}={decode_chunk(value) if chunk else value.decode()}")
+    return "\n".join(lines)
 
 
 def failure_text(df: Any, directory: Path) -> str:
@@ -469,6 +471,7 @@ def test_secrets_never_leak(
         for name in (stream, job_stream):
             static_group(admin, name, "g", ["m1", "m2"], partitions=4)
             publish(admin, name, 100)
+        writes = record_ledger_writes(admin)
         job = start_job(server.url, job_stream, auth, tmp_path / "job")
         try:
             refused = refusal(source_settings(servers=server.url, **wrong))
@@ -485,7 +488,7 @@ def test_secrets_never_leak(
             kill_job(job)
         assert_exactly_once(payloads(spark, str(tmp_path / "out")), 100)
         assert_exactly_once(payloads(spark, str(tmp_path / "job" / "out")), 100)
-        ledger = ledger_text(admin)
+        ledger = ledger_text(admin, writes)
     finally:
         close(admin)
     job_logs = {path.name: path.read_text() for path in (tmp_path / "job" / "logs").iterdir()}
