@@ -31,8 +31,10 @@ check: $(VENV)/.test-installed
 	$(BIN)/mypy nats_spark
 	$(BIN)/python -m pytest -q $(UNIT_TESTS)
 
+# Two workers, a test module each at a time (each worker starts its own nats-server and Spark
+# sessions): the suite waits on servers and JVMs more than it computes.
 test: check
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 demo: $(VENV)/.server-installed
 	$(BIN)/python -m nats_spark.demo

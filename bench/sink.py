@@ -1,8 +1,11 @@
 """The `nats` sink against a nats-py publish loop, and what exactly once costs.
 
 In one run on one embedded server:
-- nats-py: an asyncio loop publishing `--messages` rows of `--size` bytes to a stream, up to
-  `--in-flight` publishes awaiting their PubAck at a time (bench/common.publish);
+- nats-py API: the plain loop a user writes with nats-py's JetStream API, `js.publish_async` of
+  `--messages` rows of `--size` bytes (up to 4,000 awaiting their PubAck, nats-py's default),
+  then every PubAck awaited and checked;
+- nats-py: a hand-pipelined loop of raw publishes with replies, up to 2,000 awaiting their
+  PubAck, all answered on one reply subscription (bench/common.publish): faster than the API;
 - the same loop with a `Nats-Msg-Id` header on every message (the server's dedupe cost);
 - the sink: `df.write.format("nats")` of as many rows in `--tasks` Spark partitions (local[2]),
   row by row (every row with its message id, one PubAck each);
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,6 +43,17 @@ def _args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+async def publish_with_api(client: NatsClient, stream: str, count: int, size: int) -> float:
+    """nats-py's `js.publish_async` over 64 subjects, every PubAck awaited; returns msgs/s."""
+    js = client.nc.jetstream()
+    body = os.urandom(size)
+    started = time.perf_counter()
+    acks = [await js.publish_async(f"{stream}.k{i % 64}", body) for i in range(count)]
+    for ack in acks:
+        await ack  # raises if JetStream refused one
+    return count / (time.perf_counter() - started)
+
+
 def _stream(client: NatsClient, name: str, atomic: bool = False) -> str:
     config = {"name": name, "subjects": [f"{name}.>"], "allow_atomic": atomic}
     run_sync(client.api.create_stream(config))
@@ -55,6 +70,7 @@ def _timed(what: str, count: int, run: Any) -> dict[str, Any]:
         "seconds": round(elapsed, 2),
         "msgs_per_s": round(rate if rate else count / elapsed),
         "server_cpu_us_per_msg": sampler.cpu_us_per_msg(count).get("nats_server"),
+        "cpu_us_per_msg": sampler.cpu_us_per_msg(count),
     }
     emit(what, figures)
     return figures
@@ -63,6 +79,7 @@ def _timed(what: str, count: int, run: Any) -> dict[str, Any]:
 def main() -> None:
     args = _args()
     results: dict[str, list[dict[str, Any]]] = {
+        "nats_py_api": [],
         "nats_py": [],
         "nats_py_ids": [],
         "sink": [],
@@ -79,6 +96,14 @@ def main() -> None:
             rows = rows.cache()
             rows.count()
             for i in range(args.rounds + 1):  # round 0 warms up the JVM and the workers
+                stream = _stream(client, f"J{i}")
+                api = _timed(
+                    "nats_py_api",
+                    args.messages,
+                    lambda s=stream: run_sync(
+                        publish_with_api(client, s, args.messages, args.size)
+                    ),
+                )
                 stream = _stream(client, f"P{i}")
                 base = _timed(
                     "nats_py",
@@ -108,6 +133,7 @@ def main() -> None:
                 atomic = _timed("sink_atomic", args.messages, lambda s=stream: write(s, stream=s))
                 if i:
                     for name, figures in (
+                        ("nats_py_api", api),
                         ("nats_py", base),
                         ("nats_py_ids", ids),
                         ("sink", sink),
@@ -130,9 +156,10 @@ def main() -> None:
         for name, runs in results.items()
     }
     for name in ("sink", "sink_atomic"):
-        summary[f"{name}_vs_nats_py"] = round(
-            summary[name]["msgs_per_s"] / summary["nats_py"]["msgs_per_s"], 2
-        )
+        for base in ("nats_py_api", "nats_py"):
+            summary[f"{name}_vs_{base}"] = round(
+                summary[name]["msgs_per_s"] / summary[base]["msgs_per_s"], 2
+            )
     summary["message_id_server_cost_us"] = round(
         summary["nats_py_ids"]["server_cpu_us_per_msg"]
         - summary["nats_py"]["server_cpu_us_per_msg"],
