@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ProcessSampler, emit, publish  # noqa: E402
+from bench.common import KEYS, ProcessSampler, emit, publish  # noqa: E402
 from bench.connector import spark_session  # noqa: E402
 from nats_spark.client import NatsClient  # noqa: E402
 from nats_spark.connection import ConnectionSettings  # noqa: E402
@@ -44,11 +44,11 @@ def _args() -> argparse.Namespace:
 
 
 async def publish_with_api(client: NatsClient, stream: str, count: int, size: int) -> float:
-    """nats-py's `js.publish_async` over 64 subjects, every PubAck awaited; returns msgs/s."""
+    """nats-py's `js.publish_async` over `KEYS` subjects, every PubAck awaited; returns msgs/s."""
     js = client.nc.jetstream()
     body = os.urandom(size)
     started = time.perf_counter()
-    acks = [await js.publish_async(f"{stream}.k{i % 64}", body) for i in range(count)]
+    acks = [await js.publish_async(f"{stream}.k{i % KEYS}", body) for i in range(count)]
     for ack in acks:
         await ack  # raises if JetStream refused one
     return count / (time.perf_counter() - started)
@@ -65,12 +65,13 @@ def _timed(what: str, count: int, run: Any) -> dict[str, Any]:
         started = time.perf_counter()
         rate = run()
         elapsed = time.perf_counter() - started
+    cpu = sampler.cpu_us_per_msg(count)
     figures = {
         "messages": count,
         "seconds": round(elapsed, 2),
         "msgs_per_s": round(rate if rate else count / elapsed),
-        "server_cpu_us_per_msg": sampler.cpu_us_per_msg(count).get("nats_server"),
-        "cpu_us_per_msg": sampler.cpu_us_per_msg(count),
+        "server_cpu_us_per_msg": cpu.get("nats_server"),
+        "cpu_us_per_msg": cpu,
     }
     emit(what, figures)
     return figures
@@ -108,16 +109,14 @@ def main() -> None:
                 base = _timed(
                     "nats_py",
                     args.messages,
-                    lambda s=stream: run_sync(
-                        publish(client, s, args.messages, args.size, keys=64)
-                    ),
+                    lambda s=stream: run_sync(publish(client, s, args.messages, args.size)),
                 )
                 stream = _stream(client, f"I{i}")
                 ids = _timed(
                     "nats_py_ids",
                     args.messages,
                     lambda s=stream: run_sync(
-                        publish(client, s, args.messages, args.size, keys=64, ids=True)
+                        publish(client, s, args.messages, args.size, ids=True)
                     ),
                 )
 
