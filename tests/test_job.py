@@ -40,6 +40,9 @@ JOB_FILE = nats_spark.job.__file__
 AUTO_REGISTER_PATH = str(Path(pyspark_nats_pcg.__file__).parent)
 
 
+JOB_SECONDS = 240  # the module's fixture starts four jobs at once: four JVMs on two cores
+
+
 def spark_env(**extra: str) -> dict[str, str]:
     """Environment for Spark processes of this venv's pyspark, on loopback, with this interpreter
     for drivers and Python workers (they import nats_spark)."""
@@ -275,7 +278,7 @@ def runs(settings: ConnectionSettings, nats_url: str, tmp_path_factory) -> Itera
 
 
 def test_spark_submit_available_now_exactly_once(runs: Runs, client) -> None:
-    code, out, _ = runs.submit.wait(150)
+    code, out, _ = runs.submit.wait(JOB_SECONDS)
     assert code == 0, runs.submit.tail()
     assert "batch 0: 400 rows" in out
     rows = committed_rows(runs.dirs["submit"] / "data")
@@ -285,7 +288,7 @@ def test_spark_submit_available_now_exactly_once(runs: Runs, client) -> None:
 
 
 def test_python_module_with_config_file_and_example_group(runs: Runs, client) -> None:
-    code, _, err = runs.config.wait(150)
+    code, _, err = runs.config.wait(JOB_SECONDS)
     assert code == 0, runs.config.tail()
     rows = committed_rows(runs.dirs["config"] / "data")
     assert_exactly_once(payloads(rows), 300)
@@ -299,7 +302,7 @@ def test_python_module_with_config_file_and_example_group(runs: Runs, client) ->
 
 
 def test_group_to_another_stream(runs: Runs, client) -> None:
-    code, out, _ = runs.sink.wait(150)
+    code, out, _ = runs.sink.wait(JOB_SECONDS)
     assert code == 0, runs.sink.tail()
     target, source = runs.streams["sink_out"], runs.streams["sink_in"]
     count = run_sync(client.api.stream_info(target))["state"]["messages"]
@@ -310,7 +313,7 @@ def test_group_to_another_stream(runs: Runs, client) -> None:
 
 
 def test_failing_query_ends_with_one_line_and_code_1(runs: Runs) -> None:
-    code, out, err = runs.failing.wait(150)
+    code, out, err = runs.failing.wait(JOB_SECONDS)
     assert code == 1
     # spark-submit merges the Python driver's stderr into its stdout.
     ours = [line for line in (out + err).splitlines() if line.startswith("nats_spark.job:")]

@@ -294,6 +294,7 @@ def test_server_restart_mid_write(spark, unique):
             run_sync(own.close())
 
 
+@pytest.mark.timeout(600)  # three job starts: a JVM each
 def test_driver_killed_twice_group_to_stream_exactly_once(client, nats_url, unique, tmp_path):
     """nats-pcg -> Spark -> nats in a job process, SIGKILLed (with its JVM) twice while batches
     are published, restarted from its checkpoint each time: the target stream holds every

@@ -62,6 +62,7 @@ def batches_logged(log: Path) -> int:
     return log.read_text().count("rows") if log.exists() else 0
 
 
+@pytest.mark.timeout(600)  # three driver starts: a JVM each
 def test_driver_kill_minus_nine_twice_then_restart(spark, client, nats_url, unique, tmp_path):
     stream = f"K{unique}"
     static_group(client, stream, "g", ["m1", "m2", "m3"], partitions=6)

@@ -70,6 +70,7 @@ async def check_target(client: NatsClient, options: SinkOptions) -> SinkOptions:
     duplicate window (what bounds exactly once) is said. Returns the options with the atomic
     batch size settled: atomic batches where the stream allows them, unless told otherwise."""
     atomic = 0
+    streams: list[dict[str, Any]] | None = None  # the target stream's config, once fetched
     if options.stream is not None:
         try:
             info = await client.api.stream_info(options.stream)
@@ -77,6 +78,7 @@ async def check_target(client: NatsClient, options: SinkOptions) -> SinkOptions:
             raise ConfigurationError(
                 f"stream {options.stream!r} does not exist; create it or fix the stream option"
             ) from None
+        streams = [info["config"]]
         atomic = _atomic_batch(options, info)
         window = info.duplicate_window
         level = logging.WARNING if window < _WINDOW_WARNING else logging.INFO
@@ -89,7 +91,7 @@ async def check_target(client: NatsClient, options: SinkOptions) -> SinkOptions:
             window,
         )
     if options.subject is not None:
-        capture = SubjectCapture(await _target_streams(client, options))
+        capture = SubjectCapture(streams or await _target_streams(client, options))
         _check_subject(capture, options, options.subject)
     return replace(options, atomic_batch=atomic)
 
