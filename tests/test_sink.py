@@ -294,7 +294,7 @@ def test_server_restart_mid_write(spark, unique):
             run_sync(own.close())
 
 
-@pytest.mark.timeout(600)  # three job starts: a JVM each
+@pytest.mark.timeout(900)  # three job starts: a JVM each
 def test_driver_killed_twice_group_to_stream_exactly_once(client, nats_url, unique, tmp_path):
     """nats-pcg -> Spark -> nats in a job process, SIGKILLed (with its JVM) twice while batches
     are published, restarted from its checkpoint each time: the target stream holds every
@@ -343,13 +343,14 @@ def test_driver_killed_twice_group_to_stream_exactly_once(client, nats_url, uniq
     for low, high in ((300, 1200), (1500, 2600)):  # kill -9 while batches are written
         running = job("200ms")
         try:
-            wait_until(lambda lo=low: count() >= lo, 120, f"{low} messages published", 0.05)
+            # A JVM start, the replay and a few batches: minutes on two busy cores.
+            wait_until(lambda lo=low: count() >= lo, 240, f"{low} messages published", 0.05)
             assert count() < high, "the job ran past the window to kill it in"
         finally:
             os.killpg(running.process.pid, signal.SIGKILL)
             running.process.wait(30)
     final = job("availableNow")
-    code, _, _ = final.wait(180)
+    code, _, _ = final.wait(240)
     assert code == 0, final.tail()
     messages = stored(client, sink_stream)
     assert_exactly_once([int(m.data.decode()) for m in messages], 3000)
