@@ -356,7 +356,8 @@ def test_num_partitions_readers_hold_what_they_took(spark, client, nats_url, uni
     stream, name = f"D{unique}", "redo"
     make_stream(client, stream)
     make_consumer(client, stream, name, None, ack_wait=to_nanos(1.0))
-    publish(client, stream, 8000)
+    messages = 8000  # one pull each: both tasks' batches outlast the 1 s ack wait
+    publish(client, stream, messages)
     redelivered: list[int] = []
 
     class Probe(Sink):
@@ -369,7 +370,7 @@ def test_num_partitions_readers_hold_what_they_took(spark, client, nats_url, uni
     df = consumer_source(spark, nats_url, stream, name, numPartitions=2, fetchBatchSize=1)
     query = foreach_batches(df, sink, str(tmp_path / "cp"))
     try:
-        wait_until(lambda: len(set(sink.values)) >= 8000, 120, "8000 distinct rows")
+        wait_until(lambda: len(set(sink.values)) >= messages, 120, f"{messages} distinct rows")
         wait_until(lambda: acked(client, stream, name), 60, "everything acked")
         assert query.exception() is None
         longest = max(p.durationMs.get("triggerExecution", 0) for p in query.recentProgress)
@@ -377,4 +378,4 @@ def test_num_partitions_readers_hold_what_they_took(spark, client, nats_url, uni
         query.stop()
     assert longest > 1000, f"the batches ({longest} ms) did not outlast the ack wait"
     assert max(redelivered) == 0, f"{max(redelivered)} messages came back before their commit"
-    assert_exactly_once(sink.values, 8000)
+    assert_exactly_once(sink.values, messages)
