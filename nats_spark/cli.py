@@ -22,7 +22,8 @@ from nats_spark.errors import ConfigurationError, NatsSparkError
 from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.config import ElasticConfig, MemberMapping, PartitioningFilter
-from nats_spark.pcg.partitioning import elastic_stream_name, member_partitions
+from nats_spark.pcg.consumers import ConsumerLayout, partition_consumer_name
+from nats_spark.pcg.partitioning import elastic_stream_name, member_partitions, partition_owner
 from nats_spark.pcg.store import GroupEntry, GroupKind
 from nats_spark.progress import progress_bar
 
@@ -303,55 +304,67 @@ async def _member_info(client: NatsClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(value: int | None) -> Any:
+    return "-" if value is None else value
+
+
+def _partition_rows(entry: GroupEntry, partitions: list[admin.PartitionInfo]) -> list[tuple]:
+    """A row per partition of the group; those without a consumer (no query has read them yet,
+    or one reading only some members) say so."""
+    found = {p.partition: p for p in partitions}
+    rows: list[tuple] = []
+    for number in range(entry.config.max_members):
+        p = found.get(number)
+        if p is None:
+            owner = partition_owner(entry.config, number)
+            name = partition_consumer_name(entry, number)
+            rows.append((number, owner or "-", name, "no consumer", "-", "-", "-"))
+        else:
+            state = (p.state, p.num_pending, p.num_ack_pending, p.last_active or "-")
+            rows.append((number, p.member or "-", p.consumer, *state))
+    return rows
+
+
 async def _status(client: NatsClient, args: argparse.Namespace) -> int:
     entry, members, partitions = await admin.group_status(client, args.stream, args.group)
+    lag = admin.group_lag(members, partitions)
+    # Partition consumers exist once a query has read the group in the partition layout (the
+    # default); the member consumers a move left behind no longer read and stay out of the lag.
+    layout = ConsumerLayout.PARTITION if partitions else ConsumerLayout.MEMBER
     if args.json:
         _print_json(
             {
                 "kind": entry.kind.value,
+                "layout": layout.value,
                 "members": [{**asdict(m), "state": m.state} for m in members],
                 "partitions": [{**asdict(p), "state": p.state} for p in partitions],
-                "lag": admin.group_lag(members, partitions),
+                "lag": lag,
             }
         )
         return 0
-    print(f"{entry.kind.value} group {entry.group} on {entry.stream}")
-    rows = [
-        (
-            m.member,
-            _numbers(m.partitions),
-            m.state,
-            "-" if m.num_pending is None else m.num_pending,
-            "-" if m.num_ack_pending is None else m.num_ack_pending,
-            m.last_active or "-",
-        )
-        for m in members
-    ]
-    print(_table(("MEMBER", "PARTITIONS", "STATE", "PENDING", "ACK PENDING", "LAST ACTIVE"), rows))
-    if partitions:
-        print("partition layout consumers:")
-        cells = [
+    read = partitions or any(m.num_pending is not None for m in members)
+    shape = f"{layout.value} layout" if read else "no consumers yet (nothing has read it)"
+    print(f"{entry.kind.value} group {entry.group} on {entry.stream}, {shape}")
+    if layout is ConsumerLayout.PARTITION:
+        header: tuple[str, ...] = ("PARTITION", "MEMBER", "CONSUMER")
+        rows = _partition_rows(entry, partitions)
+    else:
+        header = ("MEMBER", "PARTITIONS", "CONSUMER")
+        rows = [
             (
-                str(p.partition),
-                p.member or "-",
-                p.consumer,
-                p.state,
-                p.num_pending,
-                p.num_ack_pending,
-                p.last_active or "-",
+                m.member,
+                _numbers(m.partitions),
+                m.consumer,
+                m.state,
+                _count(m.num_pending),
+                _count(m.num_ack_pending),
+                m.last_active or "-",
             )
-            for p in partitions
+            for m in members
         ]
-        header = (
-            "PARTITION",
-            "MEMBER",
-            "CONSUMER",
-            "STATE",
-            "PENDING",
-            "ACK PENDING",
-            "LAST ACTIVE",
-        )
-        print(_table(header, cells))
+    print(_table((*header, "STATE", "PENDING", "ACK PENDING", "LAST ACTIVE"), rows))
+    total = lag["total"]
+    print(f"total: {total['pending']} pending, {total['ackPending']} ack pending")
     return 0
 
 
@@ -419,52 +432,61 @@ async def _consume(client: NatsClient, args: argparse.Namespace) -> int:
 # --- Parser -----------------------------------------------------------------------------------
 
 
-def _add_connection_flags(parser: argparse.ArgumentParser) -> None:
+_AUTH_FLAGS = ("user", "token", "creds", "nkey")
+
+
+def connection_flags() -> argparse.ArgumentParser:
+    """The connection flags, a parent of every parser: they are accepted before the subcommand
+    and after it. Nothing defaults here (SUPPRESS), so a subcommand's parser never overwrites a
+    flag given before it; `settings_from_args` fills in what was not given."""
+    parser = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
     conn = parser.add_argument_group("connection")
     conn.add_argument(
         "--server",
         "-s",
-        default=os.environ.get("NATS_URL") or DEFAULT_URL,
-        help="NATS server URL(s), comma separated (default: $NATS_URL, else %(default)s)",
+        help=f"NATS server URL(s), comma separated (default: $NATS_URL, else {DEFAULT_URL})",
     )
-    auth = conn.add_mutually_exclusive_group()
-    auth.add_argument("--user", help="user name (with --password)")
-    auth.add_argument("--token", help="authentication token")
-    auth.add_argument("--creds", metavar="FILE", help="credentials file (JWT and nkey seed)")
-    auth.add_argument("--nkey", metavar="FILE", help="nkey seed file")
+    # One of these four (checked in `main`: argparse's exclusive groups lose their place in the
+    # help when inherited, and check only one side of the subcommand).
+    conn.add_argument("--user", help="user name (with --password)")
+    conn.add_argument("--token", help="authentication token")
+    conn.add_argument("--creds", metavar="FILE", help="credentials file (JWT and nkey seed)")
+    conn.add_argument("--nkey", metavar="FILE", help="nkey seed file")
     conn.add_argument("--password", help="password for --user (visible in ps: prefer the next)")
     conn.add_argument("--password-file", metavar="FILE", help="file holding the password")
     conn.add_argument("--token-file", metavar="FILE", help="file holding the token")
     conn.add_argument("--tls-ca", metavar="FILE", help="CA certificate to verify the server")
     conn.add_argument("--tls-cert", metavar="FILE", help="client certificate (mutual TLS)")
     conn.add_argument("--tls-key", metavar="FILE", help="client key (mutual TLS)")
+    return parser
 
 
 def settings_from_args(args: argparse.Namespace) -> ConnectionSettings:
-    """The connection settings the command-line flags describe."""
+    """The connection settings the command-line flags describe (absent flags are None)."""
+    flags = vars(args)
     auth = credentials(
         {
-            "user": args.user,
-            "password": args.password,
-            "token": args.token,
-            "creds": args.creds,
-            "nkey_seed": args.nkey,
+            "user": flags.get("user"),
+            "password": flags.get("password"),
+            "token": flags.get("token"),
+            "creds": flags.get("creds"),
+            "nkey_seed": flags.get("nkey"),
         },
         {
-            "password": ("--password-file", args.password_file),
-            "token": ("--token-file", args.token_file),
+            "password": ("--password-file", flags.get("password_file")),
+            "token": ("--token-file", flags.get("token_file")),
         },
     )
     return ConnectionSettings(
-        servers=parse_servers(args.server),
+        servers=parse_servers(flags.get("server") or os.environ.get("NATS_URL") or DEFAULT_URL),
         user=auth["user"],
         password=auth["password"],
         token=auth["token"],
         nkey_seed=auth["nkey_seed"],
         creds=auth["creds"],
-        tls_ca_cert=args.tls_ca,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
+        tls_ca_cert=flags.get("tls_ca"),
+        tls_cert=flags.get("tls_cert"),
+        tls_key=flags.get("tls_key"),
         name=PROG,
     )
 
@@ -472,7 +494,9 @@ def settings_from_args(args: argparse.Namespace) -> ConnectionSettings:
 def _command(
     subparsers: Any, name: str, run: Command, help: str, *, aliases: Sequence[str] = ()
 ) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(name, help=help, description=help, aliases=list(aliases))
+    parser = subparsers.add_parser(
+        name, help=help, description=help, aliases=list(aliases), parents=[connection_flags()]
+    )
     parser.set_defaults(run=run)
     return parser
 
@@ -531,7 +555,9 @@ def _add_shared_commands(subparsers: Any) -> None:
 
 
 def _add_static_commands(subparsers: Any) -> None:
-    create = subparsers.add_parser("create", help="create a static consumer group")
+    create = subparsers.add_parser(
+        "create", help="create a static consumer group", parents=[connection_flags()]
+    )
     kinds = create.add_subparsers(dest="mode", required=True, metavar="{balanced,mapped}")
     balanced = _command(
         kinds, "balanced", _create_static, "spread the partitions evenly over the members"
@@ -603,9 +629,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Administer NATS JetStream partitioned consumer groups (compatible with the "
-        "Go pcgroups library and its cg CLI).",
+        "Go pcgroups library and its cg CLI). The connection flags go before or after the "
+        "command.",
+        parents=[connection_flags()],
     )
-    _add_connection_flags(parser)
     kinds = parser.add_subparsers(dest="kind", required=True, metavar="{static,elastic,status}")
     status = _command(
         kinds, "status", _status, "per member of a group: partitions, pin, pending, last activity"
@@ -616,7 +643,9 @@ def build_parser() -> argparse.ArgumentParser:
         (GroupKind.STATIC, _add_static_commands),
         (GroupKind.ELASTIC, _add_elastic_commands),
     ):
-        commands = kinds.add_parser(kind.value, help=f"{kind.value} consumer groups")
+        commands = kinds.add_parser(
+            kind.value, help=f"{kind.value} consumer groups", parents=[connection_flags()]
+        )
         add_commands(commands.add_subparsers(dest="command", required=True, metavar="<command>"))
     return parser
 
@@ -639,8 +668,12 @@ def _fail(message: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (2 for usage errors)."""
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
+        ways = [f"--{dest}" for dest in _AUTH_FLAGS if vars(args).get(dest) is not None]
+        if len(ways) > 1:
+            parser.error(f"{' and '.join(ways)} given; use one of them")
     except SystemExit as done:  # usage error or --help: argparse already printed
         return done.code if isinstance(done.code, int) else 2
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import itertools
 import json
 import os
 import re
@@ -10,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from certs import make_pki
@@ -349,17 +352,20 @@ def test_consume_fails_clearly_when_the_member_cannot_run_or_stops(cli, client, 
 def test_status_shows_every_member(cli, client, unique):
     stream = static_stream(client, unique, 4)
     ok(cli("static", "create", "balanced", stream, "g", "4", "m1", "m2"))
+    lines = ok(cli("status", stream, "g")).splitlines()
+    assert lines[0] == f"static group g on {stream}, no consumers yet (nothing has read it)"
+    assert lines[-1] == "total: 0 pending, 0 ack pending"
     entry = run_sync(admin.static_info(client.target, stream, "g"))
     consumer = member_consumer(entry, "m1")
     run_sync(ensure_group_consumer(client.target, consumer))
     publish(client, f"{unique}.k1", b"x")
     pin_member(client, stream, consumer.name)
-    out = ok(cli("status", stream, "g"))
-    lines = out.splitlines()
-    assert lines[0] == f"static group g on {stream}"
+    lines = ok(cli("status", stream, "g")).splitlines()
+    assert lines[0] == f"static group g on {stream}, member layout"
     assert lines[1].split() == [
         "MEMBER",
         "PARTITIONS",
+        "CONSUMER",
         "STATE",
         "PENDING",
         "ACK",
@@ -369,10 +375,11 @@ def test_status_shows_every_member(cli, client, unique):
     ]
     m1 = next(line.split() for line in lines if line.startswith("m1"))
     m2 = next(line.split() for line in lines if line.startswith("m2"))
-    assert m1[1:5] == ["0,1", "pinned", "0", "1"] and m1[5] != "-"
-    assert m2[1:] == ["2,3", "no", "consumer", "-", "-", "-"]
+    assert m1[1:6] == ["0,1", "g-m1", "pinned", "0", "1"] and m1[6] != "-"
+    assert m2[1:] == ["2,3", "g-m2", "no", "consumer", "-", "-", "-"]
+    assert lines[-1] == "total: 0 pending, 1 ack pending"
     status = json.loads(ok(cli("status", stream, "g", "--json")))
-    assert status["kind"] == "static"
+    assert (status["kind"], status["layout"]) == ("static", "member")
     assert [m["state"] for m in status["members"]] == ["pinned", "no consumer"]
     assert status["lag"] == {
         "total": {"pending": 0, "ackPending": 1},
@@ -385,19 +392,92 @@ def test_status_shows_the_partition_layout_consumers(cli, client, unique):
     stream = static_stream(client, unique, 4)
     ok(cli("static", "create", "balanced", stream, "g", "4", "m1", "m2"))
     entry = run_sync(admin.static_info(client.target, stream, "g"))
+    # A member consumer left behind by a move to the partition layout: not shown, not lag.
+    run_sync(ensure_group_consumer(client.target, member_consumer(entry, "m1")))
     for p in (0, 3):
         run_sync(ensure_group_consumer(client.target, partition_consumer(entry, p)))
+    for p in (0, 0, 3, 1):  # partition 1 has no consumer: its message is nobody's lag yet
+        publish(client, f"{unique}.{key_for(p, 4)}", b"x")
     lines = ok(cli("status", stream, "g")).splitlines()
-    start = lines.index("partition layout consumers:")
-    assert lines[start + 1].split()[:4] == ["PARTITION", "MEMBER", "CONSUMER", "STATE"]
-    rows = [line.split() for line in lines[start + 2 :]]
-    assert [r[:4] for r in rows] == [
-        ["0", "m1", "g-partition-0", "idle"],
-        ["3", "m2", "g-partition-3", "idle"],
+    assert lines[0] == f"static group g on {stream}, partition layout"
+    assert lines[1].split()[:4] == ["PARTITION", "MEMBER", "CONSUMER", "STATE"]
+    assert [line.split()[:6] for line in lines[2:6]] == [
+        ["0", "m1", "g-partition-0", "idle", "2", "0"],
+        ["1", "m1", "g-partition-1", "no", "consumer", "-"],
+        ["2", "m2", "g-partition-2", "no", "consumer", "-"],
+        ["3", "m2", "g-partition-3", "idle", "1", "0"],
     ]
+    assert lines[6:] == ["total: 3 pending, 0 ack pending"]
     status = json.loads(ok(cli("status", stream, "g", "--json")))
+    assert status["layout"] == "partition"
     assert [(p["partition"], p["member"], p["consumer"]) for p in status["partitions"]] == [
         (0, "m1", "g-partition-0"),
         (3, "m2", "g-partition-3"),
     ]
+    assert status["lag"]["total"] == {"pending": 3, "ackPending": 0}
     assert set(status["lag"]["byMember"]) == {"m1", "m2"}  # from their partition consumers
+
+
+def test_connection_flags_go_before_or_after_the_command(nats_url, client, capsys, unique):
+    """Each command takes the connection flags on either side; one given before is not reset
+    by the command's own parser."""
+    stream = static_stream(client, unique, 2)
+    for argv, code in (
+        (["static", "create", "balanced", stream, "g", "2", "m1", "--server", nats_url], 0),
+        (["static", "ls", stream, "-s", nats_url], 0),
+        (["status", stream, "g", "--server", nats_url], 0),
+        (["--server", nats_url, "static", "info", stream, "g"], 0),
+        (["elastic", "--server", nats_url, "info", stream, "g"], 1),
+    ):
+        assert main(argv) == code, argv
+        assert capsys.readouterr().err.count("not found") == code, argv  # not a connect error
+    args = build_parser().parse_args(["--token", "t", "static", "ls", "S", "--server", "a:1"])
+    assert (settings_from_args(args).token, settings_from_args(args).servers) == (
+        "t",
+        ("nats://a:1",),
+    )
+    assert main(["--user", "u", "static", "ls", "S", "--token", "t"]) == 2
+    assert "--user and --token given; use one of them" in capsys.readouterr().err
+
+
+def _parser_commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> set[str]:
+    """Every command path the parser takes (`static create balanced`, `status`, ...), aliases
+    left out (the first name of each subparser is its own)."""
+    paths: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            seen: set[int] = set()
+            for name, sub in action.choices.items():
+                if id(sub) not in seen:
+                    seen.add(id(sub))
+                    paths |= _parser_commands(sub, (*path, name))
+    return paths or {" ".join(path)}
+
+
+def _readme_commands() -> set[str]:
+    """The command paths the README's CLI table names: the words of each code span in its first
+    column before the first argument, `<kind>` read as both kinds."""
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    section = text.split("## The `nats-pcg` CLI", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert rows, "no CLI table in the README"
+    paths: set[str] = set()
+    for row in rows:
+        for span in re.findall(r"`([^`]+)`", row.split(" | ")[0]):
+            words = list(
+                itertools.takewhile(lambda w: w[0] not in "<[" or w == "<kind>", span.split())
+            )
+            kinds = ("static", "elastic") if words[0] == "<kind>" else (words[0],)
+            paths |= {" ".join([kind, *words[1:]]) for kind in kinds}
+    return paths
+
+
+def test_readme_cli_table_matches_the_parser(capsys):
+    documented, parsed = _readme_commands(), _parser_commands(build_parser())
+    assert documented == parsed, (
+        f"in the README only: {sorted(documented - parsed)}; "
+        f"in the parser only: {sorted(parsed - documented)}"
+    )
+    for path in documented:
+        assert main([*path.split(), "--help"]) == 0, path
+    capsys.readouterr()
