@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,7 +30,9 @@ pytestmark = pytest.mark.spark
 SPARK_MASTER = "local[2,3]"  # a failed task is tried again (up to 3 attempts)
 
 
-def target(client: Any, name: str, window: float = 120.0, atomic: bool = False) -> str:
+def target(
+    client: Any, name: str, window: float = 120.0, atomic: bool = False, max_msg_size: int = -1
+) -> str:
     run_sync(
         client.api.create_stream(
             {
@@ -36,10 +40,14 @@ def target(client: Any, name: str, window: float = 120.0, atomic: bool = False) 
                 "subjects": [f"{name}.>"],
                 "duplicate_window": int(window * NANOS),
                 "allow_atomic": atomic,
+                "max_msg_size": max_msg_size,
             }
         )
     )
     return name
+
+
+TOO_LARGE = 1024  # max_msg_size of the streams failing_write writes to
 
 
 def stored(client: Any, stream: str) -> list[Any]:
@@ -97,18 +105,18 @@ def test_batch_write_with_subjects_headers_and_ids(spark, client, nats_url, uniq
 
 
 def failing_write(spark: Any, stream: str, fail_at: int, **options: Any) -> None:
-    """Write 0..1999 (two tasks of 1000 rows, chunks of 50) to `stream.all`; the first attempt of
-    the task holding `fail_at` fails there, after the chunks before it were published."""
+    """Write 0..1999 (two tasks of 1000 rows, chunks of 50) to `stream.all`, a stream created
+    with `max_msg_size=TOO_LARGE`; the first attempt of the task holding `fail_at` fails there
+    (JetStream refuses that row as too large), after the chunks before it were published."""
     from pyspark.sql.functions import col, udf
 
     @udf("string")
-    def subject_failing_once(n: int) -> str:
+    def data_failing_once(n: int) -> str:
         from pyspark import TaskContext
 
-        # The sink checks each chunk of rows before sending it.
         if n == fail_at and TaskContext.get().attemptNumber() == 0:
-            return "nowhere.x"
-        return f"{stream}.all"
+            return "x" * (TOO_LARGE + 1)
+        return str(n)
 
     small = {"spark.sql.execution.arrow.maxRecordsPerBatch": "50"}  # chunks of 50 rows
     before = {key: spark.conf.get(key) for key in small}
@@ -116,9 +124,10 @@ def failing_write(spark: Any, stream: str, fail_at: int, **options: Any) -> None
         for key, value in small.items():
             spark.conf.set(key, value)
         df = spark.range(0, 2000, numPartitions=2).select(
-            subject_failing_once(col("id")).alias("subject"), col("id").cast("string").alias("data")
+            data_failing_once(col("id")).alias("data")
         )
-        writer(df, options.pop("url"), stream=stream, **options).save()
+        url = options.pop("url")
+        writer(df, url, stream=stream, subject=f"{stream}.all", **options).save()
     finally:
         for key, value in before.items():
             spark.conf.set(key, value)
@@ -127,7 +136,7 @@ def failing_write(spark: Any, stream: str, fail_at: int, **options: Any) -> None
 def test_task_failure_mid_write_stores_each_row_once(spark, client, settings, nats_url, unique):
     """A task fails after it published part of its rows; Spark runs it again, which publishes
     them all again with the same message ids: the stream keeps one copy of each."""
-    stream = target(client, f"F{unique}")
+    stream = target(client, f"F{unique}", max_msg_size=TOO_LARGE)
     counter = CoreCounter(settings, f"{stream}.>")
     try:
         failing_write(spark, stream, 1700, url=nats_url)
@@ -143,7 +152,7 @@ def test_atomic_batches_with_a_task_failure_mid_write(spark, client, settings, n
     consecutive rows of one task (all stored at its commit, or none); a task that fails after
     seven of its batches is run again: the server refuses those seven as holding stored ids, the
     retry sends them row by row (all dropped as duplicates) and stores the rest in batches."""
-    stream = target(client, f"AB{unique}", atomic=True)
+    stream = target(client, f"AB{unique}", atomic=True, max_msg_size=TOO_LARGE)
     counter = CoreCounter(settings, f"{stream}.>")
     try:
         failing_write(spark, stream, 1750, url=nats_url, atomicBatchSize=100)
@@ -248,14 +257,29 @@ def test_bad_input_fails_before_anything_is_published(spark, nats_url, frame, op
         writer(df, nats_url, **options).save()
 
 
-def test_a_row_no_stream_captures_fails_the_task_with_one_line(spark, client, nats_url, unique):
+def test_a_row_no_stream_captures_fails_the_write_once_with_one_line(
+    spark, client, nats_url, unique
+):
+    """Such a row fails every attempt the same way: its task ends without it and the driver
+    fails the write, rather than Spark running the task again (three attempts here)."""
     stream = target(client, f"NC{unique}")
     df = spark.createDataFrame(
         [(f"{stream}.a", "1"), ("nowhere.b", "2")], "subject STRING, data STRING"
     )
-    with pytest.raises(Exception, match="subject 'nowhere.b' is not captured by no stream"):
-        writer(df.coalesce(1), nats_url).save()
+    context = spark.sparkContext
+    context.setJobGroup(f"refused-{unique}", "a write with a refused row")
+    try:
+        with pytest.raises(Exception) as caught:  # noqa: B017 - Spark wraps it in its own types
+            writer(df.coalesce(1), nats_url).save()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    first = str(caught.value).splitlines()[0]
+    assert "ConfigurationError: subject 'nowhere.b' is not captured by no stream" in first
     assert values(client, stream) == []  # its chunk was checked before any of it was sent
+    tracker = context.statusTracker()
+    [job] = tracker.getJobIdsForGroup(f"refused-{unique}")
+    stages = [tracker.getStageInfo(stage) for stage in tracker.getJobInfo(job).stageIds]
+    assert [(s.numCompletedTasks, s.numFailedTasks) for s in stages] == [(1, 0)]
 
 
 def test_overwrite_is_refused(spark, nats_url):
@@ -369,3 +393,24 @@ def test_auth_failure_is_one_line_without_the_secret(spark):
             w.save()
     text = str(caught.value)
     assert "refused the credentials" in text and "wrong-Pw8" not in text, text
+
+
+def test_a_refused_row_is_said_once_and_the_window_warning_once(client, nats_url, unique, tmp_path):
+    """In a fresh Spark with task retries, as a user sees it: a streaming write reaching a row no
+    stream captures fails without a task retry, the connector's line first in the error; the
+    duplicate-window warning, checked again with every micro-batch, is logged once."""
+    stream = target(client, f"NOISE{unique}", window=60)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    driver = Path(__file__).with_name("sink_refusal_driver.py")
+    args = [sys.executable, str(driver), nats_url, stream, str(tmp_path / "checkpoint")]
+    run = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240)
+    output = run.stdout + run.stderr
+    refused = f"subject 'nowhere.b' is not captured by stream '{stream}'"
+    failed = [line for line in run.stdout.splitlines() if line.startswith("QUERY FAILED: ")]
+    assert failed and "nats_spark.errors.ConfigurationError: " + refused in failed[0], output
+    assert "Lost task" not in output and "failed 4 times" not in output, output
+    # Once in Spark's log of the query's end, once in the error the query raised.
+    assert output.count(refused) == 2, output
+    assert output.count(f"stream {stream} drops repeated message ids within 60s") == 1, output
+    stored_values = values(client, stream)  # from batches before the refused row's
+    assert len(set(stored_values)) == len(stored_values) and set(stored_values) <= set(range(5))

@@ -30,8 +30,10 @@ from nats_spark.spark.sink import (
     SinkColumns,
     arrow_chunks,
     check_target,
+    first_check,
     log_commit,
     new_write_id,
+    raise_refused,
     sink_columns,
     task_id_prefix,
 )
@@ -56,10 +58,12 @@ class NatsDataSource(DataSource):
         options = parse_sink_options(self.options)
         columns = sink_columns(schema, options)
 
+        say = first_check(self.options.get("checkpointLocation"))
+
         async def check() -> SinkOptions:
             client = await NatsClient.open(options.connection)
             try:
-                return await check_target(client, options)
+                return await check_target(client, options, say)
             finally:
                 await client.close()
 
@@ -126,7 +130,9 @@ class NatsWriter(DataSourceArrowWriter):
         publisher = PartitionPublisher(self.options, self.columns, task_id_prefix(self.write_id))
         return publisher.publish(arrow_chunks(iterator, self.columns))
 
+    @one_line_errors
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        raise_refused(messages)
         log_commit(f"write {self.write_id}", messages)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -151,7 +157,9 @@ class NatsStreamWriter(_StreamWriterBase):
             return publisher.publish(arrow_chunks(rest, self.columns))
         return publisher.publish(_rows_chunks(rest, self.columns))
 
+    @one_line_errors
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        raise_refused(messages)
         log_commit(f"batch {batchId}", messages)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

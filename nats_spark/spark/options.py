@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -177,6 +178,14 @@ class SourceOptions:
         return f"{self.stream}/{self.group or self.consumer}"
 
 
+def _unknown_option(key: str, canonical: Mapping[str, str]) -> str:
+    """The error for an option no format knows, naming the nearest known one. `key` is as Spark
+    passes it: in lower case (its option maps ignore case), whatever the user typed."""
+    nearest = difflib.get_close_matches(key.lower(), canonical, n=1)
+    guess = f"did you mean {canonical[nearest[0]]}? " if nearest else ""
+    return f"unknown option {key!r}; {guess}known options: {', '.join(canonical.values())}"
+
+
 class OptionValues:
     """Option strings under their canonical names (Spark passes names in any case), with the
     typed readers every option goes through."""
@@ -189,9 +198,7 @@ class OptionValues:
             if name is None:
                 if key.lower() in ("path", "checkpointlocation", "queryname"):
                     continue  # Spark adds these for some call paths
-                raise ConfigurationError(
-                    f"unknown option {key!r}; known options: {', '.join(known)}"
-                )
+                raise ConfigurationError(_unknown_option(key, canonical))
             self.values[name] = str(value)
 
     def take(self, name: str) -> str | None:

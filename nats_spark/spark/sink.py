@@ -11,14 +11,16 @@ every row.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
-from pyspark import TaskContext
+from pyspark import SparkFiles, TaskContext
 from pyspark.sql.datasource import WriterCommitMessage
 
 from nats_spark.client import NatsClient, shared_client
@@ -65,10 +67,28 @@ def sink_columns(schema: Any, options: SinkOptions) -> SinkColumns:
     return SinkColumns("subject" in types, kinds.get(types.get("headers", "")))
 
 
-async def check_target(client: NatsClient, options: SinkOptions) -> SinkOptions:
+def first_check(checkpoint: str | None) -> bool:
+    """Whether the target check of a write is the first of its query in this Spark application.
+    Spark creates a streaming query's writer again for every micro-batch, in one of the driver's
+    Python worker processes, so what the check says would repeat each batch: a marker file in
+    the application's own directory (SparkFiles', removed when the application ends), named
+    after the checkpoint, tells across those processes. A batch write is checked once anyway."""
+    if checkpoint is None:
+        return True
+    name = hashlib.sha256(checkpoint.encode()).hexdigest()[:32]
+    marker = os.path.join(SparkFiles.getRootDirectory(), f"nats-sink-checked-{name}")
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+async def check_target(client: NatsClient, options: SinkOptions, say: bool = True) -> SinkOptions:
     """Before anything is published: the stream exists, the subject option lands in it, and its
-    duplicate window (what bounds exactly once) is said. Returns the options with the atomic
-    batch size settled: atomic batches where the stream allows them, unless told otherwise."""
+    duplicate window (what bounds exactly once) is said (`say`; else at debug level). Returns
+    the options with the atomic batch size settled: atomic batches where the stream allows
+    them, unless told otherwise."""
     atomic = 0
     streams: list[dict[str, Any]] | None = None  # the target stream's config, once fetched
     if options.stream is not None:
@@ -79,11 +99,11 @@ async def check_target(client: NatsClient, options: SinkOptions) -> SinkOptions:
                 f"stream {options.stream!r} does not exist; create it or fix the stream option"
             ) from None
         streams = [info["config"]]
-        atomic = _atomic_batch(options, info)
+        atomic = _atomic_batch(options, info, say)
         window = info.duplicate_window
         level = logging.WARNING if window < _WINDOW_WARNING else logging.INFO
         log.log(
-            level,
+            level if say else logging.DEBUG,
             "stream %s drops repeated message ids within %gs: a batch re-run later than that "
             "after its first attempt (a restart after a longer outage) is stored twice; "
             "raise the stream's duplicate_window to cover your longest outage",
@@ -96,10 +116,11 @@ async def check_target(client: NatsClient, options: SinkOptions) -> SinkOptions:
     return replace(options, atomic_batch=atomic)
 
 
-def _atomic_batch(options: SinkOptions, info: StreamInfo) -> int:
+def _atomic_batch(options: SinkOptions, info: StreamInfo, say: bool) -> int:
+    level = logging.INFO if say else logging.DEBUG
     if info.allow_atomic:
         size = ATOMIC_BATCH_MAX if options.atomic_batch is None else options.atomic_batch
-        log.info("stream %s allows atomic batches: %d rows per batch", options.stream, size)
+        log.log(level, "stream %s allows atomic batches: %d rows per batch", options.stream, size)
         return size
     if options.atomic_batch:
         raise ConfigurationError(
@@ -107,7 +128,8 @@ def _atomic_batch(options: SinkOptions, info: StreamInfo) -> int:
             "2.12+); enable it on the stream, or drop atomicBatchSize"
         )
     if options.atomic_batch is None:
-        log.info(
+        log.log(
+            level,
             "stream %s does not allow atomic batches: rows are published one by one, and a "
             "failed task's rows are visible before its retry completes them (allow_atomic "
             "on the stream hides them)",
@@ -134,13 +156,14 @@ def _check_subject(capture: SubjectCapture, options: SinkOptions, subject: str) 
 
 @dataclass(frozen=True)
 class SinkCommit(WriterCommitMessage):
-    """What one task wrote."""
+    """What one task wrote; `refused`: why it stopped at a row that cannot be published."""
 
     rows: int
     published: int
     duplicates: int
     resent: int
     batches: int
+    refused: str | None = None
 
 
 def _header_pairs(value: Any) -> list[tuple[str, str]]:
@@ -202,15 +225,36 @@ class PartitionPublisher:
     def publish(
         self, chunks: Iterable[tuple[Sequence[Any], Sequence[Any], Sequence[Any]]]
     ) -> SinkCommit:
-        """Publish chunks of (subjects, data, headers) columns; returns the task's commit."""
+        """Publish chunks of (subjects, data, headers) columns; returns the task's commit.
+
+        A row that cannot be published (its subject) fails the same way on every attempt, so
+        it does not fail the task, which Spark would run again up to spark.task.maxFailures
+        times, each printing the error: publishing stops before its chunk, what was sent is
+        confirmed, and the commit carries the error for the driver to raise once."""
+        refused = None
         run_sync(self.publisher.start())
         try:
             for subjects, data, headers in chunks:
-                run_sync(self.publisher.send(self._messages(subjects, data, headers)))
+                try:
+                    messages = self._messages(subjects, data, headers)
+                except ConfigurationError as error:
+                    refused = str(error)
+                    break
+                run_sync(self.publisher.send(messages))
             stats = run_sync(self.publisher.finish())
         finally:
             run_sync(self.publisher.stop())
-        return SinkCommit(self.rows, stats.published, stats.duplicates, stats.resent, stats.batches)
+        return SinkCommit(
+            self.rows, stats.published, stats.duplicates, stats.resent, stats.batches, refused
+        )
+
+
+def raise_refused(messages: Sequence[Any]) -> None:
+    """On the driver, before a write or batch commits: the first row a task refused, as the
+    write's one error."""
+    for message in messages:
+        if isinstance(message, SinkCommit) and message.refused is not None:
+            raise ConfigurationError(message.refused)
 
 
 def arrow_chunks(
