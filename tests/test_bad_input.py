@@ -32,7 +32,8 @@ DROP = None  # an override that removes the option
 
 # (overrides of BASE, text the one-line error must contain)
 BAD_OPTIONS: list[tuple[dict[str, str | None], str]] = [
-    ({"colour": "blue"}, "unknown option 'colour'"),
+    ({"colour": "blue"}, "unknown option 'colour'; known options: servers, "),
+    ({"startingPositon": "x"}, "unknown option 'startingPositon'; did you mean startingPosition?"),
     ({"servers": DROP}, "option servers is required"),
     ({"servers": "  "}, "option servers is required"),
     ({"servers": " , "}, "no NATS server given"),
@@ -155,6 +156,8 @@ def load_error(spark: Any, options: dict[str, str]) -> str:
         ({"ackWait": "soon"}, "option ackWait='soon' is not a duration; use e.g. 500ms"),
         ({"consumer": "c"}, "set exactly one of the options group"),
         ({"colour": "blue"}, "unknown option 'colour'"),
+        # Spark passes option names in lower case; the hint gives the name's own spelling.
+        ({"maxAckPendng": "9"}, "unknown option 'maxackpendng'; did you mean maxAckPending?"),
     ],
 )
 def test_bad_option_fails_load_with_the_one_line_message(
