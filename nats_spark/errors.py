@@ -1,6 +1,10 @@
-"""The connector's exceptions: each carries one line naming the problem and the fix."""
+"""The connector's exceptions: each carries one line naming the problem and the fix.
 
+A condition more than one format or entry point meets is worded once, by a builder here."""
+
+import json
 from enum import IntEnum
+from typing import Any
 
 
 class NatsSparkError(Exception):
@@ -9,6 +13,27 @@ class NatsSparkError(Exception):
 
 class ConfigurationError(NatsSparkError, ValueError):
     """An option, argument or server-side configuration does not fit."""
+
+
+def stream_missing(stream: str, servers: str) -> ConfigurationError:
+    """The stream an option names does not exist (every format checks it before reading or
+    writing)."""
+    return ConfigurationError(
+        f"stream {stream!r} does not exist on {servers}; create it or fix the stream option"
+    )
+
+
+def option_not_applicable(name: str, where: str) -> ConfigurationError:
+    """An option given where it has no meaning (`where`: e.g. "batch reads (read)")."""
+    return ConfigurationError(f"option {name} does not apply to {where}; drop it")
+
+
+def foreign_checkpoint(offset: Any, reader: str) -> ConfigurationError:
+    """A checkpoint offset `reader` did not write (another source, format or version)."""
+    return ConfigurationError(
+        f"checkpoint offset {json.dumps(offset)[:200]} was not written by {reader}; start the "
+        "query with a new checkpoint location"
+    )
 
 
 class ConnectionFailed(NatsSparkError, ConnectionError):

@@ -54,11 +54,11 @@ BAD_OPTIONS: list[tuple[dict[str, str | None], str]] = [
     ({"user": "u", "passwordFile": "/nonexistent/pw"}, "passwordFile /nonexistent/pw cannot be"),
     ({"tokenFile": "/nonexistent/tk"}, "tokenFile /nonexistent/tk cannot be read"),
     ({"members": "m1,m 2"}, "option members='m 2' is not a valid NATS name"),
-    ({"priorityGroup": "PCG"}, "option priorityGroup does not apply when reading a group"),
-    ({"minPending": "5"}, "option minPending does not apply when reading a group"),
-    ({"minAckPending": "5"}, "option minAckPending does not apply when reading a group"),
-    ({"priority": "1"}, "option priority does not apply when reading a group"),
-    ({"numPartitions": "2"}, "option numPartitions does not apply when reading a group"),
+    ({"priorityGroup": "PCG"}, "option priorityGroup does not apply to group reads; drop it"),
+    ({"minPending": "5"}, "option minPending does not apply to group reads; drop it"),
+    ({"minAckPending": "5"}, "option minAckPending does not apply to group reads; drop it"),
+    ({"priority": "1"}, "option priority does not apply to group reads; drop it"),
+    ({"numPartitions": "2"}, "option numPartitions does not apply to group reads; drop it"),
     ({"group": DROP, "consumer": "c", "groupType": "static"}, "groupType does not apply"),
     ({"group": DROP, "consumer": "c", "members": "m1"}, "members does not apply"),
     ({"group": DROP, "consumer": "c", "ackWait": "5s"}, "ackWait does not apply"),
@@ -375,3 +375,31 @@ def test_query_against_an_old_server_fails_with_one_line(
         f"nats_spark.errors.ServerTooOld: NATS server {old_server} is version 2.10.7, but "
         "priority groups need 2.11 or newer; upgrade the NATS server"
     )
+
+
+@pytest.mark.spark
+def test_a_missing_stream_is_one_line_in_every_format(spark: Any, nats_url: str, tmp_path: Path):
+    """Batch and streaming reads of both formats and the sink word it the same."""
+    stream = f"NOSUCH{os.getpid()}"
+    expected = (
+        f"nats_spark.errors.ConfigurationError: stream '{stream}' does not exist on {nats_url}; "
+        "create it or fix the stream option"
+    )
+
+    def nats(reader: Any) -> Any:
+        return reader.format("nats").option("servers", nats_url).option("stream", stream)
+
+    lines = {
+        "nats-pcg readStream": query_failure(
+            source(spark, nats_url, stream, "g"), tmp_path / "pcg"
+        ),
+        "nats readStream": query_failure(nats(spark.readStream).load(), tmp_path / "nats"),
+    }
+    with pytest.raises(Exception) as read:  # noqa: B017 - Spark wraps it in its own types
+        nats(spark.read).load().collect()
+    lines["nats read"] = ours(read.value)
+    with pytest.raises(Exception) as write:  # noqa: B017
+        data = spark.createDataFrame([("x",)], "data STRING")
+        nats(data.write.mode("append")).option("subject", "a").save()
+    lines["nats write"] = ours(write.value)
+    assert lines == dict.fromkeys(lines, expected)

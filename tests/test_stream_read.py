@@ -184,7 +184,7 @@ def test_read_paths_on_request(spark, nats_url, admin, unique):
 
 def test_bad_options_fail_with_one_line(spark, nats_url, unique):
     for options, message in [
-        ({"stream": f"missing{unique}"}, f"stream 'missing{unique}' not found; create it"),
+        ({"stream": f"missing{unique}"}, f"stream 'missing{unique}' does not exist on "),
         ({"stream": "S", "startingPosition": "sequence:0"}, "startingPosition='sequence:0' is"),
         ({"stream": "S", "endingPosition": "time:noon"}, "endingPosition='time:noon' is not valid"),
         (

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from nats_spark.client import NatsClient
-from nats_spark.errors import ConfigurationError, NotFound
+from nats_spark.errors import ConfigurationError, NotFound, stream_missing
 from nats_spark.jetstream.replies import StreamInfo
 from nats_spark.spark.driver_ledger import DriverLedger, Horizon
 from nats_spark.spark.ledger import Ledger, pointer_key
@@ -63,9 +63,8 @@ class OffsetReader:
                 stream = await client.api.stream_info(self.options.stream)
             except NotFound:
                 await client.close()
-                raise ConfigurationError(
-                    f"stream {self.options.stream!r} does not exist on "
-                    f"{self.options.connection.described()}; create it or fix the stream option"
+                raise stream_missing(
+                    self.options.stream, self.options.connection.described()
                 ) from None
             kv = await Ledger.bucket(
                 client, self.options.ledger_bucket, create=True, replicas=stream.replicas

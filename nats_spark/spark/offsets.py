@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from nats_spark.errors import ConfigurationError
+from nats_spark.errors import foreign_checkpoint
 
 OFFSET_VERSION = 1
 
@@ -54,10 +54,7 @@ class SourceOffset:
     def from_json(cls, value: dict[str, Any] | str) -> SourceOffset:
         data = json.loads(value) if isinstance(value, str) else value
         if data.get("v") != OFFSET_VERSION or "lineage" not in data:
-            raise ConfigurationError(
-                f"checkpoint offset {json.dumps(data)[:200]} was not written by this version of "
-                "nats-pcg; start the query with a new checkpoint location"
-            )
+            raise foreign_checkpoint(data, "this version of nats-pcg")
         members = {
             name: MemberPlan(plan["limit"], plan.get("pending", 0))
             for name, plan in data.get("members", {}).items()

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nats_spark.connection import ConnectionSettings, credentials, parse_servers
-from nats_spark.errors import ConfigurationError
+from nats_spark.errors import ConfigurationError, option_not_applicable
 from nats_spark.jetstream.publish import ATOMIC_BATCH_MAX
 from nats_spark.jetstream.subjects import valid_publish_subject
 
@@ -310,8 +310,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     consumer_only = ("priorityGroup", "minPending", "minAckPending", "priority", "numPartitions")
     for name in group_only if consumer else consumer_only if group else ():
         if take(name) is not None:
-            other = "consumer" if consumer else "group"
-            raise ConfigurationError(f"option {name} does not apply when reading a {other}")
+            raise option_not_applicable(name, "consumer reads" if consumer else "group reads")
     consumer_layout = (take("consumerLayout") or SourceOptions.consumer_layout).lower()
     if consumer_layout not in ("auto", "partition", "member"):
         raise ConfigurationError(
@@ -476,7 +475,7 @@ def parse_read_options(raw: Mapping[str, str], streaming: bool) -> ReadOptions:
     for name in ("endingPosition", *streaming_only):
         if take(name) is not None and (name in streaming_only) != streaming:
             where = "streaming reads (readStream)" if streaming else "batch reads (read)"
-            raise ConfigurationError(f"option {name} does not apply to {where}; drop it")
+            raise option_not_applicable(name, where)
     subjects: tuple[str, ...] = ()
     if (text := take("subjects")) is not None:
         subjects = tuple(_check_filter_subject(s.strip()) for s in text.split(",") if s.strip())

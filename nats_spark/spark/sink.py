@@ -24,7 +24,7 @@ from pyspark import SparkFiles, TaskContext
 from pyspark.sql.datasource import WriterCommitMessage
 
 from nats_spark.client import NatsClient, shared_client
-from nats_spark.errors import ConfigurationError, NotFound
+from nats_spark.errors import ConfigurationError, NotFound, stream_missing
 from nats_spark.jetstream.publish import ATOMIC_BATCH_MAX, OutMessage, Publisher, PublishStats
 from nats_spark.jetstream.replies import StreamInfo
 from nats_spark.jetstream.subjects import SubjectCapture, valid_publish_subject
@@ -95,9 +95,7 @@ async def check_target(client: NatsClient, options: SinkOptions, say: bool = Tru
         try:
             info = await client.api.stream_info(options.stream)
         except NotFound:
-            raise ConfigurationError(
-                f"stream {options.stream!r} does not exist; create it or fix the stream option"
-            ) from None
+            raise stream_missing(options.stream, options.connection.described()) from None
         streams = [info["config"]]
         atomic = _atomic_batch(options, info, say)
         window = info.duplicate_window

@@ -23,7 +23,7 @@ from pyspark.sql.datasource import (
 )
 
 from nats_spark.client import NatsClient, shared_client
-from nats_spark.errors import ConfigurationError, NotFound
+from nats_spark.errors import ConfigurationError, NotFound, foreign_checkpoint, stream_missing
 from nats_spark.jetstream.replies import StreamInfo
 from nats_spark.loop import run_sync
 from nats_spark.spark.failures import one_line_errors
@@ -51,10 +51,7 @@ class RangeOffset:
     def from_json(cls, value: dict[str, Any] | str, stream: str) -> RangeOffset:
         data = json.loads(value) if isinstance(value, str) else value
         if data.get("v") != OFFSET_VERSION or not isinstance(data.get("seq"), int):
-            raise ConfigurationError(
-                f"checkpoint offset {json.dumps(data)[:200]} was not written by format nats's "
-                "stream reader; start the query with a new checkpoint location"
-            )
+            raise foreign_checkpoint(data, "format nats's stream reader")
         if data.get("stream") != stream:
             raise ConfigurationError(
                 f"the checkpoint reads stream {data.get('stream')!r}, not {stream!r}; use a new "
@@ -104,9 +101,7 @@ class StreamRanges:
         except NotFound as error:
             if not error.stream_missing:
                 raise
-            raise ConfigurationError(
-                f"stream {self.options.stream!r} not found; create it or fix the option stream"
-            ) from None
+            raise stream_missing(self.options.stream, self.options.connection.described()) from None
 
     async def _first_at(self, stamp: str, last_seq: int) -> int:
         """Sequence of the first message stored at or after `stamp`; `last_seq + 1` if none."""
