@@ -18,7 +18,7 @@ $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.server-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[server]'
+	$(BIN)/pip install -q -e '.[spark,server]'
 	touch $@
 
 # The fast lane: lint, format, types and the unit tests of pure logic; no nats-server, no Spark.

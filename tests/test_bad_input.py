@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -403,3 +405,26 @@ def test_a_missing_stream_is_one_line_in_every_format(spark: Any, nats_url: str,
         nats(data.write.mode("append")).option("subject", "a").save()
     lines["nats write"] = ours(write.value)
     assert lines == dict.fromkeys(lines, expected)
+
+
+@pytest.mark.parametrize(
+    ("fake_pyspark", "found"),
+    [
+        ('__version__ = "3.5.2"', "found 3.5.2"),  # e.g. Databricks Runtime 16.4
+        ('raise ImportError("No module named pyspark")', "which this Python lacks"),
+    ],
+)
+def test_a_python_without_spark_4_is_named_on_import(tmp_path, fake_pyspark, found):
+    """PySpark is not a dependency (a Spark runtime brings its own): the formats say what they
+    need instead of failing on a missing pyspark.sql.datasource."""
+    (tmp_path / "pyspark").mkdir()
+    (tmp_path / "pyspark" / "__init__.py").write_text(fake_pyspark + "\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-c", "import pyspark_nats_pcg"], env=env, capture_output=True, text=True
+    )
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 1 and last == (
+        f"ImportError: nats-spark's Spark formats need PySpark 4.0 or newer, {found}; on a plain "
+        "machine pip install 'nats-spark[spark]', on Databricks use Runtime 17.0 or newer"
+    )
