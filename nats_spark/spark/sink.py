@@ -6,7 +6,8 @@ batch write. Spark re-runs a failed task, a speculative copy, or after a driver 
 logged batch, with the same rows in the same order (the `nats-pcg` source replays exactly; so
 do files and other deterministic sources), so a re-published row carries the same id and the
 stream's duplicate window drops it. A task reports success only once JetStream has confirmed
-every row.
+every row, or every row before one that cannot be published, which the driver then fails the
+write or batch with (before it commits).
 """
 
 from __future__ import annotations
