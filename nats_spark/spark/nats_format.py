@@ -58,7 +58,7 @@ class NatsDataSource(DataSource):
         options = parse_sink_options(self.options)
         columns = sink_columns(schema, options)
 
-        say = first_check(self.options.get("checkpointLocation"))
+        say = first_check(options)
 
         async def check() -> SinkOptions:
             client = await NatsClient.open(options.connection)

@@ -68,15 +68,14 @@ def sink_columns(schema: Any, options: SinkOptions) -> SinkColumns:
     return SinkColumns("subject" in types, kinds.get(types.get("headers", "")))
 
 
-def first_check(checkpoint: str | None) -> bool:
-    """Whether the target check of a write is the first of its query in this Spark application.
-    Spark creates a streaming query's writer again for every micro-batch, in one of the driver's
-    Python worker processes, so what the check says would repeat each batch: a marker file in
-    the application's own directory (SparkFiles', removed when the application ends), named
-    after the checkpoint, tells across those processes. A batch write is checked once anyway."""
-    if checkpoint is None:
-        return True
-    name = hashlib.sha256(checkpoint.encode()).hexdigest()[:32]
+def first_check(options: SinkOptions) -> bool:
+    """Whether this is the first check of the target stream in this Spark application. Spark
+    creates a streaming query's writer again for every micro-batch, in one of the driver's
+    Python worker processes, so what the check says about the stream would repeat each batch: a
+    marker file in the application's own directory (SparkFiles', removed when the application
+    ends), named after the servers and the stream, tells across those processes."""
+    target = f"{options.connection.described()} {options.stream}"
+    name = hashlib.sha256(target.encode()).hexdigest()[:32]
     marker = os.path.join(SparkFiles.getRootDirectory(), f"nats-sink-checked-{name}")
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
