@@ -171,6 +171,8 @@ def test_time_bounds_narrow_and_stay_with_spark() -> None:
     ].matches_nothing
     naive = GreaterThanOrEqual(("timestamp",), T.replace(tzinfo=None))
     assert push(naive) == (PushedFilters(), [naive])
+    last = LessThanOrEqual(("timestamp",), dt.datetime.max.replace(tzinfo=dt.UTC))
+    assert push(last) == (PushedFilters(), [last])
 
 
 def test_other_filters_stay_with_spark_in_their_order_and_identity() -> None:

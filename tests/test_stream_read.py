@@ -344,6 +344,9 @@ def test_pushed_filters_give_the_rows_spark_gives(spark, nats_url, admin, filter
         (col("timestamp") > when[55], {}, "[]", 0),
         ((col("timestamp") <= when[2]) | (col("timestamp") < when[1]), {}, "[]", None),
         ((col("timestamp") > when[5]) & (col("timestamp") < when[9]), {}, "[]", None),
+        # Times nats-server cannot look up (int64 nanoseconds): everything, then nothing.
+        ("timestamp >= '1000-01-01' AND timestamp < '2300-01-01'", {}, "[]", 54),
+        ("timestamp > '2300-01-01'", {}, "[]", 0),
         # A direct get takes one filter subject: IN stays with Spark there.
         (f"subject = '{s}k4'", {"readPath": "direct"}, f"EqualTo(subject,{s}k4)", 9),
         (f"subject IN ('{s}k2', '{s}k4')", {"readPath": "direct"}, "[]", 19),

@@ -178,14 +178,18 @@ def _time_bounds(kind: str, value: Any) -> tuple[datetime | None, datetime | Non
     of the stored nanoseconds, so `timestamp <= T` is every message stored before T + 1 us."""
     if not isinstance(value, datetime) or value.tzinfo is None:
         return None
-    value = value.astimezone(UTC)
+    try:
+        value = value.astimezone(UTC)
+        after = value + _MICROSECOND
+    except OverflowError:  # at the ends of Python's time range: Spark filters alone
+        return None
     return {
-        "EqualTo": (value, value + _MICROSECOND),
-        "EqualNullSafe": (value, value + _MICROSECOND),
-        "GreaterThan": (value + _MICROSECOND, None),
+        "EqualTo": (value, after),
+        "EqualNullSafe": (value, after),
+        "GreaterThan": (after, None),
         "GreaterThanOrEqual": (value, None),
         "LessThan": (None, value),
-        "LessThanOrEqual": (None, value + _MICROSECOND),
+        "LessThanOrEqual": (None, after),
     }.get(kind)
 
 

@@ -14,7 +14,7 @@ import logging
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -38,6 +38,10 @@ from nats_spark.spark.source import ReadAllAvailable, ReadMaxRows, SupportsTrigg
 log = logging.getLogger(__name__)
 
 OFFSET_VERSION = 1
+# nats-server looks a time up as int64 nanoseconds since 1970; a time outside these wraps
+# around (a lookup of 2300-01-01 answers with the first message), so they are answered here.
+EARLIEST_LOOKUP = datetime(1678, 1, 1, tzinfo=UTC)
+LATEST_LOOKUP = datetime(2262, 1, 1, tzinfo=UTC)
 # Default split: a few seconds of work per task; fewer, larger tasks for small ranges.
 MESSAGES_PER_PARTITION = 500_000
 
@@ -119,6 +123,11 @@ class StreamRanges:
 
     async def _first_at(self, stamp: str, last_seq: int) -> int:
         """Sequence of the first message stored at or after `stamp`; `last_seq + 1` if none."""
+        when = datetime.fromisoformat(stamp)
+        if when < EARLIEST_LOOKUP:
+            return 1
+        if when >= LATEST_LOOKUP:
+            return last_seq + 1
         try:
             found = await self.client.api.get_message(
                 self.options.stream, 0, next_by_subject=">", start_time=stamp
@@ -204,8 +213,7 @@ class RangeReader(DataSourceReader):
 
     @one_line_errors
     def partitions(self) -> Sequence[InputPartition]:
-        client = shared_client(self.options.connection)
-        ranges = StreamRanges(self.options, client, self.pushed)
+        ranges = StreamRanges(self.options, shared_client(self.options.connection), self.pushed)
 
         async def plan() -> list[RangePartition]:
             info = await ranges.stream_info()
