@@ -6,7 +6,8 @@ and on (NATS filters), on one embedded server.
 
 The stream holds N messages of B bytes over K subjects `PUSHDOWN.k<i>` (round robin: with the
 default 100 keys one subject is 1% of the stream). Cases: one subject (1%), two subjects (2%,
-two filter subjects) and the last 1% of sequences. Prints one JSON line per read and a summary
+two filter subjects), the last 1% of sequences and 64 subjects (64%, as many filter subjects as
+an IN list may become). Prints one JSON line per read and a summary
 with each case's best times and the speedup.
 """
 
@@ -64,10 +65,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
     n = args.messages
+    if args.keys < 64:
+        parser.error("--keys must be at least 64 (the in_64_subjects case)")
     cases = {
         "one_subject": f"subject = '{STREAM}.k7'",
         "two_subjects": f"subject IN ('{STREAM}.k7', '{STREAM}.k8')",
         "last_sequences": f"stream_seq > {n - n // 100}",
+        # The most subjects pushed as filter subjects (MAX_IN_SUBJECTS), most of the stream:
+        # nats-server's multi-filter cost per message at its worst.
+        "in_64_subjects": f"subject IN ({', '.join(repr(f'{STREAM}.k{i}') for i in range(64))})",
     }
     with EmbeddedServer() as server:
         rate = run_sync(setup(server.url, n, args.size, args.keys))
