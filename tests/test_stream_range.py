@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 
 import pytest
@@ -13,6 +14,7 @@ from nats_spark.spark.schema import ARROW_SCHEMA
 from nats_spark.spark.stream_range import (
     MESSAGES_PER_PARTITION,
     RangeOffset,
+    StreamRanges,
     next_microsecond,
     partition_count,
     split_range,
@@ -53,6 +55,13 @@ def test_offset_round_trip_and_refusals() -> None:
 def test_next_microsecond() -> None:
     assert next_microsecond("2026-11-23T08:00:00Z") == "2026-11-23T08:00:00.000001Z"
     assert next_microsecond("2026-11-23T23:59:59.999999Z") == "2026-11-24T00:00:00Z"
+
+
+def test_times_nats_server_cannot_look_up_are_answered_without_it() -> None:
+    options = parse_read_options(BASE, streaming=False)
+    ranges = StreamRanges(options, None)  # type: ignore[arg-type]  # never asked
+    assert asyncio.run(ranges._first_at("1000-01-01T00:00:00Z", 9)) == 1
+    assert asyncio.run(ranges._first_at("2300-01-01T00:00:00Z", 9)) == 10
 
 
 def test_read_options_defaults_and_values() -> None:

@@ -3,19 +3,23 @@ through batch direct get and through an ephemeral consumer, with nothing acked o
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import io
 import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from spark_helpers import check_trigger_pacing
+from pyspark.sql import functions as F
+from spark_helpers import SPARK_VERSION, check_trigger_pacing
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
 from nats_spark.jetstream.pull import header_values
 from nats_spark.loop import Blocking, run_sync
+from nats_spark.spark.schema import SCHEMA_DDL
 
 pytestmark = pytest.mark.spark
 
@@ -255,3 +259,111 @@ def test_streaming_trigger_pacing(spark, nats_url, admin, unique, tmp_path):
     reader = spark.readStream.format("nats").option("servers", nats_url).option("stream", name)
     df = reader.option("minMessagesPerTrigger", "20").option("maxTriggerDelay", "5s").load()
     check_trigger_pacing(df, lambda start, count: publish(admin, name, start, count), tmp_path)
+
+
+PUSHDOWN = "spark.sql.python.filterPushdown.enabled"
+# Subjects for pushdown: five keys, tokens that only look like wildcards, a deeper subject and
+# subjects that share a key's prefix inside a token.
+ODD_SUBJECTS = ("a*b", ">x", "k1.deep", "k10", "k1x.y")
+
+
+@pytest.fixture(scope="module")
+def filtered(admin: Blocking[NatsClient]) -> str:
+    """A stream (allow_direct) of 50 `.k<i % 5>` messages, then one of each ODD_SUBJECTS;
+    message 20 is deleted."""
+    name = create(admin, f"F{uuid.uuid4().hex[:8]}", True)
+
+    async def send() -> None:
+        for i, key in enumerate([f"k{i % 5}" for i in range(50)] + list(ODD_SUBJECTS)):
+            await admin.target.js.publish(f"{name}.{key}", str(i).encode())
+
+    run_sync(send())
+    run_sync(admin.api.request(f"STREAM.MSG.DELETE.{name}", {"seq": 20}))
+    return name
+
+
+def read_where(
+    spark: Any, url: str, stream: str, where: Any, pushdown: bool, **options: Any
+) -> tuple[list[Any], str]:
+    """Rows of a filtered read, sorted, and the plan Spark explains."""
+    spark.conf.set(PUSHDOWN, str(pushdown).lower())
+    try:
+        reader = spark.read.format("nats").option("servers", url).option("stream", stream)
+        for key, value in options.items():
+            reader = reader.option(key, str(value))
+        df = reader.load().where(where)
+        plan = io.StringIO()
+        with contextlib.redirect_stdout(plan):
+            df.explain(mode="formatted")
+        return sorted(df.collect(), key=lambda row: row.stream_seq), plan.getvalue()
+    finally:
+        spark.conf.unset(PUSHDOWN)
+
+
+def pushed_filters(plan: str) -> str:
+    """What the scan took over, as explain shows it (no line when it took nothing)."""
+    lines = [line for line in plan.splitlines() if line.startswith("PushedFilters:")]
+    return lines[0] if lines else "PushedFilters: []"
+
+
+@pytest.mark.skipif(SPARK_VERSION < (4, 1), reason="filter pushdown needs pyspark 4.1+")
+def test_pushed_filters_give_the_rows_spark_gives(spark, nats_url, admin, filtered):
+    name = filtered
+    everything, _ = read_where(spark, nats_url, name, "true", pushdown=False)
+    assert len(everything) == 54 and 20 not in seqs(everything)
+    unpushed = spark.createDataFrame(everything, SCHEMA_DDL)  # Spark filters all rows itself
+    messages = stored(admin, name)
+    when = {seq: micros(m.time).replace(tzinfo=dt.UTC) for seq, m in messages.items()}
+    s, col = f"{name}.", F.col
+    many = ", ".join(f"'{s}k{i}'" for i in range(70))
+    # where, options, what explain shows as pushed, how many rows (None: some)
+    cases: list[tuple[Any, dict[str, str], str, int | None]] = [
+        (f"subject = '{s}k1'", {}, f"EqualTo(subject,{s}k1)", 10),
+        (f"subject IN ('{s}k1', '{s}k3', '{s}none')", {}, "In(subject", 20),
+        (f"subject IN ({many})", {}, "[]", 50),  # a covering `<stream>.*`, Spark filters too
+        (f"subject LIKE '{s}k1.%'", {}, "StringStartsWith(subject", 1),
+        (f"startswith(subject, '{s}k1')", {}, "[]", 13),  # `<stream>.>`, Spark filters too
+        (f"subject IN ('{s}a*b', '{s}>x')", {}, "In(subject", 2),
+        (f"subject = '{s}*'", {}, "[]", 0),  # a wildcard: Spark alone
+        (f"subject = '{s}k1' AND subject LIKE 'other.%'", {}, "EqualTo(subject", 0),
+        (f"subject IN ('{s}k2', '{s}k3')", {"subjects": f"{s}k1,{s}k2,{s}a*b"}, "In(subject", 10),
+        ("stream_seq >= 1 AND stream_seq <= 55", {}, "GreaterThanOrEqual(stream_seq,1)", 54),
+        ("stream_seq > 54", {}, "GreaterThan(stream_seq,54)", 1),
+        ("stream_seq IN (20, 21)", {}, "[]", 1),  # 20 is deleted
+        ("stream_seq > 55", {}, "GreaterThan(stream_seq,55)", 0),
+        ("stream_seq < 1", {}, "LessThan(stream_seq,1)", 0),
+        (
+            col("subject").isin(f"{s}k1", f"{s}k2")
+            & col("stream_seq").between(10, 30)
+            & (col("timestamp") >= when[15]),
+            {"startingPosition": "sequence:12"},
+            "In(subject",
+            None,
+        ),
+        (col("timestamp") == when[30], {}, "[]", None),
+        (col("timestamp") > when[55], {}, "[]", 0),
+        ((col("timestamp") <= when[2]) | (col("timestamp") < when[1]), {}, "[]", None),
+        ((col("timestamp") > when[5]) & (col("timestamp") < when[9]), {}, "[]", None),
+        # Times nats-server cannot look up (int64 nanoseconds): everything, then nothing.
+        ("timestamp >= '1000-01-01' AND timestamp < '2300-01-01'", {}, "[]", 54),
+        ("timestamp > '2300-01-01'", {}, "[]", 0),
+        # A direct get takes one filter subject: IN stays with Spark there.
+        (f"subject = '{s}k4'", {"readPath": "direct"}, f"EqualTo(subject,{s}k4)", 9),
+        (f"subject IN ('{s}k2', '{s}k4')", {"readPath": "direct"}, "[]", 19),
+    ]
+    for where, options, shown, count in cases:
+        wanted = sorted(unpushed.where(where).collect(), key=lambda row: row.stream_seq)
+        first = int(options.get("startingPosition", "sequence:1").split(":")[1])
+        wanted = [row for row in wanted if row.stream_seq >= first]
+        if "subjects" in options:
+            wanted = [row for row in wanted if row.subject in options["subjects"].split(",")]
+        rows, plan = read_where(spark, nats_url, name, where, pushdown=True, **options)
+        assert rows == wanted, where
+        assert len(rows) == count if count is not None else rows, (where, len(rows))
+        assert shown in pushed_filters(plan), (where, pushed_filters(plan))
+
+
+def test_filters_without_pushdown_stay_with_spark(spark, nats_url, filtered):
+    rows, plan = read_where(spark, nats_url, filtered, "stream_seq > 50", pushdown=False)
+    assert seqs(rows) == [51, 52, 53, 54, 55]
+    assert pushed_filters(plan) == "PushedFilters: []"

@@ -24,6 +24,7 @@ from nats_spark.errors import ConfigurationError
 from nats_spark.loop import run_sync
 from nats_spark.spark.failures import one_line_errors
 from nats_spark.spark.options import SinkOptions, parse_read_options, parse_sink_options
+from nats_spark.spark.pushdown import spark_pushes_filters
 from nats_spark.spark.schema import SCHEMA_DDL, check_schema
 from nats_spark.spark.sink import (
     PartitionPublisher,
@@ -37,7 +38,7 @@ from nats_spark.spark.sink import (
     sink_columns,
     task_id_prefix,
 )
-from nats_spark.spark.stream_range import RangeReader, RangeStreamReader
+from nats_spark.spark.stream_range import FilteringRangeReader, RangeReader, RangeStreamReader
 
 try:  # Spark 4.1+: the streaming writer gets Arrow record batches too
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
@@ -87,7 +88,8 @@ class NatsDataSource(DataSource):
     @one_line_errors
     def reader(self, schema: Any) -> RangeReader:
         check_schema(schema, "nats")
-        return RangeReader(parse_read_options(self.options, streaming=False))
+        options = parse_read_options(self.options, streaming=False)
+        return FilteringRangeReader(options) if spark_pushes_filters() else RangeReader(options)
 
     @one_line_errors
     def streamReader(self, schema: Any) -> RangeStreamReader:

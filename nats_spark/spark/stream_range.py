@@ -8,9 +8,11 @@ streaming offsets are stream sequences, so a re-run of a batch reads the same ra
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,10 +31,17 @@ from nats_spark.loop import run_sync
 from nats_spark.spark.failures import one_line_errors
 from nats_spark.spark.options import ReadOptions, StartingPosition
 from nats_spark.spark.pacing import TriggerPacing
+from nats_spark.spark.pushdown import PushedFilters, push_filters, rfc3339
 from nats_spark.spark.range_reader import RangePartition, read_range
 from nats_spark.spark.source import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
+log = logging.getLogger(__name__)
+
 OFFSET_VERSION = 1
+# nats-server looks a time up as int64 nanoseconds since 1970; a time outside these wraps
+# around (a lookup of 2300-01-01 answers with the first message), so they are answered here.
+EARLIEST_LOOKUP = datetime(1678, 1, 1, tzinfo=UTC)
+LATEST_LOOKUP = datetime(2262, 1, 1, tzinfo=UTC)
 # Default split: a few seconds of work per task; fewer, larger tasks for small ranges.
 MESSAGES_PER_PARTITION = 500_000
 
@@ -83,14 +92,18 @@ def partition_count(requested: int | None, count: int) -> int:
 def next_microsecond(stamp: str) -> str:
     """RFC 3339 one microsecond after `stamp`: an end time is inclusive at the precision of the
     `timestamp` column, so a read ends before the first message stored at or after this."""
-    when = datetime.fromisoformat(stamp) + timedelta(microseconds=1)
-    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return rfc3339(datetime.fromisoformat(stamp) + timedelta(microseconds=1))
 
 
 class StreamRanges:
-    """Driver-side resolution of a read's options against the stream."""
+    """Driver-side resolution of a read's options (and pushed filters) against the stream."""
 
-    def __init__(self, options: ReadOptions, client: NatsClient) -> None:
+    def __init__(
+        self, options: ReadOptions, client: NatsClient, pushed: PushedFilters | None = None
+    ) -> None:
+        self.pushed = pushed or PushedFilters()
+        if self.pushed.subjects is not None:
+            options = dataclasses.replace(options, subjects=self.pushed.subjects)
         self.options = options
         self.client = client
         self._direct: bool | None = None
@@ -105,6 +118,11 @@ class StreamRanges:
 
     async def _first_at(self, stamp: str, last_seq: int) -> int:
         """Sequence of the first message stored at or after `stamp`; `last_seq + 1` if none."""
+        when = datetime.fromisoformat(stamp)
+        if when < EARLIEST_LOOKUP:
+            return 1
+        if when >= LATEST_LOOKUP:
+            return last_seq + 1
         try:
             found = await self.client.api.get_message(
                 self.options.stream, 0, next_by_subject=">", start_time=stamp
@@ -115,13 +133,17 @@ class StreamRanges:
 
     async def start_seq(self, info: StreamInfo) -> int:
         """The first sequence a read covers (`last_seq + 1` when it covers nothing yet)."""
-        first, last = max(1, info.first_seq), info.last_seq
+        first, last = max(1, info.first_seq, self.pushed.min_seq), info.last_seq
         deliver = self.options.starting_position.deliver
         if "opt_start_seq" in deliver:
-            return max(first, deliver["opt_start_seq"])
-        if "opt_start_time" in deliver:
-            return max(first, await self._first_at(deliver["opt_start_time"], last))
-        return last + 1 if deliver["deliver_policy"] == "new" else first
+            start = max(first, deliver["opt_start_seq"])
+        elif "opt_start_time" in deliver:
+            start = max(first, await self._first_at(deliver["opt_start_time"], last))
+        else:
+            start = last + 1 if deliver["deliver_policy"] == "new" else first
+        if self.pushed.start_time is not None and start <= last:
+            start = max(start, await self._first_at(rfc3339(self.pushed.start_time), last))
+        return start
 
     async def end_seq(self, info: StreamInfo) -> int:
         """The last sequence a batch read covers, inclusive."""
@@ -129,9 +151,13 @@ class StreamRanges:
         ending: StartingPosition | None = self.options.ending_position
         deliver = ending.deliver if ending else {}
         if "opt_start_seq" in deliver:
-            return min(last, deliver["opt_start_seq"])
-        if "opt_start_time" in deliver:
-            return await self._first_at(next_microsecond(deliver["opt_start_time"]), last) - 1
+            last = min(last, deliver["opt_start_seq"])
+        elif "opt_start_time" in deliver:
+            last = await self._first_at(next_microsecond(deliver["opt_start_time"]), last) - 1
+        if self.pushed.max_seq is not None:
+            last = min(last, self.pushed.max_seq)
+        if self.pushed.stop_time is not None:
+            last = min(last, await self._first_at(rfc3339(self.pushed.stop_time), last) - 1)
         return last
 
     def use_direct(self, info: StreamInfo) -> bool:
@@ -178,13 +204,16 @@ class RangeReader(DataSourceReader):
 
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
+        self.pushed = PushedFilters()
 
     @one_line_errors
     def partitions(self) -> Sequence[InputPartition]:
-        ranges = StreamRanges(self.options, shared_client(self.options.connection))
+        ranges = StreamRanges(self.options, shared_client(self.options.connection), self.pushed)
 
         async def plan() -> list[RangePartition]:
             info = await ranges.stream_info()
+            if self.pushed.matches_nothing:
+                return []
             first, last = await ranges.start_seq(info), await ranges.end_seq(info)
             return await ranges.partitions(first, last)
 
@@ -197,6 +226,17 @@ class RangeReader(DataSourceReader):
     @one_line_errors
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from _read(partition)
+
+
+class FilteringRangeReader(RangeReader):
+    """A batch read that applies what it can of the query's filters in NATS (pyspark 4.1+,
+    `spark.sql.python.filterPushdown.enabled`; see `pushdown.py`)."""
+
+    def pushFilters(self, filters: list[Any]) -> Iterable[Any]:
+        direct = self.options.read_path == "direct"
+        self.pushed, kept = push_filters(filters, self.options.subjects, direct)
+        log.info("read of stream %s: %s", self.options.stream, self.pushed.describe())
+        return kept
 
 
 class RangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
