@@ -126,9 +126,13 @@ class EmbeddedServer:
         if not self._config_sets_store_dir:
             args += ["-sd", self.store_dir]  # nats-server refuses a store_dir given twice
         args += self.extra_args
-        # Errors before logging starts (a bad config file) go to stderr, not to the log file.
+        # Errors before logging starts (a bad config file) go to stderr, not to the log file. A
+        # session of its own keeps a terminal's Ctrl-C from it: its owner stops it, after the
+        # clients that use it (a demo's query).
         with self.stderr_file.open("wb") as stderr:
-            self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr)
+            self.process = subprocess.Popen(
+                args, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
