@@ -27,7 +27,6 @@ from nats_spark.connection import ConnectionSettings, parse_servers
 from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.store import GroupKind
-from nats_spark.progress import progress_bar
 from nats_spark.server import EmbeddedServer
 
 GROUP = "demo"
@@ -89,12 +88,10 @@ class Publisher(threading.Thread):
 
     def __init__(self, client: NatsClient, stream: str, total: int, seconds: float) -> None:
         super().__init__(name="demo-publisher", daemon=True)
-        self.client, self.prefix, self.total, self.seconds = (
-            client,
-            subject_prefix(stream),
-            total,
-            seconds,
-        )
+        self.client = client
+        self.prefix = subject_prefix(stream)
+        self.total = total
+        self.seconds = seconds
         self.published = 0
         self.stopping = threading.Event()
 
@@ -115,7 +112,6 @@ class Publisher(threading.Thread):
             end = min(start + chunk, self.total)
             run_sync(self._send(start, end))
             self.published = end
-            progress_bar(end, self.total, "publishing")
             self.stopping.wait(began + self.seconds * end / self.total - time.monotonic())
 
     def finish(self) -> None:
