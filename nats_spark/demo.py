@@ -168,7 +168,7 @@ def summary(spark: Any, published: int, left: dict[str, int], error: Any) -> boo
     print("\nthe first rows")
     shown = rows.select("partition", "member", "subject", col("data").cast("string"), "stream_seq")
     shown.orderBy("stream_seq").show(SAMPLE_ROWS, truncate=False)
-    print("rows per partition")
+    print("\nrows per partition")
     per_partition = rows.groupBy("partition", "member").count().orderBy("partition").collect()
     for row in per_partition:
         print(f"  partition {row.partition} ({row.member})  {row['count']}")
