@@ -43,7 +43,7 @@ def nats_url(explicit: str | None) -> Iterator[str]:
     if explicit:
         yield explicit
         return
-    with EmbeddedServer() as server:
+    with EmbeddedServer(own_session=True) as server:  # Ctrl-C is the demo's to handle
         print(f"embedded nats-server {'.'.join(map(str, server.version))} at {server.url}")
         yield server.url
 
