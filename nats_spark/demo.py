@@ -203,6 +203,9 @@ def spark_session() -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        # Python workers connect back to the JVM within this (15 s by default, which a busy
+        # machine can miss: "Python worker failed to connect back").
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
