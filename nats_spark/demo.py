@@ -1,8 +1,11 @@
 """`make demo`: a partitioned consumer group streamed through Spark, end to end, on a local server.
 
-Starts an embedded nats-server (or uses `--server`), creates a partitioned stream and a static group
-of three members, publishes a steady flow, reads it with `readStream.format("nats-pcg")` for a
-bounded time, and prints a summary: published, rows per member, duplicates, missing, unacked.
+Starts an embedded nats-server (or uses `--server`), creates a stream that stores
+`<partition>.<subject>` and a static group of three members over its six partitions, publishes a
+steady flow, reads it with `readStream.format("nats-pcg")` until every message is read and acked,
+and prints what happened: the lag while it runs, a few rows, rows per partition and member, and a
+summary (duplicates, missing, unacked). Everything it starts is stopped in reverse order: the
+publisher, the query, Spark, then the server.
 """
 
 from __future__ import annotations
@@ -10,20 +13,29 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings, parse_servers
 from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
-from nats_spark.pcg.consumers import member_consumer
-from nats_spark.progress import progress_bar
+from nats_spark.pcg.store import GroupKind
 from nats_spark.server import EmbeddedServer
+
+GROUP = "demo"
+MEMBERS = ["m1", "m2", "m3"]
+PARTITIONS = 6
+SAMPLE_ROWS = 5
+TABLE = "nats_pcg_demo"  # the memory sink's table
+# time, published, rows read, and the group's lag on the server: pending, ack pending
+LAG_COLUMNS = "{:>6} {:>10} {:>7} {:>8} {:>12}"
 
 
 @contextlib.contextmanager
@@ -31,44 +43,246 @@ def nats_url(explicit: str | None) -> Iterator[str]:
     if explicit:
         yield explicit
         return
-    with EmbeddedServer() as server:
+    with EmbeddedServer(own_session=True) as server:  # Ctrl-C is the demo's to handle
         print(f"embedded nats-server {'.'.join(map(str, server.version))} at {server.url}")
         yield server.url
 
 
-async def setup(client: NatsClient, stream: str, members: list[str], partitions: int) -> None:
+def subject_prefix(stream: str) -> str:
+    return stream.lower()
+
+
+async def create_group(client: NatsClient, stream: str) -> None:
+    """The stream over `<prefix>.*`, stored as `<partition>.<prefix>.*`, and the static group."""
+    prefix = subject_prefix(stream)
     await client.api.create_stream(
         {
             "name": stream,
-            "subjects": [f"{stream.lower()}.*"],
+            "subjects": [f"{prefix}.*"],
             "subject_transform": {
-                "src": f"{stream.lower()}.*",
-                "dest": f"{{{{partition({partitions},1)}}}}.{stream.lower()}.{{{{wildcard(1)}}}}",
+                "src": f"{prefix}.*",
+                "dest": f"{{{{partition({PARTITIONS},1)}}}}.{prefix}.{{{{wildcard(1)}}}}",
             },
         }
     )
-    await admin.create_static(client, stream, "demo", partitions, members=members)
+    await admin.create_static(client, stream, GROUP, PARTITIONS, members=MEMBERS)
 
 
-def publish_steadily(client: NatsClient, stream: str, total: int, seconds: float) -> None:
-    """`total` messages spread evenly over `seconds`, each confirmed by JetStream."""
-    chunk = max(total // max(int(seconds * 10), 1), 1)
+async def remove_group(client: NatsClient, stream: str) -> None:
+    """What the demo made on a server it did not start: the group's consumers, entry, stream."""
+    await admin.delete_static(client, stream, GROUP)
+    await client.api.delete_stream(stream)
 
-    async def send(start: int, end: int) -> None:
+
+def unacked(client: NatsClient, stream: str) -> dict[str, int]:
+    """The group's `pending` and `ackPending` on the server, over the consumers the source
+    reads through (its partition consumers in the default layout), as `nats-pcg status` counts."""
+    _, members, partitions = run_sync(admin.group_status(client, stream, GROUP, GroupKind.STATIC))
+    total: dict[str, int] = admin.group_lag(members, partitions)["total"]
+    return total
+
+
+class Publisher(threading.Thread):
+    """Publishes `total` messages `<prefix>.customer<n>` (payload: the message number) spread
+    evenly over `seconds`, each confirmed by JetStream; `finish()` stops it early."""
+
+    def __init__(self, client: NatsClient, stream: str, total: int, seconds: float) -> None:
+        super().__init__(name="demo-publisher", daemon=True)
+        self.client = client
+        self.prefix = subject_prefix(stream)
+        self.total = total
+        self.seconds = seconds
+        self.published = 0
+        self.stopping = threading.Event()
+
+    async def _send(self, start: int, end: int) -> None:
         futures = [
-            await client.js.publish_async(f"{stream.lower()}.customer{i % 97}", f"{i}".encode())
+            await self.client.js.publish_async(f"{self.prefix}.customer{i % 97}", str(i).encode())
             for i in range(start, end)
         ]
         for future in futures:
             await future
 
+    def run(self) -> None:
+        chunk = max(self.total // max(int(self.seconds * 10), 1), 1)
+        began = time.monotonic()
+        for start in range(0, self.total, chunk):
+            if self.stopping.is_set():
+                return
+            end = min(start + chunk, self.total)
+            run_sync(self._send(start, end))
+            self.published = end
+            self.stopping.wait(began + self.seconds * end / self.total - time.monotonic())
+
+    def finish(self) -> None:
+        self.stopping.set()
+        if self.is_alive():
+            self.join()
+
+
+def watch(
+    query: Any,
+    publisher: Publisher,
+    client: NatsClient,
+    stream: str,
+    timeout: float,
+    interrupted: threading.Event,
+) -> None:
+    """Print the lag about once a second until every message is read and acked (or the query
+    fails, `timeout` passes or the user interrupts)."""
+    print(LAG_COLUMNS.format("time", "published", "rows", "pending", "ack pending"))
+    batches: dict[int, int] = {}  # rows by batch id (recent progress keeps the last 100 only)
     began = time.monotonic()
-    for start in range(0, total, chunk):
-        run_sync(send(start, min(start + chunk, total)))
-        progress_bar(min(start + chunk, total), total, "publishing")
-        pause = began + seconds * (start + chunk) / total - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)
+    shown = -1.0
+    while (elapsed := time.monotonic() - began) < timeout and query.exception() is None:
+        if interrupted.is_set():
+            return
+        lag = unacked(client, stream)
+        # From progress, not a count of the table: no Spark job beside the query's.
+        batches.update((p["batchId"], p["numInputRows"]) for p in query.recentProgress)
+        rows = sum(batches.values())
+        done = not publisher.is_alive() and rows >= publisher.total
+        settled = done and lag["pending"] + lag["ackPending"] == 0
+        if settled or elapsed - shown >= 1.0:
+            print(
+                LAG_COLUMNS.format(
+                    f"{elapsed:.1f}s",
+                    publisher.published,
+                    rows,
+                    lag["pending"],
+                    lag["ackPending"],
+                ),
+                flush=True,
+            )
+            shown = elapsed
+        if settled:
+            return
+        interrupted.wait(0.25)
+
+
+def summary(spark: Any, published: int, left: dict[str, int], error: Any) -> bool:
+    """Print a few rows, the rows per partition and the summary; whether all went well."""
+    from pyspark.sql.functions import col
+
+    rows = spark.table(TABLE)
+    print("\nthe first rows")
+    shown = rows.select("partition", "member", "subject", col("data").cast("string"), "stream_seq")
+    shown.orderBy("stream_seq").show(SAMPLE_ROWS, truncate=False)
+    print("\nrows per partition")
+    per_partition = rows.groupBy("partition", "member").count().orderBy("partition").collect()
+    for row in per_partition:
+        print(f"  partition {row.partition} ({row.member})  {row['count']}")
+    numbers = Counter(int(row.data) for row in rows.select("data").collect())
+    duplicates = sum(count - 1 for count in numbers.values())
+    missing = len(set(range(published)) - numbers.keys())
+    not_acked = left["pending"] + left["ackPending"]
+    print("\nnats-pcg demo summary")
+    print(f"  messages published   {published}")
+    print(f"  rows read            {numbers.total()}")
+    for member in MEMBERS:
+        from_member = sum(row["count"] for row in per_partition if row.member == member)
+        print(f"  rows from {member:<10} {from_member}")
+    print(f"  duplicates           {duplicates}")
+    print(f"  missing              {missing}")
+    print(f"  unacked              {not_acked}")
+    if error:
+        print(f"  query failed: {error}")
+    return not (duplicates or missing or not_acked or error)
+
+
+def spark_session() -> Any:
+    # Spark's Python workers run PYSPARK_PYTHON (else `python3` from PATH): this interpreter.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, and no warning about it
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("nats-spark-demo")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        # Python workers connect back to the JVM within this (15 s by default, which a busy
+        # machine can miss: "Python worker failed to connect back").
+        .config("spark.python.authenticate.socketTimeout", "120s")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def stop_between_batches(query: Any, within: float = 10.0) -> None:
+    """Stop the query once no batch runs (Spark logs a batch stopped midway as aborted, with
+    errors), or after `within` seconds anyway."""
+    deadline = time.monotonic() + within
+    while query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    query.stop()
+
+
+@contextlib.contextmanager
+def first_interrupt() -> Iterator[threading.Event]:
+    """An event that the first Ctrl-C sets (so the demo stops in order, not wherever the
+    KeyboardInterrupt lands, such as inside a call into Spark); a second Ctrl-C interrupts."""
+    interrupted = threading.Event()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handle(signum: int, frame: Any) -> None:
+        interrupted.set()
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, handle)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def run(args: argparse.Namespace) -> int:
+    stream = f"DEMO{int(time.time()) % 100000}"
+    # Exits run in reverse: publisher, query, checkpoint, Spark, stream, client, server last.
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(nats_url(args.server))
+        client = run_sync(NatsClient.open(ConnectionSettings(servers=parse_servers(url))))
+        stack.callback(lambda: run_sync(client.close()))
+        run_sync(create_group(client, stream))
+        if args.server:
+            stack.callback(lambda: run_sync(remove_group(client, stream)))
+        print(
+            f"stream {stream}: {subject_prefix(stream)}.* stored as <partition>.<subject>, "
+            f"{PARTITIONS} partitions; static group {GROUP!r} of {', '.join(MEMBERS)}"
+        )
+        spark = spark_session()
+        stack.callback(spark.stop)
+        # After Spark's start: its context installs a SIGINT handler of its own.
+        interrupted = stack.enter_context(first_interrupt())
+        checkpoint = stack.enter_context(tempfile.TemporaryDirectory(prefix="nats-spark-demo-"))
+        query = (
+            spark.readStream.format("nats-pcg")
+            .option("servers", url)
+            .option("stream", stream)
+            .option("group", GROUP)
+            .load()
+            .writeStream.format("memory")
+            .queryName(TABLE)
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime="500 milliseconds")
+            .start()
+        )
+        stack.callback(query.stop)
+        print(f'reading with spark.readStream.format("nats-pcg") (Spark {spark.version})\n')
+        publisher = Publisher(client, stream, args.messages, args.seconds)
+        publisher.start()
+        stack.callback(publisher.finish)
+        watch(query, publisher, client, stream, args.timeout, interrupted)
+        publisher.finish()
+        stop_between_batches(query)
+        if interrupted.is_set():
+            print("\ninterrupted: stopping the query, Spark (and the embedded server)")
+            return 130
+        healthy = summary(spark, publisher.published, unacked(client, stream), query.exception())
+    return 0 if healthy else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -78,82 +292,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="publishing time")
     parser.add_argument("--timeout", type=float, default=120.0, help="give up after this long")
     args = parser.parse_args(argv)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    members, stream = ["m1", "m2", "m3"], f"DEMO{int(time.time()) % 100000}"
-    with nats_url(args.server) as url:
-        client = run_sync(NatsClient.open(ConnectionSettings(servers=parse_servers(url))))
-        run_sync(setup(client, stream, members, partitions=6))
-        from pyspark.sql import SparkSession
-
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("nats-spark-demo")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
-        per_member: Counter[str] = Counter()
-        seen: Counter[int] = Counter()
-
-        def collect(batch, batch_id):  # runs on the driver for every committed micro-batch
-            for row in batch.select("member", "data").collect():
-                per_member[row.member] += 1
-                seen[int(row.data)] += 1
-
-        query = (
-            spark.readStream.format("nats-pcg")
-            .option("servers", url)
-            .option("stream", stream)
-            .option("group", "demo")
-            .option("ackWait", "30s")
-            .load()
-            .writeStream.foreachBatch(collect)
-            .option("checkpointLocation", tempfile.mkdtemp(prefix="nats-spark-demo-"))
-            .trigger(processingTime="500 milliseconds")
-            .start()
-        )
-        publisher = threading.Thread(
-            target=publish_steadily, args=(client, stream, args.messages, args.seconds)
-        )
-        publisher.start()
-        deadline = time.monotonic() + args.timeout
-        entry = run_sync(admin.static_info(client, stream, "demo"))
-
-        def unacked() -> int:
-            total = 0
-            for member in members:
-                consumer = member_consumer(entry, member)
-                info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
-                total += info.num_pending + info.num_ack_pending
-            return total
-
-        while time.monotonic() < deadline and (
-            publisher.is_alive() or len(seen) < args.messages or unacked()
-        ):
-            if query.exception():
-                break
-            time.sleep(0.5)
-        publisher.join()
-        query.stop()
-        error = query.exception()
-        left = unacked()
-        spark.stop()
-        run_sync(client.close())
-    duplicates = sum(count - 1 for count in seen.values())
-    missing = args.messages - len(seen)
-    print("\nnats-pcg demo summary")
-    print(f"  messages published   {args.messages}")
-    for member in members:
-        print(f"  rows from {member:<10} {per_member[member]}")
-    print(f"  duplicates           {duplicates}")
-    print(f"  missing              {missing}")
-    print(f"  unacked              {left}")
-    if error:
-        print(f"  query failed: {error}")
-    return 0 if not (duplicates or missing or left or error) else 1
+    try:
+        return run(args)
+    except KeyboardInterrupt:  # before Spark ran, or a second Ctrl-C
+        print("\ninterrupted")
+        return 130
 
 
 if __name__ == "__main__":

@@ -154,29 +154,22 @@ def settings(argv: Sequence[str] | None) -> tuple[dict[str, str], dict[str, str]
     return job, options
 
 
-def _register(spark: Any, source: Any) -> None:
-    # Spark registers `pyspark_*` modules by itself only where pkgutil can see them (not through
-    # a plain editable install's import hook); registering again is refused on Spark 4.0/4.1.
-    try:
-        spark.dataSource.register(source)
-    except Exception as error:
-        if "DATA_SOURCE_ALREADY_EXISTS" not in str(error):
-            raise
-
-
 def start_query(spark: Any, job: dict[str, str], options: dict[str, str]) -> Any:
     from pyspark.sql.functions import col, concat, lit
 
     from nats_spark.spark.nats_format import NatsDataSource
+    from nats_spark.spark.registration import register_source
     from nats_spark.spark.source import NatsPcgDataSource
 
-    _register(spark, NatsPcgDataSource)
+    # Spark registers `pyspark_*` modules by itself only where pkgutil can see them (not through
+    # a plain editable install's import hook).
+    register_source(spark, NatsPcgDataSource)
     reader = spark.readStream.format(NatsPcgDataSource.name())
     for key, value in options.items():
         reader = reader.option(key, value)
     rows = reader.load()
     if job.get("format") == "nats":
-        _register(spark, NatsDataSource)
+        register_source(spark, NatsDataSource)
         subject = concat(lit(job["sink-prefix"] + "."), col("subject")).alias("subject")
         writer = rows.select(subject, "data", "headers").writeStream.format(NatsDataSource.name())
         for key, value in options.items():  # the same server and credentials

@@ -77,6 +77,7 @@ class EmbeddedServer:
         store_dir: str | os.PathLike[str] | None = None,
         binary: str | None = None,
         host: str = "127.0.0.1",
+        own_session: bool = False,
     ) -> None:
         self.binary = binary or find_server_binary()
         self.version = binary_version(self.binary)
@@ -87,6 +88,10 @@ class EmbeddedServer:
         )
         self.extra_args = list(extra_args or [])
         self.host = host
+        # A session of its own keeps a terminal's Ctrl-C from the server, so its owner can stop
+        # it after the clients that use it (the demo's query); otherwise it goes with its owner's
+        # process group (a test run killed as a whole).
+        self.own_session = own_session
         self._own_dir = tempfile.mkdtemp(prefix="nats-spark-server-")
         self.store_dir = str(store_dir or Path(self._own_dir) / "jetstream")
         self.port: int | None = None
@@ -128,7 +133,9 @@ class EmbeddedServer:
         args += self.extra_args
         # Errors before logging starts (a bad config file) go to stderr, not to the log file.
         with self.stderr_file.open("wb") as stderr:
-            self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr)
+            self.process = subprocess.Popen(
+                args, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=self.own_session
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -1,8 +1,9 @@
-"""The formats register however the package is installed: from a wheel, and from the default
-`pip install -e .`, with Spark and its Python workers started from a directory far from the
-checkout. Spark finds data sources by listing the top-level `pyspark_*` modules on sys.path, so an
-install that only adds an import hook (setuptools' default editable mode for some layouts) would
-leave both formats unknown."""
+"""The formats register and read however the package is installed: from a wheel, and from the
+default `pip install -e .`, with Spark and its Python workers started from a directory far from
+the checkout; each install reads a static group's stream through `format("nats")` and
+`format("nats-pcg")`. Spark finds data sources by listing the top-level `pyspark_*` modules on
+sys.path, so an install that only adds an import hook (setuptools' default editable mode for some
+layouts) would leave both formats unknown."""
 
 from __future__ import annotations
 
@@ -15,39 +16,44 @@ import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from spark_helpers import publish, static_group
 
 from nats_spark.client import NatsClient
 from nats_spark.loop import Blocking, run_sync
+from nats_spark.pcg import admin
 
 pytestmark = pytest.mark.spark
 
 PROJECT = Path(__file__).resolve().parent.parent
 COUNT = 25
+GROUP = "g"
 
 # Runs in the fresh environment, from an empty directory: where nats_spark was imported from, and
-# what both formats do in a real Spark session.
+# what both formats read in a real Spark session (one JVM for both).
 PROBE = textwrap.dedent(
     """
     import json, sys
     from pyspark.sql import SparkSession
     import nats_spark
-    url, stream = sys.argv[1], sys.argv[2]
+    url, stream, group = sys.argv[1:4]
     spark = (
         SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
     )
-    rows = spark.read.format("nats").option("servers", url).option("stream", stream).load()
-    try:
-        spark.readStream.format("nats-pcg").load()
-        pcg = "loaded without options"
-    except Exception as error:
-        pcg = str(error)
+    whole = spark.read.format("nats").option("servers", url).option("stream", stream).load()
+    query = (
+        spark.readStream.format("nats-pcg")
+        .option("servers", url).option("stream", stream).option("group", group).load()
+        .writeStream.format("memory").queryName("pcg").trigger(availableNow=True).start()
+    )
+    query.awaitTermination(120)
     print(json.dumps({
         "module": nats_spark.__file__,
         "version": nats_spark.__version__,
-        "rows": rows.count(),
-        "pcg": pcg,
+        "nats": sorted(int(row.data) for row in whole.collect()),
+        "nats-pcg": sorted(int(row.data) for row in spark.table("pcg").collect()),
     }))
     spark.stop()
     """
@@ -78,7 +84,7 @@ def _pip(python: Path, *args: str) -> None:
     )
 
 
-def _probe(python: Path, workdir: Path, url: str, stream: str) -> dict[str, object]:
+def _probe(python: Path, workdir: Path, url: str, stream: str) -> dict[str, Any]:
     env = {
         key: value
         for key, value in os.environ.items()
@@ -86,7 +92,7 @@ def _probe(python: Path, workdir: Path, url: str, stream: str) -> dict[str, obje
     }
     env |= {"PYSPARK_PYTHON": str(python), "PYSPARK_DRIVER_PYTHON": str(python)}
     done = subprocess.run(
-        [str(python), "-c", PROBE, url, stream],
+        [str(python), "-c", PROBE, url, stream, GROUP],
         cwd=workdir,
         env=env,
         capture_output=True,
@@ -99,26 +105,22 @@ def _probe(python: Path, workdir: Path, url: str, stream: str) -> dict[str, obje
 
 @pytest.fixture
 def stream(client: Blocking[NatsClient]) -> Iterator[str]:
+    """A static group's stream holding messages 0 ... COUNT-1."""
     name = f"install_{uuid.uuid4().hex[:8]}"
-
-    async def fill() -> None:
-        await client.target.api.create_stream({"name": name, "subjects": [f"{name}.>"]})
-        for n in range(COUNT):
-            await client.target.js.publish(f"{name}.k{n % 5}", str(n).encode())
-
-    run_sync(fill())
+    static_group(client, name, GROUP, ["m1", "m2"], partitions=2)
+    publish(client, name, COUNT)
     yield name
+    run_sync(admin.delete_static(client.target, name, GROUP))
     run_sync(client.target.api.delete_stream(name))
 
 
-def _check(found: dict[str, object], home: Path) -> None:
+def _check(found: dict[str, Any], home: Path) -> None:
     from nats_spark import __version__
 
     assert Path(str(found["module"])).resolve().is_relative_to(home.resolve()), found
     assert found["version"] == __version__
-    assert found["rows"] == COUNT
-    # nats-pcg is registered too: its own option check answers, not Spark's "not found"
-    assert "ConfigurationError: option servers is required" in str(found["pcg"]), found["pcg"]
+    assert found["nats"] == list(range(COUNT)), found
+    assert found["nats-pcg"] == list(range(COUNT)), found
 
 
 def test_wheel_install_registers_both_formats(tmp_path, nats_url, stream):
