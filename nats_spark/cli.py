@@ -438,6 +438,12 @@ def _add_connection_flags(parser: argparse.ArgumentParser) -> None:
     conn.add_argument("--tls-ca", metavar="FILE", help="CA certificate to verify the server")
     conn.add_argument("--tls-cert", metavar="FILE", help="client certificate (mutual TLS)")
     conn.add_argument("--tls-key", metavar="FILE", help="client key (mutual TLS)")
+    # Not an argparse exclusive group: ConnectionSettings refuses both, in one line.
+    conn.add_argument("--js-domain", metavar="DOMAIN", help="JetStream domain of the stream")
+    conn.add_argument(
+        "--js-api-prefix", metavar="PREFIX", help="JetStream API imported from another account"
+    )
+    conn.add_argument("--inbox-prefix", metavar="PREFIX", help="reply inbox prefix (_INBOX)")
 
 
 def settings_from_args(args: argparse.Namespace) -> ConnectionSettings:
@@ -465,6 +471,9 @@ def settings_from_args(args: argparse.Namespace) -> ConnectionSettings:
         tls_ca_cert=args.tls_ca,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        domain=args.js_domain,
+        api_prefix=args.js_api_prefix,
+        inbox_prefix=args.inbox_prefix,
         name=PROG,
     )
 
