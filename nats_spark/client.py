@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
+from nats.js.errors import ServiceUnavailableError
+from nats.js.kv import KeyValue
 
 from nats_spark.connection import ConnectionSettings, connect
-from nats_spark.errors import ConnectionFailed
+from nats_spark.errors import ConnectionFailed, NatsSparkError
 from nats_spark.jetstream.api import DEFAULT_PREFIX, JetStreamApi
 from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.loop import Blocking, run_sync
@@ -28,9 +31,20 @@ class PrefixedJetStream(JetStreamContext):
     which only the bucket's own domain and account store; like nats.go's KV, this sends them to
     `<API prefix>.$KV.<bucket>.<key>` whenever the API has a prefix other than `$JS.API`."""
 
-    def __init__(self, nc: NATS, prefix: str) -> None:
+    def __init__(self, nc: NATS, prefix: str, unreachable: Callable[[str], str]) -> None:
         super().__init__(nc, prefix=prefix)
         self._kv_write_prefix = "" if prefix == DEFAULT_PREFIX else f"{prefix}."
+        self._unreachable = unreachable
+
+    async def key_value(self, bucket: str) -> KeyValue:
+        try:
+            return await super().key_value(bucket)
+        except ServiceUnavailableError as error:
+            if error.code is not None:  # a 503 answer: JetStream is there, without a leader
+                raise
+            # How nats-py reports no responders: nobody serves this API prefix.
+            subject = f"{self._prefix}.STREAM.INFO.KV_{bucket}"
+            raise NatsSparkError(self._unreachable(subject)) from None
 
     async def publish(
         self,
@@ -86,7 +100,9 @@ class NatsClient:
             denied=self.denied,
             unreachable=settings.unreachable,
         )
-        self.js: JetStreamContext = PrefixedJetStream(nc, settings.jetstream_prefix)
+        self.js: JetStreamContext = PrefixedJetStream(
+            nc, settings.jetstream_prefix, settings.unreachable
+        )
 
     @classmethod
     async def open(cls, settings: ConnectionSettings) -> NatsClient:
