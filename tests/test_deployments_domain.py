@@ -91,9 +91,7 @@ def test_group_read_through_the_leaf_exactly_once_across_a_driver_kill(
     publish(client, stream, 300, start=600)
     job = start_job(leaf_url, stream, out, checkpoint, log, f"domain={HUB_DOMAIN}")
     try:
-        wait_until(
-            lambda: out.exists() and len(payloads(spark, str(out))) >= 900, 240, "900 rows"
-        )
+        wait_until(lambda: out.exists() and len(payloads(spark, str(out))) >= 900, 240, "900 rows")
         wait_until(
             lambda: all(
                 s == {"pending": 0, "ack_pending": 0}
