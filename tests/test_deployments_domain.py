@@ -12,12 +12,12 @@ from spark_helpers import (
     ACKS_LAST_BATCH,
     assert_exactly_once,
     elastic_group,
-    member_states,
     payloads,
     publish,
     run_query,
     source,
     static_group,
+    unacked,
     wait_until,
 )
 from test_source_recovery import batches_logged, kill_group, start_job
@@ -98,14 +98,7 @@ def test_group_read_through_the_leaf_exactly_once_across_a_driver_kill(
     assert error is None, error
     assert_exactly_once(payloads(spark, str(out)), 600)
     if ACKS_LAST_BATCH:
-        wait_until(
-            lambda: all(
-                s == {"pending": 0, "ack_pending": 0}
-                for s in member_states(client, stream, "g").values()
-            ),
-            30,
-            "every member acked",
-        )
+        wait_until(lambda: unacked(client, stream, "g") == 0, 30, "every message acked")
 
 
 def test_batch_read_and_sink_through_the_leaf(
