@@ -31,10 +31,12 @@ from nats_spark.loop import Blocking, run_sync
 pytestmark = pytest.mark.spark
 
 API_PREFIX, INBOX_PREFIX, B_INBOX = "JS.A.API", "_INBOX_etl", "_INBOX_B"
+COPIES = "copies"  # subjects of A's stream that B's sink writes to
 # B's imports: the API (pull responses are streams of messages), acks, for the key-value writes
 # of group configs and the ack ledger A's `$KV.>` under the same prefix (as nats.go's KV writes
-# through an API prefix), and, for listing a bucket's keys (a push consumer in A delivering to
-# B's inbox), A's subjects below B's inbox prefix and the flow control replies.
+# through an API prefix), for listing a bucket's keys (a push consumer in A delivering to B's
+# inbox) A's subjects below B's inbox prefix and the flow control replies, and for the sink the
+# subjects of the stream it writes to.
 CONFIG = f"""
 accounts {{
   A: {{
@@ -46,6 +48,7 @@ accounts {{
       {{ service: "$KV.>" }}
       {{ stream: "{B_INBOX}.>" }}
       {{ service: "$JS.FC.>" }}
+      {{ service: "{COPIES}.>" }}
     ]
   }}
   B: {{
@@ -56,6 +59,7 @@ accounts {{
       {{ service: {{ account: A, subject: "$KV.>" }}, to: "{API_PREFIX}.$KV.>" }}
       {{ stream: {{ account: A, subject: "{B_INBOX}.>" }} }}
       {{ service: {{ account: A, subject: "$JS.FC.>" }} }}
+      {{ service: {{ account: A, subject: "{COPIES}.>" }} }}
     ]
   }}
   ETL: {{
@@ -119,6 +123,20 @@ def test_read_by_api_prefix(spark: Any, url, account_a, unique, capsys, tmp_path
     query, error = run_query(rows, tmp_path)
     assert error is None, error
     assert_exactly_once(payloads(spark, str(tmp_path / "out")), 80)
+    copy = f"C{unique}"
+    run_sync(account_a.api.create_stream({"name": copy, "subjects": [f"{COPIES}.{unique}.*"]}))
+    (
+        spark.read.parquet(str(tmp_path / "out"))
+        .selectExpr(f"concat('{COPIES}.{unique}.', cast(stream_seq as string))", "data")
+        .toDF("subject", "data")
+        .write.format("nats")
+        .mode("append")
+        .option("servers", url)
+        .option("stream", copy)
+        .options(apiPrefix=API_PREFIX, **as_b)
+        .save()
+    )
+    assert_exactly_once(read_all(spark, url, copy, user="a", password="a"), 80)
     if ACKS_LAST_BATCH:
         wait_until(lambda: unacked(account_a, stream, "g") == 0, 30, "every message acked")
     flags = ["--server", url, "--user", "b", "--password", "b", "--js-api-prefix", API_PREFIX]
