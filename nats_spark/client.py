@@ -16,6 +16,7 @@ from nats.js.kv import KeyValue
 
 from nats_spark.connection import ConnectionSettings, connect
 from nats_spark.errors import ConnectionFailed, NatsSparkError
+from nats_spark.jetstream.acks import flush_published
 from nats_spark.jetstream.api import DEFAULT_PREFIX, JetStreamApi
 from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.loop import Blocking, run_sync
@@ -66,7 +67,7 @@ async def check_inbox(nc: NATS, settings: ConnectionSettings, denied: list[str])
     reports a refused subscription only asynchronously, as an error the connection collects)."""
     inbox = nc.new_inbox()
     subscription = await nc.subscribe(f"{inbox}.*")
-    await nc.flush(max(1, int(settings.connect_timeout)))
+    await flush_published(nc, settings.connect_timeout)  # the SUB ahead of the PING
     await subscription.unsubscribe()
     if not any(f'subscription to "{inbox.lower()}.*"' in refusal for refusal in denied):
         return
