@@ -19,6 +19,7 @@ from spark_helpers import (
     static_group,
     unacked,
     wait_until,
+    write_nats,
 )
 from topologies import accounts
 
@@ -125,17 +126,10 @@ def test_read_by_api_prefix(spark: Any, url, account_a, unique, capsys, tmp_path
     assert_exactly_once(payloads(spark, str(tmp_path / "out")), 80)
     copy = f"C{unique}"
     run_sync(account_a.api.create_stream({"name": copy, "subjects": [f"{COPIES}.{unique}.*"]}))
-    (
-        spark.read.parquet(str(tmp_path / "out"))
-        .selectExpr(f"concat('{COPIES}.{unique}.', cast(stream_seq as string))", "data")
-        .toDF("subject", "data")
-        .write.format("nats")
-        .mode("append")
-        .option("servers", url)
-        .option("stream", copy)
-        .options(apiPrefix=API_PREFIX, **as_b)
-        .save()
+    written = spark.read.parquet(str(tmp_path / "out")).selectExpr(
+        f"concat('{COPIES}.{unique}.', cast(stream_seq as string)) as subject", "data"
     )
+    write_nats(written, url, copy, apiPrefix=API_PREFIX, **as_b)
     assert_exactly_once(read_all(spark, url, copy, user="a", password="a"), 80)
     if ACKS_LAST_BATCH:
         wait_until(lambda: unacked(account_a, stream, "g") == 0, 30, "every message acked")
@@ -173,15 +167,10 @@ def test_locked_down_user_needs_the_inbox_prefix(spark: Any, url, etl_admin, uni
         wait_until(lambda: unacked(etl_admin, stream, "g") == 0, 30, "every message acked")
 
     read = spark.read.format("nats").option("servers", url).option("stream", stream)
-    (
+    written = (
         read.options(inboxPrefix=INBOX_PREFIX, **as_etl)
         .load()
         .selectExpr(f"concat('{copy}.', cast(stream_seq as string)) as subject", "data")
-        .write.format("nats")
-        .mode("append")
-        .option("servers", url)
-        .option("stream", copy)
-        .options(inboxPrefix=INBOX_PREFIX, **as_etl)
-        .save()
     )
+    write_nats(written, url, copy, inboxPrefix=INBOX_PREFIX, **as_etl)
     assert_exactly_once(read_all(spark, url, copy, user="admin", password="admin"), 90)

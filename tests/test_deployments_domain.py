@@ -19,6 +19,7 @@ from spark_helpers import (
     static_group,
     unacked,
     wait_until,
+    write_nats,
 )
 from test_source_recovery import batches_logged, kill_group, start_job
 from topologies import HUB_DOMAIN, hub_and_leaf
@@ -118,16 +119,10 @@ def test_batch_read_and_sink_through_the_leaf(
     )
     assert_exactly_once([int(r.data.decode()) for r in rows.select("data").collect()], 120)
 
-    copies = rows.selectExpr(f"concat('{target}.', substring(subject, {len(source) + 2}))", "data")
-    (
-        copies.toDF("subject", "data")
-        .write.format("nats")
-        .mode("append")
-        .option("servers", leaf_url)
-        .option("domain", HUB_DOMAIN)
-        .option("stream", target)
-        .save()
+    copies = rows.selectExpr(
+        f"concat('{target}.', substring(subject, {len(source) + 2})) as subject", "data"
     )
+    write_nats(copies, leaf_url, target, domain=HUB_DOMAIN)
     stored = [run_sync(on_hub.api.get_message(target, seq)) for seq in range(1, 121)]
     assert run_sync(on_hub.api.stream_info(target)).last_seq == 120
     assert_exactly_once([int(m.data) for m in stored], 120)
