@@ -458,6 +458,12 @@ def connection_flags() -> argparse.ArgumentParser:
     conn.add_argument("--tls-ca", metavar="FILE", help="CA certificate to verify the server")
     conn.add_argument("--tls-cert", metavar="FILE", help="client certificate (mutual TLS)")
     conn.add_argument("--tls-key", metavar="FILE", help="client key (mutual TLS)")
+    # Not an argparse exclusive group: ConnectionSettings refuses both, in one line.
+    conn.add_argument("--js-domain", metavar="DOMAIN", help="JetStream domain of the stream")
+    conn.add_argument(
+        "--js-api-prefix", metavar="PREFIX", help="JetStream API imported from another account"
+    )
+    conn.add_argument("--inbox-prefix", metavar="PREFIX", help="reply inbox prefix (_INBOX)")
     return parser
 
 
@@ -487,6 +493,9 @@ def settings_from_args(args: argparse.Namespace) -> ConnectionSettings:
         tls_ca_cert=flags.get("tls_ca"),
         tls_cert=flags.get("tls_cert"),
         tls_key=flags.get("tls_key"),
+        domain=flags.get("js_domain"),
+        api_prefix=flags.get("js_api_prefix"),
+        inbox_prefix=flags.get("inbox_prefix"),
         name=PROG,
     )
 

@@ -7,6 +7,7 @@ import contextlib
 import importlib
 import logging
 import os
+import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -17,11 +18,14 @@ from nats.errors import ConnectionClosedError, StaleConnectionError
 
 from nats_spark import nats_py
 from nats_spark.errors import ConfigurationError, ConnectionFailed
+from nats_spark.jetstream.api import DEFAULT_PREFIX, no_jetstream
+from nats_spark.jetstream.subjects import valid_publish_subject
 
 log = logging.getLogger(__name__)
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 _SCHEMES = ("nats://", "tls://", "ws://", "wss://")
+_DOMAIN = re.compile(r"^[^\s.*>]+$")  # one subject token, as nats-server names domains
 
 
 def parse_servers(text: str) -> tuple[str, ...]:
@@ -121,6 +125,9 @@ class ConnectionSettings:
     retry_timeout: float = 60.0  # how long JetStream calls are retried while it has no leader
     max_reconnect_attempts: int = 60
     reconnect_time_wait: float = 0.5
+    domain: str | None = None  # JetStream domain: the API is `$JS.<domain>.API`
+    api_prefix: str | None = None  # the JetStream API imported from another account
+    inbox_prefix: str | None = None  # replies come to `<inbox_prefix>.<id>...` (default _INBOX)
 
     def __post_init__(self) -> None:
         if self.password is not None and self.user is None:
@@ -144,6 +151,7 @@ class ConnectionSettings:
             raise ConfigurationError("connect timeout must be positive")
         if self.retry_timeout <= 0:
             raise ConfigurationError("retry timeout must be positive")
+        _check_routing(self.domain, self.api_prefix, self.inbox_prefix)
         self.ssl_context()  # a CA, cert or key file that is not PEM fails here, naming the option
 
     def __repr__(self) -> str:
@@ -162,6 +170,29 @@ class ConnectionSettings:
     def described(self) -> str:
         """Servers without credentials, for messages."""
         return ",".join(redact_url(s) for s in self.servers)
+
+    @property
+    def jetstream_prefix(self) -> str:
+        """The subject prefix of the JetStream API: `$JS.API`, `$JS.<domain>.API` or apiPrefix."""
+        if self.domain:
+            return f"$JS.{self.domain}.API"
+        return self.api_prefix.rstrip(".") if self.api_prefix else DEFAULT_PREFIX
+
+    def unreachable(self, subject: str) -> str:
+        """Why nobody answers a JetStream request on `subject`, and the fix, for messages."""
+        if self.domain:
+            return (
+                f"JetStream domain {self.domain!r} not reachable from {self.described()} (no "
+                f"answer to {subject}); check the leaf node link to that domain, or fix the "
+                "option domain (--js-domain)"
+            )
+        if self.api_prefix:
+            return (
+                f"no JetStream API answers under the prefix {self.jetstream_prefix!r} (no answer "
+                f"to {subject}); check the account's import of the JetStream API, or fix the "
+                "option apiPrefix (--js-api-prefix)"
+            )
+        return no_jetstream(subject)
 
     def with_name(self, name: str) -> ConnectionSettings:
         return replace(self, name=name)
@@ -204,12 +235,41 @@ class ConnectionSettings:
             kwargs["nkeys_seed"] = self.nkey_seed
         if self.creds:
             kwargs["user_credentials"] = self.creds
+        if self.inbox_prefix:
+            kwargs["inbox_prefix"] = self.inbox_prefix
         context = self.ssl_context()
         if context is not None:
             kwargs["tls"] = context
             if self.tls_hostname:
                 kwargs["tls_hostname"] = self.tls_hostname
         return kwargs
+
+
+def _check_routing(domain: str | None, api_prefix: str | None, inbox_prefix: str | None) -> None:
+    """One-line errors for a domain or prefix no server would route."""
+    if domain is not None and api_prefix is not None:
+        raise ConfigurationError(
+            "options domain (--js-domain) and apiPrefix (--js-api-prefix) are exclusive: a "
+            "domain sets the API prefix $JS.<domain>.API; give one of them"
+        )
+    if domain is not None and not _DOMAIN.match(domain):
+        raise ConfigurationError(
+            f"option domain (--js-domain) {domain!r} is not a JetStream domain; give the domain "
+            "name the servers set in jetstream { domain: ... }, without spaces, dots or wildcards"
+        )
+    if api_prefix is not None and not valid_publish_subject(api_prefix.rstrip(".")):
+        raise ConfigurationError(
+            f"option apiPrefix (--js-api-prefix) {api_prefix!r} is not a subject prefix; give "
+            "the subject the JetStream API is imported under, e.g. JS.acme.API, without spaces "
+            "or wildcards"
+        )
+    if inbox_prefix is not None and (
+        inbox_prefix.endswith(".") or not valid_publish_subject(inbox_prefix)
+    ):
+        raise ConfigurationError(
+            f"option inboxPrefix (--inbox-prefix) {inbox_prefix!r} is not an inbox prefix; give "
+            "subject tokens without spaces, wildcards or a trailing dot, e.g. _INBOX_etl"
+        )
 
 
 def _failure_reason(error: BaseException, tls: bool = False) -> str:

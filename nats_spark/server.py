@@ -17,6 +17,7 @@ from nats_spark.errors import ConfigurationError, ServerTooOld
 
 MIN_SERVER_VERSION = (2, 11, 0)
 _VERSION_RE = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
+_LEAFNODE_LISTEN = re.compile(r"Listening for leafnode connections on (\S+)")
 
 
 def find_server_binary() -> str:
@@ -157,6 +158,14 @@ class EmbeddedServer:
         raise RuntimeError(
             f"nats-server did not report its port within {timeout}s; see {self.log_file}"
         )
+
+    def leafnode_url(self) -> str:
+        """Where the started server accepts leaf nodes (a config with `leafnodes { listen }`);
+        read from its log, as its ports file lists the client port only."""
+        found = _LEAFNODE_LISTEN.findall(self.log_file.read_text(errors="replace"))
+        if not found:
+            raise RuntimeError(f"nats-server accepts no leaf nodes; see {self.log_file}")
+        return f"nats-leaf://{found[-1]}"  # the log outlives restarts: the newest line
 
     def _last_error(self) -> str:
         """`: <last line the server wrote to stderr>`, or nothing."""

@@ -111,6 +111,12 @@ def source(spark: Any, url: str, stream: str, group: str, **options: Any) -> Any
     return reader.load()
 
 
+def write_nats(df: Any, url: str, stream: str, **options: str) -> None:
+    """A batch write of `df` (subject, data) with the `nats` sink into `stream`."""
+    writer = df.write.format("nats").mode("append").option("servers", url)
+    writer.option("stream", stream).options(**options).save()
+
+
 def wait_until(
     condition: Callable[[], Any], timeout: float = 60, what: str = "condition", every: float = 0.25
 ) -> Any:

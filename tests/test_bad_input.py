@@ -107,6 +107,10 @@ BAD_OPTIONS: list[tuple[dict[str, str | None], str]] = [
     ({"connectTimeout": "quick"}, "option connectTimeout='quick' is not a duration"),
     ({"retryTimeout": "0"}, "option retryTimeout must be positive"),
     ({"retryTimeout": "forever"}, "option retryTimeout='forever' is not a duration"),
+    ({"domain": "hub", "apiPrefix": "JS.A.API"}, "options domain (--js-domain) and apiPrefix"),
+    ({"domain": "a hub"}, "option domain (--js-domain) 'a hub' is not a JetStream domain"),
+    ({"apiPrefix": "JS.*"}, "option apiPrefix (--js-api-prefix) 'JS.*' is not a subject"),
+    ({"inboxPrefix": "_INBOX_etl."}, "option inboxPrefix (--inbox-prefix) '_INBOX_etl.' is not"),
 ]
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from nats_spark.cli import build_parser, settings_from_args
 from nats_spark.errors import ConfigurationError
 from nats_spark.pcg.config import ElasticConfig, MemberMapping, PartitioningFilter, StaticConfig
 from nats_spark.pcg.consumers import member_consumer, partition_consumer
 from nats_spark.pcg.partitioning import partition_filter_subjects, partition_owner
 from nats_spark.pcg.store import GroupEntry, GroupKind
-from nats_spark.spark.options import parse_options, parse_read_options
+from nats_spark.spark.options import parse_options, parse_read_options, parse_sink_options
 from nats_spark.spark.pacing import TriggerPacing
 
 BASE = {"servers": "nats://127.0.0.1:1", "stream": "S", "group": "g"}
@@ -192,3 +193,69 @@ def test_pacing_holds_back_until_enough_or_the_delay() -> None:
     now[0] += 30
     assert pacing.holds_back(1)  # ... then from the previous batch
     assert not TriggerPacing(None, 60.0).holds_back(1)
+
+
+@pytest.mark.parametrize(
+    "routing, prefix",
+    [
+        ({}, "$JS.API"),
+        ({"domain": "hub"}, "$JS.hub.API"),
+        ({"apiPrefix": "JS.acme.API"}, "JS.acme.API"),
+        ({"apiPrefix": "JS.acme.API."}, "JS.acme.API"),  # as the nats CLI takes it
+    ],
+)
+def test_domain_and_api_prefix_set_the_api_prefix_of_every_format(
+    routing: dict[str, str], prefix: str
+) -> None:
+    for settings in (
+        parse_options({**BASE, **routing}).connection,
+        parse_read_options({**STREAM, **routing}, streaming=False).connection,
+        parse_sink_options({"servers": "h:1", "subject": "s", **routing}).connection,
+    ):
+        assert settings.jetstream_prefix == prefix
+        assert "inbox_prefix" not in settings.connect_kwargs()
+
+
+def test_inbox_prefix_goes_to_the_connection() -> None:
+    settings = parse_options({**BASE, "INBOXPREFIX": "_INBOX_etl"}).connection
+    assert settings.connect_kwargs()["inbox_prefix"] == "_INBOX_etl"
+
+
+@pytest.mark.parametrize(
+    "routing, expected",
+    [
+        ({"domain": "hub", "apiPrefix": "JS.A.API"}, "options domain (--js-domain) and apiPrefix"),
+        ({"domain": "my hub"}, "option domain (--js-domain) 'my hub' is not a JetStream domain"),
+        ({"domain": "hub.eu"}, "'hub.eu' is not a JetStream domain"),
+        ({"domain": "h*"}, "'h*' is not a JetStream domain"),
+        ({"apiPrefix": "JS.*.API"}, "option apiPrefix (--js-api-prefix) 'JS.*.API' is not"),
+        ({"apiPrefix": "JS A"}, "'JS A' is not a subject prefix"),
+        ({"apiPrefix": "JS..API"}, "'JS..API' is not a subject prefix"),
+        ({"apiPrefix": "JS.>"}, "'JS.>' is not a subject prefix"),
+        ({"inboxPrefix": "_INBOX_etl."}, "option inboxPrefix (--inbox-prefix) '_INBOX_etl.'"),
+        ({"inboxPrefix": "_INBOX etl"}, "is not an inbox prefix"),
+        ({"inboxPrefix": "_INBOX.>"}, "is not an inbox prefix"),
+    ],
+)
+def test_bad_domain_or_prefix_is_one_line_naming_the_option(
+    routing: dict[str, str], expected: str
+) -> None:
+    for parse in (
+        lambda: parse_options({**BASE, **routing}),
+        lambda: parse_read_options({**STREAM, **routing}, streaming=True),
+        lambda: parse_sink_options({"servers": "h:1", "subject": "s", **routing}),
+    ):
+        with pytest.raises(ConfigurationError) as caught:
+            parse()
+        assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_cli_routing_flags() -> None:
+    flags = ["--js-domain", "hub", "--inbox-prefix", "_INBOX_etl", "static", "ls", "S"]
+    settings = settings_from_args(build_parser().parse_args(flags))
+    assert (settings.jetstream_prefix, settings.inbox_prefix) == ("$JS.hub.API", "_INBOX_etl")
+    args = build_parser().parse_args(["--js-api-prefix", "JS.A.API", "static", "ls", "S"])
+    assert settings_from_args(args).jetstream_prefix == "JS.A.API"
+    both = ["--js-domain", "hub", "--js-api-prefix", "JS.A.API", "static", "ls", "S"]
+    with pytest.raises(ConfigurationError, match="are exclusive"):
+        settings_from_args(build_parser().parse_args(both))

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from nats.errors import ProtocolError
 
+from nats_spark.jetstream.acks import parse_reply, reply_numbers
 from nats_spark.nats_py import RoutingParser
 
 HEADERS = b"NATS/1.0\r\nn: 1\r\n\r\n"
@@ -108,3 +109,15 @@ def test_a_large_message_waits_for_all_its_bytes() -> None:
 def test_malformed_lines_are_protocol_errors(wire: bytes) -> None:
     with pytest.raises(ProtocolError):
         parse([wire])
+
+
+def test_v2_ack_subjects_with_domain_and_account_hash_are_routed_and_parsed() -> None:
+    """The v2 reply form (`$JS.ACK.<domain>.<account hash>.<stream>.<consumer>...` and a last
+    random token), as servers in a JetStream domain may send it."""
+    reply = b"$JS.ACK.hub.ACCHASH1.S.C.2.11.12.1700000000000000000.3.Rnd9"
+    assert parse([b"MSG orders.k1 7 %b 2\r\nhi\r\n" % reply]) == [
+        ("raw", b"orders.k1", reply, b"hi", None)
+    ]
+    assert reply_numbers(reply) == (2, 11, 12, 1700000000000000000)
+    delivery = parse_reply(reply)
+    assert (delivery.stream, delivery.consumer, delivery.pending) == ("S", "C", 3)

@@ -22,8 +22,11 @@ from spark_helpers import (
 pytestmark = pytest.mark.spark
 
 
-def start_job(url: str, stream: str, out: Path, checkpoint: Path, log: Path) -> subprocess.Popen:
-    """The streaming job in its own process group, so kill -9 takes its JVM along."""
+def start_job(
+    url: str, stream: str, out: Path, checkpoint: Path, log: Path, *options: str
+) -> subprocess.Popen:
+    """The streaming job in its own process group, so kill -9 takes its JVM along; `options`
+    are more source options, `name=value`."""
     args = [
         sys.executable,
         "-m",
@@ -46,6 +49,7 @@ def start_job(url: str, stream: str, out: Path, checkpoint: Path, log: Path) -> 
         "maxMessagesPerTrigger=150",
         "--option",
         "ackWait=5s",
+        *(f"--option={option}" for option in options),
     ]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     return subprocess.Popen(

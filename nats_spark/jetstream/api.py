@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,17 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from nats_spark.errors import JetStreamApiError, NatsSparkError, NotFound
 from nats_spark.jetstream.replies import NANOS, ConsumerInfo, StreamInfo
-from nats_spark.jetstream.retry import retrying
+from nats_spark.jetstream.retry import Unavailable, retrying
+
+DEFAULT_PREFIX = "$JS.API"
+
+
+def no_jetstream(subject: str) -> str:
+    """Why nobody answers `subject` on the default API prefix, and the fix."""
+    return (
+        f"JetStream did not answer {subject}; enable JetStream on the server "
+        "(nats-server -js) and check the account's permissions"
+    )
 
 
 def to_nanos(seconds: float) -> int:
@@ -40,40 +51,46 @@ class JetStreamApi:
     Requests that fail only because JetStream cannot answer right now (no leader) are retried
     for up to `retry_timeout` seconds. `denied` is the connection's list of refused publishes: a
     request the user may not send times out too, and is reported as what it is instead.
+    `unreachable(subject)` says why nobody answers (no JetStream, a wrong domain or prefix).
     """
 
     def __init__(
         self,
         nc: NATS,
-        prefix: str = "$JS.API",
+        prefix: str = DEFAULT_PREFIX,
         timeout: float = 5.0,
         retry_timeout: float = 60.0,
         denied: list[str] | None = None,
+        unreachable: Callable[[str], str] | None = None,
     ) -> None:
         self.nc = nc
         self.prefix = prefix
         self.timeout = timeout
         self.retry_timeout = retry_timeout
         self.denied = denied if denied is not None else []
+        self.unreachable = unreachable or no_jetstream
 
     async def request(self, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         full = f"{self.prefix}.{subject}"
         payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else b""
-        return await retrying(
-            lambda: self._request_once(full, payload),
-            f"JetStream request {full}",
-            self.retry_timeout,
-            connection=self.nc,
-        )
+        try:
+            return await retrying(
+                lambda: self._request_once(full, payload),
+                f"JetStream request {full}",
+                self.retry_timeout,
+                connection=self.nc,
+            )
+        except Unavailable as error:
+            if self.prefix == DEFAULT_PREFIX:
+                raise
+            # Interest without an answer: a domain or import that exists but does not serve.
+            raise Unavailable(f"{error}; or: {self.unreachable(full)}") from None
 
     async def _request_once(self, full: str, payload: bytes) -> dict[str, Any]:
         try:
             reply = await self.nc.request(full, payload, timeout=self.timeout)
         except NoRespondersError:
-            raise NatsSparkError(
-                f"JetStream did not answer {full}; enable JetStream on the server "
-                "(nats-server -js) and check the account's permissions"
-            ) from None
+            raise NatsSparkError(self.unreachable(full)) from None
         except NatsTimeout:
             quoted = f'"{full.lower()}"'  # nats-py lowercases the server's error text
             if any(quoted in refusal for refusal in self.denied):

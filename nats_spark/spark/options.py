@@ -33,6 +33,10 @@ CONNECTION_OPTIONS: dict[str, str] = {
     "tlsKey": "path of the client key (mutual TLS)",
     "connectTimeout": "connect timeout (default 5s)",
     "retryTimeout": "how long NATS calls are retried while JetStream has no leader (default 60s)",
+    "domain": "JetStream domain of the stream, e.g. through a leaf node (default: none)",
+    "apiPrefix": "subject prefix of a JetStream API imported from another account (default "
+    "$JS.API; not with domain)",
+    "inboxPrefix": "prefix of the reply inboxes (default _INBOX)",
 }
 KNOWN_OPTIONS: dict[str, str] = {
     **CONNECTION_OPTIONS,
@@ -272,6 +276,9 @@ class OptionValues:
             tls_key=take("tlsKey"),
             connect_timeout=self.duration("connectTimeout", ConnectionSettings.connect_timeout),
             retry_timeout=self.duration("retryTimeout", ConnectionSettings.retry_timeout),
+            domain=take("domain"),
+            api_prefix=take("apiPrefix"),
+            inbox_prefix=take("inboxPrefix"),
             name=name,
         )
 

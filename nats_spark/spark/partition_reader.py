@@ -173,12 +173,8 @@ class SlotReader:
         processed, and a batch's ledger write runs while the next batch is gathered (writes stay
         in order, one at a time; a batch is yielded only once its write is done).
         """
-        consumer = PullConsumer(
-            self.client.nc,
-            self.p.stream,
-            self.p.consumer,
-            group=self.p.priority_group,
-            pin_id=self.entry.head.pin,
+        consumer = self.client.pull_consumer(
+            self.p.stream, self.p.consumer, group=self.p.priority_group, pin_id=self.entry.head.pin
         )
         remaining = self.p.limit - self.entry.head.count
         columns, replies = self._columns(), list[bytes]()
