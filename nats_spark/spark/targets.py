@@ -487,6 +487,8 @@ class GroupTarget:
         one would read its partition from the start again."""
         consumer = self.consumers[slot.name]
         if self.kind is GroupKind.STATIC and self.layout is ConsumerLayout.PARTITION:
+            # Deleting the group deletes its consumers: say the group is gone (load_group's error).
+            await load_group(client, self.options.stream, self.options.group or "", self.kind)
             raise ConfigurationError(
                 f"partition consumer {consumer.name!r} on stream {consumer.stream!r} was deleted "
                 "while the query ran; a new one would read its partition again from the start: "
