@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from nats.errors import ProtocolError
 
-from nats_spark.nats_py import RoutingParser
+from nats_spark.nats_py import RawInbox, RoutingParser
 
 HEADERS = b"NATS/1.0\r\nn: 1\r\n\r\n"
 STATUS = b"NATS/1.0 408\r\n\r\n"
@@ -108,3 +108,46 @@ def test_a_large_message_waits_for_all_its_bytes() -> None:
 def test_malformed_lines_are_protocol_errors(wire: bytes) -> None:
     with pytest.raises(ProtocolError):
         parse([wire])
+
+
+INBOX = [  # what sid 7 gets when it is routed to an inbox rather than a handler
+    (b"orders.k1", b"$JS.ACK.S.C.1.10.10.1700000000000000000.4", b"hello", None),
+    (b"_INBOX.y", b"", b"", STATUS),
+    (b"big", b"inbox.z", b"line\r\nbreak!", None),
+]
+
+
+def parse_into_inbox(reads: list[bytes]) -> tuple[RawInbox, list[tuple[Any, ...]], list[int]]:
+    """The inbox of sid 7, the other calls, and the inbox's length at each wake-up."""
+    client = FakeClient()
+    parser = RoutingParser(client)  # type: ignore[arg-type]
+    woken: list[int] = []
+    inbox = RawInbox(lambda: woken.append(len(inbox)))
+    parser.routes[7] = inbox
+
+    async def run() -> None:
+        for data in reads:
+            await parser.parse(data)
+
+    asyncio.run(run())
+    assert not parser.buf, "bytes left over"
+    return inbox, client.calls, woken
+
+
+@pytest.mark.parametrize("cut", range(0, len(WIRE), 7))
+def test_an_inbox_gets_its_messages_as_columns_at_every_split(cut: int) -> None:
+    inbox, calls, woken = parse_into_inbox([WIRE[:cut], WIRE[cut:]])
+    assert (
+        list(zip(inbox.subjects, inbox.replies, inbox.payloads, inbox.headers, strict=True))
+        == INBOX
+    )
+    assert calls == [call for call in EXPECTED if call[0] != "raw"]
+    # Woken once after each read that brought it messages, never after one that did not.
+    assert woken[-1] == len(INBOX) and woken == sorted(set(woken))
+
+
+def test_an_inbox_hands_out_its_oldest_messages_first() -> None:
+    inbox, _, _ = parse_into_inbox([WIRE[i : i + 1] for i in range(len(WIRE))])
+    assert inbox.take(2) == tuple(list(column) for column in zip(*INBOX[:2], strict=True))
+    assert len(inbox) == 1 and inbox.take(5) == tuple([item] for item in INBOX[2])
+    assert len(inbox) == 0 and inbox.take(1) == ([], [], [], [])
