@@ -111,6 +111,8 @@ class RoutingParser(Parser):
         view = bytes(buf)
         pos, end = 0, len(view)
         routes, filled = self.routes, set[RawInbox]()
+        # Where the last message's subscription goes: a pull's messages come in a row.
+        sid_seen, route = b"", None
         try:
             while pos < end:
                 eol = view.find(b"\r\n", pos)
@@ -137,21 +139,25 @@ class RoutingParser(Parser):
                     payload_start = start + int(args[-2]) if headed else start
                     headers = view[start:payload_start] or None
                     pos = stop + 2
-                    route = routes.get(int(args[2]))
+                    if args[2] != sid_seen:
+                        sid_seen, route = args[2], routes.get(int(args[2]))
+                        if isinstance(route, RawInbox):
+                            filled.add(route)
                     if isinstance(route, RawInbox):
                         route.subjects.append(args[1])
                         route.replies.append(reply)
                         route.payloads.append(view[payload_start:stop])
                         route.headers.append(headers)
-                        filled.add(route)
                     elif route is None:
                         payload = view[payload_start:stop]
                         await self.nc._process_msg(int(args[2]), args[1], reply, payload, headers)
+                        sid_seen = b""  # routes may change while awaiting
                     else:
                         route(args[1], reply, view[payload_start:stop], headers)
                     continue
                 pos = eol + 2
                 await self._control(op, line.lstrip()[len(op) :].strip())
+                sid_seen = b""
         finally:
             del buf[:pos]
             for inbox in filled:

@@ -151,3 +151,21 @@ def test_an_inbox_hands_out_its_oldest_messages_first() -> None:
     assert inbox.take(2) == tuple(list(column) for column in zip(*INBOX[:2], strict=True))
     assert len(inbox) == 1 and inbox.take(5) == tuple([item] for item in INBOX[2])
     assert len(inbox) == 0 and inbox.take(1) == ([], [], [], [])
+
+
+def test_a_route_added_while_the_parser_awaits_takes_the_next_messages() -> None:
+    """Routes change only between messages; one made while the parser awaits nats-py (here,
+    as the first message is served) gets the rest of the read, even the same subscription's."""
+    client = FakeClient()
+    parser = RoutingParser(client)  # type: ignore[arg-type]
+    inbox = RawInbox(lambda: None)
+    served = client._process_msg
+
+    async def process_msg(sid, subject, reply, data, headers) -> None:
+        await served(sid, subject, reply, data, headers)
+        parser.routes[7] = inbox
+
+    client._process_msg = process_msg  # type: ignore[method-assign]
+    asyncio.run(parser.parse(b"MSG a 7 1\r\n1\r\nMSG b 7 1\r\n2\r\nMSG c 7 1\r\n3\r\n"))
+    assert client.calls == [("msg", 7, b"a", b"", b"1", None)]
+    assert (inbox.subjects, inbox.payloads) == ([b"b", b"c"], [b"2", b"3"])
