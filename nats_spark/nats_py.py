@@ -26,29 +26,49 @@ from nats_spark.errors import NatsSparkError
 RawHandler = Callable[[bytes, bytes, bytes, "bytes | None"], None]
 
 
-class RawInbox:
-    """A routed subscription's messages as the parser gathers them: four columns in arrival
-    order. `arrived` is called once per read that added to them."""
+class MessageColumns:
+    """Messages as four columns in arrival order: no object per message."""
 
-    def __init__(self, arrived: Callable[[], None]) -> None:
+    def __init__(self) -> None:
         self.subjects: list[bytes] = []
-        self.replies: list[bytes] = []  # b"" where the message has no reply subject
-        self.payloads: list[bytes] = []
+        self.replies: list[bytes] = []  # b"" where a message has no reply subject
+        self.data: list[bytes] = []
         self.headers: list[bytes | None] = []  # raw blocks, `NATS/1.0[ <status>]\r\n...\r\n\r\n`
-        self.arrived = arrived
 
     def __len__(self) -> int:
         return len(self.replies)
 
-    def take(self, n: int) -> tuple[list[bytes], list[bytes], list[bytes], list[bytes | None]]:
-        """The first `n` messages' columns, removed from the inbox."""
-        if n >= len(self.replies):
-            taken = self.subjects, self.replies, self.payloads, self.headers
-            self.subjects, self.replies, self.payloads, self.headers = [], [], [], []
+    def extend(self, other: MessageColumns) -> None:
+        self.subjects += other.subjects
+        self.replies += other.replies
+        self.data += other.data
+        self.headers += other.headers
+
+    def take(self, n: int) -> MessageColumns:
+        """The first `n` messages, moved to columns of their own."""
+        taken = MessageColumns()
+        if n >= len(self):
+            taken.subjects, taken.replies, self.subjects, self.replies = (
+                self.subjects,
+                self.replies,
+                [],
+                [],
+            )
+            taken.data, taken.headers, self.data, self.headers = self.data, self.headers, [], []
             return taken
-        taken = self.subjects[:n], self.replies[:n], self.payloads[:n], self.headers[:n]
-        del self.subjects[:n], self.replies[:n], self.payloads[:n], self.headers[:n]
+        taken.subjects, taken.replies = self.subjects[:n], self.replies[:n]
+        taken.data, taken.headers = self.data[:n], self.headers[:n]
+        del self.subjects[:n], self.replies[:n], self.data[:n], self.headers[:n]
         return taken
+
+
+class RawInbox(MessageColumns):
+    """A routed subscription's messages as the parser appends them; `arrived` is called once per
+    read that added any."""
+
+    def __init__(self, arrived: Callable[[], None]) -> None:
+        super().__init__()
+        self.arrived = arrived
 
 
 async def queue_command(nc: NATS, command: bytes) -> None:
@@ -146,7 +166,7 @@ class RoutingParser(Parser):
                     if isinstance(route, RawInbox):
                         route.subjects.append(args[1])
                         route.replies.append(reply)
-                        route.payloads.append(view[payload_start:stop])
+                        route.data.append(view[payload_start:stop])
                         route.headers.append(headers)
                     elif route is None:
                         payload = view[payload_start:stop]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from nats.errors import ProtocolError
 
-from nats_spark.nats_py import RawInbox, RoutingParser
+from nats_spark.nats_py import MessageColumns, RawInbox, RoutingParser
 
 HEADERS = b"NATS/1.0\r\nn: 1\r\n\r\n"
 STATUS = b"NATS/1.0 408\r\n\r\n"
@@ -117,6 +117,12 @@ INBOX = [  # what sid 7 gets when it is routed to an inbox rather than a handler
 ]
 
 
+def columns(messages: MessageColumns) -> list[tuple[bytes, bytes, bytes, bytes | None]]:
+    return list(
+        zip(messages.subjects, messages.replies, messages.data, messages.headers, strict=True)
+    )
+
+
 def parse_into_inbox(reads: list[bytes]) -> tuple[RawInbox, list[tuple[Any, ...]], list[int]]:
     """The inbox of sid 7, the other calls, and the inbox's length at each wake-up."""
     client = FakeClient()
@@ -137,10 +143,7 @@ def parse_into_inbox(reads: list[bytes]) -> tuple[RawInbox, list[tuple[Any, ...]
 @pytest.mark.parametrize("cut", range(0, len(WIRE), 7))
 def test_an_inbox_gets_its_messages_as_columns_at_every_split(cut: int) -> None:
     inbox, calls, woken = parse_into_inbox([WIRE[:cut], WIRE[cut:]])
-    assert (
-        list(zip(inbox.subjects, inbox.replies, inbox.payloads, inbox.headers, strict=True))
-        == INBOX
-    )
+    assert columns(inbox) == INBOX
     assert calls == [call for call in EXPECTED if call[0] != "raw"]
     # Woken once after each read that brought it messages, never after one that did not.
     assert woken[-1] == len(INBOX) and woken == sorted(set(woken))
@@ -148,9 +151,9 @@ def test_an_inbox_gets_its_messages_as_columns_at_every_split(cut: int) -> None:
 
 def test_an_inbox_hands_out_its_oldest_messages_first() -> None:
     inbox, _, _ = parse_into_inbox([WIRE[i : i + 1] for i in range(len(WIRE))])
-    assert inbox.take(2) == tuple(list(column) for column in zip(*INBOX[:2], strict=True))
-    assert len(inbox) == 1 and inbox.take(5) == tuple([item] for item in INBOX[2])
-    assert len(inbox) == 0 and inbox.take(1) == ([], [], [], [])
+    assert columns(inbox.take(2)) == INBOX[:2] and columns(inbox) == INBOX[2:]
+    assert columns(inbox.take(5)) == INBOX[2:] and not columns(inbox)
+    assert len(inbox) == 0 and not columns(inbox.take(1))
 
 
 def test_a_route_added_while_the_parser_awaits_takes_the_next_messages() -> None:
@@ -168,4 +171,4 @@ def test_a_route_added_while_the_parser_awaits_takes_the_next_messages() -> None
     client._process_msg = process_msg  # type: ignore[method-assign]
     asyncio.run(parser.parse(b"MSG a 7 1\r\n1\r\nMSG b 7 1\r\n2\r\nMSG c 7 1\r\n3\r\n"))
     assert client.calls == [("msg", 7, b"a", b"", b"1", None)]
-    assert (inbox.subjects, inbox.payloads) == ([b"b", b"c"], [b"2", b"3"])
+    assert (inbox.subjects, inbox.data) == ([b"b", b"c"], [b"2", b"3"])

@@ -23,7 +23,7 @@ from nats.errors import ConnectionClosedError
 from nats_spark.errors import PriorityGroupMisconfigured, PullError
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.jetstream.subjects import AckNumbers, ack_numbers
-from nats_spark.nats_py import RawInbox, route_raw, unroute_raw
+from nats_spark.nats_py import MessageColumns, RawInbox, route_raw, unroute_raw
 
 PIN_ID_HEADER = "Nats-Pin-Id"
 PULL_MAX_BYTES = 8 << 20  # what one pull request may deliver: bounds a task's memory
@@ -89,31 +89,10 @@ class PullRequest:
         return json.dumps(body, separators=(",", ":")).encode()
 
 
-class Deliveries:
-    """Deliveries as columns in arrival order, as the connection's parser gathered them: nothing
-    decoded, no object per message. Filled first, then read: the numbers their ack subjects
-    carry are parsed once, for all of them, when first asked for."""
-
-    def __init__(self) -> None:
-        self.subjects: list[bytes] = []
-        self.replies: list[bytes] = []  # ack subjects
-        self.data: list[bytes] = []
-        self.headers: list[bytes | None] = []  # raw blocks, `NATS/1.0\r\n...\r\n\r\n`
-
-    def __len__(self) -> int:
-        return len(self.replies)
-
-    def extend(
-        self,
-        subjects: list[bytes],
-        replies: list[bytes],
-        data: list[bytes],
-        headers: list[bytes | None],
-    ) -> None:
-        self.subjects += subjects
-        self.replies += replies
-        self.data += data
-        self.headers += headers
+class Deliveries(MessageColumns):
+    """Deliveries as the connection's parser gathered them (nothing decoded), every one with its
+    ack subject as reply. Filled first, then read: the numbers their ack subjects carry are
+    parsed once, for all of them, when first asked for."""
 
     @cached_property
     def numbers(self) -> AckNumbers:
@@ -330,14 +309,14 @@ class PullConsumer:
             except ValueError:
                 run = min(room, len(inbox))
             if run:
-                into.extend(*inbox.take(run))
+                into.extend(inbox.take(run))
                 room -= run
                 continue
-            subjects, replies, data, headers = inbox.take(1)
-            status = _status_of(data[0], headers[0])
+            first = inbox.take(1)
+            status = _status_of(first.data[0], first.headers[0])
             if status is not None:
-                return subjects[0], *status
-            into.extend(subjects, replies, data, headers)
+                return first.subjects[0], *status
+            into.extend(first)
             room -= 1
         return None
 
@@ -398,7 +377,7 @@ class PullConsumer:
         pull = await self.pull(batch, **options)
         result = FetchResult(nc=self.nc)
         async for chunk in pull:
-            result.deliveries.extend(chunk.subjects, chunk.replies, chunk.data, chunk.headers)
+            result.deliveries.extend(chunk)
         result.status, result.description = pull.status, pull.description
         result.heartbeats = pull.heartbeats
         return result
