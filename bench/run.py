@@ -234,6 +234,9 @@ def main() -> None:
                     "marginal_client_cpu_us_per_msg_warm": _client_cpu(
                         c["warm"]["marginal_cpu_us_per_msg"]
                     ),
+                    "marginal_client_cpu_us_per_msg_fresh": _client_cpu(
+                        c["fresh"]["marginal_cpu_us_per_msg"]
+                    ),
                     "marginal_cpu_us_per_msg_warm": c["warm"]["marginal_cpu_us_per_msg"],
                     "driver_cpu_us_per_msg_warm": c["warm"]["driver_cpu_us_per_msg"],
                     "driver_cpu_4N_over_N_warm": c["warm"]["driver_cpu_4N_over_N"],
@@ -246,6 +249,8 @@ def main() -> None:
             "driver_cpu_goal_us_per_msg": 0.2,
             "driver_cpu_4N_over_N_goal": 1.3,
             "ledger_bytes_per_msg_goal": 4.0,
+            "cases_ratio_goals": "fresh process, 100 B: >= 3x at 1,000 keys and >= 2x at 10,000 "
+            "keys on 1.2M messages (4N of the default N), >= 2x at 1,000 keys on 300k (N)",
             "throughput_ratio_4_members_100B_median_rounds": connector[100]["ratio_to_baseline"],
             "throughput_ratio_4_members_100B_best_rounds": round(
                 max(r["msgs_per_s"] for r in rounds["connector"])
