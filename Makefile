@@ -22,8 +22,9 @@ $(VENV)/.server-installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 # The fast lane: lint, format, types and the unit tests of pure logic; no nats-server, no Spark.
-UNIT_TESTS := tests/test_options.py tests/test_pcg_config.py tests/test_pcg_partitioning.py tests/test_stream_range.py tests/test_pushdown_filters.py \
-	tests/test_planner.py tests/test_replies.py tests/test_routing_parser.py tests/test_ledger_codec.py
+UNIT_TESTS := tests/test_options.py tests/test_pcg_config.py tests/test_pcg_partitioning.py tests/test_stream_range.py \
+	tests/test_pushdown_filters.py tests/test_planner.py tests/test_replies.py tests/test_routing_parser.py \
+	tests/test_ledger_codec.py tests/test_ack_subjects.py tests/test_worker_gc.py
 
 check: $(VENV)/.test-installed
 	$(BIN)/ruff check .

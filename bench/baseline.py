@@ -11,14 +11,23 @@ from nats.js.api import ConsumerConfig
 
 
 async def nats_py_pull_loop(
-    url: str, stream: str, count: int, durable: str = "baseline", batch: int = 1000
+    url: str,
+    stream: str,
+    count: int,
+    durable: str = "baseline",
+    batch: int = 1000,
+    max_ack_pending: int | None = None,
 ) -> dict:
     """Read and ack `count` messages of `stream` with `fetch(batch)`, as the new unfiltered
-    durable consumer `durable`."""
+    durable consumer `durable` (`max_ack_pending`: the server's default when None, -1 for
+    unbounded)."""
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
-        await js.add_consumer(stream, ConsumerConfig(durable_name=durable, ack_policy="explicit"))
+        config = ConsumerConfig(
+            durable_name=durable, ack_policy="explicit", max_ack_pending=max_ack_pending
+        )
+        await js.add_consumer(stream, config)
         sub = await js.pull_subscribe_bind(durable, stream)
         got = 0
         payload = 0

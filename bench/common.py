@@ -81,22 +81,25 @@ async def publish(
 class ProcessSampler:
     """Peak RSS and CPU time of this process tree while active, sampled on a thread, by kind:
     this (driver) process, the JVM, Spark's Python workers, the streaming source's runner and
-    nats-server. CPU time counts from each process's first sample (or its start, if new)."""
+    nats-server (psutil reads each process's /proc/<pid>/stat and, for Python processes, its
+    command line). CPU time counts from each process's first sample (or its start, if new;
+    every process's start with `since_start`). A process that ends between samples loses the
+    CPU it spent since the last one: compare runs of two sizes for marginal costs."""
 
-    def __init__(self, interval: float = 0.2) -> None:
+    def __init__(self, interval: float = 0.2, since_start: bool = False) -> None:
         self.root = psutil.Process()
         self.interval = interval
-        self._kinds: dict[int, str | None] = {}
+        self.since_start = since_start
+        self._kinds: dict[int, tuple[str, str | None]] = {}  # pid: (name, kind)
         self.peaks: dict[str, int] = {}
         self._cpu: dict[int, tuple[str, float, float]] = {}  # pid: (kind, first, last)
         self._known: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _kind(self, proc: psutil.Process) -> str | None:
+    def _kind(self, proc: psutil.Process, name: str) -> str | None:
         if proc.pid == self.root.pid:
             return "driver_python"
-        name = proc.name()
         if name.startswith("java"):
             return "jvm"
         if name.startswith("nats-server"):
@@ -111,9 +114,12 @@ class ProcessSampler:
         workers_total = 0
         for proc in [self.root, *self.root.children(recursive=True)]:
             try:
-                if proc.pid not in self._kinds:
-                    self._kinds[proc.pid] = self._kind(proc)
-                kind = self._kinds[proc.pid]
+                # Classified again when the name changes: a new process runs its launcher (the
+                # JVM's jspawnhelper, the spark-submit script) before it execs what it is.
+                name = proc.name()
+                if self._kinds.get(proc.pid, ("",))[0] != name:
+                    self._kinds[proc.pid] = name, self._kind(proc, name)
+                kind = self._kinds[proc.pid][1]
                 if kind is None:
                     continue
                 rss = proc.memory_info().rss
@@ -135,7 +141,7 @@ class ProcessSampler:
             self._sample()
 
     def __enter__(self) -> ProcessSampler:
-        self._sample(first=True)
+        self._sample(first=not self.since_start)
         self._thread.start()
         return self
 
@@ -148,13 +154,46 @@ class ProcessSampler:
         """Peak RSS per kind (python_worker: the largest single worker)."""
         return {f"{kind}_mib": round(rss / 2**20, 1) for kind, rss in sorted(self.peaks.items())}
 
-    def cpu_us_per_msg(self, messages: int) -> dict[str, float]:
-        """CPU time per message by kind and in all, in microseconds."""
+    def _spent(self) -> dict[str, float]:
         spent: dict[str, float] = {}
         for kind, first, last in self._cpu.values():
             spent[kind] = spent.get(kind, 0.0) + last - first
         spent["total"] = sum(spent.values())
-        return {kind: round(spent[kind] / messages * 1e6, 1) for kind in sorted(spent)}
+        return dict(sorted(spent.items()))
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time by kind and in all, in seconds."""
+        return {kind: round(seconds, 3) for kind, seconds in self._spent().items()}
+
+    def cpu_us_per_msg(self, messages: int) -> dict[str, float]:
+        """CPU time per message by kind and in all, in microseconds."""
+        return {kind: round(s / messages * 1e6, 1) for kind, s in self._spent().items()}
+
+
+class WrittenBytes:
+    """Messages and bytes (subject, header block and payload, as published) written to the
+    subjects `pattern` matches while started: what a run writes to a KV bucket's stream
+    (`$KV.<bucket>.>`), counted by a plain subscription."""
+
+    def __init__(self, client: NatsClient, pattern: str) -> None:
+        self.client, self.pattern = client, pattern
+        self.messages = self.bytes = 0
+        self._sub: Any = None
+
+    async def _count(self, msg: Any) -> None:
+        headers = msg.headers or {}
+        block = sum(len(k) + len(v) + 4 for k, v in headers.items()) + 12 if headers else 0
+        self.messages += 1
+        self.bytes += len(msg.subject) + block + len(msg.data)
+
+    async def start(self) -> None:
+        self._sub = await self.client.nc.subscribe(
+            self.pattern, cb=self._count, pending_msgs_limit=-1, pending_bytes_limit=-1
+        )
+
+    async def stop(self) -> None:
+        await self.client.nc.flush()
+        await self._sub.unsubscribe()
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -57,13 +57,19 @@ def noop_query(df: Any, checkpoint: str, **trigger: Any) -> Any:
 
 
 def available_now(
-    spark: Any, url: str, stream: str, group: str, expected: int, options: dict[str, Any]
+    spark: Any,
+    url: str,
+    stream: str,
+    group: str,
+    expected: int,
+    options: dict[str, Any],
+    sample_every: float = 0.2,
 ) -> dict[str, Any]:
     """Read everything `stream` holds through `group` into a noop sink; time it end to end, and
     from the start of the first batch (Spark's query start-up left out, as the baseline leaves
     out its connect) to the end (the final commit's acks included)."""
     with tempfile.TemporaryDirectory(prefix="nats-spark-bench-") as checkpoint:
-        with ProcessSampler() as sampler:
+        with ProcessSampler(sample_every) as sampler:
             started = time.perf_counter()
             query = noop_query(
                 reader(spark, url, stream, group, options), checkpoint, availableNow=True
@@ -88,6 +94,7 @@ def available_now(
         "msgs_per_s_in_batches": round(rows / (batch_ms / 1000)) if batch_ms else None,
         "peak_rss": sampler.mib(),
         "cpu_us_per_msg": sampler.cpu_us_per_msg(rows),
+        "cpu_seconds": sampler.cpu_seconds(),
     }
 
 

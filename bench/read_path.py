@@ -1,19 +1,24 @@
 """The connector's read path without Spark: plan a batch on the driver side, read every slot with
 `read_slot` in this process, then ack it. Times the whole read, the ledger calls inside it, and
-the commit; optionally profiles the read (`python bench/read_path.py --profile`).
+the commit; optionally samples the read with py-spy (`--py-spy out.txt`, `pip install py-spy`):
+collapsed stacks of the read alone, set-up and commit left out.
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
+import contextlib
 import functools
 import inspect
-import pstats
+import os
+import pickle
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +94,34 @@ class LedgerStub:
             setattr(Ledger, name, method)
 
 
+@contextlib.contextmanager
+def py_spy(output: str | None) -> Iterator[None]:
+    """Sample this process with py-spy (raw collapsed stacks, native frames) while inside."""
+    if output is None:
+        yield
+        return
+    spy = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--py-spy needs py-spy: pip install py-spy")
+    command = [spy, "record", "--pid", str(os.getpid()), "--native", "--format", "raw"]
+    sampler = subprocess.Popen([*command, "--rate", "250", "--output", output])
+    time.sleep(1.0)  # py-spy attaches before the read starts
+    try:
+        yield
+    finally:
+        sampler.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        sampler.wait(timeout=60)
+
+
 def _cpu(pid: int | None) -> float:
     times = psutil.Process(pid).cpu_times()
     return times.user + times.system
+
+
+def _reader(url: str, stream: str, group: str, options: dict[str, Any]) -> OffsetReader:
+    raw = {"servers": url, "stream": stream, "group": group}
+    raw.update({k: str(v) for k, v in options.items()})
+    return OffsetReader(parse_options(raw))
 
 
 def read_batch(
@@ -100,13 +130,13 @@ def read_batch(
     group: str,
     server_pid: int | None = None,
     record: bool = True,
+    profile: str | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Plan one batch of `group` and read all of it in this process; ack it; return figures.
-    With `record=False` the ledger writes are stubbed out (and nothing is acked)."""
-    raw = {"servers": url, "stream": stream, "group": group}
-    raw.update({k: str(v) for k, v in options.items()})
-    reader = OffsetReader(parse_options(raw))
+    With `record=False` the ledger writes are stubbed out (and nothing is acked); `profile`: a
+    py-spy output file for the read."""
+    reader = _reader(url, stream, group, options)
     start = run_sync(reader.initial_offset())
     end = run_sync(reader.latest_offset(start, None))
     partitions = run_sync(reader.partitions(start, end))
@@ -114,7 +144,7 @@ def read_batch(
     clock = LedgerClock()
     cpu = _cpu(None), _cpu(server_pid)
     began = time.perf_counter()
-    with clock if record else LedgerStub():
+    with clock if record else LedgerStub(), py_spy(profile):
         for partition in partitions:
             for batch in read_slot(partition):
                 rows += batch.num_rows
@@ -136,6 +166,32 @@ def read_batch(
         "server_cpu_us_per_msg": round(server_cpu / rows * 1e6, 2),
         "acked": acked,
         "commit_seconds": round(commit_seconds, 3),
+    }
+
+
+def planned_batch_bytes(
+    url: str, client: NatsClient, stream: str, group: str, keys: int, **options: Any
+) -> dict[str, int]:
+    """What Spark ships to the tasks of a batch (its input partitions, pickled): for the first
+    batch of `group` (all `stream` holds), and for the next one, planned once the first was read
+    in this process and committed and 100 more messages came (earlier batches' messages not
+    yet settled are what a dedupe window holds then)."""
+    reader = _reader(url, stream, group, options)
+    start = run_sync(reader.initial_offset())
+    end = run_sync(reader.latest_offset(start, None))
+    first = run_sync(reader.partitions(start, end))
+    for partition in first:
+        for _ in read_slot(partition):
+            pass
+    run_sync(reader.commit(end))
+    run_sync(publish(client, stream, 100, 100, keys))
+    following = run_sync(reader.latest_offset(end, None))
+    second = run_sync(reader.partitions(end, following))
+    run_sync(reader.close())
+    close_shared_clients()
+    return {
+        "first_batch_bytes": len(pickle.dumps(first)),
+        "next_batch_bytes": len(pickle.dumps(second)),
     }
 
 
@@ -162,7 +218,7 @@ def server_filter_cost(
                     )
                     consumer = client.pull_consumer(stream, name)
                     before, got = _cpu(server_pid), 0
-                    while taken := len((await consumer.fetch(1000, no_wait=True)).raw):
+                    while taken := len((await consumer.fetch(1000, no_wait=True)).deliveries):
                         got += taken
                     spent = _cpu(server_pid) - before
                     await consumer.close()
@@ -220,10 +276,6 @@ async def _setup(
         await client.close()
 
 
-async def _call(function: Callable[[], Any]) -> None:
-    function()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=100_000)
@@ -231,20 +283,14 @@ def main() -> None:
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--keys", type=int, default=KEYS, help="distinct subjects")
     parser.add_argument("--fetch-batch-size", type=int, default=None)
-    parser.add_argument("--profile", action="store_true", help="print the top of a cProfile")
+    parser.add_argument("--py-spy", metavar="FILE", help="py-spy's collapsed stacks of the read")
     args = parser.parse_args()
     with EmbeddedServer() as server:
         run_sync(_setup(server.url, "RP", "g", args.messages, args.size, args.members, args.keys))
         options: dict[str, Any] = {"maxAckPending": args.messages}
         if args.fetch_batch_size:
             options["fetchBatchSize"] = args.fetch_batch_size
-        profile = cProfile.Profile() if args.profile else None
-        if profile:  # the read runs on the event loop's thread: profile that one
-            run_sync(_call(profile.enable))
-        figures = read_batch(server.url, "RP", "g", server.pid, **options)
-        if profile:
-            run_sync(_call(profile.disable))
-            pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+        figures = read_batch(server.url, "RP", "g", server.pid, profile=args.py_spy, **options)
         emit("read_path", {"size": args.size, "members": args.members, **figures})
 
 

@@ -1,7 +1,11 @@
 """`make bench`: the connector against a plain nats-py pull loop, on one embedded server.
 
 Prints one JSON line per measurement as it finishes, then a summary JSON (the figures, the
-ratios and the goals). Sizes are flags; the defaults take about ten minutes on two cores.
+ratios and the goals). Sizes are flags; the defaults take about half an hour on two cores.
+First the two cases users run (`bench/cases.py`: a warm session and a fresh process, runs of N
+and 4N messages at 1,000 and 10,000 keys, against nats-py at its best fetch size, with CPU by
+process kind), then the 64-key figures: rounds against the README's nats-py loop, payload
+sizes, group sizes, latency, and the read path without Spark.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.baseline import nats_py_pull_loop  # noqa: E402
+from bench.cases import cases  # noqa: E402
 from bench.common import (  # noqa: E402
     KEYS,
     ProcessSampler,
@@ -53,6 +58,13 @@ def _args() -> argparse.Namespace:
     parser.add_argument(
         "--rounds", type=int, default=5, help="alternating baseline/connector runs at 100 bytes"
     )
+    parser.add_argument(
+        "--case-messages", type=int, default=300_000, help="N of the cases' N and 4N runs"
+    )
+    parser.add_argument("--case-keys", default="1000,10000", help="the cases' key counts")
+    parser.add_argument(
+        "--nats-py-fetch-sizes", default="256,1000,4096", help="the cases' nats-py tries these"
+    )
     return parser.parse_args()
 
 
@@ -64,6 +76,13 @@ def _baseline(url: str, size: int, count: int, durable: str) -> dict[str, Any]:
     with ProcessSampler() as sampler:
         figures = run_sync(nats_py_pull_loop(url, f"B{size}", count, durable))
     return {**figures, "cpu_us_per_msg": sampler.cpu_us_per_msg(count)}
+
+
+def _client_cpu(by_kind: dict[str, float]) -> float:
+    """The connector's processes' share of a per-message CPU figure: Spark's JVM, its Python
+    workers and the streaming source runner (not nats-server, nor the process that started the
+    query, which here is the bench)."""
+    return round(sum(by_kind.get(k, 0.0) for k in ("jvm", "python_worker", "source_runner")), 2)
 
 
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -113,6 +132,14 @@ def main() -> None:
             for i in range(2):
                 run_sync(create_group(client, "WARM", f"w{i}", 4, args.partitions))
                 available_now(spark, url, "WARM", f"w{i}", args.warmup_messages, options)
+
+            fetch_sizes = [int(f) for f in args.nats_py_fetch_sizes.split(",")]
+            both_cases = []
+            for keys in (int(k) for k in args.case_keys.split(",") if k):
+                both_cases.append(
+                    cases(spark, client, url, keys, args.case_messages, fetch_sizes, options)
+                )
+                emit("cases", both_cases[-1])
 
             # The headline pair alternates, so that load from elsewhere on the machine hits both.
             rounds: dict[str, list[dict[str, Any]]] = {"baseline": [], "connector": []}
@@ -179,6 +206,7 @@ def main() -> None:
         run_sync(client.close())
 
     results.update(
+        cases=both_cases,
         rounds_100B_msgs_per_s={
             kind: [r["msgs_per_s"] for r in runs] for kind, runs in rounds.items()
         },
@@ -197,6 +225,32 @@ def main() -> None:
         ledger=ledger,
         server_filter_cost=filters,
         goals={
+            "cases": {
+                f"{c['keys']}_keys": {
+                    "warm_ratio": {k: v["ratio"] for k, v in c["warm"]["ratio_to_nats_py"].items()},
+                    "fresh_ratio": {
+                        k: v["ratio"] for k, v in c["fresh"]["ratio_to_nats_py"].items()
+                    },
+                    "marginal_client_cpu_us_per_msg_warm": _client_cpu(
+                        c["warm"]["marginal_cpu_us_per_msg"]
+                    ),
+                    "marginal_client_cpu_us_per_msg_fresh": _client_cpu(
+                        c["fresh"]["marginal_cpu_us_per_msg"]
+                    ),
+                    "marginal_cpu_us_per_msg_warm": c["warm"]["marginal_cpu_us_per_msg"],
+                    "driver_cpu_us_per_msg_warm": c["warm"]["driver_cpu_us_per_msg"],
+                    "driver_cpu_4N_over_N_warm": c["warm"]["driver_cpu_4N_over_N"],
+                    "ledger_bytes_per_msg_warm": c["warm"]["ledger_bytes_per_msg"],
+                    "planned_batch_bytes": c["planned_batch_bytes"],
+                }
+                for c in both_cases
+            },
+            "client_cpu_goal_us_per_msg": 8.0,
+            "driver_cpu_goal_us_per_msg": 0.2,
+            "driver_cpu_4N_over_N_goal": 1.3,
+            "ledger_bytes_per_msg_goal": 4.0,
+            "cases_ratio_goals": "fresh process, 100 B: >= 3x at 1,000 keys and >= 2x at 10,000 "
+            "keys on 1.2M messages (4N of the default N), >= 2x at 1,000 keys on 300k (N)",
             "throughput_ratio_4_members_100B_median_rounds": connector[100]["ratio_to_baseline"],
             "throughput_ratio_4_members_100B_best_rounds": round(
                 max(r["msgs_per_s"] for r in rounds["connector"])

@@ -6,7 +6,8 @@ message out of its buffer (moving what follows), and passes it to `Client._proce
 parses the headers, builds a `Msg`, queues it and wakes a waiter: most of the cost per message
 of a pull inbox or a PubAck inbox. `install` gives a connection, before it connects, a parser of
 its own that walks each read once and hands the messages of routed subscriptions straight to
-their handler; every other message and protocol line is served by nats-py as before.
+their handler, or appends them to a `RawInbox`'s columns (no call and no object per message);
+every other message and protocol line is served by nats-py as before.
 """
 
 from __future__ import annotations
@@ -23,6 +24,51 @@ from nats.protocol.parser import MAX_CONTROL_LINE_SIZE, Parser
 from nats_spark.errors import NatsSparkError
 
 RawHandler = Callable[[bytes, bytes, bytes, "bytes | None"], None]
+
+
+class MessageColumns:
+    """Messages as four columns in arrival order: no object per message."""
+
+    def __init__(self) -> None:
+        self.subjects: list[bytes] = []
+        self.replies: list[bytes] = []  # b"" where a message has no reply subject
+        self.data: list[bytes] = []
+        self.headers: list[bytes | None] = []  # raw blocks, `NATS/1.0[ <status>]\r\n...\r\n\r\n`
+
+    def __len__(self) -> int:
+        return len(self.replies)
+
+    def extend(self, other: MessageColumns) -> None:
+        self.subjects += other.subjects
+        self.replies += other.replies
+        self.data += other.data
+        self.headers += other.headers
+
+    def take(self, n: int) -> MessageColumns:
+        """The first `n` messages, moved to columns of their own."""
+        taken = MessageColumns()
+        if n >= len(self):
+            taken.subjects, taken.replies, self.subjects, self.replies = (
+                self.subjects,
+                self.replies,
+                [],
+                [],
+            )
+            taken.data, taken.headers, self.data, self.headers = self.data, self.headers, [], []
+            return taken
+        taken.subjects, taken.replies = self.subjects[:n], self.replies[:n]
+        taken.data, taken.headers = self.data[:n], self.headers[:n]
+        del self.subjects[:n], self.replies[:n], self.data[:n], self.headers[:n]
+        return taken
+
+
+class RawInbox(MessageColumns):
+    """A routed subscription's messages as the parser appends them; `arrived` is called once per
+    read that added any."""
+
+    def __init__(self, arrived: Callable[[], None]) -> None:
+        super().__init__()
+        self.arrived = arrived
 
 
 async def queue_command(nc: NATS, command: bytes) -> None:
@@ -69,7 +115,7 @@ class RoutingParser(Parser):
 
     def __init__(self, nc: NATS) -> None:
         super().__init__(nc)
-        self.routes: dict[int, RawHandler] = {}  # subscription id -> handler
+        self.routes: dict[int, RawHandler | RawInbox] = {}  # subscription id -> route
         self.wanted = 0  # bytes the buffer must hold before a message in it is complete
 
     def reset(self) -> None:
@@ -84,6 +130,9 @@ class RoutingParser(Parser):
         self.wanted = 0
         view = bytes(buf)
         pos, end = 0, len(view)
+        routes, filled = self.routes, set[RawInbox]()
+        # Where the last message's subscription goes: a pull's messages come in a row.
+        sid_seen, route = b"", None
         try:
             while pos < end:
                 eol = view.find(b"\r\n", pos)
@@ -93,34 +142,46 @@ class RoutingParser(Parser):
                     return
                 line = view[pos:eol]
                 args = line.split()
-                op = args[0].upper() if args else b""
+                op = args[0] if args else b""
+                if op != b"MSG" and op != b"HMSG":
+                    op = op.upper()  # the server writes upper case: the usual op is matched first
                 if op == b"MSG" or op == b"HMSG":
                     headed = op == b"HMSG"
                     # MSG <subject> <sid> [reply] <size>; HMSG ... [reply] <hdr size> <size>
                     if len(args) != 5 + headed and len(args) != 4 + headed:
                         raise ProtocolError("nats: malformed MSG")
-                    size = int(args[-1])
-                    header_size = int(args[-2]) if headed else 0
-                    reply = args[3] if len(args) == 5 + headed else b""
                     start = eol + 2
-                    stop = start + size
+                    stop = start + int(args[-1])
                     if stop + 2 > end:
                         self.wanted = stop + 2 - pos
                         return
-                    sid = int(args[2])
-                    headers = view[start : start + header_size] if header_size else None
-                    payload = view[start + header_size : stop]
+                    reply = args[3] if len(args) == 5 + headed else b""
+                    payload_start = start + int(args[-2]) if headed else start
+                    headers = view[start:payload_start] or None
                     pos = stop + 2
-                    handler = self.routes.get(sid)
-                    if handler is None:
-                        await self.nc._process_msg(sid, args[1], reply, payload, headers)
+                    if args[2] != sid_seen:
+                        sid_seen, route = args[2], routes.get(int(args[2]))
+                        if isinstance(route, RawInbox):
+                            filled.add(route)
+                    if isinstance(route, RawInbox):
+                        route.subjects.append(args[1])
+                        route.replies.append(reply)
+                        route.data.append(view[payload_start:stop])
+                        route.headers.append(headers)
+                    elif route is None:
+                        payload = view[payload_start:stop]
+                        await self.nc._process_msg(int(args[2]), args[1], reply, payload, headers)
+                        sid_seen = b""  # routes may change while awaiting
                     else:
-                        handler(args[1], reply, payload, headers)
+                        route(args[1], reply, view[payload_start:stop], headers)
                     continue
                 pos = eol + 2
                 await self._control(op, line.lstrip()[len(op) :].strip())
+                sid_seen = b""
         finally:
             del buf[:pos]
+            for inbox in filled:
+                inbox.arrived()
 
     async def _control(self, op: bytes, argument: bytes) -> None:
         if op == b"PING":
@@ -147,7 +208,7 @@ def install(nc: NATS) -> None:
     nc._ps = RoutingParser(nc)
 
 
-def _routes(nc: NATS) -> dict[int, RawHandler]:
+def _routes(nc: NATS) -> dict[int, RawHandler | RawInbox]:
     parser = getattr(nc, "_ps", None)
     if not isinstance(parser, RoutingParser):
         raise NatsSparkError(
@@ -157,9 +218,10 @@ def _routes(nc: NATS) -> dict[int, RawHandler]:
     return parser.routes
 
 
-def route_raw(nc: NATS, subscription: Subscription, handler: RawHandler) -> None:
-    """Hand `subscription`'s messages to `handler(subject, reply, data, headers)`."""
-    _routes(nc)[subscription._id] = handler
+def route_raw(nc: NATS, subscription: Subscription, route: RawHandler | RawInbox) -> None:
+    """Hand `subscription`'s messages to `route`: a handler, called as `(subject, reply, data,
+    headers)`, or an inbox."""
+    _routes(nc)[subscription._id] = route
 
 
 def unroute_raw(nc: NATS, subscription: Subscription) -> None:

@@ -23,7 +23,7 @@ from nats_spark.errors import (
 from nats_spark.jetstream import FetchResult, JetStreamApi, PullConsumer, PullStatus
 from nats_spark.jetstream import pull as pull_module
 from nats_spark.jetstream.api import to_nanos
-from nats_spark.jetstream.pull import PIN_ID_HEADER
+from nats_spark.jetstream.pull import PIN_ID_HEADER, Deliveries
 from nats_spark.loop import Blocking, event_loop, run_sync
 from nats_spark.server import EmbeddedServer
 
@@ -438,7 +438,7 @@ def test_what_a_request_given_up_on_delivers_is_settled(
     make_consumer(api, stream, "LATE", None)
     consumer = client.pull_consumer(stream, "LATE")
 
-    async def scenario() -> tuple[PullStatus, list[Any]]:
+    async def scenario() -> tuple[PullStatus, Deliveries]:
         pull = await consumer.pull(10, expires=2.0)
         async for _ in pull:
             pass
@@ -448,5 +448,5 @@ def test_what_a_request_given_up_on_delivers_is_settled(
 
     status, late = run_sync(scenario())
     assert status is PullStatus.CLIENT_TIMEOUT
-    assert [m.data for m in late] == [b"late"] * 3
+    assert late.data == [b"late"] * 3
     assert api.consumer_info(stream, "LATE").num_ack_pending == 3  # taken by us, not acked

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from nats.errors import ProtocolError
 
-from nats_spark.jetstream.acks import parse_reply, reply_numbers
-from nats_spark.nats_py import RoutingParser
+from nats_spark.jetstream.acks import parse_reply
+from nats_spark.jetstream.subjects import ack_numbers
+from nats_spark.nats_py import MessageColumns, RawInbox, RoutingParser
 
 HEADERS = b"NATS/1.0\r\nn: 1\r\n\r\n"
 STATUS = b"NATS/1.0 408\r\n\r\n"
@@ -118,6 +119,70 @@ def test_v2_ack_subjects_with_domain_and_account_hash_are_routed_and_parsed() ->
     assert parse([b"MSG orders.k1 7 %b 2\r\nhi\r\n" % reply]) == [
         ("raw", b"orders.k1", reply, b"hi", None)
     ]
-    assert reply_numbers(reply) == (2, 11, 12, 1700000000000000000)
+    assert tuple(ack_numbers([reply])) == ([2], [11], [12], [1700000000000000000])
     delivery = parse_reply(reply)
     assert (delivery.stream, delivery.consumer, delivery.pending) == ("S", "C", 3)
+
+
+INBOX = [  # what sid 7 gets when it is routed to an inbox rather than a handler
+    (b"orders.k1", b"$JS.ACK.S.C.1.10.10.1700000000000000000.4", b"hello", None),
+    (b"_INBOX.y", b"", b"", STATUS),
+    (b"big", b"inbox.z", b"line\r\nbreak!", None),
+]
+
+
+def columns(messages: MessageColumns) -> list[tuple[bytes, bytes, bytes, bytes | None]]:
+    return list(
+        zip(messages.subjects, messages.replies, messages.data, messages.headers, strict=True)
+    )
+
+
+def parse_into_inbox(reads: list[bytes]) -> tuple[RawInbox, list[tuple[Any, ...]], list[int]]:
+    """The inbox of sid 7, the other calls, and the inbox's length at each wake-up."""
+    client = FakeClient()
+    parser = RoutingParser(client)  # type: ignore[arg-type]
+    woken: list[int] = []
+    inbox = RawInbox(lambda: woken.append(len(inbox)))
+    parser.routes[7] = inbox
+
+    async def run() -> None:
+        for data in reads:
+            await parser.parse(data)
+
+    asyncio.run(run())
+    assert not parser.buf, "bytes left over"
+    return inbox, client.calls, woken
+
+
+@pytest.mark.parametrize("cut", range(0, len(WIRE), 7))
+def test_an_inbox_gets_its_messages_as_columns_at_every_split(cut: int) -> None:
+    inbox, calls, woken = parse_into_inbox([WIRE[:cut], WIRE[cut:]])
+    assert columns(inbox) == INBOX
+    assert calls == [call for call in EXPECTED if call[0] != "raw"]
+    # Woken once after each read that brought it messages, never after one that did not.
+    assert woken[-1] == len(INBOX) and woken == sorted(set(woken))
+
+
+def test_an_inbox_hands_out_its_oldest_messages_first() -> None:
+    inbox, _, _ = parse_into_inbox([WIRE[i : i + 1] for i in range(len(WIRE))])
+    assert columns(inbox.take(2)) == INBOX[:2] and columns(inbox) == INBOX[2:]
+    assert columns(inbox.take(5)) == INBOX[2:] and not columns(inbox)
+    assert len(inbox) == 0 and not columns(inbox.take(1))
+
+
+def test_a_route_added_while_the_parser_awaits_takes_the_next_messages() -> None:
+    """Routes change only between messages; one made while the parser awaits nats-py (here,
+    as the first message is served) gets the rest of the read, even the same subscription's."""
+    client = FakeClient()
+    parser = RoutingParser(client)  # type: ignore[arg-type]
+    inbox = RawInbox(lambda: None)
+    served = client._process_msg
+
+    async def process_msg(sid, subject, reply, data, headers) -> None:
+        await served(sid, subject, reply, data, headers)
+        parser.routes[7] = inbox
+
+    client._process_msg = process_msg  # type: ignore[method-assign]
+    asyncio.run(parser.parse(b"MSG a 7 1\r\n1\r\nMSG b 7 1\r\n2\r\nMSG c 7 1\r\n3\r\n"))
+    assert client.calls == [("msg", 7, b"a", b"", b"1", None)]
+    assert (inbox.subjects, inbox.data) == ([b"b", b"c"], [b"2", b"3"])

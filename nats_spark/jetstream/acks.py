@@ -54,16 +54,6 @@ def parse_reply(reply: str | bytes) -> Delivery:
     )
 
 
-def reply_numbers(reply: bytes) -> tuple[int, int, int, int]:
-    """`(delivered, stream_seq, consumer_seq, timestamp_ns)` of an ack subject as received:
-    what a row needs, without decoding or building a `Delivery` (the read path's hot loop)."""
-    tokens = reply.split(b".")
-    if len(tokens) == 9 and tokens[0] == b"$JS" and tokens[1] == b"ACK":  # v1, the usual form
-        return int(tokens[4]), int(tokens[5]), int(tokens[6]), int(tokens[7])
-    at = delivered_at(tokens, reply)
-    return int(tokens[at]), int(tokens[at + 1]), int(tokens[at + 2]), int(tokens[at + 3])
-
-
 ACK, IN_PROGRESS = b"+ACK", b"+WPI"  # both four bytes: the PUB template below relies on it
 
 

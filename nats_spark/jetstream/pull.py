@@ -10,11 +10,10 @@ import asyncio
 import json
 import math
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -23,7 +22,8 @@ from nats.errors import ConnectionClosedError
 
 from nats_spark.errors import PriorityGroupMisconfigured, PullError
 from nats_spark.jetstream.api import to_nanos
-from nats_spark.nats_py import route_raw, unroute_raw
+from nats_spark.jetstream.subjects import AckNumbers, ack_numbers
+from nats_spark.nats_py import MessageColumns, RawInbox, route_raw, unroute_raw
 
 PIN_ID_HEADER = "Nats-Pin-Id"
 PULL_MAX_BYTES = 8 << 20  # what one pull request may deliver: bounds a task's memory
@@ -89,13 +89,14 @@ class PullRequest:
         return json.dumps(body, separators=(",", ":")).encode()
 
 
-class RawMessage(NamedTuple):
-    """A message as nats-py's protocol parser hands it over: nothing decoded, no `Msg` built."""
+class Deliveries(MessageColumns):
+    """Deliveries as the connection's parser gathered them (nothing decoded), every one with its
+    ack subject as reply. Filled first, then read: the numbers their ack subjects carry are
+    parsed once, for all of them, when first asked for."""
 
-    subject: bytes
-    reply: bytes
-    data: bytes
-    headers: bytes | None  # the raw block, `NATS/1.0[ <status> <description>]\r\n...\r\n\r\n`
+    @cached_property
+    def numbers(self) -> AckNumbers:
+        return ack_numbers(self.replies)
 
 
 def header_values(raw: bytes | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -125,13 +126,11 @@ def parse_headers(raw: bytes | None) -> dict[str, str] | None:
     return {key: values[-1] for key, values in header_values(raw)} or None
 
 
-def _status_of(msg: RawMessage) -> tuple[int, str] | None:
-    """`(code, description)` of a status message, or None for a real message."""
-    # Delivered messages always carry their ack subject as reply, statuses never do: a stored
-    # message with a `Status` header of its own must not be mistaken for one.
-    if msg.reply or msg.data or not msg.headers:
+def _status_of(data: bytes, headers: bytes | None) -> tuple[int, str] | None:
+    """`(code, description)` of a message without a reply subject that is a status, or None."""
+    if data or not headers:
         return None
-    line = msg.headers.split(b"\r\n", 1)[0]  # `NATS/1.0 404 No Messages`
+    line = headers.split(b"\r\n", 1)[0]  # `NATS/1.0 404 No Messages`
     _, _, status = line.partition(b" ")
     code, _, description = status.partition(b" ")
     if not code.isdigit():
@@ -154,7 +153,7 @@ def _pin_of(headers: bytes) -> str | None:
 class FetchResult:
     """What one pull request yielded, and why it ended."""
 
-    raw: list[RawMessage] = field(default_factory=list)
+    deliveries: Deliveries = field(default_factory=Deliveries)
     status: PullStatus = PullStatus.BATCH_COMPLETE
     description: str = ""
     heartbeats: int = 0
@@ -162,16 +161,20 @@ class FetchResult:
 
     @cached_property
     def messages(self) -> list[Msg]:
-        """The deliveries as nats-py messages (built on first use; `raw` is the cheap form)."""
+        """The deliveries as nats-py messages (built on first use; `deliveries` is the cheap
+        form)."""
+        d = self.deliveries
         return [
             Msg(
                 _client=self.nc,  # type: ignore[arg-type]
-                subject=m.subject.decode(),
-                reply=m.reply.decode(),
-                data=m.data,
-                headers=parse_headers(m.headers),
+                subject=subject.decode(),
+                reply=reply.decode(),
+                data=data,
+                headers=parse_headers(headers),
             )
-            for m in self.raw
+            for subject, reply, data, headers in zip(
+                d.subjects, d.replies, d.data, d.headers, strict=True
+            )
         ]
 
 
@@ -199,7 +202,7 @@ class Pull:
     def __aiter__(self) -> Pull:
         return self
 
-    async def __anext__(self) -> list[RawMessage]:
+    async def __anext__(self) -> Deliveries:
         while not self.done:
             chunk = self._take()
             if chunk:
@@ -208,38 +211,36 @@ class Pull:
                 await self._wait()
         raise StopAsyncIteration
 
-    def _take(self) -> list[RawMessage]:
+    def _take(self) -> Deliveries:
         """Deliveries buffered for this request, up to its batch; ends it on its status."""
-        queue = self.consumer._queue
-        chunk: list[RawMessage] = []
+        consumer = self.consumer
+        chunk = Deliveries()
         room = self.batch - self.received
-        while queue and room:
-            msg = queue.popleft()
-            status = _status_of(msg)
+        while room:
+            # Delivered messages keep their own subject, so they cannot be matched to a
+            # request. Requests run one at a time; one that outlived its fetch may still
+            # deliver, and what it delivers is ours all the same.
+            status = consumer._take_run(room, chunk)
+            room = self.batch - self.received - len(chunk)
             if status is None:
-                # Delivered messages keep their own subject, so they cannot be matched to a
-                # request. Requests run one at a time; one that outlived its fetch may still
-                # deliver, and what it delivers is ours all the same.
-                chunk.append(msg)
-                room -= 1
-                continue
-            code, description = status
+                break
+            subject, code, description = status
             if code != 100:
-                self.consumer._live.pop(msg.subject, None)  # that request has ended
-            if msg.subject != self.reply:
+                consumer._live.pop(subject, None)  # that request has ended
+            if subject != self.reply:
                 continue  # the end of an earlier request
             if code == 100:
                 self.heartbeats += 1
                 continue
             self.description = description
-            self.status = self.consumer._end_status(code, description)
+            self.status = consumer._end_status(code, description)
             self.done = True
             break
         self.received += len(chunk)
         if not room:
             self.done = True
-            self.consumer._live.pop(self.reply, None)  # served in full: no status follows
-        self.consumer._note_pin(chunk)
+            consumer._live.pop(self.reply, None)  # served in full: no status follows
+        consumer._note_pin(chunk)
         return chunk
 
     async def _wait(self) -> None:
@@ -283,18 +284,41 @@ class PullConsumer:
         self._inbox = nc.new_inbox()
         self._sub: Subscription | None = None
         self._request_no = 0
-        self._queue: deque[RawMessage] = deque()
+        self._received = RawInbox(self._wake)  # what the parser hands our inbox
         self._arrived: asyncio.Future[None] | None = None
         # Requests the server may still serve, by reply subject: until when to expect their end
         # (a request the client gave up on may end any time: infinity).
         self._live: dict[bytes, float] = {}
 
-    def _receive(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-        """Called by the connection's parser for every message to our inbox."""
-        self._queue.append(RawMessage(subject, reply, data, headers))
+    def _wake(self) -> None:
+        """Called by the connection's parser after a read that brought our inbox messages."""
         arrived = self._arrived
         if arrived is not None and not arrived.done():
             arrived.set_result(None)
+
+    def _take_run(self, room: int, into: Deliveries) -> tuple[bytes, int, str] | None:
+        """Move deliveries from the front of the inbox to `into`, at most `room`, up to the
+        next status message: that one is removed and returned as `(subject, code,
+        description)`; None once `room` is used up or the inbox is empty."""
+        inbox = self._received
+        while room and len(inbox):
+            # Deliveries always carry their ack subject as reply, statuses never do: a stored
+            # message with a `Status` header of its own is not mistaken for one.
+            try:
+                run = inbox.replies.index(b"", 0, room)
+            except ValueError:
+                run = min(room, len(inbox))
+            if run:
+                into.extend(inbox.take(run))
+                room -= run
+                continue
+            first = inbox.take(1)
+            status = _status_of(first.data[0], first.headers[0])
+            if status is not None:
+                return first.subjects[0], *status
+            into.extend(first)
+            room -= 1
+        return None
 
     async def _arrival(self, timeout: float) -> bool:
         """Wait until the next message reaches the inbox; False when none came in `timeout`."""
@@ -311,7 +335,7 @@ class PullConsumer:
     async def _subscription(self) -> Subscription:
         if self._sub is None:
             self._sub = await self.nc.subscribe(f"{self._inbox}.*")
-            route_raw(self.nc, self._sub, self._receive)
+            route_raw(self.nc, self._sub, self._received)
         return self._sub
 
     async def pull(
@@ -353,27 +377,24 @@ class PullConsumer:
         pull = await self.pull(batch, **options)
         result = FetchResult(nc=self.nc)
         async for chunk in pull:
-            result.raw += chunk
+            result.deliveries.extend(chunk)
         result.status, result.description = pull.status, pull.description
         result.heartbeats = pull.heartbeats
         return result
 
-    async def settle(self, patience: float) -> list[RawMessage]:
+    async def settle(self, patience: float) -> Deliveries:
         """What requests given up on (or never iterated) still deliver: the server serves a pull
         until it ends it, whatever the client stopped waiting for. Waits until every request
         has ended (its status came, or it was due and did not come), at most `patience` seconds,
         and returns the deliveries; they are the caller's to take, else they come back only
         after the ack wait."""
-        delivered: list[RawMessage] = []
+        delivered = Deliveries()
         give_up = time.monotonic() + patience
         while True:
-            while self._queue:
-                msg = self._queue.popleft()
-                status = _status_of(msg)
-                if status is None:
-                    delivered.append(msg)
-                elif status[0] != 100:
-                    self._live.pop(msg.subject, None)
+            while len(self._received):
+                status = self._take_run(len(self._received), delivered)
+                if status is not None and status[1] != 100:
+                    self._live.pop(status[0], None)
             now = time.monotonic()
             self._live = {r: due for r, due in self._live.items() if due > now}
             if not self._live or now >= give_up:
@@ -381,9 +402,11 @@ class PullConsumer:
                 return delivered
             await self._arrival(max(min(give_up, *self._live.values()) - now, 0.01))
 
-    def _note_pin(self, chunk: list[RawMessage]) -> None:
-        for msg in reversed(chunk):  # the newest pin id wins
-            pin = _pin_of(msg.headers) if msg.headers else None
+    def _note_pin(self, chunk: Deliveries) -> None:
+        if self.group is None:
+            return  # pins come only with a priority group
+        for headers in reversed(chunk.headers):  # the newest pin id wins
+            pin = _pin_of(headers) if headers else None
             if pin:
                 self.pin_id = pin
                 return

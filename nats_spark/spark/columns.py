@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nats_spark.errors import NatsSparkError
-from nats_spark.jetstream.pull import PIN_ID_HEADER, header_values
+from nats_spark.jetstream.pull import PIN_ID_HEADER, Deliveries, header_values
 from nats_spark.pcg.partitioning import strip_partition
 from nats_spark.spark.ledger import CHUNK_MESSAGES
 from nats_spark.spark.schema import ARROW_SCHEMA
@@ -35,17 +35,21 @@ def headers_array(blocks: Sequence[bytes | None], include: bool) -> pa.Array:
     if not include:
         return pa.nulls(len(blocks), HEADERS_TYPE)
     row_offsets, keys, values, value_offsets = [0], list[str](), list[str](), [0]
-    for raw in blocks:
-        if raw is not None:
-            for key, items in header_column(raw):
-                keys.append(key)
-                values.extend(items)
-                value_offsets.append(len(values))
-        row_offsets.append(len(keys))
+    if blocks.count(None) == len(blocks):  # no headers: an empty map per row, no step per row
+        offsets = constant(0, len(blocks) + 1, pa.int32())
+    else:
+        for raw in blocks:
+            if raw is not None:
+                for key, items in header_column(raw):
+                    keys.append(key)
+                    values.extend(items)
+                    value_offsets.append(len(values))
+            row_offsets.append(len(keys))
+        offsets = pa.array(row_offsets, pa.int32())
     items_array = pa.ListArray.from_arrays(
         pa.array(value_offsets, pa.int32()), pa.array(values, pa.string())
     )
-    offsets, key_array = pa.array(row_offsets, pa.int32()), pa.array(keys, pa.string())
+    key_array = pa.array(keys, pa.string())
     return pa.MapArray.from_arrays(offsets, key_array, items_array, type=HEADERS_TYPE)
 
 
@@ -144,6 +148,20 @@ class SlotColumns:
         self.consumer_seq.append(consumer_seq)
         self.delivered.append(delivered)
         self.timestamp.append(timestamp_ns)
+
+    def extend(self, deliveries: Deliveries) -> None:
+        """Add all of `deliveries` (their ack subjects' numbers parsed), a column at a time."""
+        if not self.stream_seq:
+            self.first_received = time.monotonic()
+        delivered, stream_seq, consumer_seq, timestamp = deliveries.numbers
+        self.subject += deliveries.subjects
+        self.data += deliveries.data
+        self.nbytes += sum(map(len, deliveries.data))
+        self.headers += deliveries.headers
+        self.stream_seq += stream_seq
+        self.consumer_seq += consumer_seq
+        self.delivered += delivered
+        self.timestamp += timestamp
 
     def _subjects(self, n: int) -> tuple[pa.Array, pa.Array]:
         """The `subject` and `partition` columns; a group's stored `<partition>.<subject>` is

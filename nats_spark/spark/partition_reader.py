@@ -20,14 +20,14 @@ import pyarrow as pa
 
 from nats_spark.client import shared_client
 from nats_spark.errors import NatsSparkError, NotFound, PullError
-from nats_spark.jetstream.acks import InProgressKeeper, parse_reply, publish_acks, reply_numbers
+from nats_spark.jetstream.acks import InProgressKeeper, parse_reply, publish_acks
 from nats_spark.jetstream.api import StoredMessage
 from nats_spark.jetstream.pull import (
     PULL_MAX_BYTES,
+    Deliveries,
     Pull,
     PullConsumer,
     PullStatus,
-    RawMessage,
 )
 from nats_spark.loop import run_sync
 from nats_spark.spark.columns import SlotColumns
@@ -112,33 +112,59 @@ class SlotReader:
                 )
         return columns.batch()
 
-    def _accept(
-        self, chunk: list[RawMessage], columns: SlotColumns, replies: list[bytes]
-    ) -> list[bytes]:
+    def _accept(self, chunk: Deliveries, columns: SlotColumns, replies: list[bytes]) -> list[bytes]:
         """Add new deliveries to `columns` and `replies`; returns the redundant ones' replies."""
-        taken, held, dedupe, redundant = self.entry.taken, self.keeper.held, self.dedupe, []
-        for msg in chunk:
-            delivered, seq, consumer_seq, timestamp = reply_numbers(msg.reply)
+        taken, held, dedupe = self.entry.taken, self.keeper.held, self.dedupe
+        redundant: list[bytes] = []
+        delivered, seqs, consumer_seqs, timestamps = chunk.numbers
+        if self._all_new(seqs):  # the usual case: the chunk whole, a column at a time
+            taken.update(seqs)
+            replies += chunk.replies
+            held.update(zip(seqs, chunk.replies, strict=True))
+            columns.extend(chunk)
+            return redundant
+        for i, seq in enumerate(seqs):
+            reply = chunk.replies[i]
             if seq in taken:
                 if seq in held:
-                    held[seq] = msg.reply  # later progress acks must name this delivery
+                    held[seq] = reply  # later progress acks must name this delivery
                 continue  # redelivered within this batch: emitted once already
             if dedupe:
-                i = bisect_left(dedupe, seq)
-                if i < len(dedupe) and dedupe[i] == seq:
-                    redundant.append(msg.reply)  # emitted by an earlier, committed batch: ack
+                at = bisect_left(dedupe, seq)
+                if at < len(dedupe) and dedupe[at] == seq:
+                    redundant.append(reply)  # emitted by an earlier, committed batch: ack
                     continue
             if seq in self.sibling_seqs:
                 continue  # a sibling slot took and recorded it first; it acks it at commit
             taken.add(seq)
-            replies.append(msg.reply)
-            held[seq] = msg.reply
-            columns.add(msg.subject, msg.data, msg.headers, delivered, seq, consumer_seq, timestamp)
+            replies.append(reply)
+            held[seq] = reply
+            columns.add(
+                chunk.subjects[i],
+                chunk.data[i],
+                chunk.headers[i],
+                delivered[i],
+                seq,
+                consumer_seqs[i],
+                timestamps[i],
+            )
         return redundant
 
-    async def _take(
-        self, chunk: list[RawMessage], columns: SlotColumns, replies: list[bytes]
-    ) -> None:
+    def _all_new(self, seqs: list[int]) -> bool:
+        """Whether every one of `seqs` is new to this batch (none twice, none taken by this slot
+        or a sibling) and none was emitted by an earlier batch."""
+        if not seqs:
+            return True
+        fresh = set(seqs)
+        if len(fresh) != len(seqs) or not fresh.isdisjoint(self.entry.taken):
+            return False
+        if self.sibling_seqs and not fresh.isdisjoint(self.sibling_seqs):
+            return False
+        dedupe = self.dedupe
+        at = bisect_left(dedupe, min(seqs))
+        return at == len(dedupe) or dedupe[at] > max(seqs)
+
+    async def _take(self, chunk: Deliveries, columns: SlotColumns, replies: list[bytes]) -> None:
         """`_accept` the chunk; what earlier batches already emitted is acked and dropped."""
         redundant = self._accept(chunk, columns, replies)
         if redundant:
@@ -197,7 +223,7 @@ class SlotReader:
                             following = await self._request(
                                 consumer, remaining - len(replies) - len(chunk), False
                             )
-                        if self.p.siblings and any(reply_numbers(m.reply)[0] > 1 for m in chunk):
+                        if self.p.siblings and max(chunk.numbers.delivered, default=0) > 1:
                             await self._load_sibling_seqs()
                         await self._take(chunk, columns, replies)
                         got_any = got_any or bool(replies)
@@ -301,11 +327,11 @@ class SlotReader:
         await self.entry.seal()
 
 
-async def _until_ended(pull: Pull) -> AsyncIterator[list[RawMessage]]:
+async def _until_ended(pull: Pull) -> AsyncIterator[Deliveries]:
     """The pull's chunks of deliveries, then an empty one once it has ended."""
     async for chunk in pull:
         yield chunk
-    yield []
+    yield Deliveries()
 
 
 def _complete(status: PullStatus) -> bool:

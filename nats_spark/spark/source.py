@@ -17,6 +17,7 @@ from nats_spark.spark.options import SourceOptions, parse_options
 from nats_spark.spark.partition_reader import read_slot
 from nats_spark.spark.schema import SCHEMA_DDL, check_schema
 from nats_spark.spark.slot_partition import SlotPartition
+from nats_spark.spark.worker_gc import freeze_imports
 
 try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -119,6 +120,7 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @one_line_errors
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SlotPartition)
+        freeze_imports()
         yield from read_slot(partition)
 
     @one_line_errors

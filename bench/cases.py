@@ -1,0 +1,209 @@
+"""The two cases users run, each at two run sizes, against a tuned nats-py loop (run by
+`bench/run.py`, so by `make bench`).
+
+For each key count (distinct subjects, 100 B payloads) two file streams of N and 4N messages
+are read to the end by
+- nats-py: a fetch+ack loop on an unfiltered durable consumer with max_ack_pending unbounded, at
+  the best of a few fetch sizes (each tried on the N stream; timed from its connect);
+- the connector in the bench's warm Spark session (availableNow into `noop`; what a
+  long-running query does per message, Spark's query start included);
+- the connector in a fresh process (`bench/fresh_job.py`, as spark-submit runs a job: Python,
+  JVM and query start-up included, timed from the process start to the end of its query).
+Printed beside throughput and each ratio's settings: CPU seconds by process kind at each size
+and the marginal CPU per message between them ((4N - N) / 3N: fixed costs cancel), the driver's
+CPU (the streaming source runner, where Spark plans and commits) at both sizes, the bytes
+written to the ledger bucket's stream per message, and the pickled input partitions of a
+planned batch at both sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.baseline import nats_py_pull_loop
+from bench.common import (
+    PARTITIONS,
+    ProcessSampler,
+    WrittenBytes,
+    create_group,
+    create_stream,
+    emit,
+    publish,
+)
+from bench.connector import available_now
+from bench.read_path import planned_batch_bytes
+from nats_spark.client import NatsClient
+from nats_spark.loop import run_sync
+from nats_spark.spark.options import SourceOptions
+
+MEMBERS = 4
+PAYLOAD = 100
+FRESH_JOB = str(Path(__file__).resolve().parent / "fresh_job.py")
+SAMPLE_EVERY = 0.1  # seconds between CPU samples: what a process ending between them loses
+
+
+def _nats_py(url: str, stream: str, count: int, fetch: int, durable: str) -> dict[str, Any]:
+    with ProcessSampler(SAMPLE_EVERY) as sampler:
+        figures = run_sync(
+            nats_py_pull_loop(url, stream, count, durable, fetch, max_ack_pending=-1)
+        )
+    return {**figures, "fetch": fetch, "cpu_us_per_msg": sampler.cpu_us_per_msg(count)}
+
+
+def _ledger_writes(
+    client: NatsClient, options: dict[str, Any], run: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """`run`'s figures, with what it wrote to the ledger bucket's stream per message."""
+    bucket = options.get("ledgerBucket", SourceOptions.ledger_bucket)
+    written = WrittenBytes(client, f"$KV.{bucket}.>")
+    run_sync(written.start())
+    try:
+        figures = run()
+    finally:
+        run_sync(written.stop())
+    messages = figures["messages"]
+    return {
+        **figures,
+        "ledger_writes": written.messages,
+        "ledger_bytes_per_msg": round(written.bytes / messages, 2),
+    }
+
+
+def _fresh(url: str, stream: str, group: str, count: int, options: dict[str, Any]) -> dict:
+    """The read as a job of its own; nats-server's CPU from this process's sampler (the job's
+    own tree does not hold the server)."""
+    command = [sys.executable, FRESH_JOB, url, stream, group, str(count), json.dumps(options)]
+    figures: dict[str, Any] | None = None
+    with ProcessSampler(SAMPLE_EVERY) as around:
+        started = time.perf_counter()
+        job = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        assert job.stdout is not None
+        for line in job.stdout:
+            if line.startswith("{"):
+                seconds = time.perf_counter() - started
+                figures = json.loads(line)
+                break
+        job.wait(timeout=600)
+    if figures is None:
+        raise RuntimeError(f"the fresh job for {stream} ended ({job.returncode}) without figures")
+    cpu = {**figures.pop("job_cpu_seconds"), "nats_server": around.cpu_seconds()["nats_server"]}
+    cpu["total"] = round(sum(v for k, v in cpu.items() if k != "total"), 3)
+    return {
+        **figures,
+        "query_seconds": figures["seconds"],
+        "seconds": round(seconds, 2),
+        "msgs_per_s": round(count / seconds),
+        "cpu_seconds": cpu,
+        "cpu_us_per_msg": {kind: round(s / count * 1e6, 1) for kind, s in cpu.items()},
+    }
+
+
+def _marginal(small: dict[str, float], large: dict[str, float], n: int) -> dict[str, float]:
+    """CPU µs per message between a run of `n` messages and one of `4n`, by process kind."""
+    kinds = sorted(set(small) | set(large))
+    return {k: round((large.get(k, 0.0) - small.get(k, 0.0)) / (3 * n) * 1e6, 2) for k in kinds}
+
+
+def _settings(keys: int, count: int, case: str, options: dict[str, Any], fetch: int) -> str:
+    return (
+        f"{keys:,} keys, {PAYLOAD} B, {count:,} messages, {PARTITIONS} partitions / {MEMBERS} "
+        f"members, local[2], availableNow into noop, {case}, options {options or 'default'}; "
+        f"nats-py: fetch {fetch}, max_ack_pending unbounded, unfiltered durable, explicit acks, "
+        "timed from its connect"
+    )
+
+
+def cases(
+    spark: Any,
+    client: NatsClient,
+    url: str,
+    keys: int,
+    n: int,
+    fetch_sizes: list[int],
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """Both cases at `keys` distinct subjects, on streams of `n` and `4n` messages."""
+    sizes = {"N": n, "4N": 4 * n}
+    streams = {size: f"CASE{keys}K{count}" for size, count in sizes.items()}
+    for size, count in sizes.items():
+        run_sync(create_stream(client, streams[size]))
+        run_sync(publish(client, streams[size], count, PAYLOAD, keys))
+
+    tried = {fetch: _nats_py(url, streams["N"], n, fetch, f"try{fetch}") for fetch in fetch_sizes}
+    fetch = max(tried, key=lambda f: tried[f]["msgs_per_s"])
+    nats_py = {"N": tried[fetch], "4N": _nats_py(url, streams["4N"], 4 * n, fetch, "best")}
+    emit(
+        "nats_py_tuned",
+        {
+            "keys": keys,
+            "fetch_sizes_tried_msgs_per_s": {f: r["msgs_per_s"] for f, r in tried.items()},
+            "chosen_fetch": fetch,
+            "max_ack_pending": -1,
+            **{size: nats_py[size] for size in sizes},
+        },
+    )
+
+    runs: dict[str, dict[str, dict[str, Any]]] = {"warm": {}, "fresh": {}}
+    for size, count in sizes.items():
+        stream = streams[size]
+        run_sync(create_group(client, stream, "warm", MEMBERS))
+        runs["warm"][size] = _ledger_writes(
+            client,
+            options,
+            lambda s=stream, c=count: available_now(
+                spark, url, s, "warm", c, options, SAMPLE_EVERY
+            ),
+        )
+        emit("case_warm", {"keys": keys, "size": size, **runs["warm"][size]})
+        run_sync(create_group(client, stream, "fresh", MEMBERS))
+        runs["fresh"][size] = _ledger_writes(
+            client, options, lambda s=stream, c=count: _fresh(url, s, "fresh", c, options)
+        )
+        emit("case_fresh", {"keys": keys, "size": size, **runs["fresh"][size]})
+
+    planned = {}
+    for size in sizes:
+        run_sync(create_group(client, streams[size], "plan", MEMBERS))
+        planned[size] = planned_batch_bytes(url, client, streams[size], "plan", keys, **options)
+    for stream in streams.values():
+        run_sync(client.api.delete_stream(stream))
+
+    figures: dict[str, Any] = {"keys": keys, "payload": PAYLOAD, "nats_py_fetch": fetch}
+    for case, by_size in runs.items():
+        figures[case] = {
+            "ratio_to_nats_py": {
+                size: {
+                    "ratio": round(by_size[size]["msgs_per_s"] / nats_py[size]["msgs_per_s"], 2),
+                    "connector_msgs_per_s": by_size[size]["msgs_per_s"],
+                    "nats_py_msgs_per_s": nats_py[size]["msgs_per_s"],
+                    "settings": _settings(keys, count, f"{case} session", options, fetch)
+                    if case == "warm"
+                    else _settings(keys, count, "fresh process", options, fetch),
+                }
+                for size, count in sizes.items()
+            },
+            "seconds": {size: by_size[size]["seconds"] for size in sizes},
+            "cpu_seconds": {size: by_size[size]["cpu_seconds"] for size in sizes},
+            "marginal_cpu_us_per_msg": _marginal(
+                by_size["N"]["cpu_seconds"], by_size["4N"]["cpu_seconds"], n
+            ),
+            "driver_cpu_seconds": {
+                size: by_size[size]["cpu_seconds"].get("source_runner", 0.0) for size in sizes
+            },
+            "ledger_bytes_per_msg": {size: by_size[size]["ledger_bytes_per_msg"] for size in sizes},
+        }
+        driver = figures[case]["driver_cpu_seconds"]
+        figures[case]["driver_cpu_4N_over_N"] = (
+            round(driver["4N"] / driver["N"], 2) if driver["N"] else None
+        )
+        figures[case]["driver_cpu_us_per_msg"] = {
+            size: round(driver[size] / count * 1e6, 2) for size, count in sizes.items()
+        }
+    figures["planned_batch_bytes"] = planned
+    return figures
