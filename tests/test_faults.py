@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 import uuid
-from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -41,7 +40,7 @@ from test_source_pins import OtherInstance
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
-from nats_spark.jetstream.acks import parse_reply, publish_acks
+from nats_spark.jetstream.acks import publish_acks
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.job import failure_line
 from nats_spark.loop import Blocking, run_sync
@@ -56,6 +55,7 @@ from nats_spark.spark.offset_reader import OffsetReader
 from nats_spark.spark.offsets import SourceOffset
 from nats_spark.spark.options import parse_options
 from nats_spark.spark.partition_reader import SlotReader, read_slot
+from nats_spark.spark.slot_history import ack_entry
 from nats_spark.spark.slot_partition import SlotPartition
 
 pytestmark = pytest.mark.spark
@@ -188,8 +188,10 @@ def test_acks_lost_in_a_server_crash_are_not_emitted_again(server, own, unique, 
         publish(own, stream, 100)
         end, rows = batch(first)
         assert rows == list(range(1, 101))
-        # Batch 1 committed: planning the next batch acks it; kill -9 the server as soon as the
-        # consumer reports its ack floor past the batch.
+        # Batch 1 committed: the next batch (ack-only) acks it; kill -9 the server as soon as
+        # the consumer reports its ack floor past the batch.
+        end, rows = batch(end)
+        assert rows == []
         wait_until(floor_passed, 10, "the ack floor to pass batch 1", every=0.02)
         server.kill()
         server.start()
@@ -237,7 +239,12 @@ class Slot:
         self.ledger = Ledger(kv, self.lineage)
 
     def partition(
-        self, gen: int, limit: int, pin: str | None = None, dedupe: list[int] = ()
+        self,
+        gen: int,
+        limit: int,
+        pin: str | None = None,
+        committed: tuple[int, ...] = (),
+        dedupe: tuple[tuple[str, int, int], ...] = (),
     ) -> SlotPartition:
         return SlotPartition(
             connection=self.settings,
@@ -252,7 +259,8 @@ class Slot:
             partitioned=True,
             limit=limit,
             pin_id=pin,
-            dedupe=array("Q", sorted(dedupe)).tobytes(),
+            committed=committed,
+            dedupe=dedupe,
             fetch_batch_size=100,
             fetch_timeout=3.0,
             include_headers=False,
@@ -262,16 +270,12 @@ class Slot:
     def entry(self, gen: int) -> tuple[Any, list[int]]:
         """The ledger head of batch `gen` and the stream sequences it recorded."""
         head, _ = run_sync(self.ledger.read_head(gen, "m1"))
-        replies = run_sync(self.ledger.read_replies(head))
-        return head, [parse_reply(r).stream_seq for r in replies]
+        return head, run_sync(self.ledger.read_deliveries(head)).stream_seq
 
-    def ack(self, *gens: int) -> None:
-        """What commit does: ack everything the entries of `gens` recorded."""
-        replies: list[bytes] = []
+    def ack(self, *gens: int, slot: str = "m1") -> None:
+        """What the next batch's task does first: ack the committed entries of `gens`."""
         for gen in gens:
-            head, _ = run_sync(self.ledger.read_head(gen, "m1"))
-            replies += run_sync(self.ledger.read_replies(head))
-        run_sync(publish_acks(self.client.nc, replies))
+            run_sync(ack_entry(self.client.target, self.ledger, gen, slot, self.stream))
 
     def info(self) -> dict[str, Any]:
         return run_sync(self.client.api.consumer_info(self.consumer.stream, self.consumer.name))
@@ -346,7 +350,8 @@ def test_ack_wait_expires_within_and_between_batches(client, settings, unique):
     # Batch 1 committed but its acks lost: after the ack wait its messages come to batch 2.
     time.sleep(1.5)
     publish(client, slot.stream, 10, start=40)
-    following = seqs_of(read_slot(slot.partition(2, limit=10, pin=head.pin, dedupe=rows)))
+    batch_2 = slot.partition(2, limit=10, pin=head.pin, dedupe=(("m1", 1, 1),))
+    following = seqs_of(read_slot(batch_2))
     assert following == list(range(41, 51))
     assert slot.info()["num_ack_pending"] == 10, "batch 1's redeliveries were not acked"
     slot.ack(1, 2)
@@ -671,11 +676,11 @@ def test_driver_killed_at_fixed_points(client, nats_url, unique, tmp_path):
         kv = run_sync(Ledger.bucket(client.target, "nats-spark-ledger", create=False))
         pointer = run_sync(read_pointer(kv, pointer_key(stream, "g")))
         ledger = Ledger(kv, pointer.lineage)
-        replies: list[str] = []
+        replies: list[bytes] = []
         for gen, slot in run_sync(ledger.heads()):
             head, _ = run_sync(ledger.read_head(gen, slot))
             assert head.state is EntryState.SEALED, (gen, slot, head.state)
-            replies += run_sync(ledger.read_replies(head))
+            replies += run_sync(ledger.read_deliveries(head)).ack_subjects()
         run_sync(publish_acks(client.nc, replies[::2]))
         publish_more(100)
 
@@ -703,7 +708,7 @@ def ledger_story(kv: Any, checkpoint: Path, pointer_lineage: str, files: dict[st
         ledger = Ledger(kv, lineage)
         for gen, slot in sorted(run_sync(ledger.heads())):
             head, _ = run_sync(ledger.read_head(gen, slot))
-            seqs = sorted(parse_reply(r).stream_seq for r in run_sync(ledger.read_replies(head)))
+            seqs = sorted(run_sync(ledger.read_deliveries(head)).stream_seq)
             lines.append(f"{lineage} gen {gen} {slot}: {head.state} {len(seqs)} {seqs[:3]}..")
     for name, text in sorted(files.items()):
         rows = json.loads(text)

@@ -64,6 +64,13 @@ def reply_numbers(reply: bytes) -> tuple[int, int, int, int]:
     return int(tokens[at]), int(tokens[at + 1]), int(tokens[at + 2]), int(tokens[at + 3])
 
 
+def ack_prefix(reply: bytes) -> bytes:
+    """The ack subject up to its delivery count: `$JS.ACK.<stream>.<consumer>`, or the v2 form's
+    `$JS.ACK.<domain>.<account hash>.<stream>.<consumer>`, as the server sent it."""
+    tokens = reply.split(b".")
+    return b".".join(tokens[: delivered_at(tokens, reply)])
+
+
 ACK, IN_PROGRESS = b"+ACK", b"+WPI"  # both four bytes: the PUB template below relies on it
 
 

@@ -1,7 +1,8 @@
 """Executor side: read one input partition (one slot of one batch) into Arrow record batches.
 
-A slot's first attempt pulls from NATS and records every message in the ack ledger before its
-rows leave the task. A later attempt of the same slot replays what the ledger holds (sealed: all
+A slot's task first acks what its committed batches emitted (`SlotHistory`), then its first
+attempt pulls from NATS and records every message in the ack ledger before its rows leave the
+task. A later attempt of the same slot replays what the ledger holds (sealed: all
 of it and nothing more; open: what was recorded, then it goes on pulling). The ledger entry is
 `SlotEntry`'s, the rows' columns `SlotColumns`', the in-progress acks `InProgressKeeper`'s: this
 module composes them, fetch -> record -> emit.
@@ -11,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from array import array
-from bisect import bisect_left
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ import pyarrow as pa
 
 from nats_spark.client import shared_client
 from nats_spark.errors import NatsSparkError, NotFound, PullError
-from nats_spark.jetstream.acks import InProgressKeeper, parse_reply, publish_acks, reply_numbers
+from nats_spark.jetstream.acks import InProgressKeeper, publish_acks, reply_numbers
 from nats_spark.jetstream.api import StoredMessage
 from nats_spark.jetstream.pull import (
     PULL_MAX_BYTES,
@@ -31,7 +30,9 @@ from nats_spark.jetstream.pull import (
 )
 from nats_spark.loop import run_sync
 from nats_spark.spark.columns import SlotColumns
+from nats_spark.spark.deliveries import Deliveries
 from nats_spark.spark.slot_entry import SlotEntry
+from nats_spark.spark.slot_history import SlotHistory
 from nats_spark.spark.slot_partition import SlotPartition
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class SlotReader:
         self.client = shared_client(partition.connection)
         self.entry = SlotEntry(self.client, partition)
         self.keeper = InProgressKeeper(self.client.nc, partition.ack_wait, f"slot {partition.slot}")
-        self.dedupe = array("Q", partition.dedupe)
+        self.dedupe: set[int] = set()  # see `SlotHistory.dedupe`
         self.pull = partition.limit > 0
         self.lost = 0
         self.redundant = 0  # redeliveries of earlier batches' messages, acked and dropped
@@ -63,14 +64,21 @@ class SlotReader:
         self.sibling_seqs: set[int] = set()
 
     @property
-    def replay(self) -> list[bytes]:
+    def replay(self) -> Deliveries:
         return self.entry.replay
 
     async def begin(self) -> None:
-        """Claim the ledger entry: create it, take over an open one, or replay a sealed one."""
+        """Ack what committed batches left, then claim the ledger entry: create it, take over
+        an open one, or replay a sealed one. An ack-only partition (`limit` 0) stops there."""
+        history = SlotHistory(self.client, await self.entry.open_ledger(), self.p)
+        await history.ack_committed()
+        if not self.pull:
+            return
         await self.entry.claim()
         if self.entry.fixed:
             self.pull = False  # the batch's content is fixed: exactly this, nothing more
+        else:
+            self.dedupe = await history.dedupe()
 
     def _columns(self) -> SlotColumns:
         p = self.p
@@ -90,25 +98,31 @@ class SlotReader:
             log.warning("skipping message %d of %s: removed before commit", seq, self.p.stream)
             return None
 
-    async def replay_batch(self, replies: list[bytes]) -> pa.RecordBatch:
+    async def replay_batch(self, recorded: Deliveries) -> pa.RecordBatch:
         """Rows for recorded deliveries, read back from the stream by sequence, a window of
-        requests at a time (the server's API queue is shared)."""
-        deliveries = [parse_reply(reply) for reply in replies]
+        requests at a time (the server's API queue is shared); their time is the stored one,
+        which their ack subjects carried too."""
+        seqs = recorded.stream_seq
         stored: list[StoredMessage | None] = []
-        for start in range(0, len(deliveries), _REPLAY_WINDOW):
-            window = deliveries[start : start + _REPLAY_WINDOW]
-            stored += await asyncio.gather(*(self._stored(d.stream_seq) for d in window))
+        for start in range(0, len(seqs), _REPLAY_WINDOW):
+            window = seqs[start : start + _REPLAY_WINDOW]
+            stored += await asyncio.gather(*(self._stored(seq) for seq in window))
+        found = [msg for msg in stored if msg is not None]
+        stamps = pa.array([msg.time for msg in found], pa.string())
+        times = iter(stamps.cast(pa.timestamp("ns", tz="UTC")).cast(pa.int64()).to_pylist())
         columns = self._columns()
-        for d, msg in zip(deliveries, stored, strict=True):
+        for delivered, seq, consumer_seq, msg in zip(
+            recorded.delivered, seqs, recorded.consumer_seq, stored, strict=True
+        ):
             if msg is not None:
                 columns.add(
                     msg.subject.encode(),
                     msg.data,
                     msg.headers,
-                    d.delivered,
-                    d.stream_seq,
-                    d.consumer_seq,
-                    d.timestamp_ns,
+                    delivered,
+                    seq,
+                    consumer_seq,
+                    next(times),
                 )
         return columns.batch()
 
@@ -123,11 +137,9 @@ class SlotReader:
                 if seq in held:
                     held[seq] = msg.reply  # later progress acks must name this delivery
                 continue  # redelivered within this batch: emitted once already
-            if dedupe:
-                i = bisect_left(dedupe, seq)
-                if i < len(dedupe) and dedupe[i] == seq:
-                    redundant.append(msg.reply)  # emitted by an earlier, committed batch: ack
-                    continue
+            if seq in dedupe:
+                redundant.append(msg.reply)  # emitted by an earlier, committed batch: ack
+                continue
             if seq in self.sibling_seqs:
                 continue  # a sibling slot took and recorded it first; it acks it at commit
             taken.add(seq)
@@ -329,7 +341,7 @@ def read_slot(partition: SlotPartition) -> Iterator[pa.RecordBatch]:
     run_sync(reader.begin())
     step = partition.fetch_batch_size
     for start in range(0, len(reader.replay), step):
-        batch = run_sync(reader.replay_batch(reader.replay[start : start + step]))
+        batch = run_sync(reader.replay_batch(reader.replay.part(start, start + step)))
         if batch.num_rows:
             yield batch
     if reader.pull:

@@ -23,9 +23,12 @@ class SlotPartition(InputPartition):
     priority_group: str | None
     member: str | None  # value of the `member` column
     partitioned: bool  # subjects carry a partition token to strip
-    limit: int
+    limit: int  # 0: an ack-only partition (the slot has acks due, nothing planned)
     pin_id: str | None
-    dedupe: bytes  # sorted stream sequences (uint64) of earlier, committed batches not yet settled
+    committed: tuple[int, ...]  # gens of this slot's entries to ack: their batches are committed
+    # (slot, first gen, last gen): entries of earlier batches on this stream not settled yet,
+    # whose messages are dropped if redelivered (gens in between may have no entry)
+    dedupe: tuple[tuple[str, int, int], ...]
     fetch_batch_size: int
     fetch_timeout: float
     include_headers: bool
