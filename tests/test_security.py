@@ -34,7 +34,7 @@ from nats_spark.errors import ConfigurationError, ConnectionFailed
 from nats_spark.jetstream.acks import publish_acks
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
-from nats_spark.spark.ledger import decode_chunk
+from nats_spark.spark.deliveries import decode_deliveries
 from nats_spark.spark.options import parse_options
 
 # Unique secrets, so that finding one anywhere can only mean a leak.
@@ -68,6 +68,7 @@ def connector_permissions(stream: str, leave_out: str = "") -> dict[str, Any]:
         f"$JS.API.DIRECT.GET.{kv_ledger}.>",
         f"$JS.API.CONSUMER.CREATE.{kv_ledger}",  # listing the ledger's keys
         f"$JS.API.CONSUMER.INFO.{kv_ledger}.>",
+        f"$JS.API.STREAM.PURGE.{kv_ledger}",  # removes settled entries
         f"$KV.{LEDGER}.>",
     ]
     if leave_out:
@@ -430,12 +431,13 @@ def record_ledger_writes(client: Blocking[NatsClient]) -> list[tuple[str, bytes]
 
 
 def ledger_text(client: Blocking[NatsClient], writes: list[tuple[str, bytes]]) -> str:
-    """The recorded ledger writes, with reply-subject chunks decompressed."""
+    """The recorded ledger writes, with chunks decompressed (numbers only: the heads hold the
+    ack subjects' prefix)."""
     run_sync(client.target.nc.flush())
     lines = []
     for key, value in writes:
         chunk = len(key.split(".")) == 5 and value  # <lineage>.<gen>.<slot>.<attempt>.<n>
-        lines.append(f"{key}={decode_chunk(value) if chunk else value.decode()}")
+        lines.append(f"{key}={decode_deliveries(value, b'') if chunk else value.decode()}")
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ rebuilds it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -29,6 +30,7 @@ from nats_spark.spark.planner import (
     plan_slot,
     small_capacity,
 )
+from nats_spark.spark.sealed_keeper import SealedKeeper
 from nats_spark.spark.slot_partition import SlotPartition
 from nats_spark.spark.targets import Held, Slot, target_for
 
@@ -54,6 +56,7 @@ class OffsetReader:
         self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
         self.planned: dict[str, int] = {}  # by slot: what the batch planned last may take
         self.committed = 0  # newest gen of the lineage known committed (acked at stop)
+        self.keeping: tuple[asyncio.Event, asyncio.Future[None]] | None = None
 
     def _committed(self, offset: SourceOffset) -> None:
         """`offset`'s batch is committed (Spark plans a batch after it, or says so)."""
@@ -165,7 +168,20 @@ class OffsetReader:
             self.current = base
             if self.ledger.pins != pins_before:
                 await self.ledger.save_pointer()
+        self._keep_sealed()
         return self.current
+
+    def _keep_sealed(self) -> None:
+        """Start the `SealedKeeper` once the consumers' ack waits are known."""
+        if self.keeping is None and self.client is not None:
+            ack_wait = min((s.ack_wait for s in self.states.values()), default=None)
+            keeper = SealedKeeper(self._client, self.ledger, ack_wait or self.options.ack_wait)
+            done = asyncio.Event()
+            self.keeping = done, asyncio.ensure_future(keeper.run(done))
+
+    def _client(self) -> NatsClient:
+        assert self.client is not None
+        return self.client
 
     async def _stream_info(self, client: NatsClient, stream: str) -> StreamInfo:
         try:
@@ -378,6 +394,11 @@ class OffsetReader:
 
     async def close(self) -> None:
         """At stop: ack what committed batches left (no next batch will), then disconnect."""
+        if self.keeping is not None:
+            done, keeping = self.keeping
+            done.set()  # never cancelled: it may be inside a flush
+            await keeping
+            self.keeping = None
         if self.client is not None:
             if self.committed and self.ledger.lineage is not None:
                 try:
