@@ -29,6 +29,7 @@ from spark_helpers import (
     drained,
     elastic_group,
     foreach_batches,
+    format_one_chunk,
     publish,
     reading,
     source,
@@ -201,6 +202,45 @@ def test_acks_lost_in_a_server_crash_are_not_emitted_again(server, own, unique, 
         wait_until(forgotten, 30, "batch 1 to be forgotten")
     finally:
         run_sync(reader.close())
+
+
+def test_ledger_bucket_stays_flat_over_many_batches(server, own, unique, monkeypatch):
+    """Settled entries leave nothing behind: over 30 batches (each acked by the next batch's task,
+    then settled once the ack floor passed it), the ledger bucket's stream holds as many messages
+    and subjects after batch 30 as after batch 10 (no purge markers), and what it holds then (the
+    pointer, the entries of the last batch and of the one before, not settled yet) takes under 4
+    bytes per message of those two batches."""
+    monkeypatch.setattr(driver_ledger, "SETTLE_SECONDS", 0.0)
+    stream, bucket = f"FL{unique}", f"L{unique}"
+    static_group(own, stream, "g", ["m1", "m2"], partitions=2)
+    options = {"servers": server.url, "stream": stream, "group": "g", "ledgerBucket": bucket}
+    reader = OffsetReader(parse_options(options))
+    per_batch, rows = 500, list[int]()
+
+    def bucket_state() -> tuple[int, int, int]:
+        info = run_sync(own.api.request(f"STREAM.INFO.KV_{bucket}", {"subjects_filter": ">"}))
+        state = info["state"]
+        return state["messages"], state.get("num_subjects", 0), state["bytes"]
+
+    def batches(count: int, start: SourceOffset) -> SourceOffset:
+        for _ in range(count):
+            publish(own, stream, per_batch, start=len(rows))
+            end = run_sync(reader.latest_offset(start, None))
+            for partition in run_sync(reader.partitions(start, end)):
+                rows.extend(seqs_of(read_slot(partition)))
+            start = end
+        return start
+
+    try:
+        end = batches(10, run_sync(reader.initial_offset()))
+        after_10 = bucket_state()
+        batches(20, end)
+        after_30 = bucket_state()
+    finally:
+        run_sync(reader.close())
+    assert sorted(rows) == list(range(1, 30 * per_batch + 1))
+    assert after_30[:2] <= after_10[:2], f"the bucket grew: {after_10} -> {after_30}"
+    assert after_30[2] <= 4 * 2 * per_batch, f"{after_30[2]} bytes left in the bucket"
 
 
 def test_initial_offset_stays_until_a_batch_is_planned(server, own, unique):
@@ -416,6 +456,105 @@ def test_sibling_stalled_past_the_ack_wait_emits_nothing_twice(client, settings,
     assert stalled_rows == [], f"emitted twice: {sorted(set(stalled_rows) & set(other_rows))}"
     heads = [run_sync(slot.ledger.read_head(1, name))[0] for name in ("m1", "m1#1")]
     assert [h.count for h in heads] == [0, 10], "a message stays recorded by both slots"
+
+
+def test_zombie_and_its_retry_both_ack_the_committed_batch(client, settings, unique):
+    """Batch 2's task acks batch 1 (committed) before it pulls; a zombie attempt beside its retry
+    acks the same messages again: each message is emitted once, all are acked, the entry is
+    marked acked once, and neither attempt fails on the other's mark."""
+    slot = Slot(client, settings, unique)
+    publish(client, slot.stream, 10)
+    assert seqs_of(read_slot(slot.partition(1, limit=10))) == list(range(1, 11))
+    assert slot.info()["num_ack_pending"] == 10
+    publish(client, slot.stream, 5, start=10)
+    batch_2 = slot.partition(2, limit=5, committed=(1,), dedupe=(("m1", 1, 1),))
+    zombie, retry = SlotReader(batch_2), SlotReader(batch_2)
+
+    async def both_begin() -> None:
+        await asyncio.gather(zombie.begin(), retry.begin())
+
+    run_sync(both_begin())
+    assert run_sync(slot.ledger.read_head(1, "m1"))[0].state is EntryState.ACKED
+    assert slot.info()["num_ack_pending"] == 0, "the committed batch was not acked"
+    rows = rest(retry.pull_batches())
+    run_sync(retry.seal())
+    assert rows == list(range(11, 16))
+    assert seqs_of(read_slot(slot.partition(3, limit=0, committed=(2,)))) == []  # ack-only
+    wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
+    assert slot.info()["num_redelivered"] == 0
+
+
+def test_ack_wait_runs_out_between_commit_and_acks(client, settings, unique):
+    """Two slots share an overflow consumer (1 s ack wait). Slot A's batch 1 is committed but its
+    acks wait for batch 2's task of A; meanwhile the ack wait runs out and batch 2's task of B
+    gets A's messages again: B acks and drops them (its dedupe names A's entry), emits only new
+    messages; then A's task acks its entry. Every message is emitted once and acked."""
+    slot = Slot(client, settings, unique)
+    shared = "shared"
+    config = {"durable_name": shared, "ack_policy": "explicit", "ack_wait": to_nanos(1)}
+    config |= {"priority_groups": [PRIORITY_GROUP], "priority_policy": "overflow"}
+    run_sync(client.api.create_consumer(slot.stream, shared, config))
+    publish(client, slot.stream, 10)
+    a_1 = replace(slot.partition(1, limit=10), consumer=shared, ack_wait=1.0, pin_id=None)
+    first = seqs_of(read_slot(a_1))
+    assert first == list(range(1, 11))
+    time.sleep(1.5)  # batch 1 committed; its acks not sent yet, their ack wait runs out
+    publish(client, slot.stream, 5, start=10)
+    b_2 = replace(a_1, gen=2, slot="m1#1", limit=5, dedupe=(("m1", 1, 1),), siblings=("m1",))
+    task_of_b = SlotReader(b_2)
+    run_sync(task_of_b.begin())
+    second = rest(task_of_b.pull_batches())
+    run_sync(task_of_b.seal())
+    assert second == list(range(11, 16)), f"emitted twice: {sorted(set(first) & set(second))}"
+    assert task_of_b.redundant == 10, "A's messages did not come back to B"
+    a_2 = replace(a_1, gen=2, limit=0, committed=(1,), siblings=("m1#1",))
+    assert seqs_of(read_slot(a_2)) == []
+    stats = run_sync(client.api.consumer_info(slot.stream, shared))
+    assert stats.num_ack_pending == 5, "the redeliveries or batch 1 were not acked"
+
+
+def test_format_one_entries_are_replayed_acked_and_migrated(client, settings, unique):
+    """Entries written by releases before ledger format 2 (reply subjects per message, no
+    prefix in the head): a sealed one is replayed exactly and acked through subjects rebuilt from
+    its numbers; an open one is taken over, rewritten in format 2, and its task goes on pulling."""
+    slot = Slot(client, settings, unique)
+    publish(client, slot.stream, 10)
+    assert seqs_of(read_slot(slot.partition(1, limit=10))) == list(range(1, 11))
+    head, _ = run_sync(slot.ledger.read_head(1, "m1"))
+    recorded = run_sync(slot.ledger.read_deliveries(head))
+    replies = [
+        b"%b.%d.%d.%d.1700000000000000000.%d" % (recorded.prefix, d, s, c, 10 - s)
+        for d, s, c in zip(
+            recorded.delivered, recorded.stream_seq, recorded.consumer_seq, strict=True
+        )
+    ]
+    kv = slot.ledger.kv
+    old_key = slot.ledger.head_key(1, "m1")
+    old_head = {"state": "sealed", "attempt": "old1", "chunks": [f"{old_key}.old1.0"]}
+    old_head |= {"count": 6, "max_seq": 6, "pin": head.pin}
+    run_sync(kv.put(f"{old_key}.old1.0", format_one_chunk(replies[:6])))
+    run_sync(kv.put(old_key, json.dumps(old_head).encode()))  # no format: format 1
+    open_head = {**old_head, "state": "open", "attempt": "old2", "chunks": [f"{old_key}.old2.0"]}
+    open_head |= {"count": 4, "max_seq": 10}
+    run_sync(kv.put(f"{slot.ledger.head_key(2, 'm1')}.old2.0", format_one_chunk(replies[6:])))
+    open_head["chunks"] = [f"{slot.ledger.head_key(2, 'm1')}.old2.0"]
+    run_sync(kv.put(slot.ledger.head_key(2, "m1"), json.dumps(open_head).encode()))
+
+    again = slot.partition(1, limit=10)
+    replayed = list(read_slot(again))
+    assert seqs_of(iter(replayed)) == list(range(1, 7))
+    stored = replayed[0].column("timestamp").to_pylist()
+    assert all(t.year >= 2026 for t in stored), "replay took the time from the stream"
+    publish(client, slot.stream, 3, start=10)
+    # batch 2's open format-1 entry: its 4 come back as recorded, then new messages are pulled
+    rows = seqs_of(read_slot(slot.partition(2, limit=7, committed=(1,), dedupe=(("m1", 1, 1),))))
+    assert rows == [7, 8, 9, 10, 11, 12, 13]
+    migrated, _ = run_sync(slot.ledger.read_head(2, "m1"))
+    assert migrated.format == 2 and migrated.state is EntryState.SEALED and migrated.count == 7
+    assert run_sync(slot.ledger.read_head(1, "m1"))[0].state is EntryState.ACKED
+    assert slot.info()["num_ack_pending"] == 7, "batch 1's format-1 entry was not acked"
+    slot.ack(2)
+    wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
 
 
 # --- Pins -------------------------------------------------------------------------------------
