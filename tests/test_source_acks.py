@@ -4,7 +4,10 @@ past the ack wait (the driver restarts it meanwhile)."""
 
 from __future__ import annotations
 
+import json
+import tarfile
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,15 +23,20 @@ from spark_helpers import (
 )
 from test_source_consumers import info, make_consumer, make_stream, puller
 
-from nats_spark.client import NatsClient
+from nats_spark.client import NatsClient, open_blocking
+from nats_spark.connection import ConnectionSettings
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.loop import Blocking, run_sync
+from nats_spark.server import EmbeddedServer
 from nats_spark.spark.offset_reader import OffsetReader
 from nats_spark.spark.offsets import SourceOffset
 from nats_spark.spark.options import parse_options
 from nats_spark.spark.partition_reader import read_slot
 
 pytestmark = pytest.mark.spark
+
+# Made by tests/fixtures/make_previous_release.py with nats-spark a81f2fb (ledger format 1).
+PREVIOUS_RELEASE = Path(__file__).with_name("fixtures") / "previous-release.tar.gz"
 
 
 def publish_to_one_key(client: Blocking[NatsClient], stream: str, start: int, count: int) -> None:
@@ -95,3 +103,36 @@ def test_far_off_trigger_keeps_committed_messages_from_coming_back(client, nats_
     finally:
         run_sync(reader.close())
         run_sync(other.target.close())
+
+
+def test_restart_from_a_previous_release_checkpoint(spark, tmp_path):
+    """A checkpoint, sink files and JetStream store left by the previous release (a81f2fb,
+    ledger format 1) after two kill -9s: batch 0 committed (its acks sent by the next run), batch
+    1 logged and written to the sink but not committed. This release re-runs batch 1 from its
+    format-1 entries (the same rows in the same order), acks them, and reads on: every message
+    once, none left unacked."""
+    with tarfile.open(PREVIOUS_RELEASE) as tar:
+        tar.extractall(tmp_path, filter="data")
+    earlier = {
+        int(f.stem.removeprefix("batch-")): json.loads(f.read_text())
+        for f in (tmp_path / "out").glob("batch-*.json")
+    }
+    assert sorted(earlier) == [0, 1]
+    with EmbeddedServer(store_dir=tmp_path / "jetstream") as server:
+        client = open_blocking(ConnectionSettings(servers=(server.url,)))
+        publish(client, "PREV", 50, start=250)
+        sink = Collector()
+        query = foreach_batches(source(spark, server.url, "PREV", "g"), sink, tmp_path / "cp")
+        try:
+            wait_until(
+                lambda: len(earlier[0]) + len(sink.values) >= 300 or query.exception(),
+                120,
+                "300 rows",
+            )
+            wait_until(lambda: unacked(client, "PREV", "g") == 0, 60, "every partition acked")
+            assert query.exception() is None, query.exception()
+        finally:
+            query.stop()
+            run_sync(client.target.close())
+    assert sink.batches[1] == earlier[1], "the re-run of batch 1 differs from its first run"
+    assert_exactly_once(earlier[0] + sink.values, 300)
