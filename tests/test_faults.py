@@ -468,6 +468,7 @@ def test_zombie_and_its_retry_both_ack_the_committed_batch(client, settings, uni
     assert slot.info()["num_ack_pending"] == 10
     publish(client, slot.stream, 5, start=10)
     batch_2 = slot.partition(2, limit=5, committed=(1,), dedupe=(("m1", 1, 1),))
+    batch_2 = replace(batch_2, dedupe_through=10)  # batch 1's highest sequence
     zombie, retry = SlotReader(batch_2), SlotReader(batch_2)
 
     async def both_begin() -> None:
@@ -479,6 +480,7 @@ def test_zombie_and_its_retry_both_ack_the_committed_batch(client, settings, uni
     rows = rest(retry.pull_batches())
     run_sync(retry.seal())
     assert rows == list(range(11, 16))
+    assert retry.dedupe is None, "in-order deliveries loaded the dedupe set"
     assert seqs_of(read_slot(slot.partition(3, limit=0, committed=(2,)))) == []  # ack-only
     wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
     assert slot.info()["num_redelivered"] == 0
@@ -501,6 +503,7 @@ def test_ack_wait_runs_out_between_commit_and_acks(client, settings, unique):
     time.sleep(1.5)  # batch 1 committed; its acks not sent yet, their ack wait runs out
     publish(client, slot.stream, 5, start=10)
     b_2 = replace(a_1, gen=2, slot="m1#1", limit=5, dedupe=(("m1", 1, 1),), siblings=("m1",))
+    b_2 = replace(b_2, dedupe_through=10)
     task_of_b = SlotReader(b_2)
     run_sync(task_of_b.begin())
     second = rest(task_of_b.pull_batches())

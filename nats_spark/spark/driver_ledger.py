@@ -26,6 +26,7 @@ from nats_spark.spark.ledger import (
 )
 from nats_spark.spark.offsets import MemberPlan, SourceOffset
 from nats_spark.spark.slot_history import ack_entry
+from nats_spark.spark.slot_partition import UNBOUNDED
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,19 @@ class DriverLedger:
             if gen < before and slot in wanted:
                 gens.setdefault(slot, []).append(gen)
         return tuple((slot, min(g), max(g)) for slot, g in sorted(gens.items()))
+
+    def highest_seq(self, spans: Iterable[tuple[str, int, int]]) -> int:
+        """The highest stream sequence the entries of `spans` hold (as far as their heads say;
+        an entry whose head is not loaded could hold any)."""
+        highest = 0
+        for slot, first, last in spans:
+            for gen in range(first, last + 1):
+                entry = self.entries.get((gen, slot))
+                if entry is not None:
+                    if entry.head is None:
+                        return UNBOUNDED
+                    highest = max(highest, entry.head.max_seq)
+        return highest
 
     async def settle(self, horizons: dict[str, Horizon], committed: int) -> None:
         """Forget acked entries that no redelivery can touch any more, and empty ones of

@@ -304,6 +304,7 @@ class OffsetReader:
             for _, other in self.ledger.entries
             if other not in self.slots or self.slots[other].stream == slot.stream
         ]
+        dedupe = self.ledger.dedupe_spans(end.gen, same_stream) if limit else ()
         return SlotPartition(
             connection=options.connection,
             ledger_bucket=options.ledger_bucket,
@@ -318,7 +319,8 @@ class OffsetReader:
             limit=limit,
             pin_id=self.ledger.pins.get(name),
             committed=self.ledger.acks_due(name, start.gen),
-            dedupe=self.ledger.dedupe_spans(end.gen, same_stream) if limit else (),
+            dedupe=dedupe,
+            dedupe_through=self.ledger.highest_seq(dedupe),
             fetch_batch_size=options.fetch_batch_size,
             fetch_timeout=options.fetch_timeout,
             include_headers=options.include_headers,

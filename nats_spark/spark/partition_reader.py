@@ -56,7 +56,8 @@ class SlotReader:
         self.client = shared_client(partition.connection)
         self.entry = SlotEntry(self.client, partition)
         self.keeper = InProgressKeeper(self.client.nc, partition.ack_wait, f"slot {partition.slot}")
-        self.dedupe: set[int] = set()  # see `SlotHistory.dedupe`
+        self.dedupe: set[int] | None = None  # `SlotHistory.dedupe`, loaded when first needed
+        self.history: SlotHistory | None = None
         self.pull = partition.limit > 0
         self.lost = 0
         self.redundant = 0  # redeliveries of earlier batches' messages, acked and dropped
@@ -70,15 +71,13 @@ class SlotReader:
     async def begin(self) -> None:
         """Ack what committed batches left, then claim the ledger entry: create it, take over
         an open one, or replay a sealed one. An ack-only partition (`limit` 0) stops there."""
-        history = SlotHistory(self.client, await self.entry.open_ledger(), self.p)
+        history = self.history = SlotHistory(self.client, await self.entry.open_ledger(), self.p)
         await history.ack_committed()
         if not self.pull:
             return
         await self.entry.claim()
         if self.entry.fixed:
             self.pull = False  # the batch's content is fixed: exactly this, nothing more
-        else:
-            self.dedupe = await history.dedupe()
 
     def _columns(self) -> SlotColumns:
         p = self.p
@@ -128,34 +127,45 @@ class SlotReader:
 
     def _accept(
         self, chunk: list[RawMessage], columns: SlotColumns, replies: list[bytes]
-    ) -> list[bytes]:
-        """Add new deliveries to `columns` and `replies`; returns the redundant ones' replies."""
-        taken, held, dedupe, redundant = self.entry.taken, self.keeper.held, self.dedupe, []
-        for msg in chunk:
+    ) -> tuple[list[bytes], int]:
+        """Add new deliveries to `columns` and `replies`; returns the redundant ones' replies,
+        and how many of `chunk` were looked at: all, or up to the first that may be of an
+        earlier batch while the dedupe set is not loaded (in-order reads never load it)."""
+        taken, held, dedupe = self.entry.taken, self.keeper.held, self.dedupe
+        below, redundant = self.p.dedupe_through, list[bytes]()
+        for i, msg in enumerate(chunk):
             delivered, seq, consumer_seq, timestamp = reply_numbers(msg.reply)
             if seq in taken:
                 if seq in held:
                     held[seq] = msg.reply  # later progress acks must name this delivery
                 continue  # redelivered within this batch: emitted once already
-            if seq in dedupe:
-                redundant.append(msg.reply)  # emitted by an earlier, committed batch: ack
-                continue
+            if seq <= below:
+                if dedupe is None:
+                    return redundant, i
+                if seq in dedupe:
+                    redundant.append(msg.reply)  # emitted by an earlier, committed batch: ack
+                    continue
             if seq in self.sibling_seqs:
                 continue  # a sibling slot took and recorded it first; it acks it at commit
             taken.add(seq)
             replies.append(msg.reply)
             held[seq] = msg.reply
             columns.add(msg.subject, msg.data, msg.headers, delivered, seq, consumer_seq, timestamp)
-        return redundant
+        return redundant, len(chunk)
 
     async def _take(
         self, chunk: list[RawMessage], columns: SlotColumns, replies: list[bytes]
     ) -> None:
         """`_accept` the chunk; what earlier batches already emitted is acked and dropped."""
-        redundant = self._accept(chunk, columns, replies)
-        if redundant:
-            self.redundant += len(redundant)
-            await publish_acks(self.client.nc, redundant)
+        while chunk:
+            redundant, looked_at = self._accept(chunk, columns, replies)
+            if redundant:
+                self.redundant += len(redundant)
+                await publish_acks(self.client.nc, redundant)
+            chunk = chunk[looked_at:]
+            if chunk:
+                assert self.history is not None
+                self.dedupe = await self.history.dedupe()
 
     async def _load_sibling_seqs(self) -> None:
         """What the slots sharing this consumer recorded so far in this batch: a redelivery may

@@ -8,6 +8,8 @@ from pyspark.sql.datasource import InputPartition
 
 from nats_spark.connection import ConnectionSettings
 
+UNBOUNDED = 2**64 - 1  # above any stream sequence
+
 
 @dataclass(frozen=True)
 class SlotPartition(InputPartition):
@@ -38,3 +40,5 @@ class SlotPartition(InputPartition):
     priority: int | None = None
     siblings: tuple[str, ...] = ()  # other slots of this batch pulling from the same consumer
     ack_wait: float = 30.0  # the consumer's: what this task takes must not come back meanwhile
+    # the highest stream sequence the `dedupe` entries hold: above it no delivery is theirs
+    dedupe_through: int = UNBOUNDED
