@@ -320,6 +320,13 @@ class Slot:
     def info(self) -> dict[str, Any]:
         return run_sync(self.client.api.consumer_info(self.consumer.stream, self.consumer.name))
 
+    def overflow_consumer(self, name: str = "shared") -> str:
+        """An overflow consumer on the stream (1 s ack wait), for slots that share one."""
+        config = {"durable_name": name, "ack_policy": "explicit", "ack_wait": to_nanos(1)}
+        config |= {"priority_groups": [PRIORITY_GROUP], "priority_policy": "overflow"}
+        run_sync(self.client.api.create_consumer(self.stream, name, config))
+        return name
+
 
 def seqs(batch: Any) -> list[int]:
     return batch.column("stream_seq").to_pylist()
@@ -421,10 +428,7 @@ def test_sibling_stalled_past_the_ack_wait_emits_nothing_twice(client, settings,
     sibling B, which records and emits them. A's late record then finds them in B's entry and
     drops them: every message is emitted once, and recorded once."""
     slot = Slot(client, settings, unique)
-    shared = "shared"
-    config = {"durable_name": shared, "ack_policy": "explicit", "ack_wait": to_nanos(1)}
-    config |= {"priority_groups": [PRIORITY_GROUP], "priority_policy": "overflow"}
-    run_sync(client.api.create_consumer(slot.stream, shared, config))
+    shared = slot.overflow_consumer()
     publish(client, slot.stream, 10)
     first = replace(slot.partition(1, limit=10), consumer=shared, siblings=("m1#1",), ack_wait=1.0)
     second = replace(first, slot="m1#1", siblings=("m1",))
@@ -492,10 +496,7 @@ def test_ack_wait_runs_out_between_commit_and_acks(client, settings, unique):
     gets A's messages again: B acks and drops them (its dedupe names A's entry), emits only new
     messages; then A's task acks its entry. Every message is emitted once and acked."""
     slot = Slot(client, settings, unique)
-    shared = "shared"
-    config = {"durable_name": shared, "ack_policy": "explicit", "ack_wait": to_nanos(1)}
-    config |= {"priority_groups": [PRIORITY_GROUP], "priority_policy": "overflow"}
-    run_sync(client.api.create_consumer(slot.stream, shared, config))
+    shared = slot.overflow_consumer()
     publish(client, slot.stream, 10)
     a_1 = replace(slot.partition(1, limit=10), consumer=shared, ack_wait=1.0, pin_id=None)
     first = seqs_of(read_slot(a_1))
