@@ -21,6 +21,7 @@ from spark_helpers import (
     unacked,
     wait_until,
 )
+from test_faults import Slot, seqs_of
 from test_source_consumers import info, make_consumer, make_stream, puller
 
 from nats_spark.client import NatsClient, open_blocking
@@ -136,3 +137,24 @@ def test_restart_from_a_previous_release_checkpoint(spark, tmp_path):
             run_sync(client.target.close())
     assert sink.batches[1] == earlier[1], "the re-run of batch 1 differs from its first run"
     assert_exactly_once(earlier[0] + sink.values, 300)
+
+
+def test_v2_ack_subjects_are_rebuilt_and_accepted(tmp_path, unique):
+    """A server with a JetStream domain that sends v2 ack subjects (`$JS.ACK.<domain>.<account
+    hash>.<stream>.<consumer>...`, feature flag js_ack_fc_v2): the ledger keeps that prefix, and
+    the acks rebuilt from it and the entry's numbers are accepted."""
+    config = tmp_path / "v2.conf"
+    config.write_text("jetstream { domain: hub }\nfeature_flags { js_ack_fc_v2: true }\n")
+    with EmbeddedServer(config_file=config) as server:
+        settings = ConnectionSettings(servers=(server.url,))
+        client = open_blocking(settings)
+        try:
+            slot = Slot(client, settings, unique)
+            publish(client, slot.stream, 10)
+            assert seqs_of(read_slot(slot.partition(1, limit=10))) == list(range(1, 11))
+            head, _ = run_sync(slot.ledger.read_head(1, "m1"))
+            assert head.prefix.startswith("$JS.ACK.hub.") and len(head.prefix.split(".")) == 6
+            assert seqs_of(read_slot(slot.partition(2, limit=0, committed=(1,)))) == []
+            wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "the v2 acks")
+        finally:
+            run_sync(client.target.close())
