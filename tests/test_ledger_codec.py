@@ -1,5 +1,6 @@
 """The ack ledger's stored forms, without a server: heads, pointers' format check, chunks, keys,
-the ack subjects rebuilt from an entry, and the size of a planned input partition."""
+the ack subjects rebuilt from an entry, the size of a planned input partition, and what the
+driver's view of the entries names for a task to ack and dedupe."""
 
 import json
 import pickle
@@ -11,6 +12,7 @@ from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.acks import ack_prefix, parse_reply
 from nats_spark.spark.deliveries import Deliveries, decode_deliveries, encode_deliveries
+from nats_spark.spark.driver_ledger import DriverLedger, Entry
 from nats_spark.spark.ledger import (
     LEDGER_FORMAT,
     EntryHead,
@@ -19,7 +21,7 @@ from nats_spark.spark.ledger import (
     key_token,
     name_of,
 )
-from nats_spark.spark.slot_partition import SlotPartition
+from nats_spark.spark.slot_partition import UNBOUNDED, SlotPartition
 
 KEY = "lin.3.m1"
 V1 = b"$JS.ACK.S.c1"
@@ -142,3 +144,39 @@ def test_planned_partition_size_does_not_grow_with_messages_or_window():
     narrow = len(pickle.dumps(planned(gen=12_000_000, window_gens=2)))
     wide = len(pickle.dumps(planned(gen=12_000_000, window_gens=5_000)))
     assert narrow == wide < 1500
+
+
+def driver_view(*entries: tuple[int, str, EntryState | None, int, int]) -> DriverLedger:
+    """A driver's ledger holding (gen, slot, state or None for a head not read, count, max_seq)."""
+    ledger = DriverLedger("S", "query.S.g")
+    for gen, slot, state, count, max_seq in entries:
+        head = None if state is None else EntryHead(state, count=count, max_seq=max_seq)
+        ledger.entries[(gen, slot)] = Entry(gen, slot, head)
+    return ledger
+
+
+def test_acks_due_are_the_committed_entries_not_acked_with_messages():
+    ledger = driver_view(
+        (1, "a", EntryState.ACKED, 5, 5),
+        (2, "a", EntryState.SEALED, 5, 10),
+        (2, "b", EntryState.SEALED, 0, 0),  # took nothing: nothing to ack
+        (3, "a", None, 0, 0),  # not read yet: its task finds out
+        (4, "a", EntryState.SEALED, 5, 20),  # not committed yet
+    )
+    assert ledger.acks_due("a", through=3) == (2, 3)
+    assert ledger.acks_due("b", through=3) == ()
+    assert ledger.slots_with_acks_due(through=3) == {"a"}
+
+
+def test_dedupe_spans_and_their_highest_sequence():
+    ledger = driver_view(
+        (1, "a", EntryState.ACKED, 5, 5),
+        (3, "a", EntryState.SEALED, 5, 15),
+        (2, "b", EntryState.SEALED, 5, 12),
+        (4, "b", EntryState.OPEN, 5, 30),  # the batch being planned: not before it
+    )
+    spans = ledger.dedupe_spans(before=4, slots=["a", "b", "a"])
+    assert spans == (("a", 1, 3), ("b", 2, 2))
+    assert ledger.highest_seq(spans) == 15
+    ledger.entries[(2, "b")].head = None
+    assert ledger.highest_seq(spans) == UNBOUNDED  # an unread head could hold any
