@@ -310,7 +310,7 @@ class Slot:
     def entry(self, gen: int) -> tuple[Any, list[int]]:
         """The ledger head of batch `gen` and the stream sequences it recorded."""
         head, _ = run_sync(self.ledger.read_head(gen, "m1"))
-        return head, run_sync(self.ledger.read_deliveries(head)).stream_seq
+        return head, run_sync(self.ledger.read_recorded(head)).stream_seq
 
     def ack(self, *gens: int, slot: str = "m1") -> None:
         """What the next batch's task does first: ack the committed entries of `gens`."""
@@ -525,7 +525,7 @@ def test_format_one_entries_are_replayed_acked_and_migrated(client, settings, un
     publish(client, slot.stream, 10)
     assert seqs_of(read_slot(slot.partition(1, limit=10))) == list(range(1, 11))
     head, _ = run_sync(slot.ledger.read_head(1, "m1"))
-    recorded = run_sync(slot.ledger.read_deliveries(head))
+    recorded = run_sync(slot.ledger.read_recorded(head))
     replies = [
         b"%b.%d.%d.%d.1700000000000000000.%d" % (recorded.prefix, d, s, c, 10 - s)
         for d, s, c in zip(
@@ -823,7 +823,7 @@ def test_driver_killed_at_fixed_points(client, nats_url, unique, tmp_path):
         for gen, slot in run_sync(ledger.heads()):
             head, _ = run_sync(ledger.read_head(gen, slot))
             assert head.state is EntryState.SEALED, (gen, slot, head.state)
-            replies += run_sync(ledger.read_deliveries(head)).ack_subjects()
+            replies += run_sync(ledger.read_recorded(head)).ack_subjects()
         run_sync(publish_acks(client.nc, replies[::2]))
         publish_more(100)
 
@@ -851,7 +851,7 @@ def ledger_story(kv: Any, checkpoint: Path, pointer_lineage: str, files: dict[st
         ledger = Ledger(kv, lineage)
         for gen, slot in sorted(run_sync(ledger.heads())):
             head, _ = run_sync(ledger.read_head(gen, slot))
-            seqs = sorted(run_sync(ledger.read_deliveries(head)).stream_seq)
+            seqs = sorted(run_sync(ledger.read_recorded(head)).stream_seq)
             lines.append(f"{lineage} gen {gen} {slot}: {head.state} {len(seqs)} {seqs[:3]}..")
     for name, text in sorted(files.items()):
         rows = json.loads(text)

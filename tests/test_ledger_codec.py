@@ -11,7 +11,6 @@ from spark_helpers import format_one_chunk
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.acks import ack_prefix, parse_reply
-from nats_spark.spark.deliveries import Deliveries, decode_deliveries, encode_deliveries
 from nats_spark.spark.driver_ledger import DriverLedger, Entry
 from nats_spark.spark.ledger import (
     LEDGER_FORMAT,
@@ -21,6 +20,7 @@ from nats_spark.spark.ledger import (
     key_token,
     name_of,
 )
+from nats_spark.spark.recorded import Recorded, decode_recorded, encode_recorded
 from nats_spark.spark.slot_partition import UNBOUNDED, SlotPartition
 
 KEY = "lin.3.m1"
@@ -62,15 +62,15 @@ def replies(prefix: bytes, seqs: list[int], delivered: int = 1) -> list[bytes]:
     ids=["empty", "one", "in-order", "gaps-and-back"],
 )
 def test_deliveries_round_trip(seqs):
-    taken = Deliveries.from_replies(replies(V1, seqs, delivered=3))
-    found = decode_deliveries(encode_deliveries(taken), V1)
-    assert found == (taken if seqs else Deliveries(V1))
+    taken = Recorded.from_replies(replies(V1, seqs, delivered=3))
+    found = decode_recorded(encode_recorded(taken), V1)
+    assert found == (taken if seqs else Recorded(V1))
 
 
 def test_in_order_deliveries_take_under_a_byte_each():
     # the bound is 4 B per message in the bucket, heads and KV overhead included
-    taken = Deliveries.from_replies(replies(V1, list(range(1, 4097))))
-    assert len(encode_deliveries(taken)) < 4096 // 20
+    taken = Recorded.from_replies(replies(V1, list(range(1, 4097))))
+    assert len(encode_recorded(taken)) < 4096 // 20
 
 
 def test_format_one_chunk_is_read_as_deliveries():
@@ -85,7 +85,7 @@ def test_format_one_chunk_is_read_as_deliveries():
 def test_rebuilt_ack_subjects_name_the_same_delivery(prefix):
     sent = replies(prefix, [5, 6, 9], delivered=2)
     assert ack_prefix(sent[0]) == prefix
-    rebuilt = Deliveries.from_replies(sent).ack_subjects()
+    rebuilt = Recorded.from_replies(sent).ack_subjects()
     assert len(rebuilt[0].split(b".")) == len(sent[0].split(b"."))  # 9 or 11 tokens
     for original, again in zip(sent, rebuilt, strict=True):
         a, b = parse_reply(original), parse_reply(again)
@@ -100,9 +100,9 @@ def test_rebuilt_ack_subjects_name_the_same_delivery(prefix):
 
 @pytest.mark.parametrize("count", [0, 1, 4096])
 def test_chunk_round_trip(count):
-    taken = Deliveries.from_replies(replies(V2, list(range(1, count + 1))))
+    taken = Recorded.from_replies(replies(V2, list(range(1, count + 1))))
     head = EntryHead(prefix=V2.decode())
-    assert decode_chunk(encode_deliveries(taken), head) == (taken if count else Deliveries(V2))
+    assert decode_chunk(encode_recorded(taken), head) == (taken if count else Recorded(V2))
 
 
 @pytest.mark.parametrize("name", ["m1", "a-b_c=", "_hidden", "dots.in.name", "ünï", "x y"])

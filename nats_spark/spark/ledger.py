@@ -54,11 +54,11 @@ from nats_spark import __version__
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NatsSparkError, NotFound
 from nats_spark.jetstream.retry import is_transient, retrying
-from nats_spark.spark.deliveries import (
-    Deliveries,
-    decode_deliveries,
+from nats_spark.spark.recorded import (
+    Recorded,
+    decode_recorded,
     decode_replies,
-    encode_deliveries,
+    encode_recorded,
 )
 
 _KEY_TOKEN = re.compile(r"^[-_=a-zA-Z0-9]+$")
@@ -126,11 +126,11 @@ def _readable_format(raw: dict[str, Any], key: str) -> int:
     return int(found)
 
 
-def decode_chunk(data: bytes, head: EntryHead) -> Deliveries:
+def decode_chunk(data: bytes, head: EntryHead) -> Recorded:
     """A chunk of `head`'s entry, in the format the head says."""
     if head.format == 1:
-        return Deliveries.from_replies(decode_replies(data))
-    return decode_deliveries(data, (head.prefix or "").encode())
+        return Recorded.from_replies(decode_replies(data))
+    return decode_recorded(data, (head.prefix or "").encode())
 
 
 class LedgerBucket:
@@ -259,19 +259,17 @@ class Ledger:
     async def put_head(self, gen: int, slot: str, head: EntryHead) -> None:
         await self.kv.put(self.head_key(gen, slot), head.to_bytes())
 
-    async def write_chunk(
-        self, gen: int, slot: str, head: EntryHead, taken: Deliveries
-    ) -> list[str]:
+    async def write_chunk(self, gen: int, slot: str, head: EntryHead, taken: Recorded) -> list[str]:
         """Store `taken` as new chunks of `head`'s attempt; returns their keys."""
         keys: list[str] = []
         for start in range(0, len(taken), CHUNK_MESSAGES):
             key = f"{self.head_key(gen, slot)}.{head.attempt}.{len(head.chunks) + len(keys)}"
-            await self.kv.put(key, encode_deliveries(taken.part(start, start + CHUNK_MESSAGES)))
+            await self.kv.put(key, encode_recorded(taken.part(start, start + CHUNK_MESSAGES)))
             keys.append(key)
         return keys
 
-    async def read_deliveries(self, head: EntryHead) -> Deliveries:
-        found = Deliveries((head.prefix or "").encode())
+    async def read_recorded(self, head: EntryHead) -> Recorded:
+        found = Recorded((head.prefix or "").encode())
         for key in head.chunks:
             try:
                 entry = await self.kv.get(key)

@@ -30,7 +30,7 @@ from nats_spark.jetstream.pull import (
 )
 from nats_spark.loop import run_sync
 from nats_spark.spark.columns import SlotColumns
-from nats_spark.spark.deliveries import Deliveries
+from nats_spark.spark.recorded import Recorded
 from nats_spark.spark.slot_entry import SlotEntry
 from nats_spark.spark.slot_history import SlotHistory
 from nats_spark.spark.slot_partition import SlotPartition
@@ -65,7 +65,7 @@ class SlotReader:
         self.sibling_seqs: set[int] = set()
 
     @property
-    def replay(self) -> Deliveries:
+    def replay(self) -> Recorded:
         return self.entry.replay
 
     async def begin(self) -> None:
@@ -97,7 +97,7 @@ class SlotReader:
             log.warning("skipping message %d of %s: removed before commit", seq, self.p.stream)
             return None
 
-    async def replay_batch(self, recorded: Deliveries) -> pa.RecordBatch:
+    async def replay_batch(self, recorded: Recorded) -> pa.RecordBatch:
         """Rows for recorded deliveries, read back from the stream by sequence, a window of
         requests at a time (the server's API queue is shared); their time is the stored one,
         which their ack subjects carried too."""

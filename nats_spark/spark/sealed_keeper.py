@@ -46,6 +46,6 @@ class SealedKeeper(InProgressKeeper):
                 continue
             sealed.add(key)
             if key in self.sealed:
-                subjects += (await ledger.read_deliveries(found[0])).ack_subjects()
+                subjects += (await ledger.read_recorded(found[0])).ack_subjects()
         self.sealed = sealed
         return subjects

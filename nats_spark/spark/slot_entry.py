@@ -17,8 +17,8 @@ import pyarrow as pa
 from nats_spark.client import NatsClient
 from nats_spark.jetstream.acks import ack_prefix
 from nats_spark.spark.columns import SlotColumns
-from nats_spark.spark.deliveries import Deliveries
 from nats_spark.spark.ledger import LEDGER_FORMAT, EntryHead, EntryState, Ledger
+from nats_spark.spark.recorded import Recorded
 from nats_spark.spark.slot_partition import SlotPartition
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ class SlotEntry:
         self.p = partition
         self.head = EntryHead()
         self.revision = 0
-        self.replay = Deliveries()  # what an earlier attempt recorded, to emit again
+        self.replay = Recorded()  # what an earlier attempt recorded, to emit again
         self.taken: set[int] = set()  # stream sequences recorded (or replayed) by this slot
         self.fixed = False  # found sealed: exactly `replay`, nothing more
         self.ledger: Ledger | None = None
@@ -54,7 +54,7 @@ class SlotEntry:
                     return
                 continue  # another attempt created it first: read it
             previous, revision = found
-            self.replay = await ledger.read_deliveries(previous)
+            self.replay = await ledger.read_recorded(previous)
             self.taken = set(self.replay.stream_seq)
             if previous.state is not EntryState.OPEN:
                 self.fixed = True
@@ -89,7 +89,7 @@ class SlotEntry:
         for sibling in self.p.siblings:
             found = await self.ledger.read_head(self.p.gen, sibling)
             if found is not None:
-                recorded.update((await self.ledger.read_deliveries(found[0])).stream_seq)
+                recorded.update((await self.ledger.read_recorded(found[0])).stream_seq)
         return recorded
 
     async def drop_taken_twice(self, at_risk: set[int]) -> set[int]:
@@ -117,7 +117,7 @@ class SlotEntry:
         the ack wait may have run out first, `renewed` being when it last started over) is
         checked against the siblings' records and dropped if found."""
         chunks = self.head.chunks
-        taken = Deliveries(
+        taken = Recorded(
             ack_prefix(replies[0]),
             list(columns.stream_seq),
             list(columns.consumer_seq),
@@ -142,7 +142,7 @@ class SlotEntry:
         self.taken -= twice
         return batch.filter(pa.array(kept)), twice
 
-    async def _write(self, chunks: list[str], taken: Deliveries, pin: str | None) -> None:
+    async def _write(self, chunks: list[str], taken: Recorded, pin: str | None) -> None:
         """Store `taken` as the chunks that follow `chunks` and update the head."""
         assert self.ledger is not None
         self.head.chunks = chunks

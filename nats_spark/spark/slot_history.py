@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.acks import publish_acks
-from nats_spark.spark.deliveries import Deliveries
 from nats_spark.spark.ledger import EntryState, Ledger, LedgerConflict
+from nats_spark.spark.recorded import Recorded
 from nats_spark.spark.slot_partition import SlotPartition
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ async def ack_entry(client: NatsClient, ledger: Ledger, gen: int, slot: str, str
         return 0
     if head.state is EntryState.ACKED:
         return 0
-    deliveries = await ledger.read_deliveries(head)
+    deliveries = await ledger.read_recorded(head)
     before = len(client.denied)
     count = await publish_acks(client.nc, deliveries.ack_subjects())
     refused_acks(client, before, stream)
@@ -124,7 +124,7 @@ class SlotHistory:
             found = await self.ledger.read_head(gen, slot)
             if found is not None and found[0].state is EntryState.OPEN:
                 return ()  # not of a committed batch: it emitted nothing (read again if named)
-            content = Deliveries() if found is None else await self.ledger.read_deliveries(found[0])
+            content = Recorded() if found is None else await self.ledger.read_recorded(found[0])
             seqs = tuple(content.stream_seq)
             _seen.put(key, seqs)
         return seqs

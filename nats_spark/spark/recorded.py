@@ -22,9 +22,10 @@ _WORD = 8
 
 
 @dataclass
-class Deliveries:
-    """Deliveries in the order they were taken: the numbers of each one's ack subject, and the
-    subject's prefix up to the delivery count (the same for all deliveries of one consumer)."""
+class Recorded:
+    """Deliveries a ledger entry recorded, in the order they were taken: the numbers of each
+    one's ack subject, and the subject's prefix up to the delivery count (the same for all
+    deliveries of one consumer)."""
 
     prefix: bytes = b""
     stream_seq: list[int] = field(default_factory=list)
@@ -34,7 +35,7 @@ class Deliveries:
     def __len__(self) -> int:
         return len(self.stream_seq)
 
-    def extend(self, other: Deliveries) -> None:
+    def extend(self, other: Recorded) -> None:
         if other.prefix and self.prefix and other.prefix != self.prefix:
             raise ValueError(f"deliveries of {other.prefix!r} added to {self.prefix!r}")
         self.prefix = self.prefix or other.prefix
@@ -42,18 +43,18 @@ class Deliveries:
         self.consumer_seq += other.consumer_seq
         self.delivered += other.delivered
 
-    def without(self, dropped: set[int]) -> Deliveries:
+    def without(self, dropped: set[int]) -> Recorded:
         """The deliveries whose stream sequence is not in `dropped`."""
         rows = [i for i, seq in enumerate(self.stream_seq) if seq not in dropped]
-        return Deliveries(
+        return Recorded(
             self.prefix,
             [self.stream_seq[i] for i in rows],
             [self.consumer_seq[i] for i in rows],
             [self.delivered[i] for i in rows],
         )
 
-    def part(self, start: int, stop: int) -> Deliveries:
-        return Deliveries(
+    def part(self, start: int, stop: int) -> Recorded:
+        return Recorded(
             self.prefix,
             self.stream_seq[start:stop],
             self.consumer_seq[start:stop],
@@ -72,7 +73,7 @@ class Deliveries:
         ]
 
     @classmethod
-    def from_replies(cls, replies: Sequence[bytes]) -> Deliveries:
+    def from_replies(cls, replies: Sequence[bytes]) -> Recorded:
         """From ack reply subjects as the server sent them (one consumer's)."""
         found = cls(ack_prefix(replies[0]) if replies else b"")
         for reply in replies:
@@ -83,7 +84,7 @@ class Deliveries:
         return found
 
 
-def encode_deliveries(found: Deliveries) -> bytes:
+def encode_recorded(found: Recorded) -> bytes:
     """A chunk's stored form (format 2): the count, then the columns, zstd-compressed."""
     columns = array("q", _differences(found.stream_seq))
     columns += array("q", _differences(found.consumer_seq))
@@ -93,15 +94,15 @@ def encode_deliveries(found: Deliveries) -> bytes:
     return len(found).to_bytes(4, "little") + _CODEC.compress(columns.tobytes(), asbytes=True)
 
 
-def decode_deliveries(data: bytes, prefix: bytes) -> Deliveries:
+def decode_recorded(data: bytes, prefix: bytes) -> Recorded:
     count = int.from_bytes(data[:4], "little")
     if not count:
-        return Deliveries(prefix)
+        return Recorded(prefix)
     columns = array("q")
     columns.frombytes(_CODEC.decompress(data[4:], count * _COLUMNS * _WORD, asbytes=True))
     if sys.byteorder == "big":
         columns.byteswap()
-    return Deliveries(
+    return Recorded(
         prefix,
         list(accumulate(columns[:count])),
         list(accumulate(columns[count : 2 * count])),
