@@ -133,11 +133,15 @@ class InProgressKeeper:
                 await asyncio.wait_for(done.wait(), self.ack_wait / 3)
             if done.is_set():
                 return
-            try:
-                sent = time.monotonic()
-                subjects = await self.due()
-                if subjects:
-                    await publish_acks(self.nc, subjects, kind=IN_PROGRESS)
-                    self.renewed = sent  # the ack wait of all held so far started over by then
-            except Exception as error:  # the pulls meet the same trouble and report it
-                log.debug("%s: progress acks failed: %s", self.label, error)
+            await self.renew()
+
+    async def renew(self) -> None:
+        """One round: restart the ack wait of what is due."""
+        try:
+            sent = time.monotonic()
+            subjects = await self.due()
+            if subjects:
+                await publish_acks(self.nc, subjects, kind=IN_PROGRESS)
+                self.renewed = sent  # the ack wait of all held so far started over by then
+        except Exception as error:  # the pulls meet the same trouble and report it
+            log.debug("%s: progress acks failed: %s", self.label, error)

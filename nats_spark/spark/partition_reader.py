@@ -324,6 +324,9 @@ class SlotReader:
         return batch
 
     async def seal(self) -> None:
+        """Seal the entry; its messages' ack wait starts over first, for the wait until the
+        next batch's task acks them (the driver's `SealedKeeper` takes over if that is long)."""
+        await self.keeper.renew()
         await self.entry.seal()
 
 
