@@ -169,20 +169,15 @@ class DriverLedger:
         pointer = Pointer(self.ledger.lineage, self.head_gen, dict(sorted(self.pins.items())))
         await write_pointer(self.kv, self.pointer_key, pointer)
 
-    def acks_due(self, slot: str, through: int) -> tuple[int, ...]:
-        """Gens up to `through` (committed) of `slot`'s entries not known to be acked."""
-        return tuple(
-            sorted(
-                e.gen
-                for e in self.entries.values()
-                if e.slot == slot
-                and e.gen <= through
-                and (e.head is None or (e.head.state is not EntryState.ACKED and e.head.count))
-            )
-        )
-
-    def slots_with_acks_due(self, through: int) -> set[str]:
-        return {slot for gen, slot in self.entries if self.acks_due(slot, through)}
+    def acks_due(self, through: int) -> dict[str, tuple[int, ...]]:
+        """By slot: gens up to `through` (committed) of its entries not known to be acked."""
+        due: dict[str, list[int]] = {}
+        for (gen, slot), e in sorted(self.entries.items()):
+            if gen <= through and (
+                e.head is None or (e.head.state is not EntryState.ACKED and e.head.count)
+            ):
+                due.setdefault(slot, []).append(gen)
+        return {slot: tuple(gens) for slot, gens in due.items()}
 
     def dedupe_spans(self, before: int, slots: Iterable[str]) -> tuple[tuple[str, int, int], ...]:
         """By slot of `slots`: the first and last gen before `before` of its entries not settled

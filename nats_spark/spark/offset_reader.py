@@ -262,6 +262,7 @@ class OffsetReader:
         await self._adopt(end)
         self._committed(start)
         await self.ledger.load_missing_heads()
+        due = self.ledger.acks_due(start.gen)
         partitions = []
         for name, plan in sorted(end.members.items()):
             slot = self.slots.get(name) or self.target.slot_named(name)
@@ -272,17 +273,17 @@ class OffsetReader:
                 recorded = self.ledger.recorded(end.gen, name)
                 if recorded is None:
                     log.info("batch %d: slot %s is no longer read and took nothing", end.gen, name)
-                    if not self.ledger.acks_due(name, start.gen):
+                    if name not in due:
                         continue
                 limit = 0 if recorded is None else recorded.count
             self.ledger.expect(end.gen, [name])
-            partitions.append(self._partition(slot, start, end, limit))
-        for name in sorted(self.ledger.slots_with_acks_due(start.gen) - set(end.members)):
+            partitions.append(self._partition(slot, end, limit, due.get(name, ())))
+        for name in sorted(set(due) - set(end.members)):
             known = self._known_slot(name)
             if known is None:  # a slot of a reader count the query no longer has
                 await self.ledger.ack_through(await self._connect(), start.gen, name)
                 continue
-            partitions.append(self._partition(known, start, end, 0))
+            partitions.append(self._partition(known, end, 0, due[name]))
         return partitions
 
     def _known_slot(self, name: str) -> Slot | None:
@@ -294,7 +295,7 @@ class OffsetReader:
             return None
 
     def _partition(
-        self, slot: Slot, start: SourceOffset, end: SourceOffset, limit: int
+        self, slot: Slot, end: SourceOffset, limit: int, acks: tuple[int, ...]
     ) -> SlotPartition:
         """The input partition of `slot` in batch `end`: what it may take (0: it only acks),
         what it acks first, and the earlier entries whose redeliveries it drops."""
@@ -318,7 +319,7 @@ class OffsetReader:
             partitioned=slot.partitioned,
             limit=limit,
             pin_id=self.ledger.pins.get(name),
-            committed=self.ledger.acks_due(name, start.gen),
+            committed=acks,
             dedupe=dedupe,
             dedupe_through=self.ledger.highest_seq(dedupe),
             fetch_batch_size=options.fetch_batch_size,
