@@ -24,7 +24,7 @@ from spark_helpers import (
 from test_faults import Slot, seqs_of
 from test_source_consumers import info, make_consumer, make_stream, puller
 
-from nats_spark.client import NatsClient, open_blocking
+from nats_spark.client import NatsClient, close_shared_clients, open_blocking
 from nats_spark.connection import ConnectionSettings
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.loop import Blocking, run_sync
@@ -157,4 +157,5 @@ def test_v2_ack_subjects_are_rebuilt_and_accepted(tmp_path, unique):
             assert seqs_of(read_slot(slot.partition(2, limit=0, committed=(1,)))) == []
             wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "the v2 acks")
         finally:
+            close_shared_clients()  # the tasks' connection, before its server stops
             run_sync(client.target.close())
