@@ -42,6 +42,7 @@ ADMIN_PASSWORD = f"pw-{uuid.uuid4().hex}"
 TOKEN = f"tok-{uuid.uuid4().hex}"
 TAG = uuid.uuid4().hex[:6]
 LEAN_STREAM, NOACK_STREAM, NOAPI_STREAM = f"LEAN{TAG}", f"NOACK{TAG}", f"NOAPI{TAG}"
+NOPURGE_STREAM = f"NOPURGE{TAG}"
 LEDGER = "nats-spark-ledger"
 
 
@@ -126,6 +127,11 @@ def auth_server(
             "permissions": connector_permissions(
                 NOAPI_STREAM, leave_out=f"$JS.API.CONSUMER.CREATE.{NOAPI_STREAM}."
             ),
+        },
+        {
+            "user": "nopurge",
+            "password": "nopurge-pw",
+            "permissions": connector_permissions(NOPURGE_STREAM, leave_out="$JS.API.STREAM.PURGE."),
         },
         {"nkey": public(nkey_user)},
     ]
@@ -357,6 +363,27 @@ def test_user_without_consumer_create_permission(
     assert "nats_spark." in line, message
     assert f"$JS.API.CONSUMER.CREATE.{NOAPI_STREAM}.g-partition-0" in line, line
     assert "permission" in line, line
+
+
+@pytest.mark.spark
+def test_user_without_ledger_purge_permission(
+    spark: Any, auth_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """Settled ledger entries are removed by a stream purge: a user who may not purge the ledger
+    bucket's stream hears so in one line when the query starts, before anything is taken."""
+    admin = open_blocking(ConnectionSettings((auth_server.url,), "admin", ADMIN_PASSWORD))
+    try:
+        static_group(admin, NOPURGE_STREAM, "g", ["m1"], partitions=2)
+        publish(admin, NOPURGE_STREAM, 10)
+        df = source(
+            spark, auth_server.url, NOPURGE_STREAM, "g", user="nopurge", password="nopurge-pw"
+        )
+        message = failure_text(df, tmp_path)
+        assert Blocking(admin.api).consumer_names(NOPURGE_STREAM) == []
+    finally:
+        close(admin)
+    line = message.splitlines()[0]
+    assert f"$JS.API.STREAM.PURGE.KV_{LEDGER}" in line and "permission" in line, line
 
 
 # Secrets

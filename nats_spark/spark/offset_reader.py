@@ -81,6 +81,9 @@ class OffsetReader:
             kv = await Ledger.bucket(
                 client, self.options.ledger_bucket, create=True, replicas=stream.replicas
             )
+            # Settled entries are removed later: a user not allowed to must hear it now, before
+            # any message is taken (removing a key that never exists changes nothing).
+            await kv.remove(f"{self.ledger.pointer_key}.removal-check")
             self.ledger.attach(kv)
             self.client = client
         return self.client
