@@ -8,6 +8,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import pyarrow as pa
 import pyspark
 
 from nats_spark.client import NatsClient
@@ -260,3 +261,11 @@ def check_trigger_pacing(
     finally:
         query.stop()
     assert_exactly_once(sink.values, 23)
+
+
+def format_one_chunk(replies: list[bytes]) -> bytes:
+    """A ledger chunk as releases before ledger format 2 wrote it: the reply subjects' joined
+    size (4 bytes, little endian), then the subjects joined by newlines, zstd-compressed."""
+    text = b"\n".join(replies)
+    codec = pa.Codec("zstd", compression_level=1)
+    return len(text).to_bytes(4, "little") + codec.compress(text, asbytes=True)

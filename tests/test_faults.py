@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 import uuid
-from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +29,7 @@ from spark_helpers import (
     drained,
     elastic_group,
     foreach_batches,
+    format_one_chunk,
     publish,
     reading,
     source,
@@ -41,7 +41,7 @@ from test_source_pins import OtherInstance
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
-from nats_spark.jetstream.acks import parse_reply, publish_acks
+from nats_spark.jetstream.acks import publish_acks
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.job import failure_line
 from nats_spark.loop import Blocking, run_sync
@@ -56,6 +56,7 @@ from nats_spark.spark.offset_reader import OffsetReader
 from nats_spark.spark.offsets import SourceOffset
 from nats_spark.spark.options import parse_options
 from nats_spark.spark.partition_reader import SlotReader, read_slot
+from nats_spark.spark.slot_history import ack_entry
 from nats_spark.spark.slot_partition import SlotPartition
 
 pytestmark = pytest.mark.spark
@@ -188,8 +189,10 @@ def test_acks_lost_in_a_server_crash_are_not_emitted_again(server, own, unique, 
         publish(own, stream, 100)
         end, rows = batch(first)
         assert rows == list(range(1, 101))
-        # Batch 1 committed: planning the next batch acks it; kill -9 the server as soon as the
-        # consumer reports its ack floor past the batch.
+        # Batch 1 committed: the next batch (ack-only) acks it; kill -9 the server as soon as
+        # the consumer reports its ack floor past the batch.
+        end, rows = batch(end)
+        assert rows == []
         wait_until(floor_passed, 10, "the ack floor to pass batch 1", every=0.02)
         server.kill()
         server.start()
@@ -199,6 +202,45 @@ def test_acks_lost_in_a_server_crash_are_not_emitted_again(server, own, unique, 
         wait_until(forgotten, 30, "batch 1 to be forgotten")
     finally:
         run_sync(reader.close())
+
+
+def test_ledger_bucket_stays_flat_over_many_batches(server, own, unique, monkeypatch):
+    """Settled entries leave nothing behind: over 30 batches (each acked by the next batch's task,
+    then settled once the ack floor passed it), the ledger bucket's stream holds as many messages
+    and subjects after batch 30 as after batch 10 (no purge markers), and what it holds then (the
+    pointer, the entries of the last batch and of the one before, not settled yet) takes under 4
+    bytes per message of those two batches."""
+    monkeypatch.setattr(driver_ledger, "SETTLE_SECONDS", 0.0)
+    stream, bucket = f"FL{unique}", f"L{unique}"
+    static_group(own, stream, "g", ["m1", "m2"], partitions=2)
+    options = {"servers": server.url, "stream": stream, "group": "g", "ledgerBucket": bucket}
+    reader = OffsetReader(parse_options(options))
+    per_batch, rows = 500, list[int]()
+
+    def bucket_state() -> tuple[int, int, int]:
+        info = run_sync(own.api.request(f"STREAM.INFO.KV_{bucket}", {"subjects_filter": ">"}))
+        state = info["state"]
+        return state["messages"], state.get("num_subjects", 0), state["bytes"]
+
+    def batches(count: int, start: SourceOffset) -> SourceOffset:
+        for _ in range(count):
+            publish(own, stream, per_batch, start=len(rows))
+            end = run_sync(reader.latest_offset(start, None))
+            for partition in run_sync(reader.partitions(start, end)):
+                rows.extend(seqs_of(read_slot(partition)))
+            start = end
+        return start
+
+    try:
+        end = batches(10, run_sync(reader.initial_offset()))
+        after_10 = bucket_state()
+        batches(20, end)
+        after_30 = bucket_state()
+    finally:
+        run_sync(reader.close())
+    assert sorted(rows) == list(range(1, 30 * per_batch + 1))
+    assert after_30[:2] <= after_10[:2], f"the bucket grew: {after_10} -> {after_30}"
+    assert after_30[2] <= 4 * 2 * per_batch, f"{after_30[2]} bytes left in the bucket"
 
 
 def test_initial_offset_stays_until_a_batch_is_planned(server, own, unique):
@@ -237,7 +279,12 @@ class Slot:
         self.ledger = Ledger(kv, self.lineage)
 
     def partition(
-        self, gen: int, limit: int, pin: str | None = None, dedupe: list[int] = ()
+        self,
+        gen: int,
+        limit: int,
+        pin: str | None = None,
+        committed: tuple[int, ...] = (),
+        dedupe: tuple[tuple[str, int, int], ...] = (),
     ) -> SlotPartition:
         return SlotPartition(
             connection=self.settings,
@@ -252,7 +299,8 @@ class Slot:
             partitioned=True,
             limit=limit,
             pin_id=pin,
-            dedupe=array("Q", sorted(dedupe)).tobytes(),
+            committed=committed,
+            dedupe=dedupe,
             fetch_batch_size=100,
             fetch_timeout=3.0,
             include_headers=False,
@@ -262,19 +310,22 @@ class Slot:
     def entry(self, gen: int) -> tuple[Any, list[int]]:
         """The ledger head of batch `gen` and the stream sequences it recorded."""
         head, _ = run_sync(self.ledger.read_head(gen, "m1"))
-        replies = run_sync(self.ledger.read_replies(head))
-        return head, [parse_reply(r).stream_seq for r in replies]
+        return head, run_sync(self.ledger.read_recorded(head)).stream_seq
 
-    def ack(self, *gens: int) -> None:
-        """What commit does: ack everything the entries of `gens` recorded."""
-        replies: list[bytes] = []
+    def ack(self, *gens: int, slot: str = "m1") -> None:
+        """What the next batch's task does first: ack the committed entries of `gens`."""
         for gen in gens:
-            head, _ = run_sync(self.ledger.read_head(gen, "m1"))
-            replies += run_sync(self.ledger.read_replies(head))
-        run_sync(publish_acks(self.client.nc, replies))
+            run_sync(ack_entry(self.client.target, self.ledger, gen, slot, self.stream))
 
     def info(self) -> dict[str, Any]:
         return run_sync(self.client.api.consumer_info(self.consumer.stream, self.consumer.name))
+
+    def overflow_consumer(self, name: str = "shared") -> str:
+        """An overflow consumer on the stream (1 s ack wait), for slots that share one."""
+        config = {"durable_name": name, "ack_policy": "explicit", "ack_wait": to_nanos(1)}
+        config |= {"priority_groups": [PRIORITY_GROUP], "priority_policy": "overflow"}
+        run_sync(self.client.api.create_consumer(self.stream, name, config))
+        return name
 
 
 def seqs(batch: Any) -> list[int]:
@@ -346,7 +397,8 @@ def test_ack_wait_expires_within_and_between_batches(client, settings, unique):
     # Batch 1 committed but its acks lost: after the ack wait its messages come to batch 2.
     time.sleep(1.5)
     publish(client, slot.stream, 10, start=40)
-    following = seqs_of(read_slot(slot.partition(2, limit=10, pin=head.pin, dedupe=rows)))
+    batch_2 = slot.partition(2, limit=10, pin=head.pin, dedupe=(("m1", 1, 1),))
+    following = seqs_of(read_slot(batch_2))
     assert following == list(range(41, 51))
     assert slot.info()["num_ack_pending"] == 10, "batch 1's redeliveries were not acked"
     slot.ack(1, 2)
@@ -376,10 +428,7 @@ def test_sibling_stalled_past_the_ack_wait_emits_nothing_twice(client, settings,
     sibling B, which records and emits them. A's late record then finds them in B's entry and
     drops them: every message is emitted once, and recorded once."""
     slot = Slot(client, settings, unique)
-    shared = "shared"
-    config = {"durable_name": shared, "ack_policy": "explicit", "ack_wait": to_nanos(1)}
-    config |= {"priority_groups": [PRIORITY_GROUP], "priority_policy": "overflow"}
-    run_sync(client.api.create_consumer(slot.stream, shared, config))
+    shared = slot.overflow_consumer()
     publish(client, slot.stream, 10)
     first = replace(slot.partition(1, limit=10), consumer=shared, siblings=("m1#1",), ack_wait=1.0)
     second = replace(first, slot="m1#1", siblings=("m1",))
@@ -411,6 +460,108 @@ def test_sibling_stalled_past_the_ack_wait_emits_nothing_twice(client, settings,
     assert stalled_rows == [], f"emitted twice: {sorted(set(stalled_rows) & set(other_rows))}"
     heads = [run_sync(slot.ledger.read_head(1, name))[0] for name in ("m1", "m1#1")]
     assert [h.count for h in heads] == [0, 10], "a message stays recorded by both slots"
+
+
+def test_zombie_and_its_retry_both_ack_the_committed_batch(client, settings, unique):
+    """Batch 2's task acks batch 1 (committed) before it pulls; a zombie attempt beside its retry
+    acks the same messages again, at the same time: each message is emitted once, all are acked,
+    the entry is marked acked, and neither attempt fails on the other's mark."""
+    slot = Slot(client, settings, unique)
+    publish(client, slot.stream, 10)
+    assert seqs_of(read_slot(slot.partition(1, limit=10))) == list(range(1, 11))
+    assert slot.info()["num_ack_pending"] == 10
+
+    async def both_ack() -> list[int]:
+        acks = [ack_entry(client.target, slot.ledger, 1, "m1", slot.stream) for _ in range(2)]
+        return await asyncio.gather(*acks)
+
+    assert sum(run_sync(both_ack())) in (10, 20)  # one may find it marked already
+    assert run_sync(slot.ledger.read_head(1, "m1"))[0].state is EntryState.ACKED
+    assert slot.info()["num_ack_pending"] == 0, "the committed batch was not acked"
+    publish(client, slot.stream, 5, start=10)
+    batch_2 = slot.partition(2, limit=5, committed=(1,), dedupe=(("m1", 1, 1),))
+    batch_2 = replace(batch_2, dedupe_through=10)  # batch 1's highest sequence
+    zombie, retry = SlotReader(batch_2), SlotReader(batch_2)
+    run_sync(zombie.begin())
+    run_sync(retry.begin())  # takes the zombie's open entry over
+    rows = rest(retry.pull_batches())
+    run_sync(retry.seal())
+    assert rows == list(range(11, 16))
+    assert retry.dedupe is None, "in-order deliveries loaded the dedupe set"
+    assert seqs_of(read_slot(slot.partition(3, limit=0, committed=(2,)))) == []  # ack-only
+    wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
+    assert slot.info()["num_redelivered"] == 0
+
+
+def test_ack_wait_runs_out_between_commit_and_acks(client, settings, unique):
+    """Two slots share an overflow consumer (1 s ack wait). Slot A's batch 1 is committed but its
+    acks wait for batch 2's task of A; meanwhile the ack wait runs out and batch 2's task of B
+    gets A's messages again: B acks and drops them (its dedupe names A's entry), emits only new
+    messages; then A's task acks its entry. Every message is emitted once and acked."""
+    slot = Slot(client, settings, unique)
+    shared = slot.overflow_consumer()
+    publish(client, slot.stream, 10)
+    a_1 = replace(slot.partition(1, limit=10), consumer=shared, ack_wait=1.0, pin_id=None)
+    first = seqs_of(read_slot(a_1))
+    assert first == list(range(1, 11))
+    time.sleep(1.5)  # batch 1 committed; its acks not sent yet, their ack wait runs out
+    publish(client, slot.stream, 5, start=10)
+    b_2 = replace(a_1, gen=2, slot="m1#1", limit=5, dedupe=(("m1", 1, 1),), siblings=("m1",))
+    b_2 = replace(b_2, dedupe_through=10)
+    task_of_b = SlotReader(b_2)
+    run_sync(task_of_b.begin())
+    second = rest(task_of_b.pull_batches())
+    run_sync(task_of_b.seal())
+    assert second == list(range(11, 16)), f"emitted twice: {sorted(set(first) & set(second))}"
+    assert task_of_b.redundant == 10, "A's messages did not come back to B"
+    a_2 = replace(a_1, gen=2, limit=0, committed=(1,), siblings=("m1#1",))
+    assert seqs_of(read_slot(a_2)) == []
+    stats = run_sync(client.api.consumer_info(slot.stream, shared))
+    assert stats.num_ack_pending == 5, "the redeliveries or batch 1 were not acked"
+
+
+def test_format_one_entries_are_replayed_acked_and_migrated(client, settings, unique):
+    """Entries written by releases before ledger format 2 (reply subjects per message, no
+    prefix in the head): a sealed one is replayed exactly and acked through subjects rebuilt from
+    its numbers; an open one is taken over, rewritten in format 2, and its task goes on pulling."""
+    slot = Slot(client, settings, unique)
+    publish(client, slot.stream, 10)
+    assert seqs_of(read_slot(slot.partition(1, limit=10))) == list(range(1, 11))
+    head, _ = run_sync(slot.ledger.read_head(1, "m1"))
+    recorded = run_sync(slot.ledger.read_recorded(head))
+    replies = [
+        b"%b.%d.%d.%d.1700000000000000000.%d" % (recorded.prefix, d, s, c, 10 - s)
+        for d, s, c in zip(
+            recorded.delivered, recorded.stream_seq, recorded.consumer_seq, strict=True
+        )
+    ]
+    kv = slot.ledger.kv
+    old_key = slot.ledger.head_key(1, "m1")
+    old_head = {"state": "sealed", "attempt": "old1", "chunks": [f"{old_key}.old1.0"]}
+    old_head |= {"count": 6, "max_seq": 6, "pin": head.pin}
+    run_sync(kv.put(f"{old_key}.old1.0", format_one_chunk(replies[:6])))
+    run_sync(kv.put(old_key, json.dumps(old_head).encode()))  # no format: format 1
+    open_head = {**old_head, "state": "open", "attempt": "old2", "chunks": [f"{old_key}.old2.0"]}
+    open_head |= {"count": 4, "max_seq": 10}
+    run_sync(kv.put(f"{slot.ledger.head_key(2, 'm1')}.old2.0", format_one_chunk(replies[6:])))
+    open_head["chunks"] = [f"{slot.ledger.head_key(2, 'm1')}.old2.0"]
+    run_sync(kv.put(slot.ledger.head_key(2, "m1"), json.dumps(open_head).encode()))
+
+    again = slot.partition(1, limit=10)
+    replayed = list(read_slot(again))
+    assert seqs_of(iter(replayed)) == list(range(1, 7))
+    stored = replayed[0].column("timestamp").to_pylist()
+    assert all(t.year >= 2026 for t in stored), "replay took the time from the stream"
+    publish(client, slot.stream, 3, start=10)
+    # batch 2's open format-1 entry: its 4 come back as recorded, then new messages are pulled
+    rows = seqs_of(read_slot(slot.partition(2, limit=7, committed=(1,), dedupe=(("m1", 1, 1),))))
+    assert rows == [7, 8, 9, 10, 11, 12, 13]
+    migrated, _ = run_sync(slot.ledger.read_head(2, "m1"))
+    assert migrated.format == 2 and migrated.state is EntryState.SEALED and migrated.count == 7
+    assert run_sync(slot.ledger.read_head(1, "m1"))[0].state is EntryState.ACKED
+    assert slot.info()["num_ack_pending"] == 7, "batch 1's format-1 entry was not acked"
+    slot.ack(2)
+    wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
 
 
 # --- Pins -------------------------------------------------------------------------------------
@@ -671,11 +822,11 @@ def test_driver_killed_at_fixed_points(client, nats_url, unique, tmp_path):
         kv = run_sync(Ledger.bucket(client.target, "nats-spark-ledger", create=False))
         pointer = run_sync(read_pointer(kv, pointer_key(stream, "g")))
         ledger = Ledger(kv, pointer.lineage)
-        replies: list[str] = []
+        replies: list[bytes] = []
         for gen, slot in run_sync(ledger.heads()):
             head, _ = run_sync(ledger.read_head(gen, slot))
             assert head.state is EntryState.SEALED, (gen, slot, head.state)
-            replies += run_sync(ledger.read_replies(head))
+            replies += run_sync(ledger.read_recorded(head)).ack_subjects()
         run_sync(publish_acks(client.nc, replies[::2]))
         publish_more(100)
 
@@ -703,7 +854,7 @@ def ledger_story(kv: Any, checkpoint: Path, pointer_lineage: str, files: dict[st
         ledger = Ledger(kv, lineage)
         for gen, slot in sorted(run_sync(ledger.heads())):
             head, _ = run_sync(ledger.read_head(gen, slot))
-            seqs = sorted(parse_reply(r).stream_seq for r in run_sync(ledger.read_replies(head)))
+            seqs = sorted(run_sync(ledger.read_recorded(head)).stream_seq)
             lines.append(f"{lineage} gen {gen} {slot}: {head.state} {len(seqs)} {seqs[:3]}..")
     for name, text in sorted(files.items()):
         rows = json.loads(text)

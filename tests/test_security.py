@@ -34,14 +34,15 @@ from nats_spark.errors import ConfigurationError, ConnectionFailed
 from nats_spark.jetstream.acks import publish_acks
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
-from nats_spark.spark.ledger import decode_chunk
 from nats_spark.spark.options import parse_options
+from nats_spark.spark.recorded import decode_recorded
 
 # Unique secrets, so that finding one anywhere can only mean a leak.
 ADMIN_PASSWORD = f"pw-{uuid.uuid4().hex}"
 TOKEN = f"tok-{uuid.uuid4().hex}"
 TAG = uuid.uuid4().hex[:6]
 LEAN_STREAM, NOACK_STREAM, NOAPI_STREAM = f"LEAN{TAG}", f"NOACK{TAG}", f"NOAPI{TAG}"
+NOPURGE_STREAM = f"NOPURGE{TAG}"
 LEDGER = "nats-spark-ledger"
 
 
@@ -68,6 +69,7 @@ def connector_permissions(stream: str, leave_out: str = "") -> dict[str, Any]:
         f"$JS.API.DIRECT.GET.{kv_ledger}.>",
         f"$JS.API.CONSUMER.CREATE.{kv_ledger}",  # listing the ledger's keys
         f"$JS.API.CONSUMER.INFO.{kv_ledger}.>",
+        f"$JS.API.STREAM.PURGE.{kv_ledger}",  # removes settled entries
         f"$KV.{LEDGER}.>",
     ]
     if leave_out:
@@ -125,6 +127,11 @@ def auth_server(
             "permissions": connector_permissions(
                 NOAPI_STREAM, leave_out=f"$JS.API.CONSUMER.CREATE.{NOAPI_STREAM}."
             ),
+        },
+        {
+            "user": "nopurge",
+            "password": "nopurge-pw",
+            "permissions": connector_permissions(NOPURGE_STREAM, leave_out="$JS.API.STREAM.PURGE."),
         },
         {"nkey": public(nkey_user)},
     ]
@@ -358,6 +365,27 @@ def test_user_without_consumer_create_permission(
     assert "permission" in line, line
 
 
+@pytest.mark.spark
+def test_user_without_ledger_purge_permission(
+    spark: Any, auth_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """Settled ledger entries are removed by a stream purge: a user who may not purge the ledger
+    bucket's stream hears so in one line when the query starts, before anything is taken."""
+    admin = open_blocking(ConnectionSettings((auth_server.url,), "admin", ADMIN_PASSWORD))
+    try:
+        static_group(admin, NOPURGE_STREAM, "g", ["m1"], partitions=2)
+        publish(admin, NOPURGE_STREAM, 10)
+        df = source(
+            spark, auth_server.url, NOPURGE_STREAM, "g", user="nopurge", password="nopurge-pw"
+        )
+        message = failure_text(df, tmp_path)
+        assert Blocking(admin.api).consumer_names(NOPURGE_STREAM) == []
+    finally:
+        close(admin)
+    line = message.splitlines()[0]
+    assert f"$JS.API.STREAM.PURGE.KV_{LEDGER}" in line and "permission" in line, line
+
+
 # Secrets
 
 
@@ -430,12 +458,13 @@ def record_ledger_writes(client: Blocking[NatsClient]) -> list[tuple[str, bytes]
 
 
 def ledger_text(client: Blocking[NatsClient], writes: list[tuple[str, bytes]]) -> str:
-    """The recorded ledger writes, with reply-subject chunks decompressed."""
+    """The recorded ledger writes, with chunks decompressed (numbers only: the heads hold the
+    ack subjects' prefix)."""
     run_sync(client.target.nc.flush())
     lines = []
     for key, value in writes:
         chunk = len(key.split(".")) == 5 and value  # <lineage>.<gen>.<slot>.<attempt>.<n>
-        lines.append(f"{key}={decode_chunk(value) if chunk else value.decode()}")
+        lines.append(f"{key}={decode_recorded(value, b'') if chunk else value.decode()}")
     return "\n".join(lines)
 
 

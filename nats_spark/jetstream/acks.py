@@ -54,6 +54,13 @@ def parse_reply(reply: str | bytes) -> Delivery:
     )
 
 
+def ack_prefix(reply: bytes) -> bytes:
+    """The ack subject up to its delivery count: `$JS.ACK.<stream>.<consumer>`, or the v2 form's
+    `$JS.ACK.<domain>.<account hash>.<stream>.<consumer>`, as the server sent it."""
+    tokens = reply.split(b".")
+    return b".".join(tokens[: delivered_at(tokens, reply)])
+
+
 ACK, IN_PROGRESS = b"+ACK", b"+WPI"  # both four bytes: the PUB template below relies on it
 
 
@@ -106,17 +113,25 @@ class InProgressKeeper:
         self.held: dict[int, bytes] = {}  # stream seq -> reply subject of its latest delivery
         self.renewed = 0.0  # monotonic time of the last confirmed round
 
+    async def due(self) -> list[bytes]:
+        """The ack subjects whose ack wait this round restarts."""
+        return list(self.held.values())
+
     async def run(self, done: asyncio.Event) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), self.ack_wait / 3)
             if done.is_set():
                 return
-            if not self.held:
-                continue
-            try:
-                sent = time.monotonic()
-                await publish_acks(self.nc, list(self.held.values()), kind=IN_PROGRESS)
+            await self.renew()
+
+    async def renew(self) -> None:
+        """One round: restart the ack wait of what is due."""
+        try:
+            sent = time.monotonic()
+            subjects = await self.due()
+            if subjects:
+                await publish_acks(self.nc, subjects, kind=IN_PROGRESS)
                 self.renewed = sent  # the ack wait of all held so far started over by then
-            except Exception as error:  # the pulls meet the same trouble and report it
-                log.debug("%s: progress acks failed: %s", self.label, error)
+        except Exception as error:  # the pulls meet the same trouble and report it
+            log.debug("%s: progress acks failed: %s", self.label, error)

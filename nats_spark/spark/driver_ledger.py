@@ -1,20 +1,19 @@
-"""Driver side of the ack ledger: the entries of the query's lineage, its pointer (newest gen,
-pins) and the acks of committed batches.
+"""Driver side of the ack ledger: the entries of the query's lineage (their heads only: what
+they hold is read by the tasks that ack and dedupe them), its pointer (newest gen, pins), and the
+removal of settled entries.
 
-All of it is a cache of what the ledger bucket holds, so a restarted driver rebuilds it.
+All of it is a cache of what the ledger bucket holds, so a restarted driver rebuilds it. Its work
+per batch grows with the slots, not the messages; only `ack_through`, at stop, reads entries.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from nats_spark.client import NatsClient
-from nats_spark.errors import ConfigurationError
-from nats_spark.jetstream.acks import parse_reply, publish_acks
 from nats_spark.spark.ledger import (
     EntryHead,
     EntryState,
@@ -26,6 +25,8 @@ from nats_spark.spark.ledger import (
     write_pointer,
 )
 from nats_spark.spark.offsets import MemberPlan, SourceOffset
+from nats_spark.spark.slot_history import ack_entry
+from nats_spark.spark.slot_partition import UNBOUNDED
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,6 @@ class Entry:
     gen: int
     slot: str
     head: EntryHead | None = None
-    seqs: array | None = None  # stream sequences, loaded when needed for dedupe
     settled_since: float | None = None  # when acks were first seen past all its messages
 
 
@@ -127,6 +127,14 @@ class DriverLedger:
     async def load_missing_heads(self) -> None:
         await self.load_heads(e for e in self.entries.values() if e.head is None)
 
+    async def load_unacked_heads(self) -> None:
+        """Heads not loaded yet or not acked when last read (tasks seal and ack them)."""
+        await self.load_heads(
+            e
+            for e in self.entries.values()
+            if e.head is None or e.head.state is not EntryState.ACKED
+        )
+
     def unacked(self) -> Iterator[Entry]:
         """Entries whose messages are taken and not acked yet (heads loaded)."""
         for entry in self.entries.values():
@@ -136,7 +144,8 @@ class DriverLedger:
     def has_sealed(self) -> bool:
         """Whether a finished batch waits for its acks."""
         return any(
-            e.head is not None and e.head.state is EntryState.SEALED for e in self.entries.values()
+            e.head is not None and e.head.state is EntryState.SEALED and e.head.count
+            for e in self.entries.values()
         )
 
     def expect(self, gen: int, slots: Iterable[str]) -> None:
@@ -160,29 +169,48 @@ class DriverLedger:
         pointer = Pointer(self.ledger.lineage, self.head_gen, dict(sorted(self.pins.items())))
         await write_pointer(self.kv, self.pointer_key, pointer)
 
-    async def dedupe_before(self, gen: int) -> bytes:
-        """Stream sequences (packed `Q`s, sorted) of what batches before `gen` emitted: a
-        redelivery of one of them is acked and dropped."""
-        seqs: set[int] = set()
-        for entry in self.entries.values():
-            if entry.gen < gen and entry.head and entry.head.state is not EntryState.OPEN:
-                seqs.update(await self._seqs(entry))
-        log.debug("batch %d: %d messages of earlier batches to drop if redelivered", gen, len(seqs))
-        return array("Q", sorted(seqs)).tobytes()
+    def acks_due(self, through: int) -> dict[str, tuple[int, ...]]:
+        """By slot: gens up to `through` (committed) of its entries not known to be acked."""
+        due: dict[str, list[int]] = {}
+        for (gen, slot), e in sorted(self.entries.items()):
+            if gen <= through and (
+                e.head is None or (e.head.state is not EntryState.ACKED and e.head.count)
+            ):
+                due.setdefault(slot, []).append(gen)
+        return {slot: tuple(gens) for slot, gens in due.items()}
 
-    async def _seqs(self, entry: Entry) -> array:
-        if entry.seqs is None:
-            assert self.ledger is not None and entry.head is not None
-            replies = await self.ledger.read_replies(entry.head)
-            entry.seqs = array("Q", sorted(parse_reply(r).stream_seq for r in replies))
-        return entry.seqs
+    def dedupe_spans(self, before: int, slots: Iterable[str]) -> tuple[tuple[str, int, int], ...]:
+        """By slot of `slots`: the first and last gen before `before` of its entries not settled
+        yet (a task drops redeliveries of what they emitted; see `SlotHistory.dedupe`)."""
+        wanted = set(slots)
+        gens: dict[str, list[int]] = {}
+        for gen, slot in self.entries:
+            if gen < before and slot in wanted:
+                gens.setdefault(slot, []).append(gen)
+        return tuple((slot, min(g), max(g)) for slot, g in sorted(gens.items()))
 
-    async def settle(self, horizons: dict[str, Horizon]) -> None:
-        """Forget acked entries that no redelivery can touch any more."""
+    def highest_seq(self, spans: Iterable[tuple[str, int, int]]) -> int:
+        """The highest stream sequence the entries of `spans` hold (as far as their heads say;
+        an entry whose head is not loaded could hold any)."""
+        highest = 0
+        for slot, first, last in spans:
+            for gen in range(first, last + 1):
+                entry = self.entries.get((gen, slot))
+                if entry is not None:
+                    if entry.head is None:
+                        return UNBOUNDED
+                    highest = max(highest, entry.head.max_seq)
+        return highest
+
+    async def settle(self, horizons: dict[str, Horizon], committed: int) -> None:
+        """Forget acked entries that no redelivery can touch any more, and empty ones of
+        committed batches (a re-run of an uncommitted one must find it: it replays nothing)."""
         assert self.ledger is not None
         for key, entry in list(self.entries.items()):
             head = entry.head
-            if head is None or head.state is not EntryState.ACKED:
+            if head is None or head.state is EntryState.OPEN:
+                continue
+            if head.state is EntryState.SEALED and (head.count or entry.gen > committed):
                 continue
             horizon = horizons.get(entry.slot, Horizon(0, 0))
             if (
@@ -199,45 +227,22 @@ class DriverLedger:
             since = entry.settled_since = entry.settled_since or now
             if head.count == 0 or now - since >= SETTLE_SECONDS:
                 log.debug("forgetting settled ledger entry %s", self.ledger.head_key(*key))
-                await self.ledger.delete_entry(entry.gen, entry.slot, head)
+                await self.ledger.delete_entry(entry.gen, entry.slot)
                 del self.entries[key]
 
-    async def ack_through(self, client: NatsClient, gen: int) -> int:
-        """Ack every sealed entry of batches up to `gen` (all committed by Spark); returns count."""
+    async def ack_through(self, client: NatsClient, gen: int, only: str | None = None) -> int:
+        """Ack every sealed entry (of slot `only`, if given) of batches up to `gen` (all
+        committed by Spark); returns the count. Per message, so only for what no task of a next
+        batch will ack: at stop, and for slots the query no longer has."""
         assert self.ledger is not None
-        due = sorted(
-            (e for e in self.entries.values() if e.gen <= gen),
-            key=lambda e: (e.gen, e.slot),
-        )
-        await self.load_heads(e for e in due if e.head is None or e.head.state is EntryState.OPEN)
-        acked: list[Entry] = []
-        replies: list[bytes] = []
-        for entry in due:
-            head = entry.head
-            if (entry.gen, entry.slot) not in self.entries or head is None:
+        count = 0
+        for (entry_gen, slot), entry in sorted(self.entries.items()):
+            if entry_gen > gen or (entry.head and entry.head.state is EntryState.ACKED):
                 continue
-            if head.state is EntryState.OPEN:
-                log.warning(
-                    "ledger entry %s of a committed batch is not sealed; not acked",
-                    self.ledger.head_key(entry.gen, entry.slot),
-                )
+            if only is not None and slot != only:
                 continue
-            if head.state is EntryState.SEALED:
-                replies += await self.ledger.read_replies(head)
-                acked.append(entry)
-        refused_before = len(client.denied)
-        count = await publish_acks(client.nc, replies)
-        refused = [e for e in client.denied[refused_before:] if "$js.ack" in e.lower()]
-        if refused:
-            # Marking the entries acked would hide messages that stay pending for good.
-            raise ConfigurationError(
-                f"the server refused the acks of committed batches ({refused[0]}); allow the "
-                f"user to publish to $JS.ACK.{self.stream}.> (see the README's permissions)"
-            )
-        for entry in acked:
-            assert entry.head is not None
-            entry.head.state = EntryState.ACKED
-            await self.ledger.put_head(entry.gen, entry.slot, entry.head)
+            count += await ack_entry(client, self.ledger, entry_gen, slot, self.stream)
+        await self.load_unacked_heads()
         if count:
             log.info("acked %d messages of batches up to gen %d", count, gen)
         return count

@@ -6,17 +6,28 @@ and seals the entry when done. A re-run of the same batch finds the entry and re
 acks the entries of committed batches. Keys:
 
 - `<lineage>.<gen>.<slot>`: the head, JSON (format, state, attempt, chunk keys, count, pin,
-  max_seq)
-- `<lineage>.<gen>.<slot>.<attempt>.<n>`: chunks of ack reply subjects: their uncompressed size
-  (4 bytes, little endian), then the subjects joined by newlines, zstd-compressed (encoding a
-  chunk of 4096 takes well under a millisecond; subjects never contain newlines)
+  max_seq, prefix: the ack subject up to the delivery count, `$JS.ACK.<stream>.<consumer>` or the
+  v2 form with domain and account hash, as the server sent it)
+- `<lineage>.<gen>.<slot>.<attempt>.<n>`: chunks of deliveries, in delivery order: their count (4
+  bytes, little endian), then zstd of three columns of signed 64-bit integers: stream sequence
+  and consumer sequence each as the difference to the one before, and the delivery count. In-order
+  deliveries repeat one pattern, which zstd stores in a few bytes per thousand messages; format 1
+  chunks held the reply subjects themselves (about 73 bytes each) and are still read.
 - `query.<stream>.<target>`: the newest lineage and gen handed out for a target, so a restarted
   driver on Spark 4.0/4.1 (whose `latestOffset` gets no start offset) can go on numbering, and
   the pins the query's slots hold, so a restarted query resumes them instead of standing by
 
+An ack subject is rebuilt from the prefix and the numbers (nats-server reads only the delivery
+count, stream and consumer sequence of an ack subject, and matches explicit acks by stream
+sequence). A delivery's timestamp is not stored: a replay reads the message back from the stream,
+which holds the same time.
+
 Heads and pointers carry `format` (`LEDGER_FORMAT`; absent in entries written before it existed,
 which are format 1). A release that changes what they hold raises the number, reads the formats
 it knows and refuses newer ones with one line, since a misread entry would ack the wrong messages.
+
+Settled entries are removed with a stream purge by subject, which leaves no purge marker behind
+(a KV purge keeps one per key for the bucket's max age).
 """
 
 from __future__ import annotations
@@ -24,12 +35,11 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
-import pyarrow as pa
 from nats.errors import NoRespondersError
 from nats.js.errors import (
     BucketNotFoundError,
@@ -44,12 +54,18 @@ from nats_spark import __version__
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NatsSparkError, NotFound
 from nats_spark.jetstream.retry import is_transient, retrying
+from nats_spark.spark.recorded import (
+    Recorded,
+    decode_recorded,
+    decode_replies,
+    encode_recorded,
+)
 
 _KEY_TOKEN = re.compile(r"^[-_=a-zA-Z0-9]+$")
-_CODEC = pa.Codec("zstd", compression_level=1)
-CHUNK_MESSAGES = 4096  # reply subjects per chunk: ~300 KB raw, far below the 1 MB payload limit
+CHUNK_MESSAGES = 16384  # deliveries per chunk: 384 KB raw at most, below the 1 MB payload limit
 LEDGER_MAX_AGE = 7 * 24 * 3600.0
-LEDGER_FORMAT = 1
+LEDGER_FORMAT = 2
+READABLE_FORMATS = (1, 2)  # 1: chunks of reply subjects, heads without `prefix`
 T = TypeVar("T")
 KvEntry = KeyValue.Entry
 
@@ -84,40 +100,37 @@ class EntryHead:
     count: int = 0
     max_seq: int = 0
     pin: str | None = None
+    prefix: str | None = None  # of the deliveries' ack subjects (format 2)
+    format: int = LEDGER_FORMAT  # how its chunks are stored
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"format": LEDGER_FORMAT, **asdict(self)}, separators=(",", ":")).encode()
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes, key: str) -> EntryHead:
-        raw = _readable(json.loads(data), key)
+        raw = json.loads(data)
+        raw["format"] = _readable_format(raw, key)
         raw["state"] = EntryState(raw["state"])
         return cls(**raw)
 
 
-def _readable(raw: dict[str, Any], key: str) -> dict[str, Any]:
-    """`raw` without its format number, once it is known to be a format this release reads."""
-    found = raw.pop("format", 1)
-    if found != LEDGER_FORMAT:
+def _readable_format(raw: dict[str, Any], key: str) -> int:
+    """The format of `raw`, once it is known to be one this release reads."""
+    found = raw.get("format", 1)
+    if found not in READABLE_FORMATS:
         raise ConfigurationError(
             f"ack ledger entry {key} has format {found!r} but nats-spark {__version__} reads "
-            f"format {LEDGER_FORMAT}: run the release that wrote it, or start the query with a new "
-            "checkpoint location"
+            f"formats {', '.join(map(str, READABLE_FORMATS))}: run the release that wrote it, or "
+            "start the query with a new checkpoint location"
         )
-    return raw
+    return int(found)
 
 
-def encode_chunk(replies: Sequence[bytes]) -> bytes:
-    """A chunk's stored form: ack reply subjects as they came off the wire."""
-    text = b"\n".join(replies)
-    return len(text).to_bytes(4, "little") + _CODEC.compress(text, asbytes=True)
-
-
-def decode_chunk(data: bytes) -> list[bytes]:
-    size = int.from_bytes(data[:4], "little")
-    if not size:
-        return []
-    return _CODEC.decompress(data[4:], size, asbytes=True).split(b"\n")
+def decode_chunk(data: bytes, head: EntryHead) -> Recorded:
+    """A chunk of `head`'s entry, in the format the head says."""
+    if head.format == 1:
+        return Recorded.from_replies(decode_replies(data))
+    return decode_recorded(data, (head.prefix or "").encode())
 
 
 class LedgerBucket:
@@ -163,8 +176,12 @@ class LedgerBucket:
     async def put(self, key: str, value: bytes) -> int:
         return await self._call(f"writing {key}", lambda: self.kv.put(key, value))
 
-    async def purge(self, key: str) -> None:
-        await self._call(f"purging {key}", lambda: self.kv.purge(key))
+    async def remove(self, key: str) -> None:
+        """Remove `key` and every key below it (`<key>.>`) from the bucket's stream, leaving
+        nothing behind (a KV purge would leave a marker per key for the bucket's max age)."""
+        stream = f"KV_{self.name}"
+        for subject in (f"$KV.{self.name}.{key}", f"$KV.{self.name}.{key}.>"):
+            await self.client.api.request(f"STREAM.PURGE.{stream}", {"filter": subject})
 
     async def keys(self) -> list[str]:
         return await self._call("listing keys", self.kv.keys)
@@ -242,19 +259,17 @@ class Ledger:
     async def put_head(self, gen: int, slot: str, head: EntryHead) -> None:
         await self.kv.put(self.head_key(gen, slot), head.to_bytes())
 
-    async def write_chunk(
-        self, gen: int, slot: str, head: EntryHead, replies: Sequence[bytes]
-    ) -> list[str]:
-        """Store `replies` as new chunks of `head`'s attempt; returns their keys."""
+    async def write_chunk(self, gen: int, slot: str, head: EntryHead, taken: Recorded) -> list[str]:
+        """Store `taken` as new chunks of `head`'s attempt; returns their keys."""
         keys: list[str] = []
-        for start in range(0, len(replies), CHUNK_MESSAGES):
+        for start in range(0, len(taken), CHUNK_MESSAGES):
             key = f"{self.head_key(gen, slot)}.{head.attempt}.{len(head.chunks) + len(keys)}"
-            await self.kv.put(key, encode_chunk(replies[start : start + CHUNK_MESSAGES]))
+            await self.kv.put(key, encode_recorded(taken.part(start, start + CHUNK_MESSAGES)))
             keys.append(key)
         return keys
 
-    async def read_replies(self, head: EntryHead) -> list[bytes]:
-        replies: list[bytes] = []
+    async def read_recorded(self, head: EntryHead) -> Recorded:
+        found = Recorded((head.prefix or "").encode())
         for key in head.chunks:
             try:
                 entry = await self.kv.get(key)
@@ -263,8 +278,8 @@ class Ledger:
                     f"ack ledger chunk {key} is missing (bucket purged or expired?); the batch "
                     "cannot be replayed exactly: restart the query with a new checkpoint"
                 ) from None
-            replies += decode_chunk(entry.value or b"")
-        return replies
+            found.extend(decode_chunk(entry.value or b"", head))
+        return found
 
     async def heads(self) -> list[tuple[int, str]]:
         """(gen, slot token) of every entry of this lineage."""
@@ -279,9 +294,9 @@ class Ledger:
                 found.append((int(parts[1]), parts[2]))
         return sorted(found)
 
-    async def delete_entry(self, gen: int, slot: str, head: EntryHead) -> None:
-        for key in [*head.chunks, self.head_key(gen, slot)]:
-            await self.kv.purge(key)
+    async def delete_entry(self, gen: int, slot: str) -> None:
+        """Remove the entry: its head and the chunks of every attempt."""
+        await self.kv.remove(self.head_key(gen, slot))
 
 
 def pointer_key(stream: str, target: str) -> str:
@@ -302,7 +317,8 @@ async def read_pointer(kv: LedgerBucket, key: str) -> Pointer | None:
         entry = await kv.get(key)
     except KeyNotFoundError:
         return None
-    data = _readable(json.loads(entry.value or b"{}"), key)
+    data = json.loads(entry.value or b"{}")
+    _readable_format(data, key)
     return Pointer(data["lineage"], int(data["gen"]), data.get("pins", {}))
 
 

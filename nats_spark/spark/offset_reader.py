@@ -1,5 +1,7 @@
-"""Driver side: offsets and the planning of input partitions; the ledger's entries and the acks
-of committed batches are the `DriverLedger`'s.
+"""Driver side: offsets and the planning of input partitions; the ledger's entries are the
+`DriverLedger`'s. The acks of a committed batch go out from the tasks of the next one (each slot
+acks its own before it pulls; a slot with nothing new gets an ack-only partition), and from the
+driver only at stop: planning and commit cost the same whatever the batches held.
 
 Lives in Spark's long-running Python process for the query's driver; all state here is a cache
 of what the consumers, the ledger and the checkpointed offsets hold, so a restarted driver
@@ -8,6 +10,7 @@ rebuilds it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -27,6 +30,7 @@ from nats_spark.spark.planner import (
     plan_slot,
     small_capacity,
 )
+from nats_spark.spark.sealed_keeper import SealedKeeper
 from nats_spark.spark.slot_partition import SlotPartition
 from nats_spark.spark.targets import Held, Slot, target_for
 
@@ -51,6 +55,13 @@ class OffsetReader:
         self.available_now_seq: dict[str, int] | None = None
         self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
         self.planned: dict[str, int] = {}  # by slot: what the batch planned last may take
+        self.committed = 0  # newest gen of the lineage known committed (acked at stop)
+        self.keeping: tuple[asyncio.Event, asyncio.Future[None]] | None = None
+
+    def _committed(self, offset: SourceOffset) -> None:
+        """`offset`'s batch is committed (Spark plans a batch after it, or says so)."""
+        if offset.lineage == self.ledger.lineage:
+            self.committed = max(self.committed, offset.gen)
 
     async def _connect(self) -> NatsClient:
         if self.client is not None and not self.client.usable:
@@ -69,6 +80,9 @@ class OffsetReader:
             kv = await Ledger.bucket(
                 client, self.options.ledger_bucket, create=True, replicas=stream.replicas
             )
+            # Settled entries are removed later: a user not allowed to must hear it now, before
+            # any message is taken (removing a key that never exists changes nothing).
+            await kv.remove(f"{self.ledger.pointer_key}.removal-check")
             self.ledger.attach(kv)
             self.client = client
         return self.client
@@ -78,7 +92,7 @@ class OffsetReader:
         loaded, which tell this query's own unacked messages from another client's."""
         client = await self._connect()
         if self.ledger.lineage is not None:
-            await self.ledger.load_missing_heads()
+            await self.ledger.load_unacked_heads()
         unacked: dict[str, int] = {}
         for entry in self.ledger.unacked():
             assert entry.head is not None
@@ -106,6 +120,7 @@ class OffsetReader:
         offset = SourceOffset.initial()
         log.info("%s: new query lineage %s", self.options.target, offset.lineage)
         self.ledger.forget_lineage()
+        self.committed = 0
         await self._adopt(offset)
         await self.ledger.clear_pins()
         self.current = offset
@@ -124,7 +139,7 @@ class OffsetReader:
         await self._adopt(start)
         pins_before = dict(self.ledger.pins)
         if start is not None:
-            await self.ack_through(start.gen)  # Spark 4.2+: `start` is committed
+            self._committed(start)  # Spark 4.2+: `start` is committed
         client = await self._connect()
         resolved = await self._resolve()
         first_seqs: dict[str, int] = {}
@@ -138,7 +153,7 @@ class OffsetReader:
             plan = self._plan_slot(slot, state, was)
             if plan is not None:
                 plans[slot.name] = plan
-        await self.ledger.settle(self._horizons(first_seqs))
+        await self.ledger.settle(self._horizons(first_seqs), self.committed)
         available = sum(p.limit for p in plans.values())
         if self.available_now_seq is None and self.pacing.holds_back(available):
             plans = {}
@@ -155,7 +170,20 @@ class OffsetReader:
             self.current = base
             if self.ledger.pins != pins_before:
                 await self.ledger.save_pointer()
+        self._keep_sealed()
         return self.current
+
+    def _keep_sealed(self) -> None:
+        """Start the `SealedKeeper` once the consumers' ack waits are known."""
+        if self.keeping is None and self.client is not None:
+            ack_wait = min((s.ack_wait for s in self.states.values()), default=None)
+            keeper = SealedKeeper(self._client, self.ledger, ack_wait or self.options.ack_wait)
+            done = asyncio.Event()
+            self.keeping = done, asyncio.ensure_future(keeper.run(done))
+
+    def _client(self) -> NatsClient:
+        assert self.client is not None
+        return self.client
 
     async def _stream_info(self, client: NatsClient, stream: str) -> StreamInfo:
         try:
@@ -234,9 +262,9 @@ class OffsetReader:
 
     async def partitions(self, start: SourceOffset, end: SourceOffset) -> list[SlotPartition]:
         await self._adopt(end)
+        self._committed(start)
         await self.ledger.load_missing_heads()
-        dedupe = await self.ledger.dedupe_before(end.gen)
-        options = self.options
+        due = self.ledger.acks_due(start.gen)
         partitions = []
         for name, plan in sorted(end.members.items()):
             slot = self.slots.get(name) or self.target.slot_named(name)
@@ -247,44 +275,71 @@ class OffsetReader:
                 recorded = self.ledger.recorded(end.gen, name)
                 if recorded is None:
                     log.info("batch %d: slot %s is no longer read and took nothing", end.gen, name)
-                    continue
-                limit = recorded.count
+                    if name not in due:
+                        continue
+                limit = 0 if recorded is None else recorded.count
             self.ledger.expect(end.gen, [name])
-            partitions.append(
-                SlotPartition(
-                    connection=options.connection,
-                    ledger_bucket=options.ledger_bucket,
-                    lineage=end.lineage,
-                    gen=end.gen,
-                    slot=name,
-                    stream=slot.stream,
-                    consumer=slot.consumer,
-                    priority_group=slot.priority_group,
-                    member=slot.member,
-                    partitioned=slot.partitioned,
-                    limit=limit,
-                    pin_id=self.ledger.pins.get(name),
-                    dedupe=dedupe,
-                    fetch_batch_size=options.fetch_batch_size,
-                    fetch_timeout=options.fetch_timeout,
-                    include_headers=options.include_headers,
-                    fail_on_data_loss=options.fail_on_data_loss,
-                    min_pending=options.min_pending,
-                    min_ack_pending=options.min_ack_pending,
-                    priority=options.priority,
-                    ack_wait=self.states[name].ack_wait
-                    if name in self.states
-                    else self.options.ack_wait,
-                    siblings=tuple(
-                        other
-                        for other in sorted(end.members)
-                        if other != name
-                        and other in self.slots
-                        and self.slots[other].consumer == slot.consumer
-                    ),
-                )
-            )
+            partitions.append(self._partition(slot, end, limit, due.get(name, ())))
+        for name in sorted(set(due) - set(end.members)):
+            known = self._known_slot(name)
+            if known is None:  # a slot of a reader count the query no longer has
+                await self.ledger.ack_through(await self._connect(), start.gen, name)
+                continue
+            partitions.append(self._partition(known, end, 0, due[name]))
         return partitions
+
+    def _known_slot(self, name: str) -> Slot | None:
+        if name in self.slots:
+            return self.slots[name]
+        try:
+            return self.target.slot_named(name)
+        except StopIteration:
+            return None
+
+    def _partition(
+        self, slot: Slot, end: SourceOffset, limit: int, acks: tuple[int, ...]
+    ) -> SlotPartition:
+        """The input partition of `slot` in batch `end`: what it may take (0: it only acks),
+        what it acks first, and the earlier entries whose redeliveries it drops."""
+        options, name = self.options, slot.name
+        same_stream = [
+            other
+            for _, other in self.ledger.entries
+            if other not in self.slots or self.slots[other].stream == slot.stream
+        ]
+        dedupe = self.ledger.dedupe_spans(end.gen, same_stream) if limit else ()
+        return SlotPartition(
+            connection=options.connection,
+            ledger_bucket=options.ledger_bucket,
+            lineage=end.lineage,
+            gen=end.gen,
+            slot=name,
+            stream=slot.stream,
+            consumer=slot.consumer,
+            priority_group=slot.priority_group,
+            member=slot.member,
+            partitioned=slot.partitioned,
+            limit=limit,
+            pin_id=self.ledger.pins.get(name),
+            committed=acks,
+            dedupe=dedupe,
+            dedupe_through=self.ledger.highest_seq(dedupe),
+            fetch_batch_size=options.fetch_batch_size,
+            fetch_timeout=options.fetch_timeout,
+            include_headers=options.include_headers,
+            fail_on_data_loss=options.fail_on_data_loss,
+            min_pending=options.min_pending,
+            min_ack_pending=options.min_ack_pending,
+            priority=options.priority,
+            ack_wait=self.states[name].ack_wait if name in self.states else options.ack_wait,
+            siblings=tuple(
+                other
+                for other in sorted(end.members)
+                if other != name
+                and other in self.slots
+                and self.slots[other].consumer == slot.consumer
+            ),
+        )
 
     async def ack_through(self, gen: int) -> int:
         """Ack every sealed entry of batches up to `gen` (all committed by Spark); returns count."""
@@ -293,8 +348,9 @@ class OffsetReader:
         return await self.ledger.ack_through(self.client, gen)
 
     async def commit(self, end: SourceOffset) -> None:
+        """Only noted: the next batch's tasks ack `end`'s messages (or the driver at stop)."""
         await self._adopt(end)
-        await self.ack_through(end.gen)
+        self._committed(end)
 
     def report(self) -> dict[str, Any]:
         """Per-slot lag and pin state, for Spark's progress (`reportLatestOffset`); a slot of
@@ -342,6 +398,17 @@ class OffsetReader:
         return slot.member if slot is not None and slot.member is not None else name
 
     async def close(self) -> None:
+        """At stop: ack what committed batches left (no next batch will), then disconnect."""
+        if self.keeping is not None:
+            done, keeping = self.keeping
+            done.set()  # never cancelled: it may be inside a flush
+            await keeping
+            self.keeping = None
         if self.client is not None:
+            if self.committed and self.ledger.lineage is not None:
+                try:
+                    await self.ack_through(self.committed)
+                except Exception as error:  # the next start acks them: stop must still finish
+                    log.warning("acks at stop failed (the next start sends them): %s", error)
             await self.client.close()
             self.client = None

@@ -1,7 +1,8 @@
 """Executor side: read one input partition (one slot of one batch) into Arrow record batches.
 
-A slot's first attempt pulls from NATS and records every message in the ack ledger before its
-rows leave the task. A later attempt of the same slot replays what the ledger holds (sealed: all
+A slot's task first acks what its committed batches emitted (`SlotHistory`), then its first
+attempt pulls from NATS and records every message in the ack ledger before its rows leave the
+task. A later attempt of the same slot replays what the ledger holds (sealed: all
 of it and nothing more; open: what was recorded, then it goes on pulling). The ledger entry is
 `SlotEntry`'s, the rows' columns `SlotColumns`', the in-progress acks `InProgressKeeper`'s: this
 module composes them, fetch -> record -> emit.
@@ -11,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from array import array
-from bisect import bisect_left
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ import pyarrow as pa
 
 from nats_spark.client import shared_client
 from nats_spark.errors import NatsSparkError, NotFound, PullError
-from nats_spark.jetstream.acks import InProgressKeeper, parse_reply, publish_acks
+from nats_spark.jetstream.acks import InProgressKeeper, publish_acks
 from nats_spark.jetstream.api import StoredMessage
 from nats_spark.jetstream.pull import (
     PULL_MAX_BYTES,
@@ -31,7 +30,9 @@ from nats_spark.jetstream.pull import (
 )
 from nats_spark.loop import run_sync
 from nats_spark.spark.columns import SlotColumns
+from nats_spark.spark.recorded import Recorded
 from nats_spark.spark.slot_entry import SlotEntry
+from nats_spark.spark.slot_history import SlotHistory
 from nats_spark.spark.slot_partition import SlotPartition
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,8 @@ class SlotReader:
         self.client = shared_client(partition.connection)
         self.entry = SlotEntry(self.client, partition)
         self.keeper = InProgressKeeper(self.client.nc, partition.ack_wait, f"slot {partition.slot}")
-        self.dedupe = array("Q", partition.dedupe)
+        self.dedupe: set[int] | None = None  # `SlotHistory.dedupe`, loaded when first needed
+        self.history: SlotHistory | None = None
         self.pull = partition.limit > 0
         self.lost = 0
         self.redundant = 0  # redeliveries of earlier batches' messages, acked and dropped
@@ -63,11 +65,16 @@ class SlotReader:
         self.sibling_seqs: set[int] = set()
 
     @property
-    def replay(self) -> list[bytes]:
+    def replay(self) -> Recorded:
         return self.entry.replay
 
     async def begin(self) -> None:
-        """Claim the ledger entry: create it, take over an open one, or replay a sealed one."""
+        """Ack what committed batches left, then claim the ledger entry: create it, take over
+        an open one, or replay a sealed one. An ack-only partition (`limit` 0) stops there."""
+        history = self.history = SlotHistory(self.client, await self.entry.open_ledger(), self.p)
+        await history.ack_committed()
+        if not self.pull:
+            return
         await self.entry.claim()
         if self.entry.fixed:
             self.pull = False  # the batch's content is fixed: exactly this, nothing more
@@ -90,48 +97,60 @@ class SlotReader:
             log.warning("skipping message %d of %s: removed before commit", seq, self.p.stream)
             return None
 
-    async def replay_batch(self, replies: list[bytes]) -> pa.RecordBatch:
+    async def replay_batch(self, recorded: Recorded) -> pa.RecordBatch:
         """Rows for recorded deliveries, read back from the stream by sequence, a window of
-        requests at a time (the server's API queue is shared)."""
-        deliveries = [parse_reply(reply) for reply in replies]
+        requests at a time (the server's API queue is shared); their time is the stored one,
+        which their ack subjects carried too."""
+        seqs = recorded.stream_seq
         stored: list[StoredMessage | None] = []
-        for start in range(0, len(deliveries), _REPLAY_WINDOW):
-            window = deliveries[start : start + _REPLAY_WINDOW]
-            stored += await asyncio.gather(*(self._stored(d.stream_seq) for d in window))
+        for start in range(0, len(seqs), _REPLAY_WINDOW):
+            window = seqs[start : start + _REPLAY_WINDOW]
+            stored += await asyncio.gather(*(self._stored(seq) for seq in window))
+        found = [msg for msg in stored if msg is not None]
+        stamps = pa.array([msg.time for msg in found], pa.string())
+        times = iter(stamps.cast(pa.timestamp("ns", tz="UTC")).cast(pa.int64()).to_pylist())
         columns = self._columns()
-        for d, msg in zip(deliveries, stored, strict=True):
+        for delivered, seq, consumer_seq, msg in zip(
+            recorded.delivered, seqs, recorded.consumer_seq, stored, strict=True
+        ):
             if msg is not None:
                 columns.add(
                     msg.subject.encode(),
                     msg.data,
                     msg.headers,
-                    d.delivered,
-                    d.stream_seq,
-                    d.consumer_seq,
-                    d.timestamp_ns,
+                    delivered,
+                    seq,
+                    consumer_seq,
+                    next(times),
                 )
         return columns.batch()
 
-    def _accept(self, chunk: Deliveries, columns: SlotColumns, replies: list[bytes]) -> list[bytes]:
-        """Add new deliveries to `columns` and `replies`; returns the redundant ones' replies."""
+    def _accept(
+        self, chunk: Deliveries, start: int, columns: SlotColumns, replies: list[bytes]
+    ) -> tuple[list[bytes], int]:
+        """Add the new deliveries of `chunk` from `start` on to `columns` and `replies`; returns
+        the redundant ones' replies and where it stopped: the chunk's end, or the first delivery
+        that may be of an earlier batch while the dedupe set is not loaded (in-order reads never
+        load it)."""
         taken, held, dedupe = self.entry.taken, self.keeper.held, self.dedupe
-        redundant: list[bytes] = []
+        below, redundant = self.p.dedupe_through, list[bytes]()
         delivered, seqs, consumer_seqs, timestamps = chunk.numbers
-        if self._all_new(seqs):  # the usual case: the chunk whole, a column at a time
+        if start == 0 and self._all_new(seqs):  # the usual case: the chunk whole, by column
             taken.update(seqs)
             replies += chunk.replies
             held.update(zip(seqs, chunk.replies, strict=True))
             columns.extend(chunk)
-            return redundant
-        for i, seq in enumerate(seqs):
-            reply = chunk.replies[i]
+            return redundant, len(seqs)
+        for i in range(start, len(seqs)):
+            seq, reply = seqs[i], chunk.replies[i]
             if seq in taken:
                 if seq in held:
                     held[seq] = reply  # later progress acks must name this delivery
                 continue  # redelivered within this batch: emitted once already
-            if dedupe:
-                at = bisect_left(dedupe, seq)
-                if at < len(dedupe) and dedupe[at] == seq:
+            if seq <= below:
+                if dedupe is None:
+                    return redundant, i
+                if seq in dedupe:
                     redundant.append(reply)  # emitted by an earlier, committed batch: ack
                     continue
             if seq in self.sibling_seqs:
@@ -148,28 +167,31 @@ class SlotReader:
                 consumer_seqs[i],
                 timestamps[i],
             )
-        return redundant
+        return redundant, len(seqs)
 
     def _all_new(self, seqs: list[int]) -> bool:
         """Whether every one of `seqs` is new to this batch (none twice, none taken by this slot
-        or a sibling) and none was emitted by an earlier batch."""
+        or a sibling) and above every sequence an earlier, unsettled batch holds."""
         if not seqs:
             return True
+        if min(seqs) <= self.p.dedupe_through:
+            return False
         fresh = set(seqs)
         if len(fresh) != len(seqs) or not fresh.isdisjoint(self.entry.taken):
             return False
-        if self.sibling_seqs and not fresh.isdisjoint(self.sibling_seqs):
-            return False
-        dedupe = self.dedupe
-        at = bisect_left(dedupe, min(seqs))
-        return at == len(dedupe) or dedupe[at] > max(seqs)
+        return not (self.sibling_seqs and not fresh.isdisjoint(self.sibling_seqs))
 
     async def _take(self, chunk: Deliveries, columns: SlotColumns, replies: list[bytes]) -> None:
         """`_accept` the chunk; what earlier batches already emitted is acked and dropped."""
-        redundant = self._accept(chunk, columns, replies)
-        if redundant:
-            self.redundant += len(redundant)
-            await publish_acks(self.client.nc, redundant)
+        at = 0
+        while at < len(chunk):
+            redundant, at = self._accept(chunk, at, columns, replies)
+            if redundant:
+                self.redundant += len(redundant)
+                await publish_acks(self.client.nc, redundant)
+            if at < len(chunk):
+                assert self.history is not None
+                self.dedupe = await self.history.dedupe()
 
     async def _load_sibling_seqs(self) -> None:
         """What the slots sharing this consumer recorded so far in this batch: a redelivery may
@@ -324,6 +346,9 @@ class SlotReader:
         return batch
 
     async def seal(self) -> None:
+        """Seal the entry; its messages' ack wait starts over first, for the wait until the
+        next batch's task acks them (the driver's `SealedKeeper` takes over if that is long)."""
+        await self.keeper.renew()
         await self.entry.seal()
 
 
@@ -351,7 +376,7 @@ def read_slot(partition: SlotPartition) -> Iterator[pa.RecordBatch]:
     run_sync(reader.begin())
     step = partition.fetch_batch_size
     for start in range(0, len(reader.replay), step):
-        batch = run_sync(reader.replay_batch(reader.replay[start : start + step]))
+        batch = run_sync(reader.replay_batch(reader.replay.part(start, start + step)))
         if batch.num_rows:
             yield batch
     if reader.pull:

@@ -15,9 +15,10 @@ import time
 import pyarrow as pa
 
 from nats_spark.client import NatsClient
-from nats_spark.jetstream.acks import parse_reply
+from nats_spark.jetstream.acks import ack_prefix
 from nats_spark.spark.columns import SlotColumns
-from nats_spark.spark.ledger import EntryHead, EntryState, Ledger
+from nats_spark.spark.ledger import LEDGER_FORMAT, EntryHead, EntryState, Ledger
+from nats_spark.spark.recorded import Recorded
 from nats_spark.spark.slot_partition import SlotPartition
 
 log = logging.getLogger(__name__)
@@ -29,15 +30,20 @@ class SlotEntry:
         self.p = partition
         self.head = EntryHead()
         self.revision = 0
-        self.replay: list[bytes] = []  # deliveries an earlier attempt recorded, to emit again
+        self.replay = Recorded()  # what an earlier attempt recorded, to emit again
         self.taken: set[int] = set()  # stream sequences recorded (or replayed) by this slot
         self.fixed = False  # found sealed: exactly `replay`, nothing more
         self.ledger: Ledger | None = None
 
+    async def open_ledger(self) -> Ledger:
+        if self.ledger is None:
+            kv = await Ledger.bucket(self.client, self.p.ledger_bucket, create=False)
+            self.ledger = Ledger(kv, self.p.lineage)
+        return self.ledger
+
     async def claim(self) -> None:
         """Create the entry, take over an open one, or find it sealed."""
-        kv = await Ledger.bucket(self.client, self.p.ledger_bucket, create=False)
-        ledger = self.ledger = Ledger(kv, self.p.lineage)
+        ledger = await self.open_ledger()
         while True:
             found = await ledger.read_head(self.p.gen, self.p.slot)
             if found is None:
@@ -48,8 +54,8 @@ class SlotEntry:
                     return
                 continue  # another attempt created it first: read it
             previous, revision = found
-            self.replay = await ledger.read_replies(previous)
-            self.taken = {parse_reply(r).stream_seq for r in self.replay}
+            self.replay = await ledger.read_recorded(previous)
+            self.taken = set(self.replay.stream_seq)
             if previous.state is not EntryState.OPEN:
                 self.fixed = True
                 self.head = previous
@@ -60,15 +66,20 @@ class SlotEntry:
                 count=previous.count,
                 max_seq=previous.max_seq,
                 pin=previous.pin or self.p.pin_id,
+                prefix=previous.prefix,
+                format=previous.format,
             )
             self.revision = await ledger.update_head(self.p.gen, self.p.slot, self.head, revision)
             # The attempt that died may have recorded without looking at its siblings' records.
             twice = await self.drop_taken_twice(set(self.taken)) if self.p.siblings else set()
-            if twice:
-                self.replay = [r for r in self.replay if parse_reply(r).stream_seq not in twice]
+            if twice or previous.format != LEDGER_FORMAT:
+                # Rewritten under this attempt (an older format is migrated: chunks of one
+                # entry share a format); the old chunks go when the entry is removed.
+                self.replay = self.replay.without(twice)
                 self.taken -= twice
                 self.head.count = 0
-                await self._write([], self.replay, [], self.head.pin)
+                self.head.format = LEDGER_FORMAT
+                await self._write([], self.replay, self.head.pin)
             return
 
     async def sibling_records(self) -> set[int]:
@@ -78,8 +89,7 @@ class SlotEntry:
         for sibling in self.p.siblings:
             found = await self.ledger.read_head(self.p.gen, sibling)
             if found is not None:
-                replies = await self.ledger.read_replies(found[0])
-                recorded.update(parse_reply(r).stream_seq for r in replies)
+                recorded.update((await self.ledger.read_recorded(found[0])).stream_seq)
         return recorded
 
     async def drop_taken_twice(self, at_risk: set[int]) -> set[int]:
@@ -107,7 +117,13 @@ class SlotEntry:
         the ack wait may have run out first, `renewed` being when it last started over) is
         checked against the siblings' records and dropped if found."""
         chunks = self.head.chunks
-        await self._write(chunks, replies, columns.stream_seq, pin)
+        taken = Recorded(
+            ack_prefix(replies[0]),
+            list(columns.stream_seq),
+            list(columns.consumer_seq),
+            list(columns.delivered),
+        )
+        await self._write(chunks, taken, pin)
         batch = columns.batch()
         if not self.p.siblings:
             return batch, set()
@@ -121,21 +137,21 @@ class SlotEntry:
         if not twice:
             return batch, twice
         kept = [s not in twice for s in columns.stream_seq]
-        self.head.count -= len(replies)
-        await self._write(chunks, [r for r, k in zip(replies, kept, strict=True) if k], [], pin)
+        self.head.count -= len(taken)
+        await self._write(chunks, taken.without(twice), pin)
         self.taken -= twice
         return batch.filter(pa.array(kept)), twice
 
-    async def _write(
-        self, chunks: list[str], replies: list[bytes], seqs: list[int], pin: str | None
-    ) -> None:
-        """Store `replies` as the chunks that follow `chunks` and update the head."""
+    async def _write(self, chunks: list[str], taken: Recorded, pin: str | None) -> None:
+        """Store `taken` as the chunks that follow `chunks` and update the head."""
         assert self.ledger is not None
         self.head.chunks = chunks
-        keys = await self.ledger.write_chunk(self.p.gen, self.p.slot, self.head, replies)
+        if taken.prefix:
+            self.head.prefix = taken.prefix.decode()
+        keys = await self.ledger.write_chunk(self.p.gen, self.p.slot, self.head, taken)
         self.head.chunks = [*chunks, *keys]
-        self.head.count += len(replies)
-        self.head.max_seq = max(self.head.max_seq, max(seqs, default=0))
+        self.head.count += len(taken)
+        self.head.max_seq = max(self.head.max_seq, max(taken.stream_seq, default=0))
         self.head.pin = pin
         self.revision = await self.ledger.update_head(
             self.p.gen, self.p.slot, self.head, self.revision

@@ -8,6 +8,8 @@ from pyspark.sql.datasource import InputPartition
 
 from nats_spark.connection import ConnectionSettings
 
+UNBOUNDED = 2**64 - 1  # above any stream sequence
+
 
 @dataclass(frozen=True)
 class SlotPartition(InputPartition):
@@ -23,9 +25,12 @@ class SlotPartition(InputPartition):
     priority_group: str | None
     member: str | None  # value of the `member` column
     partitioned: bool  # subjects carry a partition token to strip
-    limit: int
+    limit: int  # 0: an ack-only partition (the slot has acks due, nothing planned)
     pin_id: str | None
-    dedupe: bytes  # sorted stream sequences (uint64) of earlier, committed batches not yet settled
+    committed: tuple[int, ...]  # gens of this slot's entries to ack: their batches are committed
+    # (slot, first gen, last gen): entries of earlier batches on this stream not settled yet,
+    # whose messages are dropped if redelivered (gens in between may have no entry)
+    dedupe: tuple[tuple[str, int, int], ...]
     fetch_batch_size: int
     fetch_timeout: float
     include_headers: bool
@@ -35,3 +40,5 @@ class SlotPartition(InputPartition):
     priority: int | None = None
     siblings: tuple[str, ...] = ()  # other slots of this batch pulling from the same consumer
     ack_wait: float = 30.0  # the consumer's: what this task takes must not come back meanwhile
+    # the highest stream sequence the `dedupe` entries hold: above it no delivery is theirs
+    dedupe_through: int = UNBOUNDED
