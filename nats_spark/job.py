@@ -210,6 +210,17 @@ def failure_line(error: Exception) -> str:
     return match.group(1).strip() if match else text.strip().splitlines()[0]
 
 
+def report_batches(query: Any, last_batch: int) -> int:
+    """Print a line for each batch after `last_batch` that made progress; returns the last one.
+    Every recent one, not just the last: a second (e.g. acks-only) batch may follow within the
+    polling interval."""
+    for progress in query.recentProgress:
+        if progress["batchId"] > last_batch:
+            last_batch = progress["batchId"]
+            print(f"batch {last_batch}: {progress['numInputRows']} rows", flush=True)
+    return last_batch
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # INFO for the job's own lines only: py4j's INFO chatter would bury them.
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -237,15 +248,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         while query.isActive and (deadline is None or time.monotonic() < deadline):
             query.awaitTermination(1)  # raises StreamingQueryException when the query fails
-            progress = query.lastProgress
-            if progress and progress["batchId"] != last_batch:
-                last_batch = progress["batchId"]
-                print(f"batch {last_batch}: {progress['numInputRows']} rows", flush=True)
+            last_batch = report_batches(query, last_batch)
     except StreamingQueryException as raised:
         error = raised
     finally:
         if query.isActive:
             query.stop()
+        report_batches(query, last_batch)
     error = error or query.exception()  # it may have failed between two waits
     if error is not None:
         print(f"nats_spark.job: query failed: {failure_line(error)}", file=sys.stderr)

@@ -119,7 +119,10 @@ def test_job_on_standalone_cluster_reads_each_member_on_its_own_executor(
             "spark.ui.enabled=false",
             "--conf",
             "spark.executor.memory=512m",
-            # Plan batch 0 only once both executors are there, so each member gets one.
+            # Plan batch 0 only once both executors are there, so each member gets one
+            # (the ratio counts against spark.cores.max: unset, it is met at once).
+            "--conf",
+            "spark.cores.max=2",
             "--conf",
             "spark.scheduler.minRegisteredResourcesRatio=1.0",
             "--conf",
