@@ -119,6 +119,7 @@ def options_with(overrides: dict[str, str | None]) -> dict[str, str]:
     return {key: value for key, value in merged.items() if value is not None}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("overrides", "expected"), BAD_OPTIONS)
 def test_bad_option_is_one_clear_line(overrides: dict[str, str | None], expected: str) -> None:
     with pytest.raises(ConfigurationError) as caught:
@@ -128,11 +129,13 @@ def test_bad_option_is_one_clear_line(overrides: dict[str, str | None], expected
     assert "\n" not in message and len(message) < 600
 
 
+@pytest.mark.unit
 def test_every_option_has_a_bad_case() -> None:
     covered = {key for overrides, _ in BAD_OPTIONS for key in overrides}
     assert set(KNOWN_OPTIONS) - covered == set()
 
 
+@pytest.mark.unit
 def test_option_names_are_case_insensitive_and_secrets_stay_out_of_errors() -> None:
     parsed = parse_options({"SERVERS": "h:1", "Stream": "S", "GROUP": "g", "fetchbatchsize": "7"})
     assert parsed.fetch_batch_size == 7 and parsed.connection.servers == ("nats://h:1",)
@@ -327,6 +330,7 @@ def test_static_group_over_stream_without_partition_tokens(
 # Servers too old for priority groups
 
 
+@pytest.mark.unit
 def test_check_server_version_names_version_and_fix() -> None:
     check_server_version((2, 11, 0))
     with pytest.raises(ServerTooOld) as caught:

@@ -252,6 +252,7 @@ def test_usage_and_connection_errors(cli, capsys, unique, monkeypatch, nats_url)
     assert capsys.readouterr().out == f"no static consumer groups on stream S{unique}\n"
 
 
+@pytest.mark.unit
 def test_connection_flags_map_to_settings(tmp_path):
     pki = make_pki(tmp_path)  # real PEM files: settings load them
     ca, cert, key = pki.ca_cert, pki.client_cert, pki.client_key
@@ -472,6 +473,7 @@ def _readme_commands() -> set[str]:
     return paths
 
 
+@pytest.mark.unit
 def test_readme_cli_table_matches_the_parser(capsys):
     documented, parsed = _readme_commands(), _parser_commands(build_parser())
     assert documented == parsed, (

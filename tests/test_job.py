@@ -404,6 +404,7 @@ def test_dev_server_config_starts_jetstream_on_loopback(tmp_path: Path) -> None:
         process.wait(10)
 
 
+@pytest.mark.unit
 def test_config_values_may_hold_hash_signs(tmp_path: Path) -> None:
     config = tmp_path / "job.properties"
     config.write_text("# a comment\n  # another\noption.password = pa#ss word\n")

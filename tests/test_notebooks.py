@@ -140,6 +140,7 @@ def line_json(text: str, label: str) -> Any:
     return json.loads(match.group(1))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["quickstart.ipynb", "databricks.ipynb"])
 def test_committed_without_outputs(name: str) -> None:
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)

@@ -13,6 +13,8 @@ from nats_spark.pcg.store import GroupEntry, GroupKind
 from nats_spark.spark.options import parse_options, parse_read_options, parse_sink_options
 from nats_spark.spark.pacing import TriggerPacing
 
+pytestmark = pytest.mark.unit
+
 BASE = {"servers": "nats://127.0.0.1:1", "stream": "S", "group": "g"}
 STREAM = {"servers": "nats://127.0.0.1:1", "stream": "S"}  # format nats
 

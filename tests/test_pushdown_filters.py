@@ -19,6 +19,8 @@ from nats_spark.spark.pushdown import (
     spark_pushes_filters,
 )
 
+pytestmark = pytest.mark.unit
+
 try:
     from pyspark.sql.datasource import (
         EqualTo,

@@ -97,6 +97,7 @@ def test_kill_ends_the_process() -> None:
             os.kill(pid, 0)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kind", ["not executable", "missing"])
 def test_nats_server_bin_not_executable(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -122,6 +123,7 @@ def test_nats_server_bin_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert binary_version(fake) == (2, 12, 3)
 
 
+@pytest.mark.unit
 def test_parse_version() -> None:
     assert parse_version("nats-server: v2.10.22") == (2, 10, 22)
     assert parse_version("2.11.0-RC.1") == (2, 11, 0)
@@ -129,6 +131,7 @@ def test_parse_version() -> None:
         parse_version("nats-server: dev build")
 
 
+@pytest.mark.unit
 def test_too_old_version_is_one_clear_line() -> None:
     with pytest.raises(ServerTooOld) as caught:
         check_server_version(parse_version("nats-server: v2.10.22"), "nats-server at /x")

@@ -20,6 +20,8 @@ from nats_spark.spark.stream_range import (
     split_range,
 )
 
+pytestmark = pytest.mark.unit
+
 BASE = {"servers": "nats://127.0.0.1:1", "stream": "S"}
 
 
