@@ -16,7 +16,14 @@ from pathlib import Path
 
 import pytest
 from certs import make_pki
-from test_pcg_admin import api, key_for, kv, make_stream, publish, static_stream
+from spark_helpers import (
+    api,
+    key_for,
+    kv,
+    make_stream,
+    publish_one,
+    static_stream,
+)
 
 from nats_spark.cli import build_parser, main, settings_from_args
 from nats_spark.loop import run_sync
@@ -98,7 +105,7 @@ def test_static_commands(cli, client, unique):
 
     entry = run_sync(admin.static_info(client.target, stream, "g"))
     run_sync(ensure_group_consumer(client.target, member_consumer(entry, "m1")))
-    publish(client, f"{unique}.{key_for(1, 4)}", b"x")
+    publish_one(client, f"{unique}.{key_for(1, 4)}", b"x")
     pin_member(client, stream, "g-m1")
     assert ok(cli("static", "active", stream, "g")) == "m1\n"
     text = ok(cli("static", "member-info", stream, "g", "m1"))
@@ -174,7 +181,7 @@ def test_elastic_commands(cli, client, unique):
     entry = run_sync(admin.elastic_info(client.target, stream, "g"))
     template = {"ack_wait": 30_000_000_000}  # outlives the test's inactive threshold
     run_sync(ensure_group_consumer(client.target, member_consumer(entry, "m1", template)))
-    publish(client, f"{unique}.a.b", b"x")
+    publish_one(client, f"{unique}.a.b", b"x")
     pin_member(client, f"{stream}-g", "m1")
     assert ok(cli("elastic", "active", stream, "g")) == "m1\n"
     member = json.loads(ok(cli("elastic", "member-info", stream, "g", "m1", "--json")))
@@ -277,7 +284,7 @@ def test_consume_prints_and_acks_count_messages(cli, client, unique):
     ok(cli("static", "create", "balanced", stream, "g", "3", "m1"))
     keys = [f"k{i}" for i in range(6)]
     for i, key in enumerate(keys):
-        publish(client, f"{unique}.{key}", f"data {i}".encode())
+        publish_one(client, f"{unique}.{key}", f"data {i}".encode())
     out = ok(cli("static", "consume", stream, "g", "m1", "--count", "6", "--timeout", "20"))
     expected = {f"[{partition_for([k], 3)}] {unique}.{k}: data {i}" for i, k in enumerate(keys)}
     assert len(out.splitlines()) == 6 and set(out.splitlines()) == expected
@@ -297,7 +304,7 @@ def test_consume_times_out_with_too_few_messages(cli, client, unique):
         )
     )
     ok(cli("elastic", "add", stream, "g", "m1"))
-    publish(client, f"{unique}.only", b"lonely")
+    publish_one(client, f"{unique}.only", b"lonely")
     code, out, err = cli("elastic", "join", stream, "g", "m1", "--count", "3", "--timeout", "2")
     assert out == f"[{partition_for(['only'], 2)}] {unique}.only: lonely\n"
     one_line_error((code, "", err), r"timed out after 2s with 1 of 3 messages")
@@ -359,7 +366,7 @@ def test_status_shows_every_member(cli, client, unique):
     entry = run_sync(admin.static_info(client.target, stream, "g"))
     consumer = member_consumer(entry, "m1")
     run_sync(ensure_group_consumer(client.target, consumer))
-    publish(client, f"{unique}.k1", b"x")
+    publish_one(client, f"{unique}.k1", b"x")
     pin_member(client, stream, consumer.name)
     lines = ok(cli("status", stream, "g")).splitlines()
     assert lines[0] == f"static group g on {stream}, member layout"
@@ -398,7 +405,7 @@ def test_status_shows_the_partition_layout_consumers(cli, client, unique):
     for p in (0, 3):
         run_sync(ensure_group_consumer(client.target, partition_consumer(entry, p)))
     for p in (0, 0, 3, 1):  # partition 1 has no consumer: its message is nobody's lag yet
-        publish(client, f"{unique}.{key_for(p, 4)}", b"x")
+        publish_one(client, f"{unique}.{key_for(p, 4)}", b"x")
     lines = ok(cli("status", stream, "g")).splitlines()
     assert lines[0] == f"static group g on {stream}, partition layout"
     assert lines[1].split()[:4] == ["PARTITION", "MEMBER", "CONSUMER", "STATE"]

@@ -14,13 +14,13 @@ from spark_helpers import (
     consumers_of,
     drained,
     foreach_batches,
+    free_port,
     member_states,
     publish,
     source,
     static_group,
     wait_until,
 )
-from test_cluster import free_port
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings

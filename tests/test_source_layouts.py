@@ -14,10 +14,10 @@ from spark_helpers import (
     consumers_of,
     elastic_group,
     foreach_batches,
-    member_states,
     payloads,
     publish,
     run_query,
+    settled,
     source,
     static_group,
     wait_until,
@@ -40,11 +40,6 @@ pytestmark = pytest.mark.spark
 
 def names(client: Any, stream: str) -> list[str]:
     return sorted(run_sync(client.api.consumer_names(stream)))
-
-
-def settled(client: Any, stream: str, group: str) -> bool:
-    states = member_states(client, stream, group).values()
-    return all(s == {"pending": 0, "ack_pending": 0} for s in states)
 
 
 def go_member(client: Any, stream: str, group: str, member: str) -> GroupMember:
