@@ -129,6 +129,22 @@ def member_states(client: Blocking[NatsClient], stream: str, group: str) -> dict
     return states
 
 
+def unpinned(client: Blocking[NatsClient], stream: str, group: str) -> bool:
+    """No consumer reading the group has a pinned client: a stopped query's pins are gone (they
+    time out after priority_timeout, the source's ackWait)."""
+    entry = run_sync(load_group(client.target, stream, group))
+    names = [m.member for m in entry.config.member_mappings] or entry.config.members
+    for name in names:
+        for consumer in consumers_of(client, stream, group, name):
+            try:
+                info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
+            except NotFound:
+                continue  # not made yet: nothing pinned
+            if any(g.get("pinned_client_id") for g in info.get("priority_groups", [])):
+                return False
+    return True
+
+
 def source(spark: Any, url: str, stream: str, group: str, **options: Any) -> Any:
     reader = spark.readStream.format("nats-pcg").option("servers", url)
     reader = reader.option("stream", stream).option("group", group)

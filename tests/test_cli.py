@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from spark_helpers import (
     make_stream,
     publish_one,
     static_stream,
+    wait_until,
 )
 
 from nats_spark.cli import build_parser, main, settings_from_args
@@ -347,10 +347,8 @@ def test_consume_fails_clearly_when_the_member_cannot_run_or_stops(cli, client, 
         )
     )
     consumer.start()
-    deadline = time.monotonic() + 10
-    while "g-m1" not in api(client).consumer_names(stream):  # the member has joined
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    joined = lambda: "g-m1" in api(client).consumer_names(stream)  # noqa: E731
+    wait_until(joined, 10, "member m1 to join", every=0.05)
     run_sync(admin.delete_static(client.target, stream, "g"))
     consumer.join(20)
     [result] = results

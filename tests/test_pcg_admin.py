@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from spark_helpers import (
     api,
@@ -12,6 +10,7 @@ from spark_helpers import (
     make_stream,
     publish_one,
     static_stream,
+    wait_until,
 )
 
 from nats_spark.errors import ConfigurationError
@@ -171,10 +170,8 @@ def test_delete_static_removes_only_its_own_members_durables(client, unique):
 
 
 def wait_for_messages(client, stream: str, count: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while api(client).stream_info(stream)["state"]["messages"] < count:
-        assert time.monotonic() < deadline, f"{stream} did not receive {count} messages"
-        time.sleep(0.05)
+    arrived = lambda: api(client).stream_info(stream)["state"]["messages"] >= count  # noqa: E731
+    wait_until(arrived, timeout, f"{stream} to receive {count} messages", every=0.05)
 
 
 def test_elastic_create_makes_the_work_queue_stream(client, unique):

@@ -97,6 +97,13 @@ class Inbox:
             assert time.monotonic() < deadline, f"{missing} of {len(datas)} messages not handled"
             await asyncio.sleep(0.05)
 
+    async def wait_for_instance(self, instance: str, after: float, timeout: float = 15.0) -> None:
+        """Until `instance` has handled a message at or after monotonic time `after`."""
+        deadline = time.monotonic() + timeout
+        while not any(g.at >= after for g in self.of(instance)):
+            assert time.monotonic() < deadline, f"{instance} handled nothing in {timeout}s"
+            await asyncio.sleep(0.05)
+
 
 async def make_static(
     nc: NatsClient, stream: str, group: str, config: StaticConfig
@@ -255,13 +262,13 @@ def test_elastic_membership_change_while_consuming(client: Any, unique: str) -> 
 
         publisher = asyncio.create_task(publish_steadily(400))
         try:
-            await asyncio.sleep(0.5)
+            await inbox.wait_for({str(i).encode() for i in range(20)})  # m1 and m2 at work
             entry = await update_group(nc, entry, entry.config.with_members_added(["m3"]))
             members.append(
                 await consume(nc, stream, group, "m3", inbox.handler("m3"), None, TEMPLATE)
             )
             added_at = time.monotonic()
-            await asyncio.sleep(1.5)
+            await inbox.wait_for_instance("m3", added_at)  # m3 took over its partitions
             await update_group(nc, entry, entry.config.with_members_dropped(["m1"]))
             dropped_at = time.monotonic()
             await publisher

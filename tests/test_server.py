@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
+from spark_helpers import wait_until
 
 from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings
@@ -62,10 +62,7 @@ def test_restart_keeps_port_and_file_stored_stream() -> None:
             assert server.port == port
             assert server.pid != first_pid
             # The connection opened before the restart reconnects by itself.
-            deadline = time.monotonic() + 10
-            while not client.nc.is_connected and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert client.nc.is_connected
+            wait_until(lambda: client.nc.is_connected, 10, "the client to reconnect", every=0.05)
             assert api.stream_info("KEEP")["state"]["messages"] == 3
             stored = api.get_message("KEEP", 2)
             assert (stored.subject, stored.data) == ("keep.1", b"m1")

@@ -309,7 +309,7 @@ def test_server_restart_mid_write(spark, unique):
             def restart() -> None:  # once part of the rows is stored
                 wait_until(lambda: 0 < stored_count() < 40_000, 60, "the write under way", 0.01)
                 server.kill()
-                time.sleep(1.0)
+                time.sleep(1.0)  # time under test: the task's publishes meet a 1 s outage
                 server.start()
 
             with ThreadPoolExecutor(1) as pool:

@@ -20,6 +20,7 @@ from spark_helpers import (
     settled,
     source,
     static_group,
+    unpinned,
     wait_until,
 )
 
@@ -200,13 +201,14 @@ def test_starting_position_applies_to_new_consumers_only(spark, client, nats_url
     stream = f"SP{unique}"
     static_group(client, stream, "g", ["m1", "m2"], partitions=4)
     publish(client, stream, 60)
-    time.sleep(0.05)
+    time.sleep(0.05)  # time under test: `middle` is a clock reading between the two publishes
     middle = datetime.datetime.now(datetime.UTC).isoformat()
     time.sleep(0.05)
     publish(client, stream, 40, start=60)
 
     def run(position: str, checkpoint: str) -> list[int]:
-        time.sleep(1.5)  # the previous query's pins time out (priority_timeout = ackWait)
+        # The previous query's pins time out (priority_timeout = ackWait).
+        wait_until(lambda: unpinned(client, stream, "g"), 30, "the previous query's pins to go")
         df = source(spark, nats_url, stream, "g", startingPosition=position, ackWait="1s")
         query = (
             df.writeStream.format("memory")
