@@ -21,21 +21,18 @@ $(VENV)/.server-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[spark,server]'
 	touch $@
 
-# The fast lane: lint, format, types and the unit tests of pure logic; no nats-server, no Spark.
-UNIT_TESTS := tests/test_options.py tests/test_pcg_config.py tests/test_pcg_partitioning.py tests/test_stream_range.py \
-	tests/test_pushdown_filters.py tests/test_planner.py tests/test_replies.py tests/test_routing_parser.py \
-	tests/test_ledger_codec.py tests/test_ack_subjects.py tests/test_worker_gc.py
-
+# The fast lane: lint, format, types and the tests marked `unit` (no nats-server, no Spark; a unit
+# test that asks for either fails, see tests/conftest.py).
 check: $(VENV)/.test-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy nats_spark
-	$(BIN)/python -m pytest -q $(UNIT_TESTS)
+	$(BIN)/python -m pytest -q -m unit
 
-# Two workers, a test module each at a time (each worker starts its own nats-server and Spark
-# sessions): the suite waits on servers and JVMs more than it computes.
+# The rest, after check: two workers, a test module each at a time (each worker starts its own
+# nats-server and Spark sessions): the suite waits on servers and JVMs more than it computes.
 test: check
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not unit"
 
 demo: $(VENV)/.server-installed
 	$(BIN)/python -m nats_spark.demo

@@ -20,6 +20,41 @@ from nats_spark.server import EmbeddedServer
 # compiler threads cost more than they give back (a Spark test module ran 23% faster).
 os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
+# The fast lane (`make check` runs `pytest -m unit`): tests marked `unit` need neither a NATS server
+# nor Spark. These fixtures bring one up, so a unit test that asks for them fails at setup.
+SERVER_OR_SPARK_FIXTURES = frozenset({"nats_url", "settings", "client", "spark"})
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("unit") is None:
+        return
+    wanted = sorted(SERVER_OR_SPARK_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+    if wanted:
+        pytest.fail(
+            f"{item.nodeid} is marked unit (the fast lane, no server or Spark) but uses the "
+            f"fixture {', '.join(wanted)}: drop the unit mark or the fixture",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_server(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A unit test that starts an EmbeddedServer itself fails with a line saying so."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+
+    def refuse(self: EmbeddedServer, timeout: float = 20.0) -> EmbeddedServer:
+        pytest.fail(
+            f"{request.node.nodeid} is marked unit (the fast lane) but starts a nats-server: "
+            "drop the unit mark",
+            pytrace=False,
+        )
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(EmbeddedServer, "start", refuse)
+        yield
+
 
 def _docker_url() -> Iterator[str]:
     try:

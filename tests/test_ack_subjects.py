@@ -10,6 +10,8 @@ import pytest
 from nats_spark.jetstream.acks import parse_reply
 from nats_spark.jetstream.subjects import AckNumbers, ack_numbers
 
+pytestmark = pytest.mark.unit
+
 
 def v1(seq: int, stream: str = "S", consumer: str = "C") -> bytes:
     numbers = f"{seq % 3 + 1}.{seq}.{seq + 5}.{1700 + seq}.{9 - seq % 9}"

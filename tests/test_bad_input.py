@@ -20,125 +20,14 @@ from spark_helpers import publish, run_query, source, static_group
 
 from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings
-from nats_spark.errors import ConfigurationError, ServerTooOld
+from nats_spark.errors import ServerTooOld
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.consumers import ensure_group_consumer, member_consumer
 from nats_spark.pcg.store import GroupKind, load_group
 from nats_spark.server import check_server_version
-from nats_spark.spark.options import KNOWN_OPTIONS, parse_options
 
 BASE = {"servers": "nats://127.0.0.1:1", "stream": "S", "group": "g"}
-MISSING = "/no/such/file.pem"
-DROP = None  # an override that removes the option
-
-# (overrides of BASE, text the one-line error must contain)
-BAD_OPTIONS: list[tuple[dict[str, str | None], str]] = [
-    ({"colour": "blue"}, "unknown option 'colour'; known options: servers, "),
-    ({"startingPositon": "x"}, "unknown option 'startingPositon'; did you mean startingPosition?"),
-    ({"servers": DROP}, "option servers is required"),
-    ({"servers": "  "}, "option servers is required"),
-    ({"servers": " , "}, "no NATS server given"),
-    ({"servers": "http://h:1"}, "unknown scheme"),
-    ({"stream": DROP}, "option stream is required"),
-    ({"stream": "a.b"}, "option stream='a.b' is not a valid NATS name"),
-    ({"stream": "a b"}, "is not a valid NATS name"),
-    ({"stream": "ORD>"}, "is not a valid NATS name"),
-    ({"group": DROP}, "set exactly one of the options group"),
-    ({"consumer": "c"}, "set exactly one of the options group"),
-    ({"group": "g*"}, "option group='g*' is not a valid NATS name"),
-    ({"group": DROP, "consumer": "c/d"}, "option consumer='c/d' is not a valid NATS name"),
-    ({"groupType": "dynamic"}, "option groupType='dynamic' is not valid; use auto, static"),
-    ({"members": ","}, "option members is empty"),
-    ({"consumerLayout": "per-member"}, "consumerLayout='per-member' is not valid"),
-    ({"startingPosition": "sequence:0"}, "startingPosition='sequence:0' is not valid"),
-    ({"group": DROP, "consumer": "c", "startingPosition": "latest"}, "does not apply"),
-    ({"user": "u", "passwordFile": "/nonexistent/pw"}, "passwordFile /nonexistent/pw cannot be"),
-    ({"tokenFile": "/nonexistent/tk"}, "tokenFile /nonexistent/tk cannot be read"),
-    ({"members": "m1,m 2"}, "option members='m 2' is not a valid NATS name"),
-    ({"priorityGroup": "PCG"}, "option priorityGroup does not apply to group reads; drop it"),
-    ({"minPending": "5"}, "option minPending does not apply to group reads; drop it"),
-    ({"minAckPending": "5"}, "option minAckPending does not apply to group reads; drop it"),
-    ({"priority": "1"}, "option priority does not apply to group reads; drop it"),
-    ({"numPartitions": "2"}, "option numPartitions does not apply to group reads; drop it"),
-    ({"group": DROP, "consumer": "c", "groupType": "static"}, "groupType does not apply"),
-    ({"group": DROP, "consumer": "c", "members": "m1"}, "members does not apply"),
-    ({"group": DROP, "consumer": "c", "ackWait": "5s"}, "ackWait does not apply"),
-    ({"group": DROP, "consumer": "c", "maxAckPending": "9"}, "maxAckPending does not apply"),
-    ({"group": DROP, "consumer": "c", "minPending": "many"}, "minPending='many' is not a whole"),
-    ({"group": DROP, "consumer": "c", "minAckPending": "0"}, "minAckPending=0 is out of range"),
-    ({"group": DROP, "consumer": "c", "priority": "10"}, "priority=10 is out of range; use a"),
-    ({"group": DROP, "consumer": "c", "priority": "-1"}, "priority=-1 is out of range"),
-    ({"group": DROP, "consumer": "c", "numPartitions": "0"}, "numPartitions=0 is out of range"),
-    ({"group": DROP, "consumer": "c", "numPartitions": "1025"}, "numPartitions=1025 is out"),
-    ({"group": DROP, "consumer": "c", "numPartitions": "2.5"}, "is not a whole number"),
-    ({"ackWait": "soon"}, "option ackWait='soon' is not a duration; use e.g. 500ms"),
-    ({"ackWait": "0s"}, "option ackWait must be positive"),
-    ({"ackWait": "-3s"}, "option ackWait='-3s' is not a duration"),
-    ({"ackWait": "5 days"}, "is not a duration"),
-    ({"maxAckPending": "0"}, "option maxAckPending=0 is out of range; use a number at least 1"),
-    ({"maxAckPending": "1e3"}, "option maxAckPending='1e3' is not a whole number"),
-    ({"maxMessagesPerTrigger": "0"}, "option maxMessagesPerTrigger=0 is out of range"),
-    ({"maxMessagesPerTrigger": "lots"}, "is not a whole number"),
-    ({"maxMessagesPerPartition": "-5"}, "option maxMessagesPerPartition=-5 is out of range"),
-    ({"minMessagesPerTrigger": "none"}, "option minMessagesPerTrigger='none' is not a whole"),
-    (
-        {"minMessagesPerTrigger": "50", "maxMessagesPerTrigger": "10"},
-        "minMessagesPerTrigger=50 is above maxMessagesPerTrigger=10",
-    ),
-    ({"maxTriggerDelay": "5m"}, "maxTriggerDelay applies only with minMessagesPerTrigger"),
-    ({"minMessagesPerTrigger": "5", "maxTriggerDelay": "soon"}, "is not a duration"),
-    ({"fetchBatchSize": "0"}, "option fetchBatchSize=0 is out of range; use a number from 1"),
-    ({"fetchBatchSize": "100001"}, "option fetchBatchSize=100001 is out of range"),
-    ({"fetchTimeout": "0ms"}, "option fetchTimeout must be positive"),
-    ({"fetchTimeout": "1 week"}, "option fetchTimeout='1 week' is not a duration"),
-    ({"includeHeaders": "maybe"}, "option includeHeaders='maybe' is not a boolean; use true"),
-    ({"failOnDataLoss": "2"}, "option failOnDataLoss='2' is not a boolean"),
-    ({"ledgerBucket": "my.ledger"}, "option ledgerBucket='my.ledger' is not a valid NATS name"),
-    ({"password": "p"}, "password given without user; set user as well"),
-    ({"user": "u", "token": "t"}, "both token and user given; use one way to authenticate"),
-    ({"creds": MISSING}, f"creds file {MISSING} does not exist; check the path"),
-    ({"nkeySeed": MISSING}, f"nkeySeed file {MISSING} does not exist"),
-    ({"tlsCaCert": MISSING}, f"tlsCaCert file {MISSING} does not exist"),
-    ({"tlsCert": __file__}, "tlsCert and tlsKey go together"),
-    ({"tlsKey": __file__}, "tlsCert and tlsKey go together"),
-    ({"tlsCert": MISSING, "tlsKey": MISSING}, f"tlsCert file {MISSING} does not exist"),
-    ({"connectTimeout": "0s"}, "option connectTimeout must be positive"),
-    ({"connectTimeout": "quick"}, "option connectTimeout='quick' is not a duration"),
-    ({"retryTimeout": "0"}, "option retryTimeout must be positive"),
-    ({"retryTimeout": "forever"}, "option retryTimeout='forever' is not a duration"),
-    ({"domain": "hub", "apiPrefix": "JS.A.API"}, "options domain (--js-domain) and apiPrefix"),
-    ({"domain": "a hub"}, "option domain (--js-domain) 'a hub' is not a JetStream domain"),
-    ({"apiPrefix": "JS.*"}, "option apiPrefix (--js-api-prefix) 'JS.*' is not a subject"),
-    ({"inboxPrefix": "_INBOX_etl."}, "option inboxPrefix (--inbox-prefix) '_INBOX_etl.' is not"),
-]
-
-
-def options_with(overrides: dict[str, str | None]) -> dict[str, str]:
-    merged: dict[str, str | None] = {**BASE, **overrides}
-    return {key: value for key, value in merged.items() if value is not None}
-
-
-@pytest.mark.parametrize(("overrides", "expected"), BAD_OPTIONS)
-def test_bad_option_is_one_clear_line(overrides: dict[str, str | None], expected: str) -> None:
-    with pytest.raises(ConfigurationError) as caught:
-        parse_options(options_with(overrides))
-    message = str(caught.value)
-    assert expected in message
-    assert "\n" not in message and len(message) < 600
-
-
-def test_every_option_has_a_bad_case() -> None:
-    covered = {key for overrides, _ in BAD_OPTIONS for key in overrides}
-    assert set(KNOWN_OPTIONS) - covered == set()
-
-
-def test_option_names_are_case_insensitive_and_secrets_stay_out_of_errors() -> None:
-    parsed = parse_options({"SERVERS": "h:1", "Stream": "S", "GROUP": "g", "fetchbatchsize": "7"})
-    assert parsed.fetch_batch_size == 7 and parsed.connection.servers == ("nats://h:1",)
-    with pytest.raises(ConfigurationError) as caught:
-        parse_options({**BASE, "Password": "s3cr3t-Vx91"})
-    assert "s3cr3t-Vx91" not in str(caught.value)
 
 
 # Through Spark: what the user sees at load() and when the query starts.
@@ -167,9 +56,9 @@ def load_error(spark: Any, options: dict[str, str]) -> str:
     ],
 )
 def test_bad_option_fails_load_with_the_one_line_message(
-    spark: Any, overrides: dict[str, str | None], expected: str
+    spark: Any, overrides: dict[str, str], expected: str
 ) -> None:
-    message = load_error(spark, options_with(overrides))
+    message = load_error(spark, {**BASE, **overrides})
     # The connector's line comes whole on the first line, after Spark's prefix.
     first = message.splitlines()[0]
     assert "nats_spark.errors.ConfigurationError: " in first and expected in first, message
@@ -327,6 +216,7 @@ def test_static_group_over_stream_without_partition_tokens(
 # Servers too old for priority groups
 
 
+@pytest.mark.unit
 def test_check_server_version_names_version_and_fix() -> None:
     check_server_version((2, 11, 0))
     with pytest.raises(ServerTooOld) as caught:

@@ -11,12 +11,19 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from certs import make_pki
-from test_pcg_admin import api, key_for, kv, make_stream, publish, static_stream
+from spark_helpers import (
+    api,
+    key_for,
+    kv,
+    make_stream,
+    publish_one,
+    static_stream,
+    wait_until,
+)
 
 from nats_spark.cli import build_parser, main, settings_from_args
 from nats_spark.loop import run_sync
@@ -98,7 +105,7 @@ def test_static_commands(cli, client, unique):
 
     entry = run_sync(admin.static_info(client.target, stream, "g"))
     run_sync(ensure_group_consumer(client.target, member_consumer(entry, "m1")))
-    publish(client, f"{unique}.{key_for(1, 4)}", b"x")
+    publish_one(client, f"{unique}.{key_for(1, 4)}", b"x")
     pin_member(client, stream, "g-m1")
     assert ok(cli("static", "active", stream, "g")) == "m1\n"
     text = ok(cli("static", "member-info", stream, "g", "m1"))
@@ -174,7 +181,7 @@ def test_elastic_commands(cli, client, unique):
     entry = run_sync(admin.elastic_info(client.target, stream, "g"))
     template = {"ack_wait": 30_000_000_000}  # outlives the test's inactive threshold
     run_sync(ensure_group_consumer(client.target, member_consumer(entry, "m1", template)))
-    publish(client, f"{unique}.a.b", b"x")
+    publish_one(client, f"{unique}.a.b", b"x")
     pin_member(client, f"{stream}-g", "m1")
     assert ok(cli("elastic", "active", stream, "g")) == "m1\n"
     member = json.loads(ok(cli("elastic", "member-info", stream, "g", "m1", "--json")))
@@ -252,6 +259,7 @@ def test_usage_and_connection_errors(cli, capsys, unique, monkeypatch, nats_url)
     assert capsys.readouterr().out == f"no static consumer groups on stream S{unique}\n"
 
 
+@pytest.mark.unit
 def test_connection_flags_map_to_settings(tmp_path):
     pki = make_pki(tmp_path)  # real PEM files: settings load them
     ca, cert, key = pki.ca_cert, pki.client_cert, pki.client_key
@@ -276,7 +284,7 @@ def test_consume_prints_and_acks_count_messages(cli, client, unique):
     ok(cli("static", "create", "balanced", stream, "g", "3", "m1"))
     keys = [f"k{i}" for i in range(6)]
     for i, key in enumerate(keys):
-        publish(client, f"{unique}.{key}", f"data {i}".encode())
+        publish_one(client, f"{unique}.{key}", f"data {i}".encode())
     out = ok(cli("static", "consume", stream, "g", "m1", "--count", "6", "--timeout", "20"))
     expected = {f"[{partition_for([k], 3)}] {unique}.{k}: data {i}" for i, k in enumerate(keys)}
     assert len(out.splitlines()) == 6 and set(out.splitlines()) == expected
@@ -296,7 +304,7 @@ def test_consume_times_out_with_too_few_messages(cli, client, unique):
         )
     )
     ok(cli("elastic", "add", stream, "g", "m1"))
-    publish(client, f"{unique}.only", b"lonely")
+    publish_one(client, f"{unique}.only", b"lonely")
     code, out, err = cli("elastic", "join", stream, "g", "m1", "--count", "3", "--timeout", "2")
     assert out == f"[{partition_for(['only'], 2)}] {unique}.only: lonely\n"
     one_line_error((code, "", err), r"timed out after 2s with 1 of 3 messages")
@@ -339,10 +347,8 @@ def test_consume_fails_clearly_when_the_member_cannot_run_or_stops(cli, client, 
         )
     )
     consumer.start()
-    deadline = time.monotonic() + 10
-    while "g-m1" not in api(client).consumer_names(stream):  # the member has joined
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    joined = lambda: "g-m1" in api(client).consumer_names(stream)  # noqa: E731
+    wait_until(joined, 10, "member m1 to join", every=0.05)
     run_sync(admin.delete_static(client.target, stream, "g"))
     consumer.join(20)
     [result] = results
@@ -358,7 +364,7 @@ def test_status_shows_every_member(cli, client, unique):
     entry = run_sync(admin.static_info(client.target, stream, "g"))
     consumer = member_consumer(entry, "m1")
     run_sync(ensure_group_consumer(client.target, consumer))
-    publish(client, f"{unique}.k1", b"x")
+    publish_one(client, f"{unique}.k1", b"x")
     pin_member(client, stream, consumer.name)
     lines = ok(cli("status", stream, "g")).splitlines()
     assert lines[0] == f"static group g on {stream}, member layout"
@@ -397,7 +403,7 @@ def test_status_shows_the_partition_layout_consumers(cli, client, unique):
     for p in (0, 3):
         run_sync(ensure_group_consumer(client.target, partition_consumer(entry, p)))
     for p in (0, 0, 3, 1):  # partition 1 has no consumer: its message is nobody's lag yet
-        publish(client, f"{unique}.{key_for(p, 4)}", b"x")
+        publish_one(client, f"{unique}.{key_for(p, 4)}", b"x")
     lines = ok(cli("status", stream, "g")).splitlines()
     assert lines[0] == f"static group g on {stream}, partition layout"
     assert lines[1].split()[:4] == ["PARTITION", "MEMBER", "CONSUMER", "STATE"]
@@ -472,6 +478,7 @@ def _readme_commands() -> set[str]:
     return paths
 
 
+@pytest.mark.unit
 def test_readme_cli_table_matches_the_parser(capsys):
     documented, parsed = _readme_commands(), _parser_commands(build_parser())
     assert documented == parsed, (

@@ -4,23 +4,26 @@ each group member is read on its own executor, exactly once, and everything is a
 from __future__ import annotations
 
 import re
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from spark_helpers import assert_exactly_once, publish, static_group, wait_until
-from test_job import (
+from spark_helpers import (
     JOB_FILE,
     Launched,
+    assert_exactly_once,
     committed_rows,
+    free_port,
     job_flags,
     launch,
-    payloads,
+    publish,
+    row_payloads,
     settled,
     spark_bin,
     spark_env,
+    static_group,
+    wait_for_log,
 )
 
 pytestmark = pytest.mark.spark
@@ -30,22 +33,6 @@ pytestmark = pytest.mark.spark
 _BATCH_TASK = re.compile(
     r"\[batchId = 0\] Starting task \S+ in stage \S+ \(TID \d+\) \([^,]+,executor (\d+),"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_log(process: Launched, text: str, count: int = 1, timeout: float = 60) -> None:
-    def seen() -> bool:
-        code = process.process.poll()
-        if code is not None:
-            pytest.fail(f"{process.name} exited with {code}: {process.tail()}")
-        return process.err.read_text(errors="replace").count(text) >= count
-
-    wait_until(seen, timeout, f"{count}x {text!r} in the log of {process.name}")
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +131,7 @@ def test_job_on_standalone_cluster_reads_each_member_on_its_own_executor(
     executors = set(_BATCH_TASK.findall(err))
     assert len(executors) == 2, f"batch 0 ran on executors {executors}"
     rows = committed_rows(tmp_path / "data")
-    assert_exactly_once(payloads(rows), 400)
+    assert_exactly_once(row_payloads(rows), 400)
     assert {row["member"] for row in rows} == {"m1", "m2"}
     assert settled(client, stream, "g")
     print(f"job on the cluster took {time.monotonic() - started:.1f}s")

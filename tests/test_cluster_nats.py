@@ -4,7 +4,6 @@ killed mid-stream and restarted; the query still commits every message once and 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -14,18 +13,19 @@ from spark_helpers import (
     consumers_of,
     drained,
     foreach_batches,
+    free_port,
     member_states,
     publish,
     source,
     static_group,
     wait_until,
 )
-from test_cluster import free_port
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import JetStreamApiError, NatsSparkError
 from nats_spark.loop import Blocking, run_sync
+from nats_spark.pcg.consumers import GroupConsumer
 from nats_spark.pcg.store import GroupKind
 from nats_spark.server import EmbeddedServer
 
@@ -100,6 +100,15 @@ def scale_to_three(client: Blocking[NatsClient], stream: str) -> None:
     wait_until(lambda: replicated(client, stream), 30, f"{stream} on three servers")
 
 
+def consumer_leader(client: Blocking[NatsClient], consumer: GroupConsumer) -> str | None:
+    """The server leading `consumer` now; None while it has none (an election under way)."""
+    try:
+        info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
+    except NatsSparkError:
+        return None  # no leader to answer, or the client reconnecting
+    return info.get("cluster", {}).get("leader")
+
+
 def test_consumer_leader_killed_mid_stream(spark, cluster, client, unique, tmp_path):
     def meta_leader() -> bool:
         try:
@@ -138,7 +147,9 @@ def test_consumer_leader_killed_mid_stream(spark, cluster, client, unique, tmp_p
         info = run_sync(client.api.consumer_info(consumer.stream, consumer.name))
         leader = info["cluster"]["leader"]
         cluster[leader].kill()
-        time.sleep(3)  # a replica takes over
+        wait_until(
+            lambda: consumer_leader(client, consumer) not in (None, leader), 30, "a new leader"
+        )
         cluster[leader].start()
         killed.set()
         wait_until(lambda: replicated(client, stream), 30, "the stream on three servers again")

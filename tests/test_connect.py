@@ -11,16 +11,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from spark_helpers import assert_exactly_once, publish, static_group
-from test_cluster import free_port, wait_for_log
-from test_job import (
+from spark_helpers import (
     AUTO_REGISTER_PATH,
+    assert_exactly_once,
     committed_rows,
+    free_port,
     launch,
-    payloads,
+    publish,
+    row_payloads,
     settled,
     spark_bin,
     spark_env,
+    static_group,
+    wait_for_log,
 )
 
 pytestmark = pytest.mark.spark
@@ -132,7 +135,7 @@ def test_connect_session_reads_groups_exactly_once(
     assert set(lag) == {f"partition-{p}" for p in range(4)}
     assert {state["member"] for state in lag.values()} == {"m1", "m2"}
     rows = committed_rows(out / "data")
-    assert_exactly_once(payloads(rows), 200)
+    assert_exactly_once(row_payloads(rows), 200)
     assert {row["member"] for row in rows} == {"m1", "m2"}
     for stream in (auto_stream, registered_stream):
         assert settled(client, stream, "g")

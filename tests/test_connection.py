@@ -70,6 +70,7 @@ def refusal(settings: ConnectionSettings) -> str:
     return message
 
 
+@pytest.mark.unit
 def test_parse_servers_comma_list() -> None:
     assert parse_servers(" h1:4222, nats://h2:4223 ,,tls://h3:1,ws://h4:2 , wss://h5:3") == (
         "nats://h1:4222",
@@ -81,6 +82,7 @@ def test_parse_servers_comma_list() -> None:
     assert parse_servers("nats://u:p@h:1") == ("nats://u:p@h:1",)
 
 
+@pytest.mark.unit
 def test_parse_servers_rejects_bad_input_without_leaking() -> None:
     with pytest.raises(ConfigurationError, match="no NATS server given"):
         parse_servers(" , ")
@@ -91,12 +93,14 @@ def test_parse_servers_rejects_bad_input_without_leaking() -> None:
     assert "http://***@h:2" in str(caught.value)
 
 
+@pytest.mark.unit
 def test_redact_url() -> None:
     assert redact_url("nats://u:secret@h:1") == "nats://***@h:1"
     assert redact_url("tls://tok@h:1") == "tls://***@h:1"
     assert redact_url("nats://h:1") == "nats://h:1"
 
 
+@pytest.mark.unit
 def test_repr_and_str_never_show_secrets() -> None:
     with_password = ConnectionSettings(
         servers=(_with_credentials("nats://h:1", f"{USER}:{PASSWORD}"), "nats://h:2"),
@@ -111,11 +115,13 @@ def test_repr_and_str_never_show_secrets() -> None:
     assert "nats://***@h:1" in repr(with_password) and "nats://h:2" in repr(with_password)
 
 
+@pytest.mark.unit
 def test_settings_pickle_round_trip() -> None:
     settings = ConnectionSettings(servers=("nats://h:1",), user=USER, password=PASSWORD, name="x")
     assert pickle.loads(pickle.dumps(settings)) == settings
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("kwargs", "expected"),
     [
@@ -194,6 +200,7 @@ def test_token(token_server: EmbeddedServer) -> None:
         assert wrong not in message and TOKEN not in message
 
 
+@pytest.mark.unit
 def test_unreachable_server() -> None:
     with socket.socket() as probe:  # a port nobody listens on: bind, read it, release it
         probe.bind(("127.0.0.1", 0))
@@ -230,6 +237,7 @@ def test_reconnect_policy_is_restored_after_connect(settings: ConnectionSettings
 # The sync facade: one loop per process, shared by threads, renewed after fork.
 
 
+@pytest.mark.unit
 def test_run_sync_from_many_threads_shares_one_loop() -> None:
     async def nap(n: int) -> tuple[int, int]:
         await asyncio.sleep(0.3)
@@ -267,6 +275,7 @@ def test_blocking_from_many_threads(
         api.delete_stream(name)
 
 
+@pytest.mark.unit
 def test_run_sync_propagates_errors_and_cancels_on_timeout() -> None:
     async def fail() -> None:
         raise KeyError("boom")
@@ -358,6 +367,7 @@ def test_forked_child_gets_its_own_working_loop(settings: ConnectionSettings) ->
     assert run_sync(asyncio.sleep(0, "still")) == "still"
 
 
+@pytest.mark.unit
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_fork_while_the_loop_lock_is_held() -> None:
     # Another thread may be inside event_loop() when a process forks: the child must not hang.

@@ -11,17 +11,19 @@ import pytest
 from spark_helpers import (
     ACKS_LAST_BATCH,
     assert_exactly_once,
+    batches_logged,
     elastic_group,
+    kill_group,
     payloads,
     publish,
     run_query,
     source,
+    start_job,
     static_group,
     unacked,
     wait_until,
     write_nats,
 )
-from test_source_recovery import batches_logged, kill_group, start_job
 from topologies import HUB_DOMAIN, hub_and_leaf
 
 from nats_spark.cli import main

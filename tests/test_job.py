@@ -1,26 +1,36 @@
 """The ready job nats_spark/job.py: under spark-submit, as `python -m` with conf/job.properties,
-and its one-line errors. Also the helpers the cluster and Spark Connect tests launch Spark with."""
+and its one-line errors."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
 import nats
-import pyarrow.parquet as pq
-import pyspark
 import pytest
-from spark_helpers import assert_exactly_once, member_states, publish, static_group, wait_until
+from spark_helpers import (
+    JOB_FILE,
+    REPO,
+    Launched,
+    assert_exactly_once,
+    committed_rows,
+    job_flags,
+    launch,
+    publish,
+    row_payloads,
+    settled,
+    spark_bin,
+    spark_env,
+    static_group,
+    wait_until,
+)
 
 import nats_spark.job
-import pyspark_nats_pcg
 from nats_spark.client import open_blocking
 from nats_spark.connection import ConnectionSettings
 from nats_spark.loop import run_sync
@@ -30,118 +40,10 @@ from nats_spark.server import find_server_binary
 
 pytestmark = pytest.mark.spark
 
-REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
-SPARK_HOME = os.path.dirname(pyspark.__file__)
-JOB_FILE = nats_spark.job.__file__
-# Spark finds `pyspark_*` modules (the auto-registered `nats-pcg`) with pkgutil in a fresh Python
-# worker. An editable install's import hook is invisible to pkgutil, so processes that rely on the
-# auto-registration get the module's directory as PYTHONPATH, as a wheel install would have it.
-AUTO_REGISTER_PATH = str(Path(pyspark_nats_pcg.__file__).parent)
 
 
 JOB_SECONDS = 240  # the module's fixture starts four jobs at once: four JVMs on two cores
-
-
-def spark_env(**extra: str) -> dict[str, str]:
-    """Environment for Spark processes of this venv's pyspark, on loopback, with this interpreter
-    for drivers and Python workers (they import nats_spark)."""
-    return {
-        **os.environ,
-        "SPARK_HOME": SPARK_HOME,  # bin/ scripts look for it with `python3`, which lacks pyspark
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        # `python -m nats_spark.job` starts its own JVM: no web UI on a fixed port 4040.
-        "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false pyspark-shell",
-        **extra,
-    }
-
-
-def spark_bin(name: str) -> str:
-    return os.path.join(SPARK_HOME, "bin", name)
-
-
-@dataclass
-class Launched:
-    """A process started by a test, in its own session so that it can be stopped with its JVM."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    out: Path
-    err: Path
-
-    def wait(self, timeout: float) -> tuple[int, str, str]:
-        """(exit code, stdout, stderr) once it ended; killed (and failing) after `timeout`."""
-        try:
-            code = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            pytest.fail(f"{self.name} still running after {timeout}s; stderr: {self.tail()}")
-        return code, self.out.read_text(errors="replace"), self.err.read_text(errors="replace")
-
-    def tail(self, lines: int = 15) -> str:
-        return "\n".join(self.err.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self, grace: float = 15) -> None:
-        """SIGTERM to its process group, then SIGKILL if it lingers."""
-        if self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(grace)
-
-
-def launch(name: str, args: Sequence[str], logs: Path, env: dict[str, str]) -> Launched:
-    logs.mkdir(parents=True, exist_ok=True)
-    out, err = logs / f"{name}.out", logs / f"{name}.err"
-    with out.open("wb") as stdout, err.open("wb") as stderr:
-        process = subprocess.Popen(
-            list(args), stdout=stdout, stderr=stderr, env=env, cwd=logs, start_new_session=True
-        )
-    return Launched(name, process, out, err)
-
-
-def committed_rows(path: Path) -> list[dict]:
-    """Rows of the files the file sink committed (listed in its `_spark_metadata` log), which is
-    what Spark reads back; files of failed attempts are not counted."""
-    files: set[str] = set()
-    for log in (path / "_spark_metadata").iterdir():
-        if log.name.startswith("."):
-            continue  # checksum files
-        for line in log.read_text().splitlines()[1:]:  # after the version line
-            entry = json.loads(line)
-            if entry["action"] == "add":
-                files.add(urlparse(entry["path"]).path)  # compactions repeat earlier entries
-    return [row for file in sorted(files) for row in pq.read_table(file).to_pylist()]
-
-
-def payloads(rows: list[dict]) -> list[int]:
-    return [int(row["data"].decode()) for row in rows]
-
-
-def settled(client, stream: str, group: str) -> bool:
-    return all(
-        s == {"pending": 0, "ack_pending": 0} for s in member_states(client, stream, group).values()
-    )
-
-
-def job_flags(url: str, stream: str, out: Path) -> list[str]:
-    return [
-        "--servers",
-        url,
-        "--stream",
-        stream,
-        "--output",
-        str(out / "data"),
-        "--checkpoint",
-        str(out / "checkpoint"),
-        "--trigger",
-        "availableNow",
-    ]
 
 
 @dataclass
@@ -282,7 +184,7 @@ def test_spark_submit_available_now_exactly_once(runs: Runs, client) -> None:
     assert code == 0, runs.submit.tail()
     assert "batch 0: 400 rows" in out
     rows = committed_rows(runs.dirs["submit"] / "data")
-    assert_exactly_once(payloads(rows), 400)
+    assert_exactly_once(row_payloads(rows), 400)
     assert {row["member"] for row in rows} == {"m1", "m2"}
     assert settled(client, runs.streams["submit"], "g")
 
@@ -291,7 +193,7 @@ def test_python_module_with_config_file_and_example_group(runs: Runs, client) ->
     code, _, err = runs.config.wait(JOB_SECONDS)
     assert code == 0, runs.config.tail()
     rows = committed_rows(runs.dirs["config"] / "data")
-    assert_exactly_once(payloads(rows), 300)
+    assert_exactly_once(row_payloads(rows), 300)
     owned: dict[str, set[int]] = {}
     for row in rows:
         owned.setdefault(row["member"], set()).add(row["partition"])
@@ -404,6 +306,7 @@ def test_dev_server_config_starts_jetstream_on_loopback(tmp_path: Path) -> None:
         process.wait(10)
 
 
+@pytest.mark.unit
 def test_config_values_may_hold_hash_signs(tmp_path: Path) -> None:
     config = tmp_path / "job.properties"
     config.write_text("# a comment\n  # another\noption.password = pa#ss word\n")

@@ -23,6 +23,8 @@ from nats_spark.spark.ledger import (
 from nats_spark.spark.recorded import Recorded, decode_recorded, encode_recorded
 from nats_spark.spark.slot_partition import UNBOUNDED, SlotPartition
 
+pytestmark = pytest.mark.unit
+
 KEY = "lin.3.m1"
 V1 = b"$JS.ACK.S.c1"
 V2 = b"$JS.ACK.hub.ACCHASH.S.c1"

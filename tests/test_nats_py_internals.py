@@ -32,6 +32,7 @@ USED = {
 }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(USED))
 def test_nats_py_still_has_the_internals_the_connector_uses(name: str) -> None:
     assert inspect.iscoroutinefunction(getattr(NATS, name, None)), (

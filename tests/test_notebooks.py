@@ -18,14 +18,16 @@ import nbclient
 import nbformat
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-from spark_helpers import assert_exactly_once, publish, static_group
-from test_job import (
+from spark_helpers import (
     AUTO_REGISTER_PATH,
     REPO,
+    assert_exactly_once,
     committed_rows,
-    payloads,
+    publish,
+    row_payloads,
     settled,
     spark_env,
+    static_group,
 )
 
 from nats_spark.client import open_blocking
@@ -140,6 +142,7 @@ def line_json(text: str, label: str) -> Any:
     return json.loads(match.group(1))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["quickstart.ipynb", "databricks.ipynb"])
 def test_committed_without_outputs(name: str) -> None:
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
@@ -181,5 +184,5 @@ def test_databricks_notebook_outside_databricks_with_auth(runs: Runs) -> None:
     per_member = line_json(text, "rows per member")
     assert per_member.keys() == {"a", "b"} and sum(per_member.values()) == 500
     assert re.search(r"\|input *\|member *\|pending *\|ackPending *\|status *\|", text)  # the lag
-    assert_exactly_once(payloads(committed_rows(runs.out / "data")), 500)
+    assert_exactly_once(row_payloads(committed_rows(runs.out / "data")), 500)
     assert settled(runs.client, "DBX", "orders")

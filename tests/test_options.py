@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from nats_spark.cli import build_parser, settings_from_args
@@ -10,8 +12,15 @@ from nats_spark.pcg.config import ElasticConfig, MemberMapping, PartitioningFilt
 from nats_spark.pcg.consumers import member_consumer, partition_consumer
 from nats_spark.pcg.partitioning import partition_filter_subjects, partition_owner
 from nats_spark.pcg.store import GroupEntry, GroupKind
-from nats_spark.spark.options import parse_options, parse_read_options, parse_sink_options
+from nats_spark.spark.options import (
+    KNOWN_OPTIONS,
+    parse_options,
+    parse_read_options,
+    parse_sink_options,
+)
 from nats_spark.spark.pacing import TriggerPacing
+
+pytestmark = pytest.mark.unit
 
 BASE = {"servers": "nats://127.0.0.1:1", "stream": "S", "group": "g"}
 STREAM = {"servers": "nats://127.0.0.1:1", "stream": "S"}  # format nats
@@ -139,44 +148,12 @@ def test_starting_position(text: str, deliver: dict) -> None:
     assert parse_options(BASE).starting_position is None
 
 
-@pytest.mark.parametrize(
-    "text", ["first", "sequence:x", "sequence:0", "time:yesterday", "latest:1"]
-)
-def test_bad_starting_position(text: str) -> None:
-    with pytest.raises(ConfigurationError, match="startingPosition=.* is not valid; use earliest"):
-        parse_options({**BASE, "startingPosition": text})
-
-
 def test_trigger_pacing_options() -> None:
     parsed = parse_options({**BASE, "minMessagesPerTrigger": "500", "maxTriggerDelay": "30s"})
     assert (parsed.min_messages_per_trigger, parsed.max_trigger_delay) == (500, 30.0)
     assert parse_options(BASE).max_trigger_delay == 900.0  # Kafka's 15 minutes
     read = parse_read_options({**STREAM, "minMessagesPerTrigger": "5"}, streaming=True)
     assert read.min_messages_per_trigger == 5
-
-
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        ({"maxTriggerDelay": "1m"}, "maxTriggerDelay applies only with minMessagesPerTrigger"),
-        (
-            {"minMessagesPerTrigger": "10", "maxMessagesPerTrigger": "5"},
-            "minMessagesPerTrigger=10 is above maxMessagesPerTrigger=5",
-        ),
-        ({"minMessagesPerTrigger": "0"}, "minMessagesPerTrigger=0 is out of range"),
-        ({"minMessagesPerTrigger": "5", "maxTriggerDelay": "soon"}, "is not a duration"),
-    ],
-)
-def test_bad_trigger_pacing(extra: dict[str, str], message: str) -> None:
-    with pytest.raises(ConfigurationError, match=message):
-        parse_options({**BASE, **extra})
-    with pytest.raises(ConfigurationError, match=message):
-        parse_read_options({**STREAM, **extra}, streaming=True)
-
-
-def test_trigger_pacing_is_for_streaming_reads_only() -> None:
-    with pytest.raises(ConfigurationError, match="minMessagesPerTrigger does not apply to batch"):
-        parse_read_options({**STREAM, "minMessagesPerTrigger": "5"}, streaming=False)
 
 
 def test_pacing_holds_back_until_enough_or_the_delay() -> None:
@@ -221,35 +198,6 @@ def test_inbox_prefix_goes_to_the_connection() -> None:
     assert settings.connect_kwargs()["inbox_prefix"] == "_INBOX_etl"
 
 
-@pytest.mark.parametrize(
-    "routing, expected",
-    [
-        ({"domain": "hub", "apiPrefix": "JS.A.API"}, "options domain (--js-domain) and apiPrefix"),
-        ({"domain": "my hub"}, "option domain (--js-domain) 'my hub' is not a JetStream domain"),
-        ({"domain": "hub.eu"}, "'hub.eu' is not a JetStream domain"),
-        ({"domain": "h*"}, "'h*' is not a JetStream domain"),
-        ({"apiPrefix": "JS.*.API"}, "option apiPrefix (--js-api-prefix) 'JS.*.API' is not"),
-        ({"apiPrefix": "JS A"}, "'JS A' is not a subject prefix"),
-        ({"apiPrefix": "JS..API"}, "'JS..API' is not a subject prefix"),
-        ({"apiPrefix": "JS.>"}, "'JS.>' is not a subject prefix"),
-        ({"inboxPrefix": "_INBOX_etl."}, "option inboxPrefix (--inbox-prefix) '_INBOX_etl.'"),
-        ({"inboxPrefix": "_INBOX etl"}, "is not an inbox prefix"),
-        ({"inboxPrefix": "_INBOX.>"}, "is not an inbox prefix"),
-    ],
-)
-def test_bad_domain_or_prefix_is_one_line_naming_the_option(
-    routing: dict[str, str], expected: str
-) -> None:
-    for parse in (
-        lambda: parse_options({**BASE, **routing}),
-        lambda: parse_read_options({**STREAM, **routing}, streaming=True),
-        lambda: parse_sink_options({"servers": "h:1", "subject": "s", **routing}),
-    ):
-        with pytest.raises(ConfigurationError) as caught:
-            parse()
-        assert expected in str(caught.value) and "\n" not in str(caught.value)
-
-
 def test_cli_routing_flags() -> None:
     flags = ["--js-domain", "hub", "--inbox-prefix", "_INBOX_etl", "static", "ls", "S"]
     settings = settings_from_args(build_parser().parse_args(flags))
@@ -259,3 +207,188 @@ def test_cli_routing_flags() -> None:
     both = ["--js-domain", "hub", "--js-api-prefix", "JS.A.API", "static", "ls", "S"]
     with pytest.raises(ConfigurationError, match="are exclusive"):
         settings_from_args(build_parser().parse_args(both))
+
+
+# Bad input, one table for every format's parser: each error is one line naming the problem and
+# the fix, raised before anything connects.
+
+Overrides = dict[str, str | None]
+SINK = {"servers": "nats://127.0.0.1:1", "subject": "s"}
+MISSING = "/no/such/file.pem"
+DROP = None  # an override that removes the option
+
+# Format name -> (its base options, its parser).
+PARSERS: dict[str, tuple[dict[str, str], Callable[[dict[str, str]], object]]] = {
+    "nats-pcg": (BASE, parse_options),
+    "nats": (STREAM, lambda options: parse_read_options(options, streaming=False)),
+    "nats streaming": (STREAM, lambda options: parse_read_options(options, streaming=True)),
+    "sink": (SINK, parse_sink_options),
+}
+
+# (overrides of the group source's BASE, text the one-line error must contain)
+GROUP_CASES: list[tuple[Overrides, str]] = [
+    ({"colour": "blue"}, "unknown option 'colour'; known options: servers, "),
+    ({"startingPositon": "x"}, "unknown option 'startingPositon'; did you mean startingPosition?"),
+    ({"servers": DROP}, "option servers is required"),
+    ({"servers": "  "}, "option servers is required"),
+    ({"servers": " , "}, "no NATS server given"),
+    ({"servers": "http://h:1"}, "unknown scheme"),
+    ({"stream": DROP}, "option stream is required"),
+    ({"stream": "a.b"}, "option stream='a.b' is not a valid NATS name"),
+    ({"stream": "a b"}, "is not a valid NATS name"),
+    ({"stream": "ORD>"}, "is not a valid NATS name"),
+    ({"group": DROP}, "set exactly one of the options group"),
+    ({"consumer": "c"}, "set exactly one of the options group"),
+    ({"group": "g*"}, "option group='g*' is not a valid NATS name"),
+    ({"group": DROP, "consumer": "c/d"}, "option consumer='c/d' is not a valid NATS name"),
+    ({"groupType": "dynamic"}, "option groupType='dynamic' is not valid; use auto, static"),
+    ({"members": ","}, "option members is empty"),
+    ({"consumerLayout": "per-member"}, "consumerLayout='per-member' is not valid"),
+    ({"startingPosition": "sequence:0"}, "startingPosition='sequence:0' is not valid"),
+    ({"group": DROP, "consumer": "c", "startingPosition": "latest"}, "does not apply"),
+    ({"user": "u", "passwordFile": "/nonexistent/pw"}, "passwordFile /nonexistent/pw cannot be"),
+    ({"tokenFile": "/nonexistent/tk"}, "tokenFile /nonexistent/tk cannot be read"),
+    ({"members": "m1,m 2"}, "option members='m 2' is not a valid NATS name"),
+    ({"priorityGroup": "PCG"}, "option priorityGroup does not apply to group reads; drop it"),
+    ({"minPending": "5"}, "option minPending does not apply to group reads; drop it"),
+    ({"minAckPending": "5"}, "option minAckPending does not apply to group reads; drop it"),
+    ({"priority": "1"}, "option priority does not apply to group reads; drop it"),
+    ({"numPartitions": "2"}, "option numPartitions does not apply to group reads; drop it"),
+    ({"group": DROP, "consumer": "c", "groupType": "static"}, "groupType does not apply"),
+    ({"group": DROP, "consumer": "c", "members": "m1"}, "members does not apply"),
+    ({"group": DROP, "consumer": "c", "ackWait": "5s"}, "ackWait does not apply"),
+    ({"group": DROP, "consumer": "c", "maxAckPending": "9"}, "maxAckPending does not apply"),
+    ({"group": DROP, "consumer": "c", "minPending": "many"}, "minPending='many' is not a whole"),
+    ({"group": DROP, "consumer": "c", "minAckPending": "0"}, "minAckPending=0 is out of range"),
+    ({"group": DROP, "consumer": "c", "priority": "10"}, "priority=10 is out of range; use a"),
+    ({"group": DROP, "consumer": "c", "priority": "-1"}, "priority=-1 is out of range"),
+    ({"group": DROP, "consumer": "c", "numPartitions": "0"}, "numPartitions=0 is out of range"),
+    ({"group": DROP, "consumer": "c", "numPartitions": "1025"}, "numPartitions=1025 is out"),
+    ({"group": DROP, "consumer": "c", "numPartitions": "2.5"}, "is not a whole number"),
+    ({"ackWait": "soon"}, "option ackWait='soon' is not a duration; use e.g. 500ms"),
+    ({"ackWait": "0s"}, "option ackWait must be positive"),
+    ({"ackWait": "-3s"}, "option ackWait='-3s' is not a duration"),
+    ({"ackWait": "5 days"}, "is not a duration"),
+    ({"maxAckPending": "0"}, "option maxAckPending=0 is out of range; use a number at least 1"),
+    ({"maxAckPending": "1e3"}, "option maxAckPending='1e3' is not a whole number"),
+    ({"maxMessagesPerTrigger": "0"}, "option maxMessagesPerTrigger=0 is out of range"),
+    ({"maxMessagesPerTrigger": "lots"}, "is not a whole number"),
+    ({"maxMessagesPerPartition": "-5"}, "option maxMessagesPerPartition=-5 is out of range"),
+    ({"minMessagesPerTrigger": "none"}, "option minMessagesPerTrigger='none' is not a whole"),
+    (
+        {"minMessagesPerTrigger": "50", "maxMessagesPerTrigger": "10"},
+        "minMessagesPerTrigger=50 is above maxMessagesPerTrigger=10",
+    ),
+    ({"maxTriggerDelay": "5m"}, "maxTriggerDelay applies only with minMessagesPerTrigger"),
+    ({"minMessagesPerTrigger": "5", "maxTriggerDelay": "soon"}, "is not a duration"),
+    ({"fetchBatchSize": "0"}, "option fetchBatchSize=0 is out of range; use a number from 1"),
+    ({"fetchBatchSize": "100001"}, "option fetchBatchSize=100001 is out of range"),
+    ({"fetchTimeout": "0ms"}, "option fetchTimeout must be positive"),
+    ({"fetchTimeout": "1 week"}, "option fetchTimeout='1 week' is not a duration"),
+    ({"includeHeaders": "maybe"}, "option includeHeaders='maybe' is not a boolean; use true"),
+    ({"failOnDataLoss": "2"}, "option failOnDataLoss='2' is not a boolean"),
+    ({"ledgerBucket": "my.ledger"}, "option ledgerBucket='my.ledger' is not a valid NATS name"),
+    ({"password": "p"}, "password given without user; set user as well"),
+    ({"user": "u", "token": "t"}, "both token and user given; use one way to authenticate"),
+    ({"creds": MISSING}, f"creds file {MISSING} does not exist; check the path"),
+    ({"nkeySeed": MISSING}, f"nkeySeed file {MISSING} does not exist"),
+    ({"tlsCaCert": MISSING}, f"tlsCaCert file {MISSING} does not exist"),
+    ({"tlsCert": __file__}, "tlsCert and tlsKey go together"),
+    ({"tlsKey": __file__}, "tlsCert and tlsKey go together"),
+    ({"tlsCert": MISSING, "tlsKey": MISSING}, f"tlsCert file {MISSING} does not exist"),
+    ({"connectTimeout": "0s"}, "option connectTimeout must be positive"),
+    ({"connectTimeout": "quick"}, "option connectTimeout='quick' is not a duration"),
+    ({"retryTimeout": "0"}, "option retryTimeout must be positive"),
+    ({"retryTimeout": "forever"}, "option retryTimeout='forever' is not a duration"),
+    ({"domain": "hub", "apiPrefix": "JS.A.API"}, "options domain (--js-domain) and apiPrefix"),
+    ({"domain": "a hub"}, "option domain (--js-domain) 'a hub' is not a JetStream domain"),
+    ({"apiPrefix": "JS.*"}, "option apiPrefix (--js-api-prefix) 'JS.*' is not a subject"),
+    ({"inboxPrefix": "_INBOX_etl."}, "option inboxPrefix (--inbox-prefix) '_INBOX_etl.' is not"),
+]
+
+
+# (overrides, text): the same error from every format that takes the option
+PACING_CASES: list[tuple[Overrides, str]] = [
+    ({"maxTriggerDelay": "1m"}, "maxTriggerDelay applies only with minMessagesPerTrigger"),
+    (
+        {"minMessagesPerTrigger": "10", "maxMessagesPerTrigger": "5"},
+        "minMessagesPerTrigger=10 is above maxMessagesPerTrigger=5",
+    ),
+    ({"minMessagesPerTrigger": "0"}, "minMessagesPerTrigger=0 is out of range"),
+    ({"minMessagesPerTrigger": "5", "maxTriggerDelay": "soon"}, "is not a duration"),
+]
+ROUTING_CASES: list[tuple[Overrides, str]] = [
+    ({"domain": "hub", "apiPrefix": "JS.A.API"}, "options domain (--js-domain) and apiPrefix"),
+    ({"domain": "my hub"}, "option domain (--js-domain) 'my hub' is not a JetStream domain"),
+    ({"domain": "hub.eu"}, "'hub.eu' is not a JetStream domain"),
+    ({"domain": "h*"}, "'h*' is not a JetStream domain"),
+    ({"apiPrefix": "JS.*.API"}, "option apiPrefix (--js-api-prefix) 'JS.*.API' is not"),
+    ({"apiPrefix": "JS A"}, "'JS A' is not a subject prefix"),
+    ({"apiPrefix": "JS..API"}, "'JS..API' is not a subject prefix"),
+    ({"apiPrefix": "JS.>"}, "'JS.>' is not a subject prefix"),
+    ({"inboxPrefix": "_INBOX_etl."}, "option inboxPrefix (--inbox-prefix) '_INBOX_etl.'"),
+    ({"inboxPrefix": "_INBOX etl"}, "is not an inbox prefix"),
+    ({"inboxPrefix": "_INBOX.>"}, "is not an inbox prefix"),
+]
+# (format, overrides, text) for the whole-stream reads
+READ_CASES: list[tuple[str, Overrides, str]] = [
+    ("nats", {"group": "g"}, "unknown option 'group'; known options: servers"),
+    ("nats", {"stream": ""}, "option stream is required"),
+    ("nats", {"startingPosition": "sequence:0"}, "startingPosition='sequence:0' is not valid"),
+    ("nats", {"endingPosition": "time:yesterday"}, "endingPosition='time:yesterday' is not"),
+    ("nats", {"endingPosition": "earliest"}, "endingPosition=earliest is not valid"),
+    (
+        "nats",
+        {"startingPosition": "sequence:10", "endingPosition": "sequence:9"},
+        "endingPosition='sequence:9' is before startingPosition='sequence:10'",
+    ),
+    (
+        "nats",
+        {"startingPosition": "time:2026-01-02", "endingPosition": "time:2026-01-01T10:00"},
+        "is before startingPosition",
+    ),
+    ("nats streaming", {"endingPosition": "latest"}, "endingPosition does not apply to streaming"),
+    ("nats", {"maxMessagesPerTrigger": "5"}, "maxMessagesPerTrigger does not apply to batch"),
+    ("nats", {"minMessagesPerTrigger": "5"}, "minMessagesPerTrigger does not apply to batch"),
+    ("nats", {"subjects": "a b"}, "subjects has 'a b', which is not a filter subject"),
+    ("nats", {"subjects": "a.>.b"}, "not a filter subject"),
+    ("nats", {"readPath": "fast"}, "readPath='fast' is not valid; use auto, consumer, direct"),
+    ("nats", {"numPartitions": "0"}, "numPartitions=0 is out of range"),
+    ("nats", {"includeHeaders": "maybe"}, "includeHeaders='maybe' is not a boolean"),
+]
+BAD_INPUT: list[tuple[str, Overrides, str]] = [
+    *(("nats-pcg", overrides, text) for overrides, text in GROUP_CASES),
+    *(
+        ("nats-pcg", {"startingPosition": text}, f"startingPosition='{text}' is not valid; use")
+        for text in ("first", "sequence:x", "time:yesterday", "latest:1")
+    ),
+    *((f, o, text) for o, text in PACING_CASES for f in ("nats-pcg", "nats streaming")),
+    *((f, o, text) for o, text in ROUTING_CASES for f in ("nats-pcg", "nats streaming", "sink")),
+    *READ_CASES,
+]
+
+
+@pytest.mark.parametrize(("format_name", "overrides", "expected"), BAD_INPUT)
+def test_bad_input_is_one_line_naming_the_problem(
+    format_name: str, overrides: Overrides, expected: str
+) -> None:
+    base, parse = PARSERS[format_name]
+    merged = {key: value for key, value in {**base, **overrides}.items() if value is not None}
+    with pytest.raises(ConfigurationError) as caught:
+        parse(merged)
+    message = str(caught.value)
+    assert expected in message
+    assert "\n" not in message and len(message) < 600
+
+
+def test_every_group_source_option_has_a_bad_case() -> None:
+    covered = {key for overrides, _ in GROUP_CASES for key in overrides}
+    assert set(KNOWN_OPTIONS) - covered == set()
+
+
+def test_option_names_are_case_insensitive_and_secrets_stay_out_of_errors() -> None:
+    parsed = parse_options({"SERVERS": "h:1", "Stream": "S", "GROUP": "g", "fetchbatchsize": "7"})
+    assert parsed.fetch_batch_size == 7 and parsed.connection.servers == ("nats://h:1",)
+    with pytest.raises(ConfigurationError) as caught:
+        parse_options({**BASE, "Password": "s3cr3t-Vx91"})
+    assert "s3cr3t-Vx91" not in str(caught.value)

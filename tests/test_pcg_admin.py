@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from nats.js.errors import BucketNotFoundError
+from spark_helpers import (
+    api,
+    key_for,
+    kv,
+    make_stream,
+    publish_one,
+    static_stream,
+    wait_until,
+)
 
 from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.api import to_nanos
-from nats_spark.loop import Blocking, run_sync
+from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.config import MemberMapping, PartitioningFilter
 from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_group_consumer, member_consumer
@@ -19,45 +25,8 @@ from nats_spark.pcg.store import GroupChanged, GroupKind, GroupNotFound
 STATIC, ELASTIC = GroupKind.STATIC, GroupKind.ELASTIC
 
 
-def api(client) -> Blocking:
-    return Blocking(client.api)
-
-
-def kv(client, kind: GroupKind):
-    """The kind's KV bucket, made the way store.create_group makes it if no test did yet."""
-    try:
-        bucket = run_sync(client.js.key_value(kind.bucket))
-    except BucketNotFoundError:
-        bucket = run_sync(client.js.create_key_value(bucket=kind.bucket, history=1))
-    return Blocking(bucket)
-
-
 def stored(client, kind: GroupKind, stream: str, group: str) -> bytes:
     return kv(client, kind).get(f"{stream}.{group}").value
-
-
-def make_stream(client, name: str, subjects: list[str], **extra) -> str:
-    api(client).create_stream({"name": name, "subjects": subjects, **extra})
-    return name
-
-
-def static_stream(client, unique: str, partitions: int) -> str:
-    """A stream storing `<p>.<unique>.<key>` for `<unique>.<key>`, as static groups need."""
-    dest = f"{{{{partition({partitions},1)}}}}.{unique}.{{{{wildcard(1)}}}}"
-    return make_stream(
-        client,
-        f"S{unique}",
-        [f"{unique}.*"],
-        subject_transform={"src": f"{unique}.*", "dest": dest},
-    )
-
-
-def publish(client, subject: str, data: bytes) -> None:
-    run_sync(client.js.publish(subject, data))
-
-
-def key_for(partition: int, partitions: int) -> str:
-    return next(f"k{i}" for i in range(1000) if partition_for([f"k{i}"], partitions) == partition)
 
 
 # --- KV entries in Go's shapes ----------------------------------------------------------------
@@ -201,10 +170,8 @@ def test_delete_static_removes_only_its_own_members_durables(client, unique):
 
 
 def wait_for_messages(client, stream: str, count: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while api(client).stream_info(stream)["state"]["messages"] < count:
-        assert time.monotonic() < deadline, f"{stream} did not receive {count} messages"
-        time.sleep(0.05)
+    arrived = lambda: api(client).stream_info(stream)["state"]["messages"] >= count  # noqa: E731
+    wait_until(arrived, timeout, f"{stream} to receive {count} messages", every=0.05)
 
 
 def test_elastic_create_makes_the_work_queue_stream(client, unique):
@@ -226,7 +193,7 @@ def test_elastic_create_makes_the_work_queue_stream(client, unique):
 
     subjects = [f"{unique}.orders.k{i}" for i in range(8)]
     for subject in subjects:
-        publish(client, subject, b"x")
+        publish_one(client, subject, b"x")
     wait_for_messages(client, f"{stream}-g", len(subjects))
     got = [api(client).get_message(f"{stream}-g", seq).subject for seq in range(1, 9)]
     assert got == [f"{partition_for([s.split('.')[-1]], 4)}.{s}" for s in subjects]
@@ -260,7 +227,7 @@ def test_static_member_info_active_and_step_down(client, unique):
     )
     assert run_sync(admin.list_active_members(client.target, STATIC, stream, "g")) == []
 
-    publish(client, f"{unique}.{key_for(0, 2)}", b"hello")
+    publish_one(client, f"{unique}.{key_for(0, 2)}", b"hello")
     puller = client.pull_consumer(stream, "g-m1", group=PRIORITY_GROUP)
     result = run_sync(puller.fetch(1, expires=2))
     assert [m.data for m in result.messages] == [b"hello"] and puller.pin_id

@@ -10,6 +10,8 @@ from nats_spark.pcg import (
     StaticConfig,
 )
 
+pytestmark = pytest.mark.unit
+
 # Values as Go's json.Marshal writes them (compact, struct order, omitempty, HTML-safe escapes).
 GO_ELASTIC = [
     # the facts file's example

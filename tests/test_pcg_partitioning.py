@@ -18,6 +18,8 @@ from nats_spark.pcg import (
     strip_partition,
 )
 
+pytestmark = pytest.mark.unit
+
 MEMBERS = ["m3", "m1", "m2"]
 
 

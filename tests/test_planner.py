@@ -18,6 +18,8 @@ from nats_spark.spark.planner import (
 )
 from nats_spark.spark.targets import Slot
 
+pytestmark = pytest.mark.unit
+
 OPTIONS = parse_options({"servers": "nats://127.0.0.1:1", "stream": "S", "group": "g"})
 SLOT = Slot("partition-0", "S", "g-partition-0", "pcg", "pinned_client", "m1", True)
 

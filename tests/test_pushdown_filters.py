@@ -19,6 +19,8 @@ from nats_spark.spark.pushdown import (
     spark_pushes_filters,
 )
 
+pytestmark = pytest.mark.unit
+
 try:
     from pyspark.sql.datasource import (
         EqualTo,
@@ -82,21 +84,26 @@ def test_subject_equality_in_and_dot_prefix_are_pushed_exactly() -> None:
     assert "subject EqualTo 'orders.eu.1'" in push(equal)[0].describe()
 
 
-def test_tokens_that_only_look_like_wildcards_are_literal() -> None:
-    for value in ("t.a*b", "t.>x", "t.x>", "t.**"):
-        pushed, kept = push(EqualTo(("subject",), value))
-        assert pushed.subjects == (value,) and kept == []
+@pytest.mark.parametrize("value", ["t.a*b", "t.>x", "t.x>", "t.**"])
+def test_tokens_that_only_look_like_wildcards_are_literal(value: str) -> None:
+    pushed, kept = push(EqualTo(("subject",), value))
+    assert pushed.subjects == (value,) and kept == []
 
 
-def test_subject_values_nats_reads_differently_stay_with_spark() -> None:
-    for value in ("t.*", "t.>", "*", "t..x", "t.a b", "", "t."):
-        spark_filter = EqualTo(("subject",), value)
-        pushed, kept = push(spark_filter)
-        assert pushed.subjects is None and kept == [spark_filter], value
-    for prefix in ("orders", "", ".x", "t.*.", "a b."):
-        spark_filter = StringStartsWith(("subject",), prefix)
-        pushed, kept = push(spark_filter)
-        assert pushed.subjects is None and kept == [spark_filter], prefix
+@pytest.mark.parametrize(
+    "spark_filter",
+    [
+        *(EqualTo(("subject",), value) for value in ("t.*", "t.>", "*", "t..x", "t.a b", "", "t.")),
+        *(StringStartsWith(("subject",), start) for start in ("orders", "", ".x", "t.*.", "a b.")),
+    ],
+    ids=repr,
+)
+def test_subject_values_nats_reads_differently_stay_with_spark(spark_filter: Any) -> None:
+    pushed, kept = push(spark_filter)
+    assert pushed.subjects is None and kept == [spark_filter]
+
+
+def test_a_null_in_an_in_list_stays_with_spark() -> None:
     with_null = In(("subject",), ("a.x", None))
     assert push(with_null) == (PushedFilters(), [with_null])
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from nats_spark.errors import TRANSIENT_ERROR_CODES, ErrorCode, JetStreamApiError, PullError
 from nats_spark.jetstream.replies import NANOS, ConsumerInfo, StreamInfo
+
+pytestmark = pytest.mark.unit
 
 CONSUMER = {
     "name": "g-m1",

@@ -14,6 +14,8 @@ from nats_spark.jetstream.acks import parse_reply
 from nats_spark.jetstream.subjects import ack_numbers
 from nats_spark.nats_py import MessageColumns, RawInbox, RoutingParser
 
+pytestmark = pytest.mark.unit
+
 HEADERS = b"NATS/1.0\r\nn: 1\r\n\r\n"
 STATUS = b"NATS/1.0 408\r\n\r\n"
 WIRE = (

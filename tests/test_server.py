@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
+from spark_helpers import wait_until
 
 from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings
@@ -62,10 +62,7 @@ def test_restart_keeps_port_and_file_stored_stream() -> None:
             assert server.port == port
             assert server.pid != first_pid
             # The connection opened before the restart reconnects by itself.
-            deadline = time.monotonic() + 10
-            while not client.nc.is_connected and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert client.nc.is_connected
+            wait_until(lambda: client.nc.is_connected, 10, "the client to reconnect", every=0.05)
             assert api.stream_info("KEEP")["state"]["messages"] == 3
             stored = api.get_message("KEEP", 2)
             assert (stored.subject, stored.data) == ("keep.1", b"m1")
@@ -97,6 +94,7 @@ def test_kill_ends_the_process() -> None:
             os.kill(pid, 0)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kind", ["not executable", "missing"])
 def test_nats_server_bin_not_executable(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -122,6 +120,7 @@ def test_nats_server_bin_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert binary_version(fake) == (2, 12, 3)
 
 
+@pytest.mark.unit
 def test_parse_version() -> None:
     assert parse_version("nats-server: v2.10.22") == (2, 10, 22)
     assert parse_version("2.11.0-RC.1") == (2, 11, 0)
@@ -129,6 +128,7 @@ def test_parse_version() -> None:
         parse_version("nats-server: dev build")
 
 
+@pytest.mark.unit
 def test_too_old_version_is_one_clear_line() -> None:
     with pytest.raises(ServerTooOld) as caught:
         check_server_version(parse_version("nats-server: v2.10.22"), "nats-server at /x")

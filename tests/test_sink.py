@@ -6,17 +6,19 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from spark_helpers import (
     assert_exactly_once,
+    launch,
     member_states,
     publish,
     source,
+    spark_env,
     static_group,
     wait_until,
 )
@@ -308,13 +310,13 @@ def test_server_restart_mid_write(spark, unique):
             def restart() -> None:  # once part of the rows is stored
                 wait_until(lambda: 0 < stored_count() < 40_000, 60, "the write under way", 0.01)
                 server.kill()
-                time.sleep(1.0)
+                time.sleep(1.0)  # time under test: the task's publishes meet a 1 s outage
                 server.start()
 
-            thread = threading.Thread(target=restart)
-            thread.start()
-            writer(df, server.url, subject=f"{stream}.n", stream=stream).save()
-            thread.join()
+            with ThreadPoolExecutor(1) as pool:
+                restarted = pool.submit(restart)
+                writer(df, server.url, subject=f"{stream}.n", stream=stream).save()
+                restarted.result()  # the kill and restart happened (or the test fails with why)
             assert_exactly_once(values(own, stream), 50_000)
         finally:
             run_sync(own.close())
@@ -326,7 +328,6 @@ def test_driver_killed_twice_group_to_stream_exactly_once(client, nats_url, uniq
     are published, restarted from its checkpoint each time: the target stream holds every
     message once and the group is acked. The target allows atomic batches, which the sink then
     uses without being told."""
-    from test_job import launch, spark_env
 
     source_stream, sink_stream = f"KS{unique}", f"KT{unique}"
     static_group(client, source_stream, "g", ["m1", "m2"], partitions=4)

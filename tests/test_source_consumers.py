@@ -3,22 +3,28 @@ none), with a real Spark session and server, next to nats-py pullers on the same
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import Counter
-from concurrent.futures import Future
 from typing import Any
 
 import pytest
 from pyspark.sql.functions import spark_partition_id
-from spark_helpers import assert_exactly_once, foreach_batches, publish, wait_until
+from spark_helpers import (
+    assert_exactly_once,
+    foreach_batches,
+    in_background,
+    make_consumer,
+    publish,
+    puller,
+    wait_until,
+)
 
 from nats_spark.client import NatsClient
 from nats_spark.jetstream.acks import publish_acks
 from nats_spark.jetstream.api import to_nanos
-from nats_spark.jetstream.pull import FetchResult, PullConsumer, PullStatus
-from nats_spark.loop import Blocking, event_loop, run_sync
+from nats_spark.jetstream.pull import PullConsumer, PullStatus
+from nats_spark.loop import Blocking, run_sync
 
 pytestmark = pytest.mark.spark
 
@@ -30,16 +36,6 @@ def make_stream(client: Blocking[NatsClient], stream: str) -> None:
     run_sync(
         client.api.create_stream({"name": stream, "subjects": [f"{stream}.*"], "storage": "memory"})
     )
-
-
-def make_consumer(
-    client: Blocking[NatsClient], stream: str, name: str, policy: str | None, **extra: Any
-) -> None:
-    """A durable explicit-ack pull consumer, in priority group `GROUP` when `policy` is set."""
-    config: dict[str, Any] = {"durable_name": name, "ack_policy": "explicit", **extra}
-    if policy:
-        config = {"priority_groups": [GROUP], "priority_policy": policy, **config}
-    run_sync(client.api.create_consumer(stream, name, config))
 
 
 def info(client: Blocking[NatsClient], stream: str, name: str) -> dict[str, Any]:
@@ -75,16 +71,6 @@ class Sink:
             return [v for v, _ in self.rows]
 
 
-def puller(client: Blocking[NatsClient], stream: str, consumer: str) -> Blocking[PullConsumer]:
-    """A nats-py puller of priority group `GROUP`."""
-    return Blocking(client.pull_consumer(stream, consumer, group=GROUP))
-
-
-def in_background(pull: Blocking[PullConsumer], batch: int, **kwargs: Any) -> Future[FetchResult]:
-    """Start a fetch on the process loop and return at once."""
-    return asyncio.run_coroutine_threadsafe(pull.target.fetch(batch, **kwargs), event_loop())
-
-
 def drain(client: Blocking[NatsClient], pull: Blocking[PullConsumer]) -> list[int]:
     """Everything the threshold-less puller can get now, acked; returns the payloads."""
     taken: list[int] = []
@@ -106,13 +92,13 @@ def test_overflow_waits_for_min_pending_and_yields_to_plain_pullers(
 ):
     stream, name = f"O{unique}", "ovf"
     make_stream(client, stream)
-    make_consumer(client, stream, name, "overflow", ack_wait=to_nanos(20))
+    make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(20))
     config = info(client, stream, name)["config"]
     publish(client, stream, 500)
     sink = Sink()
     df = consumer_source(spark, nats_url, stream, name, minPending=1000, fetchTimeout="500ms")
     query = foreach_batches(df, sink, str(tmp_path / "cp"))
-    plain = puller(client, stream, name)
+    plain = puller(client, stream, name, GROUP)
     try:
         wait_until(lambda: query.lastProgress is not None, 120, "the first batch")
         time.sleep(2)  # several triggers, each pulling with min_pending 1000
@@ -150,11 +136,11 @@ def test_prioritized_lower_number_served_first(
         pytest.skip("the prioritized policy needs nats-server 2.12+")
     stream, name = f"P{unique}", "pri"
     make_stream(client, stream)
-    make_consumer(client, stream, name, "prioritized", ack_wait=to_nanos(30))
+    make_consumer(client, stream, name, "prioritized", group=GROUP, ack_wait=to_nanos(30))
     publish(client, stream, 50)
     # A holder takes all 50 unacked: the query plans a batch for their redelivery and waits in a
     # long pull; the NAKs below release all of them while both competitors are waiting.
-    held = puller(client, stream, name).fetch(50, expires=1.0)
+    held = puller(client, stream, name, GROUP).fetch(50, expires=1.0)
     assert len(held.messages) == 50
     sink = Sink()
     df = consumer_source(spark, nats_url, stream, name, priority=query_priority, fetchTimeout="5s")
@@ -164,7 +150,7 @@ def test_prioritized_lower_number_served_first(
         wait_until(lambda: info(client, stream, name)["num_waiting"] == 0, 60, "no pull waiting")
         wait_until(lambda: info(client, stream, name)["num_waiting"] == 1, 60, "the query's pull")
         rival = in_background(
-            puller(client, stream, name), 50, expires=3.0, priority=rival_priority
+            puller(client, stream, name, GROUP), 50, expires=3.0, priority=rival_priority
         )
         wait_until(lambda: info(client, stream, name)["num_waiting"] == 2, 5, "the rival's pull")
         for msg in held.messages:
@@ -192,7 +178,7 @@ class Standby:
 
     def __init__(self, client: Blocking[NatsClient], stream: str, consumer: str) -> None:
         self.client = client
-        self.pull = puller(client, stream, consumer)
+        self.pull = puller(client, stream, consumer, GROUP)
         self.got: list[int] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -225,7 +211,13 @@ def test_pinned_client_one_receiver_at_a_time_and_handover(
     stream, name = f"N{unique}", "pin"
     make_stream(client, stream)
     make_consumer(
-        client, stream, name, "pinned_client", priority_timeout=to_nanos(3), ack_wait=to_nanos(20)
+        client,
+        stream,
+        name,
+        "pinned_client",
+        group=GROUP,
+        priority_timeout=to_nanos(3),
+        ack_wait=to_nanos(20),
     )
     publish(client, stream, 30)
     sink = Sink()
@@ -279,7 +271,7 @@ def test_num_partitions_pull_in_parallel_exactly_once(
 ):
     stream, name = f"M{unique}", "many"
     make_stream(client, stream)
-    make_consumer(client, stream, name, policy, ack_wait=to_nanos(20))
+    make_consumer(client, stream, name, policy, group=GROUP, ack_wait=to_nanos(20))
     publish(client, stream, 300)
     sink = Sink()
     query = foreach_batches(
@@ -318,7 +310,7 @@ def test_misfit_consumer_fails_the_query_before_taking_anything(
     stream, name = f"X{unique}", "bad"
     make_stream(client, stream)
     if policy != "missing":
-        make_consumer(client, stream, name, policy, **extra)
+        make_consumer(client, stream, name, policy, group=GROUP, **extra)
     publish(client, stream, 5)
     df = consumer_source(spark, nats_url, stream, name, **options)
     query = df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp")).start()
@@ -355,7 +347,7 @@ def test_num_partitions_readers_hold_what_they_took(spark, client, nats_url, uni
     from coming back (to it or to the other), and every message is emitted once."""
     stream, name = f"D{unique}", "redo"
     make_stream(client, stream)
-    make_consumer(client, stream, name, None, ack_wait=to_nanos(1.0))
+    make_consumer(client, stream, name, None, group=GROUP, ack_wait=to_nanos(1.0))
     messages = 8000  # one pull each: both tasks' batches outlast the 1 s ack wait
     publish(client, stream, messages)
     redelivered: list[int] = []

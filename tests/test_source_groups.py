@@ -17,8 +17,10 @@ from spark_helpers import (
     member_states,
     payloads,
     publish,
+    settled,
     source,
     static_group,
+    unpinned,
     wait_until,
 )
 
@@ -26,12 +28,6 @@ from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
 
 pytestmark = pytest.mark.spark
-
-
-def settled(client, stream, group) -> bool:
-    return all(
-        s == {"pending": 0, "ack_pending": 0} for s in member_states(client, stream, group).values()
-    )
 
 
 def assert_acked_but_last_batch(client, stream, group, last_batch: int) -> None:
@@ -98,10 +94,13 @@ def test_elastic_group_processing_time_leaves_nothing_unacked(
         # Idle now: the query must ack its last batch without new data arriving.
         wait_until(lambda: settled(client, stream, group), 30, "all members acked")
         assert query.exception() is None
+        # Progress is reported once a batch has ended, after its rows reached the sink.
+        batch_rows = lambda: [p["numInputRows"] for p in query.recentProgress]  # noqa: E731
+        wait_until(lambda: sum(batch_rows()) >= 500, 30, "the progress of every batch")
     finally:
         query.stop()
     assert_exactly_once(seen, 500)
-    assert query.lastProgress["sources"][0]["numInputRows"] >= 0
+    assert sum(batch_rows()) == 500 and max(batch_rows()) <= 150, batch_rows()
 
 
 def test_no_ack_before_commit(spark, client, nats_url, unique, tmp_path):
@@ -202,13 +201,14 @@ def test_starting_position_applies_to_new_consumers_only(spark, client, nats_url
     stream = f"SP{unique}"
     static_group(client, stream, "g", ["m1", "m2"], partitions=4)
     publish(client, stream, 60)
-    time.sleep(0.05)
+    time.sleep(0.05)  # time under test: `middle` is a clock reading between the two publishes
     middle = datetime.datetime.now(datetime.UTC).isoformat()
     time.sleep(0.05)
     publish(client, stream, 40, start=60)
 
     def run(position: str, checkpoint: str) -> list[int]:
-        time.sleep(1.5)  # the previous query's pins time out (priority_timeout = ackWait)
+        # The previous query's pins time out (priority_timeout = ackWait).
+        wait_until(lambda: unpinned(client, stream, "g"), 30, "the previous query's pins to go")
         df = source(spark, nats_url, stream, "g", startingPosition=position, ackWait="1s")
         query = (
             df.writeStream.format("memory")

@@ -14,12 +14,13 @@ from spark_helpers import (
     consumers_of,
     elastic_group,
     foreach_batches,
-    member_states,
     payloads,
     publish,
     run_query,
+    settled,
     source,
     static_group,
+    unpinned,
     wait_until,
 )
 
@@ -40,11 +41,6 @@ pytestmark = pytest.mark.spark
 
 def names(client: Any, stream: str) -> list[str]:
     return sorted(run_sync(client.api.consumer_names(stream)))
-
-
-def settled(client: Any, stream: str, group: str) -> bool:
-    states = member_states(client, stream, group).values()
-    return all(s == {"pending": 0, "ack_pending": 0} for s in states)
 
 
 def go_member(client: Any, stream: str, group: str, member: str) -> GroupMember:
@@ -190,7 +186,8 @@ def test_member_layout_refused_while_a_partition_lags_behind(
     _, error = run_query(source(spark, nats_url, stream, group, ackWait="1s"), tmp_path / "a")
     assert error is None, error
     publish(client, stream, 100, start=400)
-    time.sleep(1.5)  # the query's pins time out (priority_timeout = ack wait)
+    # The query's pins time out (priority_timeout = ack wait).
+    wait_until(lambda: unpinned(client, stream, group), 30, "the query's pins to go")
     entry = run_sync(load_group(client.target, stream, group))
     ahead = client.pull_consumer(stream, partition_consumer(entry, 0).name, group=PRIORITY_GROUP)
     result = run_sync(ahead.fetch(100, expires=1.0))
@@ -263,11 +260,13 @@ def test_elastic_membership_change_keeps_partition_consumers(
         wait_until(lambda: len(rows) >= 200, 60, "200 rows")
         before = names(client, f"{stream}-{group}")
         run_sync(admin.add_members(client.target, stream, group, ["b"]))
+        # An idle query reloads the group each trigger (0.2 s) but shows it nowhere (no progress
+        # without data): 1 s is five reloads before the next messages.
         time.sleep(1)
         publish(client, stream, 200, start=200)
         wait_until(lambda: len(rows) >= 400, 60, "400 rows")
         run_sync(admin.drop_members(client.target, stream, group, ["a"]))
-        time.sleep(1)
+        time.sleep(1)  # five reloads, as above
         publish(client, stream, 200, start=400)
         wait_until(lambda: len(rows) >= 600, 60, "600 rows")
         assert names(client, f"{stream}-{group}") == before == [f"partition-{p}" for p in range(4)]
@@ -303,7 +302,7 @@ def test_elastic_group_losing_all_members_warns_then_reads_again(
 
         if REPORTS_LAG:
             wait_until(warned, 30, "a warning in progress")
-        time.sleep(1)
+        time.sleep(1)  # time under test: five triggers without members read nothing
         assert len(values) == 50, "read while the group had no members"
         run_sync(admin.add_members(client.target, stream, group, ["b"]))
         wait_until(lambda: len(values) >= 100, 60, "the new member's rows")

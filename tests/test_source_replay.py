@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from spark_helpers import (
     assert_exactly_once,
-    member_states,
     publish,
+    settled,
     source,
     static_group,
     wait_until,
@@ -17,12 +17,6 @@ from spark_helpers import (
 pytestmark = pytest.mark.spark
 
 SPARK_MASTER = "local[2,3]"  # two cores, up to three attempts per task
-
-
-def settled(client, stream) -> bool:
-    return all(
-        s == {"pending": 0, "ack_pending": 0} for s in member_states(client, stream, "g").values()
-    )
 
 
 def test_failed_task_is_retried_exactly_once(spark, client, nats_url, unique, tmp_path):

@@ -34,8 +34,9 @@ def create(client: Blocking[NatsClient], name: str, direct: bool) -> str:
     return name
 
 
-def publish(client: Blocking[NatsClient], stream: str, start: int, count: int) -> None:
-    """Messages `<stream>.k<i % 3>` with payload `<i>`; odd ones carry headers (one repeated)."""
+def publish_mixed(client: Blocking[NatsClient], stream: str, count: int, start: int = 0) -> None:
+    """Like spark_helpers.publish, on three keys `<stream>.k<i % 3>`; odd messages carry
+    headers (one repeated), even ones none."""
 
     async def send() -> None:
         for i in range(start, start + count):
@@ -88,7 +89,7 @@ def stream(request: pytest.FixtureRequest, admin: Blocking[NatsClient]) -> str:
     direct = request.param == "direct"
     name = create(admin, f"R{request.param[0]}{uuid.uuid4().hex[:8]}", direct)
     READ_PATH[name] = request.param
-    publish(admin, name, 0, COUNT)
+    publish_mixed(admin, name, COUNT)
     run_sync(admin.api.request(f"STREAM.MSG.DELETE.{name}", {"seq": 40}))
     return name
 
@@ -164,7 +165,7 @@ def test_empty_ranges(spark, nats_url, stream):
 def test_reads_leave_no_consumer_and_ack_nothing(spark, nats_url, admin, unique):
     for direct in (True, False):
         name = create(admin, f"N{unique}{int(direct)}", direct)
-        publish(admin, name, 0, 30)
+        publish_mixed(admin, name, 30)
         durable = {"durable_name": "watch", "ack_policy": "explicit", "deliver_policy": "all"}
         run_sync(admin.api.create_consumer(name, "watch", durable))
         before = run_sync(admin.api.consumer_info(name, "watch"))
@@ -180,15 +181,16 @@ def test_reads_leave_no_consumer_and_ack_nothing(spark, nats_url, admin, unique)
 
 def test_read_paths_on_request(spark, nats_url, admin, unique):
     name = create(admin, f"P{unique}", False)
-    publish(admin, name, 0, 10)
+    publish_mixed(admin, name, 10)
     assert len(read(spark, nats_url, name, readPath="consumer")) == 10
     with pytest.raises(Exception, match="readPath=direct cannot read stream .*: allow_direct is"):
         read(spark, nats_url, name, readPath="direct")
 
 
-def test_bad_options_fail_with_one_line(spark, nats_url, unique):
-    for options, message in [
-        ({"stream": f"missing{unique}"}, f"stream 'missing{unique}' does not exist on "),
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"stream": "NoSuchStream"}, "stream 'NoSuchStream' does not exist on "),
         ({"stream": "S", "startingPosition": "sequence:0"}, "startingPosition='sequence:0' is"),
         ({"stream": "S", "endingPosition": "time:noon"}, "endingPosition='time:noon' is not valid"),
         (
@@ -196,14 +198,16 @@ def test_bad_options_fail_with_one_line(spark, nats_url, unique):
             "endingPosition='sequence:3' is before startingPosition='sequence:9'",
         ),
         ({"stream": "S", "consumer": "c"}, "unknown option 'consumer'"),
-    ]:
-        reader = spark.read.format("nats").option("servers", nats_url)
-        for key, value in options.items():
-            reader = reader.option(key, value)
-        with pytest.raises(Exception) as error:
-            reader.load().collect()
-        lines = [line for line in str(error.value).splitlines() if message in line]
-        assert lines, f"{message!r} not in {str(error.value)[:500]}"
+    ],
+)
+def test_bad_options_fail_with_one_line(spark, nats_url, options, message):
+    reader = spark.read.format("nats").option("servers", nats_url)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    with pytest.raises(Exception) as error:  # noqa: B017 - Spark wraps it in its own types
+        reader.load().collect()
+    lines = [line for line in str(error.value).splitlines() if message in line]
+    assert lines, f"{message!r} not in {str(error.value)[:500]}"
 
 
 def run_available_now(spark: Any, url: str, stream: str, directory: Any, **options: Any) -> Any:
@@ -225,11 +229,11 @@ def run_available_now(spark: Any, url: str, stream: str, directory: Any, **optio
 
 def test_streaming_reads_each_message_once_across_runs(spark, nats_url, admin, unique, tmp_path):
     name = create(admin, f"S{unique}", True)
-    publish(admin, name, 0, 50)
+    publish_mixed(admin, name, 50)
     run_available_now(spark, nats_url, name, tmp_path)
     first = spark.read.parquet(str(tmp_path / "out")).select("data", "stream_seq").collect()
     assert sorted(int(r.data) for r in first) == list(range(50))
-    publish(admin, name, 50, 30)
+    publish_mixed(admin, name, 30, start=50)
     query = run_available_now(spark, nats_url, name, tmp_path)
     assert sum(p["numInputRows"] for p in query.recentProgress) == 30  # only the new ones
     rows = spark.read.parquet(str(tmp_path / "out")).select("data", "stream_seq").collect()
@@ -240,7 +244,7 @@ def test_streaming_reads_each_message_once_across_runs(spark, nats_url, admin, u
 
 def test_streaming_caps_batches_and_starts_where_told(spark, nats_url, admin, unique, tmp_path):
     name = create(admin, f"M{unique}", False)
-    publish(admin, name, 0, 100)
+    publish_mixed(admin, name, 100)
     query = run_available_now(
         spark, nats_url, name, tmp_path, maxMessagesPerTrigger=30, startingPosition="sequence:11"
     )
@@ -255,10 +259,12 @@ def test_streaming_caps_batches_and_starts_where_told(spark, nats_url, admin, un
 
 def test_streaming_trigger_pacing(spark, nats_url, admin, unique, tmp_path):
     name = create(admin, f"P{unique}", False)
-    publish(admin, name, 0, 5)
+    publish_mixed(admin, name, 5)
     reader = spark.readStream.format("nats").option("servers", nats_url).option("stream", name)
     df = reader.option("minMessagesPerTrigger", "20").option("maxTriggerDelay", "5s").load()
-    check_trigger_pacing(df, lambda start, count: publish(admin, name, start, count), tmp_path)
+    check_trigger_pacing(
+        df, lambda start, count: publish_mixed(admin, name, count, start=start), tmp_path
+    )
 
 
 PUSHDOWN = "spark.sql.python.filterPushdown.enabled"

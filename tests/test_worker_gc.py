@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 SCRIPT = """
 import gc
 from nats_spark.spark.worker_gc import freeze_imports
