@@ -22,7 +22,7 @@ from spark_helpers import (
     wait_until,
 )
 from test_faults import Slot, seqs_of
-from test_source_consumers import info, make_consumer, make_stream, puller
+from test_source_consumers import GROUP, info, make_consumer, make_stream, puller
 
 from nats_spark.client import NatsClient, close_shared_clients, open_blocking
 from nats_spark.connection import ConnectionSettings
@@ -76,11 +76,11 @@ def test_far_off_trigger_keeps_committed_messages_from_coming_back(client, nats_
     through the offset reader as Spark calls it, so the gap between triggers is exact."""
     stream, name = f"FAR{unique}", "shared"
     make_stream(client, stream)
-    make_consumer(client, stream, name, "overflow", ack_wait=to_nanos(1.5))
+    make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(1.5))
     publish(client, stream, 10)
     options = {"servers": nats_url, "stream": stream, "consumer": name}
     reader = OffsetReader(parse_options({**options, "ledgerBucket": f"L{unique}"}))
-    other = puller(client, stream, name)
+    other = puller(client, stream, name, GROUP)
 
     def batch(start: SourceOffset) -> tuple[SourceOffset, list[int]]:
         end = run_sync(reader.latest_offset(start, None))
