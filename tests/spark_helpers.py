@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -30,6 +30,7 @@ import nats_spark.job
 import pyspark_nats_pcg
 from nats_spark.client import NatsClient
 from nats_spark.errors import NotFound
+from nats_spark.jetstream.acks import delivered_at
 from nats_spark.jetstream.pull import FetchResult, PullConsumer
 from nats_spark.loop import Blocking, event_loop, run_sync
 from nats_spark.pcg import admin
@@ -546,3 +547,24 @@ def puller(
 def in_background(pull: Blocking[PullConsumer], batch: int, **kwargs: Any) -> Future[FetchResult]:
     """Start a fetch on the process loop and return at once."""
     return asyncio.run_coroutine_threadsafe(pull.target.fetch(batch, **kwargs), event_loop())
+
+
+class Delivery(NamedTuple):
+    """The metadata a JetStream delivery carries in its reply subject."""
+
+    stream: str
+    consumer: str
+    delivered: int
+    stream_seq: int
+    consumer_seq: int
+    timestamp_ns: int
+    pending: int
+
+
+def parse_reply(reply: str | bytes) -> Delivery:
+    """Every field of an ack subject, v1 (9 tokens) or v2 (11+), decoded one by one: the
+    reference the tests hold the read path's bulk parse (`ack_numbers`) and rebuilt subjects to."""
+    text = reply.decode() if isinstance(reply, bytes) else reply
+    tokens = text.split(".")
+    at = delivered_at(tokens, text)
+    return Delivery(tokens[at - 2], tokens[at - 1], *(int(t) for t in tokens[at : at + 5]))

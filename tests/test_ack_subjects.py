@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from spark_helpers import parse_reply
 
-from nats_spark.jetstream.acks import parse_reply
 from nats_spark.jetstream.subjects import AckNumbers, ack_numbers
 
 pytestmark = pytest.mark.unit

@@ -6,11 +6,11 @@ import json
 import pickle
 
 import pytest
-from spark_helpers import format_one_chunk
+from spark_helpers import format_one_chunk, parse_reply
 
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError
-from nats_spark.jetstream.acks import ack_prefix, parse_reply
+from nats_spark.jetstream.acks import ack_prefix
 from nats_spark.spark.driver_ledger import DriverLedger, Entry
 from nats_spark.spark.ledger import (
     LEDGER_FORMAT,

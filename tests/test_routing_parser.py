@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from nats.errors import ProtocolError
+from spark_helpers import parse_reply
 
-from nats_spark.jetstream.acks import parse_reply
 from nats_spark.jetstream.subjects import ack_numbers
 from nats_spark.nats_py import MessageColumns, RawInbox, RoutingParser
 

@@ -7,7 +7,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from nats.aio.client import Client as NATS
 from nats.errors import ConnectionClosedError
@@ -17,41 +16,12 @@ from nats_spark.nats_py import queue_command, write_queued
 log = logging.getLogger(__name__)
 
 
-class Delivery(NamedTuple):
-    """The metadata a JetStream delivery carries in its reply subject."""
-
-    stream: str
-    consumer: str
-    delivered: int
-    stream_seq: int
-    consumer_seq: int
-    timestamp_ns: int
-    pending: int
-
-
 def delivered_at(tokens: Sequence[str | bytes], reply: str | bytes) -> int:
     """Where the delivery count is in a split ack subject: after `$JS.ACK.<stream>.<consumer>`
     (v1, 9 tokens) or after `$JS.ACK.<domain>.<account hash>.<stream>.<consumer>` (v2, 11+)."""
     if len(tokens) < 9 or tokens[0] not in ("$JS", b"$JS") or tokens[1] not in ("ACK", b"ACK"):
         raise ValueError(f"{reply!r} is not a JetStream ack subject")
     return 4 if len(tokens) == 9 else 6
-
-
-def parse_reply(reply: str | bytes) -> Delivery:
-    """Parse `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>` (v1, 9
-    tokens) or the v2 form with domain and account hash before the stream (11+ tokens)."""
-    text = reply.decode() if isinstance(reply, bytes) else reply
-    tokens = text.split(".")
-    at = delivered_at(tokens, text)
-    return Delivery(
-        tokens[at - 2],
-        tokens[at - 1],
-        int(tokens[at]),
-        int(tokens[at + 1]),
-        int(tokens[at + 2]),
-        int(tokens[at + 3]),
-        int(tokens[at + 4]),
-    )
 
 
 def ack_prefix(reply: bytes) -> bytes:
