@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 .PHONY: test check test-compat demo lint clean
 
 COMPAT_VENV := .venv-compat
-SOURCE_TESTS := tests/test_source_groups.py tests/test_source_replay.py tests/test_source_pins.py tests/test_source_errors.py tests/test_source_recovery.py
+SOURCE_TESTS := $(addprefix tests/spark/group_source/,test_source_groups.py test_source_replay.py test_source_pins.py test_source_errors.py test_source_recovery.py)
 
 # The default editable install puts the checkout on sys.path (see package-dir in pyproject.toml),
 # so Spark's lookup of top-level pyspark_* modules finds pyspark_nats_pcg and pyspark_nats.

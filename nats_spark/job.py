@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from nats_spark.errors import ConfigurationError
-from nats_spark.spark.options import (
+from nats_spark.spark.shared.options import (
     CONNECTION_OPTIONS,
     SECRET_OPTIONS,
     parse_duration,
@@ -157,9 +157,9 @@ def settings(argv: Sequence[str] | None) -> tuple[dict[str, str], dict[str, str]
 def start_query(spark: Any, job: dict[str, str], options: dict[str, str]) -> Any:
     from pyspark.sql.functions import col, concat, lit
 
+    from nats_spark.spark.group_source.source import NatsPcgDataSource
     from nats_spark.spark.nats_format import NatsDataSource
     from nats_spark.spark.registration import register_source
-    from nats_spark.spark.source import NatsPcgDataSource
 
     # Spark registers `pyspark_*` modules by itself only where pkgutil can see them (not through
     # a plain editable install's import hook).

@@ -36,7 +36,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from nats_spark.spark.source import NatsPcgDataSource
+from nats_spark.spark.group_source.source import NatsPcgDataSource
 
 remote, url, auto_stream, registered_stream, out = sys.argv[1:]
 

@@ -27,7 +27,7 @@ from nats_spark.errors import ConfigurationError, ConnectionFailed
 from nats_spark.jetstream import PullConsumer
 from nats_spark.loop import Blocking, event_loop, run_sync
 from nats_spark.server import EmbeddedServer
-from nats_spark.spark.options import parse_options
+from nats_spark.spark.shared.options import parse_options
 
 USER, PASSWORD, TOKEN = "alice", "pw-Zq81x", "tok-Hk27y"
 

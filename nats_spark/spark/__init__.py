@@ -1,4 +1,7 @@
-"""The `nats-pcg` Spark source: options, offsets, ledger, driver planning and executor reading.
+"""The Spark formats, a package per product: `group_source/` (format `nats-pcg`), `stream_source/`
+(format `nats` reads), `sink/` (format `nats` writes) and `shared/` (what they all use). The entry
+points Spark looks up are `group_source/source.py` and `nats_format.py`; `registration.py`
+registers both by hand.
 
 PySpark is not a dependency of the package (a Spark runtime brings its own; see pyproject.toml),
 so a Python without it, or with a Spark older than the Python data source API's, is named here

@@ -1,49 +1,30 @@
-"""The `nats` format: Spark's entry points for writing DataFrames to JetStream and for reading
-a whole stream.
+"""The `nats` format: Spark's entry point for reading a whole stream (`stream_source/`) and for
+writing DataFrames to JetStream (`sink/`).
 
-`df.write.format("nats")` (append) and `df.writeStream.format("nats")`; see `sink.py` for how
-rows become messages and why a re-run stores nothing twice. `spark.read.format("nats")` and
-`spark.readStream.format("nats")` read ranges of stream sequences; see `stream_range.py`.
+`df.write.format("nats")` (append) and `df.writeStream.format("nats")`; see `sink/publisher.py`
+for how rows become messages and why a re-run stores nothing twice. `spark.read.format("nats")`
+and `spark.readStream.format("nats")` read ranges of stream sequences; see
+`stream_source/stream_range.py`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from typing import Any
 
-import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceArrowWriter,
-    DataSourceStreamWriter,
-    WriterCommitMessage,
-)
+from pyspark.sql.datasource import DataSource
 
-from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError
-from nats_spark.loop import run_sync
-from nats_spark.spark.failures import one_line_errors
-from nats_spark.spark.options import SinkOptions, parse_read_options, parse_sink_options
-from nats_spark.spark.pushdown import spark_pushes_filters
-from nats_spark.spark.schema import SCHEMA_DDL, check_schema
-from nats_spark.spark.sink import (
-    PartitionPublisher,
-    SinkColumns,
-    arrow_chunks,
-    check_target,
-    first_check,
-    log_commit,
-    new_write_id,
-    raise_refused,
-    sink_columns,
-    task_id_prefix,
+from nats_spark.spark.shared.failures import one_line_errors
+from nats_spark.spark.shared.options import parse_read_options
+from nats_spark.spark.shared.schema import SCHEMA_DDL, check_schema
+from nats_spark.spark.sink.publisher import new_write_id
+from nats_spark.spark.sink.writers import NatsStreamWriter, NatsWriter, prepare_write
+from nats_spark.spark.stream_source.pushdown import spark_pushes_filters
+from nats_spark.spark.stream_source.stream_range import (
+    FilteringRangeReader,
+    RangeReader,
+    RangeStreamReader,
 )
-from nats_spark.spark.stream_range import FilteringRangeReader, RangeReader, RangeStreamReader
-
-try:  # Spark 4.1+: the streaming writer gets Arrow record batches too
-    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
-except ImportError:  # Spark 4.0: Rows
-    _StreamWriterBase = DataSourceStreamWriter  # type: ignore[assignment,misc]
 
 
 class NatsDataSource(DataSource):
@@ -54,32 +35,16 @@ class NatsDataSource(DataSource):
     def name(cls) -> str:
         return "nats"
 
-    def _prepare(self, schema: Any) -> tuple[SinkOptions, SinkColumns]:
-        """Options, columns and the target checked on the driver, before any task publishes."""
-        options = parse_sink_options(self.options)
-        columns = sink_columns(schema, options)
-
-        say = first_check(options)
-
-        async def check() -> SinkOptions:
-            client = await NatsClient.open(options.connection)
-            try:
-                return await check_target(client, options, say)
-            finally:
-                await client.close()
-
-        return run_sync(check()), columns
-
     @one_line_errors
     def writer(self, schema: Any, overwrite: bool) -> NatsWriter:
         if overwrite:
             raise ConfigurationError("a NATS stream cannot be overwritten; use mode('append')")
-        options, columns = self._prepare(schema)
+        options, columns = prepare_write(self.options, schema)
         return NatsWriter(options, columns, new_write_id())
 
     @one_line_errors
     def streamWriter(self, schema: Any, overwrite: bool) -> NatsStreamWriter:
-        options, columns = self._prepare(schema)
+        options, columns = prepare_write(self.options, schema)
         return NatsStreamWriter(options, columns)
 
     def schema(self) -> str:
@@ -95,79 +60,3 @@ class NatsDataSource(DataSource):
     def streamReader(self, schema: Any) -> RangeStreamReader:
         check_schema(schema, "nats")
         return RangeStreamReader(parse_read_options(self.options, streaming=True))
-
-
-def _rows_chunks(
-    rows: Iterator[Any], columns: SinkColumns, size: int = 4096
-) -> Iterator[tuple[Sequence[Any], Sequence[Any], Sequence[Any]]]:
-    """Column chunks from Rows (Spark 4.0's streaming writer)."""
-    chunk: list[Any] = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) == size:
-            yield _columns_of(chunk, columns)
-            chunk = []
-    if chunk:
-        yield _columns_of(chunk, columns)
-
-
-def _columns_of(
-    rows: list[Any], columns: SinkColumns
-) -> tuple[Sequence[Any], Sequence[Any], Sequence[Any]]:
-    subjects = [row["subject"] for row in rows] if columns.subject else []
-    headers = [row["headers"] for row in rows] if columns.headers else []
-    return subjects, [row["data"] for row in rows], headers
-
-
-class NatsWriter(DataSourceArrowWriter):
-    """`df.write.format("nats")`: one write id per job, shared by the retries of its tasks."""
-
-    def __init__(self, options: SinkOptions, columns: SinkColumns, write_id: str) -> None:
-        self.options = options
-        self.columns = columns
-        self.write_id = write_id
-
-    @one_line_errors
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        publisher = PartitionPublisher(self.options, self.columns, task_id_prefix(self.write_id))
-        return publisher.publish(arrow_chunks(iterator, self.columns))
-
-    @one_line_errors
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        raise_refused(messages)
-        log_commit(f"write {self.write_id}", messages)
-
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        log_commit(f"write {self.write_id} failed; what its tasks stored stays", messages)
-
-
-class NatsStreamWriter(_StreamWriterBase):
-    """`df.writeStream.format("nats")`: message ids from the query id and the batch id."""
-
-    def __init__(self, options: SinkOptions, columns: SinkColumns) -> None:
-        self.options = options
-        self.columns = columns
-
-    @one_line_errors
-    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        publisher = PartitionPublisher(self.options, self.columns, task_id_prefix(None))
-        first = next(iterator, None)
-        if first is None:
-            return publisher.publish(())
-        rest = _chain(first, iterator)
-        if isinstance(first, pa.RecordBatch):
-            return publisher.publish(arrow_chunks(rest, self.columns))
-        return publisher.publish(_rows_chunks(rest, self.columns))
-
-    @one_line_errors
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        raise_refused(messages)
-        log_commit(f"batch {batchId}", messages)
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        log_commit(f"batch {batchId} failed; Spark runs it again", messages)
-
-
-def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
-    yield first
-    yield from rest

@@ -35,8 +35,8 @@ def register_formats(spark: Any) -> None:
     """Register `nats-pcg` and `nats` with `spark` and check that its Python workers can load
     them; if they cannot, a one-line `ConfigurationError` names the interpreter they run and
     PYSPARK_PYTHON."""
+    from nats_spark.spark.group_source.source import NatsPcgDataSource
     from nats_spark.spark.nats_format import NatsDataSource
-    from nats_spark.spark.source import NatsPcgDataSource
 
     for source in (NatsPcgDataSource, NatsDataSource):
         register_source(spark, source)

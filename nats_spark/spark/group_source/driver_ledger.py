@@ -1,0 +1,248 @@
+"""Driver side of the ack ledger: the entries of the query's lineage (their heads only: what
+they hold is read by the tasks that ack and dedupe them), its pointer (newest gen, pins), and the
+removal of settled entries.
+
+All of it is a cache of what the ledger bucket holds, so a restarted driver rebuilds it. Its work
+per batch grows with the slots, not the messages; only `ack_through`, at stop, reads entries.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from nats_spark.client import NatsClient
+from nats_spark.spark.group_source.ledger import (
+    EntryHead,
+    EntryState,
+    Ledger,
+    LedgerBucket,
+    Pointer,
+    name_of,
+    read_pointer,
+    write_pointer,
+)
+from nats_spark.spark.group_source.offsets import MemberPlan, SourceOffset
+from nats_spark.spark.group_source.slot_history import ack_entry
+from nats_spark.spark.group_source.slot_partition import UNBOUNDED
+
+log = logging.getLogger(__name__)
+
+SETTLE_SECONDS = 10.0
+
+
+@dataclass
+class Entry:
+    """The driver's view of one ledger entry."""
+
+    gen: int
+    slot: str
+    head: EntryHead | None = None
+    settled_since: float | None = None  # when acks were first seen past all its messages
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """How far a slot's consumer and stream have moved: entries below both are settled."""
+
+    ack_floor: int  # 0 where the consumer's floor says nothing (not durable, unknown)
+    first_seq: int  # the stream's first sequence
+
+
+class DriverLedger:
+    """The ledger entries of one query lineage, as the driver plans, replays and acks them."""
+
+    def __init__(self, stream: str, pointer_key: str) -> None:
+        self.stream = stream
+        self.pointer_key = pointer_key
+        self.kv: LedgerBucket | None = None
+        self.ledger: Ledger | None = None  # None until a lineage is adopted
+        self.head_gen = 0  # newest gen handed out in this lineage
+        self.entries: dict[tuple[int, str], Entry] = {}
+        self.pins: dict[str, str] = {}  # by slot: the pin its newest entry (or pointer) holds
+        self.last_query_pins: frozenset[str] = frozenset()  # pins of this target's last query
+
+    def attach(self, kv: LedgerBucket) -> None:
+        """Use `kv` (a new connection's handle on the bucket)."""
+        self.kv = kv
+        if self.ledger is not None:
+            self.ledger = Ledger(kv, self.ledger.lineage)
+
+    @property
+    def lineage(self) -> str | None:
+        return None if self.ledger is None else self.ledger.lineage
+
+    async def adopt(self, offset: SourceOffset | None) -> bool:
+        """Take the lineage of `offset` (or of the stored pointer) and load its entries; False
+        when it was adopted already."""
+        assert self.kv is not None
+        if offset is not None and self.lineage == offset.lineage:
+            self.head_gen = max(self.head_gen, offset.gen)
+            return False
+        pointer = await read_pointer(self.kv, self.pointer_key)
+        if pointer is not None:  # pins of this target's last query: ours, not another client's
+            self.last_query_pins = frozenset(pointer.pins.values())
+        if offset is None:
+            if self.ledger is not None:
+                return False
+            offset = (
+                SourceOffset(pointer.lineage, pointer.gen) if pointer else SourceOffset.initial()
+            )
+        self.ledger = Ledger(self.kv, offset.lineage)
+        self.head_gen = offset.gen
+        if pointer and pointer.lineage == offset.lineage:
+            self.head_gen = max(self.head_gen, pointer.gen)
+            self.pins = dict(pointer.pins)
+        self.entries = {
+            (gen, name_of(token)): Entry(gen, name_of(token))
+            for gen, token in await self.ledger.heads()
+        }
+        await self.load_heads(self.entries.values())
+        return True
+
+    def forget_lineage(self) -> None:
+        """Before a new lineage is adopted: the current one is done with."""
+        self.ledger = None
+
+    async def clear_pins(self) -> None:
+        """A new lineage holds no pins yet: point the target at it without any."""
+        self.pins = {}
+        await self.save_pointer()
+
+    async def load_heads(self, entries: Iterable[Entry]) -> None:
+        assert self.ledger is not None
+        for entry in list(entries):
+            found = await self.ledger.read_head(entry.gen, entry.slot)
+            if found is None:
+                self.entries.pop((entry.gen, entry.slot), None)
+                continue
+            entry.head = found[0]
+            if entry.head.pin:
+                newest = max((g for g, s in self.entries if s == entry.slot), default=entry.gen)
+                if entry.gen == newest:
+                    self.pins[entry.slot] = entry.head.pin
+
+    async def load_missing_heads(self) -> None:
+        await self.load_heads(e for e in self.entries.values() if e.head is None)
+
+    async def load_unacked_heads(self) -> None:
+        """Heads not loaded yet or not acked when last read (tasks seal and ack them)."""
+        await self.load_heads(
+            e
+            for e in self.entries.values()
+            if e.head is None or e.head.state is not EntryState.ACKED
+        )
+
+    def unacked(self) -> Iterator[Entry]:
+        """Entries whose messages are taken and not acked yet (heads loaded)."""
+        for entry in self.entries.values():
+            if entry.head is not None and entry.head.state is not EntryState.ACKED:
+                yield entry
+
+    def has_sealed(self) -> bool:
+        """Whether a finished batch waits for its acks."""
+        return any(
+            e.head is not None and e.head.state is EntryState.SEALED and e.head.count
+            for e in self.entries.values()
+        )
+
+    def expect(self, gen: int, slots: Iterable[str]) -> None:
+        """Entries the slots of batch `gen` will write (so that acks look for them)."""
+        for slot in slots:
+            self.entries.setdefault((gen, slot), Entry(gen, slot))
+
+    def recorded(self, gen: int, slot: str) -> EntryHead | None:
+        entry = self.entries.get((gen, slot))
+        return None if entry is None else entry.head
+
+    async def new_offset(self, members: dict[str, MemberPlan]) -> SourceOffset:
+        assert self.ledger is not None
+        self.head_gen += 1
+        offset = SourceOffset(self.ledger.lineage, self.head_gen, members)
+        await self.save_pointer()
+        return offset
+
+    async def save_pointer(self) -> None:
+        assert self.ledger is not None and self.kv is not None
+        pointer = Pointer(self.ledger.lineage, self.head_gen, dict(sorted(self.pins.items())))
+        await write_pointer(self.kv, self.pointer_key, pointer)
+
+    def acks_due(self, through: int) -> dict[str, tuple[int, ...]]:
+        """By slot: gens up to `through` (committed) of its entries not known to be acked."""
+        due: dict[str, list[int]] = {}
+        for (gen, slot), e in sorted(self.entries.items()):
+            if gen <= through and (
+                e.head is None or (e.head.state is not EntryState.ACKED and e.head.count)
+            ):
+                due.setdefault(slot, []).append(gen)
+        return {slot: tuple(gens) for slot, gens in due.items()}
+
+    def dedupe_spans(self, before: int, slots: Iterable[str]) -> tuple[tuple[str, int, int], ...]:
+        """By slot of `slots`: the first and last gen before `before` of its entries not settled
+        yet (a task drops redeliveries of what they emitted; see `SlotHistory.dedupe`)."""
+        wanted = set(slots)
+        gens: dict[str, list[int]] = {}
+        for gen, slot in self.entries:
+            if gen < before and slot in wanted:
+                gens.setdefault(slot, []).append(gen)
+        return tuple((slot, min(g), max(g)) for slot, g in sorted(gens.items()))
+
+    def highest_seq(self, spans: Iterable[tuple[str, int, int]]) -> int:
+        """The highest stream sequence the entries of `spans` hold (as far as their heads say;
+        an entry whose head is not loaded could hold any)."""
+        highest = 0
+        for slot, first, last in spans:
+            for gen in range(first, last + 1):
+                entry = self.entries.get((gen, slot))
+                if entry is not None:
+                    if entry.head is None:
+                        return UNBOUNDED
+                    highest = max(highest, entry.head.max_seq)
+        return highest
+
+    async def settle(self, horizons: dict[str, Horizon], committed: int) -> None:
+        """Forget acked entries that no redelivery can touch any more, and empty ones of
+        committed batches (a re-run of an uncommitted one must find it: it replays nothing)."""
+        assert self.ledger is not None
+        for key, entry in list(self.entries.items()):
+            head = entry.head
+            if head is None or head.state is EntryState.OPEN:
+                continue
+            if head.state is EntryState.SEALED and (head.count or entry.gen > committed):
+                continue
+            horizon = horizons.get(entry.slot, Horizon(0, 0))
+            if (
+                head.count
+                and head.max_seq > horizon.ack_floor
+                and head.max_seq >= horizon.first_seq
+            ):
+                entry.settled_since = None
+                continue
+            # A consumer's ack floor is in the server's memory before it is on disk: a server
+            # crash right after the acks can take it back and redeliver. Forget the entry (and
+            # with it the dedupe of those messages) only once the floor has held for a while.
+            now = time.monotonic()
+            since = entry.settled_since = entry.settled_since or now
+            if head.count == 0 or now - since >= SETTLE_SECONDS:
+                log.debug("forgetting settled ledger entry %s", self.ledger.head_key(*key))
+                await self.ledger.delete_entry(entry.gen, entry.slot)
+                del self.entries[key]
+
+    async def ack_through(self, client: NatsClient, gen: int, only: str | None = None) -> int:
+        """Ack every sealed entry (of slot `only`, if given) of batches up to `gen` (all
+        committed by Spark); returns the count. Per message, so only for what no task of a next
+        batch will ack: at stop, and for slots the query no longer has."""
+        assert self.ledger is not None
+        count = 0
+        for (entry_gen, slot), entry in sorted(self.entries.items()):
+            if entry_gen > gen or (entry.head and entry.head.state is EntryState.ACKED):
+                continue
+            if only is not None and slot != only:
+                continue
+            count += await ack_entry(client, self.ledger, entry_gen, slot, self.stream)
+        await self.load_unacked_heads()
+        if count:
+            log.info("acked %d messages of batches up to gen %d", count, gen)
+        return count

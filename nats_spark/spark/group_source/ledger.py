@@ -1,0 +1,326 @@
+"""The write-ahead ack ledger: what each task took from NATS, in a JetStream KV bucket.
+
+An entry per (lineage, gen, slot) — a slot is one input partition of a batch: a group member, or
+one reader of a plain consumer. A task records every message it takes before it yields the rows,
+and seals the entry when done. A re-run of the same batch finds the entry and replays it; commit
+acks the entries of committed batches. Keys:
+
+- `<lineage>.<gen>.<slot>`: the head, JSON (format, state, attempt, chunk keys, count, pin,
+  max_seq, prefix: the ack subject up to the delivery count, `$JS.ACK.<stream>.<consumer>` or the
+  v2 form with domain and account hash, as the server sent it)
+- `<lineage>.<gen>.<slot>.<attempt>.<n>`: chunks of deliveries, in delivery order: their count (4
+  bytes, little endian), then zstd of three columns of signed 64-bit integers: stream sequence
+  and consumer sequence each as the difference to the one before, and the delivery count. In-order
+  deliveries repeat one pattern, which zstd stores in a few bytes per thousand messages; format 1
+  chunks held the reply subjects themselves (about 73 bytes each) and are still read.
+- `query.<stream>.<target>`: the newest lineage and gen handed out for a target, so a restarted
+  driver on Spark 4.0/4.1 (whose `latestOffset` gets no start offset) can go on numbering, and
+  the pins the query's slots hold, so a restarted query resumes them instead of standing by
+
+An ack subject is rebuilt from the prefix and the numbers (nats-server reads only the delivery
+count, stream and consumer sequence of an ack subject, and matches explicit acks by stream
+sequence). A delivery's timestamp is not stored: a replay reads the message back from the stream,
+which holds the same time.
+
+Heads and pointers carry `format` (`LEDGER_FORMAT`; absent in entries written before it existed,
+which are format 1). A release that changes what they hold raises the number, reads the formats
+it knows and refuses newer ones with one line, since a misread entry would ack the wrong messages.
+
+Settled entries are removed with a stream purge by subject, which leaves no purge marker behind
+(a KV purge keeps one per key for the bucket's max age).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from nats.errors import NoRespondersError
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoKeysError,
+    NoStreamResponseError,
+)
+from nats.js.kv import KeyValue
+
+from nats_spark import __version__
+from nats_spark.client import NatsClient
+from nats_spark.errors import ConfigurationError, NatsSparkError, NotFound
+from nats_spark.jetstream.retry import is_transient, retrying
+from nats_spark.spark.group_source.recorded import (
+    Recorded,
+    decode_recorded,
+    decode_replies,
+    encode_recorded,
+)
+from nats_spark.spark.shared.columns import CHUNK_MESSAGES
+
+_KEY_TOKEN = re.compile(r"^[-_=a-zA-Z0-9]+$")
+LEDGER_MAX_AGE = 7 * 24 * 3600.0
+LEDGER_FORMAT = 2
+READABLE_FORMATS = (1, 2)  # 1: chunks of reply subjects, heads without `prefix`
+T = TypeVar("T")
+KvEntry = KeyValue.Entry
+
+
+class EntryState(StrEnum):
+    OPEN = "open"  # a task is (or was) taking messages
+    SEALED = "sealed"  # the task finished; the entry is what the batch emitted
+    ACKED = "acked"  # the batch was committed and its acks published
+
+
+class LedgerConflict(NatsSparkError):
+    """Another attempt of the same task took the entry over; this attempt must stop."""
+
+
+def key_token(name: str) -> str:
+    """A KV key token for `name`: itself when safe, else `_` and its UTF-8 in hex."""
+    if _KEY_TOKEN.match(name) and not name.startswith("_"):
+        return name
+    return "_" + name.encode().hex()
+
+
+def name_of(token: str) -> str:
+    """The name `key_token` made `token` from."""
+    return bytes.fromhex(token[1:]).decode() if token.startswith("_") else token
+
+
+@dataclass
+class EntryHead:
+    state: EntryState = EntryState.OPEN
+    attempt: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    chunks: list[str] = field(default_factory=list)
+    count: int = 0
+    max_seq: int = 0
+    pin: str | None = None
+    prefix: str | None = None  # of the deliveries' ack subjects (format 2)
+    format: int = LEDGER_FORMAT  # how its chunks are stored
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, key: str) -> EntryHead:
+        raw = json.loads(data)
+        raw["format"] = _readable_format(raw, key)
+        raw["state"] = EntryState(raw["state"])
+        return cls(**raw)
+
+
+def _readable_format(raw: dict[str, Any], key: str) -> int:
+    """The format of `raw`, once it is known to be one this release reads."""
+    found = raw.get("format", 1)
+    if found not in READABLE_FORMATS:
+        raise ConfigurationError(
+            f"ack ledger entry {key} has format {found!r} but nats-spark {__version__} reads "
+            f"formats {', '.join(map(str, READABLE_FORMATS))}: run the release that wrote it, or "
+            "start the query with a new checkpoint location"
+        )
+    return int(found)
+
+
+def decode_chunk(data: bytes, head: EntryHead) -> Recorded:
+    """A chunk of `head`'s entry, in the format the head says."""
+    if head.format == 1:
+        return Recorded.from_replies(decode_replies(data))
+    return decode_recorded(data, (head.prefix or "").encode())
+
+
+class LedgerBucket:
+    """The ledger's KV bucket, its calls retried while the bucket's stream has no leader.
+
+    A write to a stream without a leader finds no responder, just like a write to a deleted
+    bucket: the bucket's existence tells the two apart.
+    """
+
+    def __init__(self, kv: KeyValue, client: NatsClient, name: str) -> None:
+        self.kv = kv
+        self.client = client
+        self.name = name
+
+    async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        async def once() -> T:
+            try:
+                return await call()
+            except (NoStreamResponseError, NoRespondersError):
+                try:
+                    await self.client.api.stream_info(f"KV_{self.name}")
+                except NotFound:
+                    raise _missing(self.name) from None
+                raise _Leaderless from None
+
+        return await retrying(
+            once,
+            f"{what} in ack ledger bucket {self.name!r}",
+            self.client.settings.retry_timeout,
+            lambda error: isinstance(error, _Leaderless) or is_transient(error),
+            connection=self.client.nc,
+        )
+
+    async def get(self, key: str) -> KvEntry:
+        return await self._call(f"reading {key}", lambda: self.kv.get(key))
+
+    async def create(self, key: str, value: bytes) -> int:
+        return await self._call(f"creating {key}", lambda: self.kv.create(key, value))
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        return await self._call(f"updating {key}", lambda: self.kv.update(key, value, last=last))
+
+    async def put(self, key: str, value: bytes) -> int:
+        return await self._call(f"writing {key}", lambda: self.kv.put(key, value))
+
+    async def remove(self, key: str) -> None:
+        """Remove `key` and every key below it (`<key>.>`) from the bucket's stream, leaving
+        nothing behind (a KV purge would leave a marker per key for the bucket's max age)."""
+        stream = f"KV_{self.name}"
+        for subject in (f"$KV.{self.name}.{key}", f"$KV.{self.name}.{key}.>"):
+            await self.client.api.request(f"STREAM.PURGE.{stream}", {"filter": subject})
+
+    async def keys(self) -> list[str]:
+        return await self._call("listing keys", self.kv.keys)
+
+
+class _Leaderless(NatsSparkError):
+    """The ledger bucket exists but its stream did not answer a write."""
+
+
+def _missing(name: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"ack ledger bucket {name!r} does not exist (deleted while the query ran?); restart the "
+        "query so the driver recreates it"
+    )
+
+
+class Ledger:
+    """One query lineage's entries in the ledger bucket."""
+
+    def __init__(self, kv: LedgerBucket, lineage: str) -> None:
+        self.kv = kv
+        self.lineage = lineage
+
+    @staticmethod
+    async def bucket(
+        client: NatsClient, name: str, create: bool, replicas: int = 1
+    ) -> LedgerBucket:
+        """The ledger bucket; the driver creates it, executors only open it."""
+
+        async def open_or_create() -> KeyValue:
+            try:
+                return await client.js.key_value(name)
+            except BucketNotFoundError:
+                if not create:
+                    raise _missing(name) from None
+            return await client.js.create_key_value(
+                bucket=name, history=1, ttl=LEDGER_MAX_AGE, replicas=replicas
+            )
+
+        kv = await retrying(
+            open_or_create, f"opening ack ledger bucket {name!r}", client.settings.retry_timeout
+        )
+        return LedgerBucket(kv, client, name)
+
+    def head_key(self, gen: int, slot: str) -> str:
+        return f"{self.lineage}.{gen}.{key_token(slot)}"
+
+    async def read_head(self, gen: int, slot: str) -> tuple[EntryHead, int] | None:
+        key = self.head_key(gen, slot)
+        try:
+            entry = await self.kv.get(key)
+        except KeyNotFoundError:
+            return None
+        return EntryHead.from_bytes(entry.value or b"", key), entry.revision or 0
+
+    async def create_head(self, gen: int, slot: str, head: EntryHead) -> int | None:
+        """Create the head; None when it exists already (another attempt was first)."""
+        try:
+            return await self.kv.create(self.head_key(gen, slot), head.to_bytes())
+        except KeyWrongLastSequenceError:
+            return None
+
+    async def update_head(self, gen: int, slot: str, head: EntryHead, revision: int) -> int:
+        """Compare-and-set the head; `LedgerConflict` when someone else wrote it since."""
+        try:
+            return await self.kv.update(self.head_key(gen, slot), head.to_bytes(), last=revision)
+        except KeyWrongLastSequenceError:
+            found = await self.read_head(gen, slot)
+            if found is not None and found[0] == head:
+                return found[1]  # our own write, retried after its answer was lost
+            raise LedgerConflict(
+                f"ledger entry {self.head_key(gen, slot)} was taken over by another task attempt"
+            ) from None
+
+    async def put_head(self, gen: int, slot: str, head: EntryHead) -> None:
+        await self.kv.put(self.head_key(gen, slot), head.to_bytes())
+
+    async def write_chunk(self, gen: int, slot: str, head: EntryHead, taken: Recorded) -> list[str]:
+        """Store `taken` as new chunks of `head`'s attempt; returns their keys."""
+        keys: list[str] = []
+        for start in range(0, len(taken), CHUNK_MESSAGES):
+            key = f"{self.head_key(gen, slot)}.{head.attempt}.{len(head.chunks) + len(keys)}"
+            await self.kv.put(key, encode_recorded(taken.part(start, start + CHUNK_MESSAGES)))
+            keys.append(key)
+        return keys
+
+    async def read_recorded(self, head: EntryHead) -> Recorded:
+        found = Recorded((head.prefix or "").encode())
+        for key in head.chunks:
+            try:
+                entry = await self.kv.get(key)
+            except KeyNotFoundError:
+                raise NatsSparkError(
+                    f"ack ledger chunk {key} is missing (bucket purged or expired?); the batch "
+                    "cannot be replayed exactly: restart the query with a new checkpoint"
+                ) from None
+            found.extend(decode_chunk(entry.value or b"", head))
+        return found
+
+    async def heads(self) -> list[tuple[int, str]]:
+        """(gen, slot token) of every entry of this lineage."""
+        try:
+            keys = await self.kv.keys()
+        except NoKeysError:  # what nats-py raises for an empty bucket
+            return []
+        found = []
+        for key in keys:
+            parts = key.split(".")
+            if len(parts) == 3 and parts[0] == self.lineage:
+                found.append((int(parts[1]), parts[2]))
+        return sorted(found)
+
+    async def delete_entry(self, gen: int, slot: str) -> None:
+        """Remove the entry: its head and the chunks of every attempt."""
+        await self.kv.remove(self.head_key(gen, slot))
+
+
+def pointer_key(stream: str, target: str) -> str:
+    return f"query.{key_token(stream)}.{key_token(target)}"
+
+
+@dataclass
+class Pointer:
+    """A target's newest lineage and gen, and the pins its slots last held."""
+
+    lineage: str
+    gen: int
+    pins: dict[str, str] = field(default_factory=dict)
+
+
+async def read_pointer(kv: LedgerBucket, key: str) -> Pointer | None:
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:
+        return None
+    data = json.loads(entry.value or b"{}")
+    _readable_format(data, key)
+    return Pointer(data["lineage"], int(data["gen"]), data.get("pins", {}))
+
+
+async def write_pointer(kv: LedgerBucket, key: str, pointer: Pointer) -> None:
+    await kv.put(key, json.dumps({"format": LEDGER_FORMAT, **asdict(pointer)}).encode())

@@ -1,0 +1,403 @@
+"""Executor side: read one input partition (one slot of one batch) into Arrow record batches.
+
+A slot's task first acks what its committed batches emitted (`SlotHistory`), then its first
+attempt pulls from NATS and records every message in the ack ledger before its rows leave the
+task. A later attempt of the same slot replays what the ledger holds (sealed: all
+of it and nothing more; open: what was recorded, then it goes on pulling). The ledger entry is
+`SlotEntry`'s, the rows' columns `SlotColumns`', the in-progress acks `InProgressKeeper`'s: this
+module composes them, fetch -> record -> emit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from nats_spark.client import shared_client
+from nats_spark.errors import NatsSparkError, NotFound, PullError
+from nats_spark.jetstream.acks import InProgressKeeper, publish_acks
+from nats_spark.jetstream.api import StoredMessage
+from nats_spark.jetstream.pull import (
+    PULL_MAX_BYTES,
+    Deliveries,
+    Pull,
+    PullConsumer,
+    PullStatus,
+)
+from nats_spark.loop import run_sync
+from nats_spark.spark.group_source.recorded import Recorded
+from nats_spark.spark.group_source.slot_entry import SlotEntry
+from nats_spark.spark.group_source.slot_history import SlotHistory
+from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.shared.columns import SlotColumns
+
+log = logging.getLogger(__name__)
+
+_PIN_RETRIES = 3
+_TRANSIENT_RETRIES = 5
+_REPLAY_WINDOW = 256  # stored-message requests in flight while replaying
+_MAX_BYTES_REFUSED = "exceeded maxrequestmaxbytes"
+_HELD_ONLY_PULLS = 3  # pulls in a row that bring back only what the batch holds: stop pulling
+
+
+class DataLoss(NatsSparkError):
+    """Messages of an uncommitted batch were removed from the stream before the batch committed."""
+
+
+class SlotReader:
+    """Reads one slot: replay of what the ledger holds, then (for a first attempt) pulls."""
+
+    def __init__(self, partition: SlotPartition) -> None:
+        self.p = partition
+        self.client = shared_client(partition.connection)
+        self.entry = SlotEntry(self.client, partition)
+        self.keeper = InProgressKeeper(self.client.nc, partition.ack_wait, f"slot {partition.slot}")
+        self.dedupe: set[int] | None = None  # `SlotHistory.dedupe`, loaded when first needed
+        self.history: SlotHistory | None = None
+        self.pull = partition.limit > 0
+        self.lost = 0
+        self.redundant = 0  # redeliveries of earlier batches' messages, acked and dropped
+        self.max_bytes = PULL_MAX_BYTES
+        self.sibling_seqs: set[int] = set()
+
+    @property
+    def replay(self) -> Recorded:
+        return self.entry.replay
+
+    async def begin(self) -> None:
+        """Ack what committed batches left, then claim the ledger entry: create it, take over
+        an open one, or replay a sealed one. An ack-only partition (`limit` 0) stops there."""
+        history = self.history = SlotHistory(self.client, await self.entry.open_ledger(), self.p)
+        await history.ack_committed()
+        if not self.pull:
+            return
+        await self.entry.claim()
+        if self.entry.fixed:
+            self.pull = False  # the batch's content is fixed: exactly this, nothing more
+
+    def _columns(self) -> SlotColumns:
+        p = self.p
+        return SlotColumns(p.stream, p.member, p.partitioned, p.include_headers)
+
+    async def _stored(self, seq: int) -> StoredMessage | None:
+        try:
+            return await self.client.api.get_message(self.p.stream, seq)
+        except NotFound:
+            if self.p.fail_on_data_loss:
+                raise DataLoss(
+                    f"message {seq} of stream {self.p.stream} was removed (retention or purge) "
+                    "before its batch was committed; raise the stream's limits, or set "
+                    "failOnDataLoss=false to skip lost messages"
+                ) from None
+            self.lost += 1
+            log.warning("skipping message %d of %s: removed before commit", seq, self.p.stream)
+            return None
+
+    async def replay_batch(self, recorded: Recorded) -> pa.RecordBatch:
+        """Rows for recorded deliveries, read back from the stream by sequence, a window of
+        requests at a time (the server's API queue is shared); their time is the stored one,
+        which their ack subjects carried too."""
+        seqs = recorded.stream_seq
+        stored: list[StoredMessage | None] = []
+        for start in range(0, len(seqs), _REPLAY_WINDOW):
+            window = seqs[start : start + _REPLAY_WINDOW]
+            stored += await asyncio.gather(*(self._stored(seq) for seq in window))
+        found = [msg for msg in stored if msg is not None]
+        stamps = pa.array([msg.time for msg in found], pa.string())
+        times = iter(stamps.cast(pa.timestamp("ns", tz="UTC")).cast(pa.int64()).to_pylist())
+        columns = self._columns()
+        for delivered, seq, consumer_seq, msg in zip(
+            recorded.delivered, seqs, recorded.consumer_seq, stored, strict=True
+        ):
+            if msg is not None:
+                columns.add(
+                    msg.subject.encode(),
+                    msg.data,
+                    msg.headers,
+                    delivered,
+                    seq,
+                    consumer_seq,
+                    next(times),
+                )
+        return columns.batch()
+
+    def _accept(
+        self, chunk: Deliveries, start: int, columns: SlotColumns, replies: list[bytes]
+    ) -> tuple[list[bytes], int]:
+        """Add the new deliveries of `chunk` from `start` on to `columns` and `replies`; returns
+        the redundant ones' replies and where it stopped: the chunk's end, or the first delivery
+        that may be of an earlier batch while the dedupe set is not loaded (in-order reads never
+        load it)."""
+        taken, held, dedupe = self.entry.taken, self.keeper.held, self.dedupe
+        below, redundant = self.p.dedupe_through, list[bytes]()
+        delivered, seqs, consumer_seqs, timestamps = chunk.numbers
+        if start == 0 and self._all_new(seqs):  # the usual case: the chunk whole, by column
+            taken.update(seqs)
+            replies += chunk.replies
+            held.update(zip(seqs, chunk.replies, strict=True))
+            columns.extend(chunk)
+            return redundant, len(seqs)
+        for i in range(start, len(seqs)):
+            seq, reply = seqs[i], chunk.replies[i]
+            if seq in taken:
+                if seq in held:
+                    held[seq] = reply  # later progress acks must name this delivery
+                continue  # redelivered within this batch: emitted once already
+            if seq <= below:
+                if dedupe is None:
+                    return redundant, i
+                if seq in dedupe:
+                    redundant.append(reply)  # emitted by an earlier, committed batch: ack
+                    continue
+            if seq in self.sibling_seqs:
+                continue  # a sibling slot took and recorded it first; it acks it at commit
+            taken.add(seq)
+            replies.append(reply)
+            held[seq] = reply
+            columns.add(
+                chunk.subjects[i],
+                chunk.data[i],
+                chunk.headers[i],
+                delivered[i],
+                seq,
+                consumer_seqs[i],
+                timestamps[i],
+            )
+        return redundant, len(seqs)
+
+    def _all_new(self, seqs: list[int]) -> bool:
+        """Whether every one of `seqs` is new to this batch (none twice, none taken by this slot
+        or a sibling) and above every sequence an earlier, unsettled batch holds."""
+        if not seqs:
+            return True
+        if min(seqs) <= self.p.dedupe_through:
+            return False
+        fresh = set(seqs)
+        if len(fresh) != len(seqs) or not fresh.isdisjoint(self.entry.taken):
+            return False
+        return not (self.sibling_seqs and not fresh.isdisjoint(self.sibling_seqs))
+
+    async def _take(self, chunk: Deliveries, columns: SlotColumns, replies: list[bytes]) -> None:
+        """`_accept` the chunk; what earlier batches already emitted is acked and dropped."""
+        at = 0
+        while at < len(chunk):
+            redundant, at = self._accept(chunk, at, columns, replies)
+            if redundant:
+                self.redundant += len(redundant)
+                await publish_acks(self.client.nc, redundant)
+            if at < len(chunk):
+                assert self.history is not None
+                self.dedupe = await self.history.dedupe()
+
+    async def _load_sibling_seqs(self) -> None:
+        """What the slots sharing this consumer recorded so far in this batch: a redelivery may
+        reach us after a sibling took the message and its ack wait ran out. Skipping these
+        before taking is the cheap, usual case; `SlotEntry.record` settles the races."""
+        self.sibling_seqs |= await self.entry.sibling_records()
+
+    async def _request(self, consumer: PullConsumer, want: int, wait: bool) -> Pull | None:
+        if want <= 0:
+            return None
+        return await consumer.pull(
+            min(self.p.fetch_batch_size, want),
+            expires=self.p.fetch_timeout,
+            max_bytes=self.max_bytes,
+            no_wait=not wait,
+            min_pending=self.p.min_pending,
+            min_ack_pending=self.p.min_ack_pending,
+            priority=self.p.priority,
+        )
+
+    async def pull_batches(self) -> Any:
+        """Async generator of record batches pulled from NATS, each recorded before it leaves.
+
+        Deliveries are taken as they arrive; what one pull request delivered becomes one record
+        batch and one ledger write (split at a ledger chunk or 4 MiB). The work overlaps: when a
+        request has delivered all it asked for, the next one is sent before its messages are
+        processed, and a batch's ledger write runs while the next batch is gathered (writes stay
+        in order, one at a time; a batch is yielded only once its write is done).
+        """
+        consumer = self.client.pull_consumer(
+            self.p.stream, self.p.consumer, group=self.p.priority_group, pin_id=self.entry.head.pin
+        )
+        remaining = self.p.limit - self.entry.head.count
+        columns, replies = self._columns(), list[bytes]()
+        recording: asyncio.Future[pa.RecordBatch] | None = None
+        wait = waited = got_any = False
+        pin_retries = transient = held_only = 0
+        done = asyncio.Event()
+        keeping = asyncio.ensure_future(self.keeper.run(done))
+        try:
+            pull = await self._request(consumer, remaining, wait)
+            while pull is not None:
+                following = None
+                took_before, acked_before = len(self.entry.taken), self.redundant
+                try:
+                    async for chunk in _until_ended(pull):
+                        # Not with siblings: deliveries of an early pull would wait unrecorded
+                        # while the rows before them are handed out, and past the ack wait come
+                        # back to a sibling that cannot tell they were taken.
+                        if following is None and _sent_all(pull) and not self.p.siblings:
+                            following = await self._request(
+                                consumer, remaining - len(replies) - len(chunk), False
+                            )
+                        if self.p.siblings and max(chunk.numbers.delivered, default=0) > 1:
+                            await self._load_sibling_seqs()
+                        await self._take(chunk, columns, replies)
+                        got_any = got_any or bool(replies)
+                        if replies and (pull.done or columns.full()):
+                            remaining -= len(replies)
+                            recorded, recording = await self._record_next(
+                                recording, columns, replies, consumer.pin_id
+                            )
+                            columns, replies = self._columns(), []
+                            if recorded is not None:
+                                yield recorded
+                except PullError as error:
+                    if error.consumer_gone:
+                        # Elastic member consumers come and go (inactivity, membership changes):
+                        # end the batch with what was recorded; the driver recreates the consumer.
+                        log.warning("slot %s: %s; ending its batch early", self.p.slot, error)
+                        break
+                    if not (self.max_bytes and _MAX_BYTES_REFUSED in error.description.lower()):
+                        raise
+                    # The consumer caps a pull's bytes below ours (its max_bytes): pull uncapped.
+                    self.max_bytes = 0
+                    pull = await self._request(consumer, remaining - len(replies), wait)
+                    continue
+                status, received = pull.status, pull.received
+                pull = following
+                taken = len(self.entry.taken)
+                if received and taken == took_before and self.redundant == acked_before:
+                    # Only messages this batch holds came back (a stall past the ack wait); when
+                    # that goes on, pulling on would take the same ones over and over.
+                    held_only += 1
+                    if held_only >= _HELD_ONLY_PULLS:
+                        break
+                else:
+                    held_only = 0
+                if _complete(status):
+                    wait = False
+                    if status is PullStatus.MAX_BYTES and not received:
+                        self.max_bytes = 0  # one message is larger than our bound: lift it
+                elif status is PullStatus.PIN_MISMATCH:
+                    pin_retries += 1  # the pin id was cleared: the next pull asks for a new pin
+                    if pin_retries > _PIN_RETRIES:
+                        break
+                elif status in (PullStatus.NO_MESSAGES, PullStatus.TIMEOUT):
+                    if received:
+                        wait = False  # drained what was ready; look again without waiting
+                    elif waited or got_any:
+                        break
+                    else:
+                        # Nothing ready: wait once, for redeliveries or for a pin to free up.
+                        wait = waited = True
+                else:
+                    transient += 1
+                    if transient > _TRANSIENT_RETRIES:
+                        break
+                if pull is None:
+                    pull = await self._request(consumer, remaining, wait)
+            # Requests given up on may still deliver: take that too (the batch then holds a
+            # little more than planned) rather than leave it unread until its ack wait runs out.
+            late = await consumer.settle(self.p.ack_wait / 2)
+            if late:
+                await self._take(late, columns, replies)
+                if replies:
+                    recorded, recording = await self._record_next(
+                        recording, columns, replies, consumer.pin_id
+                    )
+                    if recorded is not None:
+                        yield recorded
+            if recording:
+                yield await recording
+                recording = None
+        finally:
+            done.set()  # never cancelled: it may be inside a flush
+            await keeping
+            if recording:
+                recording.cancel()
+            await consumer.close()
+
+    async def _record_next(
+        self,
+        recording: asyncio.Future[pa.RecordBatch] | None,
+        columns: SlotColumns,
+        replies: list[bytes],
+        pin: str | None,
+    ) -> tuple[pa.RecordBatch | None, asyncio.Future[pa.RecordBatch]]:
+        """Start recording `columns` once the recording before it is done (writes stay in
+        order); returns that one's rows, to hand out, and the new recording."""
+        recorded = await recording if recording else None
+        return recorded, asyncio.ensure_future(self._record(columns, replies, pin))
+
+    async def _record(
+        self, columns: SlotColumns, replies: list[bytes], pin: str | None
+    ) -> pa.RecordBatch:
+        """Record the deliveries in the ledger entry, then hand out their rows; what the entry
+        dropped (a sibling emits it) is no longer kept from redelivery."""
+        batch, dropped = await self.entry.record(columns, replies, pin, self.keeper.renewed)
+        for seq in dropped:
+            self.keeper.held.pop(seq, None)  # it comes back to a slot
+        return batch
+
+    async def seal(self) -> None:
+        """Seal the entry; its messages' ack wait starts over first, for the wait until the
+        next batch's task acks them (the driver's `SealedKeeper` takes over if that is long)."""
+        await self.keeper.renew()
+        await self.entry.seal()
+
+
+async def _until_ended(pull: Pull) -> AsyncIterator[Deliveries]:
+    """The pull's chunks of deliveries, then an empty one once it has ended."""
+    async for chunk in pull:
+        yield chunk
+    yield Deliveries()
+
+
+def _complete(status: PullStatus) -> bool:
+    """Whether a pull that ended with `status` got all it could: more may be ready at once."""
+    return status is PullStatus.BATCH_COMPLETE or status is PullStatus.MAX_BYTES
+
+
+def _sent_all(pull: Pull) -> bool:
+    """Whether `pull` delivered all it could: the next one can be sent before its messages are
+    processed."""
+    return pull.done and pull.received > 0 and _complete(pull.status)
+
+
+def read_slot(partition: SlotPartition) -> Iterator[pa.RecordBatch]:
+    """The rows of one slot of one batch (what `DataSourceStreamReader.read` returns)."""
+    reader = SlotReader(partition)
+    run_sync(reader.begin())
+    step = partition.fetch_batch_size
+    for start in range(0, len(reader.replay), step):
+        batch = run_sync(reader.replay_batch(reader.replay.part(start, start + step)))
+        if batch.num_rows:
+            yield batch
+    if reader.pull:
+        batches = reader.pull_batches()
+        try:
+            while True:
+                try:
+                    batch = run_sync(batches.__anext__())
+                except StopAsyncIteration:
+                    break
+                yield batch
+        finally:
+            run_sync(batches.aclose())  # when Spark stops early: end pulls, free the inbox
+        run_sync(reader.seal())
+    if reader.lost:
+        log.warning("slot %s lost %d messages to retention", partition.slot, reader.lost)
+    log.debug(
+        "slot %s of batch %d: %d rows (%d replayed), %d redeliveries of earlier batches dropped",
+        partition.slot,
+        partition.gen,
+        reader.entry.head.count,
+        len(reader.replay),
+        reader.redundant,
+    )

@@ -1,0 +1,118 @@
+"""The deliveries a ledger entry records, and their stored form (see `ledger` for the layout).
+
+Pure: no I/O; unit tests in tests/spark/group_source/test_ledger_codec.py.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate, chain
+
+import pyarrow as pa
+
+from nats_spark.jetstream.acks import ack_prefix
+from nats_spark.jetstream.subjects import ack_numbers
+
+_CODEC = pa.Codec("zstd", compression_level=3)  # level 1 barely shortens long repeats
+_COLUMNS = 3  # stream sequence and consumer sequence (as differences), delivery count
+_WORD = 8
+
+
+@dataclass
+class Recorded:
+    """Deliveries a ledger entry recorded, in the order they were taken: the numbers of each
+    one's ack subject, and the subject's prefix up to the delivery count (the same for all
+    deliveries of one consumer)."""
+
+    prefix: bytes = b""
+    stream_seq: list[int] = field(default_factory=list)
+    consumer_seq: list[int] = field(default_factory=list)
+    delivered: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.stream_seq)
+
+    def extend(self, other: Recorded) -> None:
+        if other.prefix and self.prefix and other.prefix != self.prefix:
+            raise ValueError(f"deliveries of {other.prefix!r} added to {self.prefix!r}")
+        self.prefix = self.prefix or other.prefix
+        self.stream_seq += other.stream_seq
+        self.consumer_seq += other.consumer_seq
+        self.delivered += other.delivered
+
+    def without(self, dropped: set[int]) -> Recorded:
+        """The deliveries whose stream sequence is not in `dropped`."""
+        rows = [i for i, seq in enumerate(self.stream_seq) if seq not in dropped]
+        return Recorded(
+            self.prefix,
+            [self.stream_seq[i] for i in rows],
+            [self.consumer_seq[i] for i in rows],
+            [self.delivered[i] for i in rows],
+        )
+
+    def part(self, start: int, stop: int) -> Recorded:
+        return Recorded(
+            self.prefix,
+            self.stream_seq[start:stop],
+            self.consumer_seq[start:stop],
+            self.delivered[start:stop],
+        )
+
+    def ack_subjects(self) -> list[bytes]:
+        """Ack subjects rebuilt from the numbers (timestamp and pending are 0: nats-server reads
+        neither from an ack)."""
+        prefix = self.prefix
+        return [
+            b"%b.%d.%d.%d.0.0" % (prefix, delivered, seq, consumer_seq)
+            for delivered, seq, consumer_seq in zip(
+                self.delivered, self.stream_seq, self.consumer_seq, strict=True
+            )
+        ]
+
+    @classmethod
+    def from_replies(cls, replies: Sequence[bytes]) -> Recorded:
+        """From ack reply subjects as the server sent them (one consumer's)."""
+        delivered, stream_seq, consumer_seq, _ = ack_numbers(replies)
+        return cls(ack_prefix(replies[0]) if replies else b"", stream_seq, consumer_seq, delivered)
+
+
+def encode_recorded(found: Recorded) -> bytes:
+    """A chunk's stored form (format 2): the count, then the columns, zstd-compressed."""
+    columns = array("q", _differences(found.stream_seq))
+    columns += array("q", _differences(found.consumer_seq))
+    columns += array("q", found.delivered)
+    if sys.byteorder == "big":
+        columns.byteswap()
+    return len(found).to_bytes(4, "little") + _CODEC.compress(columns.tobytes(), asbytes=True)
+
+
+def decode_recorded(data: bytes, prefix: bytes) -> Recorded:
+    count = int.from_bytes(data[:4], "little")
+    if not count:
+        return Recorded(prefix)
+    columns = array("q")
+    columns.frombytes(_CODEC.decompress(data[4:], count * _COLUMNS * _WORD, asbytes=True))
+    if sys.byteorder == "big":
+        columns.byteswap()
+    return Recorded(
+        prefix,
+        list(accumulate(columns[:count])),
+        list(accumulate(columns[count : 2 * count])),
+        columns[2 * count :].tolist(),
+    )
+
+
+def _differences(values: list[int]) -> map[int]:
+    return map(operator.sub, values, chain((0,), values))
+
+
+def decode_replies(data: bytes) -> list[bytes]:
+    """A format 1 chunk's reply subjects (releases before format 2 wrote those)."""
+    size = int.from_bytes(data[:4], "little")
+    if not size:
+        return []
+    return _CODEC.decompress(data[4:], size, asbytes=True).split(b"\n")

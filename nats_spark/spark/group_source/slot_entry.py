@@ -1,0 +1,166 @@
+"""The ack ledger entry of one slot of one batch, as the task reading the slot keeps it.
+
+A task claims the entry first: it creates it, takes over an open one (an earlier attempt died
+mid-way), or finds it sealed (the batch's content is fixed: it replays exactly that). Deliveries
+are written to the entry before their rows leave the task; slots sharing a consumer (siblings)
+check each other's entries so that no message is emitted by two of them. The entry is sealed when
+the slot has taken all it will.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pyarrow as pa
+
+from nats_spark.client import NatsClient
+from nats_spark.jetstream.acks import ack_prefix
+from nats_spark.spark.group_source.ledger import LEDGER_FORMAT, EntryHead, EntryState, Ledger
+from nats_spark.spark.group_source.recorded import Recorded
+from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.shared.columns import SlotColumns
+
+log = logging.getLogger(__name__)
+
+
+class SlotEntry:
+    def __init__(self, client: NatsClient, partition: SlotPartition) -> None:
+        self.client = client
+        self.p = partition
+        self.head = EntryHead()
+        self.revision = 0
+        self.replay = Recorded()  # what an earlier attempt recorded, to emit again
+        self.taken: set[int] = set()  # stream sequences recorded (or replayed) by this slot
+        self.fixed = False  # found sealed: exactly `replay`, nothing more
+        self.ledger: Ledger | None = None
+
+    async def open_ledger(self) -> Ledger:
+        if self.ledger is None:
+            kv = await Ledger.bucket(self.client, self.p.ledger_bucket, create=False)
+            self.ledger = Ledger(kv, self.p.lineage)
+        return self.ledger
+
+    async def claim(self) -> None:
+        """Create the entry, take over an open one, or find it sealed."""
+        ledger = await self.open_ledger()
+        while True:
+            found = await ledger.read_head(self.p.gen, self.p.slot)
+            if found is None:
+                revision = await ledger.create_head(self.p.gen, self.p.slot, self.head)
+                if revision is not None:
+                    self.revision = revision
+                    self.head.pin = self.p.pin_id
+                    return
+                continue  # another attempt created it first: read it
+            previous, revision = found
+            self.replay = await ledger.read_recorded(previous)
+            self.taken = set(self.replay.stream_seq)
+            if previous.state is not EntryState.OPEN:
+                self.fixed = True
+                self.head = previous
+                return
+            # An earlier attempt died mid-way: adopt what it took, then go on pulling.
+            self.head = EntryHead(
+                chunks=previous.chunks,
+                count=previous.count,
+                max_seq=previous.max_seq,
+                pin=previous.pin or self.p.pin_id,
+                prefix=previous.prefix,
+                format=previous.format,
+            )
+            self.revision = await ledger.update_head(self.p.gen, self.p.slot, self.head, revision)
+            # The attempt that died may have recorded without looking at its siblings' records.
+            twice = await self.drop_taken_twice(set(self.taken)) if self.p.siblings else set()
+            if twice or previous.format != LEDGER_FORMAT:
+                # Rewritten under this attempt (an older format is migrated: chunks of one
+                # entry share a format); the old chunks go when the entry is removed.
+                self.replay = self.replay.without(twice)
+                self.taken -= twice
+                self.head.count = 0
+                self.head.format = LEDGER_FORMAT
+                await self._write([], self.replay, self.head.pin)
+            return
+
+    async def sibling_records(self) -> set[int]:
+        """Every stream sequence the sibling slots have recorded in this batch, read now."""
+        assert self.ledger is not None
+        recorded: set[int] = set()
+        for sibling in self.p.siblings:
+            found = await self.ledger.read_head(self.p.gen, sibling)
+            if found is not None:
+                recorded.update((await self.ledger.read_recorded(found[0])).stream_seq)
+        return recorded
+
+    async def drop_taken_twice(self, at_risk: set[int]) -> set[int]:
+        """Of `at_risk`, just recorded by this slot, what a sibling recorded too; both drop it
+        from their entries, so it is emitted once or not at all (then it stays pending and comes
+        back). Each slot records before it looks, so of two slots taking one message the later
+        recorder always sees the other's record."""
+        if not at_risk:
+            return set()
+        twice = at_risk & await self.sibling_records()
+        if twice:
+            log.warning(
+                "slot %s: %d messages were also taken by a sibling slot after their ack wait ran "
+                "out; neither emits them, they are read again",
+                self.p.slot,
+                len(twice),
+            )
+        return twice
+
+    async def record(
+        self, columns: SlotColumns, replies: list[bytes], pin: str | None, renewed: float
+    ) -> tuple[pa.RecordBatch, set[int]]:
+        """Write the deliveries to the entry; returns their rows and what was dropped from them.
+        With siblings, what may have reached a sibling too (redeliveries, or rows recorded late:
+        the ack wait may have run out first, `renewed` being when it last started over) is
+        checked against the siblings' records and dropped if found."""
+        chunks = self.head.chunks
+        taken = Recorded(
+            ack_prefix(replies[0]),
+            list(columns.stream_seq),
+            list(columns.consumer_seq),
+            list(columns.delivered),
+        )
+        await self._write(chunks, taken, pin)
+        batch = columns.batch()
+        if not self.p.siblings:
+            return batch, set()
+        late = time.monotonic() - max(columns.first_received, renewed) > self.p.ack_wait / 2
+        at_risk = {
+            seq
+            for seq, delivered in zip(columns.stream_seq, columns.delivered, strict=True)
+            if late or delivered > 1
+        }
+        twice = await self.drop_taken_twice(at_risk)
+        if not twice:
+            return batch, twice
+        kept = [s not in twice for s in columns.stream_seq]
+        self.head.count -= len(taken)
+        await self._write(chunks, taken.without(twice), pin)
+        self.taken -= twice
+        return batch.filter(pa.array(kept)), twice
+
+    async def _write(self, chunks: list[str], taken: Recorded, pin: str | None) -> None:
+        """Store `taken` as the chunks that follow `chunks` and update the head."""
+        assert self.ledger is not None
+        self.head.chunks = chunks
+        if taken.prefix:
+            self.head.prefix = taken.prefix.decode()
+        keys = await self.ledger.write_chunk(self.p.gen, self.p.slot, self.head, taken)
+        self.head.chunks = [*chunks, *keys]
+        self.head.count += len(taken)
+        self.head.max_seq = max(self.head.max_seq, max(taken.stream_seq, default=0))
+        self.head.pin = pin
+        self.revision = await self.ledger.update_head(
+            self.p.gen, self.p.slot, self.head, self.revision
+        )
+
+    async def seal(self) -> None:
+        assert self.ledger is not None
+        if self.head.state is EntryState.OPEN:
+            self.head.state = EntryState.SEALED
+            self.revision = await self.ledger.update_head(
+                self.p.gen, self.p.slot, self.head, self.revision
+            )

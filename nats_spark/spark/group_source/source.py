@@ -1,0 +1,126 @@
+"""The `nats-pcg` data source: Spark's entry points, delegating to the offset and slot readers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from nats_spark.errors import ConfigurationError
+from nats_spark.loop import run_sync
+from nats_spark.spark.group_source.offset_reader import OffsetReader
+from nats_spark.spark.group_source.offsets import SourceOffset
+from nats_spark.spark.group_source.partition_reader import read_slot
+from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.shared.compat import (
+    ReadAllAvailable,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from nats_spark.spark.shared.failures import one_line_errors
+from nats_spark.spark.shared.options import SourceOptions, parse_options
+from nats_spark.spark.shared.schema import SCHEMA_DDL, check_schema
+from nats_spark.spark.shared.worker_gc import freeze_imports
+
+
+class NatsPcgDataSource(DataSource):
+    """`spark.readStream.format("nats-pcg")`: partitioned consumer groups and priority-group
+    consumers of NATS JetStream."""
+
+    @one_line_errors
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.parsed = parse_options(options)  # bad options fail at load(), before any pull
+
+    @classmethod
+    def name(cls) -> str:
+        return "nats-pcg"
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    @one_line_errors
+    def reader(self, schema: Any) -> Any:
+        check_schema(schema)
+        raise ConfigurationError(
+            "nats-pcg is a streaming source; use spark.readStream.format('nats-pcg')"
+        )
+
+    @one_line_errors
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        try:
+            check_schema(schema)
+        except ConfigurationError as error:
+            # Raised from here, pyspark's runner masks it (its cleanup then fails on the reader
+            # it never got): the reader raises it on the query's first call, before any pull.
+            return NatsPcgStreamReader(self.parsed, refused=error)
+        return NatsPcgStreamReader(self.parsed)
+
+
+class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Driver calls go to an `OffsetReader` (made on first use, never pickled); `read` runs on
+    executors from the partition alone."""
+
+    def __init__(self, options: SourceOptions, refused: ConfigurationError | None = None) -> None:
+        self.options = options
+        self.refused = refused
+        self._offsets: OffsetReader | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "refused": None, "_offsets": None}
+
+    @property
+    def offsets(self) -> OffsetReader:
+        if self.refused is not None:
+            raise self.refused
+        if self._offsets is None:
+            self._offsets = OffsetReader(self.options)
+        return self._offsets
+
+    @one_line_errors
+    def initialOffset(self) -> dict[str, Any]:
+        return run_sync(self.offsets.initial_offset()).to_json()
+
+    @one_line_errors
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict[str, Any]:
+        begin = SourceOffset.from_json(start) if start else None
+        max_rows = getattr(limit, "max_rows", None)
+        return run_sync(self.offsets.latest_offset(begin, max_rows)).to_json()
+
+    @one_line_errors
+    def getDefaultReadLimit(self) -> Any:
+        """Spark 4.2+ only (older versions never call it)."""
+        if self.options.max_messages_per_trigger:
+            return ReadMaxRows(self.options.max_messages_per_trigger)
+        return ReadAllAvailable()
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return self.offsets.report() if self._offsets else None
+
+    @one_line_errors
+    def prepareForTriggerAvailableNow(self) -> None:
+        run_sync(self.offsets.prepare_available_now())
+
+    @one_line_errors
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return run_sync(
+            self.offsets.partitions(SourceOffset.from_json(start), SourceOffset.from_json(end))
+        )
+
+    @one_line_errors
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SlotPartition)
+        freeze_imports()
+        yield from read_slot(partition)
+
+    @one_line_errors
+    def commit(self, end: dict) -> None:
+        run_sync(self.offsets.commit(SourceOffset.from_json(end)))
+
+    @one_line_errors
+    def stop(self) -> None:
+        if self._offsets is not None:
+            run_sync(self._offsets.close())
+            self._offsets = None

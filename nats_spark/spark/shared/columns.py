@@ -1,0 +1,195 @@
+"""The source schema's Arrow columns, built per record batch: one home for what both formats'
+readers emit (rows are gathered as Python lists; every conversion runs once per batch in Arrow)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from functools import lru_cache
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nats_spark.errors import NatsSparkError
+from nats_spark.jetstream.pull import PIN_ID_HEADER, Deliveries, header_values
+from nats_spark.pcg.partitioning import strip_partition
+from nats_spark.spark.shared.schema import ARROW_SCHEMA
+
+# Rows per record batch; the group source's ledger stores a task's deliveries in chunks of as
+# many (384 KB raw at most, below the 1 MB payload limit).
+CHUNK_MESSAGES = 16384
+EMIT_BYTES = 4 << 20  # payload bytes that close a record batch early (large messages)
+HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
+TIMESTAMP_TYPE = ARROW_SCHEMA.field("timestamp").type
+
+
+@lru_cache(maxsize=256)
+def header_column(raw: bytes | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """A message's entry in the `headers` column. Cached: most messages of a pull carry the same
+    block (often just the pin)."""
+    # Nats-Pin-Id is added per delivery, not stored: leaving it out keeps replays exact.
+    return tuple(item for item in header_values(raw) if item[0] != PIN_ID_HEADER)
+
+
+def headers_array(blocks: Sequence[bytes | None], include: bool) -> pa.Array:
+    """The `headers` map column from each row's raw header block (null when not `include`)."""
+    if not include:
+        return pa.nulls(len(blocks), HEADERS_TYPE)
+    row_offsets, keys, values, value_offsets = [0], list[str](), list[str](), [0]
+    if blocks.count(None) == len(blocks):  # no headers: an empty map per row, no step per row
+        offsets = constant(0, len(blocks) + 1, pa.int32())
+    else:
+        for raw in blocks:
+            if raw is not None:
+                for key, items in header_column(raw):
+                    keys.append(key)
+                    values.extend(items)
+                    value_offsets.append(len(values))
+            row_offsets.append(len(keys))
+        offsets = pa.array(row_offsets, pa.int32())
+    items_array = pa.ListArray.from_arrays(
+        pa.array(value_offsets, pa.int32()), pa.array(values, pa.string())
+    )
+    key_array = pa.array(keys, pa.string())
+    return pa.MapArray.from_arrays(offsets, key_array, items_array, type=HEADERS_TYPE)
+
+
+def timestamps_from_nanos(nanos: Sequence[int]) -> pa.Array:
+    """The `timestamp` column from Unix nanoseconds (Spark keeps microseconds)."""
+    return pc.divide(pa.array(nanos, pa.int64()), 1000).cast(TIMESTAMP_TYPE)
+
+
+def timestamps_from_text(stamps: Sequence[bytes]) -> pa.Array:
+    """The `timestamp` column from RFC 3339 times (nanoseconds), truncated to microseconds."""
+    nanos = pa.array(stamps, pa.binary()).cast(pa.string()).cast(pa.timestamp("ns", tz="UTC"))
+    return nanos.cast(TIMESTAMP_TYPE, safe=False)
+
+
+def constant(value: str | int | None, n: int, kind: pa.DataType) -> pa.Array:
+    """A column with the same value (or null) in each of `n` rows."""
+    if value is None:
+        return pa.nulls(n, kind)
+    return pa.repeat(pa.scalar(value, kind), n)
+
+
+def record_batch(
+    *,
+    subject: pa.Array,
+    data: Sequence[bytes],
+    headers: pa.Array,
+    partition: pa.Array,
+    member: str | None,
+    stream: str,
+    stream_seq: Sequence[int],
+    consumer_seq: pa.Array,
+    delivered: pa.Array,
+    timestamp: pa.Array,
+) -> pa.RecordBatch:
+    """One record batch of the source schema, its columns named rather than placed."""
+    n = len(stream_seq)
+    return pa.record_batch(
+        [
+            subject,
+            pa.array(data, pa.binary()),
+            headers,
+            partition,
+            constant(member, n, pa.string()),
+            constant(stream, n, pa.string()),
+            pa.array(stream_seq, pa.int64()),
+            consumer_seq,
+            delivered,
+            timestamp,
+        ],
+        schema=ARROW_SCHEMA,
+    )
+
+
+class SlotColumns:
+    """What the rows of one record batch of a group slot are made of, gathered as they come
+    in; `partitioned`: subjects carry the group's partition token, split off here."""
+
+    def __init__(
+        self, stream: str, member: str | None, partitioned: bool, include_headers: bool
+    ) -> None:
+        self.stream, self.member = stream, member
+        self.partitioned, self.include_headers = partitioned, include_headers
+        self.subject: list[bytes] = []
+        self.data: list[bytes] = []
+        self.headers: list[bytes | None] = []  # raw header blocks
+        self.stream_seq: list[int] = []
+        self.consumer_seq: list[int] = []
+        self.delivered: list[int] = []
+        self.timestamp: list[int] = []
+        self.nbytes = 0
+        self.first_received = time.monotonic()  # reset when the first row comes in
+
+    def __len__(self) -> int:
+        return len(self.stream_seq)
+
+    def full(self) -> bool:
+        return len(self.stream_seq) >= CHUNK_MESSAGES or self.nbytes >= EMIT_BYTES
+
+    def add(
+        self,
+        subject: bytes,
+        data: bytes,
+        headers: bytes | None,
+        delivered: int,
+        stream_seq: int,
+        consumer_seq: int,
+        timestamp_ns: int,
+    ) -> None:
+        if not self.stream_seq:
+            self.first_received = time.monotonic()
+        self.subject.append(subject)
+        self.data.append(data)
+        self.nbytes += len(data)
+        self.headers.append(headers)
+        self.stream_seq.append(stream_seq)
+        self.consumer_seq.append(consumer_seq)
+        self.delivered.append(delivered)
+        self.timestamp.append(timestamp_ns)
+
+    def extend(self, deliveries: Deliveries) -> None:
+        """Add all of `deliveries` (their ack subjects' numbers parsed), a column at a time."""
+        if not self.stream_seq:
+            self.first_received = time.monotonic()
+        delivered, stream_seq, consumer_seq, timestamp = deliveries.numbers
+        self.subject += deliveries.subjects
+        self.data += deliveries.data
+        self.nbytes += sum(map(len, deliveries.data))
+        self.headers += deliveries.headers
+        self.stream_seq += stream_seq
+        self.consumer_seq += consumer_seq
+        self.delivered += delivered
+        self.timestamp += timestamp
+
+    def _subjects(self, n: int) -> tuple[pa.Array, pa.Array]:
+        """The `subject` and `partition` columns; a group's stored `<partition>.<subject>` is
+        split in Arrow, not row by row."""
+        subjects = pa.array(self.subject, pa.string())
+        if not (self.partitioned and n):
+            return subjects, pa.nulls(n, pa.int32())
+        parts = pc.extract_regex(subjects, r"^(?P<partition>[0-9]+)\.(?P<subject>.*)$")
+        if not parts.null_count:
+            with contextlib.suppress(pa.ArrowInvalid):  # a number too large for int32
+                return parts.field("subject"), parts.field("partition").cast(pa.int32())
+        for subject in self.subject:
+            strip_partition(subject.decode())  # raises the error that explains the bad one
+        raise NatsSparkError("a subject's partition token does not fit a 32-bit partition number")
+
+    def batch(self) -> pa.RecordBatch:
+        subject, partition = self._subjects(len(self))
+        return record_batch(
+            subject=subject,
+            data=self.data,
+            headers=headers_array(self.headers, self.include_headers),
+            partition=partition,
+            member=self.member,
+            stream=self.stream,
+            stream_seq=self.stream_seq,
+            consumer_seq=pa.array(self.consumer_seq, pa.int64()),
+            delivered=pa.array(self.delivered, pa.int32()),
+            timestamp=timestamps_from_nanos(self.timestamp),
+        )

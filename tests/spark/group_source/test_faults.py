@@ -1,0 +1,868 @@
+"""Faults at fixed points: the guarantees hold under NATS server kills, zombie task attempts, pin
+switches, ack-wait expiry, deleted consumers and members, a deleted ledger, retention and driver
+kill -9.
+
+Each test ends with: every published message committed exactly once (or, where the stream lost
+data on purpose, exactly what it still held) and nothing left unacked by the member consumers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from spark_helpers import (
+    Collector,
+    assert_exactly_once,
+    consumers_of,
+    drained,
+    elastic_group,
+    foreach_batches,
+    format_one_chunk,
+    publish,
+    reading,
+    source,
+    static_group,
+    unacked,
+    wait_until,
+)
+from test_source_pins import OtherInstance
+
+from nats_spark.client import NatsClient, open_blocking
+from nats_spark.connection import ConnectionSettings
+from nats_spark.jetstream.acks import publish_acks
+from nats_spark.jetstream.api import to_nanos
+from nats_spark.job import failure_line
+from nats_spark.loop import Blocking, run_sync
+from nats_spark.pcg import admin
+from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_group_consumer, member_consumer
+from nats_spark.pcg.partitioning import elastic_stream_name
+from nats_spark.pcg.store import load_group
+from nats_spark.server import EmbeddedServer
+from nats_spark.spark.group_source import driver_ledger
+from nats_spark.spark.group_source.ledger import (
+    EntryState,
+    Ledger,
+    LedgerConflict,
+    pointer_key,
+    read_pointer,
+)
+from nats_spark.spark.group_source.offset_reader import OffsetReader
+from nats_spark.spark.group_source.offsets import SourceOffset
+from nats_spark.spark.group_source.partition_reader import SlotReader, read_slot
+from nats_spark.spark.group_source.slot_history import ack_entry
+from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.shared.options import parse_options
+
+pytestmark = pytest.mark.spark
+
+SPARK_MASTER = "local[2,3]"  # task retries, as on a cluster
+DRIVER = Path(__file__).with_name("fault_driver.py")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[EmbeddedServer]:
+    """A server of this module's own, so killing it disturbs no other test."""
+    with EmbeddedServer() as own:
+        yield own
+
+
+def failure(query: Any, timeout: float = 90) -> str:
+    """The error a failed query ends with."""
+    with pytest.raises(Exception) as caught:
+        query.awaitTermination(timeout)
+    return str(caught.value)
+
+
+def restart(server: EmbeddedServer) -> None:
+    """kill -9 the server, leave it down for a second, start it again on its port and store."""
+    server.kill()
+    time.sleep(1)
+    server.start()
+
+
+@pytest.fixture
+def own(server: EmbeddedServer) -> Iterator[Blocking[NatsClient]]:
+    """A blocking client of `server` (it reconnects across restarts); the server runs again after
+    the test, whatever the test did to it."""
+    blocking = open_blocking(ConnectionSettings(servers=(server.url,), name="fault-tests"))
+    yield blocking
+    if server.process is None or server.process.poll() is not None:
+        server.start()
+    run_sync(blocking.target.close())
+
+
+# --- NATS server kill -9 ----------------------------------------------------------------------
+
+
+def test_server_killed_during_and_between_batches(spark, server, own, unique, tmp_path):
+    stream = f"SK{unique}"
+    static_group(own, stream, "g", ["m1", "m2"], partitions=4)
+    publish(own, stream, 1500)
+    sink = Collector()
+    # Pulls of 2 keep a task pulling long enough to catch it at it.
+    df = source(spark, server.url, stream, "g", fetchBatchSize=2, ledgerBucket=f"L{unique}")
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    try:
+        reading(own, stream, "g", "m1")
+        restart(server)  # while a task pulls
+        drained(query, own, stream, "g", sink, 1500)
+        # While the query runs idle (not within ~0.2 s of its last acks: that is the next test).
+        time.sleep(1)
+        restart(server)
+        publish(own, stream, 500, start=1500)
+        drained(query, own, stream, "g", sink, 2000)
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 2000)
+
+
+def test_go_member_config_under_server_kills(spark, server, own, unique, tmp_path):
+    """Go `cg`'s member config (ack wait 2 s, max ack pending 1: every batch is one message, and
+    a task's keeper of in-progress acks runs every ~0.7 s) with the server killed three times
+    while the query reads: nothing lost or repeated, rows flow again soon after each restart.
+    (The failure once seen in this setting, a connection whose read loop died after a cancelled
+    flush, is pinned down in test_nats_py_internals.)"""
+    stream = f"CG{unique}"
+    static_group(own, stream, "g", ["m1"], partitions=2)
+    entry = run_sync(load_group(own.target, stream, "g"))
+    go_config = {"ack_wait": to_nanos(2.0), "max_ack_pending": 1}
+    run_sync(ensure_group_consumer(own.target, member_consumer(entry, "m1", go_config)))
+    publish(own, stream, 24)
+    sink = Collector()
+    df = source(spark, server.url, stream, "g", consumerLayout="member", ledgerBucket=f"L{unique}")
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    stalls = []
+    try:
+        for kill in range(1, 4):
+            wait_until(lambda k=kill: len(sink.values) >= 5 * k or query.exception(), 90, "rows")
+            restart(server)
+            back, before = time.monotonic(), len(sink.values)
+            wait_until(lambda b=before: len(sink.values) > b or query.exception(), 60, "rows")
+            stalls.append(time.monotonic() - back)
+        drained(query, own, stream, "g", sink, 24)
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 24)
+    assert max(stalls) < 20, f"rows came back {stalls} s after the restarts"
+
+
+def test_acks_lost_in_a_server_crash_are_not_emitted_again(server, own, unique, monkeypatch):
+    """A consumer's ack floor is in the server's memory before it is on disk. The driver keeps a
+    committed batch's ledger entry (and so the dedupe of its messages) for SETTLE_SECONDS after the
+    floor passed it: kill -9 the server right when the floor passes, and the messages the crash
+    un-acks come back; they must be acked and dropped, not emitted a second time. Later, the entry
+    is forgotten (the ledger does not grow for good)."""
+    monkeypatch.setattr(driver_ledger, "SETTLE_SECONDS", 4.0)
+    stream = f"SC{unique}"
+    static_group(own, stream, "g", ["m1"], partitions=1)  # one consumer: rows in stream order
+    options = {"servers": server.url, "stream": stream, "group": "g", "ackWait": "1s"}
+    reader = OffsetReader(parse_options({**options, "ledgerBucket": f"L{unique}"}))
+
+    def batch(start: SourceOffset) -> tuple[SourceOffset, list[int]]:
+        """What one micro-batch does: plan, read every partition; `start` was committed."""
+        end = run_sync(reader.latest_offset(start, None))
+        rows = []
+        for partition in run_sync(reader.partitions(start, end)) if end != start else []:
+            rows += seqs_of(read_slot(partition))
+        return end, rows
+
+    def plan_nothing() -> None:
+        assert run_sync(reader.latest_offset(end, None)) == end  # nothing new to read
+
+    def floor_passed() -> bool:
+        plan_nothing()
+        entries = reader.ledger.entries.values()
+        return not entries or any(e.settled_since is not None for e in entries)
+
+    def forgotten() -> bool:
+        plan_nothing()
+        return not reader.ledger.entries
+
+    try:
+        first = run_sync(reader.initial_offset())
+        publish(own, stream, 100)
+        end, rows = batch(first)
+        assert rows == list(range(1, 101))
+        # Batch 1 committed: the next batch (ack-only) acks it; kill -9 the server as soon as
+        # the consumer reports its ack floor past the batch.
+        end, rows = batch(end)
+        assert rows == []
+        wait_until(floor_passed, 10, "the ack floor to pass batch 1", every=0.02)
+        server.kill()
+        server.start()
+        time.sleep(2)  # the ack wait of whatever the crash un-acked runs out
+        end, again = batch(end)
+        assert again == [], f"{len(again)} messages of the committed batch 1 emitted again"
+        wait_until(forgotten, 30, "batch 1 to be forgotten")
+    finally:
+        run_sync(reader.close())
+
+
+def test_ledger_bucket_stays_flat_over_many_batches(server, own, unique, monkeypatch):
+    """Settled entries leave nothing behind: over 30 batches (each acked by the next batch's task,
+    then settled once the ack floor passed it), the ledger bucket's stream holds as many messages
+    and subjects after batch 30 as after batch 10 (no purge markers), and what it holds then (the
+    pointer, the entries of the last batch and of the one before, not settled yet) takes under 4
+    bytes per message of those two batches."""
+    monkeypatch.setattr(driver_ledger, "SETTLE_SECONDS", 0.0)
+    stream, bucket = f"FL{unique}", f"L{unique}"
+    static_group(own, stream, "g", ["m1", "m2"], partitions=2)
+    options = {"servers": server.url, "stream": stream, "group": "g", "ledgerBucket": bucket}
+    reader = OffsetReader(parse_options(options))
+    per_batch, rows = 500, list[int]()
+
+    def bucket_state() -> tuple[int, int, int]:
+        info = run_sync(own.api.request(f"STREAM.INFO.KV_{bucket}", {"subjects_filter": ">"}))
+        state = info["state"]
+        return state["messages"], state.get("num_subjects", 0), state["bytes"]
+
+    def batches(count: int, start: SourceOffset) -> SourceOffset:
+        for _ in range(count):
+            publish(own, stream, per_batch, start=len(rows))
+            end = run_sync(reader.latest_offset(start, None))
+            for partition in run_sync(reader.partitions(start, end)):
+                rows.extend(seqs_of(read_slot(partition)))
+            start = end
+        return start
+
+    try:
+        end = batches(10, run_sync(reader.initial_offset()))
+        after_10 = bucket_state()
+        batches(20, end)
+        after_30 = bucket_state()
+    finally:
+        run_sync(reader.close())
+    assert sorted(rows) == list(range(1, 30 * per_batch + 1))
+    assert after_30[:2] <= after_10[:2], f"the bucket grew: {after_10} -> {after_30}"
+    assert after_30[2] <= 4 * 2 * per_batch, f"{after_30[2]} bytes left in the bucket"
+
+
+def test_initial_offset_stays_until_a_batch_is_planned(server, own, unique):
+    """Spark may ask a new query's source for its initial offset more than once: the answers name
+    one lineage (one set of ledger entries and one pointer), until a batch is planned in it."""
+    stream = f"IO{unique}"
+    static_group(own, stream, "g", ["m1"], partitions=2)
+    options = {"servers": server.url, "stream": stream, "group": "g", "ledgerBucket": f"L{unique}"}
+    reader = OffsetReader(parse_options(options))
+    try:
+        first = run_sync(reader.initial_offset())
+        assert run_sync(reader.initial_offset()) == first
+        publish(own, stream, 10)
+        planned = run_sync(reader.latest_offset(first, None))
+        assert (planned.lineage, planned.gen) == (first.lineage, 1)
+        assert run_sync(reader.initial_offset()).lineage != first.lineage
+    finally:
+        run_sync(reader.close())
+
+
+# --- Task attempts at the SlotReader level: zombies, ack wait expiry ------------------------------
+
+
+class Slot:
+    """Member m1 of a one-member static group on a fresh stream, its consumer (1 s ack wait) and
+    an ack ledger: `partition(...)` is what the driver would hand a task for one batch."""
+
+    def __init__(self, client: Blocking[NatsClient], settings, unique: str) -> None:
+        self.client, self.settings = client, settings
+        self.stream, self.bucket, self.lineage = f"Z{unique}", f"L{unique}", uuid.uuid4().hex
+        static_group(client, self.stream, "g", ["m1"], partitions=2)
+        entry = run_sync(load_group(client.target, self.stream, "g"))
+        self.consumer = member_consumer(entry, "m1", {"ack_wait": to_nanos(1)})
+        run_sync(ensure_group_consumer(client.target, self.consumer))
+        kv = run_sync(Ledger.bucket(client.target, self.bucket, create=True))
+        self.ledger = Ledger(kv, self.lineage)
+
+    def partition(
+        self,
+        gen: int,
+        limit: int,
+        pin: str | None = None,
+        committed: tuple[int, ...] = (),
+        dedupe: tuple[tuple[str, int, int], ...] = (),
+    ) -> SlotPartition:
+        return SlotPartition(
+            connection=self.settings,
+            ledger_bucket=self.bucket,
+            lineage=self.lineage,
+            gen=gen,
+            slot="m1",
+            stream=self.stream,
+            consumer=self.consumer.name,
+            priority_group=PRIORITY_GROUP,
+            member="m1",
+            partitioned=True,
+            limit=limit,
+            pin_id=pin,
+            committed=committed,
+            dedupe=dedupe,
+            fetch_batch_size=100,
+            fetch_timeout=3.0,
+            include_headers=False,
+            fail_on_data_loss=True,
+        )
+
+    def entry(self, gen: int) -> tuple[Any, list[int]]:
+        """The ledger head of batch `gen` and the stream sequences it recorded."""
+        head, _ = run_sync(self.ledger.read_head(gen, "m1"))
+        return head, run_sync(self.ledger.read_recorded(head)).stream_seq
+
+    def ack(self, *gens: int, slot: str = "m1") -> None:
+        """What the next batch's task does first: ack the committed entries of `gens`."""
+        for gen in gens:
+            run_sync(ack_entry(self.client.target, self.ledger, gen, slot, self.stream))
+
+    def info(self) -> dict[str, Any]:
+        return run_sync(self.client.api.consumer_info(self.consumer.stream, self.consumer.name))
+
+    def overflow_consumer(self, name: str = "shared") -> str:
+        """An overflow consumer on the stream (1 s ack wait), for slots that share one."""
+        config = {"durable_name": name, "ack_policy": "explicit", "ack_wait": to_nanos(1)}
+        config |= {"priority_groups": [PRIORITY_GROUP], "priority_policy": "overflow"}
+        run_sync(self.client.api.create_consumer(self.stream, name, config))
+        return name
+
+
+def seqs(batch: Any) -> list[int]:
+    return batch.column("stream_seq").to_pylist()
+
+
+def seqs_of(batches: Iterator[Any]) -> list[int]:
+    return [s for batch in batches for s in seqs(batch)]
+
+
+def rest(pulls: Any) -> list[int]:
+    """Stream sequences of every batch an unfinished `pull_batches` generator still yields."""
+    rows: list[int] = []
+    while True:
+        try:
+            rows += seqs(run_sync(pulls.__anext__()))
+        except StopAsyncIteration:
+            return rows
+
+
+def test_zombie_attempt_cannot_record_after_its_retry_took_over(client, settings, unique):
+    """Attempt A records messages, its retry B takes the entry over: A's next record and its seal
+    fail, B emits A's recorded messages once, and what A took without recording comes back."""
+    slot = Slot(client, settings, unique)
+    partition = slot.partition(1, limit=60)
+    publish(client, slot.stream, 10)
+    zombie = SlotReader(partition)
+    run_sync(zombie.begin())
+    recorded = rest(zombie.pull_batches())  # all there is: the task waits for more
+    assert recorded == list(range(1, 11))
+    publish(client, slot.stream, 50, start=10)
+
+    retry = SlotReader(partition)
+    run_sync(retry.begin())  # takes the open entry over
+    zombie_pulls = zombie.pull_batches()  # the zombie pulls on: takes the 50, cannot record them
+    with pytest.raises(LedgerConflict, match="taken over by another task attempt"):
+        run_sync(zombie_pulls.__anext__())
+    with pytest.raises(LedgerConflict):
+        run_sync(zombie.seal())
+
+    rows = seqs(run_sync(retry.replay_batch(retry.replay)))
+    assert rows == recorded
+    rows += rest(retry.pull_batches())  # the zombie's 50 come back after the 1 s ack wait
+    run_sync(retry.seal())
+    assert_exactly_once([s - 1 for s in rows], 60)
+    head, recorded_by_retry = slot.entry(1)
+    assert head.state is EntryState.SEALED and recorded_by_retry == rows
+    slot.ack(1)
+    wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
+
+
+def test_ack_wait_expires_within_and_between_batches(client, settings, unique):
+    """Within a batch, messages the task took come back to it after the ack wait: skipped. Between
+    batches, a committed batch whose acks were lost comes back to the next one: acked, dropped."""
+    slot = Slot(client, settings, unique)
+    publish(client, slot.stream, 20)
+    task = SlotReader(slot.partition(1, limit=40))
+    run_sync(task.begin())
+    rows = rest(task.pull_batches())
+    time.sleep(1.5)  # every message the task took expires while the task goes on pulling
+    publish(client, slot.stream, 20, start=20)
+    rows += rest(task.pull_batches())
+    run_sync(task.seal())
+    assert slot.info()["num_redelivered"] == 20, "the task did not get its messages again"
+    assert_exactly_once([s - 1 for s in rows], 40)
+    head, recorded = slot.entry(1)
+    assert recorded == rows and head.count == 40
+
+    # Batch 1 committed but its acks lost: after the ack wait its messages come to batch 2.
+    time.sleep(1.5)
+    publish(client, slot.stream, 10, start=40)
+    batch_2 = slot.partition(2, limit=10, pin=head.pin, dedupe=(("m1", 1, 1),))
+    following = seqs_of(read_slot(batch_2))
+    assert following == list(range(41, 51))
+    assert slot.info()["num_ack_pending"] == 10, "batch 1's redeliveries were not acked"
+    slot.ack(1, 2)
+    wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
+
+
+def test_sibling_redeliveries_skipped(client, settings, unique):
+    """Two slots of one batch share a consumer. A message one took and recorded comes back to the
+    other once its ack wait runs out (as after a stall): the other skips it, unacked (the first
+    acks it at commit), and goes on with new messages."""
+    slot = Slot(client, settings, unique)
+    publish(client, slot.stream, 10)
+    first = seqs_of(read_slot(slot.partition(1, limit=10)))
+    assert first == list(range(1, 11))
+    time.sleep(1.5)  # the 1 s ack wait of everything the first slot took runs out
+    publish(client, slot.stream, 10, start=10)
+    other = replace(slot.partition(1, limit=10), slot="m1#1", siblings=("m1",))
+    second = seqs_of(read_slot(other))
+    assert slot.info()["num_redelivered"] == 10, "the first slot's messages did not come back"
+    assert second == list(range(11, 21)), second
+    assert slot.info()["num_ack_pending"] == 20, "a skipped redelivery was acked before commit"
+
+
+def test_sibling_stalled_past_the_ack_wait_emits_nothing_twice(client, settings, unique):
+    """Two slots share an overflow consumer (1 s ack wait). Slot A takes 10 messages and stalls
+    past the ack wait before recording them (its progress acks stall with it); they come back to
+    sibling B, which records and emits them. A's late record then finds them in B's entry and
+    drops them: every message is emitted once, and recorded once."""
+    slot = Slot(client, settings, unique)
+    shared = slot.overflow_consumer()
+    publish(client, slot.stream, 10)
+    first = replace(slot.partition(1, limit=10), consumer=shared, siblings=("m1#1",), ack_wait=1.0)
+    second = replace(first, slot="m1#1", siblings=("m1",))
+
+    async def rows_of(pulls: Any) -> list[int]:
+        return [s async for batch in pulls for s in seqs(batch)]
+
+    stalled, other = SlotReader(first), SlotReader(second)
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        await stalled.begin()
+        await other.begin()
+        ledger = stalled.entry.ledger
+        write = ledger.write_chunk
+
+        async def write_late(*args: Any) -> list[str]:
+            await asyncio.sleep(1.8)  # frozen between receiving and recording
+            return await write(*args)
+
+        ledger.write_chunk = write_late  # type: ignore[method-assign]
+        stalled.keeper.run = lambda done: done.wait()  # type: ignore[method-assign]
+        late = asyncio.ensure_future(rows_of(stalled.pull_batches()))
+        await asyncio.sleep(1.3)  # the stalled slot's deliveries are due again
+        taken_again = await rows_of(other.pull_batches())
+        return await late, taken_again
+
+    stalled_rows, other_rows = run_sync(scenario())
+    assert other_rows == list(range(1, 11)), other_rows
+    assert stalled_rows == [], f"emitted twice: {sorted(set(stalled_rows) & set(other_rows))}"
+    heads = [run_sync(slot.ledger.read_head(1, name))[0] for name in ("m1", "m1#1")]
+    assert [h.count for h in heads] == [0, 10], "a message stays recorded by both slots"
+
+
+def test_zombie_and_its_retry_both_ack_the_committed_batch(client, settings, unique):
+    """Batch 2's task acks batch 1 (committed) before it pulls; a zombie attempt beside its retry
+    acks the same messages again, at the same time: each message is emitted once, all are acked,
+    the entry is marked acked, and neither attempt fails on the other's mark."""
+    slot = Slot(client, settings, unique)
+    publish(client, slot.stream, 10)
+    assert seqs_of(read_slot(slot.partition(1, limit=10))) == list(range(1, 11))
+    assert slot.info()["num_ack_pending"] == 10
+
+    async def both_ack() -> list[int]:
+        acks = [ack_entry(client.target, slot.ledger, 1, "m1", slot.stream) for _ in range(2)]
+        return await asyncio.gather(*acks)
+
+    assert sum(run_sync(both_ack())) in (10, 20)  # one may find it marked already
+    assert run_sync(slot.ledger.read_head(1, "m1"))[0].state is EntryState.ACKED
+    assert slot.info()["num_ack_pending"] == 0, "the committed batch was not acked"
+    publish(client, slot.stream, 5, start=10)
+    batch_2 = slot.partition(2, limit=5, committed=(1,), dedupe=(("m1", 1, 1),))
+    batch_2 = replace(batch_2, dedupe_through=10)  # batch 1's highest sequence
+    zombie, retry = SlotReader(batch_2), SlotReader(batch_2)
+    run_sync(zombie.begin())
+    run_sync(retry.begin())  # takes the zombie's open entry over
+    rows = rest(retry.pull_batches())
+    run_sync(retry.seal())
+    assert rows == list(range(11, 16))
+    assert retry.dedupe is None, "in-order deliveries loaded the dedupe set"
+    assert seqs_of(read_slot(slot.partition(3, limit=0, committed=(2,)))) == []  # ack-only
+    wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
+    assert slot.info()["num_redelivered"] == 0
+
+
+def test_ack_wait_runs_out_between_commit_and_acks(client, settings, unique):
+    """Two slots share an overflow consumer (1 s ack wait). Slot A's batch 1 is committed but its
+    acks wait for batch 2's task of A; meanwhile the ack wait runs out and batch 2's task of B
+    gets A's messages again: B acks and drops them (its dedupe names A's entry), emits only new
+    messages; then A's task acks its entry. Every message is emitted once and acked."""
+    slot = Slot(client, settings, unique)
+    shared = slot.overflow_consumer()
+    publish(client, slot.stream, 10)
+    a_1 = replace(slot.partition(1, limit=10), consumer=shared, ack_wait=1.0, pin_id=None)
+    first = seqs_of(read_slot(a_1))
+    assert first == list(range(1, 11))
+    time.sleep(1.5)  # batch 1 committed; its acks not sent yet, their ack wait runs out
+    publish(client, slot.stream, 5, start=10)
+    b_2 = replace(a_1, gen=2, slot="m1#1", limit=5, dedupe=(("m1", 1, 1),), siblings=("m1",))
+    b_2 = replace(b_2, dedupe_through=10)
+    task_of_b = SlotReader(b_2)
+    run_sync(task_of_b.begin())
+    second = rest(task_of_b.pull_batches())
+    run_sync(task_of_b.seal())
+    assert second == list(range(11, 16)), f"emitted twice: {sorted(set(first) & set(second))}"
+    assert task_of_b.redundant == 10, "A's messages did not come back to B"
+    a_2 = replace(a_1, gen=2, limit=0, committed=(1,), siblings=("m1#1",))
+    assert seqs_of(read_slot(a_2)) == []
+    stats = run_sync(client.api.consumer_info(slot.stream, shared))
+    assert stats.num_ack_pending == 5, "the redeliveries or batch 1 were not acked"
+
+
+def test_format_one_entries_are_replayed_acked_and_migrated(client, settings, unique):
+    """Entries written by releases before ledger format 2 (reply subjects per message, no
+    prefix in the head): a sealed one is replayed exactly and acked through subjects rebuilt from
+    its numbers; an open one is taken over, rewritten in format 2, and its task goes on pulling."""
+    slot = Slot(client, settings, unique)
+    publish(client, slot.stream, 10)
+    assert seqs_of(read_slot(slot.partition(1, limit=10))) == list(range(1, 11))
+    head, _ = run_sync(slot.ledger.read_head(1, "m1"))
+    recorded = run_sync(slot.ledger.read_recorded(head))
+    replies = [
+        b"%b.%d.%d.%d.1700000000000000000.%d" % (recorded.prefix, d, s, c, 10 - s)
+        for d, s, c in zip(
+            recorded.delivered, recorded.stream_seq, recorded.consumer_seq, strict=True
+        )
+    ]
+    kv = slot.ledger.kv
+    old_key = slot.ledger.head_key(1, "m1")
+    old_head = {"state": "sealed", "attempt": "old1", "chunks": [f"{old_key}.old1.0"]}
+    old_head |= {"count": 6, "max_seq": 6, "pin": head.pin}
+    run_sync(kv.put(f"{old_key}.old1.0", format_one_chunk(replies[:6])))
+    run_sync(kv.put(old_key, json.dumps(old_head).encode()))  # no format: format 1
+    open_head = {**old_head, "state": "open", "attempt": "old2", "chunks": [f"{old_key}.old2.0"]}
+    open_head |= {"count": 4, "max_seq": 10}
+    run_sync(kv.put(f"{slot.ledger.head_key(2, 'm1')}.old2.0", format_one_chunk(replies[6:])))
+    open_head["chunks"] = [f"{slot.ledger.head_key(2, 'm1')}.old2.0"]
+    run_sync(kv.put(slot.ledger.head_key(2, "m1"), json.dumps(open_head).encode()))
+
+    again = slot.partition(1, limit=10)
+    replayed = list(read_slot(again))
+    assert seqs_of(iter(replayed)) == list(range(1, 7))
+    stored = replayed[0].column("timestamp").to_pylist()
+    assert all(t.year >= 2026 for t in stored), "replay took the time from the stream"
+    publish(client, slot.stream, 3, start=10)
+    # batch 2's open format-1 entry: its 4 come back as recorded, then new messages are pulled
+    rows = seqs_of(read_slot(slot.partition(2, limit=7, committed=(1,), dedupe=(("m1", 1, 1),))))
+    assert rows == [7, 8, 9, 10, 11, 12, 13]
+    migrated, _ = run_sync(slot.ledger.read_head(2, "m1"))
+    assert migrated.format == 2 and migrated.state is EntryState.SEALED and migrated.count == 7
+    assert run_sync(slot.ledger.read_head(1, "m1"))[0].state is EntryState.ACKED
+    assert slot.info()["num_ack_pending"] == 7, "batch 1's format-1 entry was not acked"
+    slot.ack(2)
+    wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
+
+
+# --- Pins -------------------------------------------------------------------------------------
+
+
+def test_pin_switches_during_and_between_batches(
+    spark, client, settings, nats_url, unique, tmp_path
+):
+    stream = f"PS{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=1)
+    publish(client, stream, 1500)
+    sink = Collector()
+    df = source(
+        spark, nats_url, stream, "g", ackWait="2s", fetchBatchSize=5, ledgerBucket=f"L{unique}"
+    )
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    other = None
+    try:
+        reading(client, stream, "g", "m1")
+        [consumer] = consumers_of(client, stream, "g", "m1")
+        run_sync(client.api.unpin(consumer.stream, consumer.name, PRIORITY_GROUP))
+        drained(query, client, stream, "g", sink, 1500)
+
+        # Between batches another instance takes the pin: the query stands by, then takes over.
+        run_sync(client.api.unpin(consumer.stream, consumer.name, PRIORITY_GROUP))
+        other = OtherInstance(settings, stream, consumer.name)
+        other.thread.start()
+        publish(client, stream, 200, start=1500)
+        wait_until(lambda: len(other.received) >= 200, 30, "the other instance to be served")
+        other.stop()  # its pin times out after priority_timeout (2 s)
+        publish(client, stream, 300, start=1700)
+        drained(query, client, stream, "g", sink, 1800)
+    finally:
+        query.stop()
+        if other is not None and other.running:
+            other.stop()
+    assert sorted(other.received) == list(range(1500, 1700)), "the query read while not pinned"
+    assert_exactly_once(sink.values + other.received, 2000)
+
+
+# --- Elastic member consumers deleted, members dropped ------------------------------------------
+
+
+def test_elastic_consumer_deleted_and_member_dropped(spark, client, nats_url, unique, tmp_path):
+    stream, group = f"ED{unique}", "eg"
+    elastic_group(client, stream, group, ["a", "b"], partitions=4)
+    publish(client, stream, 400)
+    sink = Collector()
+
+    def delete(member: str) -> Callable[[list[int]], None]:
+        def action(rows: list[int]) -> None:
+            for consumer in consumers_of(client, stream, group, member):
+                run_sync(client.api.delete_consumer(consumer.stream, consumer.name))
+
+        return action
+
+    # Deleted after batch 0 was read, before its commit: the acks of a's rows go nowhere, the
+    # recreated consumer delivers them again, and they must not be emitted twice.
+    sink.after_read[0] = delete("a")
+    # Pulls of one message keep a batch in flight long enough to drop its member mid-way.
+    df = source(
+        spark, nats_url, stream, group, ackWait="5s", ledgerBucket=f"L{unique}", fetchBatchSize=1
+    )
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    try:
+        drained(query, client, stream, group, sink, 400)
+        delete("b")([])  # between batches, as its inactivity threshold would
+        publish(client, stream, 200, start=400)
+        drained(query, client, stream, group, sink, 600)
+
+        publish(client, stream, 1500, start=600)
+        reading(client, stream, group, "a")
+        run_sync(admin.drop_members(client.target, stream, group, ["a"]))  # a's batch in flight
+        publish(client, stream, 200, start=2100)
+        drained(query, client, stream, group, sink, 2300)
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 2300)
+    work_queue = run_sync(client.api.stream_info(elastic_stream_name(stream, group)))
+    assert work_queue["state"]["messages"] == 0, "messages left unacked in the work queue"
+
+
+def test_elastic_consumer_deleted_while_its_batch_is_in_flight(
+    spark, client, nats_url, unique, tmp_path
+):
+    stream, group = f"EF{unique}", "eg"
+    elastic_group(client, stream, group, ["a", "b"], partitions=4)
+    publish(client, stream, 1500)
+    sink = Collector()
+    df = source(spark, nats_url, stream, group, fetchBatchSize=5, ledgerBucket=f"L{unique}")
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    try:
+        reading(client, stream, group, "a")
+        for consumer in consumers_of(client, stream, group, "a"):
+            run_sync(client.api.delete_consumer(consumer.stream, consumer.name))
+        # a's task ends its part of the batch; the driver recreates the consumer for the next.
+        drained(query, client, stream, group, sink, 1500)
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 1500)
+
+
+# --- The ack ledger deleted -------------------------------------------------------------------
+
+
+def test_ledger_bucket_deleted_while_running(spark, client, nats_url, unique, tmp_path):
+    stream, bucket = f"LD{unique}", f"L{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=4)
+    publish(client, stream, 300)
+    sink = Collector()
+    # A short ack wait: the restart below stands by until the pin it held times out (its record
+    # of the pin went with the bucket).
+    df = source(spark, nats_url, stream, "g", ackWait="2s", ledgerBucket=bucket)
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    try:
+        drained(query, client, stream, "g", sink, 300)
+        run_sync(client.target.js.delete_key_value(bucket))
+        publish(client, stream, 200, start=300)
+        text = failure(query)
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 300)
+    # Everything committed was acked, so a restart (which recreates the bucket) is safe.
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    try:
+        drained(query, client, stream, "g", sink, 500)
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 500)
+    # The query stopped with the connector's line naming the bucket and the fix.
+    line = failure_line(text)
+    assert line.startswith("ack ledger bucket"), line
+    assert f"{bucket!r} does not exist" in line and "restart the query" in line, line
+
+
+# --- Retention removes messages before commit --------------------------------------------------
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_messages_removed_before_commit(
+    spark, client, nats_url, unique, tmp_path, fail_on_data_loss
+):
+    stream = f"DL{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=2)
+    publish(client, stream, 200)
+    sink = Collector()
+
+    def purge_then_fail(rows: list[int]) -> None:
+        run_sync(client.api.request(f"STREAM.PURGE.{stream}", {}))
+        raise RuntimeError("sink failed after the purge")
+
+    sink.after_read[0] = purge_then_fail
+    options = {"ledgerBucket": f"L{unique}", "failOnDataLoss": str(fail_on_data_loss).lower()}
+    df = source(spark, nats_url, stream, "g", **options)
+    assert "sink failed after the purge" in failure(foreach_batches(df, sink, tmp_path / "cp"))
+    publish(client, stream, 100, start=200)
+    # The restart re-runs batch 0, whose messages the stream no longer holds.
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    if fail_on_data_loss:
+        text = failure(query)
+        assert "removed (retention or purge) before its batch was committed" in text, text
+        assert "failOnDataLoss=false" in text
+        assert sink.values == []
+        return
+    try:
+        drained(query, client, stream, "g", sink, 100)
+    finally:
+        query.stop()
+    assert sink.batches[0] == [], "lost messages must be skipped, not invented"
+    assert_exactly_once([v - 200 for v in sink.values], 100)
+
+
+# --- Driver kill -9 ---------------------------------------------------------------------------
+
+
+class Driver:
+    """fault_driver.py in its own session: a foreachBatch query writing one JSON file per
+    committed batch, which SIGKILLs its process group at the point it is told."""
+
+    def __init__(self, url: str, stream: str, folder: Path) -> None:
+        self.url, self.stream, self.folder = url, stream, folder
+        self.out = folder / "out"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, kill_at: str, trigger: str = "200ms") -> None:
+        env = {
+            **os.environ,
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false pyspark-shell",
+            "SPARK_LOCAL_IP": "127.0.0.1",
+        }
+        args = [sys.executable, str(DRIVER), self.url, self.stream, str(self.out)]
+        args += [str(self.folder / "cp"), kill_at, trigger]
+        with (self.folder / "driver.log").open("ab") as log:
+            self.process = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+
+    def killed(self, timeout: float = 240) -> None:
+        """Wait for the driver to kill itself at its fault point."""
+        assert self.process is not None
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            pytest.fail(f"the driver never reached its fault point; see {self.folder}/driver.log")
+        assert code == -signal.SIGKILL, f"driver exited with {code}; see {self.folder}/driver.log"
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
+
+    def files(self) -> dict[str, str]:
+        if not self.out.exists():
+            return {}
+        return {f.name: f.read_text() for f in self.out.glob("batch-*.json")}
+
+    def values(self) -> list[int]:
+        return [v for text in self.files().values() for v in json.loads(text)]
+
+
+@pytest.mark.timeout(900)  # five driver starts: a JVM each
+def test_driver_killed_at_fixed_points(client, nats_url, unique, tmp_path):
+    stream = f"DK{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=4)
+    driver = Driver(nats_url, stream, tmp_path)
+    published = 0
+
+    def publish_more(count: int) -> None:
+        nonlocal published
+        publish(client, stream, count, start=published)
+        published += count
+
+    def assert_nothing_acked(point: str) -> None:
+        # Guarantee 1: nothing of a batch that was not committed (and acked) is acked.
+        assert unacked(client, stream, "g") == published, f"acked early ({point})"
+
+    try:
+        publish_more(300)
+        # While tasks pull (a UDF on the rows), after the tasks before the sink commit, and after
+        # the sink commit before Spark's commit log: batch 0 each time, re-run on restart.
+        for point in ("pulling", "before_sink", "after_sink"):
+            driver.start(point)
+            driver.killed()
+            assert_nothing_acked(point)
+            publish_more(100)
+        written = driver.files()
+        assert list(written) == ["batch-0.json"], written
+
+        # After the commit log: batch 0 is committed, its acks not sent.
+        driver.start("after_commit_log", trigger="once")
+        driver.killed()
+        assert driver.files() == written, "the re-run of batch 0 must rewrite the same rows"
+        assert_nothing_acked("after_commit_log")
+        # Killed during the commit: half of batch 0's acks sent, its ledger entries not marked.
+        kv = run_sync(Ledger.bucket(client.target, "nats-spark-ledger", create=False))
+        pointer = run_sync(read_pointer(kv, pointer_key(stream, "g")))
+        ledger = Ledger(kv, pointer.lineage)
+        replies: list[bytes] = []
+        for gen, slot in run_sync(ledger.heads()):
+            head, _ = run_sync(ledger.read_head(gen, slot))
+            assert head.state is EntryState.SEALED, (gen, slot, head.state)
+            replies += run_sync(ledger.read_recorded(head)).ack_subjects()
+        run_sync(publish_acks(client.nc, replies[::2]))
+        publish_more(100)
+
+        driver.start("never")
+        wait_until(lambda: len(driver.values()) >= published, 120, f"{published} rows")
+        wait_until(lambda: unacked(client, stream, "g") == 0, 60, "every member acked")
+        values = driver.values()
+        if len(values) != len(set(values)):  # keep what explains it (seen once, in CI)
+            print(ledger_story(kv, tmp_path / "cp", pointer.lineage, driver.files()))
+    finally:
+        driver.stop()
+    assert_exactly_once(driver.values(), published)
+
+
+def ledger_story(kv: Any, checkpoint: Path, pointer_lineage: str, files: dict[str, str]) -> str:
+    """The offset log, every ledger entry of every lineage and the rows per batch file."""
+    lines = [f"pointer lineage {pointer_lineage}"]
+    for offset in sorted((checkpoint / "offsets").glob("[0-9]*"), key=lambda p: int(p.name)):
+        lines.append(f"offsets/{offset.name}: {offset.read_text().splitlines()[-1]}")
+    lineages = {
+        json.loads(o.read_text().splitlines()[-1])["lineage"]
+        for o in (checkpoint / "offsets").glob("[0-9]*")
+    } | {pointer_lineage}
+    for lineage in sorted(lineages):
+        ledger = Ledger(kv, lineage)
+        for gen, slot in sorted(run_sync(ledger.heads())):
+            head, _ = run_sync(ledger.read_head(gen, slot))
+            seqs = sorted(run_sync(ledger.read_recorded(head)).stream_seq)
+            lines.append(f"{lineage} gen {gen} {slot}: {head.state} {len(seqs)} {seqs[:3]}..")
+    for name, text in sorted(files.items()):
+        rows = json.loads(text)
+        lines.append(f"{name}: {len(rows)} rows {sorted(rows)[:3]}..")
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+"""The acks of committed batches, end to end: they go out from the tasks of the batch after
+(a slot with nothing new gets an ack-only task), and a far-off trigger does not let them wait
+past the ack wait (the driver restarts it meanwhile)."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from spark_helpers import (
+    Collector,
+    assert_exactly_once,
+    foreach_batches,
+    publish,
+    source,
+    static_group,
+    unacked,
+    wait_until,
+)
+from test_faults import Slot, seqs_of
+from test_source_consumers import GROUP, info, make_consumer, make_stream, puller
+
+from nats_spark.client import NatsClient, close_shared_clients, open_blocking
+from nats_spark.connection import ConnectionSettings
+from nats_spark.jetstream.api import to_nanos
+from nats_spark.loop import Blocking, run_sync
+from nats_spark.server import EmbeddedServer
+from nats_spark.spark.group_source.offset_reader import OffsetReader
+from nats_spark.spark.group_source.offsets import SourceOffset
+from nats_spark.spark.group_source.partition_reader import read_slot
+from nats_spark.spark.shared.options import parse_options
+
+pytestmark = pytest.mark.spark
+
+# Made by fixtures/make_previous_release.py with nats-spark a81f2fb (ledger format 1).
+PREVIOUS_RELEASE = Path(__file__).with_name("fixtures") / "previous-release.tar.gz"
+
+
+def publish_to_one_key(client: Blocking[NatsClient], stream: str, start: int, count: int) -> None:
+    """Messages numbered `start`... all on one subject: one partition of a group gets them."""
+
+    async def send() -> None:
+        for i in range(start, start + count):
+            await client.target.js.publish(f"{stream}.k0", str(i).encode())
+
+    run_sync(send())
+
+
+def test_slot_with_nothing_new_still_gets_its_acks(spark, client, nats_url, unique, tmp_path):
+    """Both partitions read in a batch; then only one of them gets new messages. The other's
+    committed messages are acked by an ack-only task, while the query runs."""
+    stream = f"IDLE{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=2)
+    publish(client, stream, 40)
+    sink = Collector()
+    query = foreach_batches(source(spark, nats_url, stream, "g"), sink, tmp_path / "cp")
+    try:
+        wait_until(lambda: len(sink.values) >= 40 or query.exception(), 120, "40 rows")
+        publish_to_one_key(client, stream, 40, 20)
+        wait_until(lambda: len(sink.values) >= 60 or query.exception(), 60, "60 rows")
+        wait_until(lambda: unacked(client, stream, "g") == 0, 30, "both partitions acked")
+        assert query.exception() is None, query.exception()
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 60)
+
+
+def test_far_off_trigger_keeps_committed_messages_from_coming_back(client, nats_url, unique):
+    """A 1.5 s ack wait and a next batch (trigger) 5 s after the first: meanwhile the finished
+    batch's messages wait for their acks, which the next batch's task sends. Another reader of
+    the overflow consumer must not get them back in between; the next batch acks them. Driven
+    through the offset reader as Spark calls it, so the gap between triggers is exact."""
+    stream, name = f"FAR{unique}", "shared"
+    make_stream(client, stream)
+    make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(1.5))
+    publish(client, stream, 10)
+    options = {"servers": nats_url, "stream": stream, "consumer": name}
+    reader = OffsetReader(parse_options({**options, "ledgerBucket": f"L{unique}"}))
+    other = puller(client, stream, name, GROUP)
+
+    def batch(start: SourceOffset) -> tuple[SourceOffset, list[int]]:
+        end = run_sync(reader.latest_offset(start, None))
+        rows = []
+        for partition in run_sync(reader.partitions(start, end)):
+            rows += [s for b in read_slot(partition) for s in b.column("stream_seq").to_pylist()]
+        return end, rows
+
+    taken: list[Any] = []
+    try:
+        end, rows = batch(run_sync(reader.initial_offset()))
+        assert rows == list(range(1, 11))
+        deadline = time.monotonic() + 5  # more than three ack waits until the next trigger
+        while time.monotonic() < deadline:
+            taken += other.fetch(10, expires=0.5).messages
+        assert taken == [], f"{len(taken)} messages of the finished batch came back"
+        assert info(client, stream, name)["num_ack_pending"] == 10
+        end, rows = batch(end)  # the next trigger: its task acks the first batch
+        assert rows == []
+        assert info(client, stream, name)["num_ack_pending"] == 0
+    finally:
+        run_sync(reader.close())
+        run_sync(other.target.close())
+
+
+def test_restart_from_a_previous_release_checkpoint(spark, tmp_path):
+    """A checkpoint, sink files and JetStream store left by the previous release (a81f2fb,
+    ledger format 1) after two kill -9s: batch 0 committed (its acks sent by the next run), batch
+    1 logged and written to the sink but not committed. This release re-runs batch 1 from its
+    format-1 entries (the same rows in the same order), acks them, and reads on: every message
+    once, none left unacked."""
+    with tarfile.open(PREVIOUS_RELEASE) as tar:
+        tar.extractall(tmp_path, filter="data")
+    earlier = {
+        int(f.stem.removeprefix("batch-")): json.loads(f.read_text())
+        for f in (tmp_path / "out").glob("batch-*.json")
+    }
+    assert sorted(earlier) == [0, 1]
+    with EmbeddedServer(store_dir=tmp_path / "jetstream") as server:
+        client = open_blocking(ConnectionSettings(servers=(server.url,)))
+        publish(client, "PREV", 50, start=250)
+        sink = Collector()
+        query = foreach_batches(source(spark, server.url, "PREV", "g"), sink, tmp_path / "cp")
+        try:
+            wait_until(
+                lambda: len(earlier[0]) + len(sink.values) >= 300 or query.exception(),
+                120,
+                "300 rows",
+            )
+            wait_until(lambda: unacked(client, "PREV", "g") == 0, 60, "every partition acked")
+            assert query.exception() is None, query.exception()
+        finally:
+            query.stop()
+            run_sync(client.target.close())
+    assert sink.batches[1] == earlier[1], "the re-run of batch 1 differs from its first run"
+    assert_exactly_once(earlier[0] + sink.values, 300)
+
+
+def test_v2_ack_subjects_are_rebuilt_and_accepted(tmp_path, unique):
+    """A server with a JetStream domain that sends v2 ack subjects (`$JS.ACK.<domain>.<account
+    hash>.<stream>.<consumer>...`, feature flag js_ack_fc_v2): the ledger keeps that prefix, and
+    the acks rebuilt from it and the entry's numbers are accepted."""
+    config = tmp_path / "v2.conf"
+    config.write_text("jetstream { domain: hub }\nfeature_flags { js_ack_fc_v2: true }\n")
+    with EmbeddedServer(config_file=config) as server:
+        settings = ConnectionSettings(servers=(server.url,))
+        client = open_blocking(settings)
+        try:
+            slot = Slot(client, settings, unique)
+            publish(client, slot.stream, 10)
+            assert seqs_of(read_slot(slot.partition(1, limit=10))) == list(range(1, 11))
+            head, _ = run_sync(slot.ledger.read_head(1, "m1"))
+            assert head.prefix.startswith("$JS.ACK.hub.") and len(head.prefix.split(".")) == 6
+            assert seqs_of(read_slot(slot.partition(2, limit=0, committed=(1,)))) == []
+            wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "the v2 acks")
+        finally:
+            close_shared_clients()  # the tasks' connection, before its server stops
+            run_sync(client.target.close())

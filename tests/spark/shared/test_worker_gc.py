@@ -1,0 +1,25 @@
+"""The readers' freeze of a Spark worker's imports (worker_gc), in a process of its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+SCRIPT = """
+import gc
+from nats_spark.spark.shared.worker_gc import freeze_imports
+assert gc.get_freeze_count() == 0
+freeze_imports()
+frozen = gc.get_freeze_count()
+made_since = [[i] for i in range(1000)]
+freeze_imports()  # once per process: what tasks make later stays collectable
+assert frozen > 1000 and gc.get_freeze_count() == frozen, (frozen, gc.get_freeze_count())
+"""
+
+
+def test_imports_are_frozen_once_per_process() -> None:
+    subprocess.run([sys.executable, "-c", SCRIPT], check=True, timeout=60)
