@@ -9,7 +9,7 @@ and `spark.readStream.format("nats")` read ranges of stream sequences; see
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource
 
@@ -17,14 +17,12 @@ from nats_spark.errors import ConfigurationError
 from nats_spark.spark.shared.failures import one_line_errors
 from nats_spark.spark.shared.options import parse_read_options
 from nats_spark.spark.shared.schema import SCHEMA_DDL, check_schema
-from nats_spark.spark.sink.publisher import new_write_id
-from nats_spark.spark.sink.writers import NatsStreamWriter, NatsWriter, prepare_write
-from nats_spark.spark.stream_source.pushdown import spark_pushes_filters
-from nats_spark.spark.stream_source.stream_range import (
-    FilteringRangeReader,
-    RangeReader,
-    RangeStreamReader,
-)
+
+# As in group_source/source.py: the processes Spark starts to look the format up or create it
+# need neither the readers nor the writers, so those are imported where they are used.
+if TYPE_CHECKING:
+    from nats_spark.spark.sink.writers import NatsStreamWriter, NatsWriter
+    from nats_spark.spark.stream_source.stream_range import RangeReader, RangeStreamReader
 
 
 class NatsDataSource(DataSource):
@@ -39,11 +37,16 @@ class NatsDataSource(DataSource):
     def writer(self, schema: Any, overwrite: bool) -> NatsWriter:
         if overwrite:
             raise ConfigurationError("a NATS stream cannot be overwritten; use mode('append')")
+        from nats_spark.spark.sink.publisher import new_write_id
+        from nats_spark.spark.sink.writers import NatsWriter, prepare_write
+
         options, columns = prepare_write(self.options, schema)
         return NatsWriter(options, columns, new_write_id())
 
     @one_line_errors
     def streamWriter(self, schema: Any, overwrite: bool) -> NatsStreamWriter:
+        from nats_spark.spark.sink.writers import NatsStreamWriter, prepare_write
+
         options, columns = prepare_write(self.options, schema)
         return NatsStreamWriter(options, columns)
 
@@ -52,11 +55,16 @@ class NatsDataSource(DataSource):
 
     @one_line_errors
     def reader(self, schema: Any) -> RangeReader:
+        from nats_spark.spark.stream_source.pushdown import spark_pushes_filters
+        from nats_spark.spark.stream_source.stream_range import FilteringRangeReader, RangeReader
+
         check_schema(schema, "nats")
         options = parse_read_options(self.options, streaming=False)
         return FilteringRangeReader(options) if spark_pushes_filters() else RangeReader(options)
 
     @one_line_errors
     def streamReader(self, schema: Any) -> RangeStreamReader:
+        from nats_spark.spark.stream_source.stream_range import RangeStreamReader
+
         check_schema(schema, "nats")
         return RangeStreamReader(parse_read_options(self.options, streaming=True))

@@ -1,10 +1,10 @@
-"""The source's output schema, as a Spark DDL string and as the Arrow schema `read()` yields."""
+"""The formats' output schema as Spark sees it (a DDL string), without pyarrow: every Python
+process Spark starts to look a format up or plan a query imports this (the Arrow form is in
+`columns.py`)."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import pyarrow as pa
 
 from nats_spark.errors import ConfigurationError
 
@@ -21,21 +21,6 @@ SCHEMA_FIELDS = (  # name, Spark's simple type string
     ("timestamp", "timestamp"),
 )
 SCHEMA_DDL = ", ".join(f"{name} {kind.upper()}" for name, kind in SCHEMA_FIELDS)
-
-ARROW_SCHEMA = pa.schema(
-    [
-        ("subject", pa.string()),
-        ("data", pa.binary()),
-        ("headers", pa.map_(pa.string(), pa.list_(pa.string()))),
-        ("partition", pa.int32()),
-        ("member", pa.string()),
-        ("stream", pa.string()),
-        ("stream_seq", pa.int64()),
-        ("consumer_seq", pa.int64()),
-        ("delivered", pa.int32()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-    ]
-)
 
 
 def check_schema(schema: Any, source: str = "nats-pcg") -> None:

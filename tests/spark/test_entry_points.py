@@ -1,0 +1,56 @@
+"""What Spark's short-lived Python processes import: the modules Spark looks the formats up in."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+# Only the driver's calls of a streaming query and the executors' reads need these; the
+# processes that look a format up, create it or plan a batch read must not pay their imports.
+HEAVY = (
+    "pyarrow",
+    "zstandard",
+    "nats_spark.client",
+    "nats_spark.spark.group_source.offset_reader",
+    "nats_spark.spark.group_source.partition_reader",
+    "nats_spark.spark.group_source.ledger",
+    "nats_spark.spark.stream_source.stream_range",
+    "nats_spark.spark.sink.writers",
+)
+
+
+def test_looking_the_formats_up_imports_neither_half():
+    probe = (
+        "import json, sys, pyspark_nats, pyspark_nats_pcg\n"
+        "d = pyspark_nats_pcg.DefaultSource({'servers': 'nats://127.0.0.1:1', 'stream': 'S', "
+        "'group': 'g'})\n"
+        "d.schema(); pyspark_nats.DefaultSource({}).schema()\n"
+        f"print(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert json.loads(loaded) == []
+
+
+def test_each_half_is_imported_where_it_is_used():
+    """The stream reader reaches its driver half on first use, its read its executor half."""
+    probe = (
+        "import json, sys, pyspark_nats_pcg\n"
+        "from nats_spark.spark.group_source.source import NatsPcgStreamReader\n"
+        "from nats_spark.spark.shared.options import parse_options\n"
+        "r = NatsPcgStreamReader(parse_options({'servers': 'nats://127.0.0.1:1', "
+        "'stream': 'S', 'group': 'g'}))\n"
+        "before = 'nats_spark.spark.group_source.offset_reader' in sys.modules\n"
+        "try:\n    r.offsets\nexcept Exception:\n    pass\n"
+        "print(json.dumps([before, 'nats_spark.spark.group_source.offset_reader' in sys.modules]))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert json.loads(loaded) == [False, True]
