@@ -53,6 +53,11 @@ test-compat: $(COMPAT_VENV)/.installed
 bench: $(VENV)/.test-installed
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
+# Only the two cases users run (warm session, fresh process) and Spark's own fresh start (~15 min).
+.PHONY: bench-cases
+bench-cases: $(VENV)/.test-installed
+	$(BIN)/python bench/run.py --cases-only $(BENCH_ARGS)
+
 # Read throughput over key counts, both layouts, vs nats-py, with server CPU per message (~20 min).
 .PHONY: bench-keys
 bench-keys: $(VENV)/.test-installed

@@ -45,6 +45,7 @@ from nats_spark.spark.shared.options import SourceOptions
 MEMBERS = 4
 PAYLOAD = 100
 FRESH_JOB = str(Path(__file__).resolve().parent / "fresh_job.py")
+SPARK_FLOOR = str(Path(__file__).resolve().parent / "spark_floor.py")
 SAMPLE_EVERY = 0.1  # seconds between CPU samples: what a process ending between them loses
 
 
@@ -104,6 +105,14 @@ def _fresh(url: str, stream: str, group: str, count: int, options: dict[str, Any
     }
 
 
+def spark_floor() -> dict[str, Any]:
+    """`bench/spark_floor.py`'s figures: Spark's own fresh start with a trivial Python source."""
+    done = subprocess.run(
+        [sys.executable, SPARK_FLOOR], stdout=subprocess.PIPE, text=True, check=True, timeout=600
+    )
+    return dict(json.loads(next(line for line in done.stdout.splitlines() if line[:1] == "{")))
+
+
 def _marginal(small: dict[str, float], large: dict[str, float], n: int) -> dict[str, float]:
     """CPU µs per message between a run of `n` messages and one of `4n`, by process kind."""
     kinds = sorted(set(small) | set(large))
@@ -127,8 +136,10 @@ def cases(
     n: int,
     fetch_sizes: list[int],
     options: dict[str, Any],
+    floor: dict[str, Any],
 ) -> dict[str, Any]:
-    """Both cases at `keys` distinct subjects, on streams of `n` and `4n` messages."""
+    """Both cases at `keys` distinct subjects, on streams of `n` and `4n` messages; `floor` is
+    `spark_floor()`, which bounds what a fresh process can reach."""
     sizes = {"N": n, "4N": 4 * n}
     streams = {size: f"CASE{keys}K{count}" for size, count in sizes.items()}
     for size, count in sizes.items():
@@ -206,4 +217,12 @@ def cases(
             size: round(driver[size] / count * 1e6, 2) for size, count in sizes.items()
         }
     figures["planned_batch_bytes"] = planned
+    floor_seconds = floor["one_row_python_source_read"]["seconds"]
+    figures["fresh"]["spark_floor_seconds"] = floor_seconds
+    # A fresh job cannot end before Spark has started and run one Python source's task: the
+    # best ratio a connector costing nothing could reach in a fresh process.
+    figures["fresh"]["ratio_bound_from_spark_floor"] = {
+        size: round(count / nats_py[size]["msgs_per_s"] / floor_seconds, 2)
+        for size, count in sizes.items()
+    }
     return figures

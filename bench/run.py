@@ -23,7 +23,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.baseline import nats_py_pull_loop  # noqa: E402
-from bench.cases import cases  # noqa: E402
+from bench.cases import cases, spark_floor  # noqa: E402
 from bench.common import (  # noqa: E402
     KEYS,
     ProcessSampler,
@@ -65,6 +65,9 @@ def _args() -> argparse.Namespace:
     parser.add_argument(
         "--nats-py-fetch-sizes", default="256,1000,4096", help="the cases' nats-py tries these"
     )
+    parser.add_argument(
+        "--cases-only", action="store_true", help="stop after the cases (and Spark's floor)"
+    )
     return parser.parse_args()
 
 
@@ -90,6 +93,40 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return sorted(runs, key=lambda r: r["msgs_per_s"])[len(runs) // 2]
 
 
+def _case_goals(both_cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cases' figures beside issue 26's targets."""
+    return {
+        "cases": {
+            f"{c['keys']}_keys": {
+                "warm_ratio": {k: v["ratio"] for k, v in c["warm"]["ratio_to_nats_py"].items()},
+                "fresh_ratio": {k: v["ratio"] for k, v in c["fresh"]["ratio_to_nats_py"].items()},
+                "fresh_ratio_bound_from_spark_floor": c["fresh"]["ratio_bound_from_spark_floor"],
+                "marginal_client_cpu_us_per_msg_warm": _client_cpu(
+                    c["warm"]["marginal_cpu_us_per_msg"]
+                ),
+                "marginal_client_cpu_us_per_msg_fresh": _client_cpu(
+                    c["fresh"]["marginal_cpu_us_per_msg"]
+                ),
+                "marginal_cpu_us_per_msg_warm": c["warm"]["marginal_cpu_us_per_msg"],
+                "driver_cpu_us_per_msg_warm": c["warm"]["driver_cpu_us_per_msg"],
+                "driver_marginal_cpu_us_per_msg_warm": c["warm"]["marginal_cpu_us_per_msg"].get(
+                    "source_runner"
+                ),
+                "driver_cpu_4N_over_N_warm": c["warm"]["driver_cpu_4N_over_N"],
+                "ledger_bytes_per_msg_warm": c["warm"]["ledger_bytes_per_msg"],
+                "planned_batch_bytes": c["planned_batch_bytes"],
+            }
+            for c in both_cases
+        },
+        "client_cpu_goal_us_per_msg": 8.0,
+        "driver_cpu_goal_us_per_msg": 0.2,
+        "driver_cpu_4N_over_N_goal": 1.3,
+        "ledger_bytes_per_msg_goal": 4.0,
+        "cases_ratio_goals": "fresh process, 100 B: >= 3x at 1,000 keys and >= 2x at 10,000 "
+        "keys on 1.2M messages (4N of the default N), >= 2x at 1,000 keys on 300k (N)",
+    }
+
+
 def main() -> None:
     args = _args()
     members = [int(m) for m in args.members.split(",")]
@@ -108,21 +145,8 @@ def main() -> None:
         url = server.url
         results["machine"]["nats_server"] = ".".join(map(str, server.version))
         client = _open(url)
-        for size, count in sizes.items():
-            stream = f"B{size}"
-            run_sync(create_stream(client, stream, args.partitions))
-            rate = run_sync(publish(client, stream, count, size, args.keys))
-            emit("publish", {"stream": stream, "messages": count, "size": size, "msgs_per_s": rate})
-        run_sync(create_stream(client, "LAT", args.partitions))
-        run_sync(create_stream(client, "COMMIT", args.partitions))
-        run_sync(publish(client, "COMMIT", args.commit_messages, 100, args.keys))
-
-        baseline: dict[int, dict[str, Any]] = {}
-        for size, count in sizes.items():
-            if size != 100:  # 100 bytes: in rounds, next to the connector (below)
-                baseline[size] = _baseline(url, size, count, "baseline")
-                emit("baseline_nats_py", {"size": size, **baseline[size]})
-
+        floor = spark_floor()  # before the bench's own JVM runs
+        emit("spark_floor", floor)
         spark = spark_session()
         try:
             # JVM warm-up, not reported: a streaming query runs JIT-compiled code for most of its
@@ -137,9 +161,32 @@ def main() -> None:
             both_cases = []
             for keys in (int(k) for k in args.case_keys.split(",") if k):
                 both_cases.append(
-                    cases(spark, client, url, keys, args.case_messages, fetch_sizes, options)
+                    cases(spark, client, url, keys, args.case_messages, fetch_sizes, options, floor)
                 )
                 emit("cases", both_cases[-1])
+            if args.cases_only:
+                results.update(cases=both_cases, spark_floor=floor, goals=_case_goals(both_cases))
+                results.update(total_seconds=round(time.perf_counter() - started, 1))
+                print(json.dumps({"bench": "summary", **results}, indent=2), flush=True)
+                return
+
+            for size, count in sizes.items():
+                stream = f"B{size}"
+                run_sync(create_stream(client, stream, args.partitions))
+                rate = run_sync(publish(client, stream, count, size, args.keys))
+                emit(
+                    "publish",
+                    {"stream": stream, "messages": count, "size": size, "msgs_per_s": rate},
+                )
+            run_sync(create_stream(client, "LAT", args.partitions))
+            run_sync(create_stream(client, "COMMIT", args.partitions))
+            run_sync(publish(client, "COMMIT", args.commit_messages, 100, args.keys))
+
+            baseline: dict[int, dict[str, Any]] = {}
+            for size, count in sizes.items():
+                if size != 100:  # 100 bytes: in rounds, next to the connector (below)
+                    baseline[size] = _baseline(url, size, count, "baseline")
+                    emit("baseline_nats_py", {"size": size, **baseline[size]})
 
             # The headline pair alternates, so that load from elsewhere on the machine hits both.
             rounds: dict[str, list[dict[str, Any]]] = {"baseline": [], "connector": []}
@@ -225,32 +272,7 @@ def main() -> None:
         ledger=ledger,
         server_filter_cost=filters,
         goals={
-            "cases": {
-                f"{c['keys']}_keys": {
-                    "warm_ratio": {k: v["ratio"] for k, v in c["warm"]["ratio_to_nats_py"].items()},
-                    "fresh_ratio": {
-                        k: v["ratio"] for k, v in c["fresh"]["ratio_to_nats_py"].items()
-                    },
-                    "marginal_client_cpu_us_per_msg_warm": _client_cpu(
-                        c["warm"]["marginal_cpu_us_per_msg"]
-                    ),
-                    "marginal_client_cpu_us_per_msg_fresh": _client_cpu(
-                        c["fresh"]["marginal_cpu_us_per_msg"]
-                    ),
-                    "marginal_cpu_us_per_msg_warm": c["warm"]["marginal_cpu_us_per_msg"],
-                    "driver_cpu_us_per_msg_warm": c["warm"]["driver_cpu_us_per_msg"],
-                    "driver_cpu_4N_over_N_warm": c["warm"]["driver_cpu_4N_over_N"],
-                    "ledger_bytes_per_msg_warm": c["warm"]["ledger_bytes_per_msg"],
-                    "planned_batch_bytes": c["planned_batch_bytes"],
-                }
-                for c in both_cases
-            },
-            "client_cpu_goal_us_per_msg": 8.0,
-            "driver_cpu_goal_us_per_msg": 0.2,
-            "driver_cpu_4N_over_N_goal": 1.3,
-            "ledger_bytes_per_msg_goal": 4.0,
-            "cases_ratio_goals": "fresh process, 100 B: >= 3x at 1,000 keys and >= 2x at 10,000 "
-            "keys on 1.2M messages (4N of the default N), >= 2x at 1,000 keys on 300k (N)",
+            **_case_goals(both_cases),
             "throughput_ratio_4_members_100B_median_rounds": connector[100]["ratio_to_baseline"],
             "throughput_ratio_4_members_100B_best_rounds": round(
                 max(r["msgs_per_s"] for r in rounds["connector"])
