@@ -50,7 +50,6 @@ class ErrorCode(IntEnum):
     CLUSTER_INCOMPLETE = 10004
     UNAVAILABLE = 10008  # JetStream temporarily unavailable (no meta leader)
     NOT_LEADER = 10009  # this server can not handle the request (leader moving)
-    CONSUMER_NOT_FOUND = 10014
     PEER_NOT_MEMBER = 10040
     STREAM_NOT_FOUND = 10059
     FILTER_NOT_UNIQUE_ON_WORK_QUEUE = 10100  # another consumer of the work queue has the filter
@@ -105,9 +104,11 @@ class PullError(NatsSparkError):
     @property
     def consumer_gone(self) -> bool:
         """The consumer no longer exists (deleted, or no responders)."""
-        return self.status == 503 or (
-            self.status == 409 and self.description.lower().startswith("consumer deleted")
-        )
+        # Imported here: the jetstream package imports this module.
+        from nats_spark.jetstream.status import StatusKind, classify
+
+        kind = classify(self.status, self.description)
+        return kind is StatusKind.CONSUMER_DELETED or kind is StatusKind.NO_RESPONDERS
 
 
 class PriorityGroupMisconfigured(PullError, ConfigurationError):
