@@ -1,7 +1,10 @@
-"""Pull requests on priority-group consumers (ADR-42), which nats-py cannot make.
+"""The connector's one JetStream pull, with what nats-py cannot do (priority groups, ADR-42):
+the group source's slot reads, the member runtime and the `nats` format's range reads all pull
+through it.
 
 Names follow nats.go's JetStream API: a `PullConsumer` `fetch`es batches; `PullRequest` is the
-JSON body of `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`.
+JSON body of `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`. Statuses are read by
+`jetstream/status.py`; how each ends a fetch is decided here (`PullStatus`, or an error).
 """
 
 from __future__ import annotations

@@ -252,7 +252,7 @@ class SlotReader:
                         break
                     pull = await self._request(consumer, policy.next(remaining - len(replies)))
                     continue
-                new = len(self.entry.taken) > took_before or self.redundant > acked_before
+                new = len(self.entry.taken) != took_before or self.redundant != acked_before
                 if not policy.ended(pull.status, pull.received, new, got_any):
                     break
                 pull = following or await self._request(consumer, policy.next(remaining))
