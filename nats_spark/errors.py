@@ -104,11 +104,9 @@ class PullError(NatsSparkError):
     @property
     def consumer_gone(self) -> bool:
         """The consumer no longer exists (deleted, or no responders)."""
-        # Imported here: the jetstream package imports this module.
-        from nats_spark.jetstream.status import StatusKind, classify
-
-        kind = classify(self.status, self.description)
-        return kind is StatusKind.CONSUMER_DELETED or kind is StatusKind.NO_RESPONDERS
+        return self.status == 503 or (
+            self.status == 409 and self.description.lower().startswith("consumer deleted")
+        )
 
 
 class PriorityGroupMisconfigured(PullError, ConfigurationError):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from nats_spark.errors import PullError
 from nats_spark.jetstream.status import Status, StatusKind, parse_status, status_of
 
 pytestmark = pytest.mark.unit
@@ -119,19 +118,3 @@ def test_line_is_code_and_description() -> None:
 )
 def test_messages_are_not_statuses(data: bytes, headers: bytes | None) -> None:
     assert status_of(data, headers) is None
-
-
-@pytest.mark.parametrize(
-    ("code", "description", "gone"),
-    [
-        (409, "Consumer Deleted (S > C)", True),
-        (503, "no responders for S > C", True),
-        (409, "Exceeded MaxRequestBatch of 10 (S > C)", False),
-        (409, "Leadership Change (S > C)", False),
-        (400, "Bad Request - Invalid Priority Group (S > C)", False),
-    ],
-)
-def test_pull_errors_tell_a_gone_consumer_by_its_status(
-    code: int, description: str, gone: bool
-) -> None:
-    assert PullError(code, description).consumer_gone is gone
