@@ -50,7 +50,6 @@ class ErrorCode(IntEnum):
     CLUSTER_INCOMPLETE = 10004
     UNAVAILABLE = 10008  # JetStream temporarily unavailable (no meta leader)
     NOT_LEADER = 10009  # this server can not handle the request (leader moving)
-    CONSUMER_NOT_FOUND = 10014
     PEER_NOT_MEMBER = 10040
     STREAM_NOT_FOUND = 10059
     FILTER_NOT_UNIQUE_ON_WORK_QUEUE = 10100  # another consumer of the work queue has the filter

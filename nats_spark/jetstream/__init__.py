@@ -1,4 +1,4 @@
-"""JetStream pieces nats-py lacks: raw API requests and priority-group pulls."""
+"""JetStream pieces nats-py lacks: raw API requests, status messages and pulls (priority groups)."""
 
 from nats_spark.jetstream.api import JetStreamApi, StoredMessage
 from nats_spark.jetstream.pull import FetchResult, PullConsumer, PullRequest, PullStatus

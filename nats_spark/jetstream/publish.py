@@ -29,6 +29,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 
 from nats_spark.errors import TRANSIENT_ERROR_CODES, ErrorCode, NatsSparkError
+from nats_spark.jetstream.status import StatusKind, parse_status
 from nats_spark.nats_py import queue_command, route_raw, unroute_raw, write_queued
 
 MSG_ID_HEADER = "Nats-Msg-Id"
@@ -233,7 +234,8 @@ class Publisher:
         unit = self._pending.pop(index, None)
         if unit is None:
             return  # the answer to a copy sent again: the first answer counted
-        no_responders = headers is not None and headers.startswith(b"NATS/1.0 503")
+        status = parse_status(headers) if headers is not None else None  # PubAcks have none
+        no_responders = status is not None and status.kind is StatusKind.NO_RESPONDERS
         error = json.loads(data).get("error") or {} if b'"error"' in data else {}
         code = error.get("err_code")
         # The subjects were checked against the streams before: no responders (503) or an

@@ -1,7 +1,10 @@
-"""Pull requests on priority-group consumers (ADR-42), which nats-py cannot make.
+"""The connector's one JetStream pull, with what nats-py cannot do (priority groups, ADR-42):
+the group source's slot reads, the member runtime and the `nats` format's range reads all pull
+through it.
 
 Names follow nats.go's JetStream API: a `PullConsumer` `fetch`es batches; `PullRequest` is the
-JSON body of `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`.
+JSON body of `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`. Statuses are read by
+`jetstream/status.py`; how each ends a fetch is decided here (`PullStatus`, or an error).
 """
 
 from __future__ import annotations
@@ -22,20 +25,12 @@ from nats.errors import ConnectionClosedError
 
 from nats_spark.errors import PriorityGroupMisconfigured, PullError
 from nats_spark.jetstream.api import to_nanos
+from nats_spark.jetstream.status import Status, StatusKind, status_of
 from nats_spark.jetstream.subjects import AckNumbers, ack_numbers
 from nats_spark.nats_py import MessageColumns, RawInbox, route_raw, unroute_raw
 
 PIN_ID_HEADER = "Nats-Pin-Id"
 PULL_MAX_BYTES = 8 << 20  # what one pull request may deliver: bounds a task's memory
-
-# 409 texts after which the consumer can no longer be pulled: configuration problems, not weather.
-_FATAL_409 = {
-    "consumer deleted": "the consumer was deleted; recreate it (or let the group member do so)",
-    "consumer is push based": "the consumer is a push consumer; use a pull consumer",
-    "exceeded maxrequestbatch": "lower the batch size below the consumer's max_batch",
-    "exceeded maxrequestexpires": "lower the fetch timeout below the consumer's max_expires",
-    "exceeded maxrequestmaxbytes": "lower max bytes below the consumer's max_bytes",
-}
 
 
 class PullStatus(Enum):
@@ -49,6 +44,33 @@ class PullStatus(Enum):
     INTERRUPTED = "interrupted"  # 409 leadership change, server shutdown, max waiting exceeded
     HEARTBEAT_MISSED = "heartbeat missed"  # nothing, not even a heartbeat, for 2 intervals
     CLIENT_TIMEOUT = "client timeout"  # the server never ended the request
+
+
+# How a status the server ended a pull with ends the fetch; the other kinds raise (`_REFUSALS`).
+_ENDINGS = {
+    StatusKind.BATCH_COMPLETED: PullStatus.BATCH_COMPLETE,
+    StatusKind.NO_MESSAGES: PullStatus.NO_MESSAGES,
+    StatusKind.TIMEOUT: PullStatus.TIMEOUT,
+    StatusKind.PIN_MISMATCH: PullStatus.PIN_MISMATCH,
+    StatusKind.MAX_BYTES: PullStatus.MAX_BYTES,
+    StatusKind.LEADERSHIP_CHANGE: PullStatus.INTERRUPTED,
+    StatusKind.SERVER_SHUTDOWN: PullStatus.INTERRUPTED,
+    StatusKind.MAX_WAITING: PullStatus.INTERRUPTED,
+    StatusKind.INTERRUPTED: PullStatus.INTERRUPTED,
+}
+
+# Statuses after which the consumer can no longer be pulled as asked: configuration problems, not
+# weather. The hint of each.
+_REFUSALS = {
+    StatusKind.CONSUMER_DELETED: "the consumer was deleted; recreate it (or let the group member "
+    "do so)",
+    StatusKind.PUSH_CONSUMER: "the consumer is a push consumer; use a pull consumer",
+    StatusKind.BATCH_LIMIT: "lower the batch size below the consumer's max_batch",
+    StatusKind.EXPIRES_LIMIT: "lower the fetch timeout below the consumer's max_expires",
+    StatusKind.BYTES_LIMIT: "lower max bytes below the consumer's max_bytes",
+    StatusKind.BAD_REQUEST: "the pull request's options do not fit; check batch, expires, idle "
+    "heartbeat (at most half of expires) and max bytes",
+}
 
 
 @dataclass(frozen=True)
@@ -126,18 +148,6 @@ def parse_headers(raw: bytes | None) -> dict[str, str] | None:
     return {key: values[-1] for key, values in header_values(raw)} or None
 
 
-def _status_of(data: bytes, headers: bytes | None) -> tuple[int, str] | None:
-    """`(code, description)` of a message without a reply subject that is a status, or None."""
-    if data or not headers:
-        return None
-    line = headers.split(b"\r\n", 1)[0]  # `NATS/1.0 404 No Messages`
-    _, _, status = line.partition(b" ")
-    code, _, description = status.partition(b" ")
-    if not code.isdigit():
-        return None
-    return int(code), description.strip().decode(errors="replace")
-
-
 _PIN_LINE = f"\r\n{PIN_ID_HEADER}:".encode()
 
 
@@ -196,8 +206,12 @@ class Pull:
         self.received = 0
         self.done = False
         self.status = PullStatus.BATCH_COMPLETE
-        self.description = ""
+        self.ended_by: Status | None = None  # the status message that ended it, if one did
         self.heartbeats = 0
+
+    @property
+    def description(self) -> str:
+        return self.ended_by.description if self.ended_by else ""
 
     def __aiter__(self) -> Pull:
         return self
@@ -220,20 +234,20 @@ class Pull:
             # Delivered messages keep their own subject, so they cannot be matched to a
             # request. Requests run one at a time; one that outlived its fetch may still
             # deliver, and what it delivers is ours all the same.
-            status = consumer._take_run(room, chunk)
+            found = consumer._take_run(room, chunk)
             room = self.batch - self.received - len(chunk)
-            if status is None:
+            if found is None:
                 break
-            subject, code, description = status
-            if code != 100:
+            subject, status = found
+            if status.ends_request:
                 consumer._live.pop(subject, None)  # that request has ended
             if subject != self.reply:
                 continue  # the end of an earlier request
-            if code == 100:
+            if not status.ends_request:
                 self.heartbeats += 1
                 continue
-            self.description = description
-            self.status = consumer._end_status(code, description)
+            self.ended_by = status
+            self.status = consumer._ending(status)
             self.done = True
             break
         self.received += len(chunk)
@@ -296,10 +310,10 @@ class PullConsumer:
         if arrived is not None and not arrived.done():
             arrived.set_result(None)
 
-    def _take_run(self, room: int, into: Deliveries) -> tuple[bytes, int, str] | None:
+    def _take_run(self, room: int, into: Deliveries) -> tuple[bytes, Status] | None:
         """Move deliveries from the front of the inbox to `into`, at most `room`, up to the
-        next status message: that one is removed and returned as `(subject, code,
-        description)`; None once `room` is used up or the inbox is empty."""
+        next status message: that one is removed and returned with the subject it came on;
+        None once `room` is used up or the inbox is empty."""
         inbox = self._received
         while room and len(inbox):
             # Deliveries always carry their ack subject as reply, statuses never do: a stored
@@ -313,9 +327,9 @@ class PullConsumer:
                 room -= run
                 continue
             first = inbox.take(1)
-            status = _status_of(first.data[0], first.headers[0])
+            status = status_of(first.data[0], first.headers[0])
             if status is not None:
-                return first.subjects[0], *status
+                return first.subjects[0], status
             into.extend(first)
             room -= 1
         return None
@@ -392,9 +406,9 @@ class PullConsumer:
         give_up = time.monotonic() + patience
         while True:
             while len(self._received):
-                status = self._take_run(len(self._received), delivered)
-                if status is not None and status[1] != 100:
-                    self._live.pop(status[0], None)
+                found = self._take_run(len(self._received), delivered)
+                if found is not None and found[1].ends_request:
+                    self._live.pop(found[0], None)
             now = time.monotonic()
             self._live = {r: due for r, due in self._live.items() if due > now}
             if not self._live or now >= give_up:
@@ -411,46 +425,30 @@ class PullConsumer:
                 self.pin_id = pin
                 return
 
-    def _end_status(self, code: int, description: str) -> PullStatus:
-        lowered = description.lower()
+    def _ending(self, status: Status) -> PullStatus:
+        """How `status`, which ended a pull, ends its fetch; raises when the consumer cannot be
+        pulled as asked."""
+        ending = _ENDINGS.get(status.kind)
+        if status.kind is StatusKind.PIN_MISMATCH:
+            self.pin_id = None  # the next pull asks to be pinned afresh
+        if ending is not None:
+            return ending
         where = f"{self.stream} > {self.consumer}"
-        if code == 404:
-            return PullStatus.NO_MESSAGES
-        if code == 408:
-            return PullStatus.TIMEOUT
-        if code == 423:
-            self.pin_id = None
-            return PullStatus.PIN_MISMATCH
-        if code == 409:
-            for text, hint in _FATAL_409.items():
-                if lowered.startswith(text):
-                    raise PullError(code, f"{description} ({where})", hint)
-            if "maxbytes" in lowered or "max bytes" in lowered:
-                return PullStatus.MAX_BYTES
-            return PullStatus.INTERRUPTED
-        if code == 400 and "priority" in lowered:
-            # Every priority-group rejection names it: "Priority Group missing", "Invalid Priority
-            # Group", "Not a Overflow Priority consumer", "Priority must be between 0 and 9", ...
+        if status.kind is StatusKind.PRIORITY_REJECTED:
             raise PriorityGroupMisconfigured(
-                code,
-                f"{description} ({where}, group {self.group!r})",
+                status.code,
+                f"{status.description} ({where}, group {self.group!r})",
                 "the pull does not fit the consumer's priority policy; check the priority group "
                 "name and the policy-specific options",
             )
-        if code == 400:
+        if status.kind is StatusKind.NO_RESPONDERS:
             raise PullError(
-                code,
-                f"{description} ({where})",
-                "the pull request's options do not fit; check batch, expires, idle heartbeat "
-                "(at most half of expires) and max bytes",
-            )
-        if code == 503:
-            raise PullError(
-                code,
+                status.code,
                 f"no responders for {where}",
                 "the stream or consumer does not exist; create it first",
             )
-        raise PullError(code, f"{description} ({where})", "unexpected status from the server")
+        hint = _REFUSALS.get(status.kind, "unexpected status from the server")
+        raise PullError(status.code, f"{status.description} ({where})", hint)
 
     async def unpin(self, api: Any) -> None:
         """Ask the server to drop the group's pin (step down); our own pin id is cleared."""

@@ -21,14 +21,9 @@ from nats_spark.client import shared_client
 from nats_spark.errors import NatsSparkError, NotFound, PullError
 from nats_spark.jetstream.acks import InProgressKeeper, publish_acks
 from nats_spark.jetstream.api import StoredMessage
-from nats_spark.jetstream.pull import (
-    PULL_MAX_BYTES,
-    Deliveries,
-    Pull,
-    PullConsumer,
-    PullStatus,
-)
+from nats_spark.jetstream.pull import Deliveries, Pull, PullConsumer
 from nats_spark.loop import run_sync
+from nats_spark.spark.group_source.pull_policy import PullPlan, SlotPullPolicy, complete
 from nats_spark.spark.group_source.recorded import Recorded
 from nats_spark.spark.group_source.slot_entry import SlotEntry
 from nats_spark.spark.group_source.slot_history import SlotHistory
@@ -37,11 +32,7 @@ from nats_spark.spark.shared.columns import SlotColumns
 
 log = logging.getLogger(__name__)
 
-_PIN_RETRIES = 3
-_TRANSIENT_RETRIES = 5
 _REPLAY_WINDOW = 256  # stored-message requests in flight while replaying
-_MAX_BYTES_REFUSED = "exceeded maxrequestmaxbytes"
-_HELD_ONLY_PULLS = 3  # pulls in a row that bring back only what the batch holds: stop pulling
 
 
 class DataLoss(NatsSparkError):
@@ -61,7 +52,6 @@ class SlotReader:
         self.pull = partition.limit > 0
         self.lost = 0
         self.redundant = 0  # redeliveries of earlier batches' messages, acked and dropped
-        self.max_bytes = PULL_MAX_BYTES
         self.sibling_seqs: set[int] = set()
 
     @property
@@ -199,14 +189,14 @@ class SlotReader:
         before taking is the cheap, usual case; `SlotEntry.record` settles the races."""
         self.sibling_seqs |= await self.entry.sibling_records()
 
-    async def _request(self, consumer: PullConsumer, want: int, wait: bool) -> Pull | None:
-        if want <= 0:
+    async def _request(self, consumer: PullConsumer, plan: PullPlan | None) -> Pull | None:
+        if plan is None:
             return None
         return await consumer.pull(
-            min(self.p.fetch_batch_size, want),
-            expires=self.p.fetch_timeout,
-            max_bytes=self.max_bytes,
-            no_wait=not wait,
+            plan.batch,
+            expires=plan.expires or 0,
+            max_bytes=plan.max_bytes,
+            no_wait=plan.expires is None,
             min_pending=self.p.min_pending,
             min_ack_pending=self.p.min_ack_pending,
             priority=self.p.priority,
@@ -224,15 +214,15 @@ class SlotReader:
         consumer = self.client.pull_consumer(
             self.p.stream, self.p.consumer, group=self.p.priority_group, pin_id=self.entry.head.pin
         )
+        policy = SlotPullPolicy(self.p.fetch_batch_size, self.p.fetch_timeout)
         remaining = self.p.limit - self.entry.head.count
         columns, replies = self._columns(), list[bytes]()
         recording: asyncio.Future[pa.RecordBatch] | None = None
-        wait = waited = got_any = False
-        pin_retries = transient = held_only = 0
+        got_any = False
         done = asyncio.Event()
         keeping = asyncio.ensure_future(self.keeper.run(done))
         try:
-            pull = await self._request(consumer, remaining, wait)
+            pull = await self._request(consumer, policy.next(remaining))
             while pull is not None:
                 following = None
                 took_before, acked_before = len(self.entry.taken), self.redundant
@@ -242,9 +232,8 @@ class SlotReader:
                         # while the rows before them are handed out, and past the ack wait come
                         # back to a sibling that cannot tell they were taken.
                         if following is None and _sent_all(pull) and not self.p.siblings:
-                            following = await self._request(
-                                consumer, remaining - len(replies) - len(chunk), False
-                            )
+                            want = remaining - len(replies) - len(chunk)
+                            following = await self._request(consumer, policy.early(want))
                         if self.p.siblings and max(chunk.numbers.delivered, default=0) > 1:
                             await self._load_sibling_seqs()
                         await self._take(chunk, columns, replies)
@@ -258,50 +247,15 @@ class SlotReader:
                             if recorded is not None:
                                 yield recorded
                 except PullError as error:
-                    if error.consumer_gone:
-                        # Elastic member consumers come and go (inactivity, membership changes):
-                        # end the batch with what was recorded; the driver recreates the consumer.
+                    if not policy.refused(error):
                         log.warning("slot %s: %s; ending its batch early", self.p.slot, error)
                         break
-                    if not (self.max_bytes and _MAX_BYTES_REFUSED in error.description.lower()):
-                        raise
-                    # The consumer caps a pull's bytes below ours (its max_bytes): pull uncapped.
-                    self.max_bytes = 0
-                    pull = await self._request(consumer, remaining - len(replies), wait)
+                    pull = await self._request(consumer, policy.next(remaining - len(replies)))
                     continue
-                status, received = pull.status, pull.received
-                pull = following
-                taken = len(self.entry.taken)
-                if received and taken == took_before and self.redundant == acked_before:
-                    # Only messages this batch holds came back (a stall past the ack wait); when
-                    # that goes on, pulling on would take the same ones over and over.
-                    held_only += 1
-                    if held_only >= _HELD_ONLY_PULLS:
-                        break
-                else:
-                    held_only = 0
-                if _complete(status):
-                    wait = False
-                    if status is PullStatus.MAX_BYTES and not received:
-                        self.max_bytes = 0  # one message is larger than our bound: lift it
-                elif status is PullStatus.PIN_MISMATCH:
-                    pin_retries += 1  # the pin id was cleared: the next pull asks for a new pin
-                    if pin_retries > _PIN_RETRIES:
-                        break
-                elif status in (PullStatus.NO_MESSAGES, PullStatus.TIMEOUT):
-                    if received:
-                        wait = False  # drained what was ready; look again without waiting
-                    elif waited or got_any:
-                        break
-                    else:
-                        # Nothing ready: wait once, for redeliveries or for a pin to free up.
-                        wait = waited = True
-                else:
-                    transient += 1
-                    if transient > _TRANSIENT_RETRIES:
-                        break
-                if pull is None:
-                    pull = await self._request(consumer, remaining, wait)
+                new = len(self.entry.taken) != took_before or self.redundant != acked_before
+                if not policy.ended(pull.status, pull.received, new, got_any):
+                    break
+                pull = following or await self._request(consumer, policy.next(remaining))
             # Requests given up on may still deliver: take that too (the batch then holds a
             # little more than planned) rather than leave it unread until its ack wait runs out.
             late = await consumer.settle(self.p.ack_wait / 2)
@@ -359,15 +313,10 @@ async def _until_ended(pull: Pull) -> AsyncIterator[Deliveries]:
     yield Deliveries()
 
 
-def _complete(status: PullStatus) -> bool:
-    """Whether a pull that ended with `status` got all it could: more may be ready at once."""
-    return status is PullStatus.BATCH_COMPLETE or status is PullStatus.MAX_BYTES
-
-
 def _sent_all(pull: Pull) -> bool:
     """Whether `pull` delivered all it could: the next one can be sent before its messages are
     processed."""
-    return pull.done and pull.received > 0 and _complete(pull.status)
+    return pull.done and pull.received > 0 and complete(pull.status)
 
 
 def read_slot(partition: SlotPartition) -> Iterator[pa.RecordBatch]:

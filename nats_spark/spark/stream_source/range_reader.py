@@ -17,6 +17,7 @@ state, so Spark's retry of the task reads the same range again.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import time
@@ -31,10 +32,18 @@ from pyspark.sql.datasource import InputPartition
 
 from nats_spark.client import NatsClient, shared_client
 from nats_spark.connection import ConnectionSettings
-from nats_spark.errors import NatsSparkError, NotFound
+from nats_spark.errors import NatsSparkError, NotFound, PullError
 from nats_spark.jetstream.acks import delivered_at
 from nats_spark.jetstream.api import to_nanos
-from nats_spark.jetstream.pull import PULL_MAX_BYTES, header_values
+from nats_spark.jetstream.pull import (
+    CLIENT_GRACE,
+    PULL_MAX_BYTES,
+    Deliveries,
+    Pull,
+    PullStatus,
+    header_values,
+)
+from nats_spark.jetstream.status import StatusKind, parse_status
 from nats_spark.loop import run_sync
 from nats_spark.nats_py import route_raw, unroute_raw
 from nats_spark.spark.shared.columns import (
@@ -109,16 +118,31 @@ class RangeColumns:
         )
 
 
-class _RangeRead:
-    """Requests on one inbox, answered into `columns` by the connection's parser (raw route);
-    `next_batch` sends requests and waits until a batch is full or the range is done."""
+@dataclass
+class _Window:
+    """One direct get request: `batch` messages from `start`, of which those up to `stop` count."""
 
-    text_stamps = False
+    id: int
+    start: int
+    stop: int
+    last: int = 0  # last sequence taken
+
+
+_DIRECT_MARK = b"\r\nNats-Stream: "  # the first of the headers a direct get appends
+
+
+class DirectRangeRead:
+    """Batch direct gets on one inbox, answered into `columns` by the connection's parser (raw
+    route); `next_batch` sends requests and waits until a batch is full or the range is done.
+
+    Without a filter, requests cover disjoint windows of `batch` sequences (a window holds at most
+    `batch` messages, so one answer has them all, in order); with one, each asks for the next
+    `batch` matching messages after the last one received."""
 
     def __init__(self, client: NatsClient, partition: RangePartition) -> None:
         self.client = client
         self.p = partition
-        self.columns = RangeColumns(partition.stream, self.text_stamps)
+        self.columns = RangeColumns(partition.stream, text_stamps=True)
         self.inbox = client.nc.new_inbox()
         self.reply_prefix = len(self.inbox) + 1
         self.sub: Subscription | None = None
@@ -126,23 +150,16 @@ class _RangeRead:
         self.error: Exception | None = None
         self.wake = asyncio.Event()
         self.request_id = 0
+        self.filter = partition.subjects[0] if partition.subjects else None
+        self.subject = f"{client.api.prefix}.DIRECT.GET.{partition.stream}"
+        self.windows: deque[_Window] = deque()
+        self.next_seq = partition.first
+        self.retry_deadline: float | None = None
 
     async def open(self) -> None:
         sub = await self.client.nc.subscribe(f"{self.inbox}.*")
         route_raw(self.client.nc, sub, self._receive)
         self.sub = sub
-
-    def _receive(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-        raise NotImplementedError
-
-    async def _send(self) -> None:
-        raise NotImplementedError
-
-    async def _no_answer(self) -> None:
-        raise NatsSparkError(
-            f"no answer from NATS for {_ANSWER_TIMEOUT:.0f}s while reading stream {self.p.stream} "
-            f"{self.p.first}..{self.p.last}; check the server, then let Spark run the task again"
-        )
 
     def _fail(self, error: Exception) -> None:
         self.error = self.error or error
@@ -157,12 +174,12 @@ class _RangeRead:
             try:
                 await asyncio.wait_for(self.wake.wait(), _ANSWER_TIMEOUT)
             except TimeoutError:
-                await self._no_answer()
+                self._no_answer()
         if self.error is not None:
             raise self.error
         if not self.columns and self.finished:
             return None
-        columns, self.columns = self.columns, RangeColumns(self.p.stream, self.text_stamps)
+        columns, self.columns = self.columns, RangeColumns(self.p.stream, text_stamps=True)
         return columns.batch(self.p.include_headers)
 
     async def close(self) -> None:
@@ -171,35 +188,6 @@ class _RangeRead:
             with contextlib.suppress(Exception):
                 await self.sub.unsubscribe()
             self.sub = None
-
-
-@dataclass
-class _Window:
-    """One direct get request: `batch` messages from `start`, of which those up to `stop` count."""
-
-    id: int
-    start: int
-    stop: int
-    last: int = 0  # last sequence taken
-
-
-_DIRECT_MARK = b"\r\nNats-Stream: "  # the first of the headers a direct get appends
-
-
-class DirectRangeRead(_RangeRead):
-    """Batch direct gets. Without a filter, requests cover disjoint windows of `batch`
-    sequences (a window holds at most `batch` messages, so one answer has them all, in order);
-    with one, each asks for the next `batch` matching messages after the last one received."""
-
-    text_stamps = True
-
-    def __init__(self, client: NatsClient, partition: RangePartition) -> None:
-        super().__init__(client, partition)
-        self.filter = partition.subjects[0] if partition.subjects else None
-        self.subject = f"{client.api.prefix}.DIRECT.GET.{partition.stream}"
-        self.windows: deque[_Window] = deque()
-        self.next_seq = partition.first
-        self.retry_deadline: float | None = None
 
     async def _send(self) -> None:
         p = self.p
@@ -249,12 +237,13 @@ class DirectRangeRead(_RangeRead):
             self.wake.set()
 
     def _status(self, window: _Window, headers: bytes) -> None:
-        code = headers[9:12]
+        status = parse_status(headers)
+        kind = status.kind if status is not None else StatusKind.OTHER
         self.windows.popleft()
-        if code == b"404":  # nothing (matching) at or after the window's start
+        if kind is StatusKind.NO_MESSAGES:  # nothing (matching) at or after the window's start
             self.windows.clear()
             self.next_seq = self.p.last + 1
-        elif code == b"204":  # end of batch
+        elif kind is StatusKind.END_OF_BATCH:
             values = dict(header_values(headers))
             pending = int(values["Nats-Num-Pending"][0])
             last = int(values["Nats-Last-Sequence"][0])
@@ -276,43 +265,38 @@ class DirectRangeRead(_RangeRead):
         self.windows.clear()
         self.next_seq = seq
 
-    async def _no_answer(self) -> None:
+    def _no_answer(self) -> None:
         """A lost request or answer (a reconnect): ask again from the last message taken, for up
         to the connection's retry timeout."""
         now = time.monotonic()
         if self.retry_deadline is None:
             self.retry_deadline = now + self.client.settings.retry_timeout
         if now > self.retry_deadline or not self.windows:
-            await super()._no_answer()
+            raise _no_answer(self.p, _ANSWER_TIMEOUT)
         window = self.windows[0]
         self._continue(window.last + 1 if window.last else window.start)
 
 
-@dataclass
-class _Pull:
-    id: int
-    batch: int
-    delivered: int = 0
-
-
-class ConsumerRangeRead(_RangeRead):
-    """An ephemeral pull consumer without acks from the range's first sequence; pulls are sized
-    so they never ask for more than the range can still hold."""
+class ConsumerRangeRead:
+    """An ephemeral pull consumer without acks from the range's first sequence, read through
+    `PullConsumer` (request body, inbox, statuses); pulls are sized so they never ask for more
+    than the range can still hold, `_IN_FLIGHT` at a time, and taken a chunk at a time."""
 
     def __init__(self, client: NatsClient, partition: RangePartition) -> None:
-        super().__init__(client, partition)
+        self.client = client
+        self.p = partition
         self.name = f"nats-spark-read-{uuid.uuid4().hex[:16]}"
-        self.subject = f"{client.api.prefix}.CONSUMER.MSG.NEXT.{partition.stream}.{self.name}"
-        self.pulls: deque[_Pull] = deque()
+        self.consumer = client.pull_consumer(partition.stream, self.name)
+        self.pulls: deque[Pull] = deque()  # in the order the server serves them
         self.outstanding = 0  # messages asked for and not delivered yet
         self.last_seq = partition.first - 1
         self.consumer_seq = 0
         self.pending = 0  # messages after the last delivery, per the server
         self.max_bytes = PULL_MAX_BYTES
         self.created = False
+        self.finished = False
 
     async def open(self) -> None:
-        await super().open()
         config: dict[str, object] = {
             "deliver_policy": "by_start_sequence",
             "opt_start_seq": self.p.first,
@@ -335,97 +319,97 @@ class ConsumerRangeRead(_RangeRead):
         room = min(self.pending, self.p.last - self.last_seq) - self.outstanding
         while len(self.pulls) < _IN_FLIGHT and room > 0:
             batch = min(self.p.batch_size, room)
-            self.request_id += 1
-            self.pulls.append(_Pull(self.request_id, batch))
+            pull = await self.consumer.pull(batch, expires=_PULL_EXPIRES, max_bytes=self.max_bytes)
+            self.pulls.append(pull)
             self.outstanding += batch
             room -= batch
-            body: dict[str, object] = {"batch": batch, "expires": to_nanos(_PULL_EXPIRES)}
-            if self.max_bytes:
-                body["max_bytes"] = self.max_bytes
-            payload = json.dumps(body, separators=(",", ":")).encode()
-            reply = f"{self.inbox}.{self.request_id}"
-            await self.client.nc.publish(self.subject, payload, reply=reply)
 
-    def _receive(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-        if self.finished:
-            return  # what the last pulls still bring past the range
-        if reply:
-            self._take(subject, reply, data, headers)
-        elif headers:
-            self._status(int(subject[self.reply_prefix :]), headers)
+    async def next_batch(self) -> pa.RecordBatch | None:
+        columns = RangeColumns(self.p.stream, text_stamps=False)
+        while not self.finished and not columns.full():
+            await self._send()
+            pull = self.pulls[0]  # while the range is not done, a pull is out
+            try:
+                chunk = await anext(pull)
+            except StopAsyncIteration:
+                self.pulls.popleft()
+                self._ended(pull)
+                continue
+            except PullError:
+                raise self._failed(pull) from None
+            self._take(chunk, columns)
+        if not columns and self.finished:
+            return None
+        return columns.batch(self.p.include_headers)
 
-    def _take(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-        tokens = reply.split(b".")
-        at = delivered_at(tokens, reply)
-        seq, consumer_seq = int(tokens[at + 1]), int(tokens[at + 2])
-        if consumer_seq != self.consumer_seq + 1:
-            self._fail(
-                NatsSparkError(
-                    f"deliveries {self.consumer_seq + 1}..{consumer_seq - 1} of the read of "
-                    f"stream {self.p.stream} were lost (a reconnect?); Spark runs the task again"
-                )
+    def _take(self, chunk: Deliveries, columns: RangeColumns) -> None:
+        """Add the deliveries of `chunk` up to the range's end to `columns`, by column."""
+        n = len(chunk)
+        if not n:
+            return
+        self.outstanding -= n
+        _, seqs, consumer_seqs, stamps = chunk.numbers
+        first = self.consumer_seq + 1
+        if consumer_seqs[0] != first or consumer_seqs[-1] != first + n - 1:
+            # Consumer sequences rise by one per delivery (no acks, no redeliveries): a gap.
+            at = next((i for i, seq in enumerate(consumer_seqs) if seq != first + i), n - 1)
+            raise NatsSparkError(
+                f"deliveries {first + at}..{consumer_seqs[at] - 1} of the read of stream "
+                f"{self.p.stream} were lost (a reconnect?); Spark runs the task again"
             )
-            return
-        self.consumer_seq = consumer_seq
-        if self.pulls:  # pulls are served in order: this delivery is the oldest one's
-            self.outstanding -= 1
-            pull = self.pulls[0]
-            pull.delivered += 1
-            if pull.delivered == pull.batch:
-                self.pulls.popleft()  # served in full: no status follows
-                self.wake.set()
-        if seq > self.p.last:
+        self.consumer_seq = consumer_seqs[-1]
+        keep = bisect.bisect_right(seqs, self.p.last)  # what the last pulls bring past the range
+        if keep:
+            data = chunk.data[:keep]
+            columns.subjects += chunk.subjects[:keep]
+            columns.data += data
+            columns.nbytes += sum(map(len, data))
+            columns.headers += chunk.headers[:keep]
+            columns.seqs += seqs[:keep]
+            columns.stamps += stamps[:keep]  # type: ignore[operator]
+            self.last_seq = seqs[keep - 1]
+            tokens = chunk.replies[keep - 1].split(b".")
+            self.pending = int(tokens[delivered_at(tokens, chunk.replies[keep - 1]) + 4])
+        if keep < n or self.last_seq == self.p.last or not self.pending:
             self.finished = True
-            self.wake.set()
-            return
-        c = self.columns
-        c.subjects.append(subject)
-        c.data.append(data)
-        c.nbytes += len(data)
-        c.headers.append(headers)
-        c.seqs.append(seq)
-        c.stamps.append(int(tokens[at + 3]))  # type: ignore[arg-type]
-        self.last_seq = seq
-        self.pending = int(tokens[at + 4])
-        if seq == self.p.last or not self.pending:
-            self.finished = True
-            self.wake.set()
-        elif c.full():
-            self.wake.set()
 
-    def _status(self, request: int, headers: bytes) -> None:
-        code = headers[9:12]
-        if code == b"100":
-            return  # heartbeat
-        pull = next((p for p in self.pulls if p.id == request), None)
-        if pull is None:
-            return
-        self.pulls.remove(pull)
-        self.outstanding = self.outstanding - (pull.batch - pull.delivered) if self.pulls else 0
-        line = headers.split(b"\r\n", 1)[0].decode(errors="replace")
-        ended = line.lower().partition(" 409 ")[2].replace(" ", "")
-        if code == b"408" and not pull.delivered and not self.pulls:
+    def _ended(self, pull: Pull) -> None:
+        """Account for a pull that ended; fail the read on anything but a normal end."""
+        self.outstanding -= pull.batch - pull.received
+        if not self.pulls:
+            self.outstanding = 0
+        if pull.status is PullStatus.TIMEOUT and not pull.received and not self.pulls:
             # A pull waited its whole expiry for nothing: the consumer has no more messages
             # (some the server counted as pending were deleted meanwhile).
             self.finished = True
-        elif code == b"409" and "maxbytes" in ended:
-            if not pull.delivered:
+        elif pull.status is PullStatus.MAX_BYTES:
+            if not pull.received:
                 self.max_bytes = 0  # one message is larger than our bound: lift it
-        elif code != b"408" and ended != "batchcompleted":  # served in full, bytes to spare
-            self._fail(
-                NatsSparkError(
-                    f"pull from the read consumer of stream {self.p.stream} failed: {line}; "
-                    "Spark runs the task again"
-                )
-            )
-        self.wake.set()
+        elif pull.status is PullStatus.CLIENT_TIMEOUT:
+            raise _no_answer(self.p, _PULL_EXPIRES + CLIENT_GRACE)
+        elif pull.status not in (PullStatus.TIMEOUT, PullStatus.BATCH_COMPLETE):
+            raise self._failed(pull)
+
+    def _failed(self, pull: Pull) -> NatsSparkError:
+        line = f"NATS/1.0 {pull.ended_by.line}" if pull.ended_by else pull.status.value
+        return NatsSparkError(
+            f"pull from the read consumer of stream {self.p.stream} failed: {line}; "
+            "Spark runs the task again"
+        )
 
     async def close(self) -> None:
-        await super().close()
+        await self.consumer.close()
         if self.created:
             with contextlib.suppress(NotFound):
                 await self.client.api.delete_consumer(self.p.stream, self.name)
             self.created = False
+
+
+def _no_answer(partition: RangePartition, seconds: float) -> NatsSparkError:
+    return NatsSparkError(
+        f"no answer from NATS for {seconds:.0f}s while reading stream {partition.stream} "
+        f"{partition.first}..{partition.last}; check the server, then let Spark run the task again"
+    )
 
 
 def read_range(partition: RangePartition) -> Iterator[pa.RecordBatch]:

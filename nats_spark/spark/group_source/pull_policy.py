@@ -1,0 +1,105 @@
+"""What a slot's task does after each pull: pull again (how many, waiting or not, capped how),
+stop, or fail. Pure: `SlotReader.pull_batches` does the pulling and hands this the outcomes.
+
+The first pull does not wait: what is ready is taken at once. A pull that ends empty (404 or 408)
+is followed by one that waits once, for redeliveries or for a pin to free up; after that, or
+once this task has taken anything, an empty pull ends the batch. A lost pin (423) is asked for
+again a few times; other interruptions (leadership change, server shutdown, a missed heartbeat)
+are retried a few times; pulls that bring back only what the batch holds already (a stall past
+the ack wait) end it, as pulling on would take the same ones over and over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nats_spark.errors import PullError
+from nats_spark.jetstream.pull import PULL_MAX_BYTES, PullStatus
+from nats_spark.jetstream.status import StatusKind, classify
+
+PIN_RETRIES = 3
+TRANSIENT_RETRIES = 5
+HELD_ONLY_PULLS = 3  # pulls in a row that bring back only what the batch holds: stop pulling
+
+
+@dataclass(frozen=True)
+class PullPlan:
+    """One pull request to send: `expires` None for a no-wait pull; `max_bytes` 0: uncapped."""
+
+    batch: int
+    expires: float | None
+    max_bytes: int
+
+
+def complete(status: PullStatus) -> bool:
+    """Whether a pull that ended with `status` got all it could: more may be ready at once."""
+    return status is PullStatus.BATCH_COMPLETE or status is PullStatus.MAX_BYTES
+
+
+class SlotPullPolicy:
+    """The decisions of one slot's pull loop, and the little state they need."""
+
+    def __init__(self, fetch_batch_size: int, fetch_timeout: float) -> None:
+        self.fetch_batch_size = fetch_batch_size
+        self.fetch_timeout = fetch_timeout
+        self.max_bytes = PULL_MAX_BYTES
+        self.wait = False  # the next pull waits (`fetch_timeout`) for messages
+        self.waited = False
+        self.pin_retries = 0
+        self.transient = 0
+        self.held_only = 0
+
+    def next(self, want: int) -> PullPlan | None:
+        """The next pull, for at most `want` more messages; None when none is wanted."""
+        return self._plan(want, self.fetch_timeout if self.wait else None)
+
+    def early(self, want: int) -> PullPlan | None:
+        """The pull sent while the last one's deliveries are processed (it was served in full,
+        so more is likely ready): no wait."""
+        return self._plan(want, None)
+
+    def _plan(self, want: int, expires: float | None) -> PullPlan | None:
+        if want <= 0:
+            return None
+        return PullPlan(min(self.fetch_batch_size, want), expires, self.max_bytes)
+
+    def ended(self, status: PullStatus, received: int, new: bool, got_any: bool) -> bool:
+        """After a pull that ended with `status` and delivered `received` messages (`new`: any
+        of them new to this batch, or acked as an earlier batch's; `got_any`: this task took
+        messages already): whether to pull again, as `next` then says."""
+        if received and not new:
+            self.held_only += 1
+            if self.held_only >= HELD_ONLY_PULLS:
+                return False
+        else:
+            self.held_only = 0
+        if complete(status):
+            self.wait = False
+            if status is PullStatus.MAX_BYTES and not received:
+                self.max_bytes = 0  # one message is larger than our bound: lift it
+            return True
+        if status is PullStatus.PIN_MISMATCH:
+            self.pin_retries += 1  # the pin id was cleared: the next pull asks for a new pin
+            return self.pin_retries <= PIN_RETRIES
+        if status is PullStatus.NO_MESSAGES or status is PullStatus.TIMEOUT:
+            if received:
+                self.wait = False  # drained what was ready; look again without waiting
+                return True
+            if self.waited or got_any:
+                return False
+            self.wait = self.waited = True  # nothing ready: wait once
+            return True
+        self.transient += 1
+        return self.transient <= TRANSIENT_RETRIES
+
+    def refused(self, error: PullError) -> bool:
+        """After the server refused a pull: True to pull again (`next`), False to end the batch
+        with what it holds; raises `error` when the task must fail on it."""
+        if error.consumer_gone:
+            # Elastic member consumers come and go (inactivity, membership changes): the driver
+            # recreates the consumer.
+            return False
+        if self.max_bytes and classify(error.status, error.description) is StatusKind.BYTES_LIMIT:
+            self.max_bytes = 0  # the consumer caps a pull's bytes below ours: pull uncapped
+            return True
+        raise error
