@@ -38,7 +38,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from nats.errors import NoRespondersError
 from nats.js.errors import (
@@ -67,7 +67,7 @@ LEDGER_MAX_AGE = 7 * 24 * 3600.0
 LEDGER_FORMAT = 2
 READABLE_FORMATS = (1, 2)  # 1: chunks of reply subjects, heads without `prefix`
 T = TypeVar("T")
-KvEntry = KeyValue.Entry
+StoredValue = KeyValue.Entry  # a key's value and revision, as nats-py reads it
 
 
 class EntryState(StrEnum):
@@ -133,6 +133,26 @@ def decode_chunk(data: bytes, head: EntryHead) -> Recorded:
     return decode_recorded(data, (head.prefix or "").encode())
 
 
+class Bucket(Protocol):
+    """What the ledger uses of a KV bucket (`LedgerBucket` on a server). `create` and `update`
+    raise `KeyWrongLastSequenceError` when the key exists, or when its revision is not `last`;
+    `get` raises `KeyNotFoundError` and `keys` `NoKeysError` as nats-py does."""
+
+    name: str
+
+    async def get(self, key: str) -> StoredValue: ...
+
+    async def create(self, key: str, value: bytes) -> int: ...
+
+    async def update(self, key: str, value: bytes, last: int) -> int: ...
+
+    async def put(self, key: str, value: bytes) -> int: ...
+
+    async def remove(self, key: str) -> None: ...
+
+    async def keys(self) -> list[str]: ...
+
+
 class LedgerBucket:
     """The ledger's KV bucket, its calls retried while the bucket's stream has no leader.
 
@@ -164,7 +184,7 @@ class LedgerBucket:
             connection=self.client.nc,
         )
 
-    async def get(self, key: str) -> KvEntry:
+    async def get(self, key: str) -> StoredValue:
         return await self._call(f"reading {key}", lambda: self.kv.get(key))
 
     async def create(self, key: str, value: bytes) -> int:
@@ -201,7 +221,7 @@ def _missing(name: str) -> ConfigurationError:
 class Ledger:
     """One query lineage's entries in the ledger bucket."""
 
-    def __init__(self, kv: LedgerBucket, lineage: str) -> None:
+    def __init__(self, kv: Bucket, lineage: str) -> None:
         self.kv = kv
         self.lineage = lineage
 
@@ -312,7 +332,7 @@ class Pointer:
     pins: dict[str, str] = field(default_factory=dict)
 
 
-async def read_pointer(kv: LedgerBucket, key: str) -> Pointer | None:
+async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
     try:
         entry = await kv.get(key)
     except KeyNotFoundError:
@@ -322,5 +342,5 @@ async def read_pointer(kv: LedgerBucket, key: str) -> Pointer | None:
     return Pointer(data["lineage"], int(data["gen"]), data.get("pins", {}))
 
 
-async def write_pointer(kv: LedgerBucket, key: str, pointer: Pointer) -> None:
+async def write_pointer(kv: Bucket, key: str, pointer: Pointer) -> None:
     await kv.put(key, json.dumps({"format": LEDGER_FORMAT, **asdict(pointer)}).encode())
