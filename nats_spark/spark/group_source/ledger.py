@@ -1,9 +1,10 @@
 """The write-ahead ack ledger: what each task took from NATS, in a JetStream KV bucket.
 
-An entry per (lineage, gen, slot) — a slot is one input partition of a batch: a group member, or
-one reader of a plain consumer. A task records every message it takes before it yields the rows,
-and seals the entry when done. A re-run of the same batch finds the entry and replays it; commit
-acks the entries of committed batches. Keys:
+An entry per (lineage, gen, slot): what one slot (one input partition of a batch: a group
+partition, a member, or one reader of a plain consumer) took in one batch. A task records every
+message it takes before it yields the rows, and seals the entry when done. A re-run of the same
+batch finds the entry and replays it; the next batch's task of the slot acks the entries of
+committed batches. Keys:
 
 - `<lineage>.<gen>.<slot>`: the head, JSON (format, state, attempt, chunk keys, count, pin,
   max_seq, prefix: the ack subject up to the delivery count, `$JS.ACK.<stream>.<consumer>` or the

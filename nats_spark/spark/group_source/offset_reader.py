@@ -281,7 +281,7 @@ class OffsetReader:
         for name in plan.driver_acks:  # a slot of a reader count the query no longer has
             await self.ledger.ack_through(await self._connect(), start.gen, name)
         self.ledger.expect(end.gen, [task.slot for task in plan.tasks if task.slot in end.slots])
-        return [self._partition(known[task.slot], end, task) for task in plan.tasks]
+        return [self._input_partition(known[task.slot], end, task) for task in plan.tasks]
 
     def _known_slot(self, name: str) -> Slot | None:
         if name in self.records:
@@ -291,7 +291,7 @@ class OffsetReader:
         except StopIteration:
             return None
 
-    def _partition(self, slot: Slot, end: SourceOffset, task: SlotTask) -> SlotPartition:
+    def _input_partition(self, slot: Slot, end: SourceOffset, task: SlotTask) -> SlotPartition:
         """The input partition of `slot` in batch `end`: what it may take (0: it only acks),
         what it acks first, and the earlier entries whose redeliveries it drops."""
         options, name, records = self.options, slot.name, self.records

@@ -41,7 +41,7 @@ def lineage() -> str:
     return uuid.uuid4().hex
 
 
-def partition(lineage: str, gen: int = 1, slot: str = "m1", **fields: Any) -> SlotPartition:
+def input_partition(lineage: str, gen: int = 1, slot: str = "m1", **fields: Any) -> SlotPartition:
     base: dict[str, Any] = dict(
         connection=ConnectionSettings(),
         ledger_bucket="ledger",
@@ -93,7 +93,7 @@ def stored(kv: MemoryBucket, lineage: str, gen: int, slot: str = "m1") -> tuple[
 
 
 def sealed(kv: MemoryBucket, lineage: str, gen: int, seqs: list[int], slot: str = "m1") -> None:
-    entry = claimed(kv, partition(lineage, gen, slot, pin_id=f"pin-{gen}"))
+    entry = claimed(kv, input_partition(lineage, gen, slot, pin_id=f"pin-{gen}"))
     if seqs:
         take(entry, seqs)
     run_sync(entry.seal())
@@ -119,7 +119,7 @@ CLIENT: Any = SimpleNamespace(nc=None, denied=[])
 
 
 def test_a_retry_of_a_sealed_entry_replays_exactly_it(kv: MemoryBucket, lineage: str) -> None:
-    first = claimed(kv, partition(lineage))
+    first = claimed(kv, input_partition(lineage))
     assert take(first, [1, 2, 3]) == ([1, 2, 3], set())
     run_sync(first.seal())
     head, seqs = stored(kv, lineage, 1)
@@ -130,16 +130,16 @@ def test_a_retry_of_a_sealed_entry_replays_exactly_it(kv: MemoryBucket, lineage:
         "pin-1",
         [1, 2, 3],
     )
-    retry = claimed(kv, partition(lineage))
+    retry = claimed(kv, input_partition(lineage))
     assert retry.fixed and retry.replay.stream_seq == [1, 2, 3]
 
 
 def test_a_retry_takes_an_open_entry_over_and_the_zombie_is_fenced(
     kv: MemoryBucket, lineage: str
 ) -> None:
-    zombie = claimed(kv, partition(lineage))
+    zombie = claimed(kv, input_partition(lineage))
     take(zombie, [1, 2])
-    retry = claimed(kv, partition(lineage))
+    retry = claimed(kv, input_partition(lineage))
     assert not retry.fixed and retry.replay.stream_seq == [1, 2] and retry.taken == {1, 2}
     assert retry.head.attempt != zombie.head.attempt
     take(retry, [3])
@@ -155,9 +155,9 @@ def test_a_retry_takes_an_open_entry_over_and_the_zombie_is_fenced(
 def test_a_first_attempt_that_loses_the_create_takes_the_winner_over(
     kv: MemoryBucket, lineage: str
 ) -> None:
-    winner = SlotEntry(None, partition(lineage))  # type: ignore[arg-type]
+    winner = SlotEntry(None, input_partition(lineage))  # type: ignore[arg-type]
     winner.ledger = Ledger(kv, lineage)
-    loser = claimed(kv, partition(lineage))  # created it first ...
+    loser = claimed(kv, input_partition(lineage))  # created it first ...
     run_sync(winner.claim())  # ... so this one finds it open and takes it over
     with pytest.raises(LedgerConflict):
         take(loser, [1])
@@ -166,8 +166,8 @@ def test_a_first_attempt_that_loses_the_create_takes_the_winner_over(
 
 
 def test_siblings_never_both_emit_a_redelivered_message(kv: MemoryBucket, lineage: str) -> None:
-    a = claimed(kv, partition(lineage, slot="c#0", siblings=("c#1",)))
-    b = claimed(kv, partition(lineage, slot="c#1", siblings=("c#0",)))
+    a = claimed(kv, input_partition(lineage, slot="c#0", siblings=("c#1",)))
+    b = claimed(kv, input_partition(lineage, slot="c#1", siblings=("c#0",)))
     take(a, [1, 2, 3])
     rows, dropped = take(b, [3, 4], delivered=2)  # 3 came back to b after a took it
     assert (rows, dropped) == ([4], {3})
@@ -182,8 +182,8 @@ def test_a_task_acks_its_committed_entries_once(
 ) -> None:
     sealed(kv, lineage, 1, [1, 2])
     sealed(kv, lineage, 2, [])
-    claimed(kv, partition(lineage, 3))  # open: a batch not committed, never acked
-    p = partition(lineage, 4, committed=(1, 2, 3))
+    claimed(kv, input_partition(lineage, 3))  # open: a batch not committed, never acked
+    p = input_partition(lineage, 4, committed=(1, 2, 3))
     assert run_sync(SlotHistory(CLIENT, Ledger(kv, lineage), p).ack_committed()) == 2
     assert acks == [b"$JS.ACK.S.c1.1.1.1.0.0", b"$JS.ACK.S.c1.1.2.2.0.0"]
     assert stored(kv, lineage, 1)[0].state is EntryState.ACKED
@@ -204,7 +204,7 @@ def test_refused_acks_fail_and_stay_due(
 
     monkeypatch.setattr(slot_history, "publish_acks", refused)
     sealed(kv, lineage, 1, [1])
-    history = SlotHistory(client, Ledger(kv, lineage), partition(lineage, 2, committed=(1,)))
+    history = SlotHistory(client, Ledger(kv, lineage), input_partition(lineage, 2, committed=(1,)))
     with pytest.raises(ConfigurationError, match=r"allow the user to publish to \$JS.ACK.S.>"):
         run_sync(history.ack_committed())
     assert stored(kv, lineage, 1)[0].state is EntryState.SEALED
@@ -215,8 +215,8 @@ def test_dedupe_holds_earlier_batches_and_reads_a_sealed_entry_once(
 ) -> None:
     sealed(kv, lineage, 1, [1, 2])
     sealed(kv, lineage, 3, [5])  # gen 2 has no entry of m1
-    take(claimed(kv, partition(lineage, 4)), [9])  # open: emitted nothing
-    p = partition(lineage, 5, dedupe=(("m1", 1, 4),))
+    take(claimed(kv, input_partition(lineage, 4)), [9])  # open: emitted nothing
+    p = input_partition(lineage, 5, dedupe=(("m1", 1, 4),))
     assert run_sync(SlotHistory(CLIENT, Ledger(kv, lineage), p).dedupe()) == {1, 2, 5}
     reads = kv.reads
     assert run_sync(SlotHistory(CLIENT, Ledger(kv, lineage), p).dedupe()) == {1, 2, 5}
