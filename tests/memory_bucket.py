@@ -16,6 +16,10 @@ from __future__ import annotations
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 from nats.js.kv import KeyValue
 
+from nats_spark.spark.group_source.ledger import Ledger
+from nats_spark.spark.group_source.slot_entry import SlotEntry
+from nats_spark.spark.group_source.slot_partition import SlotPartition
+
 
 class MemoryBucket:
     def __init__(self, name: str = "ledger") -> None:
@@ -58,6 +62,14 @@ class MemoryBucket:
         self.last_seq += 1
         self.values[key] = (value, self.last_seq)
         return self.last_seq
+
+
+def attempt(kv: MemoryBucket, partition: SlotPartition) -> SlotEntry:
+    """A task attempt's ledger entry on `kv`, not claimed yet (it needs no client: the ledger is
+    given)."""
+    entry = SlotEntry(None, partition)  # type: ignore[arg-type]
+    entry.ledger = Ledger(kv, partition.lineage)
+    return entry
 
 
 def _wrong(revision: int) -> str:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from memory_bucket import MemoryBucket
+from memory_bucket import MemoryBucket, attempt
 
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError
@@ -67,8 +67,7 @@ def input_partition(lineage: str, gen: int = 1, slot: str = "m1", **fields: Any)
 
 def claimed(kv: MemoryBucket, p: SlotPartition) -> SlotEntry:
     """A task attempt's entry, claimed (its client is never used: the ledger is given)."""
-    entry = SlotEntry(None, p)  # type: ignore[arg-type]
-    entry.ledger = Ledger(kv, p.lineage)
+    entry = attempt(kv, p)
     run_sync(entry.claim())
     return entry
 
@@ -97,19 +96,6 @@ def sealed(kv: MemoryBucket, lineage: str, gen: int, seqs: list[int], slot: str 
     if seqs:
         take(entry, seqs)
     run_sync(entry.seal())
-
-
-@pytest.fixture
-def acks(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """The ack subjects published (the NATS connection is not there)."""
-    published: list[bytes] = []
-
-    async def publish(nc: object, replies: list[bytes]) -> int:
-        published.extend(replies)
-        return len(replies)
-
-    monkeypatch.setattr(slot_history, "publish_acks", publish)
-    return published
 
 
 CLIENT: Any = SimpleNamespace(nc=None, denied=[])
@@ -155,8 +141,7 @@ def test_a_retry_takes_an_open_entry_over_and_the_zombie_is_fenced(
 def test_a_first_attempt_that_loses_the_create_takes_the_winner_over(
     kv: MemoryBucket, lineage: str
 ) -> None:
-    winner = SlotEntry(None, input_partition(lineage))  # type: ignore[arg-type]
-    winner.ledger = Ledger(kv, lineage)
+    winner = attempt(kv, input_partition(lineage))
     loser = claimed(kv, input_partition(lineage))  # created it first ...
     run_sync(winner.claim())  # ... so this one finds it open and takes it over
     with pytest.raises(LedgerConflict):
@@ -178,19 +163,19 @@ def test_siblings_never_both_emit_a_redelivered_message(kv: MemoryBucket, lineag
 
 
 def test_a_task_acks_its_committed_entries_once(
-    kv: MemoryBucket, lineage: str, acks: list[bytes]
+    kv: MemoryBucket, lineage: str, published_acks: list[bytes]
 ) -> None:
     sealed(kv, lineage, 1, [1, 2])
     sealed(kv, lineage, 2, [])
     claimed(kv, input_partition(lineage, 3))  # open: a batch not committed, never acked
     p = input_partition(lineage, 4, committed=(1, 2, 3))
     assert run_sync(SlotHistory(CLIENT, Ledger(kv, lineage), p).ack_committed()) == 2
-    assert acks == [b"$JS.ACK.S.c1.1.1.1.0.0", b"$JS.ACK.S.c1.1.2.2.0.0"]
+    assert published_acks == [b"$JS.ACK.S.c1.1.1.1.0.0", b"$JS.ACK.S.c1.1.2.2.0.0"]
     assert stored(kv, lineage, 1)[0].state is EntryState.ACKED
     assert stored(kv, lineage, 3)[0].state is EntryState.OPEN
     # the zombie beside its retry (or the retry itself) finds them acked
     assert run_sync(SlotHistory(CLIENT, Ledger(kv, lineage), p).ack_committed()) == 0
-    assert len(acks) == 2
+    assert len(published_acks) == 2
 
 
 def test_refused_acks_fail_and_stay_due(
@@ -259,7 +244,7 @@ def test_heads_tell_pins_unacked_and_sealed_entries(kv: MemoryBucket, lineage: s
 
 
 def test_settled_entries_are_removed_and_leave_nothing(
-    kv: MemoryBucket, lineage: str, acks: list[bytes], monkeypatch: pytest.MonkeyPatch
+    kv: MemoryBucket, lineage: str, published_acks: list[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     now = [100.0]
     monkeypatch.setattr(driver_ledger.time, "monotonic", lambda: now[0])
@@ -285,7 +270,7 @@ def test_settled_entries_are_removed_and_leave_nothing(
 
 
 def test_acks_at_stop_cover_the_committed_batches_only(
-    kv: MemoryBucket, lineage: str, acks: list[bytes]
+    kv: MemoryBucket, lineage: str, published_acks: list[bytes]
 ) -> None:
     sealed(kv, lineage, 1, [1])
     sealed(kv, lineage, 2, [2], slot="m2")
@@ -294,5 +279,5 @@ def test_acks_at_stop_cover_the_committed_batches_only(
     run_sync(ledger.adopt(SourceOffset(lineage, 3)))
     assert run_sync(ledger.ack_through(CLIENT, 2, only="m2")) == 1
     assert run_sync(ledger.ack_through(CLIENT, 2)) == 1
-    assert acks == [b"$JS.ACK.S.c1.1.2.2.0.0", b"$JS.ACK.S.c1.1.1.1.0.0"]
+    assert published_acks == [b"$JS.ACK.S.c1.1.2.2.0.0", b"$JS.ACK.S.c1.1.1.1.0.0"]
     assert ledger.acks_due(3) == {"m1": (3,)}

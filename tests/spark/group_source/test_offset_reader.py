@@ -10,15 +10,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from memory_bucket import MemoryBucket
+from memory_bucket import MemoryBucket, attempt
 
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from nats_spark.loop import run_sync
-from nats_spark.spark.group_source import slot_history
-from nats_spark.spark.group_source.ledger import Ledger
 from nats_spark.spark.group_source.offset_reader import OffsetReader
 from nats_spark.spark.group_source.offsets import SlotPlan
-from nats_spark.spark.group_source.slot_entry import SlotEntry
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.targets import Held, Slot
 from nats_spark.spark.shared.columns import SlotColumns
@@ -76,18 +73,6 @@ class Target:
 
 
 @pytest.fixture
-def acks(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    published: list[bytes] = []
-
-    async def publish(nc: object, replies: list[bytes]) -> int:
-        published.extend(replies)
-        return len(replies)
-
-    monkeypatch.setattr(slot_history, "publish_acks", publish)
-    return published
-
-
-@pytest.fixture
 def driver() -> tuple[OffsetReader, Server, MemoryBucket]:
     options = parse_options({"servers": "nats://127.0.0.1:1", "stream": "S", "group": "g"})
     reader = OffsetReader(options)
@@ -102,8 +87,7 @@ def driver() -> tuple[OffsetReader, Server, MemoryBucket]:
 
 def run_task(kv: MemoryBucket, partition: SlotPartition, seqs: list[int], pin: str) -> None:
     """What the partition's task records (and seals) in the ledger."""
-    entry = SlotEntry(None, partition)  # type: ignore[arg-type]
-    entry.ledger = Ledger(kv, partition.lineage)
+    entry = attempt(kv, partition)
     run_sync(entry.claim())
     columns = SlotColumns("S", "m1", False, False)
     for seq in seqs:
@@ -114,7 +98,7 @@ def run_task(kv: MemoryBucket, partition: SlotPartition, seqs: list[int], pin: s
 
 
 def test_a_batch_then_an_idle_slots_acks_then_stop(
-    driver: tuple[OffsetReader, Server, MemoryBucket], acks: list[bytes]
+    driver: tuple[OffsetReader, Server, MemoryBucket], published_acks: list[bytes]
 ) -> None:
     reader, server, kv = driver
     start = run_sync(reader.initial_offset())
@@ -145,7 +129,7 @@ def test_a_batch_then_an_idle_slots_acks_then_stop(
 
     run_sync(reader.commit(following))  # its task did not run: the driver acks at stop
     run_sync(reader.close())
-    assert len(acks) == 10 and acks[0] == b"$JS.ACK.S.g-partition-0.1.1.1.0.0"
+    assert len(published_acks) == 10 and published_acks[0] == b"$JS.ACK.S.g-partition-0.1.1.1.0.0"
 
 
 def test_another_clients_pin_stands_the_slot_by_and_is_logged_once(
