@@ -1,7 +1,7 @@
 """The driver's coordinator without a server: `OffsetReader` over an in-memory ledger bucket, a
 fixed target and consumer infos the test sets, through Spark's calls (latestOffset, partitions,
-commit, progress, stop) for batches with messages, an idle slot's acks and a pin held by
-another client."""
+commit, progress, stop): batches with messages, an idle slot's acks, a pin held by another
+client, a restarted driver re-planning a logged batch, an availableNow run's end."""
 
 from __future__ import annotations
 
@@ -37,10 +37,13 @@ class Server:
         self.usable, self.nc, self.denied = True, None, []
         self.api = SimpleNamespace(stream_info=self.stream_info, consumer_info=self.consumer_info)
 
-    def show(self, slot: Slot, pending: int = 0, ack_pending: int = 0, pin: str = "") -> None:
+    def show(
+        self, slot: Slot, pending: int = 0, ack_pending: int = 0, pin: str = "", delivered: int = 0
+    ) -> None:
         self.consumers[slot.consumer] = {
             "num_pending": pending,
             "num_ack_pending": ack_pending,
+            "delivered": {"stream_seq": delivered},
             "config": {"ack_wait": 30_000_000_000},
             "priority_groups": [{"group": "PCG", "pinned_client_id": pin}] if pin else [],
         }
@@ -72,17 +75,22 @@ class Target:
         return next(slot for slot in SLOTS if slot.name == name)
 
 
-@pytest.fixture
-def driver() -> tuple[OffsetReader, Server, MemoryBucket]:
+def driver_of(server: Server, kv: MemoryBucket) -> OffsetReader:
+    """A driver (as a query's start or restart makes one) connected to `server` and `kv`."""
     options = parse_options({"servers": "nats://127.0.0.1:1", "stream": "S", "group": "g"})
     reader = OffsetReader(options)
-    server, kv = Server(), MemoryBucket()
     reader.client = server  # type: ignore[assignment]
     reader.ledger.attach(kv)
     reader.target = Target()  # type: ignore[assignment]
+    return reader
+
+
+@pytest.fixture
+def driver() -> tuple[OffsetReader, Server, MemoryBucket]:
+    server, kv = Server(), MemoryBucket()
     for slot in SLOTS:
         server.show(slot)
-    return reader, server, kv
+    return driver_of(server, kv), server, kv
 
 
 def run_task(kv: MemoryBucket, partition: SlotPartition, seqs: list[int], pin: str) -> None:
@@ -146,4 +154,49 @@ def test_another_clients_pin_stands_the_slot_by_and_is_logged_once(
     assert reader.report()["members"]["partition-0"]["status"] == "standby"
     standing_by = [r for r in caplog.records if "another client holds the pin" in r.message]
     assert len(standing_by) == 1
+    run_sync(reader.close())
+
+
+def test_a_restarted_driver_plans_a_logged_batch_again_and_numbers_on(
+    driver: tuple[OffsetReader, Server, MemoryBucket],
+) -> None:
+    first, server, kv = driver
+    start = run_sync(first.initial_offset())
+    server.show(SLOTS[0], pending=10)
+    server.show(SLOTS[1], pending=4)
+    end = run_sync(first.latest_offset(start, None))
+    tasks = run_sync(first.partitions(start, end))
+    run_task(kv, tasks[0], list(range(1, 11)), pin="pin-0")  # then the driver is killed
+    restarted = driver_of(server, kv)
+    again = run_sync(restarted.partitions(start, end))  # Spark re-runs the logged batch
+    assert [(t.slot, t.limit, t.pin_id) for t in again] == [
+        ("partition-0", 10, "pin-0"),  # the pin its entry recorded
+        ("partition-1", 4, None),
+    ]
+    run_task(kv, again[1], [11, 12, 13, 14], pin="pin-1")  # the re-run's
+    server.show(SLOTS[0], ack_pending=10, pin="pin-0")
+    server.show(SLOTS[1], ack_pending=4, pin="pin-1")
+    following = run_sync(restarted.latest_offset(end, None))
+    assert (following.lineage, following.gen, following.slots) == (end.lineage, 2, {})
+    assert [
+        (t.slot, t.limit, t.committed) for t in run_sync(restarted.partitions(end, following))
+    ] == [
+        ("partition-0", 0, (1,)),
+        ("partition-1", 0, (1,)),
+    ]
+    run_sync(first.close())
+    run_sync(restarted.close())
+
+
+def test_an_available_now_run_ends_where_the_stream_ended_at_its_start(
+    driver: tuple[OffsetReader, Server, MemoryBucket],
+) -> None:
+    reader, server, _ = driver
+    start = run_sync(reader.initial_offset())
+    run_sync(reader.prepare_available_now())  # the stream's last sequence is 100
+    server.show(SLOTS[0], pending=50, delivered=100)  # arrived after the run started
+    server.show(SLOTS[1], pending=5, ack_pending=3, delivered=99)
+    end = run_sync(reader.latest_offset(start, None))
+    assert end.slots == {"partition-1": SlotPlan(5, 5)}  # no wait for another's redeliveries
+    assert reader.report()["members"]["partition-0"]["status"] == "done"
     run_sync(reader.close())
