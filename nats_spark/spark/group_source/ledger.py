@@ -277,9 +277,6 @@ class Ledger:
                 f"ledger entry {self.head_key(gen, slot)} was taken over by another task attempt"
             ) from None
 
-    async def put_head(self, gen: int, slot: str, head: EntryHead) -> None:
-        await self.kv.put(self.head_key(gen, slot), head.to_bytes())
-
     async def write_chunk(self, gen: int, slot: str, head: EntryHead, taken: Recorded) -> list[str]:
         """Store `taken` as new chunks of `head`'s attempt; returns their keys."""
         keys: list[str] = []
