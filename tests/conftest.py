@@ -125,3 +125,19 @@ def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def published_acks(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The ack subjects the ledger's entries publish (tasks, the driver at stop), kept here
+    instead of sent: for unit tests, which have no NATS connection."""
+    from nats_spark.spark.group_source import slot_history
+
+    published: list[bytes] = []
+
+    async def publish(nc: object, replies: list[bytes]) -> int:
+        published.extend(replies)
+        return len(replies)
+
+    monkeypatch.setattr(slot_history, "publish_acks", publish)
+    return published

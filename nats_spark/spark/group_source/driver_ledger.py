@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from nats_spark.client import NatsClient
 from nats_spark.spark.group_source.ledger import (
+    Bucket,
     EntryHead,
     EntryState,
     Ledger,
-    LedgerBucket,
     Pointer,
     name_of,
     read_pointer,
     write_pointer,
 )
-from nats_spark.spark.group_source.offsets import MemberPlan, SourceOffset
+from nats_spark.spark.group_source.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.slot_history import ack_entry
 from nats_spark.spark.group_source.slot_partition import UNBOUNDED
 
@@ -34,8 +34,8 @@ SETTLE_SECONDS = 10.0
 
 
 @dataclass
-class Entry:
-    """The driver's view of one ledger entry."""
+class DriverEntry:
+    """One ledger entry as the driver knows it: its head (when read), not what it holds."""
 
     gen: int
     slot: str
@@ -57,14 +57,14 @@ class DriverLedger:
     def __init__(self, stream: str, pointer_key: str) -> None:
         self.stream = stream
         self.pointer_key = pointer_key
-        self.kv: LedgerBucket | None = None
+        self.kv: Bucket | None = None
         self.ledger: Ledger | None = None  # None until a lineage is adopted
         self.head_gen = 0  # newest gen handed out in this lineage
-        self.entries: dict[tuple[int, str], Entry] = {}
+        self.entries: dict[tuple[int, str], DriverEntry] = {}
         self.pins: dict[str, str] = {}  # by slot: the pin its newest entry (or pointer) holds
         self.last_query_pins: frozenset[str] = frozenset()  # pins of this target's last query
 
-    def attach(self, kv: LedgerBucket) -> None:
+    def attach(self, kv: Bucket) -> None:
         """Use `kv` (a new connection's handle on the bucket)."""
         self.kv = kv
         if self.ledger is not None:
@@ -96,7 +96,7 @@ class DriverLedger:
             self.head_gen = max(self.head_gen, pointer.gen)
             self.pins = dict(pointer.pins)
         self.entries = {
-            (gen, name_of(token)): Entry(gen, name_of(token))
+            (gen, name_of(token)): DriverEntry(gen, name_of(token))
             for gen, token in await self.ledger.heads()
         }
         await self.load_heads(self.entries.values())
@@ -111,7 +111,7 @@ class DriverLedger:
         self.pins = {}
         await self.save_pointer()
 
-    async def load_heads(self, entries: Iterable[Entry]) -> None:
+    async def load_heads(self, entries: Iterable[DriverEntry]) -> None:
         assert self.ledger is not None
         for entry in list(entries):
             found = await self.ledger.read_head(entry.gen, entry.slot)
@@ -135,11 +135,14 @@ class DriverLedger:
             if e.head is None or e.head.state is not EntryState.ACKED
         )
 
-    def unacked(self) -> Iterator[Entry]:
-        """Entries whose messages are taken and not acked yet (heads loaded)."""
-        for entry in self.entries.values():
-            if entry.head is not None and entry.head.state is not EntryState.ACKED:
-                yield entry
+    def unacked(self) -> list[tuple[str, int]]:
+        """(slot, count) of the entries whose messages are taken and not acked yet (heads
+        loaded)."""
+        return [
+            (entry.slot, entry.head.count)
+            for entry in self.entries.values()
+            if entry.head is not None and entry.head.state is not EntryState.ACKED
+        ]
 
     def has_sealed(self) -> bool:
         """Whether a finished batch waits for its acks."""
@@ -151,16 +154,16 @@ class DriverLedger:
     def expect(self, gen: int, slots: Iterable[str]) -> None:
         """Entries the slots of batch `gen` will write (so that acks look for them)."""
         for slot in slots:
-            self.entries.setdefault((gen, slot), Entry(gen, slot))
+            self.entries.setdefault((gen, slot), DriverEntry(gen, slot))
 
     def recorded(self, gen: int, slot: str) -> EntryHead | None:
         entry = self.entries.get((gen, slot))
         return None if entry is None else entry.head
 
-    async def new_offset(self, members: dict[str, MemberPlan]) -> SourceOffset:
+    async def new_offset(self, slots: dict[str, SlotPlan]) -> SourceOffset:
         assert self.ledger is not None
         self.head_gen += 1
-        offset = SourceOffset(self.ledger.lineage, self.head_gen, members)
+        offset = SourceOffset(self.ledger.lineage, self.head_gen, slots)
         await self.save_pointer()
         return offset
 

@@ -1,9 +1,10 @@
 """The write-ahead ack ledger: what each task took from NATS, in a JetStream KV bucket.
 
-An entry per (lineage, gen, slot) — a slot is one input partition of a batch: a group member, or
-one reader of a plain consumer. A task records every message it takes before it yields the rows,
-and seals the entry when done. A re-run of the same batch finds the entry and replays it; commit
-acks the entries of committed batches. Keys:
+An entry per (lineage, gen, slot): what one slot (one input partition of a batch: a group
+partition, a member, or one reader of a plain consumer) took in one batch. A task records every
+message it takes before it yields the rows, and seals the entry when done. A re-run of the same
+batch finds the entry and replays it; the next batch's task of the slot acks the entries of
+committed batches. Keys:
 
 - `<lineage>.<gen>.<slot>`: the head, JSON (format, state, attempt, chunk keys, count, pin,
   max_seq, prefix: the ack subject up to the delivery count, `$JS.ACK.<stream>.<consumer>` or the
@@ -38,7 +39,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from nats.errors import NoRespondersError
 from nats.js.errors import (
@@ -67,7 +68,7 @@ LEDGER_MAX_AGE = 7 * 24 * 3600.0
 LEDGER_FORMAT = 2
 READABLE_FORMATS = (1, 2)  # 1: chunks of reply subjects, heads without `prefix`
 T = TypeVar("T")
-KvEntry = KeyValue.Entry
+StoredValue = KeyValue.Entry  # a key's value and revision, as nats-py reads it
 
 
 class EntryState(StrEnum):
@@ -133,6 +134,26 @@ def decode_chunk(data: bytes, head: EntryHead) -> Recorded:
     return decode_recorded(data, (head.prefix or "").encode())
 
 
+class Bucket(Protocol):
+    """What the ledger uses of a KV bucket (`LedgerBucket` on a server). `create` and `update`
+    raise `KeyWrongLastSequenceError` when the key exists, or when its revision is not `last`;
+    `get` raises `KeyNotFoundError` and `keys` `NoKeysError` as nats-py does."""
+
+    name: str
+
+    async def get(self, key: str) -> StoredValue: ...
+
+    async def create(self, key: str, value: bytes) -> int: ...
+
+    async def update(self, key: str, value: bytes, last: int) -> int: ...
+
+    async def put(self, key: str, value: bytes) -> int: ...
+
+    async def remove(self, key: str) -> None: ...
+
+    async def keys(self) -> list[str]: ...
+
+
 class LedgerBucket:
     """The ledger's KV bucket, its calls retried while the bucket's stream has no leader.
 
@@ -164,7 +185,7 @@ class LedgerBucket:
             connection=self.client.nc,
         )
 
-    async def get(self, key: str) -> KvEntry:
+    async def get(self, key: str) -> StoredValue:
         return await self._call(f"reading {key}", lambda: self.kv.get(key))
 
     async def create(self, key: str, value: bytes) -> int:
@@ -201,7 +222,7 @@ def _missing(name: str) -> ConfigurationError:
 class Ledger:
     """One query lineage's entries in the ledger bucket."""
 
-    def __init__(self, kv: LedgerBucket, lineage: str) -> None:
+    def __init__(self, kv: Bucket, lineage: str) -> None:
         self.kv = kv
         self.lineage = lineage
 
@@ -256,9 +277,6 @@ class Ledger:
                 f"ledger entry {self.head_key(gen, slot)} was taken over by another task attempt"
             ) from None
 
-    async def put_head(self, gen: int, slot: str, head: EntryHead) -> None:
-        await self.kv.put(self.head_key(gen, slot), head.to_bytes())
-
     async def write_chunk(self, gen: int, slot: str, head: EntryHead, taken: Recorded) -> list[str]:
         """Store `taken` as new chunks of `head`'s attempt; returns their keys."""
         keys: list[str] = []
@@ -312,7 +330,7 @@ class Pointer:
     pins: dict[str, str] = field(default_factory=dict)
 
 
-async def read_pointer(kv: LedgerBucket, key: str) -> Pointer | None:
+async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
     try:
         entry = await kv.get(key)
     except KeyNotFoundError:
@@ -322,5 +340,5 @@ async def read_pointer(kv: LedgerBucket, key: str) -> Pointer | None:
     return Pointer(data["lineage"], int(data["gen"]), data.get("pins", {}))
 
 
-async def write_pointer(kv: LedgerBucket, key: str, pointer: Pointer) -> None:
+async def write_pointer(kv: Bucket, key: str, pointer: Pointer) -> None:
     await kv.put(key, json.dumps({"format": LEDGER_FORMAT, **asdict(pointer)}).encode())

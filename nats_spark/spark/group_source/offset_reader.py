@@ -1,7 +1,9 @@
-"""Driver side: offsets and the planning of input partitions; the ledger's entries are the
-`DriverLedger`'s. The acks of a committed batch go out from the tasks of the next one (each slot
-acks its own before it pulls; a slot with nothing new gets an ack-only partition), and from the
-driver only at stop: planning and commit cost the same whatever the batches held.
+"""Driver side: the coordinator of planning. It observes (the consumers, the ledger's heads),
+hands the pure planner (`planner`) one record per slot, persists what it planned (the ledger's
+pointer) and logs what changed. The acks of a committed batch go out from the tasks of the next
+one (each slot acks its own before it pulls; a slot with nothing new gets an ack-only
+partition), and from the driver only at stop: planning and commit cost the same whatever the
+batches held.
 
 Lives in Spark's long-running Python process for the query's driver; all state here is a cache
 of what the consumers, the ledger and the checkpointed offsets hold, so a restarted driver
@@ -12,21 +14,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import Any
 
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound, stream_missing
 from nats_spark.jetstream.replies import StreamInfo
-from nats_spark.spark.group_source.driver_ledger import DriverLedger, Horizon
+from nats_spark.spark.group_source.driver_ledger import DriverLedger
 from nats_spark.spark.group_source.ledger import Ledger, pointer_key
-from nats_spark.spark.group_source.offsets import MemberPlan, SourceOffset
+from nats_spark.spark.group_source.offsets import SourceOffset
 from nats_spark.spark.group_source.planner import (
-    ConsumerLag,
-    SlotState,
-    apply_limit,
+    ConsumerSeen,
+    SlotRecord,
+    SlotTask,
+    advances,
+    horizons,
     lag_report,
-    plan_slot,
-    small_capacity,
+    plan_batch,
+    plan_tasks,
+    siblings,
+    slots_report,
+    unacked_by_consumer,
 )
 from nats_spark.spark.group_source.sealed_keeper import SealedKeeper
 from nats_spark.spark.group_source.slot_partition import SlotPartition
@@ -48,13 +56,10 @@ class OffsetReader:
             options.stream, pointer_key(options.stream, options.group or options.consumer or "")
         )
         self.current: SourceOffset | None = None  # the last offset returned to Spark
-        self.slots: dict[str, Slot] = {}  # every slot seen, also ones since dropped
-        self.readable: set[str] | None = None  # the slots the last resolve gave to read
-        self.states: dict[str, SlotState] = {}
-        self.warned: set[str] = set()  # slots whose consumer's small capacity was logged
-        self.available_now_seq: dict[str, int] | None = None
+        self.records: dict[str, SlotRecord] = {}  # every slot resolved, also ones since dropped
+        self.resolved = False  # whether the target was resolved since this reader started
+        self.available_now = False  # an availableNow run: its slots end at their `end_seq`
         self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
-        self.planned: dict[str, int] = {}  # by slot: what the batch planned last may take
         self.committed = 0  # newest gen of the lineage known committed (acked at stop)
         self.keeping: tuple[asyncio.Event, asyncio.Future[None]] | None = None
 
@@ -94,20 +99,26 @@ class OffsetReader:
         if self.ledger.lineage is not None:
             await self.ledger.load_unacked_heads()
         unacked: dict[str, int] = {}
-        for entry in self.ledger.unacked():
-            assert entry.head is not None
-            unacked[entry.slot] = unacked.get(entry.slot, 0) + entry.head.count
+        for name, count in self.ledger.unacked():
+            unacked[name] = unacked.get(name, 0) + count
         pins = self.ledger.last_query_pins | frozenset(self.ledger.pins.values())
         resolved = await self.target.resolve(client, Held(pins, unacked))
-        self.readable = {slot.name for slot in resolved}
+        records = {name: replace(r, readable=False) for name, r in self.records.items()}
         for slot in resolved:
-            self.slots[slot.name] = slot
+            known = records.get(slot.name)
+            records[slot.name] = (
+                SlotRecord(slot, end_seq=0 if self.available_now else None)
+                if known is None
+                else replace(known, slot=slot, readable=True)
+            )
+        self.records = records
+        self.resolved = True
         return resolved
 
     async def _adopt(self, offset: SourceOffset | None) -> None:
         """Take the lineage of `offset` (or of the stored pointer) and load its ledger entries."""
         await self._connect()
-        if await self.ledger.adopt(offset) and self.readable is None:
+        if await self.ledger.adopt(offset) and not self.resolved:
             await self._resolve()
 
     async def initial_offset(self) -> SourceOffset:
@@ -127,13 +138,14 @@ class OffsetReader:
         return offset
 
     async def prepare_available_now(self) -> None:
-        """Fix the end of an availableNow run: what the streams hold now."""
+        """Fix the end of an availableNow run: what the streams hold now (slots resolved later
+        end at once)."""
         await self._adopt(None)
         client = await self._connect()
-        self.available_now_seq = {}
-        for slot in self.slots.values():
-            info = await self._stream_info(client, slot.stream)
-            self.available_now_seq[slot.name] = info.last_seq
+        self.available_now = True
+        for name, record in self.records.items():
+            info = await self._stream_info(client, record.slot.stream)
+            self.records[name] = replace(record, end_seq=info.last_seq)
 
     async def latest_offset(self, start: SourceOffset | None, max_rows: int | None) -> SourceOffset:
         await self._adopt(start)
@@ -142,30 +154,21 @@ class OffsetReader:
             self._committed(start)  # Spark 4.2+: `start` is committed
         client = await self._connect()
         resolved = await self._resolve()
-        first_seqs: dict[str, int] = {}
-        plans: dict[str, MemberPlan] = {}
-        for slot in resolved:
-            was = self.states[slot.name].status if slot.name in self.states else None
-            state = await self._observe(client, slot)
-            if slot.stream not in first_seqs:
-                info = await self._stream_info(client, slot.stream)
-                first_seqs[slot.stream] = info.first_seq
-            plan = self._plan_slot(slot, state, was)
-            if plan is not None:
-                plans[slot.name] = plan
-        await self.ledger.settle(self._horizons(first_seqs), self.committed)
-        available = sum(p.limit for p in plans.values())
-        if self.available_now_seq is None and self.pacing.holds_back(available):
-            plans = {}
-        budgets = [v for v in (max_rows, self.options.max_messages_per_trigger) if v]
-        plans = apply_limit(plans, min(budgets, default=None))
+        before = self.records
+        await self._observe(client, resolved)
+        planned = plan_batch(
+            self.options,
+            self.records,
+            max_rows,
+            None if self.available_now else self.pacing.holds_back,
+        )
+        self.records = self._logged(before, planned.records)
         base = start or self.current
-        self.planned = {name: plan.limit for name, plan in plans.items()}
-        if plans or self.ledger.has_sealed() or base is None:
-            if plans:
+        if base is None or advances(planned.slots, self.ledger.has_sealed()):
+            if planned.slots:
                 self.pacing.batch_planned()
-            self.ledger.expect(self.ledger.head_gen + 1, plans)
-            self.current = await self.ledger.new_offset(plans)
+            self.ledger.expect(self.ledger.head_gen + 1, planned.slots)
+            self.current = await self.ledger.new_offset(planned.slots)
         else:
             self.current = base
             if self.ledger.pins != pins_before:
@@ -173,10 +176,54 @@ class OffsetReader:
         self._keep_sealed()
         return self.current
 
+    async def _observe(self, client: NatsClient, resolved: list[Slot]) -> None:
+        """Look at the consumers of the `resolved` slots and at what the ledger holds of them
+        into their records, then let the ledger forget the entries that settled."""
+        first_seqs: dict[str, int] = {}
+        unacked = self.ledger.unacked()
+        slots = {name: record.slot for name, record in self.records.items()}
+        for slot in resolved:
+            seen = await self._look(client, slot)
+            if slot.stream not in first_seqs:
+                first_seqs[slot.stream] = (await self._stream_info(client, slot.stream)).first_seq
+            self.records[slot.name] = replace(
+                self.records[slot.name],
+                seen=seen,
+                own_pin=self.ledger.pins.get(slot.name),
+                ours=unacked_by_consumer(slots, unacked, slot),
+            )
+        await self.ledger.settle(horizons(self.records.values(), first_seqs), self.committed)
+
+    def _logged(
+        self, before: dict[str, SlotRecord], after: dict[str, SlotRecord]
+    ) -> dict[str, SlotRecord]:
+        """Log what planning made of the slots: a standby once it starts, a consumer's small
+        capacity once per query (it stays in progress for as long as it holds)."""
+        for name, record in after.items():
+            was = before.get(name)
+            if not record.readable:
+                continue
+            if record.status == "standby" and (was is None or was.status != "standby"):
+                slot = record.slot
+                log.warning(
+                    "%s: another client holds the pin of %s > %s; standing by until it is "
+                    "released or times out",
+                    name,
+                    slot.stream,
+                    slot.consumer,
+                )
+            if record.warning is not None and not record.capacity_logged:
+                log.warning("%s", record.warning)
+                after[name] = replace(record, capacity_logged=True)
+        return after
+
     def _keep_sealed(self) -> None:
         """Start the `SealedKeeper` once the consumers' ack waits are known."""
         if self.keeping is None and self.client is not None:
-            ack_wait = min((s.ack_wait for s in self.states.values()), default=None)
+            ack_wait = min(
+                (r.seen.ack_wait for r in self.records.values() if r.seen is not None),
+                default=None,
+            )
             keeper = SealedKeeper(self._client, self.ledger, ack_wait or self.options.ack_wait)
             done = asyncio.Event()
             self.keeping = done, asyncio.ensure_future(keeper.run(done))
@@ -197,7 +244,8 @@ class OffsetReader:
             "recreate it (and the group), then restart the query with a new checkpoint"
         )
 
-    async def _observe(self, client: NatsClient, slot: Slot) -> SlotState:
+    async def _look(self, client: NatsClient, slot: Slot) -> ConsumerSeen:
+        """What `slot`'s consumer shows now (a vanished one is healed first, where it may be)."""
         try:
             info = await client.api.consumer_info(slot.stream, slot.consumer)
         except NotFound as error:
@@ -205,109 +253,55 @@ class OffsetReader:
                 raise self._stream_gone(slot.stream) from None
             await self.target.heal(client, slot)
             info = await client.api.consumer_info(slot.stream, slot.consumer)
-        pinned = info.pinned_id(slot.priority_group) if slot.priority_group else None
-        state = SlotState(
+        return ConsumerSeen(
             pending=info.num_pending,
             ack_pending=info.num_ack_pending,
             ack_floor=info.ack_floor_seq,
-            pinned=pinned,
+            pinned=info.pinned_id(slot.priority_group) if slot.priority_group else None,
             delivered_seq=info.delivered_seq,
             max_ack_pending=info.max_ack_pending,
             ack_wait=info.ack_wait,
         )
-        self.states[slot.name] = state
-        return state
-
-    def _ours_unacked(self, slot: Slot) -> int:
-        """Messages of this slot's consumer that our ledger holds and that are not acked yet."""
-        return sum(
-            e.head.count
-            for e in self.ledger.unacked()
-            if e.head is not None and self.slots.get(e.slot, slot).consumer == slot.consumer
-        )
-
-    def _plan_slot(self, slot: Slot, state: SlotState, was: str | None) -> MemberPlan | None:
-        """`plan_slot`, with what the log should say: a standby once it starts, a consumer's
-        small capacity once per query (it stays in progress for as long as it holds)."""
-        plan = plan_slot(
-            self.options,
-            slot,
-            state,
-            self._ours_unacked(slot),
-            self.ledger.pins.get(slot.name),
-            None if self.available_now_seq is None else self.available_now_seq.get(slot.name, 0),
-        )
-        if state.status == "standby" and was != "standby":
-            log.warning(
-                "%s: another client holds the pin of %s > %s; standing by until it is released "
-                "or times out",
-                slot.name,
-                slot.stream,
-                slot.consumer,
-            )
-        state.warning = small_capacity(self.options, slot, state)
-        if state.warning is not None and slot.name not in self.warned:
-            self.warned.add(slot.name)
-            log.warning("%s", state.warning)
-        return plan
-
-    def _horizons(self, first_seqs: dict[str, int]) -> dict[str, Horizon]:
-        """By slot: its consumer's ack floor (durable consumers only) and its stream's start."""
-        horizons = {}
-        for name, slot in self.slots.items():
-            state = self.states.get(name)
-            floor = state.ack_floor if state and slot.durable else 0
-            horizons[name] = Horizon(floor, first_seqs.get(slot.stream, 0))
-        return horizons
 
     async def partitions(self, start: SourceOffset, end: SourceOffset) -> list[SlotPartition]:
         await self._adopt(end)
         self._committed(start)
         await self.ledger.load_missing_heads()
         due = self.ledger.acks_due(start.gen)
-        partitions = []
-        for name, plan in sorted(end.members.items()):
-            slot = self.slots.get(name) or self.target.slot_named(name)
-            limit = plan.limit
-            if self.readable is not None and name not in self.readable:
-                # Planned in a layout the query has since moved from (before a restart): only
-                # what its ledger entry recorded may come back; without one nothing was emitted.
-                recorded = self.ledger.recorded(end.gen, name)
-                if recorded is None:
-                    log.info("batch %d: slot %s is no longer read and took nothing", end.gen, name)
-                    if name not in due:
-                        continue
-                limit = 0 if recorded is None else recorded.count
-            self.ledger.expect(end.gen, [name])
-            partitions.append(self._partition(slot, end, limit, due.get(name, ())))
-        for name in sorted(set(due) - set(end.members)):
-            known = self._known_slot(name)
-            if known is None:  # a slot of a reader count the query no longer has
-                await self.ledger.ack_through(await self._connect(), start.gen, name)
-                continue
-            partitions.append(self._partition(known, end, 0, due[name]))
-        return partitions
+        moved: dict[str, int | None] = {}
+        for name in end.slots:
+            record = self.records.get(name)
+            if self.resolved and (record is None or not record.readable):
+                head = self.ledger.recorded(end.gen, name)
+                moved[name] = None if head is None else head.count
+        known = {name: slot for name in {*end.slots, *due} if (slot := self._known_slot(name))}
+        plan = plan_tasks(end.slots, due, moved, known)
+        for name in plan.emptied:
+            log.info("batch %d: slot %s is no longer read and took nothing", end.gen, name)
+        for name in plan.driver_acks:  # a slot of a reader count the query no longer has
+            await self.ledger.ack_through(await self._connect(), start.gen, name)
+        self.ledger.expect(end.gen, [task.slot for task in plan.tasks if task.slot in end.slots])
+        return [self._input_partition(known[task.slot], end, task) for task in plan.tasks]
 
     def _known_slot(self, name: str) -> Slot | None:
-        if name in self.slots:
-            return self.slots[name]
+        if name in self.records:
+            return self.records[name].slot
         try:
             return self.target.slot_named(name)
         except StopIteration:
             return None
 
-    def _partition(
-        self, slot: Slot, end: SourceOffset, limit: int, acks: tuple[int, ...]
-    ) -> SlotPartition:
+    def _input_partition(self, slot: Slot, end: SourceOffset, task: SlotTask) -> SlotPartition:
         """The input partition of `slot` in batch `end`: what it may take (0: it only acks),
         what it acks first, and the earlier entries whose redeliveries it drops."""
-        options, name = self.options, slot.name
+        options, name, records = self.options, slot.name, self.records
         same_stream = [
             other
             for _, other in self.ledger.entries
-            if other not in self.slots or self.slots[other].stream == slot.stream
+            if other not in records or records[other].slot.stream == slot.stream
         ]
-        dedupe = self.ledger.dedupe_spans(end.gen, same_stream) if limit else ()
+        dedupe = self.ledger.dedupe_spans(end.gen, same_stream) if task.limit else ()
+        seen = records[name].seen if name in records else None
         return SlotPartition(
             connection=options.connection,
             ledger_bucket=options.ledger_bucket,
@@ -319,9 +313,9 @@ class OffsetReader:
             priority_group=slot.priority_group,
             member=slot.member,
             partitioned=slot.partitioned,
-            limit=limit,
+            limit=task.limit,
             pin_id=self.ledger.pins.get(name),
-            committed=acks,
+            committed=task.acks,
             dedupe=dedupe,
             dedupe_through=self.ledger.highest_seq(dedupe),
             fetch_batch_size=options.fetch_batch_size,
@@ -331,14 +325,8 @@ class OffsetReader:
             min_pending=options.min_pending,
             min_ack_pending=options.min_ack_pending,
             priority=options.priority,
-            ack_wait=self.states[name].ack_wait if name in self.states else options.ack_wait,
-            siblings=tuple(
-                other
-                for other in sorted(end.members)
-                if other != name
-                and other in self.slots
-                and self.slots[other].consumer == slot.consumer
-            ),
+            ack_wait=options.ack_wait if seen is None else seen.ack_wait,
+            siblings=siblings(records, end.slots, slot),
         )
 
     async def ack_through(self, gen: int) -> int:
@@ -360,42 +348,9 @@ class OffsetReader:
             report["layout"] = self.target.layout.value
         if self.target.warning is not None:
             report["warning"] = self.target.warning
-        report["members"] = {
-            name: {
-                "pending": s.pending,
-                "ackPending": s.ack_pending,
-                "status": s.status,
-                **({"member": member} if (member := self._owner(name)) != name else {}),
-                **({"warning": s.warning} if s.warning else {}),
-            }
-            for name, s in sorted(self.states.items())
-        }
-        report["lag"] = self._lag()
+        report["members"] = slots_report(self.records.values())
+        report["lag"] = lag_report(self.records.values())
         return report
-
-    def _lag(self) -> dict[str, Any]:
-        """`lag_report` over the slots read last (each consumer once)."""
-        consumers: dict[tuple[str, str], list[str]] = {}
-        for name in sorted(self.states if self.readable is None else self.readable):
-            slot = self.slots.get(name)
-            if slot is not None and name in self.states:
-                consumers.setdefault((slot.stream, slot.consumer), []).append(name)
-        lags = []
-        for names in consumers.values():
-            slot = self.slots[names[0]]
-            lags.append(
-                ConsumerLag(
-                    owner=slot.member or slot.consumer,
-                    state=self.states[names[0]],
-                    ours=self._ours_unacked(slot),
-                    planned=sum(self.planned.get(name, 0) for name in names),
-                )
-            )
-        return lag_report(lags)
-
-    def _owner(self, name: str) -> str | None:
-        slot = self.slots.get(name)
-        return slot.member if slot is not None and slot.member is not None else name
 
     async def close(self) -> None:
         """At stop: ack what committed batches left (no next batch will), then disconnect."""

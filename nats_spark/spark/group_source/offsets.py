@@ -18,8 +18,9 @@ OFFSET_VERSION = 1
 
 
 @dataclass(frozen=True)
-class MemberPlan:
-    """What one input partition of a batch may take: at most `limit` messages."""
+class SlotPlan:
+    """What one slot of a batch may take: at most `limit` messages (`pending`: what its consumer
+    showed undelivered when the batch was planned, for progress)."""
 
     limit: int
     pending: int = 0
@@ -30,16 +31,16 @@ class MemberPlan:
 
 @dataclass(frozen=True)
 class SourceOffset:
+    """A batch: its lineage and gen, and what each of its slots may take (stored under
+    `members`, the name checkpoints have always had)."""
+
     lineage: str
     gen: int
-    members: dict[str, MemberPlan] = field(default_factory=dict)
+    slots: dict[str, SlotPlan] = field(default_factory=dict)
 
     @classmethod
     def initial(cls) -> SourceOffset:
         return cls(lineage=uuid.uuid4().hex, gen=0)
-
-    def next(self, members: dict[str, MemberPlan]) -> SourceOffset:
-        return SourceOffset(self.lineage, self.gen + 1, members)
 
     def to_json(self) -> dict[str, Any]:
         """The dict Spark stores (it serializes with sorted keys and compares the strings)."""
@@ -47,7 +48,7 @@ class SourceOffset:
             "v": OFFSET_VERSION,
             "lineage": self.lineage,
             "gen": self.gen,
-            "members": {name: plan.to_json() for name, plan in sorted(self.members.items())},
+            "members": {name: plan.to_json() for name, plan in sorted(self.slots.items())},
         }
 
     @classmethod
@@ -55,8 +56,8 @@ class SourceOffset:
         data = json.loads(value) if isinstance(value, str) else value
         if data.get("v") != OFFSET_VERSION or "lineage" not in data:
             raise foreign_checkpoint(data, "this version of nats-pcg")
-        members = {
-            name: MemberPlan(plan["limit"], plan.get("pending", 0))
+        slots = {
+            name: SlotPlan(plan["limit"], plan.get("pending", 0))
             for name, plan in data.get("members", {}).items()
         }
-        return cls(data["lineage"], int(data["gen"]), members)
+        return cls(data["lineage"], int(data["gen"]), slots)

@@ -1,52 +1,98 @@
-"""The driver's planner: what each slot of the next batch may take, from what the server showed.
+"""The driver's planner: the next batch from one record per slot and what the server showed.
 
-Pure: no I/O and no logging (the offset reader observes the consumers, logs and persists); unit
-tests in tests/spark/group_source/test_planner.py.
+Pure: no I/O and no logging. The offset reader observes (consumer infos, the ledger), calls these
+functions, persists their result and logs what changed; unit tests in
+tests/spark/group_source/test_planner.py hold every planning rule.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 
-from nats_spark.spark.group_source.offsets import MemberPlan
+from nats_spark.spark.group_source.driver_ledger import Horizon
+from nats_spark.spark.group_source.offsets import SlotPlan
 from nats_spark.spark.group_source.targets import Slot
 from nats_spark.spark.shared.options import SourceOptions
 
 LAG_FIELDS = ("pending", "ackPending", "behindLatest")
 
 
-@dataclass
-class SlotState:
-    """What the last look at a slot's consumer showed, and what planning made of it (`status`,
-    `warning`: for progress)."""
+@dataclass(frozen=True)
+class ConsumerSeen:
+    """What the last look at a slot's consumer (its info) showed."""
 
     pending: int = 0
     ack_pending: int = 0
     ack_floor: int = 0
-    pinned: str | None = None
+    pinned: str | None = None  # the pin id the slot's priority group serves
     delivered_seq: int = 0
     max_ack_pending: int = -1
     ack_wait: float = 30.0
-    status: str = "idle"
-    warning: str | None = None
 
 
-def over_thresholds(options: SourceOptions, state: SlotState) -> bool:
+@dataclass(frozen=True)
+class SlotRecord:
+    """One slot as the driver knows it: its consumer, what the server showed, what this query
+    holds of it (pin, unacked messages), and what the batch planned last made of it."""
+
+    slot: Slot
+    seen: ConsumerSeen | None = None  # None until the slot's consumer is looked at
+    own_pin: str | None = None  # the pin id this query holds for the slot (its ledger's)
+    ours: int = 0  # messages of the slot's consumer this query's ledger holds unacked
+    readable: bool = True  # the target's last resolve gave it to read
+    end_seq: int | None = None  # an availableNow run's end: the stream's last sequence then
+    status: str = "idle"  # for progress: pinned, active, idle, standby, below threshold, done
+    warning: str | None = None  # for progress: why its batches stay small
+    planned: int = 0  # what the batch planned last may take from it
+    capacity_logged: bool = False  # its `warning` was logged (once per query)
+
+    @property
+    def name(self) -> str:
+        return self.slot.name
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The planner's answer: every record as planned, and what the next batch's slots may take
+    (empty: no batch with messages)."""
+
+    records: dict[str, SlotRecord]
+    slots: dict[str, SlotPlan]
+
+
+@dataclass(frozen=True)
+class SlotTask:
+    """One input partition of a batch: its slot takes at most `limit` messages (0: it only
+    acks), first acking its entries of the committed batches `acks`."""
+
+    slot: str
+    limit: int
+    acks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    tasks: list[SlotTask]
+    driver_acks: list[str]  # slots the query no longer has: the driver acks their entries
+    emptied: list[str]  # planned slots no longer read whose tasks took nothing
+
+
+def over_thresholds(options: SourceOptions, seen: ConsumerSeen) -> bool:
     """Overflow pulls with thresholds are served only past one of them: below, a batch would
     only wait out its pull."""
     low_pending, low_acks = options.min_pending, options.min_ack_pending
     if not (low_pending or low_acks):
         return True
     return bool(
-        (low_pending and state.pending >= low_pending)
-        or (low_acks and state.ack_pending >= low_acks)
+        (low_pending and seen.pending >= low_pending) or (low_acks and seen.ack_pending >= low_acks)
     )
 
 
-def small_capacity(options: SourceOptions, slot: Slot, state: SlotState) -> str | None:
+def small_capacity(options: SourceOptions, record: SlotRecord) -> str | None:
     """Why each batch takes at most a few messages from a group consumer the source adopted (a
     Go member created it with a smaller max_ack_pending than the source's), or None."""
-    capacity = state.max_ack_pending
+    capacity, slot = (record.seen or ConsumerSeen()).max_ack_pending, record.slot
     if not slot.partitioned or capacity <= 0 or capacity >= options.max_ack_pending:
         return None
     return (
@@ -56,47 +102,34 @@ def small_capacity(options: SourceOptions, slot: Slot, state: SlotState) -> str 
     )
 
 
-def plan_slot(
-    options: SourceOptions,
-    slot: Slot,
-    state: SlotState,
-    ours: int,
-    own_pin: str | None,
-    available_now_seq: int | None,
-) -> MemberPlan | None:
-    """What `slot` may take in the next batch (None: nothing), setting `state.status`.
-
-    `ours`: messages of the slot's consumer this query's ledger holds unacked; what the consumer
-    shows ack-pending beyond that is another client's, or redeliveries to come. `own_pin`: the
-    pin id this query holds for the slot. `available_now_seq`: an availableNow run's end.
-    """
-    if slot.policy == "pinned_client" and state.pinned and state.pinned != own_pin:
-        state.status = "standby"
-        return None
-    if not over_thresholds(options, state):
-        state.status = "below threshold"
-        return None
-    others = max(state.ack_pending - ours, 0)
-    if available_now_seq is not None:
-        if state.delivered_seq >= available_now_seq:
-            state.status = "done"
-            return None
+def plan_slot(options: SourceOptions, record: SlotRecord) -> tuple[str, SlotPlan | None]:
+    """The slot's status and what it may take in the next batch (None: nothing). What its
+    consumer shows ack-pending beyond `record.ours` is another client's, or redeliveries to
+    come."""
+    slot, seen, ours = record.slot, record.seen or ConsumerSeen(), record.ours
+    if slot.policy == "pinned_client" and seen.pinned and seen.pinned != record.own_pin:
+        return "standby", None
+    if not over_thresholds(options, seen):
+        return "below threshold", None
+    others = max(seen.ack_pending - ours, 0)
+    if record.end_seq is not None:
+        if seen.delivered_seq >= record.end_seq:
+            return "done", None
         others = 0  # redeliveries may come too late for this run
-    work = state.pending + others
-    capacity = state.max_ack_pending
+    work = seen.pending + others
+    capacity = seen.max_ack_pending
     if capacity and capacity > 0:
         work = min(work, capacity - ours)
     if options.max_messages_per_partition:
         work = min(work, options.max_messages_per_partition)
     work = -(-work // slot.readers)  # parallel readers of one consumer share its backlog
-    state.status = "pinned" if state.pinned else "active"
+    status = "pinned" if seen.pinned else "active"
     if work <= 0:
-        state.status = "idle" if state.pinned is None else state.status
-        return None
-    return MemberPlan(limit=work, pending=state.pending)
+        return "idle" if seen.pinned is None else status, None
+    return status, SlotPlan(limit=work, pending=seen.pending)
 
 
-def apply_limit(plans: dict[str, MemberPlan], budget: int | None) -> dict[str, MemberPlan]:
+def apply_limit(plans: dict[str, SlotPlan], budget: int | None) -> dict[str, SlotPlan]:
     """Share a per-batch `budget` (maxMessagesPerTrigger) over the slots in proportion to what
     each may take, in slot-name order; each planned slot gets at least one while budget lasts."""
     if not budget or not plans:
@@ -104,39 +137,161 @@ def apply_limit(plans: dict[str, MemberPlan], budget: int | None) -> dict[str, M
     total = sum(p.limit for p in plans.values())
     if total <= budget:
         return plans
-    shares: dict[str, MemberPlan] = {}
+    shares: dict[str, SlotPlan] = {}
     left = budget
     for i, (name, plan) in enumerate(sorted(plans.items())):
         rest = len(plans) - i
         share = max(1, min(plan.limit, plan.limit * budget // total, left - (rest - 1)))
         if left <= 0:
             break
-        shares[name] = MemberPlan(limit=share, pending=plan.pending)
+        shares[name] = SlotPlan(limit=share, pending=plan.pending)
         left -= share
     return shares
 
 
-@dataclass(frozen=True)
-class ConsumerLag:
-    """One consumer's numbers for the lag report; `planned`: what its slots may take in the
-    batch planned last."""
+def plan_batch(
+    options: SourceOptions,
+    records: Mapping[str, SlotRecord],
+    max_rows: int | None,
+    holds_back: Callable[[int], bool] | None,
+) -> BatchPlan:
+    """What the readable slots may take in the next batch: each by its record, then held back
+    while trigger pacing waits for more (`holds_back` of the total; None in an availableNow run,
+    which must end), then shared out within the read limit (Spark's `max_rows` and the
+    maxMessagesPerTrigger option, the lower). Records of slots not read keep their status."""
+    statuses: dict[str, tuple[str, str | None]] = {}
+    plans: dict[str, SlotPlan] = {}
+    for name, record in records.items():
+        if record.readable:
+            status, plan = plan_slot(options, record)
+            statuses[name] = status, small_capacity(options, record)
+            if plan is not None:
+                plans[name] = plan
+    if holds_back is not None and holds_back(sum(p.limit for p in plans.values())):
+        plans = {}
+    budgets = [v for v in (max_rows, options.max_messages_per_trigger) if v]
+    plans = apply_limit(plans, min(budgets, default=None))
+    planned = {
+        name: replace(
+            record,
+            status=statuses[name][0] if name in statuses else record.status,
+            warning=statuses[name][1] if name in statuses else record.warning,
+            planned=plans[name].limit if name in plans else 0,
+        )
+        for name, record in records.items()
+    }
+    return BatchPlan(planned, plans)
 
-    owner: str  # the member it belongs to (a plain consumer: its own name)
-    state: SlotState
-    ours: int
-    planned: int
+
+def advances(plans: Mapping[str, SlotPlan], acks_waiting: bool) -> bool:
+    """Whether `latestOffset` answers a new offset: for a batch with messages to take, or for
+    one whose tasks ack what finished batches left (`acks_waiting`): Spark calls `commit` and
+    plans a next batch only once the offset changed, so the acks of an idle stream's last
+    batch would wait forever."""
+    return bool(plans) or acks_waiting
 
 
-def lag_report(consumers: list[ConsumerLag]) -> dict[str, dict]:
-    """By member and in total, each consumer counted once: `pending` (not delivered yet),
-    `ackPending` (delivered, not acked) and `behindLatest` (neither acked nor taken by the
-    batch planned last: what later batches still have to read)."""
+def unacked_by_consumer(
+    slots: Mapping[str, Slot], unacked: Iterable[tuple[str, int]], slot: Slot
+) -> int:
+    """Messages of `slot`'s consumer that this query's ledger holds and that are not acked yet:
+    `unacked` is (slot name, count) per entry; an entry of a slot not in `slots` counts as of
+    `slot`'s consumer (a slot never resolved since a restart could be any of them)."""
+    return sum(count for name, count in unacked if slots.get(name, slot).consumer == slot.consumer)
+
+
+def horizons(records: Iterable[SlotRecord], first_seqs: Mapping[str, int]) -> dict[str, Horizon]:
+    """By slot: how far its consumer (its ack floor, durable consumers only) and its stream
+    (`first_seqs` by stream) have moved."""
+    return {
+        r.name: Horizon(
+            r.seen.ack_floor if r.seen is not None and r.slot.durable else 0,
+            first_seqs.get(r.slot.stream, 0),
+        )
+        for r in records
+    }
+
+
+def plan_tasks(
+    planned: Mapping[str, SlotPlan],
+    due: Mapping[str, tuple[int, ...]],
+    moved: Mapping[str, int | None],
+    known: Iterable[str],
+) -> TaskPlan:
+    """The input partitions of a batch that plans `planned`, whose committed batches left the
+    acks `due` (by slot: gens of entries not acked yet). A slot with acks due and nothing
+    planned gets an ack-only partition, so its acks never wait for new messages; one the query
+    no longer has (not in `known`) is acked by the driver. `moved`: planned slots of a layout
+    the query has since left, with the count their entry recorded (None: no entry): only that
+    may come back (a re-run of a batch planned before a restart)."""
+    tasks, emptied = [], []
+    for name, plan in sorted(planned.items()):
+        limit = plan.limit
+        if name in moved:
+            recorded = moved[name]
+            if recorded is None:
+                emptied.append(name)
+                if name not in due:
+                    continue
+            limit = recorded or 0
+        tasks.append(SlotTask(name, limit, due.get(name, ())))
+    have = set(known)
+    driver_acks = []
+    for name in sorted(set(due) - set(planned)):
+        if name in have:
+            tasks.append(SlotTask(name, 0, due[name]))
+        else:
+            driver_acks.append(name)
+    return TaskPlan(tasks, driver_acks, emptied)
+
+
+def siblings(
+    records: Mapping[str, SlotRecord], planned: Iterable[str], slot: Slot
+) -> tuple[str, ...]:
+    """The other slots of a batch (`planned`) that pull from `slot`'s consumer."""
+    return tuple(
+        other
+        for other in sorted(planned)
+        if other != slot.name and other in records and records[other].slot.consumer == slot.consumer
+    )
+
+
+def slots_report(records: Iterable[SlotRecord]) -> dict[str, dict]:
+    """By slot looked at: its consumer's numbers and status for progress, and the member that
+    owns it where that is not the slot itself (a partition of the partition layout)."""
+    report = {}
+    for record in sorted(records, key=lambda r: r.name):
+        if record.seen is None:
+            continue
+        member = record.slot.member
+        report[record.name] = {
+            "pending": record.seen.pending,
+            "ackPending": record.seen.ack_pending,
+            "status": record.status,
+            **({"member": member} if member is not None and member != record.name else {}),
+            **({"warning": record.warning} if record.warning else {}),
+        }
+    return report
+
+
+def lag_report(records: Iterable[SlotRecord]) -> dict[str, dict]:
+    """By member and in total over the readable slots, each consumer counted once: `pending`
+    (not delivered yet), `ackPending` (delivered, not acked) and `behindLatest` (neither acked
+    nor taken by the batch planned last: what later batches still have to read)."""
+    consumers: dict[tuple[str, str], list[SlotRecord]] = {}
+    for record in sorted(records, key=lambda r: r.name):
+        if record.readable and record.seen is not None:
+            consumers.setdefault((record.slot.stream, record.slot.consumer), []).append(record)
     by_member: dict[str, dict[str, int]] = {}
-    for c in consumers:
-        others = max(c.state.ack_pending - c.ours, 0)
-        into = by_member.setdefault(c.owner, dict.fromkeys(LAG_FIELDS, 0))
-        into["pending"] += c.state.pending
-        into["ackPending"] += c.state.ack_pending
-        into["behindLatest"] += max(c.state.pending + others - c.planned, 0)
+    for readers in consumers.values():
+        first = readers[0]
+        seen, planned = first.seen or ConsumerSeen(), sum(r.planned for r in readers)
+        others = max(seen.ack_pending - first.ours, 0)
+        into = by_member.setdefault(
+            first.slot.member or first.slot.consumer, dict.fromkeys(LAG_FIELDS, 0)
+        )
+        into["pending"] += seen.pending
+        into["ackPending"] += seen.ack_pending
+        into["behindLatest"] += max(seen.pending + others - planned, 0)
     total = {key: sum(lag[key] for lag in by_member.values()) for key in LAG_FIELDS}
     return {"total": total, "byMember": dict(sorted(by_member.items()))}

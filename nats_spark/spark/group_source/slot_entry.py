@@ -124,9 +124,9 @@ class SlotEntry:
             list(columns.delivered),
         )
         await self._write(chunks, taken, pin)
-        batch = columns.batch()
+        rows = columns.batch()
         if not self.p.siblings:
-            return batch, set()
+            return rows, set()
         late = time.monotonic() - max(columns.first_received, renewed) > self.p.ack_wait / 2
         at_risk = {
             seq
@@ -135,12 +135,12 @@ class SlotEntry:
         }
         twice = await self.drop_taken_twice(at_risk)
         if not twice:
-            return batch, twice
+            return rows, twice
         kept = [s not in twice for s in columns.stream_seq]
         self.head.count -= len(taken)
         await self._write(chunks, taken.without(twice), pin)
         self.taken -= twice
-        return batch.filter(pa.array(kept)), twice
+        return rows.filter(pa.array(kept)), twice
 
     async def _write(self, chunks: list[str], taken: Recorded, pin: str | None) -> None:
         """Store `taken` as the chunks that follow `chunks` and update the head."""

@@ -19,7 +19,7 @@ class SlotPartition(InputPartition):
     ledger_bucket: str
     lineage: str
     gen: int
-    slot: str  # ledger name of this partition: member name, or `<consumer>#<i>`
+    slot: str  # `partition-<p>`, a member's name, or `<consumer>#<i>` (its ledger entries' name)
     stream: str  # stream the consumer reads (for elastic groups the work-queue stream)
     consumer: str
     priority_group: str | None

@@ -11,7 +11,7 @@ from spark_helpers import format_one_chunk, parse_reply
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.acks import ack_prefix
-from nats_spark.spark.group_source.driver_ledger import DriverLedger, Entry
+from nats_spark.spark.group_source.driver_ledger import DriverEntry, DriverLedger
 from nats_spark.spark.group_source.ledger import (
     LEDGER_FORMAT,
     EntryHead,
@@ -153,7 +153,7 @@ def driver_view(*entries: tuple[int, str, EntryState | None, int, int]) -> Drive
     ledger = DriverLedger("S", "query.S.g")
     for gen, slot, state, count, max_seq in entries:
         head = None if state is None else EntryHead(state, count=count, max_seq=max_seq)
-        ledger.entries[(gen, slot)] = Entry(gen, slot, head)
+        ledger.entries[(gen, slot)] = DriverEntry(gen, slot, head)
     return ledger
 
 

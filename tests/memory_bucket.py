@@ -1,0 +1,76 @@
+"""The ack ledger's KV bucket in memory, for unit tests of the ledger, dedupe and planner.
+
+It has the interface the ledger uses (`nats_spark.spark.group_source.ledger.Bucket`) and
+nats-server's compare-and-set, as nats-py reports it: every write takes the bucket stream's next
+sequence as the key's revision; `create` fails with `KeyWrongLastSequenceError` while the key
+has a value, `update` when the key's revision is not `last` (0: the key has none); `get` raises
+`KeyNotFoundError`, `keys` `NoKeysError` for an empty bucket. `remove` is the stream purge by
+subject the ledger uses: the key and every key below it are gone without a marker, so the key
+can be created again. The ledger never deletes or purges keys through KV (those leave markers,
+which `create` would write over), so neither is here. tests/spark/group_source/test_ledger_bucket.py
+runs the same contract against a real bucket.
+"""
+
+from __future__ import annotations
+
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.kv import KeyValue
+
+from nats_spark.spark.group_source.ledger import Ledger
+from nats_spark.spark.group_source.slot_entry import SlotEntry
+from nats_spark.spark.group_source.slot_partition import SlotPartition
+
+
+class MemoryBucket:
+    def __init__(self, name: str = "ledger") -> None:
+        self.name = name
+        self.last_seq = 0  # of the bucket's stream: the newest revision handed out
+        self.values: dict[str, tuple[bytes, int]] = {}  # by key: value and revision
+        self.reads = 0  # `get` calls, for tests of what a reader reads again
+
+    async def get(self, key: str) -> KeyValue.Entry:
+        self.reads += 1
+        if key not in self.values:
+            raise KeyNotFoundError
+        value, revision = self.values[key]
+        return KeyValue.Entry(self.name, key, value, revision, None, None, None)
+
+    async def create(self, key: str, value: bytes) -> int:
+        if key in self.values:
+            raise KeyWrongLastSequenceError(description=_wrong(self.values[key][1]))
+        return self._write(key, value)
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        revision = self.values[key][1] if key in self.values else 0
+        if revision != last:
+            raise KeyWrongLastSequenceError(description=_wrong(revision))
+        return self._write(key, value)
+
+    async def put(self, key: str, value: bytes) -> int:
+        return self._write(key, value)
+
+    async def remove(self, key: str) -> None:
+        for stored in [k for k in self.values if k == key or k.startswith(f"{key}.")]:
+            del self.values[stored]
+
+    async def keys(self) -> list[str]:
+        if not self.values:
+            raise NoKeysError
+        return list(self.values)
+
+    def _write(self, key: str, value: bytes) -> int:
+        self.last_seq += 1
+        self.values[key] = (value, self.last_seq)
+        return self.last_seq
+
+
+def attempt(kv: MemoryBucket, partition: SlotPartition) -> SlotEntry:
+    """A task attempt's ledger entry on `kv`, not claimed yet (it needs no client: the ledger is
+    given)."""
+    entry = SlotEntry(None, partition)  # type: ignore[arg-type]
+    entry.ledger = Ledger(kv, partition.lineage)
+    return entry
+
+
+def _wrong(revision: int) -> str:
+    return f"wrong last sequence: {revision}"

@@ -1,0 +1,87 @@
+"""The in-memory ledger bucket keeps the contract of the real one: each case runs against both
+(the memory one in the fast lane, a JetStream KV bucket on the test server in the slow one)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import pytest
+from memory_bucket import MemoryBucket
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+
+from nats_spark.client import NatsClient
+from nats_spark.loop import Blocking, run_sync
+from nats_spark.spark.group_source.ledger import Bucket, Ledger
+
+Case = Callable[[Bucket], Awaitable[None]]
+
+
+async def create_refuses_a_key_that_has_a_value(kv: Bucket) -> None:
+    first = await kv.create("a.1", b"x")
+    with pytest.raises(KeyWrongLastSequenceError):
+        await kv.create("a.1", b"y")
+    entry = await kv.get("a.1")
+    assert (entry.value, entry.revision) == (b"x", first)
+
+
+async def update_is_compare_and_set_on_the_revision(kv: Bucket) -> None:
+    first = await kv.create("a.1", b"x")
+    other = await kv.put("b.1", b"z")  # revisions are the bucket's, across keys
+    assert other > first
+    with pytest.raises(KeyWrongLastSequenceError):
+        await kv.update("a.1", b"y", last=other)
+    second = await kv.update("a.1", b"y", last=first)
+    assert second > other
+    with pytest.raises(KeyWrongLastSequenceError):  # a zombie's write with what it last saw
+        await kv.update("a.1", b"old", last=first)
+    assert (await kv.get("a.1")).value == b"y"
+
+
+async def update_of_a_missing_key_needs_revision_zero(kv: Bucket) -> None:
+    with pytest.raises(KeyWrongLastSequenceError):
+        await kv.update("a.1", b"x", last=5)
+    assert await kv.update("a.1", b"x", last=0) > 0
+
+
+async def remove_takes_the_key_and_those_below_it_and_leaves_nothing(kv: Bucket) -> None:
+    await kv.create("a.1", b"head")
+    await kv.put("a.1.att.0", b"chunk")
+    await kv.put("a.10", b"another entry")
+    await kv.remove("a.1")
+    for gone in ("a.1", "a.1.att.0"):
+        with pytest.raises(KeyNotFoundError):
+            await kv.get(gone)
+    assert sorted(await kv.keys()) == ["a.10"]
+    assert await kv.create("a.1", b"again") > 0  # no marker left to refuse it
+    await kv.remove("never.written")
+
+
+async def keys_of_an_empty_bucket(kv: Bucket) -> None:
+    with pytest.raises(NoKeysError):
+        await kv.keys()
+    with pytest.raises(KeyNotFoundError):
+        await kv.get("a.1")
+
+
+CASES = [
+    create_refuses_a_key_that_has_a_value,
+    update_is_compare_and_set_on_the_revision,
+    update_of_a_missing_key_needs_revision_zero,
+    remove_takes_the_key_and_those_below_it_and_leaves_nothing,
+    keys_of_an_empty_bucket,
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.__name__)
+def test_memory_bucket(case: Case) -> None:
+    run_sync(case(MemoryBucket()))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.__name__)
+def test_kv_bucket(case: Case, client: Blocking[NatsClient], unique: str) -> None:
+    kv = run_sync(Ledger.bucket(client.target, f"L{unique}", create=True))
+    try:
+        run_sync(case(kv))
+    finally:
+        run_sync(client.target.js.delete_key_value(f"L{unique}"))

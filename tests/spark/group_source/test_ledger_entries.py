@@ -1,0 +1,283 @@
+"""The ack ledger's entries on an in-memory bucket: a task's `SlotEntry` (claim, take over, a
+zombie fenced by compare-and-set, seal, siblings), its `SlotHistory` (acks of committed entries,
+dedupe of earlier batches) and the driver's `DriverLedger` (pointer, heads, settling, acks at
+stop)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from memory_bucket import MemoryBucket, attempt
+
+from nats_spark.connection import ConnectionSettings
+from nats_spark.errors import ConfigurationError
+from nats_spark.loop import run_sync
+from nats_spark.spark.group_source import driver_ledger, slot_history
+from nats_spark.spark.group_source.driver_ledger import DriverLedger, Horizon
+from nats_spark.spark.group_source.ledger import EntryState, Ledger, LedgerConflict
+from nats_spark.spark.group_source.offsets import SlotPlan, SourceOffset
+from nats_spark.spark.group_source.slot_entry import SlotEntry
+from nats_spark.spark.group_source.slot_history import SlotHistory
+from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.shared.columns import SlotColumns
+
+pytestmark = pytest.mark.unit
+
+PREFIX = b"$JS.ACK.S.c1"
+
+
+@pytest.fixture
+def kv() -> MemoryBucket:
+    return MemoryBucket()
+
+
+@pytest.fixture
+def lineage() -> str:
+    """A lineage of its own per test: workers keep what they read of entries by lineage."""
+    return uuid.uuid4().hex
+
+
+def input_partition(lineage: str, gen: int = 1, slot: str = "m1", **fields: Any) -> SlotPartition:
+    base: dict[str, Any] = dict(
+        connection=ConnectionSettings(),
+        ledger_bucket="ledger",
+        lineage=lineage,
+        gen=gen,
+        slot=slot,
+        stream="S",
+        consumer="c1",
+        priority_group="PCG",
+        member=slot,
+        partitioned=False,
+        limit=100,
+        pin_id="pin-1",
+        committed=(),
+        dedupe=(),
+        fetch_batch_size=100,
+        fetch_timeout=1.0,
+        include_headers=False,
+        fail_on_data_loss=True,
+    )
+    return SlotPartition(**{**base, **fields})
+
+
+def claimed(kv: MemoryBucket, p: SlotPartition) -> SlotEntry:
+    """A task attempt's entry, claimed (its client is never used: the ledger is given)."""
+    entry = attempt(kv, p)
+    run_sync(entry.claim())
+    return entry
+
+
+def take(entry: SlotEntry, seqs: list[int], delivered: int = 1) -> tuple[list[int], set[int]]:
+    """Record deliveries of `seqs` (stream and consumer sequence alike); returns the stream
+    sequences of the rows handed out and what was dropped."""
+    columns = SlotColumns("S", entry.p.member, False, False)
+    for seq in seqs:
+        columns.add(b"S.k", b"%d" % seq, None, delivered, seq, seq, 0)
+    replies = [b"%b.%d.%d.%d.0.0" % (PREFIX, delivered, seq, seq) for seq in seqs]
+    rows, dropped = run_sync(entry.record(columns, replies, entry.head.pin, time.monotonic()))
+    return rows.column("stream_seq").to_pylist(), dropped
+
+
+def stored(kv: MemoryBucket, lineage: str, gen: int, slot: str = "m1") -> tuple[Any, list[int]]:
+    """The head of entry (gen, slot) and the stream sequences it holds, read back."""
+    ledger = Ledger(kv, lineage)
+    found = run_sync(ledger.read_head(gen, slot))
+    assert found is not None
+    return found[0], run_sync(ledger.read_recorded(found[0])).stream_seq
+
+
+def sealed(kv: MemoryBucket, lineage: str, gen: int, seqs: list[int], slot: str = "m1") -> None:
+    entry = claimed(kv, input_partition(lineage, gen, slot, pin_id=f"pin-{gen}"))
+    if seqs:
+        take(entry, seqs)
+    run_sync(entry.seal())
+
+
+CLIENT: Any = SimpleNamespace(nc=None, denied=[])
+
+
+# SlotEntry
+
+
+def test_a_retry_of_a_sealed_entry_replays_exactly_it(kv: MemoryBucket, lineage: str) -> None:
+    first = claimed(kv, input_partition(lineage))
+    assert take(first, [1, 2, 3]) == ([1, 2, 3], set())
+    run_sync(first.seal())
+    head, seqs = stored(kv, lineage, 1)
+    assert (head.state, head.count, head.max_seq, head.pin, seqs) == (
+        EntryState.SEALED,
+        3,
+        3,
+        "pin-1",
+        [1, 2, 3],
+    )
+    retry = claimed(kv, input_partition(lineage))
+    assert retry.fixed and retry.replay.stream_seq == [1, 2, 3]
+
+
+def test_a_retry_takes_an_open_entry_over_and_the_zombie_is_fenced(
+    kv: MemoryBucket, lineage: str
+) -> None:
+    zombie = claimed(kv, input_partition(lineage))
+    take(zombie, [1, 2])
+    retry = claimed(kv, input_partition(lineage))
+    assert not retry.fixed and retry.replay.stream_seq == [1, 2] and retry.taken == {1, 2}
+    assert retry.head.attempt != zombie.head.attempt
+    take(retry, [3])
+    with pytest.raises(LedgerConflict):
+        take(zombie, [4])  # its revision is stale: nothing of it lands
+    with pytest.raises(LedgerConflict):
+        run_sync(zombie.seal())
+    run_sync(retry.seal())
+    head, seqs = stored(kv, lineage, 1)
+    assert (head.state, seqs) == (EntryState.SEALED, [1, 2, 3])
+
+
+def test_a_first_attempt_that_loses_the_create_takes_the_winner_over(
+    kv: MemoryBucket, lineage: str
+) -> None:
+    winner = attempt(kv, input_partition(lineage))
+    loser = claimed(kv, input_partition(lineage))  # created it first ...
+    run_sync(winner.claim())  # ... so this one finds it open and takes it over
+    with pytest.raises(LedgerConflict):
+        take(loser, [1])
+    take(winner, [2])
+    assert stored(kv, lineage, 1)[1] == [2]
+
+
+def test_siblings_never_both_emit_a_redelivered_message(kv: MemoryBucket, lineage: str) -> None:
+    a = claimed(kv, input_partition(lineage, slot="c#0", siblings=("c#1",)))
+    b = claimed(kv, input_partition(lineage, slot="c#1", siblings=("c#0",)))
+    take(a, [1, 2, 3])
+    rows, dropped = take(b, [3, 4], delivered=2)  # 3 came back to b after a took it
+    assert (rows, dropped) == ([4], {3})
+    assert stored(kv, lineage, 1, "c#1")[1] == [4]
+
+
+# SlotHistory
+
+
+def test_a_task_acks_its_committed_entries_once(
+    kv: MemoryBucket, lineage: str, published_acks: list[bytes]
+) -> None:
+    sealed(kv, lineage, 1, [1, 2])
+    sealed(kv, lineage, 2, [])
+    claimed(kv, input_partition(lineage, 3))  # open: a batch not committed, never acked
+    p = input_partition(lineage, 4, committed=(1, 2, 3))
+    assert run_sync(SlotHistory(CLIENT, Ledger(kv, lineage), p).ack_committed()) == 2
+    assert published_acks == [b"$JS.ACK.S.c1.1.1.1.0.0", b"$JS.ACK.S.c1.1.2.2.0.0"]
+    assert stored(kv, lineage, 1)[0].state is EntryState.ACKED
+    assert stored(kv, lineage, 3)[0].state is EntryState.OPEN
+    # the zombie beside its retry (or the retry itself) finds them acked
+    assert run_sync(SlotHistory(CLIENT, Ledger(kv, lineage), p).ack_committed()) == 0
+    assert len(published_acks) == 2
+
+
+def test_refused_acks_fail_and_stay_due(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client: Any = SimpleNamespace(nc=None, denied=[])
+
+    async def refused(nc: object, replies: list[bytes]) -> int:
+        client.denied.append('Permissions Violation for Publish to "$JS.ACK.S.c1.1.1.1.0.0"')
+        return len(replies)
+
+    monkeypatch.setattr(slot_history, "publish_acks", refused)
+    sealed(kv, lineage, 1, [1])
+    history = SlotHistory(client, Ledger(kv, lineage), input_partition(lineage, 2, committed=(1,)))
+    with pytest.raises(ConfigurationError, match=r"allow the user to publish to \$JS.ACK.S.>"):
+        run_sync(history.ack_committed())
+    assert stored(kv, lineage, 1)[0].state is EntryState.SEALED
+
+
+def test_dedupe_holds_earlier_batches_and_reads_a_sealed_entry_once(
+    kv: MemoryBucket, lineage: str
+) -> None:
+    sealed(kv, lineage, 1, [1, 2])
+    sealed(kv, lineage, 3, [5])  # gen 2 has no entry of m1
+    take(claimed(kv, input_partition(lineage, 4)), [9])  # open: emitted nothing
+    p = input_partition(lineage, 5, dedupe=(("m1", 1, 4),))
+    assert run_sync(SlotHistory(CLIENT, Ledger(kv, lineage), p).dedupe()) == {1, 2, 5}
+    reads = kv.reads
+    assert run_sync(SlotHistory(CLIENT, Ledger(kv, lineage), p).dedupe()) == {1, 2, 5}
+    assert kv.reads - reads == 1  # the open gen 4 is looked at again
+
+
+# DriverLedger
+
+
+def driver(kv: MemoryBucket) -> DriverLedger:
+    ledger = DriverLedger("S", "query.S.g")
+    ledger.attach(kv)
+    return ledger
+
+
+def test_the_pointer_hands_lineage_gen_and_pins_to_a_restarted_driver(kv: MemoryBucket) -> None:
+    first = driver(kv)
+    assert run_sync(first.adopt(None))
+    first.pins = {"m1": "pin-1"}
+    offset = run_sync(first.new_offset({"m1": SlotPlan(5)}))
+    assert (offset.lineage, offset.gen) == (first.lineage, 1)
+    restarted = driver(kv)
+    assert run_sync(restarted.adopt(None))
+    assert (restarted.lineage, restarted.head_gen) == (first.lineage, 1)
+    assert restarted.pins == {"m1": "pin-1"}
+    assert restarted.last_query_pins == {"pin-1"}
+
+
+def test_heads_tell_pins_unacked_and_sealed_entries(kv: MemoryBucket, lineage: str) -> None:
+    sealed(kv, lineage, 1, [1, 2, 3])
+    sealed(kv, lineage, 2, [4, 5])
+    sealed(kv, lineage, 2, [], slot="m2")
+    ledger = driver(kv)
+    run_sync(ledger.adopt(SourceOffset(lineage, 2)))
+    assert sorted(ledger.entries) == [(1, "m1"), (2, "m1"), (2, "m2")]
+    assert ledger.pins == {"m1": "pin-2", "m2": "pin-2"}  # the newest entry's, per slot
+    assert sorted(ledger.unacked()) == [("m1", 2), ("m1", 3), ("m2", 0)]
+    assert ledger.has_sealed()
+    assert ledger.acks_due(1) == {"m1": (1,)}
+
+
+def test_settled_entries_are_removed_and_leave_nothing(
+    kv: MemoryBucket, lineage: str, published_acks: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(driver_ledger.time, "monotonic", lambda: now[0])
+    sealed(kv, lineage, 1, [1, 2, 3])
+    sealed(kv, lineage, 2, [], slot="m2")  # took nothing, committed
+    sealed(kv, lineage, 3, [], slot="m2")  # took nothing, not committed: a re-run must find it
+    sealed(kv, lineage, 3, [4])  # not acked yet
+    ledger = driver(kv)
+    run_sync(ledger.adopt(SourceOffset(lineage, 3)))
+    run_sync(ledger.ack_through(CLIENT, 1))
+    horizons = {"m1": Horizon(ack_floor=3, first_seq=1), "m2": Horizon(0, 1)}
+    run_sync(ledger.settle(horizons, committed=2))
+    assert sorted(ledger.entries) == [(1, "m1"), (3, "m1"), (3, "m2")]
+    now[0] += driver_ledger.SETTLE_SECONDS - 1
+    run_sync(ledger.settle({**horizons, "m1": Horizon(2, 1)}, committed=2))  # floor fell back
+    now[0] += 1
+    run_sync(ledger.settle(horizons, committed=2))
+    assert (1, "m1") in ledger.entries  # the floor must hold for a while from its last rise
+    now[0] += driver_ledger.SETTLE_SECONDS
+    run_sync(ledger.settle(horizons, committed=2))
+    assert sorted(ledger.entries) == [(3, "m1"), (3, "m2")]
+    assert not [key for key in kv.values if key.startswith((f"{lineage}.1.", f"{lineage}.2."))]
+
+
+def test_acks_at_stop_cover_the_committed_batches_only(
+    kv: MemoryBucket, lineage: str, published_acks: list[bytes]
+) -> None:
+    sealed(kv, lineage, 1, [1])
+    sealed(kv, lineage, 2, [2], slot="m2")
+    sealed(kv, lineage, 3, [3])
+    ledger = driver(kv)
+    run_sync(ledger.adopt(SourceOffset(lineage, 3)))
+    assert run_sync(ledger.ack_through(CLIENT, 2, only="m2")) == 1
+    assert run_sync(ledger.ack_through(CLIENT, 2)) == 1
+    assert published_acks == [b"$JS.ACK.S.c1.1.2.2.0.0", b"$JS.ACK.S.c1.1.1.1.0.0"]
+    assert ledger.acks_due(3) == {"m1": (3,)}

@@ -1,0 +1,202 @@
+"""The driver's coordinator without a server: `OffsetReader` over an in-memory ledger bucket, a
+fixed target and consumer infos the test sets, through Spark's calls (latestOffset, partitions,
+commit, progress, stop): batches with messages, an idle slot's acks, a pin held by another
+client, a restarted driver re-planning a logged batch, an availableNow run's end."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from memory_bucket import MemoryBucket, attempt
+
+from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
+from nats_spark.loop import run_sync
+from nats_spark.spark.group_source.offset_reader import OffsetReader
+from nats_spark.spark.group_source.offsets import SlotPlan
+from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.group_source.targets import Held, Slot
+from nats_spark.spark.shared.columns import SlotColumns
+from nats_spark.spark.shared.options import parse_options
+
+pytestmark = pytest.mark.unit
+
+SLOTS = [
+    Slot(f"partition-{p}", "S", f"g-partition-{p}", "PCG", "pinned_client", "m1", True)
+    for p in range(2)
+]
+
+
+class Server:
+    """What the driver's connection is asked: stream and consumer infos, as the test sets them."""
+
+    def __init__(self) -> None:
+        self.consumers: dict[str, dict[str, Any]] = {s.consumer: {} for s in SLOTS}
+        self.usable, self.nc, self.denied = True, None, []
+        self.api = SimpleNamespace(stream_info=self.stream_info, consumer_info=self.consumer_info)
+
+    def show(
+        self, slot: Slot, pending: int = 0, ack_pending: int = 0, pin: str = "", delivered: int = 0
+    ) -> None:
+        self.consumers[slot.consumer] = {
+            "num_pending": pending,
+            "num_ack_pending": ack_pending,
+            "delivered": {"stream_seq": delivered},
+            "config": {"ack_wait": 30_000_000_000},
+            "priority_groups": [{"group": "PCG", "pinned_client_id": pin}] if pin else [],
+        }
+
+    async def stream_info(self, stream: str) -> StreamInfo:
+        return StreamInfo({"state": {"first_seq": 1, "last_seq": 100}})
+
+    async def consumer_info(self, stream: str, consumer: str) -> ConsumerInfo:
+        return ConsumerInfo(self.consumers[consumer])
+
+    async def close(self) -> None:
+        self.usable = False
+
+
+class Target:
+    """A group whose slots stay the same; remembers what the query said it holds."""
+
+    layout = None
+    warning = None
+
+    def __init__(self) -> None:
+        self.held: list[Held] = []
+
+    async def resolve(self, client: Any, held: Held) -> list[Slot]:
+        self.held.append(held)
+        return SLOTS
+
+    def slot_named(self, name: str) -> Slot:
+        return next(slot for slot in SLOTS if slot.name == name)
+
+
+def driver_of(server: Server, kv: MemoryBucket) -> OffsetReader:
+    """A driver (as a query's start or restart makes one) connected to `server` and `kv`."""
+    options = parse_options({"servers": "nats://127.0.0.1:1", "stream": "S", "group": "g"})
+    reader = OffsetReader(options)
+    reader.client = server  # type: ignore[assignment]
+    reader.ledger.attach(kv)
+    reader.target = Target()  # type: ignore[assignment]
+    return reader
+
+
+@pytest.fixture
+def driver() -> tuple[OffsetReader, Server, MemoryBucket]:
+    server, kv = Server(), MemoryBucket()
+    for slot in SLOTS:
+        server.show(slot)
+    return driver_of(server, kv), server, kv
+
+
+def run_task(kv: MemoryBucket, partition: SlotPartition, seqs: list[int], pin: str) -> None:
+    """What the partition's task records (and seals) in the ledger."""
+    entry = attempt(kv, partition)
+    run_sync(entry.claim())
+    columns = SlotColumns("S", "m1", False, False)
+    for seq in seqs:
+        columns.add(b"S.k", b"", None, 1, seq, seq, 0)
+    replies = [b"$JS.ACK.S.%b.1.%d.%d.0.0" % (partition.consumer.encode(), s, s) for s in seqs]
+    run_sync(entry.record(columns, replies, pin, 0.0))
+    run_sync(entry.seal())
+
+
+def test_a_batch_then_an_idle_slots_acks_then_stop(
+    driver: tuple[OffsetReader, Server, MemoryBucket], published_acks: list[bytes]
+) -> None:
+    reader, server, kv = driver
+    start = run_sync(reader.initial_offset())
+    server.show(SLOTS[0], pending=10)
+    end = run_sync(reader.latest_offset(start, None))
+    assert (end.gen, end.slots) == (1, {"partition-0": SlotPlan(10, 10)})
+    [task] = run_sync(reader.partitions(start, end))
+    assert (task.slot, task.limit, task.committed, task.siblings) == ("partition-0", 10, (), ())
+
+    run_task(kv, task, list(range(1, 11)), pin="pin-0")
+    server.show(SLOTS[0], ack_pending=10, pin="pin-0")
+    run_sync(reader.commit(end))
+    # nothing new: a batch only so that its task acks what the finished one took
+    following = run_sync(reader.latest_offset(end, None))
+    assert (following.gen, following.slots) == (2, {})
+    assert reader.target.held[-1].unacked == {"partition-0": 10}  # type: ignore[attr-defined]
+    [ack_only] = run_sync(reader.partitions(end, following))
+    assert (ack_only.slot, ack_only.limit, ack_only.committed) == ("partition-0", 0, (1,))
+    assert ack_only.pin_id == "pin-0"  # the pin the entry recorded is the query's own
+    progress = reader.report()
+    assert progress["members"]["partition-0"] == {
+        "pending": 0,
+        "ackPending": 10,
+        "status": "pinned",
+        "member": "m1",
+    }
+    assert progress["lag"]["total"] == {"pending": 0, "ackPending": 10, "behindLatest": 0}
+
+    run_sync(reader.commit(following))  # its task did not run: the driver acks at stop
+    run_sync(reader.close())
+    assert len(published_acks) == 10 and published_acks[0] == b"$JS.ACK.S.g-partition-0.1.1.1.0.0"
+
+
+def test_another_clients_pin_stands_the_slot_by_and_is_logged_once(
+    driver: tuple[OffsetReader, Server, MemoryBucket], caplog: pytest.LogCaptureFixture
+) -> None:
+    reader, server, _ = driver
+    start = run_sync(reader.initial_offset())
+    server.show(SLOTS[0], pending=5, pin="theirs")
+    server.show(SLOTS[1], pending=3)
+    with caplog.at_level(logging.WARNING):
+        end = run_sync(reader.latest_offset(start, None))
+        assert run_sync(reader.latest_offset(end, None)).slots == {"partition-1": SlotPlan(3, 3)}
+    assert end.slots == {"partition-1": SlotPlan(3, 3)}
+    assert reader.report()["members"]["partition-0"]["status"] == "standby"
+    standing_by = [r for r in caplog.records if "another client holds the pin" in r.message]
+    assert len(standing_by) == 1
+    run_sync(reader.close())
+
+
+def test_a_restarted_driver_plans_a_logged_batch_again_and_numbers_on(
+    driver: tuple[OffsetReader, Server, MemoryBucket],
+) -> None:
+    first, server, kv = driver
+    start = run_sync(first.initial_offset())
+    server.show(SLOTS[0], pending=10)
+    server.show(SLOTS[1], pending=4)
+    end = run_sync(first.latest_offset(start, None))
+    tasks = run_sync(first.partitions(start, end))
+    run_task(kv, tasks[0], list(range(1, 11)), pin="pin-0")  # then the driver is killed
+    restarted = driver_of(server, kv)
+    again = run_sync(restarted.partitions(start, end))  # Spark re-runs the logged batch
+    assert [(t.slot, t.limit, t.pin_id) for t in again] == [
+        ("partition-0", 10, "pin-0"),  # the pin its entry recorded
+        ("partition-1", 4, None),
+    ]
+    run_task(kv, again[1], [11, 12, 13, 14], pin="pin-1")  # the re-run's
+    server.show(SLOTS[0], ack_pending=10, pin="pin-0")
+    server.show(SLOTS[1], ack_pending=4, pin="pin-1")
+    following = run_sync(restarted.latest_offset(end, None))
+    assert (following.lineage, following.gen, following.slots) == (end.lineage, 2, {})
+    assert [
+        (t.slot, t.limit, t.committed) for t in run_sync(restarted.partitions(end, following))
+    ] == [
+        ("partition-0", 0, (1,)),
+        ("partition-1", 0, (1,)),
+    ]
+    run_sync(first.close())
+    run_sync(restarted.close())
+
+
+def test_an_available_now_run_ends_where_the_stream_ended_at_its_start(
+    driver: tuple[OffsetReader, Server, MemoryBucket],
+) -> None:
+    reader, server, _ = driver
+    start = run_sync(reader.initial_offset())
+    run_sync(reader.prepare_available_now())  # the stream's last sequence is 100
+    server.show(SLOTS[0], pending=50, delivered=100)  # arrived after the run started
+    server.show(SLOTS[1], pending=5, ack_pending=3, delivered=99)
+    end = run_sync(reader.latest_offset(start, None))
+    assert end.slots == {"partition-1": SlotPlan(5, 5)}  # no wait for another's redeliveries
+    assert reader.report()["members"]["partition-0"]["status"] == "done"
+    run_sync(reader.close())
