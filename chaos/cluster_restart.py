@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from nats.errors import Error as NatsError
-from run import (
+
+from chaos.run import (
     STREAM,
     WORK_QUEUE,
     Job,
@@ -31,7 +32,6 @@ from run import (
     log,
     retried,
 )
-
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
 from nats_spark.loop import Blocking, run_sync
