@@ -205,7 +205,7 @@ def test_heartbeat_missed_when_server_dies_mid_pull() -> None:
             make_consumer(own, "DIE", "C", "overflow", group=GROUP)
             pull = puller(own, "DIE", "C", GROUP)
             pending = in_background(pull, 1, expires=30, idle_heartbeat=0.2)
-            time.sleep(0.7)
+            time.sleep(0.7)  # time under test: 0.2 s heartbeats arrive before the kill
             server.kill()
             killed = time.monotonic()
             result = pending.result(5)
