@@ -79,10 +79,22 @@ def log(text: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
 
 
+async def send_numbered(client: NatsClient, count: int, start: int = 0) -> None:
+    """`<n>` to `CHAOS.k<n % 37>` for `count` numbers from `start`, all in flight at once, each
+    with `Nats-Msg-Id: <n>`: resending what may have been stored already stores nothing twice."""
+    await asyncio.gather(
+        *(
+            client.js.publish(
+                f"{STREAM}.k{n % 37}", str(n).encode(), headers={"Nats-Msg-Id": str(n)}
+            )
+            for n in range(start, start + count)
+        )
+    )
+
+
 class Publisher(threading.Thread):
-    """Publishes `<n>` to `CHAOS.k<n % 37>` at about `rate` per second. Each message carries
-    `Nats-Msg-Id: <n>`, so resending a chunk whose confirmation was lost stores nothing twice;
-    `published` counts only what JetStream confirmed."""
+    """Publishes `<n>` at about `rate` per second (`send_numbered`); `published` counts only what
+    JetStream confirmed: a chunk whose confirmation failed is sent again."""
 
     def __init__(self, client: Blocking[NatsClient], rate: int) -> None:
         super().__init__(daemon=True)
@@ -91,21 +103,12 @@ class Publisher(threading.Thread):
         self.published = 0
         self.halt = threading.Event()
 
-    async def _send(self, first: int, count: int) -> None:
-        js = self.client.target.js
-        await asyncio.gather(
-            *(
-                js.publish(f"{STREAM}.k{n % 37}", str(n).encode(), headers={"Nats-Msg-Id": str(n)})
-                for n in range(first, first + count)
-            )
-        )
-
     def run(self) -> None:
         chunk = max(1, self.rate // 10)
         while not self.halt.is_set():
             began = time.monotonic()
             try:
-                run_sync(self._send(self.published, chunk), timeout=15)
+                run_sync(send_numbered(self.client.target, chunk, self.published), timeout=15)
                 self.published += chunk
             except Exception:  # server down or restarting: the same numbers again
                 time.sleep(0.5)
