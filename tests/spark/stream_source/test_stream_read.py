@@ -356,7 +356,7 @@ def pushdown_cases(name: str, when: dict[int, dt.datetime]) -> list[Case]:
     ]
 
 
-PUSHDOWN_CASES = 20  # len(pushdown_cases(...)): a test each
+PUSHDOWN_CASES = 23  # len(pushdown_cases(...)): a test each
 
 
 @pytest.fixture(scope="module")
