@@ -496,6 +496,20 @@ def soak(plan: Plan, folder: Path) -> Outcome:
             time.sleep(0.25)
         return True
 
+    def strike(kind: str) -> bool:
+        """`inject`; with each kind once, tried again until it strikes (e.g. a Python worker
+        to kill is there again), within max_stall."""
+        deadline = time.monotonic() + plan.max_stall
+        while True:
+            try:
+                if inject(kind, rng, nats, job, client, plan.outages):
+                    return True
+            except (NatsSparkError, NotFound) as error:  # e.g. the consumer is gone already
+                log(f"{kind}: not injected ({error})")
+            if plan.minutes is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+
     try:
         # The first fault strikes a job that reads, not one that is still starting.
         while retried(progress.last_stored) == 0:
@@ -507,12 +521,7 @@ def soak(plan: Plan, folder: Path) -> Outcome:
             if not job.running:
                 log("the job ended (a fault failed its query): restarting it")
                 job.start()
-            struck = False
-            try:
-                struck = inject(kind, rng, nats, job, client, plan.outages)
-            except (NatsSparkError, NotFound) as error:  # e.g. the consumer is gone already
-                log(f"{kind}: not injected ({error})")
-            if not struck:
+            if not strike(kind):
                 log(f"{kind}: nothing to strike")
                 if plan.minutes is None:
                     tally.missed.append(kind)
