@@ -28,8 +28,9 @@ from nats.js.errors import BucketNotFoundError
 
 import nats_spark.job
 import pyspark_nats_pcg
-from nats_spark.client import NatsClient
-from nats_spark.errors import NotFound
+from nats_spark.client import NatsClient, open_blocking
+from nats_spark.connection import ConnectionSettings
+from nats_spark.errors import ConnectionFailed, NotFound
 from nats_spark.jetstream.acks import delivered_at
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.jetstream.pull import FetchResult, PullConsumer
@@ -441,6 +442,26 @@ def wait_for_log(process: Launched, text: str, count: int = 1, timeout: float = 
         return process.err.read_text(errors="replace").count(text) >= count
 
     wait_until(seen, timeout, f"{count}x {text!r} in the log of {process.name}")
+
+
+def assert_works(settings: ConnectionSettings) -> None:
+    """Connect, make a JetStream request, close."""
+    client = open_blocking(settings)
+    try:
+        assert "limits" in Blocking(client.api).account_info()
+    finally:
+        run_sync(client.target.close())
+
+
+def refusal(settings: ConnectionSettings, within: float = 8.0) -> str:
+    """The one-line ConnectionFailed message of a connect with `settings`, which must be quick."""
+    started = time.monotonic()
+    with pytest.raises(ConnectionFailed) as caught:
+        run_sync(NatsClient.open(settings), timeout=30)
+    assert time.monotonic() - started < within, "the failed connect took too long (hang?)"
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
 
 
 def api(client) -> Blocking:

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spark_helpers import assert_works, refusal
 
 from chaos.proxy import free_port
 from nats_spark import loop
 from nats_spark.cli import build_parser, settings_from_args
 from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings, connect, parse_servers, redact_url
-from nats_spark.errors import ConfigurationError, ConnectionFailed
+from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream import PullConsumer
 from nats_spark.loop import Blocking, event_loop, run_sync
 from nats_spark.server import EmbeddedServer
@@ -46,28 +47,6 @@ def token_server() -> Iterator[EmbeddedServer]:
 
 def _with_credentials(url: str, credentials: str) -> str:
     return url.replace("nats://", f"nats://{credentials}@")
-
-
-def assert_works(settings: ConnectionSettings) -> None:
-    """Connect, make a JetStream request, close."""
-
-    async def check() -> None:
-        client = await NatsClient.open(settings)
-        try:
-            assert "limits" in await client.api.account_info()
-        finally:
-            await client.close()
-
-    run_sync(check())
-
-
-def refusal(settings: ConnectionSettings) -> str:
-    """The message of the ConnectionFailed that connecting with `settings` raises."""
-    with pytest.raises(ConnectionFailed) as caught:
-        run_sync(connect(settings))
-    message = str(caught.value)
-    assert "\n" not in message
-    return message
 
 
 @pytest.mark.unit

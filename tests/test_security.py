@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +19,11 @@ import pytest
 from certs import Pki, creds_file, make_pki, new_nkey, operator_setup, public, tls_config
 from spark_helpers import (
     assert_exactly_once,
+    assert_works,
     member_states,
     payloads,
     publish,
+    refusal,
     run_query,
     settled,
     source,
@@ -31,7 +32,7 @@ from spark_helpers import (
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
-from nats_spark.errors import ConfigurationError, ConnectionFailed
+from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.acks import publish_acks
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
@@ -150,26 +151,6 @@ def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS
 
 def close(client: Blocking[NatsClient]) -> None:
     run_sync(client.target.close())
-
-
-def assert_works(settings: ConnectionSettings) -> None:
-    """Connect, make a JetStream request, close."""
-    client = open_blocking(settings)
-    try:
-        assert "limits" in Blocking(client.api).account_info()
-    finally:
-        close(client)
-
-
-def refusal(settings: ConnectionSettings, within: float = 8.0) -> str:
-    """The one-line ConnectionFailed message of a connect with `settings`, which must be quick."""
-    started = time.monotonic()
-    with pytest.raises(ConnectionFailed) as caught:
-        run_sync(NatsClient.open(settings), timeout=30)
-    assert time.monotonic() - started < within, "the failed connect took too long (hang?)"
-    message = str(caught.value)
-    assert "\n" not in message
-    return message
 
 
 def source_settings(**options: str) -> ConnectionSettings:
