@@ -1,5 +1,6 @@
-"""Helpers shared by the test modules: groups with streams, publishing, queries and checks,
-launching Spark and server processes, and group administration."""
+"""Helpers shared by the test modules (one definition each; no test module imports another):
+groups with streams, publishing, queries and checks, launching Spark and server processes, group
+administration, connections, plain pull consumers, and a slot read the way a task reads it."""
 
 from __future__ import annotations
 
@@ -442,6 +443,13 @@ def wait_for_log(process: Launched, text: str, count: int = 1, timeout: float = 
         return process.err.read_text(errors="replace").count(text) >= count
 
     wait_until(seen, timeout, f"{count}x {text!r} in the log of {process.name}")
+
+
+def opened(settings: ConnectionSettings) -> Iterator[Blocking[NatsClient]]:
+    """A blocking client (for a fixture to yield from), closed after."""
+    blocking = open_blocking(settings)
+    yield blocking
+    run_sync(blocking.target.close())
 
 
 def assert_works(settings: ConnectionSettings) -> None:
