@@ -16,7 +16,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from chaos.run import Plan, soak
+
+pytestmark = pytest.mark.spark  # the job runs Spark in a process of its own
 
 KINDS = (
     "server kill -9",
