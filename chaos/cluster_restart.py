@@ -10,7 +10,6 @@ summary; exit code 1 if any run lost, duplicated or left a message unacked.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import shutil
 import signal
@@ -21,8 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from nats.errors import Error as NatsError
-from run import (
-    STREAM,
+
+from chaos.run import (
     WORK_QUEUE,
     Job,
     Nats,
@@ -30,29 +29,24 @@ from run import (
     group_consumers,
     log,
     retried,
+    send_numbered,
 )
-
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
 from nats_spark.loop import Blocking, run_sync
 
 
-def publish(client: Blocking[NatsClient], first: int, count: int) -> None:
-    """Messages `first`… each with its number as message id, so that one sent again while the
-    stream elects a leader is stored once."""
-
-    async def send() -> None:
-        for n in range(first, first + count):
-            for _ in range(120):
-                try:
-                    await client.target.js.publish(
-                        f"{STREAM}.k{n % 37}", str(n).encode(), headers={"Nats-Msg-Id": str(n)}
-                    )
-                    break
-                except (NatsError, TimeoutError):  # no leader yet
-                    await asyncio.sleep(0.5)
-
-    run_sync(send(), timeout=180)
+def publish(client: Blocking[NatsClient], count: int, start: int = 0) -> None:
+    """`send_numbered`, sent again while the stream elects a leader (within 3 minutes)."""
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            run_sync(send_numbered(client.target, count, start), timeout=60)
+            return
+        except (NatsError, TimeoutError):  # no leader yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def work_queue_state(client: Blocking[NatsClient]) -> dict[str, int]:
@@ -86,7 +80,7 @@ def one_run(number: int, args: argparse.Namespace, folder: Path) -> RunResult:
     try:
         retried(lambda: run_sync(client.api.account_info()))
         retried(lambda: create_group(client, 3))
-        publish(client, 0, args.messages)
+        publish(client, args.messages)
         job.start()
         # Mid-stream: some of the backlog acked, some still held in the work queue.
         deadline = time.monotonic() + 180
@@ -101,7 +95,7 @@ def one_run(number: int, args: argparse.Namespace, folder: Path) -> RunResult:
         nats.server_named(leader).kill()
         time.sleep(3)  # a replica takes over
         nats.server_named(leader).start()
-        publish(client, args.messages, args.tail)
+        publish(client, args.tail, start=args.messages)
         total = args.messages + args.tail
         deadline = time.monotonic() + args.timeout
         left = -1

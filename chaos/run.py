@@ -7,13 +7,16 @@ group's work-queue stream in a three-node cluster, everything replicated three t
 kill -9 (the job's whole process group), kill -9 of a Python worker (an executor's task), a
 network partition between the job and NATS (a TCP proxy stops relaying for a few seconds), a cut
 of every connection of the job, admin unpin of a member, deletion of a member consumer. A job
-that dies of a fault is restarted, as a supervisor would. The run ends with a table; the exit
-code is 1 if anything was lost, duplicated or left unacked.
+that dies of a fault is restarted, as a supervisor would. The first fault strikes once the job
+has caught up after its start. The run ends with a table; the exit code is 1 if anything was
+lost, duplicated or left unacked, or the job did not catch up after a fault within --max-stall.
+With --each-once, every kind strikes once in a fixed order (tests/test_chaos.py runs it so).
 
 A fault's stall is the time from its end until everything published before its end was committed
 and acked (the group's work-queue stream holds nothing older).
 
     .venv/bin/python chaos/run.py --minutes 3 [--cluster] [--seed N] [--rate 200] [--keep DIR]
+    .venv/bin/python chaos/run.py --each-once --gap 1 2 --seed 1  # every kind once
 """
 
 from __future__ import annotations
@@ -32,15 +35,15 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlparse
 
 import pyarrow.parquet as pq
-from proxy import Proxy, free_port
 
+from chaos.proxy import Proxy, free_port
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import NatsSparkError, NotFound
@@ -63,16 +66,35 @@ COMMON_FAULTS = (
     "unpin",
     "consumer deleted",
 )
+# How long an outage lasts (seconds, drawn from the range) for the kinds that have one.
+OUTAGES = {
+    "server kill -9": (0.2, 2.0),
+    "leader kill -9": (0.5, 3.0),
+    "driver kill -9": (0.0, 2.0),
+    "network partition": (3.0, 15.0),
+}
 
 
 def log(text: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
 
 
+async def send_numbered(client: NatsClient, count: int, start: int = 0) -> None:
+    """`<n>` to `CHAOS.k<n % 37>` for `count` numbers from `start`, all in flight at once, each
+    with `Nats-Msg-Id: <n>`: resending what may have been stored already stores nothing twice."""
+    await asyncio.gather(
+        *(
+            client.js.publish(
+                f"{STREAM}.k{n % 37}", str(n).encode(), headers={"Nats-Msg-Id": str(n)}
+            )
+            for n in range(start, start + count)
+        )
+    )
+
+
 class Publisher(threading.Thread):
-    """Publishes `<n>` to `CHAOS.k<n % 37>` at about `rate` per second. Each message carries
-    `Nats-Msg-Id: <n>`, so resending a chunk whose confirmation was lost stores nothing twice;
-    `published` counts only what JetStream confirmed."""
+    """Publishes `<n>` at about `rate` per second (`send_numbered`); `published` counts only what
+    JetStream confirmed: a chunk whose confirmation failed is sent again."""
 
     def __init__(self, client: Blocking[NatsClient], rate: int) -> None:
         super().__init__(daemon=True)
@@ -81,21 +103,12 @@ class Publisher(threading.Thread):
         self.published = 0
         self.halt = threading.Event()
 
-    async def _send(self, first: int, count: int) -> None:
-        js = self.client.target.js
-        await asyncio.gather(
-            *(
-                js.publish(f"{STREAM}.k{n % 37}", str(n).encode(), headers={"Nats-Msg-Id": str(n)})
-                for n in range(first, first + count)
-            )
-        )
-
     def run(self) -> None:
         chunk = max(1, self.rate // 10)
         while not self.halt.is_set():
             began = time.monotonic()
             try:
-                run_sync(self._send(self.published, chunk), timeout=15)
+                run_sync(send_numbered(self.client.target, chunk, self.published), timeout=15)
                 self.published += chunk
             except Exception:  # server down or restarting: the same numbers again
                 time.sleep(0.5)
@@ -280,10 +293,84 @@ class Progress(threading.Thread):
 class Tally:
     faults: Counter[str] = field(default_factory=Counter)
     stalls: dict[str, float] = field(default_factory=dict)  # longest per kind
+    late: Counter[str] = field(default_factory=Counter)  # not caught up within max_stall
+    missed: list[str] = field(default_factory=list)  # kinds that found nothing to strike
 
-    def stalled(self, kind: str, seconds: float) -> None:
+    def stalled(self, kind: str, seconds: float, caught_up: bool) -> None:
         self.faults[kind] += 1
         self.stalls[kind] = max(self.stalls.get(kind, 0.0), seconds)
+        if not caught_up:
+            self.late[kind] += 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a soak does: faults drawn at random from `kinds` for `minutes`, or (`minutes` None)
+    each of `kinds` once, in order, with `gap` seconds (drawn from the range) before each."""
+
+    seed: int
+    cluster: bool = False
+    kinds: tuple[str, ...] = ()  # empty: every kind the mode has
+    minutes: float | None = 3.0
+    rate: int = 200  # messages published per second
+    gap: tuple[float, float] = (4.0, 12.0)
+    outages: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(OUTAGES))
+    max_stall: float = 120.0  # seconds to wait for catch-up per fault
+    drain: float = 300.0  # seconds allowed to catch up at the end
+
+    @property
+    def fault_kinds(self) -> tuple[str, ...]:
+        server = "leader kill -9" if self.cluster else "server kill -9"
+        return self.kinds or (server, *COMMON_FAULTS)
+
+
+@dataclass
+class Outcome:
+    """What a soak did and what the sink committed."""
+
+    plan: Plan
+    tally: Tally
+    job_starts: int
+    published: int
+    rows: list[int]
+    unacked: int  # messages left in the work queue at the end (-1: never read)
+
+    @property
+    def lost(self) -> int:
+        return len(set(range(self.published)) - set(self.rows))
+
+    @property
+    def duplicated(self) -> int:
+        return len(self.rows) - len(set(self.rows))
+
+    @property
+    def failed(self) -> bool:
+        late = self.tally.late or self.tally.missed
+        return bool(self.lost or self.duplicated or self.unacked or late)
+
+    def table(self) -> str:
+        stalls = self.tally.stalls
+        longest = max(stalls.items(), key=lambda item: item[1], default=("-", 0.0))
+        rows = [
+            ("faults injected", sum(self.tally.faults.values())),
+            *(
+                (
+                    f"  {kind}",
+                    f"{self.tally.faults[kind]} (longest stall {stalls.get(kind, 0):.1f}s)",
+                )
+                for kind in self.plan.fault_kinds
+            ),
+            ("job starts", self.job_starts),
+            ("messages published", self.published),
+            ("rows committed", len(self.rows)),
+            ("lost", self.lost),
+            ("duplicated", self.duplicated),
+            ("unacked", self.unacked),
+            ("longest stall", f"{longest[1]:.1f}s ({longest[0]})"),
+            ("not caught up", sum(self.tally.late.values()) + len(self.tally.missed)),
+        ]
+        width = max(len(name) for name, _ in rows)
+        return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
 def group_consumers(client: Blocking[NatsClient]) -> list[str]:
@@ -305,30 +392,36 @@ def retried(call: Callable[[], T], seconds: float = 60.0) -> T:
 
 
 def inject(
-    kind: str, rng: random.Random, nats: Nats, job: Job, client: Blocking[NatsClient]
+    kind: str,
+    rng: random.Random,
+    nats: Nats,
+    job: Job,
+    client: Blocking[NatsClient],
+    outages: dict[str, tuple[float, float]] = OUTAGES,
 ) -> bool:
     """Strike with `kind`; returns once the fault has ended. False when it could not strike."""
+    outage = outages.get(kind, (0.0, 0.0))
     if kind == "server kill -9":
         server = nats.servers[0]
         server.kill()
-        time.sleep(rng.uniform(0.2, 2.0))
+        time.sleep(rng.uniform(*outage))
         server.start()
     elif kind == "leader kill -9":
         info = retried(lambda: run_sync(client.api.stream_info(WORK_QUEUE)))
         server = nats.server_named(info["cluster"]["leader"])
         server.kill()
-        time.sleep(rng.uniform(0.5, 3.0))
+        time.sleep(rng.uniform(*outage))
         server.start()
     elif kind == "driver kill -9":
         job.kill()
-        time.sleep(rng.uniform(0.0, 2.0))
+        time.sleep(rng.uniform(*outage))
         job.start()
     elif kind == "executor kill -9":
         return job.kill_worker(rng)
     elif kind == "network partition":
         for proxy in nats.proxies:
             proxy.blackhole()
-        time.sleep(rng.uniform(3.0, 15.0))
+        time.sleep(rng.uniform(*outage))
         for proxy in nats.proxies:
             proxy.heal()
     elif kind == "connections cut":
@@ -361,55 +454,88 @@ def create_group(client: Blocking[NatsClient], replicas: int) -> None:
     run_sync(admin.add_members(client.target, STREAM, GROUP, MEMBERS))
 
 
-def soak(args: argparse.Namespace, folder: Path) -> int:
-    rng = random.Random(args.seed)
-    kinds = args.faults or ("leader kill -9" if args.cluster else "server kill -9", *COMMON_FAULTS)
+def schedule(plan: Plan, rng: random.Random) -> Iterator[str]:
+    """The kinds to strike with, in turn: each once in order, or at random until time is up."""
+    if plan.minutes is None:
+        yield from plan.fault_kinds
+        return
+    end = time.monotonic() + plan.minutes * 60
+    while time.monotonic() < end:
+        yield rng.choice(plan.fault_kinds)
+
+
+def soak(plan: Plan, folder: Path) -> Outcome:
+    rng = random.Random(plan.seed)
     tally = Tally()
-    nats = Nats(args.cluster)
+    nats = Nats(plan.cluster)
     client = open_blocking(
         ConnectionSettings(servers=tuple(nats.direct_urls.split(",")), name="chaos")
     )
     retried(lambda: run_sync(client.api.account_info()))  # a cluster elects its meta leader
-    retried(lambda: create_group(client, 3 if args.cluster else 1))
-    publisher = Publisher(client, args.rate)
+    retried(lambda: create_group(client, 3 if plan.cluster else 1))
+    publisher = Publisher(client, plan.rate)
     progress = Progress(client)
     job = Job(nats.proxied_urls, folder)
     publisher.start()
     progress.start()
     job.start()
-    mode = "three-node cluster" if args.cluster else "one server"
-    log(f"soak for {args.minutes} min ({mode}), seed {args.seed}, work dir {folder}")
-    end = time.monotonic() + args.minutes * 60
+    mode = "three-node cluster" if plan.cluster else "one server"
+    length = "each fault once" if plan.minutes is None else f"{plan.minutes} min"
+    log(f"soak for {length} ({mode}), seed {plan.seed}, work dir {folder}")
     left = -1
+
+    def caught_up(since: float) -> bool:
+        """Wait until everything stored now is acked (restarting a job that a fault ended)."""
+        stored = retried(progress.last_stored)
+        while progress.acked_through < stored:
+            if time.monotonic() - since > plan.max_stall:
+                return False
+            if not job.running:
+                log("the job ended: restarting it")
+                job.start()
+            time.sleep(0.25)
+        return True
+
+    def strike(kind: str) -> bool:
+        """`inject`; with each kind once, tried again until it strikes (e.g. a Python worker
+        to kill is there again), within max_stall."""
+        deadline = time.monotonic() + plan.max_stall
+        while True:
+            try:
+                if inject(kind, rng, nats, job, client, plan.outages):
+                    return True
+            except (NatsSparkError, NotFound) as error:  # e.g. the consumer is gone already
+                log(f"{kind}: not injected ({error})")
+            if plan.minutes is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+
     try:
-        while time.monotonic() < end:
-            time.sleep(rng.uniform(*args.gap))
+        # The first fault strikes a job that reads, not one that is still starting.
+        while retried(progress.last_stored) == 0:
+            time.sleep(0.1)
+        if not caught_up(time.monotonic()):
+            log("the job did not catch up after starting")
+        for kind in schedule(plan, rng):
+            time.sleep(rng.uniform(*plan.gap))
             if not job.running:
                 log("the job ended (a fault failed its query): restarting it")
                 job.start()
-            kind = rng.choice(kinds)
-            try:
-                struck = inject(kind, rng, nats, job, client)
-            except (NatsSparkError, NotFound) as error:  # e.g. the consumer is gone already
-                log(f"{kind}: not injected ({error})")
-                continue
-            if not struck:
+            if not strike(kind):
                 log(f"{kind}: nothing to strike")
+                if plan.minutes is None:
+                    tally.missed.append(kind)
                 continue
             ended = time.monotonic()
-            stored = retried(progress.last_stored)
-            while progress.acked_through < stored and time.monotonic() - ended < args.max_stall:
-                if not job.running:
-                    log("the job ended: restarting it")
-                    job.start()
-                time.sleep(0.25)
+            done = caught_up(ended)
             stall = time.monotonic() - ended
-            tally.stalled(kind, stall)
-            log(f"{kind}: caught up {stall:.1f}s after it ended (published {publisher.published})")
+            tally.stalled(kind, stall, done)
+            state = "caught up" if done else "not caught up"
+            log(f"{kind}: {state} {stall:.1f}s after it ended (published {publisher.published})")
         publisher.halt.set()
         publisher.join(30)
         log(f"publishing stopped at {publisher.published}; draining")
-        drain_end = time.monotonic() + args.drain
+        drain_end = time.monotonic() + plan.drain
         while time.monotonic() < drain_end:
             if not job.running:
                 log("the job ended: restarting it")
@@ -419,37 +545,14 @@ def soak(args: argparse.Namespace, folder: Path) -> int:
             ]
             if left == 0 and len(set(job.committed())) >= publisher.published:
                 break
-            time.sleep(2)
+            time.sleep(0.5)
     finally:
         publisher.halt.set()
         progress.halt.set()
         job.stop()
         run_sync(client.target.close())
         nats.close()
-    rows = job.committed()
-    published = set(range(publisher.published))
-    lost = len(published - set(rows))
-    duplicated = len(rows) - len(set(rows))
-    longest = max(tally.stalls.items(), key=lambda item: item[1], default=("-", 0.0))
-    table = [
-        ("faults injected", sum(tally.faults.values())),
-        *(
-            (f"  {kind}", f"{tally.faults[kind]} (longest stall {tally.stalls.get(kind, 0):.1f}s)")
-            for kind in kinds
-        ),
-        ("job starts", job.starts),
-        ("messages published", publisher.published),
-        ("rows committed", len(rows)),
-        ("lost", lost),
-        ("duplicated", duplicated),
-        ("unacked", left),
-        ("longest stall", f"{longest[1]:.1f}s ({longest[0]})"),
-    ]
-    width = max(len(name) for name, _ in table)
-    print()
-    for name, value in table:
-        print(f"{name:<{width}}  {value}")
-    return 1 if lost or duplicated or left else 0
+    return Outcome(plan, tally, job.starts, publisher.published, job.committed(), left)
 
 
 def main() -> int:
@@ -457,6 +560,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--minutes", type=float, default=3.0, help="how long faults strike")
+    parser.add_argument(
+        "--each-once", action="store_true", help="each kind once, in order (not --minutes)"
+    )
     parser.add_argument("--cluster", action="store_true", help="three servers, replicas 3")
     parser.add_argument(
         "--faults",
@@ -479,12 +585,24 @@ def main() -> int:
         args.seed = random.randrange(1 << 30)
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="nats-spark-chaos-"))
     folder.mkdir(parents=True, exist_ok=True)
-    code = soak(args, folder)
-    if code == 0 and not args.keep:
+    plan = Plan(
+        seed=args.seed,
+        cluster=args.cluster,
+        kinds=tuple(args.faults or ()),
+        minutes=None if args.each_once else args.minutes,
+        rate=args.rate,
+        gap=tuple(args.gap),
+        max_stall=args.max_stall,
+        drain=args.drain,
+    )
+    outcome = soak(plan, folder)
+    print()
+    print(outcome.table())
+    if not outcome.failed and not args.keep:
         shutil.rmtree(folder, ignore_errors=True)
-    elif code:
+    elif outcome.failed:
         print(f"job log, output and checkpoint kept in {folder}")
-    return code
+    return 1 if outcome.failed else 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Helpers shared by the test modules: groups with streams, publishing, queries and checks,
-launching Spark and server processes, and group administration."""
+"""Helpers shared by the test modules (one definition each; no test module imports another):
+groups with streams, publishing, queries and checks, launching Spark and server processes, group
+administration, connections, plain pull consumers, and a slot read the way a task reads it."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,21 +29,28 @@ from nats.js.errors import BucketNotFoundError
 
 import nats_spark.job
 import pyspark_nats_pcg
-from nats_spark.client import NatsClient
-from nats_spark.errors import NotFound
+from nats_spark.client import NatsClient, open_blocking
+from nats_spark.connection import ConnectionSettings
+from nats_spark.errors import ConnectionFailed, NotFound
 from nats_spark.jetstream.acks import delivered_at
+from nats_spark.jetstream.api import to_nanos
 from nats_spark.jetstream.pull import FetchResult, PullConsumer
 from nats_spark.loop import Blocking, event_loop, run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.config import PartitioningFilter
 from nats_spark.pcg.consumers import (
+    PRIORITY_GROUP,
     GroupConsumer,
+    ensure_group_consumer,
     member_consumer,
     partition_consumer,
     read_stream,
 )
 from nats_spark.pcg.partitioning import member_partitions, partition_for
 from nats_spark.pcg.store import GroupKind, load_group
+from nats_spark.spark.group_source.ledger import Ledger
+from nats_spark.spark.group_source.slot_history import ack_entry
+from nats_spark.spark.group_source.slot_partition import SlotPartition
 
 SPARK_VERSION = tuple(int(part) for part in pyspark.__version__.split(".")[:2])
 # Spark 4.2+ passes the committed start offset to latestOffset, so the source acks a query's last
@@ -92,15 +100,22 @@ def elastic_group(
     run_sync(admin.add_members(client.target, stream, group, members))
 
 
+async def send_numbered(
+    client: NatsClient, prefix: str, count: int, start: int = 0, keys: int = 37
+) -> set[bytes]:
+    """`count` messages `<prefix>.k<i % keys>` with payload `<i>` and header `n: <i>`, for i from
+    `start`, each confirmed by JetStream; returns the payloads."""
+    sent = set()
+    for i in range(start, start + count):
+        data = str(i).encode()
+        await client.js.publish(f"{prefix}.k{i % keys}", data, headers={"n": str(i)})
+        sent.add(data)
+    return sent
+
+
 def publish(client: Blocking[NatsClient], stream: str, count: int, start: int = 0) -> None:
-    """`count` messages `<stream>.k<i % 37>` with payload `<i>`, confirmed by JetStream."""
-
-    async def send() -> None:
-        js = client.target.js
-        for i in range(start, start + count):
-            await js.publish(f"{stream}.k{i % 37}", str(i).encode(), headers={"n": str(i)})
-
-    run_sync(send())
+    """`send_numbered` to `<stream>.*` from outside the event loop."""
+    run_sync(send_numbered(client.target, stream, count, start))
 
 
 def consumers_of(
@@ -420,12 +435,6 @@ def job_flags(url: str, stream: str, out: Path) -> list[str]:
     ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_for_log(process: Launched, text: str, count: int = 1, timeout: float = 60) -> None:
     def seen() -> bool:
         code = process.process.poll()
@@ -434,6 +443,33 @@ def wait_for_log(process: Launched, text: str, count: int = 1, timeout: float = 
         return process.err.read_text(errors="replace").count(text) >= count
 
     wait_until(seen, timeout, f"{count}x {text!r} in the log of {process.name}")
+
+
+def opened(settings: ConnectionSettings) -> Iterator[Blocking[NatsClient]]:
+    """A blocking client (for a fixture to yield from), closed after."""
+    blocking = open_blocking(settings)
+    yield blocking
+    run_sync(blocking.target.close())
+
+
+def assert_works(settings: ConnectionSettings) -> None:
+    """Connect, make a JetStream request, close."""
+    client = open_blocking(settings)
+    try:
+        assert "limits" in Blocking(client.api).account_info()
+    finally:
+        run_sync(client.target.close())
+
+
+def refusal(settings: ConnectionSettings, within: float = 8.0) -> str:
+    """The one-line ConnectionFailed message of a connect with `settings`, which must be quick."""
+    started = time.monotonic()
+    with pytest.raises(ConnectionFailed) as caught:
+        run_sync(NatsClient.open(settings), timeout=30)
+    assert time.monotonic() - started < within, "the failed connect took too long (hang?)"
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
 
 
 def api(client) -> Blocking:
@@ -449,7 +485,9 @@ def kv(client, kind: GroupKind):
     return Blocking(bucket)
 
 
-def make_stream(client, name: str, subjects: list[str], **extra) -> str:
+def make_stream(client, name: str, subjects: list[str] | None = None, **extra) -> str:
+    """A stream over `subjects` (by default `<name>.*`, what `publish` sends to)."""
+    subjects = subjects if subjects is not None else [f"{name}.*"]
     api(client).create_stream({"name": name, "subjects": subjects, **extra})
     return name
 
@@ -520,6 +558,10 @@ def batches_logged(log: Path) -> int:
 # Plain pull consumers in a priority group, read with nats-py next to the source.
 
 
+def consumer_info(client: Blocking[NatsClient], stream: str, name: str) -> dict[str, Any]:
+    return run_sync(client.api.consumer_info(stream, name))
+
+
 def make_consumer(
     client: Blocking[NatsClient],
     stream: str,
@@ -547,6 +589,107 @@ def puller(
 def in_background(pull: Blocking[PullConsumer], batch: int, **kwargs: Any) -> Future[FetchResult]:
     """Start a fetch on the process loop and return at once."""
     return asyncio.run_coroutine_threadsafe(pull.target.fetch(batch, **kwargs), event_loop())
+
+
+# One slot read the way a task reads it, and another instance of a member next to the source.
+
+
+class Slot:
+    """Member m1 of a one-member static group on a fresh stream, its consumer (1 s ack wait) and
+    an ack ledger: `partition(...)` is what the driver would hand a task for one batch."""
+
+    def __init__(self, client: Blocking[NatsClient], settings, unique: str) -> None:
+        self.client, self.settings = client, settings
+        self.stream, self.bucket, self.lineage = f"Z{unique}", f"L{unique}", uuid.uuid4().hex
+        static_group(client, self.stream, "g", ["m1"], partitions=2)
+        entry = run_sync(load_group(client.target, self.stream, "g"))
+        self.consumer = member_consumer(entry, "m1", {"ack_wait": to_nanos(1)})
+        run_sync(ensure_group_consumer(client.target, self.consumer))
+        kv = run_sync(Ledger.bucket(client.target, self.bucket, create=True))
+        self.ledger = Ledger(kv, self.lineage)
+
+    def partition(
+        self,
+        gen: int,
+        limit: int,
+        pin: str | None = None,
+        committed: tuple[int, ...] = (),
+        dedupe: tuple[tuple[str, int, int], ...] = (),
+    ) -> SlotPartition:
+        return SlotPartition(
+            connection=self.settings,
+            ledger_bucket=self.bucket,
+            lineage=self.lineage,
+            gen=gen,
+            slot="m1",
+            stream=self.stream,
+            consumer=self.consumer.name,
+            priority_group=PRIORITY_GROUP,
+            member="m1",
+            partitioned=True,
+            limit=limit,
+            pin_id=pin,
+            committed=committed,
+            dedupe=dedupe,
+            fetch_batch_size=100,
+            fetch_timeout=3.0,
+            include_headers=False,
+            fail_on_data_loss=True,
+        )
+
+    def entry(self, gen: int) -> tuple[Any, list[int]]:
+        """The ledger head of batch `gen` and the stream sequences it recorded."""
+        head, _ = run_sync(self.ledger.read_head(gen, "m1"))
+        return head, run_sync(self.ledger.read_recorded(head)).stream_seq
+
+    def ack(self, *gens: int, slot: str = "m1") -> None:
+        """What the next batch's task does first: ack the committed entries of `gens`."""
+        for gen in gens:
+            run_sync(ack_entry(self.client.target, self.ledger, gen, slot, self.stream))
+
+    def info(self) -> dict[str, Any]:
+        return run_sync(self.client.api.consumer_info(self.consumer.stream, self.consumer.name))
+
+    def overflow_consumer(self, name: str = "shared") -> str:
+        """An overflow consumer on the stream (1 s ack wait), for slots that share one."""
+        config = {"durable_name": name, "ack_policy": "explicit", "ack_wait": to_nanos(1)}
+        config |= {"priority_groups": [PRIORITY_GROUP], "priority_policy": "overflow"}
+        run_sync(self.client.api.create_consumer(self.stream, name, config))
+        return name
+
+
+def seqs(batch: Any) -> list[int]:
+    return batch.column("stream_seq").to_pylist()
+
+
+def seqs_of(batches: Iterator[Any]) -> list[int]:
+    return [s for batch in batches for s in seqs(batch)]
+
+
+class OtherInstance:
+    """Another instance of member m1 (as a Go member would be): pulls with its pin, acks."""
+
+    def __init__(self, settings, stream: str, consumer: str) -> None:
+        self.client = run_sync(NatsClient.open(settings))
+        self.puller = self.client.pull_consumer(stream, consumer, group=PRIORITY_GROUP)
+        self.received: list[int] = []
+        self.running = True
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        async def pull_once() -> None:
+            result = await self.puller.fetch(50, expires=0.5)
+            for msg in result.messages:
+                self.received.append(int(msg.data.decode()))
+                await msg.ack()
+
+        while self.running:
+            run_sync(pull_once())
+
+    def stop(self) -> None:
+        self.running = False
+        self.thread.join(10)
+        run_sync(self.client.close())
 
 
 class Delivery(NamedTuple):

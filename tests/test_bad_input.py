@@ -169,16 +169,8 @@ def test_huge_empty_and_binary_messages_flow_through_exactly(
     binary = b"X-Bin: ok\xff\xfe\x80end\r\nX-Multi: a\r\nX-Multi: b\r\n"
     run_sync(raw_publish(port, f"{stream}.hdr", binary, b"with binary headers"))
 
-    df = source(spark, nats_url, stream, "g")
-    query = (
-        df.writeStream.format("parquet")
-        .option("path", str(tmp_path / "out"))
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert query.awaitTermination(120)
-    assert query.exception() is None
+    _, error = run_query(source(spark, nats_url, stream, "g"), tmp_path)
+    assert error is None, error
     rows = {r.subject: r for r in spark.read.parquet(str(tmp_path / "out")).collect()}
     assert sorted(rows) == sorted(f"{stream}.{s}" for s in ("huge", "empty", "bytes", "hdr"))
     assert rows[f"{stream}.huge"].data == huge

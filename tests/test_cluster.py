@@ -14,7 +14,6 @@ from spark_helpers import (
     Launched,
     assert_exactly_once,
     committed_rows,
-    free_port,
     job_flags,
     launch,
     publish,
@@ -25,6 +24,8 @@ from spark_helpers import (
     static_group,
     wait_for_log,
 )
+
+from chaos.proxy import free_port
 
 pytestmark = pytest.mark.spark
 

@@ -13,7 +13,6 @@ from spark_helpers import (
     consumers_of,
     drained,
     foreach_batches,
-    free_port,
     member_states,
     publish,
     source,
@@ -21,6 +20,7 @@ from spark_helpers import (
     wait_until,
 )
 
+from chaos.proxy import free_port
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import JetStreamApiError, NatsSparkError

@@ -15,7 +15,6 @@ from spark_helpers import (
     AUTO_REGISTER_PATH,
     assert_exactly_once,
     committed_rows,
-    free_port,
     launch,
     publish,
     row_payloads,
@@ -25,6 +24,8 @@ from spark_helpers import (
     static_group,
     wait_for_log,
 )
+
+from chaos.proxy import free_port
 
 pytestmark = pytest.mark.spark
 

@@ -8,7 +8,6 @@ import os
 import pickle
 import select
 import signal
-import socket
 import sys
 import threading
 import time
@@ -18,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spark_helpers import assert_works, refusal
 
+from chaos.proxy import free_port
 from nats_spark import loop
 from nats_spark.cli import build_parser, settings_from_args
 from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings, connect, parse_servers, redact_url
-from nats_spark.errors import ConfigurationError, ConnectionFailed
+from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream import PullConsumer
 from nats_spark.loop import Blocking, event_loop, run_sync
 from nats_spark.server import EmbeddedServer
@@ -46,28 +47,6 @@ def token_server() -> Iterator[EmbeddedServer]:
 
 def _with_credentials(url: str, credentials: str) -> str:
     return url.replace("nats://", f"nats://{credentials}@")
-
-
-def assert_works(settings: ConnectionSettings) -> None:
-    """Connect, make a JetStream request, close."""
-
-    async def check() -> None:
-        client = await NatsClient.open(settings)
-        try:
-            assert "limits" in await client.api.account_info()
-        finally:
-            await client.close()
-
-    run_sync(check())
-
-
-def refusal(settings: ConnectionSettings) -> str:
-    """The message of the ConnectionFailed that connecting with `settings` raises."""
-    with pytest.raises(ConnectionFailed) as caught:
-        run_sync(connect(settings))
-    message = str(caught.value)
-    assert "\n" not in message
-    return message
 
 
 @pytest.mark.unit
@@ -100,19 +79,31 @@ def test_redact_url() -> None:
     assert redact_url("nats://h:1") == "nats://h:1"
 
 
-@pytest.mark.unit
-def test_repr_and_str_never_show_secrets() -> None:
-    with_password = ConnectionSettings(
+def with_password() -> ConnectionSettings:
+    return ConnectionSettings(
         servers=(_with_credentials("nats://h:1", f"{USER}:{PASSWORD}"), "nats://h:2"),
         user=USER,
         password=PASSWORD,
     )
-    with_token = ConnectionSettings(servers=(_with_credentials("nats://h:1", TOKEN),), token=TOKEN)
-    for settings in (with_password, with_token):
-        for text in (repr(settings), str(settings), settings.described(), f"{settings!r}"):
-            assert PASSWORD not in text and TOKEN not in text
-    assert "user='alice'" in repr(with_password)
-    assert "nats://***@h:1" in repr(with_password) and "nats://h:2" in repr(with_password)
+
+
+def with_token() -> ConnectionSettings:
+    return ConnectionSettings(servers=(_with_credentials("nats://h:1", TOKEN),), token=TOKEN)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("make", [with_password, with_token], ids=["password", "token"])
+def test_repr_and_str_never_show_secrets(make: Callable[[], ConnectionSettings]) -> None:
+    settings = make()
+    for text in (repr(settings), str(settings), settings.described(), f"{settings!r}"):
+        assert PASSWORD not in text and TOKEN not in text, text
+
+
+@pytest.mark.unit
+def test_repr_names_the_user_and_redacts_urls() -> None:
+    shown = repr(with_password())
+    assert "user='alice'" in shown
+    assert "nats://***@h:1" in shown and "nats://h:2" in shown
 
 
 @pytest.mark.unit
@@ -187,41 +178,40 @@ def test_secrets_from_the_environment_and_files(
     assert_works(settings_from_args(build_parser().parse_args(argv)))
 
 
-def test_token(token_server: EmbeddedServer) -> None:
-    assert_works(ConnectionSettings(servers=(token_server.url,), token=TOKEN))
-    assert_works(ConnectionSettings(servers=(_with_credentials(token_server.url, TOKEN),)))
+def token_settings(server: EmbeddedServer, token: str, where: str) -> ConnectionSettings:
+    """`token` as the option (`where` "option") or in the URL."""
+    if where == "option":
+        return ConnectionSettings(servers=(server.url,), token=token)
+    return ConnectionSettings(servers=(_with_credentials(server.url, token),))
+
+
+@pytest.mark.parametrize("where", ["option", "url"])
+def test_token(token_server: EmbeddedServer, where: str) -> None:
+    assert_works(token_settings(token_server, TOKEN, where))
     wrong = "tok-wrong-55"
-    for settings in (
-        ConnectionSettings(servers=(token_server.url,), token=wrong),
-        ConnectionSettings(servers=(_with_credentials(token_server.url, wrong),)),
-    ):
-        message = refusal(settings)
-        assert "refused the credentials" in message
-        assert wrong not in message and TOKEN not in message
+    message = refusal(token_settings(token_server, wrong, where))
+    assert "refused the credentials" in message
+    assert wrong not in message and TOKEN not in message
 
 
 @pytest.mark.unit
 def test_unreachable_server() -> None:
-    with socket.socket() as probe:  # a port nobody listens on: bind, read it, release it
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # nobody listens on it
     message = refusal(ConnectionSettings(servers=(f"nats://127.0.0.1:{port}",)))
     assert f"cannot connect to NATS at nats://127.0.0.1:{port}" in message
     assert "no server answered" in message
 
 
+@pytest.mark.parametrize("option", ["nkey_seed", "creds"])
 def test_nkey_auth_without_nkeys_package_is_a_clear_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nats_url: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nats_url: str, option: str
 ) -> None:
     seed = tmp_path / "user.nk"
     seed.write_text("SU-not-a-real-seed\n")
     monkeypatch.setitem(sys.modules, "nkeys", None)  # makes `import nkeys` fail
-    for settings in (
-        ConnectionSettings(servers=(nats_url,), nkey_seed=str(seed)),
-        ConnectionSettings(servers=(nats_url,), creds=str(seed)),
-    ):
-        with pytest.raises(ConfigurationError, match="need the nkeys package"):
-            run_sync(connect(settings))
+    settings = ConnectionSettings(servers=(nats_url,), **{option: str(seed)})
+    with pytest.raises(ConfigurationError, match="need the nkeys package"):
+        run_sync(connect(settings))
 
 
 def test_reconnect_policy_is_restored_after_connect(settings: ConnectionSettings) -> None:

@@ -12,6 +12,7 @@ import pytest
 from spark_helpers import (
     ACKS_LAST_BATCH,
     assert_exactly_once,
+    opened,
     payloads,
     publish,
     run_query,
@@ -83,20 +84,14 @@ def url(tmp_path_factory) -> Iterator[str]:
         yield server.url
 
 
-def opened(url: str, user: str) -> Iterator[Blocking[NatsClient]]:
-    blocking = open_blocking(ConnectionSettings(servers=(url,), user=user, password=user))
-    yield blocking
-    run_sync(blocking.target.close())
-
-
 @pytest.fixture
 def account_a(url) -> Iterator[Blocking[NatsClient]]:
-    yield from opened(url, "a")
+    yield from opened(ConnectionSettings(servers=(url,), user="a", password="a"))
 
 
 @pytest.fixture
 def etl_admin(url) -> Iterator[Blocking[NatsClient]]:
-    yield from opened(url, "admin")
+    yield from opened(ConnectionSettings(servers=(url,), user="admin", password="admin"))
 
 
 def read_all(spark: Any, url: str, stream: str, **options: str) -> list[int]:

@@ -14,6 +14,7 @@ from spark_helpers import (
     batches_logged,
     elastic_group,
     kill_group,
+    opened,
     payloads,
     publish,
     run_query,
@@ -27,7 +28,7 @@ from spark_helpers import (
 from topologies import HUB_DOMAIN, hub_and_leaf
 
 from nats_spark.cli import main
-from nats_spark.client import NatsClient, open_blocking
+from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import NotFound
 from nats_spark.loop import Blocking, run_sync
@@ -45,12 +46,6 @@ def topology(tmp_path_factory) -> Iterator[tuple[EmbeddedServer, EmbeddedServer]
 @pytest.fixture(scope="module")
 def leaf_url(topology) -> str:
     return topology[1].url
-
-
-def opened(settings: ConnectionSettings) -> Iterator[Blocking[NatsClient]]:
-    blocking = open_blocking(settings)
-    yield blocking
-    run_sync(blocking.target.close())
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,17 +19,20 @@ import pytest
 from certs import Pki, creds_file, make_pki, new_nkey, operator_setup, public, tls_config
 from spark_helpers import (
     assert_exactly_once,
+    assert_works,
     member_states,
     payloads,
     publish,
+    refusal,
     run_query,
+    settled,
     source,
     static_group,
 )
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
-from nats_spark.errors import ConfigurationError, ConnectionFailed
+from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.acks import publish_acks
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
@@ -151,64 +153,57 @@ def close(client: Blocking[NatsClient]) -> None:
     run_sync(client.target.close())
 
 
-def assert_works(settings: ConnectionSettings) -> None:
-    """Connect, make a JetStream request, close."""
-    client = open_blocking(settings)
-    try:
-        assert "limits" in Blocking(client.api).account_info()
-    finally:
-        close(client)
-
-
-def refusal(settings: ConnectionSettings, within: float = 8.0) -> str:
-    """The one-line ConnectionFailed message of a connect with `settings`, which must be quick."""
-    started = time.monotonic()
-    with pytest.raises(ConnectionFailed) as caught:
-        run_sync(NatsClient.open(settings), timeout=30)
-    assert time.monotonic() - started < within, "the failed connect took too long (hang?)"
-    message = str(caught.value)
-    assert "\n" not in message
-    return message
-
-
 def source_settings(**options: str) -> ConnectionSettings:
     """Connection settings as the source maps its options (proves the option names work)."""
     return parse_options({"stream": "S", "group": "g", **options}).connection
 
 
-def settled(client: Blocking[NatsClient], stream: str, group: str = "g") -> bool:
-    return all(
-        s == {"pending": 0, "ack_pending": 0} for s in member_states(client, stream, group).values()
-    )
-
-
 # TLS
 
 
-def test_tls_verifies_the_server_with_the_test_ca(tls_server: EmbeddedServer, pki: Pki) -> None:
-    port, ca = tls_server.port, str(pki.ca_cert)
-    for url in (tls_server.url, f"tls://127.0.0.1:{port}", f"tls://localhost:{port}"):
-        assert_works(source_settings(servers=url, tlsCaCert=ca))
-    for settings in (
-        source_settings(servers=f"tls://127.0.0.1:{port}"),  # system CAs only
-        source_settings(servers=tls_server.url),  # the server asks for TLS, the client trusts none
-        source_settings(servers=tls_server.url, tlsCaCert=str(pki.other_ca_cert)),
-    ):
-        message = refusal(settings)
-        assert "TLS failed" in message and "certificate verify failed" in message, message
-        assert "tlsCaCert" in message
+@pytest.mark.parametrize(
+    "url", ["nats://127.0.0.1:{port}", "tls://127.0.0.1:{port}", "tls://localhost:{port}"]
+)
+def test_tls_verifies_the_server_with_the_test_ca(
+    tls_server: EmbeddedServer, pki: Pki, url: str
+) -> None:
+    servers = url.format(port=tls_server.port)
+    assert_works(source_settings(servers=servers, tlsCaCert=str(pki.ca_cert)))
 
 
-def test_tls_never_downgrades_to_plaintext(pki: Pki, settings: ConnectionSettings) -> None:
+@pytest.mark.parametrize(
+    "url, ca",
+    [
+        ("tls://127.0.0.1:{port}", None),  # system CAs only
+        ("nats://127.0.0.1:{port}", None),  # the server asks for TLS, the client trusts none
+        ("nats://127.0.0.1:{port}", "other"),  # a CA that did not sign the server's certificate
+    ],
+    ids=["system-cas", "no-ca", "other-ca"],
+)
+def test_tls_refuses_a_server_the_ca_did_not_sign(
+    tls_server: EmbeddedServer, pki: Pki, url: str, ca: str | None
+) -> None:
+    options = {"servers": url.format(port=tls_server.port)}
+    if ca:
+        options["tlsCaCert"] = str(pki.other_ca_cert)
+    message = refusal(source_settings(**options))
+    assert "TLS failed" in message and "certificate verify failed" in message, message
+    assert "tlsCaCert" in message
+
+
+@pytest.mark.parametrize(
+    "scheme, with_ca", [("tls", False), ("tls", True), ("nats", True)], ids=["url", "url-ca", "ca"]
+)
+def test_tls_never_downgrades_to_plaintext(
+    pki: Pki, settings: ConnectionSettings, scheme: str, with_ca: bool
+) -> None:
     """A tls:// URL or a TLS option against a server without TLS: refused, not plaintext."""
     plain = settings.servers[0].removeprefix("nats://")
-    for options in (
-        {"servers": f"tls://{plain}"},
-        {"servers": f"tls://{plain}", "tlsCaCert": str(pki.ca_cert)},
-        {"servers": f"nats://{plain}", "tlsCaCert": str(pki.ca_cert)},
-    ):
-        message = refusal(source_settings(**options))
-        assert "TLS was asked for" in message and "offers no TLS" in message, message
+    options = {"servers": f"{scheme}://{plain}"}
+    if with_ca:
+        options["tlsCaCert"] = str(pki.ca_cert)
+    message = refusal(source_settings(**options))
+    assert "TLS was asked for" in message and "offers no TLS" in message, message
 
 
 def test_tls_files_that_are_not_pem_name_the_option(pki: Pki, tmp_path: Path) -> None:
@@ -332,12 +327,12 @@ def test_user_without_ack_permission(
         static_group(admin, NOACK_STREAM, "g", ["m1"], partitions=2)
         publish(admin, NOACK_STREAM, 50)
         df = source(spark, auth_server.url, NOACK_STREAM, "g", user="noack", password="noack-pw")
+        earlier = len(violations(auth_server, "noack"))  # other tests' refusals of this user
         _, error = run_query(df, tmp_path)
         states = member_states(admin, NOACK_STREAM, "g")
     finally:
         close(admin)
-    denied = violations(auth_server, "noack")
-    # The acks of the partition consumers, or of g-m1's in the test above.
+    denied = violations(auth_server, "noack")[earlier:]  # the query's own acks, refused
     assert denied and all(f'"$JS.ACK.{NOACK_STREAM}.g-' in line for line in denied), denied
     # Each row was emitted, but the server dropped every ack: the query must say so rather than
     # count the batch as acked with its messages pending for good.

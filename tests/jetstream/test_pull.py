@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
+from spark_helpers import in_background, make_consumer, publish, puller, wait_until
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
@@ -24,7 +22,7 @@ from nats_spark.jetstream import FetchResult, JetStreamApi, PullConsumer, PullSt
 from nats_spark.jetstream import pull as pull_module
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.jetstream.pull import PIN_ID_HEADER, Deliveries
-from nats_spark.loop import Blocking, event_loop, run_sync
+from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
 
 GROUP = "jobs"
@@ -42,39 +40,6 @@ def stream(api: Blocking[JetStreamApi], unique: str) -> Iterator[str]:
     yield name
     with contextlib.suppress(NotFound):
         api.delete_stream(name)
-
-
-def publish(client: Blocking[NatsClient], stream: str, count: int, size: int = 8) -> None:
-    for _ in range(count):
-        run_sync(client.js.publish(f"{stream}.m", b"x" * size))
-
-
-def make_consumer(
-    api: Blocking[JetStreamApi], stream: str, name: str, policy: str | None, **extra: Any
-) -> dict[str, Any]:
-    """A durable explicit-ack pull consumer; with `policy`, in priority group `GROUP`."""
-    config: dict[str, Any] = {"durable_name": name, "ack_policy": "explicit", **extra}
-    if policy:
-        config |= {"priority_groups": [GROUP], "priority_policy": policy}
-    return api.create_consumer(stream, name, config)
-
-
-def puller(
-    client: Blocking[NatsClient], stream: str, consumer: str, group: str | None = GROUP
-) -> Blocking[PullConsumer]:
-    return Blocking(client.pull_consumer(stream, consumer, group=group))
-
-
-def in_background(pull: Blocking[PullConsumer], batch: int, **kwargs: Any) -> Future[FetchResult]:
-    """Start a fetch on the process loop and return at once."""
-    return asyncio.run_coroutine_threadsafe(pull.target.fetch(batch, **kwargs), event_loop())
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 def waiting(api: Blocking[JetStreamApi], stream: str, consumer: str) -> int:
@@ -97,9 +62,11 @@ def needs_prioritized(client: Blocking[NatsClient]) -> None:
 def test_pinned_client_standby_and_takeover(
     client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
 ) -> None:
-    make_consumer(api, stream, "PIN", "pinned_client", priority_timeout=to_nanos(2.0))
+    make_consumer(
+        client, stream, "PIN", "pinned_client", priority_timeout=to_nanos(2.0), group=GROUP
+    )
     publish(client, stream, 4)
-    active, standby = puller(client, stream, "PIN"), puller(client, stream, "PIN")
+    active, standby = puller(client, stream, "PIN", GROUP), puller(client, stream, "PIN", GROUP)
 
     first = active.fetch(1, expires=0.5)
     assert (first.status, stream_seqs(first)) == (PullStatus.BATCH_COMPLETE, [1])
@@ -132,9 +99,11 @@ def test_pinned_client_standby_and_takeover(
 def test_unpin_mid_stream(
     client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
 ) -> None:
-    make_consumer(api, stream, "PIN", "pinned_client", priority_timeout=to_nanos(30))
+    make_consumer(
+        client, stream, "PIN", "pinned_client", priority_timeout=to_nanos(30), group=GROUP
+    )
     publish(client, stream, 3)
-    pull = puller(client, stream, "PIN")
+    pull = puller(client, stream, "PIN", GROUP)
     assert stream_seqs(pull.fetch(1, expires=0.5)) == [1]
     first_pin = pull.pin_id
     assert first_pin and pinned_id(api, stream, "PIN") == first_pin
@@ -161,8 +130,8 @@ def test_unpin_mid_stream(
 def test_overflow_min_pending(
     client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
 ) -> None:
-    make_consumer(api, stream, "OVF", "overflow")
-    overflow = puller(client, stream, "OVF")
+    make_consumer(client, stream, "OVF", "overflow", group=GROUP)
+    overflow = puller(client, stream, "OVF", GROUP)
     publish(client, stream, 2)
 
     below = overflow.fetch(1, expires=0.3, min_pending=3)
@@ -181,13 +150,13 @@ def test_prioritized_serves_lowest_priority_number_first(
     client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
 ) -> None:
     needs_prioritized(client)
-    make_consumer(api, stream, "PRI", "prioritized")
-    backup, primary = puller(client, stream, "PRI"), puller(client, stream, "PRI")
+    make_consumer(client, stream, "PRI", "prioritized", group=GROUP)
+    backup, primary = puller(client, stream, "PRI", GROUP), puller(client, stream, "PRI", GROUP)
     # The backup (priority 5) waits first, so plain arrival order would serve it.
     backup_pull = in_background(backup, 1, expires=2.5, priority=5)
-    wait_until(lambda: waiting(api, stream, "PRI") == 1)
+    wait_until(lambda: waiting(api, stream, "PRI") == 1, 3, "the backup's pull", every=0.02)
     primary_pull = in_background(primary, 1, expires=2.5, priority=0)
-    wait_until(lambda: waiting(api, stream, "PRI") == 2)
+    wait_until(lambda: waiting(api, stream, "PRI") == 2, 3, "the primary's pull", every=0.02)
 
     publish(client, stream, 1)
     served = primary_pull.result(5)
@@ -199,8 +168,8 @@ def test_prioritized_serves_lowest_priority_number_first(
 def test_idle_heartbeats_are_counted(
     client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
 ) -> None:
-    make_consumer(api, stream, "HB", "overflow")
-    result = puller(client, stream, "HB").fetch(1, expires=1.2, idle_heartbeat=0.25)
+    make_consumer(client, stream, "HB", "overflow", group=GROUP)
+    result = puller(client, stream, "HB", GROUP).fetch(1, expires=1.2, idle_heartbeat=0.25)
     assert result.status == PullStatus.TIMEOUT
     assert result.heartbeats >= 2
 
@@ -233,10 +202,10 @@ def test_heartbeat_missed_when_server_dies_mid_pull() -> None:
         try:
             api = Blocking(own.api)
             api.create_stream({"name": "DIE", "subjects": ["die.>"], "storage": "memory"})
-            make_consumer(api, "DIE", "C", "overflow")
-            pull = puller(own, "DIE", "C")
+            make_consumer(own, "DIE", "C", "overflow", group=GROUP)
+            pull = puller(own, "DIE", "C", GROUP)
             pending = in_background(pull, 1, expires=30, idle_heartbeat=0.2)
-            time.sleep(0.7)
+            time.sleep(0.7)  # time under test: 0.2 s heartbeats arrive before the kill
             server.kill()
             killed = time.monotonic()
             result = pending.result(5)
@@ -275,7 +244,7 @@ def test_priority_rejections_are_misconfigurations(
 ) -> None:
     if policy == "prioritized":
         needs_prioritized(client)
-    make_consumer(api, stream, "BAD", policy)
+    make_consumer(client, stream, "BAD", policy, group=GROUP)
     pull = Blocking(client.pull_consumer(stream, "BAD", group=group, pin_id=pin))
     with pytest.raises(PriorityGroupMisconfigured) as caught:
         pull.fetch(1, expires=0.5, **options)
@@ -289,9 +258,9 @@ def test_priority_rejections_are_misconfigurations(
 def test_other_bad_requests_are_pull_errors(
     client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
 ) -> None:
-    make_consumer(api, stream, "HB", "overflow")
+    make_consumer(client, stream, "HB", "overflow", group=GROUP)
     with pytest.raises(PullError) as caught:
-        puller(client, stream, "HB").fetch(1, expires=1, idle_heartbeat=0.8)
+        puller(client, stream, "HB", GROUP).fetch(1, expires=1, idle_heartbeat=0.8)
     assert not isinstance(caught.value, PriorityGroupMisconfigured)
     assert caught.value.status == 400
     assert "heartbeat value too large" in str(caught.value) and "idle heartbeat" in str(
@@ -302,9 +271,9 @@ def test_other_bad_requests_are_pull_errors(
 def test_consumer_deleted_during_long_pull(
     client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
 ) -> None:
-    make_consumer(api, stream, "GONE", "pinned_client")
-    pending = in_background(puller(client, stream, "GONE"), 1, expires=5)
-    wait_until(lambda: waiting(api, stream, "GONE") == 1)
+    make_consumer(client, stream, "GONE", "pinned_client", group=GROUP)
+    pending = in_background(puller(client, stream, "GONE", GROUP), 1, expires=5)
+    wait_until(lambda: waiting(api, stream, "GONE") == 1, 3, "the pull", every=0.02)
     api.delete_consumer(stream, "GONE")
     with pytest.raises(PullError) as caught:
         pending.result(3)
@@ -317,8 +286,8 @@ def test_consumer_deleted_during_long_pull(
 def test_no_wait_with_nothing_available(
     client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
 ) -> None:
-    make_consumer(api, stream, "NW", "overflow")
-    pull = puller(client, stream, "NW")
+    make_consumer(client, stream, "NW", "overflow", group=GROUP)
+    pull = puller(client, stream, "NW", GROUP)
     empty = pull.fetch(5, no_wait=True)
     assert (empty.status, empty.messages) == (PullStatus.NO_MESSAGES, [])
     publish(client, stream, 2)
@@ -333,7 +302,7 @@ def test_pull_on_missing_consumer_is_a_clear_error(
     stream_name = stream if missing == "consumer" else f"{stream}_NOPE"
     started = time.monotonic()
     with pytest.raises(PullError) as caught:
-        puller(client, stream_name, "NOPE").fetch(1, expires=5)
+        puller(client, stream_name, "NOPE", GROUP).fetch(1, expires=5)
     assert time.monotonic() - started < 1  # no responders: no need to wait for the expiry
     assert caught.value.status == 503
     message = str(caught.value)
@@ -347,9 +316,9 @@ def test_acks_from_another_connection(
     stream: str,
     settings: ConnectionSettings,
 ) -> None:
-    make_consumer(api, stream, "ACK", "pinned_client", ack_wait=to_nanos(30))
+    make_consumer(client, stream, "ACK", "pinned_client", ack_wait=to_nanos(30), group=GROUP)
     publish(client, stream, 3)
-    fetched = puller(client, stream, "ACK").fetch(3, expires=1)
+    fetched = puller(client, stream, "ACK", GROUP).fetch(3, expires=1)
     assert stream_seqs(fetched) == [1, 2, 3]
     assert api.consumer_info(stream, "ACK")["num_ack_pending"] == 3
 
@@ -372,7 +341,7 @@ def test_create_consumer_keeps_priority_fields(
     if policy == "prioritized":
         needs_prioritized(client)
     extra = {"priority_timeout": to_nanos(1.5)} if policy == "pinned_client" else {}
-    created = make_consumer(api, stream, "KEEP", policy, **extra)
+    created = make_consumer(client, stream, "KEEP", policy, **extra, group=GROUP)
     for config in (created["config"], api.consumer_info(stream, "KEEP")["config"]):
         assert config["priority_groups"] == [GROUP]
         assert config["priority_policy"] == policy
@@ -380,9 +349,11 @@ def test_create_consumer_keeps_priority_fields(
         if extra:
             assert config["priority_timeout"] == to_nanos(1.5)
 
-    make_consumer(api, stream, "KEEP", policy, **extra)  # the same config again: a no-op
+    make_consumer(
+        client, stream, "KEEP", policy, **extra, group=GROUP
+    )  # the same config again: a no-op
     with pytest.raises(JetStreamApiError) as caught:
-        make_consumer(api, stream, "KEEP", policy, **extra, max_ack_pending=7)
+        make_consumer(client, stream, "KEEP", policy, **extra, max_ack_pending=7, group=GROUP)
     assert caught.value.err_code == 10148
     assert "\n" not in str(caught.value) and f"CONSUMER.CREATE.{stream}.KEEP" in str(caught.value)
 
@@ -397,9 +368,10 @@ def test_create_consumer_keeps_priority_fields(
 def test_max_bytes_loses_nothing(
     client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
 ) -> None:
-    make_consumer(api, stream, "MB", None)
-    publish(client, stream, 3, size=200)
-    pull = puller(client, stream, "MB", group=None)
+    make_consumer(client, stream, "MB", None, group=GROUP)
+    for _ in range(3):
+        run_sync(client.js.publish(f"{stream}.m", b"x" * 200))
+    pull = puller(client, stream, "MB", None)
 
     too_small = pull.fetch(1, expires=0.5, max_bytes=100)
     assert (too_small.status, too_small.messages) == (PullStatus.MAX_BYTES, [])
@@ -415,11 +387,11 @@ def test_max_bytes_loses_nothing(
 def test_stored_messages_with_status_headers_are_delivered(
     client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
 ) -> None:
-    make_consumer(api, stream, "HDR", None)
+    make_consumer(client, stream, "HDR", None, group=GROUP)
     for status, description in (("100", "Idle Heartbeat"), ("408", "Request Timeout")):
         headers = {"Status": status, "Description": description}
         run_sync(client.js.publish(f"{stream}.h", b"", headers=headers))
-    result = puller(client, stream, "HDR", group=None).fetch(2, expires=0.5)
+    result = puller(client, stream, "HDR", None).fetch(2, expires=0.5)
     assert (result.status, stream_seqs(result), result.heartbeats) == (
         PullStatus.BATCH_COMPLETE,
         [1, 2],
@@ -435,7 +407,7 @@ def test_what_a_request_given_up_on_delivers_is_settled(
     end of that request and hands them over instead of leaving them unread until the ack wait
     runs out."""
     monkeypatch.setattr(pull_module, "CLIENT_GRACE", -1.5)  # gives up at 0.5 s of 2 s
-    make_consumer(api, stream, "LATE", None)
+    make_consumer(client, stream, "LATE", None, group=GROUP)
     consumer = client.pull_consumer(stream, "LATE")
 
     async def scenario() -> tuple[PullStatus, Deliveries]:

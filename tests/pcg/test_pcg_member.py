@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from nats.errors import ConnectionClosedError
+from spark_helpers import send_numbered
 
 from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings
@@ -137,17 +138,6 @@ async def make_elastic(
     return prefix, await update_group(nc, entry, entry.config.with_members_added(members))
 
 
-async def publish(
-    nc: NatsClient, prefix: str, first: int, count: int, keys: int = 20
-) -> set[bytes]:
-    """Messages `first..first+count-1` with data `<i>` on subject `<prefix>.k<i % keys>`."""
-    datas = set()
-    for i in range(first, first + count):
-        await nc.js.publish(f"{prefix}.k{i % keys}", str(i).encode())
-        datas.add(str(i).encode())
-    return datas
-
-
 async def stop_all(members: list[GroupMember]) -> None:
     for member in members:
         await member.stop()
@@ -169,7 +159,7 @@ def test_each_message_to_one_member_by_key(client: Any, unique: str, kind: Group
             for name in names
         ]
         try:
-            sent = await publish(nc, prefix, 0, 60)
+            sent = await send_numbered(nc, prefix, 60)
             await inbox.wait_for(sent)
             await asyncio.sleep(0.3)  # room for a duplicate to show up
         finally:
@@ -200,14 +190,14 @@ def test_one_instance_of_a_member_receives_and_hands_over(
         a = await consume(doomed, stream, group, "m1", inbox.handler("a"), template=TEMPLATE)
         instances = [a]
         try:
-            sent = await publish(nc, prefix, 0, 5)
+            sent = await send_numbered(nc, prefix, 5)
             await inbox.wait_for(sent)
             assert a.active
             for name in ("b", "c"):
                 instances.append(
                     await consume(nc, stream, group, "m1", inbox.handler(name), template=TEMPLATE)
                 )
-            sent |= await publish(nc, prefix, 5, 5)
+            sent |= await send_numbered(nc, prefix, 5, start=5)
             await inbox.wait_for(sent)
             assert {g.instance for g in inbox.got} == {"a"}  # the pinned one gets everything
             assert [m.active for m in instances] == [True, False, False]
@@ -215,7 +205,7 @@ def test_one_instance_of_a_member_receives_and_hands_over(
             # A dead instance's pin times out (priority_timeout = ack wait): a standby takes over.
             await doomed.nc.close()
             killed = len(inbox.got)
-            sent |= await publish(nc, prefix, 10, 5)
+            sent |= await send_numbered(nc, prefix, 5, start=10)
             await inbox.wait_for(sent, timeout=3 * ACK_WAIT)
             (second,) = {g.instance for g in inbox.got[killed:]}
             assert second in ("b", "c")
@@ -229,7 +219,7 @@ def test_one_instance_of_a_member_receives_and_hands_over(
             await active.stop()
             stopped = len(inbox.got)
             started = time.monotonic()
-            sent |= await publish(nc, prefix, 15, 5)
+            sent |= await send_numbered(nc, prefix, 5, start=15)
             await inbox.wait_for(sent, timeout=3 * ACK_WAIT)
             assert time.monotonic() - started < 1.0  # well below the pin's 2 s timeout
             assert {g.instance for g in inbox.got[stopped:]} == {"b", "c"} - {second}
@@ -257,7 +247,7 @@ def test_elastic_membership_change_while_consuming(client: Any, unique: str) -> 
 
         async def publish_steadily(count: int) -> None:
             for i in range(count):
-                sent.update(await publish(nc, prefix, i, 1, keys=30))
+                sent.update(await send_numbered(nc, prefix, 1, start=i, keys=30))
                 await asyncio.sleep(0.01)
 
         publisher = asyncio.create_task(publish_steadily(400))
@@ -299,7 +289,7 @@ def test_static_group_changed_or_deleted_stops_members(client: Any, unique: str)
         b = await consume(nc, deleted.stream, "deleted", "m1", inbox.handler("b"), None, TEMPLATE)
         try:
             changed = await update_group(nc, changed, changed.config)  # same value: ignored
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # time under test: the ignored update ends nothing
             assert not a.done.done()
             await update_group(nc, changed, config.with_members_added(["m3"]))
             with pytest.raises(GroupConfigChanged, match="static groups are immutable"):
@@ -373,14 +363,14 @@ def test_elastic_member_waits_for_its_partitions_and_recreates_its_consumer(
         inbox = Inbox()
         member = await consume(nc, stream, group, "m1", inbox.handler("m1"), template=TEMPLATE)
         try:
-            sent = await publish(nc, prefix, 0, 5)
+            sent = await send_numbered(nc, prefix, 5)
             await asyncio.sleep(0.5)
             assert not inbox.got  # the work-queue stream refuses overlapping consumers
             await nc.api.delete_consumer(work_queue, "old")
             await inbox.wait_for(sent, timeout=ACK_WAIT + 2)  # the self-heal retries the create
 
             await nc.api.delete_consumer(work_queue, "m1")
-            sent |= await publish(nc, prefix, 5, 5)
+            sent |= await send_numbered(nc, prefix, 5, start=5)
             await inbox.wait_for(sent, timeout=ACK_WAIT + 2)
             info = await nc.api.consumer_info(work_queue, "m1")
             assert info["config"]["filter_subjects"] == [f"0.{prefix}.*", f"1.{prefix}.*"]
@@ -411,10 +401,10 @@ def test_failed_message_comes_back_and_handler_may_stop_the_member(
 
         member = GroupMember(nc, stream, group, "m1", handle, template=TEMPLATE)
         await member.start()
-        await publish(nc, prefix, 0, 3)
+        await send_numbered(nc, prefix, 3)
         assert await asyncio.wait_for(asyncio.shield(member.done), 3 * ACK_WAIT) is None
         assert attempts == [b"0", b"1", b"2", b"1"]
-        await publish(nc, prefix, 3, 1)
+        await send_numbered(nc, prefix, 1, start=3)
         await asyncio.sleep(0.3)
         assert len(attempts) == 4 and not member.active  # stopped: nothing more handled
         info = await nc.api.consumer_info(stream, f"{group}-m1")  # the durable stays

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +23,8 @@ from typing import Any
 import pytest
 from spark_helpers import (
     Collector,
+    OtherInstance,
+    Slot,
     assert_exactly_once,
     consumers_of,
     drained,
@@ -32,12 +33,13 @@ from spark_helpers import (
     format_one_chunk,
     publish,
     reading,
+    seqs,
+    seqs_of,
     source,
     static_group,
     unacked,
     wait_until,
 )
-from test_source_pins import OtherInstance
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
@@ -62,7 +64,6 @@ from nats_spark.spark.group_source.offset_reader import OffsetReader
 from nats_spark.spark.group_source.offsets import SourceOffset
 from nats_spark.spark.group_source.partition_reader import SlotReader, read_slot
 from nats_spark.spark.group_source.slot_history import ack_entry
-from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.shared.options import parse_options
 
 pytestmark = pytest.mark.spark
@@ -268,78 +269,6 @@ def test_initial_offset_stays_until_a_batch_is_planned(server, own, unique):
 
 
 # --- Task attempts at the SlotReader level: zombies, ack wait expiry ------------------------------
-
-
-class Slot:
-    """Member m1 of a one-member static group on a fresh stream, its consumer (1 s ack wait) and
-    an ack ledger: `partition(...)` is what the driver would hand a task for one batch."""
-
-    def __init__(self, client: Blocking[NatsClient], settings, unique: str) -> None:
-        self.client, self.settings = client, settings
-        self.stream, self.bucket, self.lineage = f"Z{unique}", f"L{unique}", uuid.uuid4().hex
-        static_group(client, self.stream, "g", ["m1"], partitions=2)
-        entry = run_sync(load_group(client.target, self.stream, "g"))
-        self.consumer = member_consumer(entry, "m1", {"ack_wait": to_nanos(1)})
-        run_sync(ensure_group_consumer(client.target, self.consumer))
-        kv = run_sync(Ledger.bucket(client.target, self.bucket, create=True))
-        self.ledger = Ledger(kv, self.lineage)
-
-    def partition(
-        self,
-        gen: int,
-        limit: int,
-        pin: str | None = None,
-        committed: tuple[int, ...] = (),
-        dedupe: tuple[tuple[str, int, int], ...] = (),
-    ) -> SlotPartition:
-        return SlotPartition(
-            connection=self.settings,
-            ledger_bucket=self.bucket,
-            lineage=self.lineage,
-            gen=gen,
-            slot="m1",
-            stream=self.stream,
-            consumer=self.consumer.name,
-            priority_group=PRIORITY_GROUP,
-            member="m1",
-            partitioned=True,
-            limit=limit,
-            pin_id=pin,
-            committed=committed,
-            dedupe=dedupe,
-            fetch_batch_size=100,
-            fetch_timeout=3.0,
-            include_headers=False,
-            fail_on_data_loss=True,
-        )
-
-    def entry(self, gen: int) -> tuple[Any, list[int]]:
-        """The ledger head of batch `gen` and the stream sequences it recorded."""
-        head, _ = run_sync(self.ledger.read_head(gen, "m1"))
-        return head, run_sync(self.ledger.read_recorded(head)).stream_seq
-
-    def ack(self, *gens: int, slot: str = "m1") -> None:
-        """What the next batch's task does first: ack the committed entries of `gens`."""
-        for gen in gens:
-            run_sync(ack_entry(self.client.target, self.ledger, gen, slot, self.stream))
-
-    def info(self) -> dict[str, Any]:
-        return run_sync(self.client.api.consumer_info(self.consumer.stream, self.consumer.name))
-
-    def overflow_consumer(self, name: str = "shared") -> str:
-        """An overflow consumer on the stream (1 s ack wait), for slots that share one."""
-        config = {"durable_name": name, "ack_policy": "explicit", "ack_wait": to_nanos(1)}
-        config |= {"priority_groups": [PRIORITY_GROUP], "priority_policy": "overflow"}
-        run_sync(self.client.api.create_consumer(self.stream, name, config))
-        return name
-
-
-def seqs(batch: Any) -> list[int]:
-    return batch.column("stream_seq").to_pylist()
-
-
-def seqs_of(batches: Iterator[Any]) -> list[int]:
-    return [s for batch in batches for s in seqs(batch)]
 
 
 def rest(pulls: Any) -> list[int]:

@@ -13,16 +13,20 @@ from typing import Any
 import pytest
 from spark_helpers import (
     Collector,
+    Slot,
     assert_exactly_once,
+    consumer_info,
     foreach_batches,
+    make_consumer,
+    make_stream,
     publish,
+    puller,
+    seqs_of,
     source,
     static_group,
     unacked,
     wait_until,
 )
-from test_faults import Slot, seqs_of
-from test_source_consumers import GROUP, info, make_consumer, make_stream, puller
 
 from nats_spark.client import NatsClient, close_shared_clients, open_blocking
 from nats_spark.connection import ConnectionSettings
@@ -38,6 +42,7 @@ pytestmark = pytest.mark.spark
 
 # Made by fixtures/make_previous_release.py with nats-spark a81f2fb (ledger format 1).
 PREVIOUS_RELEASE = Path(__file__).with_name("fixtures") / "previous-release.tar.gz"
+GROUP = "g"  # the priority group of the plain consumer
 
 
 def publish_to_one_key(client: Blocking[NatsClient], stream: str, start: int, count: int) -> None:
@@ -75,7 +80,7 @@ def test_far_off_trigger_keeps_committed_messages_from_coming_back(client, nats_
     the overflow consumer must not get them back in between; the next batch acks them. Driven
     through the offset reader as Spark calls it, so the gap between triggers is exact."""
     stream, name = f"FAR{unique}", "shared"
-    make_stream(client, stream)
+    make_stream(client, stream, storage="memory")
     make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(1.5))
     publish(client, stream, 10)
     options = {"servers": nats_url, "stream": stream, "consumer": name}
@@ -86,7 +91,7 @@ def test_far_off_trigger_keeps_committed_messages_from_coming_back(client, nats_
         end = run_sync(reader.latest_offset(start, None))
         rows = []
         for partition in run_sync(reader.partitions(start, end)):
-            rows += [s for b in read_slot(partition) for s in b.column("stream_seq").to_pylist()]
+            rows += seqs_of(read_slot(partition))
         return end, rows
 
     taken: list[Any] = []
@@ -97,10 +102,10 @@ def test_far_off_trigger_keeps_committed_messages_from_coming_back(client, nats_
         while time.monotonic() < deadline:
             taken += other.fetch(10, expires=0.5).messages
         assert taken == [], f"{len(taken)} messages of the finished batch came back"
-        assert info(client, stream, name)["num_ack_pending"] == 10
+        assert consumer_info(client, stream, name)["num_ack_pending"] == 10
         end, rows = batch(end)  # the next trigger: its task acks the first batch
         assert rows == []
-        assert info(client, stream, name)["num_ack_pending"] == 0
+        assert consumer_info(client, stream, name)["num_ack_pending"] == 0
     finally:
         run_sync(reader.close())
         run_sync(other.target.close())

@@ -12,9 +12,11 @@ import pytest
 from pyspark.sql.functions import spark_partition_id
 from spark_helpers import (
     assert_exactly_once,
+    consumer_info,
     foreach_batches,
     in_background,
     make_consumer,
+    make_stream,
     publish,
     puller,
     wait_until,
@@ -29,17 +31,6 @@ from nats_spark.loop import Blocking, run_sync
 pytestmark = pytest.mark.spark
 
 GROUP = "g"
-
-
-def make_stream(client: Blocking[NatsClient], stream: str) -> None:
-    """A memory stream over `<stream>.*` (what `publish` sends to)."""
-    run_sync(
-        client.api.create_stream({"name": stream, "subjects": [f"{stream}.*"], "storage": "memory"})
-    )
-
-
-def info(client: Blocking[NatsClient], stream: str, name: str) -> dict[str, Any]:
-    return run_sync(client.api.consumer_info(stream, name))
 
 
 def consumer_source(spark: Any, url: str, stream: str, consumer: str, **options: Any) -> Any:
@@ -83,7 +74,7 @@ def drain(client: Blocking[NatsClient], pull: Blocking[PullConsumer]) -> list[in
 
 
 def acked(client: Blocking[NatsClient], stream: str, name: str) -> bool:
-    state = info(client, stream, name)
+    state = consumer_info(client, stream, name)
     return state["num_ack_pending"] == 0 and state["num_pending"] == 0
 
 
@@ -91,9 +82,9 @@ def test_overflow_waits_for_min_pending_and_yields_to_plain_pullers(
     spark, client, nats_url, unique, tmp_path
 ):
     stream, name = f"O{unique}", "ovf"
-    make_stream(client, stream)
+    make_stream(client, stream, storage="memory")
     make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(20))
-    config = info(client, stream, name)["config"]
+    config = consumer_info(client, stream, name)["config"]
     publish(client, stream, 500)
     sink = Sink()
     df = consumer_source(spark, nats_url, stream, name, minPending=1000, fetchTimeout="500ms")
@@ -113,8 +104,10 @@ def test_overflow_waits_for_min_pending_and_yields_to_plain_pullers(
 
         # 1400 pending now: the query takes the overflow, down to its threshold.
         publish(client, stream, 1000, start=500)
-        wait_until(lambda: info(client, stream, name)["num_pending"] < 1000, 60, "overflow read")
-        assert info(client, stream, name)["num_pending"] == 999
+        wait_until(
+            lambda: consumer_info(client, stream, name)["num_pending"] < 1000, 60, "overflow read"
+        )
+        assert consumer_info(client, stream, name)["num_pending"] == 999
         wait_until(lambda: len(sink.values) >= 401, 30, "the overflow in the sink")
         assert len(sink.values) == 401  # 1400 - 999: served while pending >= minPending
         rest = drain(client, plain)
@@ -125,7 +118,9 @@ def test_overflow_waits_for_min_pending_and_yields_to_plain_pullers(
     taken = first_taken + rest
     assert not set(taken) & set(sink.values), "a message reached both the query and the puller"
     assert_exactly_once(sink.values + taken, 1500)
-    assert info(client, stream, name)["config"] == config, "the source changed the consumer"
+    assert consumer_info(client, stream, name)["config"] == config, (
+        "the source changed the consumer"
+    )
 
 
 @pytest.mark.parametrize(("query_priority", "rival_priority"), [(0, 5), (9, 0)])
@@ -135,7 +130,7 @@ def test_prioritized_lower_number_served_first(
     if client.server_version < (2, 12, 0):
         pytest.skip("the prioritized policy needs nats-server 2.12+")
     stream, name = f"P{unique}", "pri"
-    make_stream(client, stream)
+    make_stream(client, stream, storage="memory")
     make_consumer(client, stream, name, "prioritized", group=GROUP, ack_wait=to_nanos(30))
     publish(client, stream, 50)
     # A holder takes all 50 unacked: the query plans a batch for their redelivery and waits in a
@@ -147,12 +142,18 @@ def test_prioritized_lower_number_served_first(
     query = foreach_batches(df, sink, str(tmp_path / "cp"))
     try:
         # Catch the start of one of the query's long pulls, so it is far from expiring.
-        wait_until(lambda: info(client, stream, name)["num_waiting"] == 0, 60, "no pull waiting")
-        wait_until(lambda: info(client, stream, name)["num_waiting"] == 1, 60, "the query's pull")
+        wait_until(
+            lambda: consumer_info(client, stream, name)["num_waiting"] == 0, 60, "no pull waiting"
+        )
+        wait_until(
+            lambda: consumer_info(client, stream, name)["num_waiting"] == 1, 60, "the query's pull"
+        )
         rival = in_background(
             puller(client, stream, name, GROUP), 50, expires=3.0, priority=rival_priority
         )
-        wait_until(lambda: info(client, stream, name)["num_waiting"] == 2, 5, "the rival's pull")
+        wait_until(
+            lambda: consumer_info(client, stream, name)["num_waiting"] == 2, 5, "the rival's pull"
+        )
         for msg in held.messages:
             run_sync(msg.nak())
         got = rival.result(10)
@@ -202,14 +203,14 @@ class Standby:
 
 
 def pinned(client: Blocking[NatsClient], stream: str, name: str) -> str | None:
-    return info(client, stream, name)["priority_groups"][0].get("pinned_client_id")
+    return consumer_info(client, stream, name)["priority_groups"][0].get("pinned_client_id")
 
 
 def test_pinned_client_one_receiver_at_a_time_and_handover(
     spark, client, nats_url, unique, tmp_path
 ):
     stream, name = f"N{unique}", "pin"
-    make_stream(client, stream)
+    make_stream(client, stream, storage="memory")
     make_consumer(
         client,
         stream,
@@ -270,7 +271,7 @@ def test_num_partitions_pull_in_parallel_exactly_once(
     spark, client, nats_url, unique, tmp_path, policy
 ):
     stream, name = f"M{unique}", "many"
-    make_stream(client, stream)
+    make_stream(client, stream, storage="memory")
     make_consumer(client, stream, name, policy, group=GROUP, ack_wait=to_nanos(20))
     publish(client, stream, 300)
     sink = Sink()
@@ -308,7 +309,7 @@ def test_misfit_consumer_fails_the_query_before_taking_anything(
     spark, client, nats_url, unique, tmp_path, policy, extra, options, error
 ):
     stream, name = f"X{unique}", "bad"
-    make_stream(client, stream)
+    make_stream(client, stream, storage="memory")
     if policy != "missing":
         make_consumer(client, stream, name, policy, group=GROUP, **extra)
     publish(client, stream, 5)
@@ -320,7 +321,7 @@ def test_misfit_consumer_fails_the_query_before_taking_anything(
     finally:
         query.stop()
     if policy != "missing":
-        state = info(client, stream, name)
+        state = consumer_info(client, stream, name)
         assert state["delivered"]["stream_seq"] == 0 and state["num_pending"] == 5
 
 
@@ -346,7 +347,7 @@ def test_num_partitions_readers_hold_what_they_took(spark, client, nats_url, uni
     """Readers sharing one consumer in a batch longer than its ack wait: each keeps what it took
     from coming back (to it or to the other), and every message is emitted once."""
     stream, name = f"D{unique}", "redo"
-    make_stream(client, stream)
+    make_stream(client, stream, storage="memory")
     make_consumer(client, stream, name, None, group=GROUP, ack_wait=to_nanos(1.0))
     messages = 8000  # one pull each: both tasks' batches outlast the 1 s ack wait
     publish(client, stream, messages)
@@ -355,7 +356,7 @@ def test_num_partitions_readers_hold_what_they_took(spark, client, nats_url, uni
     class Probe(Sink):
         def __call__(self, batch: Any, batch_id: int) -> None:
             super().__call__(batch, batch_id)
-            redelivered.append(info(client, stream, name)["num_redelivered"])
+            redelivered.append(consumer_info(client, stream, name)["num_redelivered"])
 
     sink = Probe()
     # Pulls of 1, each recorded in the ledger: both tasks outlast the 1 s ack wait.

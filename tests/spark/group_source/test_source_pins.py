@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 from spark_helpers import (
     REPORTS_LAG,
+    OtherInstance,
     assert_exactly_once,
     foreach_batches,
     publish,
@@ -16,10 +16,8 @@ from spark_helpers import (
     wait_until,
 )
 
-from nats_spark.client import NatsClient
 from nats_spark.loop import run_sync
 from nats_spark.pcg.consumers import (
-    PRIORITY_GROUP,
     ensure_group_consumer,
     member_consumer,
     partition_consumer,
@@ -27,32 +25,6 @@ from nats_spark.pcg.consumers import (
 from nats_spark.pcg.store import load_group
 
 pytestmark = pytest.mark.spark
-
-
-class OtherInstance:
-    """Another instance of member m1 (as a Go member would be): pulls with its pin, acks."""
-
-    def __init__(self, settings, stream: str, consumer: str) -> None:
-        self.client = run_sync(NatsClient.open(settings))
-        self.puller = self.client.pull_consumer(stream, consumer, group=PRIORITY_GROUP)
-        self.received: list[int] = []
-        self.running = True
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        async def pull_once() -> None:
-            result = await self.puller.fetch(50, expires=0.5)
-            for msg in result.messages:
-                self.received.append(int(msg.data.decode()))
-                await msg.ack()
-
-        while self.running:
-            run_sync(pull_once())
-
-    def stop(self) -> None:
-        self.running = False
-        self.thread.join(10)
-        run_sync(self.client.close())
 
 
 @pytest.mark.parametrize("layout", ["member", "partition"])

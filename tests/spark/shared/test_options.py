@@ -181,16 +181,18 @@ def test_pacing_holds_back_until_enough_or_the_delay() -> None:
         ({"apiPrefix": "JS.acme.API."}, "JS.acme.API"),  # as the nats CLI takes it
     ],
 )
+@pytest.mark.parametrize("parse", ["nats-pcg", "nats read", "nats sink"])
 def test_domain_and_api_prefix_set_the_api_prefix_of_every_format(
-    routing: dict[str, str], prefix: str
+    routing: dict[str, str], prefix: str, parse: str
 ) -> None:
-    for settings in (
-        parse_options({**BASE, **routing}).connection,
-        parse_read_options({**STREAM, **routing}, streaming=False).connection,
-        parse_sink_options({"servers": "h:1", "subject": "s", **routing}).connection,
-    ):
-        assert settings.jetstream_prefix == prefix
-        assert "inbox_prefix" not in settings.connect_kwargs()
+    if parse == "nats-pcg":
+        settings = parse_options({**BASE, **routing}).connection
+    elif parse == "nats read":
+        settings = parse_read_options({**STREAM, **routing}, streaming=False).connection
+    else:
+        settings = parse_sink_options({"servers": "h:1", "subject": "s", **routing}).connection
+    assert settings.jetstream_prefix == prefix
+    assert "inbox_prefix" not in settings.connect_kwargs()
 
 
 def test_inbox_prefix_goes_to_the_connection() -> None:

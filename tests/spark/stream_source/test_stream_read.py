@@ -162,21 +162,21 @@ def test_empty_ranges(spark, nats_url, stream):
     assert read(spark, nats_url, stream, subjects=f"{stream}.nothing") == []
 
 
-def test_reads_leave_no_consumer_and_ack_nothing(spark, nats_url, admin, unique):
-    for direct in (True, False):
-        name = create(admin, f"N{unique}{int(direct)}", direct)
-        publish_mixed(admin, name, 30)
-        durable = {"durable_name": "watch", "ack_policy": "explicit", "deliver_policy": "all"}
-        run_sync(admin.api.create_consumer(name, "watch", durable))
-        before = run_sync(admin.api.consumer_info(name, "watch"))
-        assert len(read(spark, nats_url, name, numPartitions=3)) == 30
-        assert len(read(spark, nats_url, name, subjects=f"{name}.k1,{name}.k2")) == 20
-        assert run_sync(admin.api.consumer_names(name)) == ["watch"]
-        after = run_sync(admin.api.consumer_info(name, "watch"))
-        for key in ("num_pending", "num_ack_pending", "ack_floor", "delivered"):
-            assert after[key] == before[key], key
-        if not direct:  # the path that makes consumers: none reached the server's list either
-            assert run_sync(admin.api.stream_info(name))["state"]["consumer_count"] == 1
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "consumer"])
+def test_reads_leave_no_consumer_and_ack_nothing(spark, nats_url, admin, unique, direct):
+    name = create(admin, f"N{unique}{int(direct)}", direct)
+    publish_mixed(admin, name, 30)
+    durable = {"durable_name": "watch", "ack_policy": "explicit", "deliver_policy": "all"}
+    run_sync(admin.api.create_consumer(name, "watch", durable))
+    before = run_sync(admin.api.consumer_info(name, "watch"))
+    assert len(read(spark, nats_url, name, numPartitions=3)) == 30
+    assert len(read(spark, nats_url, name, subjects=f"{name}.k1,{name}.k2")) == 20
+    assert run_sync(admin.api.consumer_names(name)) == ["watch"]
+    after = run_sync(admin.api.consumer_info(name, "watch"))
+    for key in ("num_pending", "num_ack_pending", "ack_floor", "delivered"):
+        assert after[key] == before[key], key
+    if not direct:  # the path that makes consumers: none reached the server's list either
+        assert run_sync(admin.api.stream_info(name))["state"]["consumer_count"] == 1
 
 
 def test_read_paths_on_request(spark, nats_url, admin, unique):
@@ -312,18 +312,15 @@ def pushed_filters(plan: str) -> str:
     return lines[0] if lines else "PushedFilters: []"
 
 
-@pytest.mark.skipif(SPARK_VERSION < (4, 1), reason="filter pushdown needs pyspark 4.1+")
-def test_pushed_filters_give_the_rows_spark_gives(spark, nats_url, admin, filtered):
-    name = filtered
-    everything, _ = read_where(spark, nats_url, name, "true", pushdown=False)
-    assert len(everything) == 54 and 20 not in seqs(everything)
-    unpushed = spark.createDataFrame(everything, SCHEMA_DDL)  # Spark filters all rows itself
-    messages = stored(admin, name)
-    when = {seq: micros(m.time).replace(tzinfo=dt.UTC) for seq, m in messages.items()}
+Case = tuple[Any, dict[str, str], str, int | None]
+
+
+def pushdown_cases(name: str, when: dict[int, dt.datetime]) -> list[Case]:
+    """Filters on `filtered` (stream `name`, stored times `when` by sequence): where, options,
+    what explain shows as pushed, how many rows (None: some)."""
     s, col = f"{name}.", F.col
     many = ", ".join(f"'{s}k{i}'" for i in range(70))
-    # where, options, what explain shows as pushed, how many rows (None: some)
-    cases: list[tuple[Any, dict[str, str], str, int | None]] = [
+    return [
         (f"subject = '{s}k1'", {}, f"EqualTo(subject,{s}k1)", 10),
         (f"subject IN ('{s}k1', '{s}k3', '{s}none')", {}, "In(subject", 20),
         (f"subject IN ({many})", {}, "[]", 50),  # a covering `<stream>.*`, Spark filters too
@@ -357,16 +354,36 @@ def test_pushed_filters_give_the_rows_spark_gives(spark, nats_url, admin, filter
         (f"subject = '{s}k4'", {"readPath": "direct"}, f"EqualTo(subject,{s}k4)", 9),
         (f"subject IN ('{s}k2', '{s}k4')", {"readPath": "direct"}, "[]", 19),
     ]
-    for where, options, shown, count in cases:
-        wanted = sorted(unpushed.where(where).collect(), key=lambda row: row.stream_seq)
-        first = int(options.get("startingPosition", "sequence:1").split(":")[1])
-        wanted = [row for row in wanted if row.stream_seq >= first]
-        if "subjects" in options:
-            wanted = [row for row in wanted if row.subject in options["subjects"].split(",")]
-        rows, plan = read_where(spark, nats_url, name, where, pushdown=True, **options)
-        assert rows == wanted, where
-        assert len(rows) == count if count is not None else rows, (where, len(rows))
-        assert shown in pushed_filters(plan), (where, pushed_filters(plan))
+
+
+PUSHDOWN_CASES = 23  # len(pushdown_cases(...)): a test each
+
+
+@pytest.fixture(scope="module")
+def unpushed(spark: Any, nats_url: str, filtered: str) -> Any:
+    """Every row of `filtered`, read without pushdown, as a DataFrame Spark filters itself."""
+    everything, _ = read_where(spark, nats_url, filtered, "true", pushdown=False)
+    assert len(everything) == 54 and 20 not in seqs(everything)
+    return spark.createDataFrame(everything, SCHEMA_DDL)
+
+
+@pytest.mark.skipif(SPARK_VERSION < (4, 1), reason="filter pushdown needs pyspark 4.1+")
+@pytest.mark.parametrize("case", range(PUSHDOWN_CASES))
+def test_pushed_filters_give_the_rows_spark_gives(spark, nats_url, admin, filtered, unpushed, case):
+    name = filtered
+    when = {seq: micros(m.time).replace(tzinfo=dt.UTC) for seq, m in stored(admin, name).items()}
+    cases = pushdown_cases(name, when)
+    assert len(cases) == PUSHDOWN_CASES, "PUSHDOWN_CASES must count every case"
+    where, options, shown, count = cases[case]
+    wanted = sorted(unpushed.where(where).collect(), key=lambda row: row.stream_seq)
+    first = int(options.get("startingPosition", "sequence:1").split(":")[1])
+    wanted = [row for row in wanted if row.stream_seq >= first]
+    if "subjects" in options:
+        wanted = [row for row in wanted if row.subject in options["subjects"].split(",")]
+    rows, plan = read_where(spark, nats_url, name, where, pushdown=True, **options)
+    assert rows == wanted, where
+    assert len(rows) == count if count is not None else rows, (where, len(rows))
+    assert shown in pushed_filters(plan), (where, pushed_filters(plan))
 
 
 def test_filters_without_pushdown_stay_with_spark(spark, nats_url, filtered):
