@@ -450,11 +450,6 @@ class PullConsumer:
         hint = _REFUSALS.get(status.kind, "unexpected status from the server")
         raise PullError(status.code, f"{status.description} ({where})", hint)
 
-    async def unpin(self, api: Any) -> None:
-        """Ask the server to drop the group's pin (step down); our own pin id is cleared."""
-        await api.unpin(self.stream, self.consumer, self.group)
-        self.pin_id = None
-
     async def close(self) -> None:
         if self._sub is not None:
             unroute_raw(self.nc, self._sub)

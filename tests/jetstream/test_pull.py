@@ -120,12 +120,6 @@ def test_unpin_mid_stream(
     assert repinned.messages[0].headers[PIN_ID_HEADER] == second_pin
     assert pinned_id(api, stream, "PIN") == second_pin
 
-    # Stepping down through the pull consumer clears its own id as well.
-    pull.unpin(client.api)
-    assert pull.pin_id is None and pinned_id(api, stream, "PIN") is None
-    assert stream_seqs(pull.fetch(1, expires=0.5)) == [3]
-    assert pull.pin_id not in (None, second_pin)
-
 
 def test_overflow_min_pending(
     client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
