@@ -100,7 +100,7 @@ def _case_goals(both_cases: list[dict[str, Any]]) -> dict[str, Any]:
             f"{c['keys']}_keys": {
                 "warm_ratio": {k: v["ratio"] for k, v in c["warm"]["ratio_to_nats_py"].items()},
                 "fresh_ratio": {k: v["ratio"] for k, v in c["fresh"]["ratio_to_nats_py"].items()},
-                "fresh_ratio_bound_from_spark_floor": c["fresh"]["ratio_bound_from_spark_floor"],
+                "fresh_ratio_bound": c["fresh"]["ratio_bound"],
                 "marginal_client_cpu_us_per_msg_warm": _client_cpu(
                     c["warm"]["marginal_cpu_us_per_msg"]
                 ),

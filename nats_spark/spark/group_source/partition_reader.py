@@ -87,7 +87,7 @@ class SlotReader:
             log.warning("skipping message %d of %s: removed before commit", seq, self.p.stream)
             return None
 
-    async def replay_batch(self, recorded: Recorded) -> pa.RecordBatch:
+    async def replay_record_batch(self, recorded: Recorded) -> pa.RecordBatch:
         """Rows for recorded deliveries, read back from the stream by sequence, a window of
         requests at a time (the server's API queue is shared); their time is the stored one,
         which their ack subjects carried too."""
@@ -113,7 +113,7 @@ class SlotReader:
                     consumer_seq,
                     next(times),
                 )
-        return columns.batch()
+        return columns.record_batch()
 
     def _accept(
         self, chunk: Deliveries, start: int, columns: SlotColumns, replies: list[bytes]
@@ -202,7 +202,7 @@ class SlotReader:
             priority=self.p.priority,
         )
 
-    async def pull_batches(self) -> Any:
+    async def pull_record_batches(self) -> Any:
         """Async generator of record batches pulled from NATS, each recorded before it leaves.
 
         Deliveries are taken as they arrive; what one pull request delivered becomes one record
@@ -325,11 +325,11 @@ def read_slot(partition: SlotPartition) -> Iterator[pa.RecordBatch]:
     run_sync(reader.begin())
     step = partition.fetch_batch_size
     for start in range(0, len(reader.replay), step):
-        batch = run_sync(reader.replay_batch(reader.replay.part(start, start + step)))
+        batch = run_sync(reader.replay_record_batch(reader.replay.part(start, start + step)))
         if batch.num_rows:
             yield batch
     if reader.pull:
-        batches = reader.pull_batches()
+        batches = reader.pull_record_batches()
         try:
             while True:
                 try:

@@ -124,7 +124,7 @@ class SlotEntry:
             list(columns.delivered),
         )
         await self._write(chunks, taken, pin)
-        rows = columns.batch()
+        rows = columns.record_batch()
         if not self.p.siblings:
             return rows, set()
         late = time.monotonic() - max(columns.first_received, renewed) > self.p.ack_wait / 2

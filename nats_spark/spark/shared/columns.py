@@ -193,7 +193,7 @@ class SlotColumns:
             strip_partition(subject.decode())  # raises the error that explains the bad one
         raise NatsSparkError("a subject's partition token does not fit a 32-bit partition number")
 
-    def batch(self) -> pa.RecordBatch:
+    def record_batch(self) -> pa.RecordBatch:
         subject, partition = self._subjects(len(self))
         return record_batch(
             subject=subject,

@@ -96,7 +96,7 @@ class RangeColumns:
     def full(self) -> bool:
         return len(self.seqs) >= _ROWS_PER_BATCH or self.nbytes >= _BYTES_PER_BATCH
 
-    def batch(self, include_headers: bool) -> pa.RecordBatch:
+    def record_batch(self, include_headers: bool) -> pa.RecordBatch:
         n = len(self.seqs)
         stamps = self.stamps
         timestamp = (
@@ -180,7 +180,7 @@ class DirectRangeRead:
         if not self.columns and self.finished:
             return None
         columns, self.columns = self.columns, RangeColumns(self.p.stream, text_stamps=True)
-        return columns.batch(self.p.include_headers)
+        return columns.record_batch(self.p.include_headers)
 
     async def close(self) -> None:
         if self.sub is not None:
@@ -340,7 +340,7 @@ class ConsumerRangeRead:
             self._take(chunk, columns)
         if not columns and self.finished:
             return None
-        return columns.batch(self.p.include_headers)
+        return columns.record_batch(self.p.include_headers)
 
     def _take(self, chunk: Deliveries, columns: RangeColumns) -> None:
         """Add the deliveries of `chunk` up to the range's end to `columns`, by column."""

@@ -272,7 +272,7 @@ def test_initial_offset_stays_until_a_batch_is_planned(server, own, unique):
 
 
 def rest(pulls: Any) -> list[int]:
-    """Stream sequences of every batch an unfinished `pull_batches` generator still yields."""
+    """Stream sequences of every record batch an unfinished `pull_record_batches` still yields."""
     rows: list[int] = []
     while True:
         try:
@@ -289,21 +289,23 @@ def test_zombie_attempt_cannot_record_after_its_retry_took_over(client, settings
     publish(client, slot.stream, 10)
     zombie = SlotReader(partition)
     run_sync(zombie.begin())
-    recorded = rest(zombie.pull_batches())  # all there is: the task waits for more
+    recorded = rest(zombie.pull_record_batches())  # all there is: the task waits for more
     assert recorded == list(range(1, 11))
     publish(client, slot.stream, 50, start=10)
 
     retry = SlotReader(partition)
     run_sync(retry.begin())  # takes the open entry over
-    zombie_pulls = zombie.pull_batches()  # the zombie pulls on: takes the 50, cannot record them
+    zombie_pulls = (
+        zombie.pull_record_batches()
+    )  # the zombie pulls on: takes the 50, cannot record them
     with pytest.raises(LedgerConflict, match="taken over by another task attempt"):
         run_sync(zombie_pulls.__anext__())
     with pytest.raises(LedgerConflict):
         run_sync(zombie.seal())
 
-    rows = seqs(run_sync(retry.replay_batch(retry.replay)))
+    rows = seqs(run_sync(retry.replay_record_batch(retry.replay)))
     assert rows == recorded
-    rows += rest(retry.pull_batches())  # the zombie's 50 come back after the 1 s ack wait
+    rows += rest(retry.pull_record_batches())  # the zombie's 50 come back after the 1 s ack wait
     run_sync(retry.seal())
     assert_exactly_once([s - 1 for s in rows], 60)
     head, recorded_by_retry = slot.entry(1)
@@ -319,10 +321,10 @@ def test_ack_wait_expires_within_and_between_batches(client, settings, unique):
     publish(client, slot.stream, 20)
     task = SlotReader(slot.partition(1, limit=40))
     run_sync(task.begin())
-    rows = rest(task.pull_batches())
+    rows = rest(task.pull_record_batches())
     time.sleep(1.5)  # every message the task took expires while the task goes on pulling
     publish(client, slot.stream, 20, start=20)
-    rows += rest(task.pull_batches())
+    rows += rest(task.pull_record_batches())
     run_sync(task.seal())
     assert slot.info()["num_redelivered"] == 20, "the task did not get its messages again"
     assert_exactly_once([s - 1 for s in rows], 40)
@@ -385,9 +387,9 @@ def test_sibling_stalled_past_the_ack_wait_emits_nothing_twice(client, settings,
 
         ledger.write_chunk = write_late  # type: ignore[method-assign]
         stalled.keeper.run = lambda done: done.wait()  # type: ignore[method-assign]
-        late = asyncio.ensure_future(rows_of(stalled.pull_batches()))
+        late = asyncio.ensure_future(rows_of(stalled.pull_record_batches()))
         await asyncio.sleep(1.3)  # the stalled slot's deliveries are due again
-        taken_again = await rows_of(other.pull_batches())
+        taken_again = await rows_of(other.pull_record_batches())
         return await late, taken_again
 
     stalled_rows, other_rows = run_sync(scenario())
@@ -419,7 +421,7 @@ def test_zombie_and_its_retry_both_ack_the_committed_batch(client, settings, uni
     zombie, retry = SlotReader(batch_2), SlotReader(batch_2)
     run_sync(zombie.begin())
     run_sync(retry.begin())  # takes the zombie's open entry over
-    rows = rest(retry.pull_batches())
+    rows = rest(retry.pull_record_batches())
     run_sync(retry.seal())
     assert rows == list(range(11, 16))
     assert retry.dedupe is None, "in-order deliveries loaded the dedupe set"
@@ -445,7 +447,7 @@ def test_ack_wait_runs_out_between_commit_and_acks(client, settings, unique):
     b_2 = replace(b_2, dedupe_through=10)
     task_of_b = SlotReader(b_2)
     run_sync(task_of_b.begin())
-    second = rest(task_of_b.pull_batches())
+    second = rest(task_of_b.pull_record_batches())
     run_sync(task_of_b.seal())
     assert second == list(range(11, 16)), f"emitted twice: {sorted(set(first) & set(second))}"
     assert task_of_b.redundant == 10, "A's messages did not come back to B"

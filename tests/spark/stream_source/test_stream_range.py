@@ -101,7 +101,7 @@ def test_columns_from_direct_get_text_and_from_deliveries() -> None:
     text.headers += [b"NATS/1.0\r\nk: v1\r\nk: v2\r\n\r\n", None]
     text.seqs += [7, 9]
     text.stamps += [b"2026-11-23T08:00:00.123456789Z", b"2026-11-23T08:00:01Z"]  # type: ignore[list-item]
-    batch = text.batch(include_headers=True)
+    batch = text.record_batch(include_headers=True)
     assert batch.schema == ARROW_SCHEMA
     rows = batch.to_pylist()
     assert [r["subject"] for r in rows] == ["a.1", "a.2"]
@@ -117,6 +117,6 @@ def test_columns_from_direct_get_text_and_from_deliveries() -> None:
     numbers.headers.append(None)
     numbers.seqs.append(3)
     numbers.stamps.append(1_795_470_217_517_514_520)  # type: ignore[arg-type]
-    row = numbers.batch(include_headers=False).to_pylist()[0]
+    row = numbers.record_batch(include_headers=False).to_pylist()[0]
     assert row["headers"] is None
     assert row["timestamp"] == dt.datetime.fromtimestamp(1_795_470_217.517514, dt.UTC)
