@@ -58,8 +58,18 @@ def stored(client: Any, stream: str) -> list[Any]:
     return [run_sync(client.api.get_message(stream, seq)) for seq in range(1, count + 1)]
 
 
+PROBE = "probe"  # the last token of a subject the tests publish markers to, not rows
+
+
 def values(client: Any, stream: str) -> list[int]:
-    return [int(m.data.decode()) for m in stored(client, stream)]
+    return [int(m.data.decode()) for m in stored(client, stream) if not m.subject.endswith(PROBE)]
+
+
+def stores_probe(client: Any, stream: str, probe_id: str) -> bool:
+    """Whether `stream` stores a probe message with id `probe_id`: it does unless it still
+    holds that id in its duplicate window (stored probes are left out of `values`)."""
+    ack = run_sync(client.js.publish(f"{stream}.{PROBE}", b"", headers={"Nats-Msg-Id": probe_id}))
+    return not ack.duplicate
 
 
 def writer(df: Any, url: str, **options: Any) -> Any:
@@ -231,9 +241,12 @@ def test_streaming_group_to_stream_exactly_once_across_a_replay(
     assert_exactly_once(values(client, sink_stream), 500)
     # The same, later than the stream's duplicate window: stored twice (documented).
     forget_commit()
+    assert stores_probe(client, sink_stream, "newest")  # its id is newer than every row's
     config = run_sync(client.api.stream_info(sink_stream)).config
     run_sync(client.api.update_stream({**config, "duplicate_window": int(1.0 * NANOS)}))
-    time.sleep(1.5)  # the ids' age passes the new 1 s window: time itself is under test
+    # The server purges ids older than the new 1 s window on its own timer: once the probe,
+    # stored after every row, is forgotten, so are the rows' ids.
+    wait_until(lambda: stores_probe(client, sink_stream, "newest"), 30, "the window to pass")
     assert run_once() == 500
     assert len(values(client, sink_stream)) == 1000
 
