@@ -14,26 +14,23 @@ import pyarrow.compute as pc
 from nats_spark.errors import NatsSparkError
 from nats_spark.jetstream.pull import PIN_ID_HEADER, Deliveries, header_values
 from nats_spark.pcg.partitioning import strip_partition
+from nats_spark.spark.shared.schema import SCHEMA_FIELDS
 
 # Rows per record batch; the group source's ledger stores a task's deliveries in chunks of as
 # many (384 KB raw at most, below the 1 MB payload limit).
 CHUNK_MESSAGES = 16384
 EMIT_BYTES = 4 << 20  # payload bytes that close a record batch early (large messages)
-# The rows of `schema.SCHEMA_FIELDS` as the record batches `read()` yields.
-ARROW_SCHEMA = pa.schema(
-    [
-        ("subject", pa.string()),
-        ("data", pa.binary()),
-        ("headers", pa.map_(pa.string(), pa.list_(pa.string()))),
-        ("partition", pa.int32()),
-        ("member", pa.string()),
-        ("stream", pa.string()),
-        ("stream_seq", pa.int64()),
-        ("consumer_seq", pa.int64()),
-        ("delivered", pa.int32()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-    ]
-)
+# Spark's type of each column of `SCHEMA_FIELDS` as Arrow holds it in the record batches
+# `read()` yields: the schema is named once, there.
+_ARROW_TYPES = {
+    "string": pa.string(),
+    "binary": pa.binary(),
+    "map<string,array<string>>": pa.map_(pa.string(), pa.list_(pa.string())),
+    "int": pa.int32(),
+    "bigint": pa.int64(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+}
+ARROW_SCHEMA = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in SCHEMA_FIELDS])
 HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
 TIMESTAMP_TYPE = ARROW_SCHEMA.field("timestamp").type
 
