@@ -162,9 +162,11 @@ def unpinned(client: Blocking[NatsClient], stream: str, group: str) -> bool:
     return True
 
 
-def source(spark: Any, url: str, stream: str, group: str, **options: Any) -> Any:
-    reader = spark.readStream.format("nats-pcg").option("servers", url)
-    reader = reader.option("stream", stream).option("group", group)
+def source(spark: Any, url: str, stream: str, group: str | None = None, **options: Any) -> Any:
+    """`readStream.format("nats-pcg")` of `group` (or of the plain consumer `consumer=`)."""
+    reader = spark.readStream.format("nats-pcg").option("servers", url).option("stream", stream)
+    if group is not None:
+        reader = reader.option("group", group)
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.load()

@@ -19,6 +19,7 @@ from spark_helpers import (
     make_stream,
     publish,
     puller,
+    source,
     wait_until,
 )
 
@@ -31,14 +32,6 @@ from nats_spark.loop import Blocking, run_sync
 pytestmark = pytest.mark.spark
 
 GROUP = "g"
-
-
-def consumer_source(spark: Any, url: str, stream: str, consumer: str, **options: Any) -> Any:
-    reader = spark.readStream.format("nats-pcg").option("servers", url)
-    reader = reader.option("stream", stream).option("consumer", consumer)
-    for key, value in options.items():
-        reader = reader.option(key, str(value))
-    return reader.load()
 
 
 class Sink:
@@ -87,7 +80,7 @@ def test_overflow_waits_for_min_pending_and_yields_to_plain_pullers(
     config = consumer_info(client, stream, name)["config"]
     publish(client, stream, 500)
     sink = Sink()
-    df = consumer_source(spark, nats_url, stream, name, minPending=1000, fetchTimeout="500ms")
+    df = source(spark, nats_url, stream, consumer=name, minPending=1000, fetchTimeout="500ms")
     query = foreach_batches(df, sink, str(tmp_path / "cp"))
     plain = puller(client, stream, name, GROUP)
     try:
@@ -138,7 +131,7 @@ def test_prioritized_lower_number_served_first(
     held = puller(client, stream, name, GROUP).fetch(50, expires=1.0)
     assert len(held.messages) == 50
     sink = Sink()
-    df = consumer_source(spark, nats_url, stream, name, priority=query_priority, fetchTimeout="5s")
+    df = source(spark, nats_url, stream, consumer=name, priority=query_priority, fetchTimeout="5s")
     query = foreach_batches(df, sink, str(tmp_path / "cp"))
     try:
         # Catch the start of one of the query's long pulls, so it is far from expiring.
@@ -222,8 +215,8 @@ def test_pinned_client_one_receiver_at_a_time_and_handover(
     )
     publish(client, stream, 30)
     sink = Sink()
-    df = consumer_source(
-        spark, nats_url, stream, name, maxMessagesPerTrigger=10, fetchTimeout="500ms"
+    df = source(
+        spark, nats_url, stream, consumer=name, maxMessagesPerTrigger=10, fetchTimeout="500ms"
     )
     checkpoint = str(tmp_path / "cp")
     with Standby(client, stream, name) as standby:
@@ -276,7 +269,7 @@ def test_num_partitions_pull_in_parallel_exactly_once(
     publish(client, stream, 300)
     sink = Sink()
     query = foreach_batches(
-        consumer_source(spark, nats_url, stream, name, numPartitions=3), sink, str(tmp_path / "cp")
+        source(spark, nats_url, stream, consumer=name, numPartitions=3), sink, str(tmp_path / "cp")
     )
     try:
         wait_until(lambda: len(sink.values) >= 300, 60, "300 rows")
@@ -313,7 +306,7 @@ def test_misfit_consumer_fails_the_query_before_taking_anything(
     if policy != "missing":
         make_consumer(client, stream, name, policy, group=GROUP, **extra)
     publish(client, stream, 5)
-    df = consumer_source(spark, nats_url, stream, name, **options)
+    df = source(spark, nats_url, stream, consumer=name, **options)
     query = df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp")).start()
     try:
         with pytest.raises(Exception, match=error):
@@ -360,7 +353,7 @@ def test_num_partitions_readers_hold_what_they_took(spark, client, nats_url, uni
 
     sink = Probe()
     # Pulls of 1, each recorded in the ledger: both tasks outlast the 1 s ack wait.
-    df = consumer_source(spark, nats_url, stream, name, numPartitions=2, fetchBatchSize=1)
+    df = source(spark, nats_url, stream, consumer=name, numPartitions=2, fetchBatchSize=1)
     query = foreach_batches(df, sink, str(tmp_path / "cp"))
     try:
         wait_until(lambda: len(set(sink.values)) >= messages, 120, f"{messages} distinct rows")
