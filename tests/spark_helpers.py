@@ -652,9 +652,9 @@ class Slot:
     def info(self) -> dict[str, Any]:
         return run_sync(self.client.api.consumer_info(self.consumer.stream, self.consumer.name))
 
-    def overflow_consumer(self, name: str = "shared") -> str:
-        """An overflow consumer on the stream (1 s ack wait), for slots that share one."""
-        config = {"durable_name": name, "ack_policy": "explicit", "ack_wait": to_nanos(1)}
+    def overflow_consumer(self, name: str = "shared", ack_wait: float = 1.0) -> str:
+        """An overflow consumer on the stream, for slots that share one."""
+        config = {"durable_name": name, "ack_policy": "explicit", "ack_wait": to_nanos(ack_wait)}
         config |= {"priority_groups": [PRIORITY_GROUP], "priority_policy": "overflow"}
         run_sync(self.client.api.create_consumer(self.stream, name, config))
         return name

@@ -6,10 +6,10 @@ trigger. With a trigger interval longer than the ack wait the messages would com
 reader of the consumer (another client of an overflow consumer, a sibling slot) before they are
 acked. Every sixth of the ack wait this keeper looks at the entries that are sealed and not acked
 (their heads: O(slots)), and restarts the ack wait (`+WPI`) of those it found so at its previous
-look too: within a third of the ack wait after the seal, which came at most a third after the
-task's last `+WPI`. Only then does the driver read an entry's deliveries: with a trigger shorter
-than a sixth of the ack wait it never does. `+WPI` is not an ack, so it is safe before Spark
-commits.
+look too: within a third of the ack wait after the seal, which came at most a sixth after the
+task's start or its last `+WPI` (`SlotReader.seal`). Only then does the driver read an entry's
+deliveries: with a trigger shorter than a sixth of the ack wait it never does. `+WPI` is not an
+ack, so it is safe before Spark commits.
 """
 
 from __future__ import annotations

@@ -457,6 +457,48 @@ def test_ack_wait_runs_out_between_commit_and_acks(client, settings, unique):
     assert stats.num_ack_pending == 5, "the redeliveries or batch 1 were not acked"
 
 
+def test_only_a_task_that_used_a_sixth_of_the_ack_wait_restarts_it_when_it_seals(
+    client, settings, unique
+):
+    """Sealing, a quick task sends no `+WPI` (the driver's `SealedKeeper` restarts the ack wait
+    of sealed entries in time: test_source_acks' far-off trigger). A task that used more than a
+    sixth of the ack wait (4 s here) restarts it, so its messages do not come back to another
+    reader of the consumer when their first ack wait ends."""
+    slot = Slot(client, settings, unique)
+    shared = slot.overflow_consumer(ack_wait=4.0)
+    progress: list[str] = []
+
+    async def note(msg: Any) -> None:
+        if msg.data == b"+WPI":
+            progress.append(msg.subject)
+
+    run_sync(client.target.nc.subscribe(f"$JS.ACK.{slot.stream}.{shared}.>", cb=note))
+    publish(client, slot.stream, 10)
+    quick = replace(slot.partition(1, limit=10), consumer=shared, ack_wait=4.0, pin_id=None)
+    assert seqs_of(read_slot(quick)) == list(range(1, 11))
+    run_sync(client.target.nc.flush())
+    assert progress == [], "a quick task restarted the ack wait of its messages"
+    slot.ack(1)
+
+    publish(client, slot.stream, 10, start=10)
+    task = SlotReader(replace(quick, gen=2))
+    run_sync(task.begin())
+    assert rest(task.pull_record_batches()) == list(range(11, 21))
+    time.sleep(1.0)  # the task outlasts a sixth of the ack wait
+    run_sync(task.seal())
+    sealed = time.monotonic()
+    run_sync(client.target.nc.flush())
+    assert len(progress) == 10, "the long task did not restart the ack wait when it sealed"
+    other = Blocking(client.target.pull_consumer(slot.stream, shared, group=PRIORITY_GROUP))
+    taken: list[Any] = []
+    # Their first ack wait ends 3 s after the seal at the latest, the restarted one 4 s after.
+    while (left := sealed + 3.5 - time.monotonic()) > 0.05:
+        taken += other.fetch(10, expires=min(left, 0.5)).messages
+    assert taken == [], f"{len(taken)} messages of the sealed entry came back"
+    slot.ack(2)
+    wait_until(lambda: slot.info()["num_ack_pending"] == 0, 10, "all acked")
+
+
 def test_format_one_entries_are_replayed_acked_and_migrated(client, settings, unique):
     """Entries written by releases before ledger format 2 (reply subjects per message, no
     prefix in the head): a sealed one is replayed exactly and acked through subjects rebuilt from
