@@ -144,6 +144,15 @@ class DriverLedger:
             if entry.head is not None and entry.head.state is not EntryState.ACKED
         ]
 
+    def committed_unacked(self, through: int) -> dict[str, int]:
+        """By slot: messages of its sealed entries of batches up to `through` (committed) that
+        are not acked yet: its next task acks them before it pulls (heads loaded)."""
+        counts: dict[str, int] = {}
+        for (gen, slot), entry in self.entries.items():
+            if gen <= through and entry.head is not None and entry.head.state is EntryState.SEALED:
+                counts[slot] = counts.get(slot, 0) + entry.head.count
+        return counts
+
     def has_sealed(self) -> bool:
         """Whether a finished batch waits for its acks."""
         return any(

@@ -181,6 +181,7 @@ class OffsetReader:
         into their records, then let the ledger forget the entries that settled."""
         first_seqs: dict[str, int] = {}
         unacked = self.ledger.unacked()
+        acked_first = self.ledger.committed_unacked(self.committed)
         slots = {name: record.slot for name, record in self.records.items()}
         for slot in resolved:
             seen = await self._look(client, slot)
@@ -191,6 +192,7 @@ class OffsetReader:
                 seen=seen,
                 own_pin=self.ledger.pins.get(slot.name),
                 ours=unacked_by_consumer(slots, unacked, slot),
+                acked_first=acked_first.get(slot.name, 0),
             )
         await self.ledger.settle(horizons(self.records.values(), first_seqs), self.committed)
 

@@ -40,6 +40,7 @@ class SlotRecord:
     seen: ConsumerSeen | None = None  # None until the slot's consumer is looked at
     own_pin: str | None = None  # the pin id this query holds for the slot (its ledger's)
     ours: int = 0  # messages of the slot's consumer this query's ledger holds unacked
+    acked_first: int = 0  # of `ours`, what the slot's next task acks before it pulls (committed)
     readable: bool = True  # the target's last resolve gave it to read
     end_seq: int | None = None  # an availableNow run's end: the stream's last sequence then
     status: str = "idle"  # for progress: pinned, active, idle, standby, below threshold, done
@@ -105,7 +106,7 @@ def small_capacity(options: SourceOptions, record: SlotRecord) -> str | None:
 def plan_slot(options: SourceOptions, record: SlotRecord) -> tuple[str, SlotPlan | None]:
     """The slot's status and what it may take in the next batch (None: nothing). What its
     consumer shows ack-pending beyond `record.ours` is another client's, or redeliveries to
-    come."""
+    come; of its capacity, what the slot's task acks before it pulls is free again."""
     slot, seen, ours = record.slot, record.seen or ConsumerSeen(), record.ours
     if slot.policy == "pinned_client" and seen.pinned and seen.pinned != record.own_pin:
         return "standby", None
@@ -119,7 +120,7 @@ def plan_slot(options: SourceOptions, record: SlotRecord) -> tuple[str, SlotPlan
     work = seen.pending + others
     capacity = seen.max_ack_pending
     if capacity and capacity > 0:
-        work = min(work, capacity - ours)
+        work = min(work, capacity - ours + record.acked_first)
     if options.max_messages_per_partition:
         work = min(work, options.max_messages_per_partition)
     work = -(-work // slot.readers)  # parallel readers of one consumer share its backlog

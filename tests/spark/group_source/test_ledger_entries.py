@@ -241,6 +241,8 @@ def test_heads_tell_pins_unacked_and_sealed_entries(kv: MemoryBucket, lineage: s
     assert sorted(ledger.unacked()) == [("m1", 2), ("m1", 3), ("m2", 0)]
     assert ledger.has_sealed()
     assert ledger.acks_due(1) == {"m1": (1,)}
+    assert ledger.committed_unacked(1) == {"m1": 3}  # what m1's next task acks before it pulls
+    assert ledger.committed_unacked(2) == {"m1": 5, "m2": 0}
 
 
 def test_settled_entries_are_removed_and_leave_nothing(

@@ -113,6 +113,10 @@ def test_available_now_ends_at_its_sequence_and_skips_redeliveries() -> None:
 def test_capacity_per_partition_cap_and_parallel_readers() -> None:
     assert plan(replace(record(pending=100, max_ack_pending=40), ours=10)) == SlotPlan(30, 100)
     assert plan(replace(record(pending=100, max_ack_pending=10), ours=10)) is None  # full
+    # What the slot's task acks before it pulls (a committed batch's) is capacity again.
+    full = replace(record(pending=100, max_ack_pending=40), ours=40)
+    assert plan(replace(full, acked_first=40)) == SlotPlan(40, 100)
+    assert plan(replace(full, acked_first=30)) == SlotPlan(30, 100)  # 10 not committed yet
     capped = replace(OPTIONS, max_messages_per_partition=25)
     assert plan(record(pending=100), capped) == SlotPlan(25, 100)
     assert plan(record(replace(SLOT, readers=2), pending=101)) == SlotPlan(51, 101)

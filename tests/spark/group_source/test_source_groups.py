@@ -17,6 +17,7 @@ from spark_helpers import (
     member_states,
     payloads,
     publish,
+    run_query,
     settled,
     source,
     static_group,
@@ -74,6 +75,22 @@ def test_static_group_available_now_exactly_once_and_acked(
     run()  # restart from the checkpoint: acks what the first run left, then reads on
     assert_exactly_once(payloads(spark, out), 900)
     assert_acked_but_last_batch(client, stream, group, 300)
+
+
+def test_next_batch_acks_a_full_consumer_and_reads_on(spark, client, nats_url, unique, tmp_path):
+    """maxAckPending 50 over one partition: each batch takes 50, and the next batch's task acks
+    them before it pulls, so the next batch reads on: no batch between them that only acks
+    (before Spark 4.2 the source learns of a commit too late for that)."""
+    stream, group = f"CAP{unique}", "g"
+    static_group(client, stream, group, ["m1"], partitions=1)
+    publish(client, stream, 200)
+    query, error = run_query(source(spark, nats_url, stream, group, maxAckPending=50), tmp_path)
+    assert error is None, error
+    assert_exactly_once(payloads(spark, str(tmp_path / "out")), 200)
+    rows = [p["numInputRows"] for p in query.recentProgress]
+    if ACKS_LAST_BATCH:
+        assert rows == [50, 50, 50, 50, 0], rows
+    assert_acked_but_last_batch(client, stream, group, 50)
 
 
 def test_elastic_group_processing_time_leaves_nothing_unacked(
