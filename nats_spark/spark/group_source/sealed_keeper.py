@@ -1,19 +1,23 @@
 """Driver: keeps the messages of finished batches from being redelivered while their acks wait
 for the next batch.
 
-A batch's acks go out from the tasks of the batch after it, which Spark starts at the next
-trigger. With a trigger interval longer than the ack wait the messages would come back to any
-reader of the consumer (another client of an overflow consumer, a sibling slot) before they are
-acked. Every sixth of the ack wait this keeper looks at the entries that are sealed and not acked
-(their heads: O(slots)), and restarts the ack wait (`+WPI`) of those it found so at its previous
-look too: within a third of the ack wait after the seal, which came at most a sixth after the
-task's start or its last `+WPI` (`SlotReader.seal`). Only then does the driver read an entry's
-deliveries: with a trigger shorter than a sixth of the ack wait it never does. `+WPI` is not an
-ack, so it is safe before Spark commits.
+A batch's acks go out from the tasks of the batch after it, which Spark starts once the batch
+has ended and is committed; with a long batch or a trigger interval longer than the ack wait the
+messages would come back to any reader of the consumer (another client of an overflow consumer,
+a sibling slot) before they are acked. Every twelfth of the ack wait this keeper looks at the
+entries that are sealed and not acked (their heads: O(slots)) and restarts the ack wait
+(`+WPI`) of those whose wait would have less than a third left at its next look. An entry's wait
+is known to have started no earlier than a sixth of the ack wait before its seal
+(`SlotReader.seal`), which came after the look before the one that first found it sealed; after
+a restart, at the restart. So an entry sealed less than about a third of the ack wait before its
+acks go out is never touched here, and only then does the driver read an entry's deliveries.
+`+WPI` is not an ack, so it is safe before Spark commits.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 
 from nats_spark.client import NatsClient
@@ -21,31 +25,50 @@ from nats_spark.jetstream.acks import InProgressKeeper
 from nats_spark.spark.group_source.driver_ledger import DriverLedger
 from nats_spark.spark.group_source.ledger import EntryState
 
+_LOOKS = 12  # looks per ack wait
+_LEFT = 1 / 3  # of the ack wait, what an entry's wait keeps at least at every look
+
 
 class SealedKeeper(InProgressKeeper):
     def __init__(
         self, client_of: Callable[[], NatsClient], ledger: DriverLedger, ack_wait: float
     ) -> None:
-        super().__init__(client_of().nc, ack_wait / 2, "sealed batches")  # a look per sixth
+        super().__init__(client_of().nc, ack_wait * 3 / _LOOKS, "sealed batches")
         self.client_of = client_of
         self.ledger = ledger
-        self.sealed: set[tuple[int, str]] = set()  # entries sealed and not acked at the last look
+        self.wait = ack_wait
+        self.looked = -math.inf  # when the previous look was (none yet: any entry may be due)
+        # Entries sealed and not acked at the last look: the earliest their ack wait may have
+        # started.
+        self.started: dict[tuple[int, str], float] = {}
+        self.restarting: list[tuple[int, str]] = []  # what the round in progress restarts
 
     async def due(self) -> list[bytes]:
         ledger = self.ledger.ledger
         if ledger is None:
             return []
         self.nc = self.client_of().nc  # the driver may have replaced its connection
-        sealed: set[tuple[int, str]] = set()
-        subjects: list[bytes] = []
+        now = time.monotonic()
+        sealed_since = self.looked - self.wait / 6  # for entries first found sealed now
+        started: dict[tuple[int, str], float] = {}
+        self.restarting, subjects = [], list[bytes]()
         for key, entry in list(self.ledger.entries.items()):
             if entry.head is not None and entry.head.state is EntryState.ACKED:
                 continue
             found = await ledger.read_head(*key)
             if found is None or found[0].state is not EntryState.SEALED or not found[0].count:
                 continue
-            sealed.add(key)
-            if key in self.sealed:
+            started[key] = self.started.get(key, sealed_since)
+            if started[key] + self.wait - (now + self.wait / _LOOKS) < self.wait * _LEFT:
+                self.restarting.append(key)
                 subjects += (await ledger.read_recorded(found[0])).ack_subjects()
-        self.sealed = sealed
+        self.started, self.looked = started, now
         return subjects
+
+    async def renew(self) -> None:
+        confirmed = self.renewed
+        await super().renew()
+        if self.renewed != confirmed:  # the round went out and the server has it
+            for key in self.restarting:
+                if key in self.started:
+                    self.started[key] = self.renewed

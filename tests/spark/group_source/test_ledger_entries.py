@@ -15,11 +15,13 @@ from memory_bucket import MemoryBucket, attempt
 
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError
+from nats_spark.jetstream import acks
 from nats_spark.loop import run_sync
-from nats_spark.spark.group_source import driver_ledger, slot_history
+from nats_spark.spark.group_source import driver_ledger, sealed_keeper, slot_history
 from nats_spark.spark.group_source.driver_ledger import DriverLedger, Horizon
 from nats_spark.spark.group_source.ledger import EntryState, Ledger, LedgerConflict
 from nats_spark.spark.group_source.offsets import SlotPlan, SourceOffset
+from nats_spark.spark.group_source.sealed_keeper import SealedKeeper
 from nats_spark.spark.group_source.slot_entry import SlotEntry
 from nats_spark.spark.group_source.slot_history import SlotHistory
 from nats_spark.spark.group_source.slot_partition import SlotPartition
@@ -243,6 +245,49 @@ def test_heads_tell_pins_unacked_and_sealed_entries(kv: MemoryBucket, lineage: s
     assert ledger.acks_due(1) == {"m1": (1,)}
     assert ledger.committed_unacked(1) == {"m1": 3}  # what m1's next task acks before it pulls
     assert ledger.committed_unacked(2) == {"m1": 5, "m2": 0}
+
+
+def test_the_driver_restarts_the_ack_wait_of_sealed_entries_only_before_it_runs_short(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keeper looks every twelfth of the ack wait (a second here). An entry first found
+    sealed at 1 s was sealed after the look at 0 s, with at least five sixths of its 12 s wait
+    left (`SlotReader.seal`): it expires at 10 s at the earliest. It is restarted at the first look
+    after which less than a third (4 s) would be left at the next look: at 6 s; then again at
+    14 s. A keeper's first look (a restarted driver) restarts every sealed entry at once."""
+    now = [1000.0]
+    monkeypatch.setattr(sealed_keeper.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(acks.time, "monotonic", lambda: now[0])
+    restarted: list[int] = []
+
+    async def publish(nc: object, replies: list[bytes], kind: bytes) -> int:
+        assert kind == acks.IN_PROGRESS
+        restarted.append(len(replies))
+        return len(replies)
+
+    monkeypatch.setattr(acks, "publish_acks", publish)
+    entry = claimed(kv, input_partition(lineage, 1))
+    take(entry, [1, 2, 3])
+    ledger = driver(kv)
+    run_sync(ledger.adopt(SourceOffset(lineage, 1)))
+    keeper = SealedKeeper(lambda: CLIENT, ledger, ack_wait=12.0)
+
+    def look(at: float) -> int:
+        now[0] = 1000.0 + at
+        restarted.clear()
+        run_sync(keeper.renew())
+        return sum(restarted)
+
+    assert look(0) == 0  # open: nothing to keep
+    run_sync(entry.seal())
+    assert [look(t) for t in range(1, 6)] == [0] * 5
+    assert look(6) == 3
+    assert [look(t) for t in range(7, 14)] == [0] * 7
+    assert look(14) == 3
+
+    again = SealedKeeper(lambda: CLIENT, ledger, ack_wait=12.0)
+    now[0] = 1012.0
+    assert run_sync(again.due()) == [b"$JS.ACK.S.c1.1.%d.%d.0.0" % (s, s) for s in (1, 2, 3)]
 
 
 def test_settled_entries_are_removed_and_leave_nothing(
