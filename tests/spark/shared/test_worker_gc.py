@@ -18,6 +18,10 @@ frozen = gc.get_freeze_count()
 made_since = [[i] for i in range(1000)]
 freeze_imports()  # once per process: what tasks make later stays collectable
 assert frozen > 1000 and gc.get_freeze_count() == frozen, (frozen, gc.get_freeze_count())
+import pyarrow as pa
+tracked = len(gc.get_objects())
+pa.array([b"row"], pa.binary())  # a read's first conversion: pyarrow's lazy imports are frozen
+assert len(gc.get_objects()) - tracked < 1000, len(gc.get_objects()) - tracked
 """
 
 
