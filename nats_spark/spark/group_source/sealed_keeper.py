@@ -33,6 +33,7 @@ class SealedKeeper(InProgressKeeper):
     def __init__(
         self, client_of: Callable[[], NatsClient], ledger: DriverLedger, ack_wait: float
     ) -> None:
+        # `InProgressKeeper` runs a round every third of the wait it is given.
         super().__init__(client_of().nc, ack_wait * 3 / _LOOKS, "sealed batches")
         self.client_of = client_of
         self.ledger = ledger
@@ -59,7 +60,8 @@ class SealedKeeper(InProgressKeeper):
             if found is None or found[0].state is not EntryState.SEALED or not found[0].count:
                 continue
             started[key] = self.started.get(key, sealed_since)
-            if started[key] + self.wait - (now + self.wait / _LOOKS) < self.wait * _LEFT:
+            left_at_next_look = started[key] + self.wait - (now + self.wait / _LOOKS)
+            if left_at_next_look < self.wait * _LEFT:
                 self.restarting.append(key)
                 subjects += (await ledger.read_recorded(found[0])).ack_subjects()
         self.started, self.looked = started, now
