@@ -189,11 +189,6 @@ class FetchResult:
 
 
 CLIENT_GRACE = 5.0  # seconds past a request's expiry before the client stops waiting for it
-# A chunk is handed out once this many deliveries are buffered, or this long after the first of
-# them came: handling a chunk costs about the same for 2 deliveries as for 200, and a consumer
-# catching up over many subjects delivers a few at a time (median 2 per socket read at 10,000 keys).
-GATHER_DELIVERIES = 256
-GATHER_SECONDS = 0.002
 
 
 class Pull:
@@ -223,24 +218,12 @@ class Pull:
 
     async def __anext__(self) -> Deliveries:
         while not self.done:
-            await self._gather()
             chunk = self._take()
             if chunk:
                 return chunk
             if not self.done:
                 await self._wait()
         raise StopAsyncIteration
-
-    async def _gather(self) -> None:
-        """While a few deliveries are buffered and more are due, wait a little for more (see
-        `GATHER_DELIVERIES`); a buffered status is taken at once."""
-        inbox = self.consumer._received
-        want = min(GATHER_DELIVERIES, self.batch - self.received)
-        until = time.monotonic() + GATHER_SECONDS
-        while 0 < len(inbox) < want and b"" not in inbox.replies:
-            left = until - time.monotonic()
-            if left <= 0 or not await self.consumer._arrival(left):
-                return
 
     def _take(self) -> Deliveries:
         """Deliveries buffered for this request, up to its batch; ends it on its status."""
