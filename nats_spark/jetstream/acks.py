@@ -32,6 +32,9 @@ def ack_prefix(reply: bytes) -> bytes:
 
 
 ACK, IN_PROGRESS = b"+ACK", b"+WPI"  # both four bytes: the PUB template below relies on it
+# Seconds of ack wait below which in-progress acks are neither skipped nor put off: a few
+# hundred milliseconds of delay on a busy machine would then let messages come back.
+SHORT_ACK_WAIT = 6.0
 
 
 async def publish_acks(

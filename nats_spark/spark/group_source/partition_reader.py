@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from nats_spark.client import shared_client
 from nats_spark.errors import NatsSparkError, NotFound, PullError
-from nats_spark.jetstream.acks import InProgressKeeper, publish_acks
+from nats_spark.jetstream.acks import SHORT_ACK_WAIT, InProgressKeeper, publish_acks
 from nats_spark.jetstream.api import StoredMessage
 from nats_spark.jetstream.pull import Deliveries, Pull, PullConsumer
 from nats_spark.loop import run_sync
@@ -303,11 +303,13 @@ class SlotReader:
 
     async def seal(self) -> None:
         """Seal the entry. Its messages then wait for the next batch's task to ack them, and the
-        driver's `SealedKeeper` restarts their ack wait within a third of it; a task that has
-        used more than a sixth of it since its last restart (or its start) restarts it first.
-        A short task does not: a `+WPI` per message costs the server about a quarter of what
-        delivering and acking the message does."""
-        if time.monotonic() - max(self.started, self.keeper.renewed) > self.p.ack_wait / 6:
+        driver's `SealedKeeper` restarts their ack wait before less than a third of it is left;
+        a task that has used more than a sixth of it since its last restart (or its start)
+        restarts it first, as does any task under a short ack wait. A short task does not: a
+        `+WPI` per message costs the server about a quarter of what delivering and acking the
+        message does."""
+        used = time.monotonic() - max(self.started, self.keeper.renewed)
+        if self.p.ack_wait < SHORT_ACK_WAIT or used > self.p.ack_wait / 6:
             await self.keeper.renew()
         await self.entry.seal()
 

@@ -6,7 +6,8 @@ has ended and is committed; with a long batch or a trigger interval longer than 
 messages would come back to any reader of the consumer (another client of an overflow consumer,
 a sibling slot) before they are acked. Every twelfth of the ack wait this keeper looks at the
 entries that are sealed and not acked (their heads: O(slots)) and restarts the ack wait
-(`+WPI`) of those whose wait would have less than a third left at its next look. An entry's wait
+(`+WPI`) of those whose wait would have less than a third left at its next look (two thirds
+under a short ack wait, where a look delayed by a busy machine matters more). An entry's wait
 is known to have started no earlier than a sixth of the ack wait before its seal
 (`SlotReader.seal`), which came after the look before the one that first found it sealed; after
 a restart, at the restart. So an entry sealed less than about a third of the ack wait before its
@@ -21,12 +22,13 @@ import time
 from collections.abc import Callable
 
 from nats_spark.client import NatsClient
-from nats_spark.jetstream.acks import InProgressKeeper
+from nats_spark.jetstream.acks import SHORT_ACK_WAIT, InProgressKeeper
 from nats_spark.spark.group_source.driver_ledger import DriverLedger
 from nats_spark.spark.group_source.ledger import EntryState
 
 _LOOKS = 12  # looks per ack wait
 _LEFT = 1 / 3  # of the ack wait, what an entry's wait keeps at least at every look
+_LEFT_SHORT = 2 / 3  # the same under a short ack wait
 
 
 class SealedKeeper(InProgressKeeper):
@@ -38,6 +40,7 @@ class SealedKeeper(InProgressKeeper):
         self.client_of = client_of
         self.ledger = ledger
         self.wait = ack_wait
+        self.left = ack_wait * (_LEFT_SHORT if ack_wait < SHORT_ACK_WAIT else _LEFT)
         self.looked = -math.inf  # when the previous look was (none yet: any entry may be due)
         # Entries sealed and not acked at the last look: the earliest their ack wait may have
         # started.
@@ -61,7 +64,7 @@ class SealedKeeper(InProgressKeeper):
                 continue
             started[key] = self.started.get(key, sealed_since)
             left_at_next_look = started[key] + self.wait - (now + self.wait / _LOOKS)
-            if left_at_next_look < self.wait * _LEFT:
+            if left_at_next_look < self.left:
                 self.restarting.append(key)
                 subjects += (await ledger.read_recorded(found[0])).ack_subjects()
         self.started, self.looked = started, now

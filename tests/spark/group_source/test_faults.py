@@ -462,10 +462,11 @@ def test_only_a_task_that_used_a_sixth_of_the_ack_wait_restarts_it_when_it_seals
 ):
     """Sealing, a quick task sends no `+WPI` (the driver's `SealedKeeper` restarts the ack wait
     of sealed entries in time: test_source_acks' far-off trigger). A task that used more than a
-    sixth of the ack wait (4 s here) restarts it, so its messages do not come back to another
-    reader of the consumer when their first ack wait ends."""
+    sixth of the ack wait (6 s here; under a shorter one every task does) restarts it, so its
+    messages do not come back to another reader of the consumer when their first ack wait
+    ends."""
     slot = Slot(client, settings, unique)
-    shared = slot.overflow_consumer(ack_wait=4.0)
+    shared = slot.overflow_consumer(ack_wait=6.0)
     progress: list[str] = []
 
     async def note(msg: Any) -> None:
@@ -474,7 +475,7 @@ def test_only_a_task_that_used_a_sixth_of_the_ack_wait_restarts_it_when_it_seals
 
     run_sync(client.target.nc.subscribe(f"$JS.ACK.{slot.stream}.{shared}.>", cb=note))
     publish(client, slot.stream, 10)
-    quick = replace(slot.partition(1, limit=10), consumer=shared, ack_wait=4.0, pin_id=None)
+    quick = replace(slot.partition(1, limit=10), consumer=shared, ack_wait=6.0, pin_id=None)
     assert seqs_of(read_slot(quick)) == list(range(1, 11))
     run_sync(client.target.nc.flush())
     assert progress == [], "a quick task restarted the ack wait of its messages"
@@ -484,15 +485,15 @@ def test_only_a_task_that_used_a_sixth_of_the_ack_wait_restarts_it_when_it_seals
     task = SlotReader(replace(quick, gen=2))
     run_sync(task.begin())
     assert rest(task.pull_record_batches()) == list(range(11, 21))
-    time.sleep(1.0)  # the task outlasts a sixth of the ack wait
+    time.sleep(1.2)  # the task outlasts a sixth of the ack wait
     run_sync(task.seal())
     sealed = time.monotonic()
     run_sync(client.target.nc.flush())
     assert len(progress) == 10, "the long task did not restart the ack wait when it sealed"
     other = Blocking(client.target.pull_consumer(slot.stream, shared, group=PRIORITY_GROUP))
     taken: list[Any] = []
-    # Their first ack wait ends 3 s after the seal at the latest, the restarted one 4 s after.
-    while (left := sealed + 3.5 - time.monotonic()) > 0.05:
+    # Their first ack wait ends 4.8 s after the seal at the latest, the restarted one 6 s after.
+    while (left := sealed + 5.4 - time.monotonic()) > 0.05:
         taken += other.fetch(10, expires=min(left, 0.5)).messages
     assert taken == [], f"{len(taken)} messages of the sealed entry came back"
     slot.ack(2)

@@ -289,6 +289,15 @@ def test_the_driver_restarts_the_ack_wait_of_sealed_entries_only_before_it_runs_
     now[0] = 1012.0
     assert run_sync(again.due()) == [b"$JS.ACK.S.c1.1.%d.%d.0.0" % (s, s) for s in (1, 2, 3)]
 
+    # Under a short ack wait (3 s: a look every 0.25 s) two thirds are kept: restarted at the
+    # second look that finds it sealed, as before.
+    short = SealedKeeper(lambda: CLIENT, ledger, ack_wait=3.0)
+    now[0] = 2000.0
+    short.looked, short.started = now[0] - 0.25, {}  # the entry was not sealed at that look
+    assert run_sync(short.due()) == []
+    now[0] += 0.25
+    assert len(run_sync(short.due())) == 3
+
 
 def test_settled_entries_are_removed_and_leave_nothing(
     kv: MemoryBucket, lineage: str, published_acks: list[bytes], monkeypatch: pytest.MonkeyPatch
