@@ -35,6 +35,9 @@ ACK, IN_PROGRESS = b"+ACK", b"+WPI"  # both four bytes: the PUB template below r
 # Seconds of ack wait below which in-progress acks are neither skipped nor put off: a few
 # hundred milliseconds of delay on a busy machine would then let messages come back.
 SHORT_ACK_WAIT = 6.0
+# Of the ack wait, what a finished task may have used since its held deliveries' wait last
+# started before it restarts it at the end; the driver's keeper of finished batches counts on it.
+RESTART_AFTER = 1 / 6
 
 
 async def publish_acks(

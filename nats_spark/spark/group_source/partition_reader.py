@@ -20,7 +20,12 @@ import pyarrow as pa
 
 from nats_spark.client import shared_client
 from nats_spark.errors import NatsSparkError, NotFound, PullError
-from nats_spark.jetstream.acks import SHORT_ACK_WAIT, InProgressKeeper, publish_acks
+from nats_spark.jetstream.acks import (
+    RESTART_AFTER,
+    SHORT_ACK_WAIT,
+    InProgressKeeper,
+    publish_acks,
+)
 from nats_spark.jetstream.api import StoredMessage
 from nats_spark.jetstream.pull import Deliveries, Pull, PullConsumer
 from nats_spark.loop import run_sync
@@ -309,7 +314,7 @@ class SlotReader:
         `+WPI` per message costs the server about a quarter of what delivering and acking the
         message does."""
         used = time.monotonic() - max(self.started, self.keeper.renewed)
-        if self.p.ack_wait < SHORT_ACK_WAIT or used > self.p.ack_wait / 6:
+        if self.p.ack_wait < SHORT_ACK_WAIT or used > self.p.ack_wait * RESTART_AFTER:
             await self.keeper.renew()
         await self.entry.seal()
 

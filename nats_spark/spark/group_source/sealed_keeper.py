@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 from nats_spark.client import NatsClient
-from nats_spark.jetstream.acks import SHORT_ACK_WAIT, InProgressKeeper
+from nats_spark.jetstream.acks import RESTART_AFTER, SHORT_ACK_WAIT, InProgressKeeper
 from nats_spark.spark.group_source.driver_ledger import DriverLedger
 from nats_spark.spark.group_source.ledger import EntryState
 
@@ -53,7 +53,7 @@ class SealedKeeper(InProgressKeeper):
             return []
         self.nc = self.client_of().nc  # the driver may have replaced its connection
         now = time.monotonic()
-        sealed_since = self.looked - self.wait / 6  # for entries first found sealed now
+        sealed_since = self.looked - self.wait * RESTART_AFTER  # entries first found sealed now
         started: dict[tuple[int, str], float] = {}
         self.restarting, subjects = [], list[bytes]()
         for key, entry in list(self.ledger.entries.items()):
