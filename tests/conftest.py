@@ -192,11 +192,9 @@ def published_acks(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 
     published: list[bytes] = []
 
-    async def send(nc: object, commands: list[bytes], count: int) -> int:
-        lines = b"".join(commands).split(b"\r\n")  # `PUB <subject> 4`, then `+ACK`
-        assert lines[1::2] == [b"+ACK"] * count, lines[1::2]
-        published.extend(line.split(b" ")[1] for line in lines[0::2] if line)
-        return count
+    async def publish(nc: object, replies: list[bytes]) -> int:
+        published.extend(replies)
+        return len(replies)
 
-    monkeypatch.setattr(slot_history, "send_acks", send)
+    monkeypatch.setattr(slot_history, "publish_acks", publish)
     return published
