@@ -1,17 +1,11 @@
 """The source schema's Arrow columns, built per record batch: one home for what both formats'
-readers emit (rows are gathered as Python lists; every conversion runs once per batch).
-
-Columns are assembled from buffers (`array`, joined bytes), never by pyarrow's conversion of
-Python objects: that conversion imports pandas, when installed, on its first use, about 0.3
-CPU-s and ~29,000 objects in every Spark Python worker that reads.
-"""
+readers emit (rows are gathered as Python lists; every conversion runs once per batch in Arrow)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 
 import pyarrow as pa
@@ -39,52 +33,22 @@ _ARROW_TYPES = {
 ARROW_SCHEMA = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in SCHEMA_FIELDS])
 HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
 TIMESTAMP_TYPE = ARROW_SCHEMA.field("timestamp").type
-_NANOS_TYPE = pa.timestamp("ns", tz="UTC")
-_INT64, _BINARY = pa.int64(), pa.binary()
-_TYPECODES = {pa.int32(): "i", _INT64: "q"}
-_INT32_MAX = 2**31 - 1
-
-
-def int_array(values: Iterable[int], kind: pa.DataType = _INT64) -> pa.Array:
-    """An int32 or int64 column of `values` (none null)."""
-    words = array(_TYPECODES[kind], values)
-    return pa.Array.from_buffers(kind, len(words), [None, pa.py_buffer(words)])
-
-
-def bytes_array(values: Sequence[bytes], kind: pa.DataType = _BINARY) -> pa.Array:
-    """A binary or string column of `values` (none null); a string column must be UTF-8, as
-    pyarrow's own conversion requires."""
-    lengths = array("i", (0,))
-    lengths.fromlist(list(map(len, values)))  # through a list: array() steps an iterator slowly
-    offsets = pc.cumulative_sum(int_array(lengths, pa.int32())).buffers()[1]
-    column = pa.Array.from_buffers(
-        kind, len(values), [None, offsets, pa.py_buffer(b"".join(values))]
-    )
-    if kind == pa.string():
-        column.validate(full=True)  # ArrowInvalid names the first row that is not UTF-8
-    return column
 
 
 @lru_cache(maxsize=256)
-def header_column(raw: bytes | None) -> tuple[tuple[bytes, tuple[bytes, ...]], ...]:
-    """A message's entry in the `headers` column, UTF-8 encoded. Cached: most messages of a pull
-    carry the same block (often just the pin)."""
+def header_column(raw: bytes | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """A message's entry in the `headers` column. Cached: most messages of a pull carry the same
+    block (often just the pin)."""
     # Nats-Pin-Id is added per delivery, not stored: leaving it out keeps replays exact.
-    return tuple(
-        (key.encode(), tuple(value.encode() for value in values))
-        for key, values in header_values(raw)
-        if key != PIN_ID_HEADER
-    )
+    return tuple(item for item in header_values(raw) if item[0] != PIN_ID_HEADER)
 
 
 def headers_array(blocks: Sequence[bytes | None], include: bool) -> pa.Array:
     """The `headers` map column from each row's raw header block (null when not `include`)."""
     if not include:
         return pa.nulls(len(blocks), HEADERS_TYPE)
-    row_offsets, keys, values, value_offsets = [0], list[bytes](), list[bytes](), [0]
-    # The usual pull carries no headers but the pin, the same block on every row: a map with
-    # no entries per row, decided per distinct block rather than row by row.
-    if not any(header_column(raw) for raw in set(blocks)):
+    row_offsets, keys, values, value_offsets = [0], list[str](), list[str](), [0]
+    if blocks.count(None) == len(blocks):  # no headers: an empty map per row, no step per row
         offsets = constant(0, len(blocks) + 1, pa.int32())
     else:
         for raw in blocks:
@@ -94,40 +58,30 @@ def headers_array(blocks: Sequence[bytes | None], include: bool) -> pa.Array:
                     values.extend(items)
                     value_offsets.append(len(values))
             row_offsets.append(len(keys))
-        offsets = int_array(row_offsets, pa.int32())
+        offsets = pa.array(row_offsets, pa.int32())
     items_array = pa.ListArray.from_arrays(
-        int_array(value_offsets, pa.int32()), bytes_array(values, pa.string())
+        pa.array(value_offsets, pa.int32()), pa.array(values, pa.string())
     )
-    key_array = bytes_array(keys, pa.string())
+    key_array = pa.array(keys, pa.string())
     return pa.MapArray.from_arrays(offsets, key_array, items_array, type=HEADERS_TYPE)
 
 
 def timestamps_from_nanos(nanos: Sequence[int]) -> pa.Array:
-    """The `timestamp` column from Unix nanoseconds (Spark keeps microseconds, truncated)."""
-    return int_array(nanos).view(_NANOS_TYPE).cast(TIMESTAMP_TYPE, safe=False)
+    """The `timestamp` column from Unix nanoseconds (Spark keeps microseconds)."""
+    return pc.divide(pa.array(nanos, pa.int64()), 1000).cast(TIMESTAMP_TYPE)
 
 
 def timestamps_from_text(stamps: Sequence[bytes]) -> pa.Array:
     """The `timestamp` column from RFC 3339 times (nanoseconds), truncated to microseconds."""
-    return text_timestamps(stamps).cast(TIMESTAMP_TYPE, safe=False)
-
-
-def text_timestamps(stamps: Sequence[bytes]) -> pa.Array:
-    """RFC 3339 times (nanoseconds, as JetStream writes them) as an Arrow timestamp column."""
-    return bytes_array(stamps, pa.string()).cast(_NANOS_TYPE)
+    nanos = pa.array(stamps, pa.binary()).cast(pa.string()).cast(pa.timestamp("ns", tz="UTC"))
+    return nanos.cast(TIMESTAMP_TYPE, safe=False)
 
 
 def constant(value: str | int | None, n: int, kind: pa.DataType) -> pa.Array:
     """A column with the same value (or null) in each of `n` rows."""
     if value is None:
         return pa.nulls(n, kind)
-    if isinstance(value, int):
-        return int_array(array(_TYPECODES[kind], (value,)) * n, kind)
-    raw = value.encode()  # a str: UTF-8 by construction
-    offsets = (
-        array("i", range(0, len(raw) * n + 1, len(raw))) if raw else array("i", (0,)) * (n + 1)
-    )
-    return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)])
+    return pa.repeat(pa.scalar(value, kind), n)
 
 
 def record_batch(
@@ -148,12 +102,12 @@ def record_batch(
     return pa.record_batch(
         [
             subject,
-            bytes_array(data),
+            pa.array(data, pa.binary()),
             headers,
             partition,
             constant(member, n, pa.string()),
             constant(stream, n, pa.string()),
-            int_array(stream_seq),
+            pa.array(stream_seq, pa.int64()),
             consumer_seq,
             delivered,
             timestamp,
@@ -225,14 +179,9 @@ class SlotColumns:
     def _subjects(self, n: int) -> tuple[pa.Array, pa.Array]:
         """The `subject` and `partition` columns; a group's stored `<partition>.<subject>` is
         split in Arrow, not row by row."""
-        subjects = bytes_array(self.subject, pa.string())
+        subjects = pa.array(self.subject, pa.string())
         if not (self.partitioned and n):
             return subjects, pa.nulls(n, pa.int32())
-        # A partition's consumer reads one partition: its token is cut off by position.
-        number, _ = strip_partition(self.subject[0].decode())
-        token = f"{number}."
-        if number <= _INT32_MAX and pc.all(pc.starts_with(subjects, token)).as_py():
-            return pc.utf8_slice_codeunits(subjects, len(token)), constant(number, n, pa.int32())
         parts = pc.extract_regex(subjects, r"^(?P<partition>[0-9]+)\.(?P<subject>.*)$")
         if not parts.null_count:
             with contextlib.suppress(pa.ArrowInvalid):  # a number too large for int32
@@ -251,7 +200,7 @@ class SlotColumns:
             member=self.member,
             stream=self.stream,
             stream_seq=self.stream_seq,
-            consumer_seq=int_array(self.consumer_seq),
-            delivered=int_array(self.delivered, pa.int32()),
+            consumer_seq=pa.array(self.consumer_seq, pa.int64()),
+            delivered=pa.array(self.delivered, pa.int32()),
             timestamp=timestamps_from_nanos(self.timestamp),
         )
