@@ -396,7 +396,7 @@ def test_driver_killed_twice_group_to_stream_exactly_once(client, nats_url, uniq
     assert_exactly_once([int(m.data.decode()) for m in messages], 3000)
     assert all(b"Nats-Batch-Id: " in (m.headers or b"") for m in messages)
     states = member_states(client, source_stream, "g").values()
-    assert all(s == {"pending": 0, "ack_pending": 0} for s in states)
+    assert all(s == {"pending": 0, "ack_pending": 0} for s in states), states
 
 
 def test_auth_failure_is_one_line_without_the_secret(spark):
