@@ -44,21 +44,14 @@ def spark_class_archive() -> Path | None:
     None when it cannot be. A JVM falls back to loading classes when the archive does not match
     it; a partly written one would crash it, so one is published only once written whole."""
     import pyspark
+    from spark_helpers import spark_bin, spark_env
 
     archive = Path(sys.prefix) / f"spark-classes-{pyspark.__version__}.jsa"
     if archive.exists() or " " in str(archive):  # JDK_JAVA_OPTIONS splits on spaces
         return archive if archive.exists() else None
     part = archive.with_name(f"{archive.name}.{os.getpid()}.part")
-    home = Path(pyspark.__file__).parent
-    env = {
-        **os.environ,
-        "JDK_JAVA_OPTIONS": JVM_OPTIONS,
-        "SPARK_HOME": str(home),
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "SPARK_LOCAL_IP": "127.0.0.1",
-    }
-    command = [str(home / "bin" / "spark-submit"), "--master", "local[2]"]
+    env = spark_env(JDK_JAVA_OPTIONS=JVM_OPTIONS)
+    command = [spark_bin("spark-submit"), "--master", "local[2]"]
     command += ["--driver-java-options", f"-XX:ArchiveClassesAtExit={part} {_QUIET_CDS}"]
     try:
         made = subprocess.run(
