@@ -285,6 +285,9 @@ def test_no_wait_with_nothing_available(
     empty = pull.fetch(5, no_wait=True)
     assert (empty.status, empty.messages) == (PullStatus.NO_MESSAGES, [])
     publish(client, stream, 2)
+    # The consumer learns of stored messages after the publish is confirmed: a no-wait pull in
+    # between is answered "no messages" (seen in CI).
+    wait_until(lambda: api.consumer_info(stream, "NW").num_pending == 2, 10, "2 messages pending")
     some = pull.fetch(5, no_wait=True)
     assert (some.status, stream_seqs(some)) == (PullStatus.NO_MESSAGES, [1, 2])
 
