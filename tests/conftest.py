@@ -47,8 +47,10 @@ def spark_class_archive() -> Path | None:
     from spark_helpers import spark_bin, spark_env
 
     archive = Path(sys.prefix) / f"spark-classes-{pyspark.__version__}.jsa"
-    if archive.exists() or " " in str(archive):  # JDK_JAVA_OPTIONS splits on spaces
-        return archive if archive.exists() else None
+    if archive.exists():
+        return archive
+    if " " in str(archive):  # JDK_JAVA_OPTIONS splits on spaces
+        return None
     part = archive.with_name(f"{archive.name}.{os.getpid()}.part")
     env = spark_env(JDK_JAVA_OPTIONS=JVM_OPTIONS)
     command = [spark_bin("spark-submit"), "--master", "local[2]"]
