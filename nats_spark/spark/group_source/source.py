@@ -18,6 +18,7 @@ from nats_spark.spark.shared.compat import (
 from nats_spark.spark.shared.failures import one_line_errors
 from nats_spark.spark.shared.options import SourceOptions, parse_options
 from nats_spark.spark.shared.schema import SCHEMA_DDL, check_schema
+from nats_spark.spark.shared.stop_signal import stop_on_sigterm
 
 # Spark starts a Python process to look the format up, another to create it, one to run the
 # stream reader's driver calls and the workers that read: each imports this module, and only the
@@ -83,6 +84,7 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             from nats_spark.spark.group_source.offset_reader import OffsetReader
 
             self._offsets = OffsetReader(self.options)
+            stop_on_sigterm()  # or Spark ends this process without calling `stop`
         return self._offsets
 
     @one_line_errors

@@ -74,6 +74,29 @@ def test_slot_with_nothing_new_still_gets_its_acks(spark, client, nats_url, uniq
     assert_exactly_once(sink.values, 60)
 
 
+def test_a_failed_query_acks_its_committed_batch_at_stop(spark, client, nats_url, unique, tmp_path):
+    """Batch 0 is committed; batch 1, whose tasks would ack it, fails in the sink before they
+    run. Spark then ends the source's driver process with SIGTERM, and the driver acks batch 0
+    before it exits instead of leaving it to the next start."""
+    stream = f"STOPACK{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=2)
+    publish(client, stream, 40)
+    read: list[int] = []
+
+    def sink(batch: Any, batch_id: int) -> None:
+        if batch_id:
+            raise RuntimeError("the sink is down")  # before any task of the batch runs
+        read.extend(int(r.data.decode()) for r in batch.select("data").collect())
+
+    query = foreach_batches(source(spark, nats_url, stream, "g"), sink, tmp_path / "cp")
+    try:
+        wait_until(lambda: query.exception() is not None, 120, "batch 1 to fail")
+    finally:
+        query.stop()
+    assert_exactly_once(read, 40)
+    wait_until(lambda: unacked(client, stream, "g") == 0, 30, "batch 0 acked at stop")
+
+
 def test_far_off_trigger_keeps_committed_messages_from_coming_back(client, nats_url, unique):
     """A 1.5 s ack wait and a next batch (trigger) 5 s after the first: meanwhile the finished
     batch's messages wait for their acks, which the next batch's task sends. Another reader of
