@@ -15,22 +15,19 @@ import threading
 from types import FrameType
 
 STOP_GRACE = 60  # seconds the clean-up may take once SIGTERM came; then SIGALRM ends the process
-_grace = STOP_GRACE
 
 
 def stop_on_sigterm(grace: int = STOP_GRACE) -> None:
     """From now on, SIGTERM raises `SystemExit` in the main thread, once. Only from the main
-    thread, and only where SIGTERM has no handler of someone else's."""
-    global _grace
+    thread, and only where SIGTERM has no handler of someone else's (or ours already)."""
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return
-    _grace = grace
-    signal.signal(signal.SIGTERM, _terminated)
 
+    def terminated(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.alarm(grace)  # SIGALRM's default ends the process: a clean-up that hangs
+        raise SystemExit(128 + signum)
 
-def _terminated(signum: int, frame: FrameType | None) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.alarm(_grace)  # SIGALRM's default ends the process: a clean-up that hangs
-    raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, terminated)
