@@ -4,7 +4,8 @@ It has the interface the ledger uses (`nats_spark.spark.group_source.ledger.Buck
 nats-server's compare-and-set, as nats-py reports it: every write takes the bucket stream's next
 sequence as the key's revision; `create` fails with `KeyWrongLastSequenceError` while the key
 has a value, `update` when the key's revision is not `last` (0: the key has none); `get` raises
-`KeyNotFoundError`, `keys` `NoKeysError` for an empty bucket. `remove` is the stream purge by
+`KeyNotFoundError`; `keys_matching` lists every key that matches, as the bucket stream's subject
+index does. `remove` is the stream purge by
 subject the ledger uses: the key and every key below it are gone without a marker, so the key
 can be created again. The ledger never deletes or purges keys through KV (those leave markers,
 which `create` would write over), so neither is here. tests/spark/group_source/test_ledger_bucket.py
@@ -13,7 +14,7 @@ runs the same contract against a real bucket.
 
 from __future__ import annotations
 
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from nats_spark.spark.group_source.ledger import Ledger
@@ -53,10 +54,14 @@ class MemoryBucket:
         for stored in [k for k in self.values if k == key or k.startswith(f"{key}.")]:
             del self.values[stored]
 
-    async def keys(self) -> list[str]:
-        if not self.values:
-            raise NoKeysError
-        return list(self.values)
+    async def keys_matching(self, pattern: str) -> list[str]:
+        wanted = pattern.split(".")
+        return [
+            key
+            for key in self.values
+            if len(parts := key.split(".")) == len(wanted)
+            and all(w in ("*", p) for w, p in zip(wanted, parts, strict=True))
+        ]
 
     def _write(self, key: str, value: bytes) -> int:
         self.last_seq += 1
