@@ -10,9 +10,14 @@ subject the ledger uses: the key and every key below it are gone without a marke
 can be created again. The ledger never deletes or purges keys through KV (those leave markers,
 which `create` would write over), so neither is here. tests/spark/group_source/test_ledger_bucket.py
 runs the same contract against a real bucket.
+
+A fault, for the simulation (tests/simulation): `lost_answer` makes a compare-and-set write that
+took effect answer as a conflict, as the retry of a write whose answer was lost does.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
@@ -28,6 +33,7 @@ class MemoryBucket:
         self.last_seq = 0  # of the bucket's stream: the newest revision handed out
         self.values: dict[str, tuple[bytes, int]] = {}  # by key: value and revision
         self.reads = 0  # `get` calls, for tests of what a reader reads again
+        self.lost_answer: Callable[[str], bool] | None = None  # per key written: answer lost?
 
     async def get(self, key: str) -> KeyValue.Entry:
         self.reads += 1
@@ -39,13 +45,13 @@ class MemoryBucket:
     async def create(self, key: str, value: bytes) -> int:
         if key in self.values:
             raise KeyWrongLastSequenceError(description=_wrong(self.values[key][1]))
-        return self._write(key, value)
+        return self._checked_write(key, value)
 
     async def update(self, key: str, value: bytes, last: int) -> int:
         revision = self.values[key][1] if key in self.values else 0
         if revision != last:
             raise KeyWrongLastSequenceError(description=_wrong(revision))
-        return self._write(key, value)
+        return self._checked_write(key, value)
 
     async def put(self, key: str, value: bytes) -> int:
         return self._write(key, value)
@@ -62,6 +68,12 @@ class MemoryBucket:
             if len(parts := key.split(".")) == len(wanted)
             and all(w in ("*", p) for w, p in zip(wanted, parts, strict=True))
         ]
+
+    def _checked_write(self, key: str, value: bytes) -> int:
+        revision = self._write(key, value)
+        if self.lost_answer is not None and self.lost_answer(key):
+            raise KeyWrongLastSequenceError(description=_wrong(revision))
+        return revision
 
     def _write(self, key: str, value: bytes) -> int:
         self.last_seq += 1
