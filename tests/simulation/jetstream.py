@@ -80,7 +80,13 @@ class Consumer:
     """One durable pull consumer of the stream, filtered to one slot's subjects."""
 
     def __init__(
-        self, name: str, prefix: str, stream: Stream, ack_wait: float, max_ack_pending: int
+        self,
+        name: str,
+        prefix: str,
+        stream: Stream,
+        ack_wait: float,
+        max_ack_pending: int,
+        pinning: bool = True,
     ):
         self.name = name
         self.prefix = prefix
@@ -92,6 +98,7 @@ class Consumer:
         self.consumer_seq = 0
         self.pending: dict[int, Delivery] = {}
         self.acked: set[int] = set()
+        self.pinning = pinning  # a `pinned_client` group (else `overflow`: no pins)
         self.pinned: str | None = None
         self.pin_renewed = 0.0
         self.pins = 0
@@ -152,7 +159,7 @@ class Consumer:
                 found = self._next(now)
                 if found is None:
                     break
-                if self.pinned is None:
+                if self.pinned is None and self.pinning:
                     self.pins += 1
                     self.pinned = f"pin-{self.name[-1]}-{self.pins}"
                     request.pin_id = self.pinned

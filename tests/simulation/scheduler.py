@@ -7,11 +7,12 @@ same time.
 
 Each participant (a Spark driver, a task attempt, the publisher) runs as a task whose context
 names it; tasks it starts (its keepers) inherit the name. Every fake I/O call is a scheduling
-point (`Scheduler.point`): there the seeded generator picks a delay (none, a little, or rarely a
-stall of a good part of an ack wait) and may crash the participant. A crashed participant's
-coroutines are abandoned where they are, as after kill -9: they never run again, no `finally`
-of theirs runs, and whatever they held in memory is gone. A task attempt may also be lost
-instead: Spark gives up on it and retries, while it runs on beside its retry (a zombie).
+point (`Scheduler.point`): there the seeded generator picks a delay (none, or a little) and may
+crash the participant, or rarely stall its whole process for a good part of an ack wait (each
+of its coroutines then waits at its next scheduling point until the stall is over). A crashed
+participant's coroutines are abandoned where they are, as after kill -9: they never run again,
+no `finally` of theirs runs, and whatever they held in memory is gone. A task attempt may also
+be lost instead: Spark gives up on it and retries, while it runs on beside its retry (a zombie).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class Participant:
     parent: Participant | None = None
     dead: bool = False
     lost: bool = False
+    frozen_until: float = 0.0  # a stall: the whole process pauses (GC, CPU starvation)
     task: asyncio.Task[None] | None = None  # held, so an abandoned one is never finalized
 
 
@@ -170,6 +172,9 @@ class Scheduler:
         self.steps += 1
         if self.verbose:
             self.note(what)
+        loop = asyncio.get_running_loop()
+        if me.frozen_until > loop.time():  # another coroutine of this process stalled it
+            await asyncio.sleep(me.frozen_until - loop.time())
         chaos = self.chaos
         if chaos.enabled and chaos.crashes > 0 and me.kind in ("driver", "task"):
             draw = self.rng.random()
@@ -186,7 +191,8 @@ class Scheduler:
         draw = self.rng.random()
         if chaos.enabled and draw < chaos.stall:
             delay = self.ack_wait * self.rng.uniform(0.2, 1.3)
-            self.note(f"stalls {delay:.1f}s at {what}")
+            me.frozen_until = loop.time() + delay
+            self.note(f"stalls {delay:.1f}s at {what} (its whole process)")
         elif draw < 0.4:
             return  # no switch: the call answers at once
         elif draw < 0.7:

@@ -48,6 +48,7 @@ class Setup:
     lost_answer: float  # chance a compare-and-set write answers as a conflict
     sink_failure: float
     trigger_interval: float  # of processingTime runs: how often an idle query looks again
+    shared: bool  # both slots read one overflow consumer (siblings), not a partition each
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -70,6 +71,7 @@ class Setup:
             lost_answer=rng.choice((0.0, 0.02, 0.1)) if faulty else 0.0,
             sink_failure=rng.choice((0.0, 0.05, 0.2)) if faulty else 0.0,
             trigger_interval=rng.choice((1.0, 3.0, 10.0)),
+            shared=rng.random() < 0.25,
         )
 
 
@@ -134,26 +136,33 @@ class World:
 
     def __post_init__(self) -> None:
         setup = self.setup
-        self.consumers = [
-            Consumer(
-                f"g-partition-{p}", f"S.p{p}.", self.stream, setup.ack_wait, setup.max_ack_pending
-            )
-            for p in range(SLOTS)
-        ]
+        waits, capacity = setup.ack_wait, setup.max_ack_pending
+        if setup.shared:  # a plain priority-group consumer read by two slots
+            self.consumers = [Consumer("c", "S.", self.stream, waits, capacity, pinning=False)]
+            self.slots = [
+                Slot(f"c#{i}", STREAM, "c", GROUP, "overflow", None, False, readers=SLOTS)
+                for i in range(SLOTS)
+            ]
+            target = {"consumer": "c", "numPartitions": str(SLOTS)}
+        else:  # a partitioned group's partitions, a consumer each
+            self.consumers = [
+                Consumer(f"g-partition-{p}", f"S.p{p}.", self.stream, waits, capacity)
+                for p in range(SLOTS)
+            ]
+            self.slots = [
+                Slot(f"partition-{p}", STREAM, c.name, GROUP, "pinned_client", "m1", False)
+                for p, c in enumerate(self.consumers)
+            ]
+            target = {"group": "g", "ackWait": str(setup.ack_wait)}
         self.server = Server(self.sched, self.consumers, self.stream)
-        self.observed = Observed(self.stream)
+        self.observed = Observed(self.stream, key_order=not setup.shared)
         self.server.on_ack.append(self.observed.acked)
         self.server.on_ack.append(lambda consumer, seq: self.sched.note(f"acks {seq}"))
-        self.slots = [
-            Slot(f"partition-{p}", STREAM, c.name, GROUP, "pinned_client", "m1", False)
-            for p, c in enumerate(self.consumers)
-        ]
         self.options = parse_options(
             {
                 "servers": "nats://127.0.0.1:1",
                 "stream": STREAM,
-                "group": "g",
-                "ackWait": str(setup.ack_wait),
+                **target,
                 "maxMessagesPerPartition": str(setup.per_batch),
                 "fetchBatchSize": str(setup.fetch_batch),
             }
@@ -252,7 +261,7 @@ class World:
         while self.sched.now < limit:
             await asyncio.sleep(1.0)
             drained = all(not c.pending and not c.num_pending() for c in self.consumers)
-            if query.idle >= 3 and drained:
+            if query.idle >= 2 and drained:
                 break
         query.stop_at = self.sched.now
 
