@@ -12,9 +12,13 @@ source):
   one means no batch. Otherwise the offset is logged, `commit(<previous>)` follows (only then),
   and the batch runs with `partitions(<previous, or initialOffset()>, <new>)`.
 - availableNow: 4.2+ call `prepareForTriggerAvailableNow` and run batches until the offset stops
-  changing; on 4.0/4.1 Spark wraps the source and fetches `latestOffset()` once: one batch.
+  changing. On 4.0/4.1 Spark wraps the source (AvailableNowDataStreamWrapper): at query start,
+  before `setLatestSeenOffset`, it fetches `latestOffset()` once, and every trigger answers
+  that (one batch); each trigger still calls the source's `latestOffset()` for progress
+  (`reportLatestOffset`), and `initialOffset()` while nothing is committed.
 - the sink writes a batch, then the commit log records it. A task attempt that fails or is lost
-  is retried (four attempts); a failed batch fails the query, and Spark stops the source.
+  is retried (four attempts); a failed batch fails the query, and Spark stops the source. A
+  query may also be stopped while a batch runs: the source is stopped, tasks run on a while.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class Query:
     stop_at: float  # virtual time after which the query is stopped between batches
     participant: Participant | None = None
     idle: int = 0  # triggers in a row that planned no batch
+    stopping: bool = False  # a stop interrupted a batch
 
     async def run(self) -> str:
         world = self.world
@@ -89,6 +94,8 @@ class Query:
     async def _stream(self, reader: OffsetReader) -> str:
         world, checkpoint = self.world, self.world.checkpoint
         last = max(checkpoint.offsets, default=None)
+        wrapped = self.trigger == AVAILABLE_NOW and self.version == V40
+        fetched = await self._call(reader.latest_offset(None, None)) if wrapped else None
         if last is not None and self.version == V40:
             latest = _offset(checkpoint.offsets[last])
             world.sched.note(f"setLatestSeenOffset(batch {last}: gen {latest.gen})")
@@ -99,15 +106,16 @@ class Query:
             start = await self._start(reader, last)
             await self._batch(reader, last, start, _offset(checkpoint.offsets[last]))
         batch = 0 if last is None else last + 1
-        fetched: SourceOffset | None = None
         while world.sched.now < self.stop_at:
             committed = checkpoint.offsets.get(batch - 1)
             if self.version == V42:
                 start = _offset(committed) if committed else await self._initial(reader)
                 latest = await self._call(reader.latest_offset(start, None))
-            elif self.trigger == AVAILABLE_NOW:
-                fetched = fetched or await self._call(reader.latest_offset(None, None))
+            elif fetched is not None:
+                if not committed:
+                    await self._initial(reader)
                 latest = fetched
+                await self._call(reader.latest_offset(None, None))  # reportLatestOffset
             else:
                 latest = await self._call(reader.latest_offset(None, None))
             if committed is not None and _json(latest) == committed:
@@ -151,7 +159,14 @@ class Query:
             f"batch {batch} (gen {start.gen}->{end.gen}): "
             + ", ".join(f"{p.slot} limit {p.limit} acks {list(p.committed)}" for p in partitions)
         )
-        results = await asyncio.gather(*(self._task(batch, p) for p in partitions))
+        running = asyncio.gather(*(self._task(batch, p) for p in partitions))
+        if world.sched.rng.random() < world.sink_failure / 2:  # stopped while its tasks run
+            await asyncio.sleep(world.sched.rng.uniform(0, world.setup.ack_wait / 2))
+            if not running.done():
+                self.stopping = True  # no more task attempts; the running ones go on a while
+                running.add_done_callback(lambda done: done.cancelled() or done.exception())
+                raise QueryFailed(f"the query was stopped during batch {batch}")
+        results = await running
         rows = {p.slot: r for p, r in zip(partitions, results, strict=True) if r}
         world.observed.full_run(batch, rows)
         await world.sched.point(f"sink writes batch {batch}")
@@ -167,6 +182,8 @@ class Query:
         sched = self.world.sched
         for attempt in range(TASK_ATTEMPTS):
             await sched.point(f"start task {partition.slot} of batch {batch}")
+            if self.stopping:
+                raise QueryFailed("stopped")
             task = sched.spawn(
                 f"b{batch}/{partition.slot}#{attempt}",
                 "task",
