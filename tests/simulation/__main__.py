@@ -5,7 +5,7 @@
 
 A failing seed is reproduced by the second form; --verbose prints every scheduling point too.
 --spark and --without change what the seed drew (the same draws follow), to see what a failure
-rests on: e.g. a seed that passes with --without short-listings failed on a short key listing.
+rests on: e.g. a seed that passes with --spark 4.2+ failed on the call order of 4.0/4.1.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from tests.simulation.spark import V40, V42
 from tests.simulation.world import Result, run_schedule
 
 FAULTS = {  # --without <name>: the setup field set to 0
-    "short-listings": "listing_fault",
     "lost-answers": "lost_answer",
     "sink-failures": "sink_failure",
 }

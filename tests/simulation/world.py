@@ -1,6 +1,6 @@
 """One schedule: a world (stream, consumers, ledger bucket, checkpoint, sink) drawn from a seed,
 a chaotic phase (publishing, query runs of one Spark version that crash, fail, stop and restart,
-tasks killed and lost, short key listings, lost compare-and-set answers, stalls past the ack
+tasks killed and lost, lost compare-and-set answers, sink failures, stalls past the ack
 wait), then a quiet one (no faults: the query runs until the stream is idle, then stops), and
 the invariants (`invariants.py`) checked throughout and at the end.
 """
@@ -44,7 +44,6 @@ class Setup:
     per_batch: int  # maxMessagesPerPartition
     fetch_batch: int
     chaos: Chaos
-    listing_fault: float  # chance a key listing comes back short or empty
     lost_answer: float  # chance a compare-and-set write answers as a conflict
     sink_failure: float
     trigger_interval: float  # of processingTime runs: how often an idle query looks again
@@ -67,7 +66,6 @@ class Setup:
                 stall=rng.choice((0.0, 0.002, 0.01)) if faulty else 0.0,
                 crashes=rng.randint(1, 4),
             ),
-            listing_fault=rng.choice((0.0, 0.1, 0.5)) if faulty else 0.0,
             lost_answer=rng.choice((0.0, 0.02, 0.1)) if faulty else 0.0,
             sink_failure=rng.choice((0.0, 0.05, 0.2)) if faulty else 0.0,
             trigger_interval=rng.choice((1.0, 3.0, 10.0)),
@@ -104,8 +102,8 @@ class SimBucket:
     async def remove(self, key: str) -> None:
         await self._call(f"kv remove {key}", lambda: self.store.remove(key))
 
-    async def keys(self) -> list[str]:
-        return await self._call("kv keys", self.store.keys)
+    async def keys_matching(self, pattern: str) -> list[str]:
+        return await self._call(f"kv keys {pattern}", lambda: self.store.keys_matching(pattern))
 
 
 class Target:
@@ -167,20 +165,12 @@ class World:
                 "fetchBatchSize": str(setup.fetch_batch),
             }
         )
-        self.bucket.listing = self._listing
         self.bucket.lost_answer = self._lost_answer
         self.trigger_interval = setup.trigger_interval
 
     @property
     def sink_failure(self) -> float:
         return 0.0 if self.quiet else self.setup.sink_failure
-
-    def _listing(self, keys: list[str]) -> list[str]:
-        if self.quiet or self.sched.rng.random() >= self.setup.listing_fault:
-            return keys
-        cut = self.sched.rng.randint(0, len(keys))
-        self.sched.note(f"key listing cut short: {cut} of {len(keys)} keys")
-        return keys[:cut]
 
     def _lost_answer(self, key: str) -> bool:
         if self.quiet or self.sched.rng.random() >= self.setup.lost_answer:
@@ -278,8 +268,8 @@ class Result:
 
 def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
     """Run the schedule of `seed`; `overrides` replace what it drew of the setup (the same draws
-    follow, so the schedule is the same up to where the change matters), e.g. listing_fault=0
-    to see whether short key listings are what breaks it."""
+    follow, so the schedule is the same up to where the change matters), e.g. lost_answer=0
+    to see whether lost compare-and-set answers are what breaks it."""
     rng = random.Random(seed)
     setup = replace(Setup.draw(rng), **overrides)
     sched = Scheduler(rng, replace(setup.chaos), setup.ack_wait, verbose=verbose)
@@ -288,12 +278,15 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
     slot_history._seen = slot_history._SeenEntries()  # a worker process of this world's own
     ids = random.Random(seed)  # lineages and attempt ids, the same on every run of the seed
     uuid.uuid4 = lambda: uuid.UUID(int=ids.getrandbits(128), version=4)
-    logging.getLogger("nats_spark").setLevel(logging.DEBUG if verbose else logging.CRITICAL)
+    logger = logging.getLogger("nats_spark")
+    previous_level = logger.level
+    logger.setLevel(logging.DEBUG if verbose else logging.CRITICAL)
     try:
         run(world.main())
     except Exception as error:  # the harness or the code under test broke the schedule
         world.observed.problem("schedule failed", f"{type(error).__name__}: {error}")
     finally:
         slot_history._seen, uuid.uuid4 = previous_seen, previous_uuid4
+        logger.setLevel(previous_level)
     observed = world.observed
     return Result(seed, setup, observed.problems, observed.order_breaks, sched.trace, sched.steps)
