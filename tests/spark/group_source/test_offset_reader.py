@@ -288,3 +288,28 @@ def test_a_restarted_driver_acks_entries_a_key_listing_would_miss(
     assert (ack_only.slot, ack_only.committed) == ("partition-0", (1,))
     run_sync(first.close())
     run_sync(restarted.close())
+
+
+def test_spark_40_asks_initial_offset_after_planning_and_gets_the_same_lineage(
+    driver: tuple[OffsetReader, Server, MemoryBucket], published_acks: list[bytes]
+) -> None:
+    """Spark 4.0/4.1 plan a new query's batch 0 with `latestOffset()` before they ask for its
+    start, and ask again before every batch until one is committed; a restart before then tells
+    the logged batch only later (`setLatestSeenOffset`). Every answer is in one lineage, and a
+    batch that fails in the sink is not acked at stop."""
+    first, server, kv = driver
+    server.show(SLOTS[0], pending=10)
+    zero = run_sync(first.latest_offset(None, None))
+    start = run_sync(first.initial_offset())
+    assert (start.lineage, start.gen) == (zero.lineage, 0)
+    [task] = run_sync(first.partitions(start, zero))
+    run_task(kv, task, list(range(1, 11)), pin="pin-0")
+    assert run_sync(first.initial_offset()) == start  # batch 0 failed in the sink: asked again
+    run_sync(first.close())
+
+    server.usable = True  # the restarted query's own connection
+    restarted = driver_of(server, kv)
+    assert run_sync(restarted.partitions(zero, zero)) == []  # setLatestSeenOffset(zero)
+    assert run_sync(restarted.initial_offset()) == start
+    run_sync(restarted.close())
+    assert published_acks == []
