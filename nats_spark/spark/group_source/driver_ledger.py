@@ -102,10 +102,6 @@ class DriverLedger:
         await self.load_heads(self.entries.values())
         return True
 
-    def forget_lineage(self) -> None:
-        """Before a new lineage is adopted: the current one is done with."""
-        self.ledger = None
-
     async def clear_pins(self) -> None:
         """A new lineage holds no pins yet: point the target at it without any."""
         self.pins = {}

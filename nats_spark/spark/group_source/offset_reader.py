@@ -118,20 +118,21 @@ class OffsetReader:
     async def _adopt(self, offset: SourceOffset | None) -> None:
         """Take the lineage of `offset` (or of the stored pointer) and load its ledger entries."""
         await self._connect()
-        if await self.ledger.adopt(offset) and not self.resolved:
-            await self._resolve()
+        if await self.ledger.adopt(offset):
+            self.committed = 0  # gens committed in another lineage say nothing of this one
+            if not self.resolved:
+                await self._resolve()
 
     async def initial_offset(self) -> SourceOffset:
-        """A new lineage, when the checkpoint has no offsets yet. Spark may ask more than once
-        before the first batch: the same lineage answers until a batch is planned in it."""
+        """The start of the query's first batch: gen 0 of the lineage this reader has, or of a
+        new one when it has none yet. Spark asks again after a batch was planned (4.0/4.1 call
+        `latestOffset()` before `initialOffset()`, and every version calls it again to run batch
+        0): a new lineage then would leave that batch's entries behind, never acked."""
         await self._connect()
-        started = self.current
-        if started is not None and started.gen == 0 and self.ledger.head_gen == 0:
-            return started
+        if self.ledger.lineage is not None:
+            return SourceOffset(self.ledger.lineage, 0)
         offset = SourceOffset.initial()
         log.info("%s: new query lineage %s", self.options.target, offset.lineage)
-        self.ledger.forget_lineage()
-        self.committed = 0
         await self._adopt(offset)
         await self.ledger.clear_pins()
         self.current = offset
