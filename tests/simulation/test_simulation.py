@@ -9,7 +9,7 @@ from tests.simulation.world import run_schedule
 
 pytestmark = pytest.mark.unit
 
-SEEDS = range(0, 400)
+SEEDS = range(0, 500)
 
 
 def test_every_schedule_keeps_the_guarantees() -> None:
