@@ -67,9 +67,15 @@ lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info
 
 # Randomised soak: faults at random while publishing; fails on any lost, duplicated or unacked message.
 .PHONY: chaos
 chaos: $(VENV)/.test-installed
 	$(BIN)/python chaos/run.py --minutes $(or $(MINUTES),3)
+
+# The wheel to install elsewhere (a cluster, a Databricks Volume): $(DIST)/nats_spark-<version>-py3-none-any.whl.
+DIST ?= dist
+.PHONY: wheel
+wheel: | $(BIN)/python
+	$(BIN)/python -m pip wheel -q --no-deps -w $(DIST) .

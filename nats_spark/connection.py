@@ -328,8 +328,8 @@ async def connect(settings: ConnectionSettings, denied: list[str] | None = None)
             importlib.import_module("nkeys")
         except ImportError:
             raise ConfigurationError(
-                "nkeySeed and creds authentication need the nkeys package; install it with "
-                "`pip install nkeys` on the driver and every executor"
+                "nkeySeed and creds authentication need the nkeys package; install "
+                "'nats-spark[nkeys]' (or nkeys) on the driver and every executor"
             ) from None
     kwargs = settings.connect_kwargs()
     # Fail fast on the first connect (one retry per server); reconnect policy applies afterwards.
