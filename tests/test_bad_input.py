@@ -313,7 +313,8 @@ def test_a_python_without_spark_4_is_named_on_import(tmp_path, fake_pyspark, fou
     last = run.stderr.strip().splitlines()[-1]
     assert run.returncode == 1 and last == (
         f"ImportError: nats-spark's Spark formats need PySpark 4.0 or newer, {found}; on a plain "
-        "machine pip install 'nats-spark[spark]', on Databricks use Runtime 17.0 or newer"
+        "machine install nats-spark with its spark extra (or pyspark>=4), on Databricks use "
+        "Runtime 17.3 LTS or newer"
     )
 
 
