@@ -198,6 +198,7 @@ def test_atomic_batch_size_needs_a_stream_that_allows_it(spark, client, nats_url
     assert values(client, stream) == []
 
 
+@pytest.mark.compat
 def test_streaming_group_to_stream_exactly_once_across_a_replay(
     spark, client, nats_url, unique, tmp_path
 ):
@@ -335,6 +336,7 @@ def test_server_restart_mid_write(spark, unique):
             run_sync(own.close())
 
 
+@pytest.mark.compat
 @pytest.mark.timeout(900)  # three job starts: a JVM each
 def test_driver_killed_twice_group_to_stream_exactly_once(client, nats_url, unique, tmp_path):
     """nats-pcg -> Spark -> nats in a job process, SIGKILLed (with its JVM) twice while batches
