@@ -78,6 +78,12 @@ lint: $(VENV)/.test-installed
 clean:
 	rm -rf $(VENV) .venv-spark* build *.egg-info
 
+# The ack-ledger simulation over a seed range (the unit lane runs a few hundred seeds); a failing
+# seed is reproduced, with its schedule, by `python -m tests.simulation --seed <n> --verbose`.
+.PHONY: simulate
+simulate: $(VENV)/.test-installed
+	$(BIN)/python -m tests.simulation --seeds $(or $(SEEDS),0-10000) --jobs $(or $(JOBS),1) $(SIMULATE_ARGS)
+
 # Randomised soak: faults at random while publishing; fails on any lost, duplicated or unacked message.
 .PHONY: chaos
 chaos: $(VENV)/.test-installed

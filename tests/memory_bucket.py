@@ -4,16 +4,22 @@ It has the interface the ledger uses (`nats_spark.spark.group_source.ledger.Buck
 nats-server's compare-and-set, as nats-py reports it: every write takes the bucket stream's next
 sequence as the key's revision; `create` fails with `KeyWrongLastSequenceError` while the key
 has a value, `update` when the key's revision is not `last` (0: the key has none); `get` raises
-`KeyNotFoundError`, `keys` `NoKeysError` for an empty bucket. `remove` is the stream purge by
+`KeyNotFoundError`; `keys_matching` lists every key that matches, as the bucket stream's subject
+index does. `remove` is the stream purge by
 subject the ledger uses: the key and every key below it are gone without a marker, so the key
 can be created again. The ledger never deletes or purges keys through KV (those leave markers,
 which `create` would write over), so neither is here. tests/spark/group_source/test_ledger_bucket.py
 runs the same contract against a real bucket.
+
+A fault, for the simulation (tests/simulation): `lost_answer` makes a compare-and-set write that
+took effect answer as a conflict, as the retry of a write whose answer was lost does.
 """
 
 from __future__ import annotations
 
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from collections.abc import Callable
+
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from nats_spark.spark.group_source.ledger import Ledger
@@ -27,6 +33,7 @@ class MemoryBucket:
         self.last_seq = 0  # of the bucket's stream: the newest revision handed out
         self.values: dict[str, tuple[bytes, int]] = {}  # by key: value and revision
         self.reads = 0  # `get` calls, for tests of what a reader reads again
+        self.lost_answer: Callable[[str], bool] | None = None  # per key written: answer lost?
 
     async def get(self, key: str) -> KeyValue.Entry:
         self.reads += 1
@@ -38,13 +45,13 @@ class MemoryBucket:
     async def create(self, key: str, value: bytes) -> int:
         if key in self.values:
             raise KeyWrongLastSequenceError(description=_wrong(self.values[key][1]))
-        return self._write(key, value)
+        return self._checked_write(key, value)
 
     async def update(self, key: str, value: bytes, last: int) -> int:
         revision = self.values[key][1] if key in self.values else 0
         if revision != last:
             raise KeyWrongLastSequenceError(description=_wrong(revision))
-        return self._write(key, value)
+        return self._checked_write(key, value)
 
     async def put(self, key: str, value: bytes) -> int:
         return self._write(key, value)
@@ -53,10 +60,20 @@ class MemoryBucket:
         for stored in [k for k in self.values if k == key or k.startswith(f"{key}.")]:
             del self.values[stored]
 
-    async def keys(self) -> list[str]:
-        if not self.values:
-            raise NoKeysError
-        return list(self.values)
+    async def keys_matching(self, pattern: str) -> list[str]:
+        wanted = pattern.split(".")
+        return [
+            key
+            for key in self.values
+            if len(parts := key.split(".")) == len(wanted)
+            and all(w in ("*", p) for w, p in zip(wanted, parts, strict=True))
+        ]
+
+    def _checked_write(self, key: str, value: bytes) -> int:
+        revision = self._write(key, value)
+        if self.lost_answer is not None and self.lost_answer(key):
+            raise KeyWrongLastSequenceError(description=_wrong(revision))
+        return revision
 
     def _write(self, key: str, value: bytes) -> int:
         self.last_seq += 1

@@ -233,6 +233,36 @@ def foreach_batches(
     )
 
 
+def source_runners() -> list[int]:
+    """Pids of Spark's Python streaming source runners (a query's driver side, where the source
+    acks at stop) that run below this process. Spark stops a query without waiting for its
+    runner, so a test waits for them to exit to know that what they do at stop is done."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+
+    def below_us(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    found = []
+    for pid in filter(below_us, parents):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"python_streaming_source_runner" in command:
+            found.append(pid)
+    return found
+
+
 def unacked(client: Blocking[NatsClient], stream: str, group: str) -> int:
     """Messages of the group not acked yet: pending plus ack pending over all members; -1 while
     a member consumer is missing (deleted, not recreated yet)."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Sequence
 
 from nats.aio.client import Client as NATS
 from nats.errors import ConnectionClosedError
 
+from nats_spark import clock
 from nats_spark.nats_py import queue_command, write_queued
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class InProgressKeeper:
     async def renew(self) -> None:
         """One round: restart the ack wait of what is due."""
         try:
-            sent = time.monotonic()
+            sent = clock.monotonic()
             subjects = await self.due()
             if subjects:
                 await publish_acks(self.nc, subjects, kind=IN_PROGRESS)

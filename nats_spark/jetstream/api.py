@@ -114,6 +114,19 @@ class JetStreamApi:
     async def stream_info(self, stream: str) -> StreamInfo:
         return StreamInfo(await self.request(f"STREAM.INFO.{stream}"))
 
+    async def stream_subjects(self, stream: str, subjects_filter: str) -> dict[str, int]:
+        """The subjects of `stream` that match `subjects_filter`, each with its message count,
+        from the stream's subject index (all pages): complete, unlike a KV key listing, which
+        a consumer snapshot can end early (nats.py #842)."""
+        subjects: dict[str, int] = {}
+        while True:
+            body = {"subjects_filter": subjects_filter, "offset": len(subjects)}
+            info = await self.request(f"STREAM.INFO.{stream}", body)
+            page = (info.get("state") or {}).get("subjects") or {}
+            subjects.update(page)
+            if not page or len(subjects) >= info.get("total", 0):
+                return subjects
+
     async def create_stream(self, config: dict[str, Any]) -> dict[str, Any]:
         return await self.request(f"STREAM.CREATE.{config['name']}", config)
 

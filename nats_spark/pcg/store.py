@@ -10,7 +10,6 @@ from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
-    NoKeysError,
     NoStreamResponseError,
 )
 from nats.js.kv import KeyValue
@@ -184,9 +183,14 @@ async def list_groups(client: NatsClient, kind: GroupKind, stream: str) -> list[
     kv = await _bucket(client, kind)
     if kv is None:
         return []
-    try:
-        keys = await kv.keys()
-    except NoKeysError:  # what nats-py raises for an empty bucket
-        return []
-    prefix = f"{stream}."
-    return sorted(key[len(prefix) :] for key in keys if key.startswith(prefix))
+    # From the bucket stream's subject index: nats-py's `kv.keys()` can come back short.
+    prefix = f"$KV.{kind.bucket}.{group_key(stream, '')}"
+    subjects = await client.api.stream_subjects(f"KV_{kind.bucket}", f"{prefix}>")
+    groups = []
+    for subject in subjects:
+        try:
+            await kv.get(subject[len("$KV.") + len(kind.bucket) + 1 :])
+        except KeyNotFoundError:  # deleted: its subject holds the delete marker
+            continue
+        groups.append(subject[len(prefix) :])
+    return sorted(groups)

@@ -9,10 +9,10 @@ per batch grows with the slots, not the messages; only `ack_through`, at stop, r
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.spark.group_source.ledger import (
     Bucket,
@@ -235,7 +235,7 @@ class DriverLedger:
             # A consumer's ack floor is in the server's memory before it is on disk: a server
             # crash right after the acks can take it back and redeliver. Forget the entry (and
             # with it the dedupe of those messages) only once the floor has held for a while.
-            now = time.monotonic()
+            now = clock.monotonic()
             since = entry.settled_since = entry.settled_since or now
             if head.count == 0 or now - since >= SETTLE_SECONDS:
                 log.debug("forgetting settled ledger entry %s", self.ledger.head_key(*key))

@@ -46,7 +46,6 @@ from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
-    NoKeysError,
     NoStreamResponseError,
 )
 from nats.js.kv import KeyValue
@@ -137,7 +136,10 @@ def decode_chunk(data: bytes, head: EntryHead) -> Recorded:
 class Bucket(Protocol):
     """What the ledger uses of a KV bucket (`LedgerBucket` on a server). `create` and `update`
     raise `KeyWrongLastSequenceError` when the key exists, or when its revision is not `last`;
-    `get` raises `KeyNotFoundError` and `keys` `NoKeysError` as nats-py does."""
+    `get` raises `KeyNotFoundError` as nats-py does. `keys_matching` lists the keys that match
+    a pattern of key tokens (`*` one token) from the bucket stream's subject index, completely:
+    nats-py's `keys()` can end early or come back empty while keys exist, and the ledger never
+    rests a decision on it."""
 
     name: str
 
@@ -151,7 +153,7 @@ class Bucket(Protocol):
 
     async def remove(self, key: str) -> None: ...
 
-    async def keys(self) -> list[str]: ...
+    async def keys_matching(self, pattern: str) -> list[str]: ...
 
 
 class LedgerBucket:
@@ -204,8 +206,10 @@ class LedgerBucket:
         for subject in (f"$KV.{self.name}.{key}", f"$KV.{self.name}.{key}.>"):
             await self.client.api.request(f"STREAM.PURGE.{stream}", {"filter": subject})
 
-    async def keys(self) -> list[str]:
-        return await self._call("listing keys", self.kv.keys)
+    async def keys_matching(self, pattern: str) -> list[str]:
+        prefix = f"$KV.{self.name}."
+        subjects = await self.client.api.stream_subjects(f"KV_{self.name}", prefix + pattern)
+        return [subject[len(prefix) :] for subject in subjects]
 
 
 class _Leaderless(NatsSparkError):
@@ -300,17 +304,10 @@ class Ledger:
         return found
 
     async def heads(self) -> list[tuple[int, str]]:
-        """(gen, slot token) of every entry of this lineage."""
-        try:
-            keys = await self.kv.keys()
-        except NoKeysError:  # what nats-py raises for an empty bucket
-            return []
-        found = []
-        for key in keys:
-            parts = key.split(".")
-            if len(parts) == 3 and parts[0] == self.lineage:
-                found.append((int(parts[1]), parts[2]))
-        return sorted(found)
+        """(gen, slot token) of every entry of this lineage (a head's key has three tokens, its
+        chunks' five)."""
+        keys = await self.kv.keys_matching(f"{self.lineage}.*.*")
+        return sorted((int(gen), slot) for _, gen, slot in (key.split(".") for key in keys))
 
     async def delete_entry(self, gen: int, slot: str) -> None:
         """Remove the entry: its head and the chunks of every attempt."""

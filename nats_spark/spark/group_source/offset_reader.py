@@ -266,7 +266,13 @@ class OffsetReader:
         )
 
     async def partitions(self, start: SourceOffset, end: SourceOffset) -> list[SlotPartition]:
+        """The tasks of batch `end`; `start` is committed (Spark plans a batch only after the
+        one before it committed). Spark 4.0/4.1 also call `partitions(latest, latest)` on a
+        restart (`setLatestSeenOffset`), before the logged batch `latest` is committed or even
+        re-run: that call only adopts the lineage, or the batch would be acked early."""
         await self._adopt(end)
+        if start == end:
+            return []
         self._committed(start)
         await self.ledger.load_missing_heads()
         due = self.ledger.acks_due(start.gen)

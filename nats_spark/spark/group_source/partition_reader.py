@@ -11,14 +11,15 @@ module composes them, fetch -> record -> emit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
 import pyarrow as pa
 
-from nats_spark.client import shared_client
+from nats_spark import clock
+from nats_spark.client import NatsClient, shared_client
 from nats_spark.errors import NatsSparkError, NotFound, PullError
 from nats_spark.jetstream.acks import (
     RESTART_AFTER,
@@ -48,9 +49,9 @@ class DataLoss(NatsSparkError):
 class SlotReader:
     """Reads one slot: replay of what the ledger holds, then (for a first attempt) pulls."""
 
-    def __init__(self, partition: SlotPartition) -> None:
+    def __init__(self, partition: SlotPartition, client: NatsClient | None = None) -> None:
         self.p = partition
-        self.client = shared_client(partition.connection)
+        self.client = client or shared_client(partition.connection)
         self.entry = SlotEntry(self.client, partition)
         self.keeper = InProgressKeeper(self.client.nc, partition.ack_wait, f"slot {partition.slot}")
         self.dedupe: set[int] | None = None  # `SlotHistory.dedupe`, loaded when first needed
@@ -59,7 +60,7 @@ class SlotReader:
         self.lost = 0
         self.redundant = 0  # redeliveries of earlier batches' messages, acked and dropped
         self.sibling_seqs: set[int] = set()
-        self.started = time.monotonic()  # before any delivery this attempt holds
+        self.started = clock.monotonic()  # before any delivery this attempt holds
 
     @property
     def replay(self) -> Recorded:
@@ -313,7 +314,7 @@ class SlotReader:
         restarts it first, as does any task under a short ack wait. A short task does not: a
         `+WPI` per message costs the server about a quarter of what delivering and acking the
         message does."""
-        used = time.monotonic() - max(self.started, self.keeper.renewed)
+        used = clock.monotonic() - max(self.started, self.keeper.renewed)
         if self.p.ack_wait < SHORT_ACK_WAIT or used > self.p.ack_wait * RESTART_AFTER:
             await self.keeper.renew()
         await self.entry.seal()
@@ -334,25 +335,33 @@ def _sent_all(pull: Pull) -> bool:
 
 def read_slot(partition: SlotPartition) -> Iterator[pa.RecordBatch]:
     """The rows of one slot of one batch (what `DataSourceStreamReader.read` returns)."""
-    reader = SlotReader(partition)
-    run_sync(reader.begin())
+    batches = slot_batches(SlotReader(partition))
+    try:
+        while (batch := run_sync(_next(batches))) is not None:
+            yield batch
+    finally:
+        run_sync(batches.aclose())  # when Spark stops early: end pulls, free the inbox
+
+
+async def _next(batches: AsyncGenerator[pa.RecordBatch, None]) -> pa.RecordBatch | None:
+    return await anext(batches, None)
+
+
+async def slot_batches(reader: SlotReader) -> AsyncGenerator[pa.RecordBatch, None]:
+    """The task's steps: ack and claim, replay what the ledger holds, pull (a first attempt),
+    seal. Async, so that the simulation (tests/simulation) runs them on its own loop."""
+    partition = reader.p
+    await reader.begin()
     step = partition.fetch_batch_size
     for start in range(0, len(reader.replay), step):
-        batch = run_sync(reader.replay_record_batch(reader.replay.part(start, start + step)))
+        batch = await reader.replay_record_batch(reader.replay.part(start, start + step))
         if batch.num_rows:
             yield batch
     if reader.pull:
-        batches = reader.pull_record_batches()
-        try:
-            while True:
-                try:
-                    batch = run_sync(batches.__anext__())
-                except StopAsyncIteration:
-                    break
+        async with contextlib.aclosing(reader.pull_record_batches()) as batches:
+            async for batch in batches:
                 yield batch
-        finally:
-            run_sync(batches.aclose())  # when Spark stops early: end pulls, free the inbox
-        run_sync(reader.seal())
+        await reader.seal()
     if reader.lost:
         log.warning("slot %s lost %d messages to retention", partition.slot, reader.lost)
     log.debug(

@@ -18,9 +18,9 @@ acks go out is never touched here, and only then does the driver read an entry's
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
+from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.jetstream.acks import RESTART_AFTER, SHORT_ACK_WAIT, InProgressKeeper
 from nats_spark.spark.group_source.driver_ledger import DriverLedger
@@ -52,7 +52,7 @@ class SealedKeeper(InProgressKeeper):
         if ledger is None:
             return []
         self.nc = self.client_of().nc  # the driver may have replaced its connection
-        now = time.monotonic()
+        now = clock.monotonic()
         sealed_since = self.looked - self.wait * RESTART_AFTER  # entries first found sealed now
         started: dict[tuple[int, str], float] = {}
         self.restarting, subjects = [], list[bytes]()

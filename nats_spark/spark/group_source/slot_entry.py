@@ -10,10 +10,10 @@ the slot has taken all it will.
 from __future__ import annotations
 
 import logging
-import time
 
 import pyarrow as pa
 
+from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.jetstream.acks import ack_prefix
 from nats_spark.spark.group_source.ledger import LEDGER_FORMAT, EntryHead, EntryState, Ledger
@@ -127,7 +127,7 @@ class SlotEntry:
         rows = columns.record_batch()
         if not self.p.siblings:
             return rows, set()
-        late = time.monotonic() - max(columns.first_received, renewed) > self.p.ack_wait / 2
+        late = clock.monotonic() - max(columns.first_received, renewed) > self.p.ack_wait / 2
         at_risk = {
             seq
             for seq, delivered in zip(columns.stream_seq, columns.delivered, strict=True)

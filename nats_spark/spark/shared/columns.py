@@ -4,13 +4,13 @@ readers emit (rows are gathered as Python lists; every conversion runs once per 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Sequence
 from functools import lru_cache
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nats_spark import clock
 from nats_spark.errors import NatsSparkError
 from nats_spark.jetstream.pull import PIN_ID_HEADER, Deliveries, header_values
 from nats_spark.pcg.partitioning import strip_partition
@@ -133,7 +133,7 @@ class SlotColumns:
         self.delivered: list[int] = []
         self.timestamp: list[int] = []
         self.nbytes = 0
-        self.first_received = time.monotonic()  # reset when the first row comes in
+        self.first_received = clock.monotonic()  # reset when the first row comes in
 
     def __len__(self) -> int:
         return len(self.stream_seq)
@@ -152,7 +152,7 @@ class SlotColumns:
         timestamp_ns: int,
     ) -> None:
         if not self.stream_seq:
-            self.first_received = time.monotonic()
+            self.first_received = clock.monotonic()
         self.subject.append(subject)
         self.data.append(data)
         self.nbytes += len(data)
@@ -165,7 +165,7 @@ class SlotColumns:
     def extend(self, deliveries: Deliveries) -> None:
         """Add all of `deliveries` (their ack subjects' numbers parsed), a column at a time."""
         if not self.stream_seq:
-            self.first_received = time.monotonic()
+            self.first_received = clock.monotonic()
         delivered, stream_seq, consumer_seq, timestamp = deliveries.numbers
         self.subject += deliveries.subjects
         self.data += deliveries.data

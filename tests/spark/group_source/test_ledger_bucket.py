@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 from memory_bucket import MemoryBucket
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from nats_spark.client import NatsClient
 from nats_spark.loop import Blocking, run_sync
@@ -51,16 +51,22 @@ async def remove_takes_the_key_and_those_below_it_and_leaves_nothing(kv: Bucket)
     for gone in ("a.1", "a.1.att.0"):
         with pytest.raises(KeyNotFoundError):
             await kv.get(gone)
-    assert sorted(await kv.keys()) == ["a.10"]
+    assert await kv.keys_matching("a.*") == ["a.10"]
     assert await kv.create("a.1", b"again") > 0  # no marker left to refuse it
     await kv.remove("never.written")
 
 
 async def keys_of_an_empty_bucket(kv: Bucket) -> None:
-    with pytest.raises(NoKeysError):
-        await kv.keys()
+    assert await kv.keys_matching("a.*") == []
     with pytest.raises(KeyNotFoundError):
         await kv.get("a.1")
+
+
+async def keys_matching_takes_whole_tokens(kv: Bucket) -> None:
+    for key in ("L.1.p0", "L.1.p0.att.0", "L.12.p1", "L2.1.p0", "M.1.p0"):
+        await kv.put(key, b"x")
+    assert sorted(await kv.keys_matching("L.*.*")) == ["L.1.p0", "L.12.p1"]
+    assert sorted(await kv.keys_matching("L.1.p0.*.*")) == ["L.1.p0.att.0"]
 
 
 CASES = [
@@ -69,6 +75,7 @@ CASES = [
     update_of_a_missing_key_needs_revision_zero,
     remove_takes_the_key_and_those_below_it_and_leaves_nothing,
     keys_of_an_empty_bucket,
+    keys_matching_takes_whole_tokens,
 ]
 
 

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 from memory_bucket import MemoryBucket, attempt
 
+from nats_spark import clock
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream import acks
 from nats_spark.loop import run_sync
-from nats_spark.spark.group_source import driver_ledger, sealed_keeper, slot_history
+from nats_spark.spark.group_source import driver_ledger, slot_history
 from nats_spark.spark.group_source.driver_ledger import DriverLedger, Horizon
 from nats_spark.spark.group_source.ledger import EntryState, Ledger, LedgerConflict
 from nats_spark.spark.group_source.offsets import SlotPlan, SourceOffset
@@ -256,8 +257,7 @@ def test_the_driver_restarts_the_ack_wait_of_sealed_entries_only_before_it_runs_
     after which less than a third (4 s) would be left at the next look: at 6 s; then again at
     14 s. A keeper's first look (a restarted driver) restarts every sealed entry at once."""
     now = [1000.0]
-    monkeypatch.setattr(sealed_keeper.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(acks.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(clock, "_source", lambda: now[0])
     restarted: list[int] = []
 
     async def publish(nc: object, replies: list[bytes], kind: bytes) -> int:
@@ -303,7 +303,7 @@ def test_settled_entries_are_removed_and_leave_nothing(
     kv: MemoryBucket, lineage: str, published_acks: list[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     now = [100.0]
-    monkeypatch.setattr(driver_ledger.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(clock, "_source", lambda: now[0])
     sealed(kv, lineage, 1, [1, 2, 3])
     sealed(kv, lineage, 2, [], slot="m2")  # took nothing, committed
     sealed(kv, lineage, 3, [], slot="m2")  # took nothing, not committed: a re-run must find it

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from memory_bucket import MemoryBucket, attempt
+from nats.js.errors import NoKeysError
 
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from nats_spark.loop import run_sync
@@ -200,3 +201,90 @@ def test_an_available_now_run_ends_where_the_stream_ended_at_its_start(
     assert end.slots == {"partition-1": SlotPlan(5, 5)}  # no wait for another's redeliveries
     assert reader.report()["members"]["partition-0"]["status"] == "done"
     run_sync(reader.close())
+
+
+def test_spark_40_restart_acks_nothing_of_the_logged_uncommitted_batch(
+    driver: tuple[OffsetReader, Server, MemoryBucket], published_acks: list[bytes]
+) -> None:
+    """Spark 4.0/4.1 restart a query with `setLatestSeenOffset(latest logged)`, which calls
+    `partitions(latest, latest)` before the logged batch is re-run; here the re-run then fails
+    in the sink and the query stops. Only batch 1 is committed: nothing of batch 2 is acked."""
+    first, server, kv = driver
+    start = run_sync(first.initial_offset())
+    server.show(SLOTS[0], pending=10)
+    one = run_sync(first.latest_offset(start, None))
+    [task] = run_sync(first.partitions(start, one))
+    run_task(kv, task, list(range(1, 11)), pin="pin-0")
+    server.show(SLOTS[0], pending=5, ack_pending=10, pin="pin-0")
+    two = run_sync(first.latest_offset(one, None))
+    [task] = run_sync(first.partitions(one, two))  # batch 1 is committed
+    run_task(kv, task, list(range(11, 16)), pin="pin-0")  # then the driver is killed
+    # The task acked none of batch 1 (it was killed first): its acks are due at the re-run.
+
+    restarted = driver_of(server, kv)
+    run_sync(restarted.partitions(two, two))  # setLatestSeenOffset(two)
+    rerun = run_sync(restarted.partitions(one, two))  # the logged batch, re-run; it fails
+    assert [(t.slot, t.committed) for t in rerun] == [("partition-0", (1,))]
+    run_sync(restarted.close())  # the query stops: it may ack batch 1, never batch 2
+    acked = {int(subject.split(b".")[5]) for subject in published_acks}
+    assert acked <= set(range(1, 11)), f"acked before commit: {sorted(acked - set(range(1, 11)))}"
+    head = run_sync(restarted.ledger.ledger.read_head(2, "partition-0"))  # type: ignore[union-attr]
+    assert head is not None and head[0].state.value == "sealed"
+
+
+def test_spark_40_next_start_acks_the_last_committed_batch_when_nothing_is_new(
+    driver: tuple[OffsetReader, Server, MemoryBucket], published_acks: list[bytes]
+) -> None:
+    """A query on Spark 4.0/4.1 stops after batch 1 committed (Spark never says so: no batch
+    follows). Its next start finds nothing new and still acks batch 1, in a batch of its own."""
+    first, server, kv = driver
+    start = run_sync(first.initial_offset())
+    server.show(SLOTS[0], pending=10)
+    one = run_sync(first.latest_offset(None, None))  # 4.0/4.1: no start offset
+    [task] = run_sync(first.partitions(start, one))
+    run_task(kv, task, list(range(1, 11)), pin="pin-0")
+    run_sync(first.close())
+    assert published_acks == []  # not known committed: left to the next start
+
+    server.show(SLOTS[0], ack_pending=10, pin="pin-0")
+    server.usable = True  # the restarted driver's own connection
+    restarted = driver_of(server, kv)
+    assert run_sync(restarted.partitions(one, one)) == []  # setLatestSeenOffset(one)
+    following = run_sync(restarted.latest_offset(None, None))
+    assert following.gen == 2 and following.slots == {}
+    [ack_only] = run_sync(restarted.partitions(one, following))
+    assert (ack_only.slot, ack_only.limit, ack_only.committed) == ("partition-0", 0, (1,))
+    run_sync(restarted.commit(following))
+    run_sync(restarted.close())  # its task did not run here: the driver acks at stop
+    assert len(published_acks) == 10
+
+
+class ShortListingBucket(MemoryBucket):
+    """nats-py's `keys()` as it comes back 2 or 3 times in 1,000: empty while keys exist."""
+
+    async def keys(self) -> list[str]:
+        raise NoKeysError
+
+
+def test_a_restarted_driver_acks_entries_a_key_listing_would_miss(
+    driver: tuple[OffsetReader, Server, MemoryBucket],
+) -> None:
+    """A restarted driver learns its lineage's entries from the bucket; a KV key listing can
+    come back empty while they exist, and a sealed entry it missed would never be acked (its
+    messages come back after the ack wait and are emitted again)."""
+    first, server, memory = driver
+    kv = ShortListingBucket()
+    first.ledger.attach(kv)
+    start = run_sync(first.initial_offset())
+    server.show(SLOTS[0], pending=10)
+    one = run_sync(first.latest_offset(start, None))
+    [task] = run_sync(first.partitions(start, one))
+    run_task(kv, task, list(range(1, 11)), pin="pin-0")
+    server.show(SLOTS[0], ack_pending=10, pin="pin-0")
+
+    restarted = driver_of(server, kv)  # the driver is killed, Spark commits batch 1 meanwhile
+    two = run_sync(restarted.latest_offset(one, None))
+    [ack_only] = run_sync(restarted.partitions(one, two))
+    assert (ack_only.slot, ack_only.committed) == ("partition-0", (1,))
+    run_sync(first.close())
+    run_sync(restarted.close())

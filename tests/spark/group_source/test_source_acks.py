@@ -23,6 +23,7 @@ from spark_helpers import (
     puller,
     seqs_of,
     source,
+    source_runners,
     static_group,
     unacked,
     wait_until,
@@ -97,6 +98,39 @@ def test_a_failed_query_acks_its_committed_batch_at_stop(spark, client, nats_url
         query.stop()
     assert_exactly_once(read, 40)
     wait_until(lambda: unacked(client, stream, "g") == 0, 30, "batch 0 acked at stop")
+
+
+def test_a_restart_acks_nothing_of_the_logged_batch_it_could_not_commit(
+    spark, client, nats_url, unique, tmp_path
+):
+    """A batch fails in the sink after its tasks took its messages (as a driver killed there
+    leaves it: logged, not committed); the query restarts from its checkpoint and the re-run
+    fails too. Spark 4.0/4.1 call `partitions(latest, latest)` on that restart: when both runs
+    have stopped, only the committed batches are acked."""
+    stream = f"RERUN{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=2)
+    publish(client, stream, 60)
+    committed: list[int] = []
+
+    def sink(batch: Any, batch_id: int) -> None:
+        rows = [int(r.data.decode()) for r in batch.select("data").collect()]
+        if rows and len(committed) >= 40:
+            raise RuntimeError("the sink is down")
+        committed.extend(rows)
+
+    def run_until_it_fails(run: str) -> None:
+        df = source(spark, nats_url, stream, "g", maxMessagesPerTrigger=20)
+        query = foreach_batches(df, sink, tmp_path / "cp")
+        try:
+            wait_until(lambda: query.exception() is not None, 120, f"the {run} run to fail")
+        finally:
+            query.stop()
+        wait_until(lambda: not source_runners(), 90, f"the {run} run's driver side to stop")
+
+    run_until_it_fails("first")
+    run_until_it_fails("restarted")
+    assert len(committed) >= 40 and len(set(committed)) == len(committed)
+    assert unacked(client, stream, "g") == 60 - len(committed), "acked before commit"
 
 
 def test_far_off_trigger_keeps_committed_messages_from_coming_back(client, nats_url, unique):

@@ -1,0 +1,84 @@
+"""What a schedule must keep (DESIGN section 3), checked as it runs and once it is quiet.
+
+- no message in two committed batches;
+- once quiet: every message of the stream in exactly one committed batch, none left unacked;
+- no ack before the batch that emitted the message is committed (its rows are in the sink);
+- a batch run again yields the same rows in the same order (per slot) as every earlier run
+  whose rows could have reached the sink (all its tasks finished);
+- per key (subject), committed rows follow stream order: a goal, not yet a guarantee (DESIGN
+  3.4), so its breaks are kept apart (`order_breaks`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tests.simulation.jetstream import Consumer, Stream
+
+Rows = dict[str, list[int]]  # by slot: stream sequences, in the order emitted
+
+
+@dataclass
+class Observed:
+    stream: Stream
+    key_order: bool  # whether per-key order is promised (not for readers sharing a consumer)
+    sink: dict[int, Rows] = field(default_factory=dict)  # by batch id: what the sink holds
+    runs: dict[int, Rows] = field(default_factory=dict)  # by batch id: its first full run
+    in_sink: dict[int, int] = field(default_factory=dict)  # stream seq -> batch id
+    problems: list[str] = field(default_factory=list)  # broken guarantees
+    order_breaks: list[str] = field(default_factory=list)  # per-key order (a goal)
+
+    def problem(self, kind: str, detail: str) -> None:
+        self.problems.append(f"{kind}: {detail}")
+
+    def full_run(self, batch: int, rows: Rows) -> None:
+        """Every task of a run of `batch` finished with `rows`: they could reach the sink."""
+        rows = {slot: seqs for slot, seqs in rows.items() if seqs}
+        first = self.runs.setdefault(batch, rows)
+        if first != rows:
+            self.problem("re-run differs", f"batch {batch} first emitted {first}, now {rows}")
+
+    def sink_write(self, batch: int, rows: Rows) -> None:
+        """The sink commits `batch` (once: an exactly-once sink skips a batch id it has)."""
+        if batch in self.sink:
+            return
+        self.sink[batch] = rows
+        for seqs in rows.values():
+            for seq in seqs:
+                if seq in self.in_sink:
+                    self.problem(
+                        "emitted twice", f"message {seq} in batches {self.in_sink[seq]} and {batch}"
+                    )
+                else:
+                    self.in_sink[seq] = batch
+
+    def acked(self, consumer: str, seq: int) -> None:
+        if seq not in self.in_sink:
+            self.problem("acked before commit", f"message {seq} of {consumer}")
+
+    def check_quiet(self, consumers: list[Consumer]) -> None:
+        missing = [m.seq for m in self.stream.messages if m.seq not in self.in_sink]
+        if missing:
+            self.problem("not in any committed batch", f"messages {missing}")
+        for consumer in consumers:
+            unacked = sorted(consumer.pending)
+            if unacked or consumer.num_pending():
+                self.problem(
+                    "left unacked",
+                    f"{consumer.name}: ack pending {unacked}, "
+                    f"{consumer.num_pending()} never delivered",
+                )
+        if self.key_order:
+            self._check_key_order()
+
+    def _check_key_order(self) -> None:
+        last: dict[str, int] = {}
+        for batch in sorted(self.sink):
+            for seqs in self.sink[batch].values():
+                for seq in seqs:
+                    key = self.stream.messages[seq - 1].subject
+                    if last.get(key, 0) > seq:
+                        self.order_breaks.append(
+                            f"key order: {key}: message {seq} after {last[key]} (batch {batch})"
+                        )
+                    last[key] = max(last.get(key, 0), seq)

@@ -1,0 +1,441 @@
+"""A simulated JetStream: one stream, a pull consumer per slot, and the client pieces the
+driver and the tasks use (API requests, pulls, acks published on the connection).
+
+The consumer keeps what nats-server does that the protocol rests on: deliveries in stream
+order, redeliveries first once their ack wait ran out, at most `max_ack_pending` unacked, acks
+and `+WPI` matched by stream sequence (whatever delivery's subject they name), an ack floor, and
+a `pinned_client` priority group: a pull with a stale pin id gets 423, one without an id while
+another is pinned waits and gets 408, and the pin is dropped when no pull renewed it for the
+priority timeout. Waiting pulls are served as messages arrive or come due again; a request of a
+crashed participant or a closed pull consumer is not served any more.
+
+Every call the code under test makes is a scheduling point of its participant, before and after
+its effect (an ack published and then a crash before the flush confirms it, for one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats_spark.jetstream.api import StoredMessage
+from nats_spark.jetstream.pull import Deliveries, PullStatus
+from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
+from tests.simulation.scheduler import Participant, Scheduler
+
+STREAM = "S"
+GROUP = "PCG"
+NANOS = 1_000_000_000
+
+
+@dataclass
+class Message:
+    seq: int
+    subject: str
+    time: float
+
+
+@dataclass
+class Delivery:
+    delivered: int  # delivery count
+    consumer_seq: int
+    due: float  # when its ack wait runs out
+
+
+class Stream:
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    @property
+    def last_seq(self) -> int:
+        return len(self.messages)
+
+    def publish(self, subject: str, now: float) -> int:
+        self.messages.append(Message(len(self.messages) + 1, subject, now))
+        return len(self.messages)
+
+
+@dataclass(eq=False)
+class PullRequest:
+    owner: Participant | None
+    batch: int
+    no_wait: bool
+    expires_at: float
+    pin_id: str | None
+    consumer: SimPullConsumer
+    delivered: list[tuple[Message, Delivery]] = field(default_factory=list)
+    served: int = 0
+    status: PullStatus | None = None  # set when the server ended it
+    closed: bool = False
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def live(self) -> bool:
+        owner = self.owner
+        return self.status is None and not self.closed and not (owner is not None and owner.dead)
+
+
+class Consumer:
+    """One durable pull consumer of the stream, filtered to one slot's subjects."""
+
+    def __init__(
+        self,
+        name: str,
+        prefix: str,
+        stream: Stream,
+        ack_wait: float,
+        max_ack_pending: int,
+        pinning: bool = True,
+    ):
+        self.name = name
+        self.prefix = prefix
+        self.stream = stream
+        self.ack_wait = ack_wait
+        self.max_ack_pending = max_ack_pending
+        self.next_seq = 1  # the stream sequence new deliveries look from
+        self.delivered_seq = 0
+        self.consumer_seq = 0
+        self.pending: dict[int, Delivery] = {}
+        self.acked: set[int] = set()
+        self.pinning = pinning  # a `pinned_client` group (else `overflow`: no pins)
+        self.pinned: str | None = None
+        self.pin_renewed = 0.0
+        self.pins = 0
+        self.waiting: list[PullRequest] = []
+
+    @property
+    def priority_timeout(self) -> float:
+        return max(self.ack_wait, 1.0)
+
+    def mine(self, message: Message) -> bool:
+        return message.subject.startswith(self.prefix)
+
+    def num_pending(self) -> int:
+        return sum(1 for m in self.stream.messages[self.next_seq - 1 :] if self.mine(m))
+
+    def ack_floor(self) -> int:
+        return min(self.pending) - 1 if self.pending else self.delivered_seq
+
+    def info(self, now: float) -> dict[str, Any]:
+        self._expire_pin(now)
+        return {
+            "num_pending": self.num_pending(),
+            "num_ack_pending": len(self.pending),
+            "num_waiting": sum(1 for r in self.waiting if r.live()),
+            "ack_floor": {"stream_seq": self.ack_floor()},
+            "delivered": {"stream_seq": self.delivered_seq},
+            "config": {
+                "ack_wait": int(self.ack_wait * NANOS),
+                "max_ack_pending": self.max_ack_pending,
+            },
+            "priority_groups": [{"group": GROUP, "pinned_client_id": self.pinned or ""}],
+        }
+
+    def _expire_pin(self, now: float) -> None:
+        if self.pinned is not None and now - self.pin_renewed > self.priority_timeout:
+            self.pinned = None
+
+    def request(self, request: PullRequest, now: float) -> None:
+        """A pull request arrives."""
+        self._expire_pin(now)
+        if self.pinned is not None and request.pin_id not in (None, self.pinned):
+            request.status = PullStatus.PIN_MISMATCH
+            request.arrived.set()
+            return
+        self.waiting.append(request)
+        self.serve(now)
+
+    def serve(self, now: float) -> None:
+        """Serve the waiting requests in order: redeliveries first, then new messages."""
+        self._expire_pin(now)
+        for request in list(self.waiting):
+            if not request.live():
+                self.waiting.remove(request)
+                continue
+            if self.pinned is not None and request.pin_id != self.pinned:
+                continue  # waits, as a pull without the pin does, until it expires
+            while request.served < request.batch:
+                found = self._next(now)
+                if found is None:
+                    break
+                if self.pinned is None and self.pinning:
+                    self.pins += 1
+                    self.pinned = f"pin-{self.name[-1]}-{self.pins}"
+                    request.pin_id = self.pinned
+                self.pin_renewed = now
+                request.delivered.append(found)
+                request.served += 1
+            if request.delivered:
+                request.arrived.set()
+            if request.served >= request.batch:
+                request.status = PullStatus.BATCH_COMPLETE
+            elif request.no_wait:
+                request.status = PullStatus.TIMEOUT if request.served else PullStatus.NO_MESSAGES
+            elif now >= request.expires_at:
+                request.status = PullStatus.TIMEOUT
+            if request.status is not None:
+                self.waiting.remove(request)
+                request.arrived.set()
+
+    def _next(self, now: float) -> tuple[Message, Delivery] | None:
+        for seq in sorted(self.pending):
+            delivery = self.pending[seq]
+            if delivery.due <= now:
+                return self._deliver(self.stream.messages[seq - 1], delivery.delivered + 1, now)
+        if len(self.pending) >= self.max_ack_pending:
+            return None
+        for message in self.stream.messages[self.next_seq - 1 :]:
+            self.next_seq = message.seq + 1
+            if self.mine(message):
+                self.delivered_seq = message.seq
+                return self._deliver(message, 1, now)
+        return None
+
+    def _deliver(self, message: Message, count: int, now: float) -> tuple[Message, Delivery]:
+        self.consumer_seq += 1
+        delivery = Delivery(count, self.consumer_seq, now + self.ack_wait)
+        self.pending[message.seq] = delivery
+        return message, delivery
+
+    def ack(self, seq: int) -> bool:
+        """Whether the ack took a pending message off."""
+        if self.pending.pop(seq, None) is None:
+            return False
+        self.acked.add(seq)
+        return True
+
+    def in_progress(self, seq: int, now: float) -> None:
+        if seq in self.pending:
+            self.pending[seq].due = now + self.ack_wait
+
+    def events(self) -> list[float]:
+        """When serving may change: a waiting pull expires, or a message comes due for one."""
+        waiting = [r.expires_at for r in self.waiting if r.live() and not r.no_wait]
+        if not waiting:
+            return []
+        return waiting + [d.due for d in self.pending.values()]
+
+
+def reply_of(consumer: str, message: Message, delivery: Delivery, pending: int) -> bytes:
+    return b"$JS.ACK.%b.%b.%d.%d.%d.%d.%d" % (
+        STREAM.encode(),
+        consumer.encode(),
+        delivery.delivered,
+        message.seq,
+        delivery.consumer_seq,
+        int(message.time * NANOS),
+        pending,
+    )
+
+
+class Server:
+    """The stream and its consumers; `acked` hears of every ack that took a message off."""
+
+    def __init__(self, sched: Scheduler, consumers: list[Consumer], stream: Stream) -> None:
+        self.sched = sched
+        self.stream = stream
+        self.consumers = {c.name: c for c in consumers}
+        self.on_ack: list[Any] = []
+
+    def now(self) -> float:
+        return self.sched.now
+
+    def serve(self) -> None:
+        for consumer in self.consumers.values():
+            consumer.serve(self.now())
+
+    async def run(self, until: asyncio.Event) -> None:
+        """Ack waits run out and waiting pulls expire as time passes: serve at those times."""
+        while not until.is_set():
+            now = self.now()
+            events = [e for c in self.consumers.values() for e in c.events() if e > now]
+            await asyncio.sleep(min(min(events, default=now + 5.0) - now, 5.0) + 0.001)
+            self.serve()
+
+    def publish_commands(self, command: bytes) -> None:
+        lines = command.split(b"\r\n")
+        for header, body in zip(lines[0::2], lines[1::2], strict=False):
+            if not header.startswith(b"PUB "):
+                continue
+            tokens = header.split(b" ")[1].split(b".")
+            consumer = self.consumers[tokens[3].decode()]
+            seq = int(tokens[5])
+            if body == b"+ACK":
+                if consumer.ack(seq):
+                    for hear in self.on_ack:
+                        hear(consumer.name, seq)
+            elif body == b"+WPI":
+                consumer.in_progress(seq, self.now())
+        self.serve()
+
+
+class SimNc:
+    """What the ack publishing (`publish_acks`) uses of a nats-py connection."""
+
+    def __init__(self, client: SimClient) -> None:
+        self.client = client
+        self.is_closed = False
+
+    async def _send_command(self, command: bytes) -> None:
+        await self.client.sched.point("publish acks")
+        self.client.server.publish_commands(command)
+
+    async def _flush_pending(self, force_flush: bool = False) -> None:
+        return None
+
+    async def flush(self, timeout: float = 0) -> None:
+        await self.client.sched.point("flush")
+
+
+class SimApi:
+    def __init__(self, client: SimClient) -> None:
+        self.client = client
+
+    async def stream_info(self, stream: str) -> StreamInfo:
+        await self.client.sched.point("stream info")
+        last = self.client.server.stream.last_seq
+        return StreamInfo({"state": {"first_seq": 1, "last_seq": last}, "config": {}})
+
+    async def consumer_info(self, stream: str, consumer: str) -> ConsumerInfo:
+        server = self.client.server
+        await self.client.sched.point(f"consumer info {consumer}")
+        return ConsumerInfo(server.consumers[consumer].info(server.now()))
+
+    async def get_message(self, stream: str, seq: int) -> StoredMessage:
+        await self.client.sched.point(f"get message {seq}")
+        message = self.client.server.stream.messages[seq - 1]  # the stream never drops any
+        return StoredMessage(message.subject, seq, b"", None, _rfc3339(message.time))
+
+
+def _rfc3339(at: float) -> str:
+    nanos = int(at * NANOS)
+    seconds, fraction = divmod(nanos, NANOS)
+    minutes, second = divmod(seconds, 60)
+    hours, minute = divmod(minutes, 60)
+    return f"2026-01-01T{hours % 24:02d}:{minute:02d}:{second:02d}.{fraction:09d}Z"
+
+
+class SimPullConsumer:
+    """What a slot's task uses of `PullConsumer`."""
+
+    def __init__(self, client: SimClient, consumer: Consumer, pin_id: str | None) -> None:
+        self.client = client
+        self.consumer = consumer
+        self.pin_id = pin_id
+        self.requests: list[PullRequest] = []
+
+    async def pull(
+        self, batch: int, *, expires: float = 5.0, no_wait: bool = False, **_: Any
+    ) -> SimPull:
+        sched = self.client.sched
+        await sched.point(f"pull {batch} from {self.consumer.name}")
+        request = PullRequest(
+            sched.current(), batch, no_wait, self.client.server.now() + expires, self.pin_id, self
+        )
+        self.requests.append(request)
+        self.consumer.request(request, self.client.server.now())
+        return SimPull(self, request, self.client.server.now() + expires + 5.0)
+
+    def take(self, request: PullRequest) -> Deliveries:
+        """What the request delivered since last taken, as the connection's parser hands it."""
+        chunk = Deliveries()
+        pending = len(self.consumer.pending)
+        for message, delivery in request.delivered:
+            chunk.subjects.append(message.subject.encode())
+            chunk.replies.append(reply_of(self.consumer.name, message, delivery, pending))
+            chunk.data.append(b"")
+            chunk.headers.append(None)
+        if request.delivered and request.pin_id:
+            self.pin_id = request.pin_id
+        request.delivered = []
+        request.arrived.clear()
+        return chunk
+
+    async def settle(self, patience: float) -> Deliveries:
+        late = Deliveries()
+        for request in self.requests:
+            if request.status is None and not request.closed:
+                await _until_arrival(request, self.client.server.now() + patience)
+            late.extend(self.take(request))
+        self.client.server.serve()
+        return late
+
+    async def close(self) -> None:
+        for request in self.requests:
+            request.closed = True
+
+
+async def _until_arrival(request: PullRequest, deadline: float) -> bool:
+    """Wait for the request's next deliveries or its end; False when `deadline` came first."""
+    server = request.consumer.client.server
+    wait = deadline - server.now()
+    if wait <= 0:
+        return False
+    try:
+        await asyncio.wait_for(request.arrived.wait(), wait)
+    except TimeoutError:
+        return False
+    return True
+
+
+class SimPull:
+    """What a slot's task uses of `Pull`: chunks of deliveries, then why it ended."""
+
+    def __init__(self, consumer: SimPullConsumer, request: PullRequest, deadline: float) -> None:
+        self.consumer = consumer
+        self.request = request
+        self.deadline = deadline
+        self.received = 0
+        self.done = False
+        self.status = PullStatus.BATCH_COMPLETE
+
+    def __aiter__(self) -> AsyncIterator[Deliveries]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[Deliveries]:
+        request, sched = self.request, self.consumer.client.sched
+        while not self.done:
+            if request.delivered:
+                chunk = self.consumer.take(request)
+                self.received += len(chunk)
+                self._end_if_over()
+                await sched.point("deliveries arrive")
+                yield chunk
+                continue
+            if self._end_if_over():
+                break
+            if not await _until_arrival(request, self.deadline):
+                self.status, self.done = PullStatus.CLIENT_TIMEOUT, True
+            await sched.point("pull wakes")
+
+    def _end_if_over(self) -> bool:
+        request = self.request
+        if request.status is not None and not request.delivered:
+            self.status, self.done = request.status, True
+            if request.status is PullStatus.PIN_MISMATCH:
+                self.consumer.pin_id = None
+        return self.done
+
+
+class SimClient:
+    """What the driver and the tasks use of `NatsClient`, for one participant."""
+
+    def __init__(self, sched: Scheduler, server: Server) -> None:
+        self.sched = sched
+        self.server = server
+        self.nc = SimNc(self)
+        self.api = SimApi(self)
+        self.denied: list[str] = []
+        self.usable = True
+
+    def pull_consumer(
+        self, stream: str, consumer: str, group: str | None = None, pin_id: str | None = None
+    ) -> SimPullConsumer:
+        return SimPullConsumer(self, self.server.consumers[consumer], pin_id)
+
+    async def close(self) -> None:
+        self.usable = False
+
+    async def discard(self) -> None:
+        self.usable = False

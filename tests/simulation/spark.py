@@ -1,0 +1,207 @@
+"""A simulated Spark driver running the source: its checkpoint (offset log, commit log), the
+call orders of Spark 4.0/4.1 and of 4.2+, batches of tasks with retries, and the sink.
+
+What Spark calls, in order (MicroBatchExecution, PythonMicroBatchStream*, read from Spark's
+source):
+- at (re)start, with an offset log: 4.0/4.1 call `setLatestSeenOffset(<latest logged>)`, which
+  PythonMicroBatchStream turns into the reader's `partitions(latest, latest)`; 4.2+ do not. An
+  uncommitted logged batch is then run again with `partitions(<the logged batch before it, or
+  initialOffset()>, <logged>)`, without a new offset log entry and without `commit`.
+- each trigger: 4.2+ call `latestOffset(start, limit)` with the last committed offset (or
+  `initialOffset()`); 4.0/4.1 `latestOffset()` with no start. An offset equal to the committed
+  one means no batch. Otherwise the offset is logged, `commit(<previous>)` follows (only then),
+  and the batch runs with `partitions(<previous, or initialOffset()>, <new>)`.
+- availableNow: 4.2+ call `prepareForTriggerAvailableNow` and run batches until the offset stops
+  changing. On 4.0/4.1 Spark wraps the source (AvailableNowDataStreamWrapper): at query start,
+  before `setLatestSeenOffset`, it fetches `latestOffset()` once, and every trigger answers
+  that (one batch); each trigger still calls the source's `latestOffset()` for progress
+  (`reportLatestOffset`), and `initialOffset()` while nothing is committed.
+- the sink writes a batch, then the commit log records it. A task attempt that fails or is lost
+  is retried (four attempts); a failed batch fails the query, and Spark stops the source. A
+  query may also be stopped while a batch runs: the source is stopped, tasks run on a while.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nats_spark.spark.group_source.offset_reader import OffsetReader
+from nats_spark.spark.group_source.offsets import SourceOffset
+from nats_spark.spark.group_source.slot_partition import SlotPartition
+from tests.simulation.scheduler import Crashed, Lost, Participant
+
+if TYPE_CHECKING:
+    from tests.simulation.world import World
+
+V40 = "4.0/4.1"
+V42 = "4.2+"
+PROCESSING = "processingTime"
+AVAILABLE_NOW = "availableNow"
+TASK_ATTEMPTS = 4
+
+
+class QueryFailed(Exception):
+    pass
+
+
+@dataclass
+class Checkpoint:
+    offsets: dict[int, str] = field(default_factory=dict)  # batch id -> offset JSON
+    commits: set[int] = field(default_factory=set)
+
+
+def _json(offset: SourceOffset) -> str:
+    return json.dumps(offset.to_json(), sort_keys=True)
+
+
+def _offset(logged: str) -> SourceOffset:
+    return SourceOffset.from_json(logged)
+
+
+def _through_json(offset: SourceOffset) -> SourceOffset:
+    """What the reader gets back from Spark: the offset as Spark stored it."""
+    return _offset(_json(offset))
+
+
+@dataclass
+class Query:
+    """One run of the query: a driver process from its start to its stop (or kill -9)."""
+
+    world: World
+    version: str
+    trigger: str
+    stop_at: float  # virtual time after which the query is stopped between batches
+    participant: Participant | None = None
+    idle: int = 0  # triggers in a row that planned no batch
+    stopping: bool = False  # a stop interrupted a batch
+
+    async def run(self) -> str:
+        world = self.world
+        reader = world.new_driver()
+        try:
+            outcome = await self._stream(reader)
+        except QueryFailed as failure:
+            world.sched.note(f"query fails: {failure}")
+            outcome = "failed"
+        await world.sched.point("stop: the source's close")
+        await reader.close()
+        world.sched.note(f"query ends ({outcome})")
+        return outcome
+
+    async def _stream(self, reader: OffsetReader) -> str:
+        world, checkpoint = self.world, self.world.checkpoint
+        last = max(checkpoint.offsets, default=None)
+        wrapped = self.trigger == AVAILABLE_NOW and self.version == V40
+        fetched = await self._call(reader.latest_offset(None, None)) if wrapped else None
+        if last is not None and self.version == V40:
+            latest = _offset(checkpoint.offsets[last])
+            world.sched.note(f"setLatestSeenOffset(batch {last}: gen {latest.gen})")
+            await self._call(reader.partitions(latest, latest))
+        if self.trigger == AVAILABLE_NOW and self.version == V42:
+            await self._call(reader.prepare_available_now())
+        if last is not None and last not in checkpoint.commits:
+            start = await self._start(reader, last)
+            await self._batch(reader, last, start, _offset(checkpoint.offsets[last]))
+        batch = 0 if last is None else last + 1
+        while world.sched.now < self.stop_at:
+            committed = checkpoint.offsets.get(batch - 1)
+            if self.version == V42:
+                start = _offset(committed) if committed else await self._initial(reader)
+                latest = await self._call(reader.latest_offset(start, None))
+            elif fetched is not None:
+                if not committed:
+                    await self._initial(reader)
+                latest = fetched
+                await self._call(reader.latest_offset(None, None))  # reportLatestOffset
+            else:
+                latest = await self._call(reader.latest_offset(None, None))
+            if committed is not None and _json(latest) == committed:
+                if self.trigger == AVAILABLE_NOW:
+                    return "done"
+                self.idle += 1
+                await asyncio.sleep(world.trigger_interval)
+                continue
+            self.idle = 0
+            await world.sched.point(f"write offset log {batch}")
+            checkpoint.offsets[batch] = _json(latest)
+            world.sched.note(f"offset log {batch}: gen {latest.gen} {_slots(latest)}")
+            if committed is not None:
+                await self._call(reader.commit(_offset(committed)))
+            start = await self._start(reader, batch)
+            await self._batch(reader, batch, start, _through_json(latest))
+            batch += 1
+            await asyncio.sleep(world.trigger_interval * world.sched.rng.random())
+        return "stopped"
+
+    async def _start(self, reader: OffsetReader, batch: int) -> SourceOffset:
+        before = self.world.checkpoint.offsets.get(batch - 1)
+        return _offset(before) if before else await self._initial(reader)
+
+    async def _initial(self, reader: OffsetReader) -> SourceOffset:
+        return _through_json(await self._call(reader.initial_offset()))
+
+    async def _call(self, call: Any) -> Any:
+        """A call into the source; an error there fails the query, as in Spark."""
+        try:
+            return await call
+        except Exception as error:
+            raise QueryFailed(f"the source raised {type(error).__name__}: {error}") from error
+
+    async def _batch(
+        self, reader: OffsetReader, batch: int, start: SourceOffset, end: SourceOffset
+    ) -> None:
+        world = self.world
+        partitions = await self._call(reader.partitions(start, end))
+        world.sched.note(
+            f"batch {batch} (gen {start.gen}->{end.gen}): "
+            + ", ".join(f"{p.slot} limit {p.limit} acks {list(p.committed)}" for p in partitions)
+        )
+        running = asyncio.gather(*(self._task(batch, p) for p in partitions))
+        if world.sched.rng.random() < world.sink_failure / 2:  # stopped while its tasks run
+            await asyncio.sleep(world.sched.rng.uniform(0, world.setup.ack_wait / 2))
+            if not running.done():
+                self.stopping = True  # no more task attempts; the running ones go on a while
+                running.add_done_callback(lambda done: done.cancelled() or done.exception())
+                raise QueryFailed(f"the query was stopped during batch {batch}")
+        results = await running
+        rows = {p.slot: r for p, r in zip(partitions, results, strict=True) if r}
+        world.observed.full_run(batch, rows)
+        await world.sched.point(f"sink writes batch {batch}")
+        if world.sched.rng.random() < world.sink_failure:
+            raise QueryFailed(f"the sink failed to write batch {batch}")
+        world.observed.sink_write(batch, rows)
+        world.sched.note(f"sink has batch {batch}: {rows}")
+        await world.sched.point(f"write commit log {batch}")
+        world.checkpoint.commits.add(batch)
+        world.sched.note(f"commit log {batch}")
+
+    async def _task(self, batch: int, partition: SlotPartition) -> list[int]:
+        sched = self.world.sched
+        for attempt in range(TASK_ATTEMPTS):
+            await sched.point(f"start task {partition.slot} of batch {batch}")
+            if self.stopping:
+                raise QueryFailed("stopped")
+            task = sched.spawn(
+                f"b{batch}/{partition.slot}#{attempt}",
+                "task",
+                self.world.task(partition),
+                parent=sched.current(),
+            )
+            try:
+                rows: list[int] = await task.finished
+            except (Crashed, Lost):
+                await sched.point("task attempt gone")
+                continue
+            except Exception as error:
+                await sched.point(f"task attempt failed: {type(error).__name__}")
+                continue
+            await sched.point("task result")
+            return rows
+        raise QueryFailed(f"task {partition.slot} of batch {batch} failed {TASK_ATTEMPTS} times")
+
+
+def _slots(offset: SourceOffset) -> str:
+    return str({name: plan.limit for name, plan in offset.slots.items()})

@@ -1,0 +1,292 @@
+"""One schedule: a world (stream, consumers, ledger bucket, checkpoint, sink) drawn from a seed,
+a chaotic phase (publishing, query runs of one Spark version that crash, fail, stop and restart,
+tasks killed and lost, lost compare-and-set answers, sink failures, stalls past the ack
+wait), then a quiet one (no faults: the query runs until the stream is idle, then stops), and
+the invariants (`invariants.py`) checked throughout and at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from nats_spark.spark.group_source import slot_history
+from nats_spark.spark.group_source.ledger import Ledger
+from nats_spark.spark.group_source.offset_reader import OffsetReader
+from nats_spark.spark.group_source.partition_reader import SlotReader, slot_batches
+from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.group_source.targets import Held, Slot
+from nats_spark.spark.shared.options import parse_options
+from tests.memory_bucket import MemoryBucket
+from tests.simulation.invariants import Observed
+from tests.simulation.jetstream import GROUP, STREAM, Consumer, Server, SimClient, Stream
+from tests.simulation.scheduler import Chaos, Crashed, Scheduler, run
+from tests.simulation.spark import AVAILABLE_NOW, PROCESSING, V40, V42, Checkpoint, Query
+
+SLOTS = 2
+KEYS = 3  # per slot
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a seed draws before the schedule starts."""
+
+    version: str
+    ack_wait: float
+    messages: int
+    max_ack_pending: int
+    per_batch: int  # maxMessagesPerPartition
+    fetch_batch: int
+    chaos: Chaos
+    lost_answer: float  # chance a compare-and-set write answers as a conflict
+    sink_failure: float
+    trigger_interval: float  # of processingTime runs: how often an idle query looks again
+    shared: bool  # both slots read one overflow consumer (siblings), not a partition each
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Setup:
+        faulty = rng.random() < 0.85
+        return cls(
+            version=rng.choice((V40, V42)),
+            ack_wait=rng.choice((4.0, 30.0)),
+            messages=rng.randint(6, 30),
+            max_ack_pending=rng.choice((3, 8, 1000)),
+            per_batch=rng.choice((2, 5, 50)),
+            fetch_batch=rng.choice((1, 3, 16)),
+            chaos=Chaos(
+                driver_crash=rng.choice((0.0, 0.003, 0.01, 0.03)) if faulty else 0.0,
+                task_crash=rng.choice((0.0, 0.005, 0.02)) if faulty else 0.0,
+                task_lost=rng.choice((0.0, 0.005, 0.02)) if faulty else 0.0,
+                stall=rng.choice((0.0, 0.002, 0.01)) if faulty else 0.0,
+                crashes=rng.randint(1, 4),
+            ),
+            lost_answer=rng.choice((0.0, 0.02, 0.1)) if faulty else 0.0,
+            sink_failure=rng.choice((0.0, 0.05, 0.2)) if faulty else 0.0,
+            trigger_interval=rng.choice((1.0, 3.0, 10.0)),
+            shared=rng.random() < 0.25,
+        )
+
+
+class SimBucket:
+    """A participant's handle on the ledger bucket: every call is a scheduling point."""
+
+    def __init__(self, store: MemoryBucket, sched: Scheduler) -> None:
+        self.store = store
+        self.sched = sched
+        self.name = store.name
+
+    async def _call(self, what: str, call: Callable[[], Any]) -> Any:
+        await self.sched.point(what)
+        result = await call()
+        await self.sched.point(f"{what}: answered")
+        return result
+
+    async def get(self, key: str) -> Any:
+        return await self._call(f"kv get {key}", lambda: self.store.get(key))
+
+    async def create(self, key: str, value: bytes) -> int:
+        return await self._call(f"kv create {key}", lambda: self.store.create(key, value))
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        return await self._call(f"kv update {key}", lambda: self.store.update(key, value, last))
+
+    async def put(self, key: str, value: bytes) -> int:
+        return await self._call(f"kv put {key}", lambda: self.store.put(key, value))
+
+    async def remove(self, key: str) -> None:
+        await self._call(f"kv remove {key}", lambda: self.store.remove(key))
+
+    async def keys_matching(self, pattern: str) -> list[str]:
+        return await self._call(f"kv keys {pattern}", lambda: self.store.keys_matching(pattern))
+
+
+class Target:
+    """The group's slots, fixed: a partition per slot, each with its own consumer."""
+
+    layout = None
+    warning = None
+
+    def __init__(self, slots: list[Slot]) -> None:
+        self.slots = slots
+
+    async def resolve(self, client: Any, held: Held) -> list[Slot]:
+        return self.slots
+
+    def slot_named(self, name: str) -> Slot:
+        return next(slot for slot in self.slots if slot.name == name)
+
+
+@dataclass
+class World:
+    seed: int
+    setup: Setup
+    sched: Scheduler
+    stream: Stream = field(default_factory=Stream)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    bucket: MemoryBucket = field(default_factory=MemoryBucket)
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        setup = self.setup
+        waits, capacity = setup.ack_wait, setup.max_ack_pending
+        if setup.shared:  # a plain priority-group consumer read by two slots
+            self.consumers = [Consumer("c", "S.", self.stream, waits, capacity, pinning=False)]
+            self.slots = [
+                Slot(f"c#{i}", STREAM, "c", GROUP, "overflow", None, False, readers=SLOTS)
+                for i in range(SLOTS)
+            ]
+            target = {"consumer": "c", "numPartitions": str(SLOTS)}
+        else:  # a partitioned group's partitions, a consumer each
+            self.consumers = [
+                Consumer(f"g-partition-{p}", f"S.p{p}.", self.stream, waits, capacity)
+                for p in range(SLOTS)
+            ]
+            self.slots = [
+                Slot(f"partition-{p}", STREAM, c.name, GROUP, "pinned_client", "m1", False)
+                for p, c in enumerate(self.consumers)
+            ]
+            target = {"group": "g", "ackWait": str(setup.ack_wait)}
+        self.server = Server(self.sched, self.consumers, self.stream)
+        self.observed = Observed(self.stream, key_order=not setup.shared)
+        self.server.on_ack.append(self.observed.acked)
+        self.server.on_ack.append(lambda consumer, seq: self.sched.note(f"acks {seq}"))
+        self.options = parse_options(
+            {
+                "servers": "nats://127.0.0.1:1",
+                "stream": STREAM,
+                **target,
+                "maxMessagesPerPartition": str(setup.per_batch),
+                "fetchBatchSize": str(setup.fetch_batch),
+            }
+        )
+        self.bucket.lost_answer = self._lost_answer
+        self.trigger_interval = setup.trigger_interval
+
+    @property
+    def sink_failure(self) -> float:
+        return 0.0 if self.quiet else self.setup.sink_failure
+
+    def _lost_answer(self, key: str) -> bool:
+        if self.quiet or self.sched.rng.random() >= self.setup.lost_answer:
+            return False
+        self.sched.note(f"the answer to the write of {key} is lost (it was retried)")
+        return True
+
+    def bucket_view(self) -> SimBucket:
+        return SimBucket(self.bucket, self.sched)
+
+    def new_driver(self) -> OffsetReader:
+        reader = OffsetReader(self.options)
+        reader.client = SimClient(self.sched, self.server)  # type: ignore[assignment]
+        reader.ledger.attach(self.bucket_view())
+        reader.target = Target(self.slots)  # type: ignore[assignment]
+        return reader
+
+    async def task(self, partition: SlotPartition) -> list[int]:
+        """One task attempt of a slot: Spark's `read`, its rows' stream sequences."""
+        client = SimClient(self.sched, self.server)
+        reader = SlotReader(partition, client=client)  # type: ignore[arg-type]
+        reader.entry.ledger = Ledger(self.bucket_view(), partition.lineage)
+        rows: list[int] = []
+        async for batch in slot_batches(reader):
+            rows += batch.column("stream_seq").to_pylist()
+            await self.sched.point("rows handed to Spark")
+        return rows
+
+    async def publish(self, count: int, over: float) -> None:
+        rng = self.sched.rng
+        for _i in range(count):
+            await asyncio.sleep(rng.expovariate(count / over))
+            slot, key = rng.randrange(SLOTS), rng.randrange(KEYS)
+            seq = self.stream.publish(f"S.p{slot}.k{key}", self.sched.now)
+            self.sched.note(f"publish {seq} on S.p{slot}.k{key}")
+            self.server.serve()
+
+    async def main(self) -> None:
+        setup, sched = self.setup, self.sched
+        chaos_time = 8 * setup.ack_wait
+        ticking = asyncio.Event()
+        server = asyncio.ensure_future(self.server.run(ticking))
+        publishing = asyncio.ensure_future(self.publish(setup.messages, chaos_time * 0.7))
+        runs = 0
+        while sched.now < chaos_time or not publishing.done():
+            runs += 1
+            trigger = sched.rng.choice((PROCESSING, PROCESSING, AVAILABLE_NOW))
+            stop_at = sched.now + sched.rng.uniform(0.5, 4) * setup.ack_wait
+            await self.run_query(runs, trigger, stop_at)
+            await asyncio.sleep(sched.rng.uniform(0, setup.ack_wait))
+        self.quiet = True
+        sched.chaos.enabled = False
+        sched.note("quiet: no more faults; the query runs until the stream is idle")
+        await self.run_query(runs + 1, PROCESSING, sched.now + 40 * setup.ack_wait, quiet=True)
+        ticking.set()
+        await server
+        self.observed.check_quiet(self.consumers)
+
+    async def run_query(
+        self, number: int, trigger: str, stop_at: float, quiet: bool = False
+    ) -> None:
+        query = Query(self, self.setup.version, trigger, stop_at)
+        if quiet:
+            query.stop_at = float("inf")
+        participant = self.sched.spawn(f"driver#{number}", "driver", self._drive(query, quiet))
+        self.sched.note(f"query run {number}: Spark {self.setup.version}, {trigger}")
+        with contextlib.suppress(Crashed):
+            await participant.finished
+
+    async def _drive(self, query: Query, quiet: bool) -> str:
+        if quiet:
+            asyncio.ensure_future(self._stop_when_idle(query))
+        return await query.run()
+
+    async def _stop_when_idle(self, query: Query) -> None:
+        """Stop the last run once it has been idle a while with nothing left to ack."""
+        limit = self.sched.now + 30 * self.setup.ack_wait
+        while self.sched.now < limit:
+            await asyncio.sleep(1.0)
+            drained = all(not c.pending and not c.num_pending() for c in self.consumers)
+            if query.idle >= 2 and drained:
+                break
+        query.stop_at = self.sched.now
+
+
+@dataclass
+class Result:
+    seed: int
+    setup: Setup
+    problems: list[str]
+    order_breaks: list[str]
+    trace: list[str]
+    steps: int
+
+
+def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
+    """Run the schedule of `seed`; `overrides` replace what it drew of the setup (the same draws
+    follow, so the schedule is the same up to where the change matters), e.g. lost_answer=0
+    to see whether lost compare-and-set answers are what breaks it."""
+    rng = random.Random(seed)
+    setup = replace(Setup.draw(rng), **overrides)
+    sched = Scheduler(rng, replace(setup.chaos), setup.ack_wait, verbose=verbose)
+    world = World(seed, setup, sched)
+    previous_seen, previous_uuid4 = slot_history._seen, uuid.uuid4
+    slot_history._seen = slot_history._SeenEntries()  # a worker process of this world's own
+    ids = random.Random(seed)  # lineages and attempt ids, the same on every run of the seed
+    uuid.uuid4 = lambda: uuid.UUID(int=ids.getrandbits(128), version=4)
+    logger = logging.getLogger("nats_spark")
+    previous_level = logger.level
+    logger.setLevel(logging.DEBUG if verbose else logging.CRITICAL)
+    try:
+        run(world.main())
+    except Exception as error:  # the harness or the code under test broke the schedule
+        world.observed.problem("schedule failed", f"{type(error).__name__}: {error}")
+    finally:
+        slot_history._seen, uuid.uuid4 = previous_seen, previous_uuid4
+        logger.setLevel(previous_level)
+    observed = world.observed
+    return Result(seed, setup, observed.problems, observed.order_breaks, sched.trace, sched.steps)
