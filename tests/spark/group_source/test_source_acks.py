@@ -100,6 +100,7 @@ def test_a_failed_query_acks_its_committed_batch_at_stop(spark, client, nats_url
     wait_until(lambda: unacked(client, stream, "g") == 0, 30, "batch 0 acked at stop")
 
 
+@pytest.mark.compat
 def test_a_restart_acks_nothing_of_the_logged_batch_it_could_not_commit(
     spark, client, nats_url, unique, tmp_path
 ):
