@@ -2,10 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test check test-compat demo lint clean
-
-COMPAT_VENV := .venv-compat
-SOURCE_TESTS := $(addprefix tests/spark/group_source/,test_source_groups.py test_source_replay.py test_source_pins.py test_source_errors.py test_source_recovery.py)
+.PHONY: test check test-main test-compat demo lint clean
 
 # The default editable install puts the checkout on sys.path (see package-dir in pyproject.toml),
 # so Spark's lookup of top-level pyspark_* modules finds pyspark_nats_pcg and pyspark_nats.
@@ -29,24 +26,36 @@ check: $(VENV)/.test-installed
 	$(BIN)/mypy nats_spark
 	$(BIN)/python -m pytest -q -m unit
 
-# The rest, after check: two workers, a test module each at a time (each worker starts its own
+# The rest, after check, on the newest Spark, then the tests marked `compat` on the older Sparks
+# users run (test-compat). Two workers, a test module each at a time (each worker starts its own
 # nats-server and Spark sessions): the suite waits on servers and JVMs more than it computes.
-test: check
+test: check test-main test-compat
+
+test-main: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not unit"
 
 demo: $(VENV)/.server-installed
 	$(BIN)/python -m nats_spark.demo
 
-# The source tests on the oldest supported Spark (4.0.x), in a venv of their own.
-$(COMPAT_VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(COMPAT_VENV)
-	$(COMPAT_VENV)/bin/python -m pip install -q --upgrade pip
-	$(COMPAT_VENV)/bin/pip install -q -e '.[test]' 'pyspark>=4.0,<4.1'
+# The Sparks of Databricks 17.3 LTS (4.0) and 18 LTS (4.1), each at its newest patch release in a
+# venv of its own (.venv-spark4.0, ...), with this checkout installed editable. Only the tests
+# marked `compat` run there: those that start Spark (a session or a job) to check the faults,
+# recovery, exactly once and the notebooks; a test without Spark runs the same code on any.
+COMPAT_SPARKS := 4.0 4.1
+COMPAT_RUNS := $(addprefix test-spark,$(COMPAT_SPARKS))
+.PHONY: $(COMPAT_RUNS)
+
+.venv-spark%/.test-installed: pyproject.toml
+	$(PYTHON) -m venv .venv-spark$*
+	.venv-spark$*/bin/python -m pip install -q --upgrade pip
+	.venv-spark$*/bin/pip install -q -e '.[test]' 'pyspark~=$*.0'
 	touch $@
 
-test-compat: $(COMPAT_VENV)/.installed
-	$(COMPAT_VENV)/bin/python -c 'import pyspark; print("pyspark", pyspark.__version__)'
-	$(COMPAT_VENV)/bin/python -m pytest -q $(SOURCE_TESTS)
+test-compat: $(COMPAT_RUNS)
+
+$(COMPAT_RUNS): test-spark%: .venv-spark%/.test-installed
+	.venv-spark$*/bin/python -c 'import pyspark; print("pyspark", pyspark.__version__)'
+	.venv-spark$*/bin/python -m pytest -q -n 2 --dist loadfile -m compat
 
 # Throughput, latency, commit time and memory on an embedded server; see bench/run.py --help.
 .PHONY: bench
@@ -67,7 +76,7 @@ lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) .venv-spark* build dist *.egg-info
 
 # The ack-ledger simulation over a seed range (the unit lane runs a few hundred seeds); a failing
 # seed is reproduced, with its schedule, by `python -m tests.simulation --seed <n> --verbose`.

@@ -154,6 +154,7 @@ def test_committed_without_outputs(name: str) -> None:
             assert not cell.outputs and cell.execution_count is None, f"clear the outputs of {name}"
 
 
+@pytest.mark.compat
 def test_quickstart_with_its_own_server(runs: Runs) -> None:
     text = printed(runs.quickstart.result(300))
     per_member = line_json(text, "rows per member")
@@ -183,6 +184,7 @@ def test_quickstart_with_its_own_server(runs: Runs) -> None:
         pass  # the last cell stopped the server
 
 
+@pytest.mark.compat
 def test_databricks_notebook_outside_databricks_with_auth(runs: Runs) -> None:
     notebook = runs.databricks.result(300)
     install = next(c for c in notebook.cells if c.cell_type == "code" and "%pip" in c.source)

@@ -27,6 +27,7 @@ def main(url: str, stream: str, out: str, checkpoint: str, kill_at: str, trigger
     from pyspark.sql.functions import col, udf
 
     from nats_spark.spark.group_source.source import NatsPcgDataSource
+    from nats_spark.spark.registration import register_source
     from nats_spark.spark.shared.options import parse_duration
 
     group = os.getpgid(0)  # the session the test started: this process and the JVM
@@ -43,7 +44,7 @@ def main(url: str, stream: str, out: str, checkpoint: str, kill_at: str, trigger
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(NatsPcgDataSource)
+    register_source(spark, NatsPcgDataSource)  # Spark 4.0/4.1 refuse it if found by themselves
     df = (
         spark.readStream.format("nats-pcg")
         .option("servers", url)

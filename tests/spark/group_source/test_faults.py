@@ -107,6 +107,7 @@ def own(server: EmbeddedServer) -> Iterator[Blocking[NatsClient]]:
 # --- NATS server kill -9 ----------------------------------------------------------------------
 
 
+@pytest.mark.compat
 def test_server_killed_during_and_between_batches(spark, server, own, unique, tmp_path):
     stream = f"SK{unique}"
     static_group(own, stream, "g", ["m1", "m2"], partitions=4)
@@ -129,6 +130,7 @@ def test_server_killed_during_and_between_batches(spark, server, own, unique, tm
     assert_exactly_once(sink.values, 2000)
 
 
+@pytest.mark.compat
 def test_go_member_config_under_server_kills(spark, server, own, unique, tmp_path):
     """Go `cg`'s member config (ack wait 2 s, max ack pending 1: every batch is one message, and
     a task's keeper of in-progress acks runs every ~0.7 s) with the server killed three times
@@ -548,6 +550,7 @@ def test_format_one_entries_are_replayed_acked_and_migrated(client, settings, un
 # --- Pins -------------------------------------------------------------------------------------
 
 
+@pytest.mark.compat
 def test_pin_switches_during_and_between_batches(
     spark, client, settings, nats_url, unique, tmp_path
 ):
@@ -586,6 +589,7 @@ def test_pin_switches_during_and_between_batches(
 # --- Elastic member consumers deleted, members dropped ------------------------------------------
 
 
+@pytest.mark.compat
 def test_elastic_consumer_deleted_and_member_dropped(spark, client, nats_url, unique, tmp_path):
     stream, group = f"ED{unique}", "eg"
     elastic_group(client, stream, group, ["a", "b"], partitions=4)
@@ -625,6 +629,7 @@ def test_elastic_consumer_deleted_and_member_dropped(spark, client, nats_url, un
     assert work_queue["state"]["messages"] == 0, "messages left unacked in the work queue"
 
 
+@pytest.mark.compat
 def test_elastic_consumer_deleted_while_its_batch_is_in_flight(
     spark, client, nats_url, unique, tmp_path
 ):
@@ -648,6 +653,7 @@ def test_elastic_consumer_deleted_while_its_batch_is_in_flight(
 # --- The ack ledger deleted -------------------------------------------------------------------
 
 
+@pytest.mark.compat
 def test_ledger_bucket_deleted_while_running(spark, client, nats_url, unique, tmp_path):
     stream, bucket = f"LD{unique}", f"L{unique}"
     static_group(client, stream, "g", ["m1", "m2"], partitions=4)
@@ -681,6 +687,7 @@ def test_ledger_bucket_deleted_while_running(spark, client, nats_url, unique, tm
 # --- Retention removes messages before commit --------------------------------------------------
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("fail_on_data_loss", [True, False])
 def test_messages_removed_before_commit(
     spark, client, nats_url, unique, tmp_path, fail_on_data_loss
@@ -766,6 +773,7 @@ class Driver:
         return [v for text in self.files().values() for v in json.loads(text)]
 
 
+@pytest.mark.compat
 @pytest.mark.timeout(900)  # five driver starts: a JVM each
 def test_driver_killed_at_fixed_points(client, nats_url, unique, tmp_path):
     stream = f"DK{unique}"

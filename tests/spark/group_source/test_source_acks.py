@@ -56,6 +56,7 @@ def publish_to_one_key(client: Blocking[NatsClient], stream: str, start: int, co
     run_sync(send())
 
 
+@pytest.mark.compat
 def test_slot_with_nothing_new_still_gets_its_acks(spark, client, nats_url, unique, tmp_path):
     """Both partitions read in a batch; then only one of them gets new messages. The other's
     committed messages are acked by an ack-only task, while the query runs."""
@@ -75,6 +76,7 @@ def test_slot_with_nothing_new_still_gets_its_acks(spark, client, nats_url, uniq
     assert_exactly_once(sink.values, 60)
 
 
+@pytest.mark.compat
 def test_a_failed_query_acks_its_committed_batch_at_stop(spark, client, nats_url, unique, tmp_path):
     """Batch 0 is committed; batch 1, whose tasks would ack it, fails in the sink before they
     run. Spark then ends the source's driver process with SIGTERM, and the driver acks batch 0
@@ -98,6 +100,7 @@ def test_a_failed_query_acks_its_committed_batch_at_stop(spark, client, nats_url
     wait_until(lambda: unacked(client, stream, "g") == 0, 30, "batch 0 acked at stop")
 
 
+@pytest.mark.compat
 def test_a_restart_acks_nothing_of_the_logged_batch_it_could_not_commit(
     spark, client, nats_url, unique, tmp_path
 ):
@@ -168,6 +171,7 @@ def test_far_off_trigger_keeps_committed_messages_from_coming_back(client, nats_
         run_sync(other.target.close())
 
 
+@pytest.mark.compat
 def test_restart_from_a_previous_release_checkpoint(spark, tmp_path):
     """A checkpoint, sink files and JetStream store left by the previous release (a81f2fb,
     ledger format 1) after two kill -9s: batch 0 committed (its acks sent by the next run), batch

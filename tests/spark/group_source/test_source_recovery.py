@@ -25,7 +25,7 @@ from spark_helpers import (
 from nats_spark.client import NatsClient
 from nats_spark.loop import Blocking
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.compat]
 
 
 def assert_nothing_acked_early(

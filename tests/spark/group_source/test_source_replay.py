@@ -14,7 +14,7 @@ from spark_helpers import (
     wait_until,
 )
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.compat]
 
 SPARK_MASTER = "local[2,3]"  # two cores, up to three attempts per task
 
