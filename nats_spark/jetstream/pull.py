@@ -23,6 +23,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import ConnectionClosedError
 
+from nats_spark import clock
 from nats_spark.errors import PriorityGroupMisconfigured, PullError
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.jetstream.status import Status, StatusKind, status_of
@@ -201,6 +202,7 @@ class Pull:
         self.consumer = consumer
         self.reply = reply.encode()
         self.batch = batch
+        self.sent = clock.monotonic()  # no delivery of it left the server before
         self.deadline = time.monotonic() + expires + CLIENT_GRACE  # the server ends it first
         self.quiet = quiet
         self.received = 0

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from nats_spark import clock
 from nats_spark.jetstream.api import StoredMessage
 from nats_spark.jetstream.pull import Deliveries, PullStatus
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
@@ -386,6 +387,7 @@ class SimPull:
         self.consumer = consumer
         self.request = request
         self.deadline = deadline
+        self.sent = clock.monotonic()
         self.received = 0
         self.done = False
         self.status = PullStatus.BATCH_COMPLETE

@@ -245,6 +245,7 @@ class SlotReader:
                         if self.p.siblings and max(chunk.numbers.delivered, default=0) > 1:
                             await self._load_sibling_seqs()
                         await self._take(chunk, columns, replies)
+                        columns.taken_from(pull.sent)
                         got_any = got_any or bool(replies)
                         if replies and (pull.done or columns.full()):
                             remaining -= len(replies)
@@ -269,6 +270,7 @@ class SlotReader:
             late = await consumer.settle(self.p.ack_wait / 2)
             if late:
                 await self._take(late, columns, replies)
+                columns.taken_from(self.started)  # sent for a request given up on, after it
                 if replies:
                     recorded, recording = await self._record_next(
                         recording, columns, replies, consumer.pin_id

@@ -114,7 +114,8 @@ class SlotEntry:
     ) -> tuple[pa.RecordBatch, set[int]]:
         """Write the deliveries to the entry; returns their rows and what was dropped from them.
         With siblings, what may have reached a sibling too (redeliveries, or rows recorded late:
-        the ack wait may have run out first, `renewed` being when it last started over) is
+        the ack wait may have run out first: from their pull request on, or from `renewed`, when it
+        last started over) is
         checked against the siblings' records and dropped if found."""
         chunks = self.head.chunks
         taken = Recorded(
@@ -127,7 +128,9 @@ class SlotEntry:
         rows = columns.record_batch()
         if not self.p.siblings:
             return rows, set()
-        late = clock.monotonic() - max(columns.first_received, renewed) > self.p.ack_wait / 2
+        # A renewal covers the rows only if it came after they were taken.
+        since = renewed if renewed >= columns.last_taken else columns.requested
+        late = clock.monotonic() - since > self.p.ack_wait / 2
         at_risk = {
             seq
             for seq, delivered in zip(columns.stream_seq, columns.delivered, strict=True)

@@ -4,6 +4,7 @@ readers emit (rows are gathered as Python lists; every conversion runs once per 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -133,10 +134,19 @@ class SlotColumns:
         self.delivered: list[int] = []
         self.timestamp: list[int] = []
         self.nbytes = 0
-        self.first_received = clock.monotonic()  # reset when the first row comes in
+        # For the ack wait of what the rows took (siblings): the earliest the server may have
+        # sent one of them (when its pull request went out) and when the last were taken in.
+        self.requested = math.inf
+        self.last_taken = -math.inf
 
     def __len__(self) -> int:
         return len(self.stream_seq)
+
+    def taken_from(self, requested: float) -> None:
+        """Rows were just taken from deliveries of a pull request sent at `requested`: a process
+        paused between the server's send and this take makes them older than they look."""
+        self.requested = min(self.requested, requested)
+        self.last_taken = clock.monotonic()
 
     def full(self) -> bool:
         return len(self.stream_seq) >= CHUNK_MESSAGES or self.nbytes >= EMIT_BYTES
@@ -151,8 +161,6 @@ class SlotColumns:
         consumer_seq: int,
         timestamp_ns: int,
     ) -> None:
-        if not self.stream_seq:
-            self.first_received = clock.monotonic()
         self.subject.append(subject)
         self.data.append(data)
         self.nbytes += len(data)
@@ -164,8 +172,6 @@ class SlotColumns:
 
     def extend(self, deliveries: Deliveries) -> None:
         """Add all of `deliveries` (their ack subjects' numbers parsed), a column at a time."""
-        if not self.stream_seq:
-            self.first_received = clock.monotonic()
         delivered, stream_seq, consumer_seq, timestamp = deliveries.numbers
         self.subject += deliveries.subjects
         self.data += deliveries.data
