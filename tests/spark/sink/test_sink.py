@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,11 +13,8 @@ from typing import Any
 import pytest
 from spark_helpers import (
     assert_exactly_once,
-    launch,
-    member_states,
     publish,
     source,
-    spark_env,
     static_group,
     wait_until,
 )
@@ -336,69 +332,6 @@ def test_server_restart_mid_write(spark, unique):
 
 
 @pytest.mark.timeout(900)  # three job starts: a JVM each
-def test_driver_killed_twice_group_to_stream_exactly_once(client, nats_url, unique, tmp_path):
-    """nats-pcg -> Spark -> nats in a job process, SIGKILLed (with its JVM) twice while batches
-    are published, restarted from its checkpoint each time: the target stream holds every
-    message once and the group is acked. The target allows atomic batches, which the sink then
-    uses without being told."""
-
-    source_stream, sink_stream = f"KS{unique}", f"KT{unique}"
-    static_group(client, source_stream, "g", ["m1", "m2"], partitions=4)
-    target(client, sink_stream, atomic=True)
-    publish(client, source_stream, 3000)
-
-    def job(trigger: str) -> Any:
-        return launch(
-            f"job-{trigger}-{time.monotonic_ns()}",
-            [
-                sys.executable,
-                "-m",
-                "nats_spark.job",
-                "--servers",
-                nats_url,
-                "--stream",
-                source_stream,
-                "--group",
-                "g",
-                "--checkpoint",
-                str(tmp_path / "cp"),
-                "--trigger",
-                trigger,
-                "--option",
-                "maxMessagesPerTrigger=150",
-                "--format",
-                "nats",
-                "--sink-prefix",
-                sink_stream,
-                "--sink-stream",
-                sink_stream,
-            ],
-            tmp_path / "logs",
-            spark_env(),
-        )
-
-    def count() -> int:
-        return run_sync(client.api.stream_info(sink_stream))["state"]["messages"]
-
-    for low, high in ((300, 1200), (1500, 2600)):  # kill -9 while batches are written
-        running = job("200ms")
-        try:
-            # A JVM start, the replay and a few batches: minutes on two busy cores.
-            wait_until(lambda lo=low: count() >= lo, 240, f"{low} messages published", 0.05)
-            assert count() < high, "the job ran past the window to kill it in"
-        finally:
-            os.killpg(running.process.pid, signal.SIGKILL)
-            running.process.wait(30)
-    final = job("availableNow")
-    code, _, _ = final.wait(240)
-    assert code == 0, final.tail()
-    messages = stored(client, sink_stream)
-    assert_exactly_once([int(m.data.decode()) for m in messages], 3000)
-    assert all(b"Nats-Batch-Id: " in (m.headers or b"") for m in messages)
-    states = member_states(client, source_stream, "g").values()
-    assert all(s == {"pending": 0, "ack_pending": 0} for s in states), states
-
-
 def test_auth_failure_is_one_line_without_the_secret(spark):
     from nats_spark.server import EmbeddedServer
 
