@@ -282,13 +282,14 @@ class Timeline:
         self.thread.join(5)
 
 
-def phase_lengths(events: list[tuple[float, str, int]]) -> dict[str, float]:
+def phase_lengths(runs: list[list[tuple[float, str, int]]]) -> dict[str, float]:
     """By phase: the median time from an event that begins it to the job's next event (the
-    events of a run, `Timeline.events`; acks count once per burst)."""
+    events of each run, `Timeline.events`; acks count once per burst)."""
     lengths: dict[str, list[float]] = {}
-    for (t, phase, _), (after, next_phase, _) in zip(events, events[1:], strict=False):
-        if not (phase == next_phase == "acking"):
-            lengths.setdefault(phase, []).append(after - t)
+    for events in runs:
+        for (t, phase, _), (after, next_phase, _) in zip(events, events[1:], strict=False):
+            if not (phase == next_phase == "acking"):
+                lengths.setdefault(phase, []).append(after - t)
     return {phase: statistics.median(values) for phase, values in lengths.items()}
 
 
@@ -384,7 +385,7 @@ class Rounds:
         self.plan = plan
         self.job = job
         self.timeline = timeline
-        self.events: list[tuple[float, str, int]] = []  # of earlier rounds' runs
+        self.runs: list[list[tuple[float, str, int]]] = []  # events of earlier rounds' runs
         self.restarts = 0  # in the current round
 
     def failure(self) -> str:
@@ -405,7 +406,7 @@ class Rounds:
 
     def run(self, number: int, rng: random.Random) -> Kill:
         drawn = RoundPlan.draw(rng)
-        lengths = phase_lengths(self.events)
+        lengths = phase_lengths(self.runs)
         first = first_batch(self.job.checkpoint)
         since = time.monotonic()
         deadline = since + self.plan.round_timeout
@@ -438,7 +439,7 @@ class Rounds:
         self.job.kill()
         time.sleep(0.2)  # head writes and acks in flight reach the timeline
         hit_batch, hit = self.timeline.phase_at(trigger.fired, since)
-        self.events += [e for e in self.timeline.events(since) if e[0] <= trigger.fired]
+        self.runs.append([e for e in self.timeline.events(since) if e[0] <= trigger.fired])
         kill = Kill(
             number,
             drawn.phase,
@@ -583,7 +584,7 @@ def sweep(plan: SweepPlan, folder: Path) -> SweepOutcome:
             inversions=inversions(numbers, plan.keys),
             unbatched=sum(1 for _, batched in rows if not batched),
             final_jobs=finals,
-            phase_seconds={k: round(v, 3) for k, v in phase_lengths(rounds.events).items()},
+            phase_seconds={k: round(v, 3) for k, v in phase_lengths(rounds.runs).items()},
             seconds=round(time.monotonic() - began, 1),
         )
         if outcome.failed:
