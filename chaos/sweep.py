@@ -196,10 +196,8 @@ class Timeline:
 
     def _head_written(self, lineage: str, gen: int, head: dict[str, Any]) -> None:
         trigger = self.trigger
-        if trigger is None or not trigger.nth:
-            return
-        offset = self.logged[trigger.batch]
-        if (lineage, gen) != (offset.lineage, offset.gen):
+        offset = None if trigger is None else self.logged.get(trigger.batch)
+        if trigger is None or offset is None or (lineage, gen) != (offset.lineage, offset.gen):
             return
         if head["state"] == "open" and head["count"] == 0:
             self._event("claiming", trigger.batch)
