@@ -12,7 +12,8 @@ rounds a Python worker of the executor is killed -9 first (Spark retries its tas
 watched from outside: the checkpoint's `offsets` and `commits` dirs, the ledger heads as they are
 written (`$KV.<bucket>.>`) and the acks (`$JS.ACK.>`).
 
-After the rounds, publishing stops and availableNow jobs run until the group is idle. The target
+After the rounds, publishing stops and a last run of the job goes on until the group is idle
+(its work queue empty: every message committed and acked), then stops. The target
 stream must then hold every published message once, the group's consumers nothing unacked, and
 the rows of each key must follow stream order (inversions: rows stored after a later message of
 their key). The report is one line of JSON. A failing sweep prints the seed and the command that
@@ -334,7 +335,7 @@ class SweepPlan:
     rate: int = 100  # messages published per second during the rounds
     per_trigger: int = 300  # maxMessagesPerTrigger
     round_timeout: float = 300.0  # seconds a round may wait for its kill point
-    final_jobs: int = 2  # availableNow runs at most, until the group is idle
+    drain: float = 300.0  # seconds the final job may take to empty the group's work queue
 
 
 @dataclass
@@ -350,7 +351,7 @@ class SweepOutcome:
     left: int  # messages the group's work queue still held at the end (never read or acked)
     inversions: int  # rows stored after a later message of their key
     unbatched: int  # rows the sink stored outside an atomic batch
-    final_jobs: int
+    drain_seconds: float  # the final job's, from its start until the work queue was empty
     seconds: float
     phase_seconds: dict[str, float]  # median length of each phase over the rounds
     diagnosis: list[str] = field(default_factory=list)  # on failure: ledger and consumers
@@ -529,9 +530,11 @@ def ledger_dump(client: Blocking[NatsClient]) -> list[str]:
     return lines
 
 
-def idle(client: Blocking[NatsClient]) -> bool:
-    """The group's work queue holds nothing: every message read, committed and acked."""
-    return run_sync(client.api.stream_info(WORK_QUEUE))["state"]["messages"] == 0
+def idle(client: Blocking[NatsClient], published: int) -> bool:
+    """The group's work queue got every published message and holds none: each one read,
+    committed and acked."""
+    state = run_sync(client.api.stream_info(WORK_QUEUE))["state"]
+    return state["messages"] == 0 and state["last_seq"] >= published
 
 
 def sweep(plan: SweepPlan, folder: Path) -> SweepOutcome:
@@ -549,7 +552,6 @@ def sweep(plan: SweepPlan, folder: Path) -> SweepOutcome:
     publisher = Publisher(client, plan.rate, plan.keys)
     log(f"sweep of {plan.rounds} rounds, seed {plan.seed}, work dir {folder}")
     kills: list[Kill] = []
-    finals = 0
     try:
         create_group(client, replicas=1)
         create_target(client)
@@ -560,12 +562,16 @@ def sweep(plan: SweepPlan, folder: Path) -> SweepOutcome:
             kills.append(rounds.run(number, rng))
         publisher.halt.set()
         publisher.join(30)
-        log(f"publishing stopped at {publisher.published}; final availableNow jobs")
-        while finals < plan.final_jobs and not (finals and idle(client)):
-            finals += 1
-            job.start("availableNow")
-            assert job.process is not None
-            job.process.wait(plan.round_timeout)
+        log(f"publishing stopped at {publisher.published}; a final job until the group is idle")
+        drained = time.monotonic()
+        job.start()
+        while not idle(client, publisher.published) and time.monotonic() - drained < plan.drain:
+            if not job.running:
+                log("the final job ended by itself: starting it again")
+                job.start()
+            time.sleep(0.5)
+        drained = time.monotonic() - drained
+        job.stop()
         rows = stored(client)
         numbers = [n for n, _ in rows]
         states = retried(lambda: consumer_states(client))
@@ -581,7 +587,7 @@ def sweep(plan: SweepPlan, folder: Path) -> SweepOutcome:
             left=run_sync(client.api.stream_info(WORK_QUEUE))["state"]["messages"],
             inversions=inversions(numbers, plan.keys),
             unbatched=sum(1 for _, batched in rows if not batched),
-            final_jobs=finals,
+            drain_seconds=round(drained, 1),
             phase_seconds={k: round(v, 3) for k, v in phase_lengths(rounds.runs).items()},
             seconds=round(time.monotonic() - began, 1),
         )

@@ -13,7 +13,7 @@ Two kinds do not fit the budget of about 90 s on two busy cores, and are left to
 
 Then chaos/sweep.py's kill sweep, two rounds: the driver of a job reading an elastic group (500
 keys, six partitions) into a stream with the `nats` sink is killed -9 at two seeded batch phases,
-a Python worker before each, and restarted from its checkpoint; a final availableNow run drains.
+a Python worker before each, and restarted from its checkpoint; a last run drains the group.
 """
 
 from __future__ import annotations
