@@ -12,6 +12,9 @@ rounds a Python worker of the executor is killed -9 first (Spark retries its tas
 watched from outside: the checkpoint's `offsets` and `commits` dirs, the ledger heads as they are
 written (`$KV.<bucket>.>`) and the acks (`$JS.ACK.>`).
 
+A quarter of the rounds stop the job (SIGTERM to its process group, as a supervisor stops it: the
+source's acks at stop run) at the drawn point instead of killing it.
+
 After the rounds, publishing stops and a last run of the job goes on until the group is idle
 (its work queue empty: every message committed and acked), then stops. The target
 stream must then hold every published message once, the group's consumers nothing unacked, and
@@ -34,6 +37,7 @@ import random
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -74,6 +78,8 @@ USUAL_SECONDS = {
     "sealing": 0.08,
     "commit": 1.0,
 }
+STOPS = 0.25  # of the rounds end with an orderly stop (its acks at stop) instead of kill -9
+STOP_SECONDS = 60.0  # an orderly stop's time before kill -9
 WORKER_KILL_WINDOW = 0.5  # seconds after the first claim of a batch: its tasks run
 MAX_RESTARTS = 3  # a job that keeps failing by itself in a round ends the sweep
 
@@ -115,6 +121,7 @@ class Trigger:
     fraction: float  # which event: `nth` is drawn from the count expected, once it is known
     delay: float
     pid: int
+    stop: bool = False  # SIGTERM (an orderly stop) instead of SIGKILL
     nth: int = 0  # 0 until the batch's offset is read
     count: int = 0
     fired: float | None = None
@@ -123,7 +130,7 @@ class Trigger:
         if self.fired is None:
             self.fired = time.monotonic()
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
+                os.killpg(self.pid, signal.SIGTERM if self.stop else signal.SIGKILL)
 
 
 class Timeline:
@@ -303,6 +310,7 @@ class RoundPlan:
     worker_kill: bool  # a Python worker killed -9 first, in the run's first batch
     worker_fraction: float
     worker_seed: int
+    stop: bool  # the job is stopped (SIGTERM, as a supervisor stops it), not killed -9
 
     @classmethod
     def draw(cls, rng: random.Random) -> RoundPlan:
@@ -311,7 +319,9 @@ class RoundPlan:
         ahead = rng.randint(1, 2) if phase in PHASES[:2] else rng.randint(0, 2)
         nth, fraction = rng.random(), rng.random()
         worker_kill = rng.random() < 0.5 and ahead > 0
-        return cls(phase, ahead, nth, fraction, worker_kill, rng.random(), rng.randrange(1 << 30))
+        worker_fraction, worker_seed = rng.random(), rng.randrange(1 << 30)
+        stop = rng.random() < STOPS
+        return cls(phase, ahead, nth, fraction, worker_kill, worker_fraction, worker_seed, stop)
 
 
 @dataclass
@@ -325,6 +335,7 @@ class Kill:
     hit_batch: int
     worker_killed: bool
     restarts: int  # times the job ended by itself in the round and was started again
+    stopped: bool  # SIGTERM, an orderly stop, instead of kill -9
 
 
 @dataclass(frozen=True)
@@ -354,11 +365,13 @@ class SweepOutcome:
     drain_seconds: float  # the final job's, from its start until the work queue was empty
     seconds: float
     phase_seconds: dict[str, float]  # median length of each phase over the rounds
+    error: str | None = None  # why the rounds ended early (the job kept failing)
     diagnosis: list[str] = field(default_factory=list)  # on failure: ledger and consumers
 
     @property
     def failed(self) -> bool:
-        return bool(self.lost or self.duplicated or self.unacked or self.left or self.inversions)
+        found = self.lost or self.duplicated or self.unacked or self.left or self.inversions
+        return bool(found or self.error)
 
     def report(self) -> dict[str, Any]:
         phases: dict[str, int] = {}
@@ -375,6 +388,10 @@ def first_batch(checkpoint: Path) -> int:
     if logged and (not committed or logged[-1] > committed[-1]):
         return logged[-1]
     return committed[-1] + 1 if committed else 0
+
+
+class JobFailing(Exception):
+    """The job keeps failing by itself: the sweep ends with what it found so far."""
 
 
 class Rounds:
@@ -410,7 +427,9 @@ class Rounds:
         since = time.monotonic()
         deadline = since + self.plan.round_timeout
         delay = drawn.fraction * lengths.get(drawn.phase, USUAL_SECONDS[drawn.phase])
-        trigger = self.start_job(Trigger(drawn.phase, first + drawn.ahead, drawn.nth, delay, 0))
+        trigger = self.start_job(
+            Trigger(drawn.phase, first + drawn.ahead, drawn.nth, delay, 0, drawn.stop)
+        )
         assert trigger is not None
         self.restarts = 0
         worker_killed, worker_due = False, drawn.worker_kill
@@ -428,13 +447,16 @@ class Rounds:
             if not self.job.running and trigger.fired is None:
                 self.restarts += 1
                 if self.restarts > MAX_RESTARTS:
-                    raise RuntimeError(f"the job failed {self.restarts} times: {self.failure()}")
+                    raise JobFailing(f"the job failed {self.restarts} times: {self.failure()}")
                 log("the job ended by itself: starting it again")
                 trigger = self.start_job(trigger) or trigger
         if trigger.fired is None:
             log(f"round {number}: no kill point within {self.plan.round_timeout}s")
             trigger.fire()
         assert trigger.fired is not None
+        if drawn.stop and self.job.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.job.process.wait(STOP_SECONDS)
         self.job.kill()
         time.sleep(0.2)  # head writes and acks in flight reach the timeline
         hit_batch, hit = self.timeline.phase_at(trigger.fired, since)
@@ -449,6 +471,7 @@ class Rounds:
             hit_batch,
             worker_killed,
             self.restarts,
+            drawn.stop,
         )
         log(f"round {number}: {json.dumps(asdict(kill))}")
         return kill
@@ -558,8 +581,13 @@ def sweep(plan: SweepPlan, folder: Path) -> SweepOutcome:
         timeline.start()
         publisher.start()
         rounds = Rounds(plan, job, timeline)
-        for number in range(1, plan.rounds + 1):
-            kills.append(rounds.run(number, rng))
+        error = None
+        try:
+            for number in range(1, plan.rounds + 1):
+                kills.append(rounds.run(number, rng))
+        except JobFailing as failing:
+            error = str(failing)
+            log(error)
         publisher.halt.set()
         publisher.join(30)
         log(f"publishing stopped at {publisher.published}; a final job until the group is idle")
@@ -567,6 +595,8 @@ def sweep(plan: SweepPlan, folder: Path) -> SweepOutcome:
         job.start()
         while not idle(client, publisher.published) and time.monotonic() - drained < plan.drain:
             if not job.running:
+                if error is not None:
+                    break  # it fails as the rounds' did
                 log("the final job ended by itself: starting it again")
                 job.start()
             time.sleep(0.5)
@@ -590,6 +620,7 @@ def sweep(plan: SweepPlan, folder: Path) -> SweepOutcome:
             drain_seconds=round(drained, 1),
             phase_seconds={k: round(v, 3) for k, v in phase_lengths(rounds.runs).items()},
             seconds=round(time.monotonic() - began, 1),
+            error=error,
         )
         if outcome.failed:
             outcome.diagnosis = [
