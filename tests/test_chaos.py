@@ -12,8 +12,8 @@ Two kinds do not fit the budget of about 90 s on two busy cores, and are left to
 - the cluster leader kill -9: three servers and their elections; see test_cluster_nats.py.
 
 Then chaos/sweep.py's kill sweep, two rounds: the driver of a job reading an elastic group (500
-keys, six partitions) into a stream with the `nats` sink is killed -9 at two seeded batch phases,
-a Python worker before each, and restarted from its checkpoint; a last run drains the group.
+keys, six partitions) into a stream with the `nats` sink is killed -9 at two seeded batch phases
+and restarted from its checkpoint; a last run drains the group.
 """
 
 from __future__ import annotations
@@ -59,9 +59,8 @@ def test_each_fault_once(tmp_path: Path) -> None:
 
 
 def test_kill_sweep(tmp_path: Path) -> None:
-    """Seed 20 aims at the commit of a batch (its slots sealed, before Spark's commit log), then
-    at the acks of the committed batches by a later batch's tasks, with a worker killed each time
-    in the batch the run starts with."""
+    """Seed 20 kills the job at the commit of a batch (its slots sealed, before Spark's commit
+    log), a Python worker killed first, then at a seal of the batch the restarted job re-runs."""
     outcome = sweep(SweepPlan(seed=20, rounds=2, rate=50), tmp_path)
     log = (tmp_path / "job.log").read_text(errors="replace")[-2000:]
     summary = "\n".join([json.dumps(outcome.report()), *outcome.diagnosis, "job log (end):", log])
