@@ -84,10 +84,15 @@ clean:
 simulate: $(VENV)/.test-installed
 	$(BIN)/python -m tests.simulation --seeds $(or $(SEEDS),0-10000) --jobs $(or $(JOBS),1) $(SIMULATE_ARGS)
 
-# Randomised soak: faults at random while publishing; fails on any lost, duplicated or unacked message.
-.PHONY: chaos
+# Kill sweep: ROUNDS driver kills -9 at seeded phases of a batch, Python worker kills between; a
+# JSON report; fails on any lost, duplicated, unacked or out-of-key-order row. SEED= repeats one.
+.PHONY: chaos chaos-soak
 chaos: $(VENV)/.test-installed
-	$(BIN)/python chaos/run.py --minutes $(or $(MINUTES),3)
+	$(BIN)/python chaos/sweep.py --rounds $(or $(ROUNDS),8) $(if $(SEED),--seed $(SEED))
+
+# Randomised soak: faults at random while publishing; fails on any lost, duplicated or unacked message.
+chaos-soak: $(VENV)/.test-installed
+	$(BIN)/python chaos/run.py --minutes $(or $(MINUTES),3) $(if $(SEED),--seed $(SEED))
 
 # The wheel to install elsewhere (a cluster, a Databricks Volume): $(DIST)/nats_spark-<version>-py3-none-any.whl.
 DIST ?= dist

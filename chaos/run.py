@@ -79,13 +79,13 @@ def log(text: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
 
 
-async def send_numbered(client: NatsClient, count: int, start: int = 0) -> None:
-    """`<n>` to `CHAOS.k<n % 37>` for `count` numbers from `start`, all in flight at once, each
+async def send_numbered(client: NatsClient, count: int, start: int = 0, keys: int = 37) -> None:
+    """`<n>` to `CHAOS.k<n % keys>` for `count` numbers from `start`, all in flight at once, each
     with `Nats-Msg-Id: <n>`: resending what may have been stored already stores nothing twice."""
     await asyncio.gather(
         *(
             client.js.publish(
-                f"{STREAM}.k{n % 37}", str(n).encode(), headers={"Nats-Msg-Id": str(n)}
+                f"{STREAM}.k{n % keys}", str(n).encode(), headers={"Nats-Msg-Id": str(n)}
             )
             for n in range(start, start + count)
         )
@@ -96,10 +96,11 @@ class Publisher(threading.Thread):
     """Publishes `<n>` at about `rate` per second (`send_numbered`); `published` counts only what
     JetStream confirmed: a chunk whose confirmation failed is sent again."""
 
-    def __init__(self, client: Blocking[NatsClient], rate: int) -> None:
+    def __init__(self, client: Blocking[NatsClient], rate: int, keys: int = 37) -> None:
         super().__init__(daemon=True)
         self.client = client
         self.rate = rate
+        self.keys = keys
         self.published = 0
         self.halt = threading.Event()
 
@@ -108,7 +109,10 @@ class Publisher(threading.Thread):
         while not self.halt.is_set():
             began = time.monotonic()
             try:
-                run_sync(send_numbered(self.client.target, chunk, self.published), timeout=15)
+                run_sync(
+                    send_numbered(self.client.target, chunk, self.published, self.keys),
+                    timeout=15,
+                )
                 self.published += chunk
             except Exception:  # server down or restarting: the same numbers again
                 time.sleep(0.5)
@@ -117,21 +121,26 @@ class Publisher(threading.Thread):
 
 
 class Job:
-    """`python -m nats_spark.job` in its own process group (so kill -9 takes its JVM along)."""
+    """`python -m nats_spark.job` in its own process group (so kill -9 takes its JVM along),
+    writing parquet to `<folder>/out`, or as `output_flags` say (e.g. `--format nats ...`)."""
 
-    def __init__(self, urls: str, folder: Path, per_trigger: int = 3000) -> None:
+    def __init__(
+        self, urls: str, folder: Path, per_trigger: int = 3000, output_flags: tuple[str, ...] = ()
+    ) -> None:
         self.urls = urls
         self.per_trigger = per_trigger
         self.folder = folder
         self.output = folder / "out"
+        self.output_flags = output_flags or ("--output", str(self.output))
+        self.checkpoint = folder / "cp"
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    def start(self) -> None:
+    def start(self, trigger: str = "500ms") -> None:
         args = [
             *(sys.executable, "-m", "nats_spark.job", "--servers", self.urls, "--stream", STREAM),
-            *("--group", GROUP, "--output", str(self.output)),
-            *("--checkpoint", str(self.folder / "cp"), "--trigger", "500ms"),
+            *("--group", GROUP, *self.output_flags),
+            *("--checkpoint", str(self.checkpoint), "--trigger", trigger),
             # up to 4 attempts per task, as on a cluster (plain local mode fails the job at once)
             *("--master", "local[2,4]", "--option", "ackWait=5s"),
             *("--option", f"maxMessagesPerTrigger={self.per_trigger}"),

@@ -1,4 +1,4 @@
-"""A short chaos run in the suite: chaos/run.py's soak with one fault of each kind, in a fixed
+"""Short chaos runs in the suite. First, chaos/run.py's soak with one fault of each kind, in a fixed
 order and with a fixed seed, gaps of about a second and short outages (a server down for under a
 second, a 3 s network partition). The streaming job reads an elastic group through a TCP proxy
 while 50 messages a second are published; after each fault it must catch up (everything stored
@@ -10,15 +10,21 @@ Two kinds do not fit the budget of about 90 s on two busy cores, and are left to
   of the first job's 35-50 s (measured 82 s and 150 s for the whole run with it); the job's
   restart after kill -9 at fixed points is tested in test_faults.py and test_source_recovery.py.
 - the cluster leader kill -9: three servers and their elections; see test_cluster_nats.py.
+
+Then chaos/sweep.py's kill sweep, two rounds: the driver of a job reading an elastic group (500
+keys, six partitions) into a stream with the `nats` sink is killed -9 at two seeded batch phases
+and restarted from its checkpoint; a last run drains the group.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from chaos.run import Plan, soak
+from chaos.sweep import SweepPlan, sweep
 
 pytestmark = pytest.mark.spark  # the job runs Spark in a process of its own
 
@@ -50,3 +56,15 @@ def test_each_fault_once(tmp_path: Path) -> None:
     assert outcome.published > 0 and outcome.lost == 0, summary
     assert outcome.duplicated == 0, summary
     assert outcome.unacked == 0, summary
+
+
+def test_kill_sweep(tmp_path: Path) -> None:
+    """Seed 20 kills the job at the commit of a batch (its slots sealed, before Spark's commit
+    log), a Python worker killed first, then at a seal of the batch the restarted job re-runs."""
+    outcome = sweep(SweepPlan(seed=20, rounds=2, rate=50), tmp_path)
+    log = (tmp_path / "job.log").read_text(errors="replace")[-2000:]
+    summary = "\n".join([json.dumps(outcome.report()), *outcome.diagnosis, "job log (end):", log])
+    assert not outcome.failed, summary  # nothing lost, duplicated, unacked or out of key order
+    assert outcome.published > 0 and outcome.rows == outcome.published, summary
+    assert outcome.unbatched == 0, summary  # the target allows atomic batches: the sink uses them
+    assert [kill.restarts for kill in outcome.kills] == [0, 0], summary
