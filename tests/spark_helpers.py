@@ -48,7 +48,7 @@ from nats_spark.pcg.consumers import (
 )
 from nats_spark.pcg.partitioning import member_partitions, partition_for
 from nats_spark.pcg.store import GroupKind, load_group
-from nats_spark.spark.group_source.ledger import Ledger
+from nats_spark.spark.group_source.ledger import Ledger, pointer_key
 from nats_spark.spark.group_source.slot_history import ack_entry
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 
@@ -651,6 +651,7 @@ class Slot:
         return SlotPartition(
             connection=self.settings,
             ledger_bucket=self.bucket,
+            pointer_key=pointer_key(self.stream, self.consumer.name),
             lineage=self.lineage,
             gen=gen,
             slot="m1",

@@ -62,6 +62,7 @@ class DriverLedger:
         self.head_gen = 0  # newest gen handed out in this lineage
         self.entries: dict[tuple[int, str], DriverEntry] = {}
         self.pins: dict[str, str] = {}  # by slot: the pin its newest entry (or pointer) holds
+        self.settled = 0  # newest gen with an entry removed as settled (`Pointer.settled`)
         self.last_query_pins: frozenset[str] = frozenset()  # pins of this target's last query
 
     def attach(self, kv: Bucket) -> None:
@@ -92,9 +93,11 @@ class DriverLedger:
             )
         self.ledger = Ledger(self.kv, offset.lineage)
         self.head_gen = offset.gen
+        self.settled = 0
         if pointer and pointer.lineage == offset.lineage:
             self.head_gen = max(self.head_gen, pointer.gen)
             self.pins = dict(pointer.pins)
+            self.settled = pointer.settled
         self.entries = {
             (gen, name_of(token)): DriverEntry(gen, name_of(token))
             for gen, token in await self.ledger.heads()
@@ -178,7 +181,8 @@ class DriverLedger:
 
     async def save_pointer(self) -> None:
         assert self.ledger is not None and self.kv is not None
-        pointer = Pointer(self.ledger.lineage, self.head_gen, dict(sorted(self.pins.items())))
+        pins = dict(sorted(self.pins.items()))
+        pointer = Pointer(self.ledger.lineage, self.head_gen, pins, self.settled)
         await write_pointer(self.kv, self.pointer_key, pointer)
 
     def acks_due(self, through: int) -> dict[str, tuple[int, ...]]:
@@ -218,6 +222,7 @@ class DriverLedger:
         """Forget acked entries that no redelivery can touch any more, and empty ones of
         committed batches (a re-run of an uncommitted one must find it: it replays nothing)."""
         assert self.ledger is not None
+        settled: list[tuple[int, str]] = []
         for key, entry in list(self.entries.items()):
             head = entry.head
             if head is None or head.state is EntryState.OPEN:
@@ -238,9 +243,18 @@ class DriverLedger:
             now = clock.monotonic()
             since = entry.settled_since = entry.settled_since or now
             if head.count == 0 or now - since >= SETTLE_SECONDS:
-                log.debug("forgetting settled ledger entry %s", self.ledger.head_key(*key))
-                await self.ledger.delete_entry(entry.gen, entry.slot)
-                del self.entries[key]
+                settled.append(key)
+        if not settled:
+            return
+        # The fence goes out before the entries: a task attempt that outlived its committed
+        # batch and creates the entry again after its removal then finds it (`SlotEntry.claim`).
+        if max(settled)[0] > self.settled:
+            self.settled = max(settled)[0]
+            await self.save_pointer()
+        for key in settled:
+            log.debug("forgetting settled ledger entry %s", self.ledger.head_key(*key))
+            await self.ledger.delete_entry(*key)
+            del self.entries[key]
 
     async def ack_through(self, client: NatsClient, gen: int, only: str | None = None) -> int:
         """Ack every sealed entry (of slot `only`, if given) of batches up to `gen` (all

@@ -15,8 +15,10 @@ committed batches. Keys:
   deliveries repeat one pattern, which zstd stores in a few bytes per thousand messages; format 1
   chunks held the reply subjects themselves (about 73 bytes each) and are still read.
 - `query.<stream>.<target>`: the newest lineage and gen handed out for a target, so a restarted
-  driver on Spark 4.0/4.1 (whose `latestOffset` gets no start offset) can go on numbering, and
-  the pins the query's slots hold, so a restarted query resumes them instead of standing by
+  driver on Spark 4.0/4.1 (whose `latestOffset` gets no start offset) can go on numbering, the
+  pins the query's slots hold, so a restarted query resumes them instead of standing by, and
+  the newest gen whose entries the driver removed as settled (written before it removes them),
+  which fences a task attempt of a committed batch that outlived it
 
 An ack subject is rebuilt from the prefix and the numbers (nats-server reads only the delivery
 count, stream and consumer sequence of an ack subject, and matches explicit acks by stream
@@ -320,11 +322,14 @@ def pointer_key(stream: str, target: str) -> str:
 
 @dataclass
 class Pointer:
-    """A target's newest lineage and gen, and the pins its slots last held."""
+    """A target's newest lineage and gen, the pins its slots last held, and the newest gen of
+    the lineage with an entry removed as settled: a task attempt of that gen or an older one is
+    a zombie of a committed batch and must not create its entry again."""
 
     lineage: str
     gen: int
     pins: dict[str, str] = field(default_factory=dict)
+    settled: int = 0
 
 
 async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
@@ -334,7 +339,9 @@ async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
         return None
     data = json.loads(entry.value or b"{}")
     _readable_format(data, key)
-    return Pointer(data["lineage"], int(data["gen"]), data.get("pins", {}))
+    return Pointer(
+        data["lineage"], int(data["gen"]), data.get("pins", {}), int(data.get("settled", 0))
+    )
 
 
 async def write_pointer(kv: Bucket, key: str, pointer: Pointer) -> None:

@@ -322,6 +322,7 @@ class OffsetReader:
         return SlotPartition(
             connection=options.connection,
             ledger_bucket=options.ledger_bucket,
+            pointer_key=self.ledger.pointer_key,
             lineage=end.lineage,
             gen=end.gen,
             slot=name,

@@ -16,7 +16,14 @@ import pyarrow as pa
 from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.jetstream.acks import ack_prefix
-from nats_spark.spark.group_source.ledger import LEDGER_FORMAT, EntryHead, EntryState, Ledger
+from nats_spark.spark.group_source.ledger import (
+    LEDGER_FORMAT,
+    EntryHead,
+    EntryState,
+    Ledger,
+    LedgerConflict,
+    read_pointer,
+)
 from nats_spark.spark.group_source.recorded import Recorded
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.shared.columns import SlotColumns
@@ -49,6 +56,7 @@ class SlotEntry:
             if found is None:
                 revision = await ledger.create_head(self.p.gen, self.p.slot, self.head)
                 if revision is not None:
+                    await self._not_settled(ledger)
                     self.revision = revision
                     self.head.pin = self.p.pin_id
                     return
@@ -81,6 +89,18 @@ class SlotEntry:
                 self.head.format = LEDGER_FORMAT
                 await self._write([], self.replay, self.head.pin)
             return
+
+    async def _not_settled(self, ledger: Ledger) -> None:
+        """Fail when the entry just created is of a batch whose entries were settled: this
+        attempt outlived its committed batch (the driver fences before it removes, so a create
+        after the removal finds the fence); what it took would be acked as committed."""
+        pointer = await read_pointer(ledger.kv, self.p.pointer_key)
+        if pointer and pointer.lineage == self.p.lineage and pointer.settled >= self.p.gen:
+            await ledger.delete_entry(self.p.gen, self.p.slot)
+            raise LedgerConflict(
+                f"ledger entry {ledger.head_key(self.p.gen, self.p.slot)}: its batch was "
+                "committed and settled; this task attempt outlived it"
+            )
 
     async def sibling_records(self) -> set[int]:
         """Every stream sequence the sibling slots have recorded in this batch, read now."""

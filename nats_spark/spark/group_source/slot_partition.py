@@ -17,6 +17,7 @@ class SlotPartition(InputPartition):
 
     connection: ConnectionSettings
     ledger_bucket: str
+    pointer_key: str  # the target's ledger pointer (`Pointer.settled` fences zombie attempts)
     lineage: str
     gen: int
     slot: str  # `partition-<p>`, a member's name, or `<consumer>#<i>` (its ledger entries' name)

@@ -121,6 +121,7 @@ def planned(gen: int, window_gens: int) -> SlotPartition:
     return SlotPartition(
         connection=ConnectionSettings(),
         ledger_bucket="nats-spark-ledger",
+        pointer_key="query.S.g",
         lineage="0" * 32,
         gen=gen,
         slot="m1",

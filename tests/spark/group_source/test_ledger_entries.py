@@ -20,7 +20,14 @@ from nats_spark.jetstream import acks
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source import driver_ledger, slot_history
 from nats_spark.spark.group_source.driver_ledger import DriverLedger, Horizon
-from nats_spark.spark.group_source.ledger import EntryState, Ledger, LedgerConflict
+from nats_spark.spark.group_source.ledger import (
+    EntryState,
+    Ledger,
+    LedgerConflict,
+    Pointer,
+    read_pointer,
+    write_pointer,
+)
 from nats_spark.spark.group_source.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.sealed_keeper import SealedKeeper
 from nats_spark.spark.group_source.slot_entry import SlotEntry
@@ -48,6 +55,7 @@ def input_partition(lineage: str, gen: int = 1, slot: str = "m1", **fields: Any)
     base: dict[str, Any] = dict(
         connection=ConnectionSettings(),
         ledger_bucket="ledger",
+        pointer_key="query.S.g",
         lineage=lineage,
         gen=gen,
         slot=slot,
@@ -323,6 +331,24 @@ def test_settled_entries_are_removed_and_leave_nothing(
     run_sync(ledger.settle(horizons, committed=2))
     assert sorted(ledger.entries) == [(3, "m1"), (3, "m2")]
     assert not [key for key in kv.values if key.startswith((f"{lineage}.1.", f"{lineage}.2."))]
+    pointer = run_sync(read_pointer(kv, ledger.pointer_key))
+    assert pointer is not None and pointer.settled == 2  # the fence of what was removed
+
+
+def test_an_attempt_that_outlived_its_settled_batch_cannot_create_its_entry_again(
+    kv: MemoryBucket, lineage: str
+) -> None:
+    """A task attempt of batch 1 resumes after batch 1 was re-run, committed, acked and its
+    entry removed: were it to create the entry again and take messages into it, the driver
+    would ack them as committed. The pointer fences gen 1 before the removal."""
+    run_sync(write_pointer(kv, "query.S.g", Pointer(lineage, 3, settled=1)))
+    zombie = attempt(kv, input_partition(lineage, gen=1))
+    with pytest.raises(LedgerConflict, match="outlived"):
+        run_sync(zombie.claim())
+    assert run_sync(Ledger(kv, lineage).heads()) == []
+    assert claimed(kv, input_partition(lineage, gen=2)).head.state is EntryState.OPEN
+    other = uuid.uuid4().hex  # the fence is of the pointer's lineage only
+    assert claimed(kv, input_partition(other, gen=1)).head.state is EntryState.OPEN
 
 
 def test_acks_at_stop_cover_the_committed_batches_only(
