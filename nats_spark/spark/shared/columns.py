@@ -1,11 +1,17 @@
 """The source schema's Arrow columns, built per record batch: one home for what both formats'
-readers emit (rows are gathered as Python lists; every conversion runs once per batch in Arrow)."""
+readers emit (rows are gathered as Python lists; every conversion runs once per batch).
+
+Columns are assembled from buffers (`array`, joined bytes), never by pyarrow's conversion of
+Python objects: that conversion imports pandas, when installed, on its first use, about 0.3
+CPU-s and ~29,000 objects in every Spark Python worker that reads.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 import pyarrow as pa
@@ -34,22 +40,52 @@ _ARROW_TYPES = {
 ARROW_SCHEMA = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in SCHEMA_FIELDS])
 HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
 TIMESTAMP_TYPE = ARROW_SCHEMA.field("timestamp").type
+_NANOS_TYPE = pa.timestamp("ns", tz="UTC")
+_INT64, _BINARY = pa.int64(), pa.binary()
+_TYPECODES = {pa.int32(): "i", _INT64: "q"}
+_INT32_MAX = 2**31 - 1
+
+
+def int_array(values: Iterable[int], kind: pa.DataType = _INT64) -> pa.Array:
+    """An int32 or int64 column of `values` (none null)."""
+    words = array(_TYPECODES[kind], values)
+    return pa.Array.from_buffers(kind, len(words), [None, pa.py_buffer(words)])
+
+
+def bytes_array(values: Sequence[bytes], kind: pa.DataType = _BINARY) -> pa.Array:
+    """A binary or string column of `values` (none null); a string column must be UTF-8, as
+    pyarrow's own conversion requires."""
+    lengths = array("i", (0,))
+    lengths.fromlist(list(map(len, values)))  # through a list: array() steps an iterator slowly
+    offsets = pc.cumulative_sum(int_array(lengths, pa.int32())).buffers()[1]
+    column = pa.Array.from_buffers(
+        kind, len(values), [None, offsets, pa.py_buffer(b"".join(values))]
+    )
+    if kind == pa.string():
+        column.validate(full=True)  # ArrowInvalid names the first row that is not UTF-8
+    return column
 
 
 @lru_cache(maxsize=256)
-def header_column(raw: bytes | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """A message's entry in the `headers` column. Cached: most messages of a pull carry the same
-    block (often just the pin)."""
+def header_column(raw: bytes | None) -> tuple[tuple[bytes, tuple[bytes, ...]], ...]:
+    """A message's entry in the `headers` column, UTF-8 encoded. Cached: most messages of a pull
+    carry the same block (often just the pin)."""
     # Nats-Pin-Id is added per delivery, not stored: leaving it out keeps replays exact.
-    return tuple(item for item in header_values(raw) if item[0] != PIN_ID_HEADER)
+    return tuple(
+        (key.encode(), tuple(value.encode() for value in values))
+        for key, values in header_values(raw)
+        if key != PIN_ID_HEADER
+    )
 
 
 def headers_array(blocks: Sequence[bytes | None], include: bool) -> pa.Array:
     """The `headers` map column from each row's raw header block (null when not `include`)."""
     if not include:
         return pa.nulls(len(blocks), HEADERS_TYPE)
-    row_offsets, keys, values, value_offsets = [0], list[str](), list[str](), [0]
-    if blocks.count(None) == len(blocks):  # no headers: an empty map per row, no step per row
+    row_offsets, keys, values, value_offsets = [0], list[bytes](), list[bytes](), [0]
+    # The usual pull carries no headers but the pin, the same block on every row: a map with
+    # no entries per row, decided per distinct block rather than row by row.
+    if not any(header_column(raw) for raw in set(blocks)):
         offsets = constant(0, len(blocks) + 1, pa.int32())
     else:
         for raw in blocks:
@@ -59,30 +95,40 @@ def headers_array(blocks: Sequence[bytes | None], include: bool) -> pa.Array:
                     values.extend(items)
                     value_offsets.append(len(values))
             row_offsets.append(len(keys))
-        offsets = pa.array(row_offsets, pa.int32())
+        offsets = int_array(row_offsets, pa.int32())
     items_array = pa.ListArray.from_arrays(
-        pa.array(value_offsets, pa.int32()), pa.array(values, pa.string())
+        int_array(value_offsets, pa.int32()), bytes_array(values, pa.string())
     )
-    key_array = pa.array(keys, pa.string())
+    key_array = bytes_array(keys, pa.string())
     return pa.MapArray.from_arrays(offsets, key_array, items_array, type=HEADERS_TYPE)
 
 
 def timestamps_from_nanos(nanos: Sequence[int]) -> pa.Array:
-    """The `timestamp` column from Unix nanoseconds (Spark keeps microseconds)."""
-    return pc.divide(pa.array(nanos, pa.int64()), 1000).cast(TIMESTAMP_TYPE)
+    """The `timestamp` column from Unix nanoseconds (Spark keeps microseconds, truncated)."""
+    return int_array(nanos).view(_NANOS_TYPE).cast(TIMESTAMP_TYPE, safe=False)
 
 
 def timestamps_from_text(stamps: Sequence[bytes]) -> pa.Array:
     """The `timestamp` column from RFC 3339 times (nanoseconds), truncated to microseconds."""
-    nanos = pa.array(stamps, pa.binary()).cast(pa.string()).cast(pa.timestamp("ns", tz="UTC"))
-    return nanos.cast(TIMESTAMP_TYPE, safe=False)
+    return text_timestamps(stamps).cast(TIMESTAMP_TYPE, safe=False)
+
+
+def text_timestamps(stamps: Sequence[bytes]) -> pa.Array:
+    """RFC 3339 times (nanoseconds, as JetStream writes them) as an Arrow timestamp column."""
+    return bytes_array(stamps, pa.string()).cast(_NANOS_TYPE)
 
 
 def constant(value: str | int | None, n: int, kind: pa.DataType) -> pa.Array:
     """A column with the same value (or null) in each of `n` rows."""
     if value is None:
         return pa.nulls(n, kind)
-    return pa.repeat(pa.scalar(value, kind), n)
+    if isinstance(value, int):
+        return int_array(array(_TYPECODES[kind], (value,)) * n, kind)
+    raw = value.encode()  # a str: UTF-8 by construction
+    offsets = (
+        array("i", range(0, len(raw) * n + 1, len(raw))) if raw else array("i", (0,)) * (n + 1)
+    )
+    return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)])
 
 
 def record_batch(
@@ -103,12 +149,12 @@ def record_batch(
     return pa.record_batch(
         [
             subject,
-            pa.array(data, pa.binary()),
+            bytes_array(data),
             headers,
             partition,
             constant(member, n, pa.string()),
             constant(stream, n, pa.string()),
-            pa.array(stream_seq, pa.int64()),
+            int_array(stream_seq),
             consumer_seq,
             delivered,
             timestamp,
@@ -185,9 +231,14 @@ class SlotColumns:
     def _subjects(self, n: int) -> tuple[pa.Array, pa.Array]:
         """The `subject` and `partition` columns; a group's stored `<partition>.<subject>` is
         split in Arrow, not row by row."""
-        subjects = pa.array(self.subject, pa.string())
+        subjects = bytes_array(self.subject, pa.string())
         if not (self.partitioned and n):
             return subjects, pa.nulls(n, pa.int32())
+        # A partition's consumer reads one partition: its token is cut off by position.
+        number, _ = strip_partition(self.subject[0].decode())
+        token = f"{number}."
+        if number <= _INT32_MAX and pc.all(pc.starts_with(subjects, token)).as_py():
+            return pc.utf8_slice_codeunits(subjects, len(token)), constant(number, n, pa.int32())
         parts = pc.extract_regex(subjects, r"^(?P<partition>[0-9]+)\.(?P<subject>.*)$")
         if not parts.null_count:
             with contextlib.suppress(pa.ArrowInvalid):  # a number too large for int32
@@ -206,7 +257,7 @@ class SlotColumns:
             member=self.member,
             stream=self.stream,
             stream_seq=self.stream_seq,
-            consumer_seq=pa.array(self.consumer_seq, pa.int64()),
-            delivered=pa.array(self.delivered, pa.int32()),
+            consumer_seq=int_array(self.consumer_seq),
+            delivered=int_array(self.delivered, pa.int32()),
             timestamp=timestamps_from_nanos(self.timestamp),
         )
