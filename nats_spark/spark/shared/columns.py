@@ -1,23 +1,20 @@
 """The source schema's Arrow columns, built per record batch: one home for what both formats'
-readers emit (rows are gathered as Python lists; every conversion runs once per batch).
-
-Columns are assembled from buffers (`array`, joined bytes), never by pyarrow's conversion of
-Python objects: that conversion imports pandas, when installed, on its first use, about 0.3
-CPU-s and ~29,000 objects in every Spark Python worker that reads.
-"""
+readers emit (rows are gathered as Python lists; every conversion runs once per batch, from
+buffers: see `nats_spark.arrays`)."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from nats_spark import clock
+from nats_spark.arrays import TYPECODES, bytes_array, int_array
 from nats_spark.errors import NatsSparkError
 from nats_spark.jetstream.pull import PIN_ID_HEADER, Deliveries, header_values
 from nats_spark.pcg.partitioning import strip_partition
@@ -41,29 +38,7 @@ ARROW_SCHEMA = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in SCHEMA_FI
 HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
 TIMESTAMP_TYPE = ARROW_SCHEMA.field("timestamp").type
 _NANOS_TYPE = pa.timestamp("ns", tz="UTC")
-_INT64, _BINARY = pa.int64(), pa.binary()
-_TYPECODES = {pa.int32(): "i", _INT64: "q"}
 _INT32_MAX = 2**31 - 1
-
-
-def int_array(values: Iterable[int], kind: pa.DataType = _INT64) -> pa.Array:
-    """An int32 or int64 column of `values` (none null)."""
-    words = array(_TYPECODES[kind], values)
-    return pa.Array.from_buffers(kind, len(words), [None, pa.py_buffer(words)])
-
-
-def bytes_array(values: Sequence[bytes], kind: pa.DataType = _BINARY) -> pa.Array:
-    """A binary or string column of `values` (none null); a string column must be UTF-8, as
-    pyarrow's own conversion requires."""
-    lengths = array("i", (0,))
-    lengths.fromlist(list(map(len, values)))  # through a list: array() steps an iterator slowly
-    offsets = pc.cumulative_sum(int_array(lengths, pa.int32())).buffers()[1]
-    column = pa.Array.from_buffers(
-        kind, len(values), [None, offsets, pa.py_buffer(b"".join(values))]
-    )
-    if kind == pa.string():
-        column.validate(full=True)  # ArrowInvalid names the first row that is not UTF-8
-    return column
 
 
 @lru_cache(maxsize=256)
@@ -123,7 +98,7 @@ def constant(value: str | int | None, n: int, kind: pa.DataType) -> pa.Array:
     if value is None:
         return pa.nulls(n, kind)
     if isinstance(value, int):
-        return int_array(array(_TYPECODES[kind], (value,)) * n, kind)
+        return int_array(array(TYPECODES[kind], (value,)) * n, kind)
     raw = value.encode()  # a str: UTF-8 by construction
     offsets = (
         array("i", range(0, len(raw) * n + 1, len(raw))) if raw else array("i", (0,)) * (n + 1)
