@@ -187,9 +187,11 @@ def published_acks(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 
     published: list[bytes] = []
 
-    async def publish(nc: object, replies: list[bytes]) -> int:
-        published.extend(replies)
-        return len(replies)
+    async def send(nc: object, commands: list[bytes], count: int) -> int:
+        lines = b"".join(commands).split(b"\r\n")  # `PUB <subject> 4`, then `+ACK`
+        assert lines[1::2] == [b"+ACK"] * count, lines[1::2]
+        published.extend(line.split(b" ")[1] for line in lines[0::2] if line)
+        return count
 
-    monkeypatch.setattr(slot_history, "publish_acks", publish)
+    monkeypatch.setattr(slot_history, "send_acks", send)
     return published

@@ -5,6 +5,7 @@ administration, connections, plain pull consumers, and a slot read the way a tas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -744,3 +745,36 @@ def parse_reply(reply: str | bytes) -> Delivery:
     tokens = text.split(".")
     at = delivered_at(tokens, text)
     return Delivery(tokens[at - 2], tokens[at - 1], *(int(t) for t in tokens[at : at + 5]))
+
+
+# What Spark's Python workers hold.
+
+
+def python_workers() -> list[int]:
+    """Pids of the pyspark daemon and the workers it forked, under this process's Spark JVM."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [os.getpid()]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            todo.append(pid)
+            with contextlib.suppress(OSError):
+                if b"pyspark.daemon" in (Path("/proc") / str(pid) / "cmdline").read_bytes():
+                    found.append(pid)
+    return found
+
+
+def assert_no_pandas_in_workers() -> None:
+    """The workers that read never imported pandas (pyarrow does on its first conversion of
+    Python objects: 0.3 CPU-s a worker)."""
+    workers = python_workers()
+    assert workers, "no pyspark worker found under this process"
+    for pid in workers:
+        with contextlib.suppress(OSError):
+            maps = (Path("/proc") / str(pid) / "maps").read_text()
+            assert "/pandas/" not in maps, f"pyspark worker {pid} imported pandas"

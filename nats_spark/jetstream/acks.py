@@ -40,27 +40,37 @@ SHORT_ACK_WAIT = 6.0
 RESTART_AFTER = 1 / 6
 
 
+def ack_commands(replies: Sequence[bytes], kind: bytes = ACK, block: int = 4096) -> list[bytes]:
+    """`PUB` commands acking (or, with `IN_PROGRESS`, restarting the ack wait of) every delivery
+    in `replies`, in blocks of `block` commands, built by joining and replacing bytes: no Python
+    step per ack (ack subjects come from the server, so they need no validation)."""
+    tail = b" 4\r\n%b\r\n" % kind
+    return [
+        b"PUB " + b"\n".join(replies[start : start + block]).replace(b"\n", tail + b"PUB ") + tail
+        for start in range(0, len(replies), block)
+    ]
+
+
 async def publish_acks(
     nc: NATS, replies: Sequence[bytes], block: int = 4096, kind: bytes = ACK
 ) -> int:
     """Ack every delivery in `replies` and wait until the server has them all; returns the count.
-    With `kind=IN_PROGRESS` the deliveries are not acked but their ack wait starts over.
+    With `kind=IN_PROGRESS` the deliveries are not acked but their ack wait starts over."""
+    return await send_acks(nc, ack_commands(replies, kind, block), len(replies))
 
-    Acks are plain publishes, queued on the connection as blocks of `PUB` commands through
-    nats-py's command queue (it has no batch publish, and `publish` costs microseconds per call;
-    ack subjects come from the server, so they need no validation). A block is built by joining
-    and replacing bytes, with no Python step per ack. One round trip at the end confirms that
-    the server has processed all of them (see `flush_published`).
-    """
+
+async def send_acks(nc: NATS, commands: Sequence[bytes], count: int) -> int:
+    """Queue `commands` (`ack_commands`, `Recorded.ack_commands`) on the connection's write
+    buffer and wait until the server has processed them all (one round trip, see
+    `flush_published`); returns `count`, the acks they hold. nats-py has no batch publish, and
+    `publish` costs microseconds per call."""
     if nc.is_closed:
         raise ConnectionClosedError
-    tail = b" 4\r\n%b\r\n" % kind
-    for start in range(0, len(replies), block):
-        subjects = b"\n".join(replies[start : start + block])
-        await queue_command(nc, b"PUB " + subjects.replace(b"\n", tail + b"PUB ") + tail)
-    if replies:
+    for command in commands:
+        await queue_command(nc, command)
+    if commands:
         await flush_published(nc, timeout=30)
-    return len(replies)
+    return count
 
 
 async def flush_published(nc: NATS, timeout: float) -> None:
@@ -89,9 +99,9 @@ class InProgressKeeper:
         self.held: dict[int, bytes] = {}  # stream seq -> reply subject of its latest delivery
         self.renewed = 0.0  # monotonic time of the last confirmed round
 
-    async def due(self) -> list[bytes]:
-        """The ack subjects whose ack wait this round restarts."""
-        return list(self.held.values())
+    async def due(self) -> tuple[list[bytes], int]:
+        """The `+WPI` commands of this round, and how many deliveries they name."""
+        return ack_commands(list(self.held.values()), IN_PROGRESS), len(self.held)
 
     async def run(self, done: asyncio.Event) -> None:
         while True:
@@ -105,9 +115,9 @@ class InProgressKeeper:
         """One round: restart the ack wait of what is due."""
         try:
             sent = clock.monotonic()
-            subjects = await self.due()
-            if subjects:
-                await publish_acks(self.nc, subjects, kind=IN_PROGRESS)
+            commands, count = await self.due()
+            if count:
+                await send_acks(self.nc, commands, count)
                 self.renewed = sent  # the ack wait of all held so far started over by then
         except Exception as error:  # the pulls meet the same trouble and report it
             log.debug("%s: progress acks failed: %s", self.label, error)

@@ -35,7 +35,8 @@ from nats_spark.spark.group_source.recorded import Recorded
 from nats_spark.spark.group_source.slot_entry import SlotEntry
 from nats_spark.spark.group_source.slot_history import SlotHistory
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from nats_spark.spark.shared.columns import SlotColumns
+from nats_spark.spark.shared.columns import SlotColumns, text_timestamps
+from nats_spark.spark.shared.worker_gc import freeze_imports
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,8 @@ class SlotReader:
             window = seqs[start : start + _REPLAY_WINDOW]
             stored += await asyncio.gather(*(self._stored(seq) for seq in window))
         found = [msg for msg in stored if msg is not None]
-        stamps = pa.array([msg.time for msg in found], pa.string())
-        times = iter(stamps.cast(pa.timestamp("ns", tz="UTC")).cast(pa.int64()).to_pylist())
+        stamps = text_timestamps([msg.time.encode() for msg in found])
+        times = iter(stamps.cast(pa.int64()).to_pylist())
         columns = self._columns()
         for delivered, seq, consumer_seq, msg in zip(
             recorded.delivered, seqs, recorded.consumer_seq, stored, strict=True
@@ -337,6 +338,7 @@ def _sent_all(pull: Pull) -> bool:
 
 def read_slot(partition: SlotPartition) -> Iterator[pa.RecordBatch]:
     """The rows of one slot of one batch (what `DataSourceStreamReader.read` returns)."""
+    freeze_imports()
     batches = slot_batches(SlotReader(partition))
     try:
         while (batch := run_sync(_next(batches))) is not None:

@@ -22,7 +22,12 @@ from collections.abc import Callable
 
 from nats_spark import clock
 from nats_spark.client import NatsClient
-from nats_spark.jetstream.acks import RESTART_AFTER, SHORT_ACK_WAIT, InProgressKeeper
+from nats_spark.jetstream.acks import (
+    IN_PROGRESS,
+    RESTART_AFTER,
+    SHORT_ACK_WAIT,
+    InProgressKeeper,
+)
 from nats_spark.spark.group_source.driver_ledger import DriverLedger
 from nats_spark.spark.group_source.ledger import EntryState
 
@@ -47,15 +52,15 @@ class SealedKeeper(InProgressKeeper):
         self.started: dict[tuple[int, str], float] = {}
         self.restarting: list[tuple[int, str]] = []  # what the round in progress restarts
 
-    async def due(self) -> list[bytes]:
+    async def due(self) -> tuple[list[bytes], int]:
         ledger = self.ledger.ledger
         if ledger is None:
-            return []
+            return [], 0
         self.nc = self.client_of().nc  # the driver may have replaced its connection
         now = clock.monotonic()
         sealed_since = self.looked - self.wait * RESTART_AFTER  # entries first found sealed now
         started: dict[tuple[int, str], float] = {}
-        self.restarting, subjects = [], list[bytes]()
+        self.restarting, commands, count = [], list[bytes](), 0
         for key, entry in list(self.ledger.entries.items()):
             if entry.head is not None and entry.head.state is EntryState.ACKED:
                 continue
@@ -66,9 +71,11 @@ class SealedKeeper(InProgressKeeper):
             left_at_next_look = started[key] + self.wait - (now + self.wait / _LOOKS)
             if left_at_next_look < self.left:
                 self.restarting.append(key)
-                subjects += (await ledger.read_recorded(found[0])).ack_subjects()
+                recorded = await ledger.read_recorded(found[0])
+                commands += recorded.ack_commands(IN_PROGRESS)
+                count += len(recorded)
         self.started, self.looked = started, now
-        return subjects
+        return commands, count
 
     async def renew(self) -> None:
         confirmed = self.renewed

@@ -26,7 +26,7 @@ from nats_spark.spark.group_source.ledger import (
 )
 from nats_spark.spark.group_source.recorded import Recorded
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from nats_spark.spark.shared.columns import SlotColumns
+from nats_spark.spark.shared.columns import SlotColumns, int_array
 
 log = logging.getLogger(__name__)
 
@@ -159,11 +159,11 @@ class SlotEntry:
         twice = await self.drop_taken_twice(at_risk)
         if not twice:
             return rows, twice
-        kept = [s not in twice for s in columns.stream_seq]
+        kept = int_array(i for i, s in enumerate(columns.stream_seq) if s not in twice)
         self.head.count -= len(taken)
         await self._write(chunks, taken.without(twice), pin)
         self.taken -= twice
-        return rows.filter(pa.array(kept)), twice
+        return rows.take(kept), twice
 
     async def _write(self, chunks: list[str], taken: Recorded, pin: str | None) -> None:
         """Store `taken` as the chunks that follow `chunks` and update the head."""

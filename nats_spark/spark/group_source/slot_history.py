@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from nats_spark.client import NatsClient
 from nats_spark.errors import PERMISSIONS_DOC, ConfigurationError
-from nats_spark.jetstream.acks import publish_acks
+from nats_spark.jetstream.acks import send_acks
 from nats_spark.spark.group_source.ledger import EntryState, Ledger, LedgerConflict
 from nats_spark.spark.group_source.recorded import Recorded
 from nats_spark.spark.group_source.slot_partition import SlotPartition
@@ -75,7 +75,7 @@ async def ack_entry(client: NatsClient, ledger: Ledger, gen: int, slot: str, str
         return 0
     deliveries = await ledger.read_recorded(head)
     before = len(client.denied)
-    count = await publish_acks(client.nc, deliveries.ack_subjects())
+    count = await send_acks(client.nc, deliveries.ack_commands(), len(deliveries))
     refused_acks(client, before, stream)
     head.state = EntryState.ACKED
     try:

@@ -121,10 +121,8 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from nats_spark.spark.group_source.partition_reader import read_slot
         from nats_spark.spark.group_source.slot_partition import SlotPartition
-        from nats_spark.spark.shared.worker_gc import freeze_imports
 
         assert isinstance(partition, SlotPartition)
-        freeze_imports()
         yield from read_slot(partition)
 
     @one_line_errors

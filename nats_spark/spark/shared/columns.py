@@ -1,10 +1,12 @@
 """The source schema's Arrow columns, built per record batch: one home for what both formats'
-readers emit (rows are gathered as Python lists; every conversion runs once per batch in Arrow)."""
+readers emit (rows are gathered as Python lists; every conversion runs once per batch, from
+buffers: see `nats_spark.arrays`)."""
 
 from __future__ import annotations
 
 import contextlib
 import math
+from array import array
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -12,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nats_spark import clock
+from nats_spark.arrays import TYPECODES, bytes_array, int_array
 from nats_spark.errors import NatsSparkError
 from nats_spark.jetstream.pull import PIN_ID_HEADER, Deliveries, header_values
 from nats_spark.pcg.partitioning import strip_partition
@@ -34,22 +37,30 @@ _ARROW_TYPES = {
 ARROW_SCHEMA = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in SCHEMA_FIELDS])
 HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
 TIMESTAMP_TYPE = ARROW_SCHEMA.field("timestamp").type
+_NANOS_TYPE = pa.timestamp("ns", tz="UTC")
+_INT32_MAX = 2**31 - 1
 
 
 @lru_cache(maxsize=256)
-def header_column(raw: bytes | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """A message's entry in the `headers` column. Cached: most messages of a pull carry the same
-    block (often just the pin)."""
+def header_column(raw: bytes | None) -> tuple[tuple[bytes, tuple[bytes, ...]], ...]:
+    """A message's entry in the `headers` column, UTF-8 encoded. Cached: most messages of a pull
+    carry the same block (often just the pin)."""
     # Nats-Pin-Id is added per delivery, not stored: leaving it out keeps replays exact.
-    return tuple(item for item in header_values(raw) if item[0] != PIN_ID_HEADER)
+    return tuple(
+        (key.encode(), tuple(value.encode() for value in values))
+        for key, values in header_values(raw)
+        if key != PIN_ID_HEADER
+    )
 
 
 def headers_array(blocks: Sequence[bytes | None], include: bool) -> pa.Array:
     """The `headers` map column from each row's raw header block (null when not `include`)."""
     if not include:
         return pa.nulls(len(blocks), HEADERS_TYPE)
-    row_offsets, keys, values, value_offsets = [0], list[str](), list[str](), [0]
-    if blocks.count(None) == len(blocks):  # no headers: an empty map per row, no step per row
+    row_offsets, keys, values, value_offsets = [0], list[bytes](), list[bytes](), [0]
+    # The usual pull carries no headers but the pin, the same block on every row: a map with
+    # no entries per row, decided per distinct block rather than row by row.
+    if not any(header_column(raw) for raw in set(blocks)):
         offsets = constant(0, len(blocks) + 1, pa.int32())
     else:
         for raw in blocks:
@@ -59,30 +70,40 @@ def headers_array(blocks: Sequence[bytes | None], include: bool) -> pa.Array:
                     values.extend(items)
                     value_offsets.append(len(values))
             row_offsets.append(len(keys))
-        offsets = pa.array(row_offsets, pa.int32())
+        offsets = int_array(row_offsets, pa.int32())
     items_array = pa.ListArray.from_arrays(
-        pa.array(value_offsets, pa.int32()), pa.array(values, pa.string())
+        int_array(value_offsets, pa.int32()), bytes_array(values, pa.string())
     )
-    key_array = pa.array(keys, pa.string())
+    key_array = bytes_array(keys, pa.string())
     return pa.MapArray.from_arrays(offsets, key_array, items_array, type=HEADERS_TYPE)
 
 
 def timestamps_from_nanos(nanos: Sequence[int]) -> pa.Array:
-    """The `timestamp` column from Unix nanoseconds (Spark keeps microseconds)."""
-    return pc.divide(pa.array(nanos, pa.int64()), 1000).cast(TIMESTAMP_TYPE)
+    """The `timestamp` column from Unix nanoseconds (Spark keeps microseconds, truncated)."""
+    return int_array(nanos).view(_NANOS_TYPE).cast(TIMESTAMP_TYPE, safe=False)
 
 
 def timestamps_from_text(stamps: Sequence[bytes]) -> pa.Array:
     """The `timestamp` column from RFC 3339 times (nanoseconds), truncated to microseconds."""
-    nanos = pa.array(stamps, pa.binary()).cast(pa.string()).cast(pa.timestamp("ns", tz="UTC"))
-    return nanos.cast(TIMESTAMP_TYPE, safe=False)
+    return text_timestamps(stamps).cast(TIMESTAMP_TYPE, safe=False)
+
+
+def text_timestamps(stamps: Sequence[bytes]) -> pa.Array:
+    """RFC 3339 times (nanoseconds, as JetStream writes them) as an Arrow timestamp column."""
+    return bytes_array(stamps, pa.string()).cast(_NANOS_TYPE)
 
 
 def constant(value: str | int | None, n: int, kind: pa.DataType) -> pa.Array:
     """A column with the same value (or null) in each of `n` rows."""
     if value is None:
         return pa.nulls(n, kind)
-    return pa.repeat(pa.scalar(value, kind), n)
+    if isinstance(value, int):
+        return int_array(array(TYPECODES[kind], (value,)) * n, kind)
+    raw = value.encode()  # a str: UTF-8 by construction
+    offsets = (
+        array("i", range(0, len(raw) * n + 1, len(raw))) if raw else array("i", (0,)) * (n + 1)
+    )
+    return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)])
 
 
 def record_batch(
@@ -103,12 +124,12 @@ def record_batch(
     return pa.record_batch(
         [
             subject,
-            pa.array(data, pa.binary()),
+            bytes_array(data),
             headers,
             partition,
             constant(member, n, pa.string()),
             constant(stream, n, pa.string()),
-            pa.array(stream_seq, pa.int64()),
+            int_array(stream_seq),
             consumer_seq,
             delivered,
             timestamp,
@@ -185,9 +206,14 @@ class SlotColumns:
     def _subjects(self, n: int) -> tuple[pa.Array, pa.Array]:
         """The `subject` and `partition` columns; a group's stored `<partition>.<subject>` is
         split in Arrow, not row by row."""
-        subjects = pa.array(self.subject, pa.string())
+        subjects = bytes_array(self.subject, pa.string())
         if not (self.partitioned and n):
             return subjects, pa.nulls(n, pa.int32())
+        # A partition's consumer reads one partition: its token is cut off by position.
+        number, _ = strip_partition(self.subject[0].decode())
+        token = f"{number}."
+        if number <= _INT32_MAX and pc.all(pc.starts_with(subjects, token)).as_py():
+            return pc.utf8_slice_codeunits(subjects, len(token)), constant(number, n, pa.int32())
         parts = pc.extract_regex(subjects, r"^(?P<partition>[0-9]+)\.(?P<subject>.*)$")
         if not parts.null_count:
             with contextlib.suppress(pa.ArrowInvalid):  # a number too large for int32
@@ -206,7 +232,7 @@ class SlotColumns:
             member=self.member,
             stream=self.stream,
             stream_seq=self.stream_seq,
-            consumer_seq=pa.array(self.consumer_seq, pa.int64()),
-            delivered=pa.array(self.delivered, pa.int32()),
+            consumer_seq=int_array(self.consumer_seq),
+            delivered=int_array(self.delivered, pa.int32()),
             timestamp=timestamps_from_nanos(self.timestamp),
         )

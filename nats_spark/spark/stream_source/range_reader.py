@@ -47,12 +47,14 @@ from nats_spark.jetstream.status import StatusKind, parse_status
 from nats_spark.loop import run_sync
 from nats_spark.nats_py import route_raw, unroute_raw
 from nats_spark.spark.shared.columns import (
+    bytes_array,
     constant,
     headers_array,
     record_batch,
     timestamps_from_nanos,
     timestamps_from_text,
 )
+from nats_spark.spark.shared.worker_gc import freeze_imports
 
 _ROWS_PER_BATCH = 16_384
 _BYTES_PER_BATCH = 4 << 20  # payload bytes that close a record batch early (large messages)
@@ -105,7 +107,7 @@ class RangeColumns:
             else timestamps_from_nanos(stamps)  # type: ignore[arg-type]
         )
         return record_batch(
-            subject=pa.array(self.subjects, pa.string()),
+            subject=bytes_array(self.subjects, pa.string()),
             data=self.data,
             headers=headers_array(self.headers, include_headers),
             partition=pa.nulls(n, pa.int32()),  # no group
@@ -416,6 +418,7 @@ def read_range(partition: RangePartition) -> Iterator[pa.RecordBatch]:
     """The messages of `partition`'s sequence range (what `read` of both readers returns)."""
     if partition.first > partition.last:
         return
+    freeze_imports()
     client = shared_client(partition.connection)
     kind = DirectRangeRead if partition.direct else ConsumerRangeRead
     reader = kind(client, partition)

@@ -10,7 +10,7 @@ from spark_helpers import format_one_chunk, parse_reply
 
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError
-from nats_spark.jetstream.acks import ack_prefix
+from nats_spark.jetstream.acks import ACK, IN_PROGRESS, ack_commands, ack_prefix
 from nats_spark.spark.group_source.driver_ledger import DriverEntry, DriverLedger
 from nats_spark.spark.group_source.ledger import (
     LEDGER_FORMAT,
@@ -87,7 +87,9 @@ def test_format_one_chunk_is_read_as_deliveries():
 def test_rebuilt_ack_subjects_name_the_same_delivery(prefix):
     sent = replies(prefix, [5, 6, 9], delivered=2)
     assert ack_prefix(sent[0]) == prefix
-    rebuilt = Recorded.from_replies(sent).ack_subjects()
+    commands = b"".join(Recorded.from_replies(sent).ack_commands()).split(b"\r\n")
+    assert commands[1::2] == [b"+ACK"] * 3
+    rebuilt = [command.split(b" ")[1] for command in commands[0::2] if command]
     assert len(rebuilt[0].split(b".")) == len(sent[0].split(b"."))  # 9 or 11 tokens
     for original, again in zip(sent, rebuilt, strict=True):
         a, b = parse_reply(original), parse_reply(again)
@@ -181,3 +183,17 @@ def test_dedupe_spans_and_their_highest_sequence():
     assert ledger.highest_seq(spans) == 15
     ledger.entries[(2, "b")].head = None
     assert ledger.highest_seq(spans) == UNBOUNDED  # an unread head could hold any
+
+
+@pytest.mark.parametrize("kind", [ACK, IN_PROGRESS])
+def test_rebuilt_commands_match_the_commands_of_the_subjects_in_blocks(kind):
+    recorded = Recorded(V2, [5, 6, 9, 10, 2**40], [1, 2, 3, 4, 5], [1, 1, 2, 1, 7])
+    subjects = [
+        b"%b.%d.%d.%d.0.0" % (V2, *numbers)
+        for numbers in zip(
+            recorded.delivered, recorded.stream_seq, recorded.consumer_seq, strict=True
+        )
+    ]
+    assert recorded.ack_commands(kind, block=2) == ack_commands(subjects, kind, block=2)
+    assert len(recorded.ack_commands(kind, block=2)) == 3
+    assert Recorded(V1).ack_commands(kind) == []

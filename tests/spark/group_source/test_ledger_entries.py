@@ -194,11 +194,11 @@ def test_refused_acks_fail_and_stay_due(
 ) -> None:
     client: Any = SimpleNamespace(nc=None, denied=[])
 
-    async def refused(nc: object, replies: list[bytes]) -> int:
+    async def refused(nc: object, commands: list[bytes], count: int) -> int:
         client.denied.append('Permissions Violation for Publish to "$JS.ACK.S.c1.1.1.1.0.0"')
-        return len(replies)
+        return count
 
-    monkeypatch.setattr(slot_history, "publish_acks", refused)
+    monkeypatch.setattr(slot_history, "send_acks", refused)
     sealed(kv, lineage, 1, [1])
     history = SlotHistory(client, Ledger(kv, lineage), input_partition(lineage, 2, committed=(1,)))
     with pytest.raises(ConfigurationError, match=r"allow the user to publish to \$JS.ACK.S.>"):
@@ -268,12 +268,12 @@ def test_the_driver_restarts_the_ack_wait_of_sealed_entries_only_before_it_runs_
     monkeypatch.setattr(clock, "_source", lambda: now[0])
     restarted: list[int] = []
 
-    async def publish(nc: object, replies: list[bytes], kind: bytes) -> int:
-        assert kind == acks.IN_PROGRESS
-        restarted.append(len(replies))
-        return len(replies)
+    async def send(nc: object, commands: list[bytes], count: int) -> int:
+        assert all(command.endswith(b" 4\r\n+WPI\r\n") for command in commands)
+        restarted.append(count)
+        return count
 
-    monkeypatch.setattr(acks, "publish_acks", publish)
+    monkeypatch.setattr(acks, "send_acks", send)
     entry = claimed(kv, input_partition(lineage, 1))
     take(entry, [1, 2, 3])
     ledger = driver(kv)
@@ -295,16 +295,17 @@ def test_the_driver_restarts_the_ack_wait_of_sealed_entries_only_before_it_runs_
 
     again = SealedKeeper(lambda: CLIENT, ledger, ack_wait=12.0)
     now[0] = 1012.0
-    assert run_sync(again.due()) == [b"$JS.ACK.S.c1.1.%d.%d.0.0" % (s, s) for s in (1, 2, 3)]
+    wpi = [b"$JS.ACK.S.c1.1.%d.%d.0.0" % (s, s) for s in (1, 2, 3)]
+    assert run_sync(again.due()) == (acks.ack_commands(wpi, acks.IN_PROGRESS), 3)
 
     # Under a short ack wait (3 s: a look every 0.25 s) two thirds are kept: restarted at the
     # second look that finds it sealed, as before.
     short = SealedKeeper(lambda: CLIENT, ledger, ack_wait=3.0)
     now[0] = 2000.0
     short.looked, short.started = now[0] - 0.25, {}  # the entry was not sealed at that look
-    assert run_sync(short.due()) == []
+    assert run_sync(short.due()) == ([], 0)
     now[0] += 0.25
-    assert len(run_sync(short.due())) == 3
+    assert run_sync(short.due())[1] == 3
 
 
 def test_settled_entries_are_removed_and_leave_nothing(

@@ -10,6 +10,7 @@ from spark_helpers import (
     ACKS_LAST_BATCH,
     REPORTS_LAG,
     assert_exactly_once,
+    assert_no_pandas_in_workers,
     check_trigger_pacing,
     consumers_of,
     elastic_group,
@@ -61,6 +62,7 @@ def test_static_group_available_now_exactly_once_and_acked(
         assert query.exception() is None
 
     run()
+    assert_no_pandas_in_workers()  # nothing but this source ran in this session's workers
     assert_exactly_once(payloads(spark, out), 600)
     assert_acked_but_last_batch(client, stream, group, 600)
     rows = spark.read.parquet(out)
