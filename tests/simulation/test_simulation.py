@@ -17,6 +17,7 @@ CLOSED_HOLES = {
     "message as fresh while a sibling took and emitted its redelivery (lateness is now counted "
     "from the pull request)",
     25055: "siblings: the same, under a 4 s ack wait",
+    57340: "siblings: the same",
     35254: "a zombie attempt of a batch whose entry was settled and removed created the entry "
     "again, took new messages into it, and the next batch acked them (lost); the driver now "
     "fences settled gens in the pointer before it removes their entries",
