@@ -76,7 +76,7 @@ lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) .venv-spark* build *.egg-info
+	rm -rf $(VENV) .venv-spark* build dist *.egg-info
 
 # The ack-ledger simulation over a seed range (the unit lane runs a few hundred seeds); a failing
 # seed is reproduced, with its schedule, by `python -m tests.simulation --seed <n> --verbose`.
@@ -88,3 +88,9 @@ simulate: $(VENV)/.test-installed
 .PHONY: chaos
 chaos: $(VENV)/.test-installed
 	$(BIN)/python chaos/run.py --minutes $(or $(MINUTES),3)
+
+# The wheel to install elsewhere (a cluster, a Databricks Volume): $(DIST)/nats_spark-<version>-py3-none-any.whl.
+DIST ?= dist
+.PHONY: wheel
+wheel: | $(BIN)/python
+	$(BIN)/python -m pip wheel -q --no-deps -w $(DIST) .

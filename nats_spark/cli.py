@@ -644,7 +644,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     kinds = parser.add_subparsers(dest="kind", required=True, metavar="{static,elastic,status}")
     status = _command(
-        kinds, "status", _status, "per member of a group: partitions, pin, pending, last activity"
+        kinds,
+        "status",
+        _status,
+        "a group in the layout it is read in: a row per partition (partition layout) or per "
+        "member (member layout) with its consumer, state, pending and last activity; the lag",
     )
     _group_args(status)
     _json_flag(status)

@@ -17,7 +17,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import ConnectionClosedError, StaleConnectionError
 
 from nats_spark import nats_py
-from nats_spark.errors import ConfigurationError, ConnectionFailed
+from nats_spark.errors import PERMISSIONS_DOC, ConfigurationError, ConnectionFailed
 from nats_spark.jetstream.api import DEFAULT_PREFIX, no_jetstream
 from nats_spark.jetstream.subjects import valid_publish_subject
 
@@ -148,9 +148,9 @@ class ConnectionSettings:
             if path and not os.path.isfile(path):
                 raise ConfigurationError(f"{label} file {path} does not exist; check the path")
         if self.connect_timeout <= 0:
-            raise ConfigurationError("connect timeout must be positive")
+            raise ConfigurationError("option connectTimeout must be positive; give e.g. 5s")
         if self.retry_timeout <= 0:
-            raise ConfigurationError("retry timeout must be positive")
+            raise ConfigurationError("option retryTimeout must be positive; give e.g. 60s")
         _check_routing(self.domain, self.api_prefix, self.inbox_prefix)
         self.ssl_context()  # a CA, cert or key file that is not PEM fails here, naming the option
 
@@ -279,11 +279,13 @@ def _failure_reason(error: BaseException, tls: bool = False) -> str:
     if "authorization" in lowered or "authentication" in lowered:
         return "the server refused the credentials; check user/password, token, nkey or creds"
     if "permissions violation" in lowered:
-        return f"permission denied ({text}); grant the user the subjects the README lists"
-    if (
-        isinstance(error, (ConnectionRefusedError, TimeoutError))
-        or "connect call failed" in lowered
-    ):
+        return f"permission denied ({text}); grant the user that permission ({PERMISSIONS_DOC})"
+    if isinstance(error, TimeoutError):
+        return (
+            f"no server answered in time ({text}); check the URL and that nats-server is "
+            "running, or raise the option connectTimeout"
+        )
+    if isinstance(error, ConnectionRefusedError) or "connect call failed" in lowered:
         return f"no server answered ({text}); check the URL and that nats-server is running"
     # Without a TLS error of its own, a TLS connection dropped during the handshake is one too.
     dropped = tls and isinstance(error, (OSError, StaleConnectionError, ConnectionClosedError))
@@ -326,8 +328,8 @@ async def connect(settings: ConnectionSettings, denied: list[str] | None = None)
             importlib.import_module("nkeys")
         except ImportError:
             raise ConfigurationError(
-                "nkeySeed and creds authentication need the nkeys package; install it with "
-                "`pip install nkeys` on the driver and every executor"
+                "nkeySeed and creds authentication need the nkeys package; install "
+                "'nats-spark[nkeys]' (or nkeys) on the driver and every executor"
             ) from None
     kwargs = settings.connect_kwargs()
     # Fail fast on the first connect (one retry per server); reconnect policy applies afterwards.

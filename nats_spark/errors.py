@@ -6,6 +6,10 @@ import json
 from enum import IntEnum
 from typing import Any
 
+# Where an error points to documentation: a page of the nats-spark source tree (the docs/ folder
+# of its repository and source distribution), as an installed package carries no docs.
+PERMISSIONS_DOC = "every subject a query needs: docs/security.md#nats-permissions in nats-spark"
+
 
 class NatsSparkError(Exception):
     """Base of every error the connector raises on purpose."""

@@ -13,11 +13,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from nats_spark.errors import ConfigurationError, ServerTooOld
+from nats_spark.errors import ConfigurationError, NatsSparkError, ServerTooOld
 
 MIN_SERVER_VERSION = (2, 11, 0)
 _VERSION_RE = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
 _LEAFNODE_LISTEN = re.compile(r"Listening for leafnode connections on (\S+)")
+
+
+class EmbeddedServerError(NatsSparkError, RuntimeError):
+    """The embedded nats-server did not start or cannot do what was asked of it."""
 
 
 def find_server_binary() -> str:
@@ -103,7 +107,10 @@ class EmbeddedServer:
     @property
     def url(self) -> str:
         if self.port is None:
-            raise RuntimeError("server not started")
+            raise EmbeddedServerError(
+                "the embedded nats-server has no URL before it starts; call start() first or use "
+                "it in a with block"
+            )
         return f"nats://{self.host}:{self.port}"
 
     @property
@@ -140,9 +147,9 @@ class EmbeddedServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(
+                raise EmbeddedServerError(
                     f"nats-server exited with code {self.process.returncode}"
-                    f"{self._last_error()}; see {self.log_file}"
+                    f"{self._last_error()}; fix its config file or arguments (log: {self.log_file})"
                 )
             files = list(ports_dir.glob("*.ports"))
             if files:
@@ -155,8 +162,9 @@ class EmbeddedServer:
                     return self
             time.sleep(0.02)
         self.stop()
-        raise RuntimeError(
-            f"nats-server did not report its port within {timeout}s; see {self.log_file}"
+        raise EmbeddedServerError(
+            f"nats-server did not report its port within {timeout:g}s; see why in its log "
+            f"{self.log_file}, or give start() a longer timeout on a busy machine"
         )
 
     def leafnode_url(self) -> str:
@@ -164,7 +172,10 @@ class EmbeddedServer:
         read from its log, as its ports file lists the client port only."""
         found = _LEAFNODE_LISTEN.findall(self.log_file.read_text(errors="replace"))
         if not found:
-            raise RuntimeError(f"nats-server accepts no leaf nodes; see {self.log_file}")
+            raise EmbeddedServerError(
+                "nats-server accepts no leaf nodes; give it a config file with "
+                f"leafnodes {{ listen: ... }} (log: {self.log_file})"
+            )
         return f"nats-leaf://{found[-1]}"  # the log outlives restarts: the newest line
 
     def _last_error(self) -> str:

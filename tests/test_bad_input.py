@@ -97,7 +97,7 @@ def query_failure(df: Any, directory: Path) -> str:
     ("garbage", "expected"),
     [
         (b"{not json", "is not valid JSON"),
-        (b'{"max_members": "four", "members": ["m1"]}', "is not valid JSON"),
+        (b'{"max_members": "four", "members": ["m1"]}', "is JSON of the wrong shape"),
         (b'{"max_members": 0, "members": ["m1"]}', "max_members is 0"),
         (b"\xff\xfe", "is not valid JSON"),
     ],
@@ -123,6 +123,7 @@ def test_malformed_group_config_fails_before_taking_messages(
 
     message = query_failure(source(spark, nats_url, stream, "g"), tmp_path)
     assert f"static-consumer-groups/{stream}.g" in message and expected in message, message
+    assert message.count("group config") == 1, message  # named once, where it is stored
     assert consumer_states(client, stream) == before
     assert sum(pending for pending, _, _ in before.values()) == 40
 
@@ -312,5 +313,40 @@ def test_a_python_without_spark_4_is_named_on_import(tmp_path, fake_pyspark, fou
     last = run.stderr.strip().splitlines()[-1]
     assert run.returncode == 1 and last == (
         f"ImportError: nats-spark's Spark formats need PySpark 4.0 or newer, {found}; on a plain "
-        "machine pip install 'nats-spark[spark]', on Databricks use Runtime 17.0 or newer"
+        "machine install nats-spark with its spark extra (or pyspark>=4), on Databricks use "
+        "Runtime 17.3 LTS or newer"
     )
+
+
+# A streaming write whose tasks are not told their query and batch
+
+
+class _TaskWithoutQuery:
+    """A task context whose local properties lack the streaming query and batch ids."""
+
+    @staticmethod
+    def get() -> _TaskWithoutQuery:
+        return _TaskWithoutQuery()
+
+    def getLocalProperty(self, key: str) -> None:  # noqa: N802 - pyspark's name
+        return None
+
+    def partitionId(self) -> int:  # noqa: N802 - pyspark's name
+        return 0
+
+
+@pytest.mark.unit
+def test_sink_without_query_ids_names_the_runtime_and_the_way_around(monkeypatch) -> None:
+    from pyspark import __version__
+
+    from nats_spark.errors import ConfigurationError
+    from nats_spark.spark.sink import publisher
+
+    monkeypatch.setattr(publisher, "TaskContext", _TaskWithoutQuery)
+    assert publisher.task_id_prefix("write1") == "write1.0"  # batch writes bring their own id
+    with pytest.raises(ConfigurationError) as caught:
+        publisher.task_id_prefix(None)
+    message = str(caught.value)
+    assert "\n" not in message and "Spark 4.0 or newer" not in message
+    assert message.startswith(f"Spark {__version__} gave this streaming write's task no query")
+    assert "foreachBatch with df.write.format('nats')" in message

@@ -460,13 +460,12 @@ def _parser_commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
     return paths or {" ".join(path)}
 
 
-def _readme_commands() -> set[str]:
-    """The command paths the README's CLI table names: the words of each code span in its first
-    column before the first argument, `<kind>` read as both kinds."""
-    text = (Path(__file__).parent.parent / "README.md").read_text()
-    section = text.split("## The `nats-pcg` CLI", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("| `")]
-    assert rows, "no CLI table in the README"
+def _documented_commands() -> set[str]:
+    """The command paths the CLI table of docs/cli.md names: the words of each code span in its
+    first column before the first argument, `<kind>` read as both kinds."""
+    text = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert rows, "no CLI table in docs/cli.md"
     paths: set[str] = set()
     for row in rows:
         for span in re.findall(r"`([^`]+)`", row.split(" | ")[0]):
@@ -479,10 +478,10 @@ def _readme_commands() -> set[str]:
 
 
 @pytest.mark.unit
-def test_readme_cli_table_matches_the_parser(capsys):
-    documented, parsed = _readme_commands(), _parser_commands(build_parser())
+def test_documented_cli_table_matches_the_parser(capsys):
+    documented, parsed = _documented_commands(), _parser_commands(build_parser())
     assert documented == parsed, (
-        f"in the README only: {sorted(documented - parsed)}; "
+        f"in docs/cli.md only: {sorted(documented - parsed)}; "
         f"in the parser only: {sorted(parsed - documented)}"
     )
     for path in documented:

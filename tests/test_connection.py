@@ -8,6 +8,7 @@ import os
 import pickle
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -121,8 +122,8 @@ def test_settings_pickle_round_trip() -> None:
         ({"tls_cert": __file__}, "tlsCert and tlsKey go together"),
         ({"nkey_seed": "/no/such/seed.nk"}, "nkeySeed file /no/such/seed.nk does not exist"),
         ({"creds": "/no/such/user.creds"}, "creds file /no/such/user.creds does not exist"),
-        ({"connect_timeout": 0}, "connect timeout must be positive"),
-        ({"retry_timeout": -1}, "retry timeout must be positive"),
+        ({"connect_timeout": 0}, "^option connectTimeout must be positive; give e.g. 5s$"),
+        ({"retry_timeout": -1}, "^option retryTimeout must be positive; give e.g. 60s$"),
     ],
 )
 def test_invalid_settings(kwargs: dict[str, object], expected: str) -> None:
@@ -200,6 +201,18 @@ def test_unreachable_server() -> None:
     message = refusal(ConnectionSettings(servers=(f"nats://127.0.0.1:{port}",)))
     assert f"cannot connect to NATS at nats://127.0.0.1:{port}" in message
     assert "no server answered" in message
+
+
+@pytest.mark.unit
+def test_server_that_never_answers_names_connect_timeout() -> None:
+    with socket.socket() as silent:  # accepts connections, never sends nats-server's INFO
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"nats://127.0.0.1:{silent.getsockname()[1]}"
+        message = refusal(ConnectionSettings(servers=(url,), connect_timeout=0.3))
+    assert "\n" not in message
+    assert f"cannot connect to NATS at {url}: no server answered in time" in message, message
+    assert message.endswith("or raise the option connectTimeout"), message
 
 
 @pytest.mark.parametrize("option", ["nkey_seed", "creds"])

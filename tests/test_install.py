@@ -1,9 +1,9 @@
-"""The formats register and read however the package is installed: from a wheel, and from the
-default `pip install -e .`, with Spark and its Python workers started from a directory far from
-the checkout; each install reads a static group's stream through `format("nats")` and
-`format("nats-pcg")`. Spark finds data sources by listing the top-level `pyspark_*` modules on
-sys.path, so an install that only adds an import hook (setuptools' default editable mode for some
-layouts) would leave both formats unknown."""
+"""The formats register and read however the package is installed: from the wheel `make wheel`
+builds (what a cluster or a Databricks Volume gets), and from the default `pip install -e .`, with
+Spark and its Python workers started from a directory far from the checkout; each install reads a
+static group's stream through `format("nats")` and `format("nats-pcg")`. Spark finds data sources
+by listing the top-level `pyspark_*` modules on sys.path, so an install that only adds an import
+hook (setuptools' default editable mode for some layouts) would leave both formats unknown."""
 
 from __future__ import annotations
 
@@ -124,21 +124,13 @@ def _check(found: dict[str, Any], home: Path) -> None:
 
 
 def test_wheel_install_registers_both_formats(tmp_path, nats_url, stream):
+    # The documented route: `make wheel`, run with this interpreter (BIN), into a folder of its own.
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "-w",
-            str(tmp_path / "dist"),
-            str(PROJECT),
-        ],
+        ["make", "-s", "wheel", f"BIN={Path(sys.executable).parent}", f"DIST={tmp_path / 'dist'}"],
+        cwd=PROJECT,
         check=True,
     )
-    (wheel,) = (tmp_path / "dist").glob("nats_spark-*.whl")
+    (wheel,) = (tmp_path / "dist").glob("nats_spark-*-py3-none-any.whl")
     python = _environment(tmp_path / "venv")
     _pip(python, str(wheel))
     workdir = tmp_path / "elsewhere"

@@ -1,63 +1,166 @@
-"""The README's quick start as written: its Python blocks, taken from README.md itself, run against
-the test server with only the server URL and the stream name replaced, so the README cannot drift
-from the code. The script's `getOrCreate()` finds this module's Spark session."""
+"""Every page's Python as written: the ```python blocks of README.md and docs/*.md, taken from the
+pages themselves, run in order (one namespace per page) against the test server, with only the
+server URL, stream names (made unique) and work directories replaced, so the docs cannot drift
+from the code. The blocks' `getOrCreate()` finds this module's Spark session."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_helpers import ACKS_LAST_BATCH, SPARK_VERSION, unacked
+from spark_helpers import ACKS_LAST_BATCH, REPO, SPARK_VERSION
 
-from nats_spark.errors import ConfigurationError
-from nats_spark.loop import run_sync
+from nats_spark.client import NatsClient
+from nats_spark.errors import ConfigurationError, NotFound
+from nats_spark.loop import Blocking, run_sync
+from nats_spark.pcg import partition_for
 from nats_spark.spark.registration import register_formats
 
 pytestmark = pytest.mark.spark
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-MESSAGES = 100  # what the quick start publishes
+PAGES = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]
+# The names a page's blocks assign that the test decides: the server, streams, directories.
+LOCAL_NAME = re.compile(r"^(NATS_URL|WORK_DIR|[A-Z_]*STREAM) = .*$", re.MULTILINE)
+PAYMENTS = 30  # messages of the README's existing header-keyed stream
+CUSTOMERS = 5
 
 
-def quick_start_blocks() -> list[str]:
-    """The ```python blocks of the README's "Quick start" section, in order."""
-    text = README.read_text(encoding="utf-8")
-    section = text.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"^```python\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
+def python_blocks(page: Path) -> list[str]:
+    """The page's ```python blocks, in order."""
+    text = page.read_text(encoding="utf-8")
+    return re.findall(r"^```python\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
 
 
-def with_values(code: str, **values: str) -> str:
-    """`code` with each `NAME = ...` line set to the given value."""
-    for name, value in values.items():
-        code, found = re.subn(rf"^{name} = .*$", f"{name} = {value!r}", code, flags=re.MULTILINE)
-        assert found == 1, f"the quick start has no line `{name} = ...`"
-    return code
+def localized(code: str, values: dict[str, str]) -> str:
+    """`code` with each assignment LOCAL_NAME matches set to its value in `values`."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return f"{name} = {values[name]!r}"
+
+    return LOCAL_NAME.sub(value, code)
 
 
-def run_block(code: str, namespace: dict[str, Any]) -> None:
-    exec(compile(code, str(README), "exec"), namespace)
+class Page:
+    """A page's blocks run in one namespace; `names` holds the values given to LOCAL_NAME."""
+
+    def __init__(self, page: Path, nats_url: str, unique: str, work_dir: Path) -> None:
+        self.page = page
+        self.blocks = python_blocks(page)
+        self.names: dict[str, str] = {"NATS_URL": nats_url, "WORK_DIR": str(work_dir)}
+        for block in self.blocks:
+            for match in re.finditer(r'^([A-Z_]*STREAM) = "([^"]+)"', block, re.MULTILINE):
+                self.names[match.group(1)] = f"{match.group(2)}_{unique}"
+        self.namespace: dict[str, Any] = {"__name__": "__main__"}
+
+    def run(self) -> None:
+        for block in self.blocks:
+            exec(compile(localized(block, self.names), str(self.page), "exec"), self.namespace)
+
+    def streams(self) -> list[str]:
+        return [value for name, value in self.names.items() if name.endswith("STREAM")]
 
 
-def test_quick_start_runs_as_written(spark, nats_url, client, unique, capsys) -> None:
-    script, registration = quick_start_blocks()
-    stream = f"QUICK_{unique}"
-    namespace: dict[str, Any] = {"__name__": "__main__"}
-    try:
-        run_block(with_values(script, NATS_URL=nats_url, STREAM=stream), namespace)
-        shown = capsys.readouterr().out
-        assert namespace["spark"] is spark  # the script's getOrCreate() found the session
-        rows = namespace["rows"].select("data", "partition", "member").collect()
-        assert sorted(int(row.data.decode().split()[1]) for row in rows) == list(range(MESSAGES))
-        assert {row.member for row in rows} == {"m1", "m2", "m3"}
-        assert "|partition|member|count|" in shown, shown
-        if ACKS_LAST_BATCH:
-            assert unacked(client, stream, namespace["GROUP"]) == 0
-        run_block(registration, namespace)  # registers again; the workers run this Python
-    finally:
-        run_sync(client.target.api.delete_stream(stream))
+@pytest.fixture
+def page_runner(nats_url: str, unique: str, tmp_path: Path, client: Blocking[NatsClient]):
+    """Makes a `Page`; deletes every stream its names give (and elastic groups' work queues)."""
+    made: list[Page] = []
+
+    def make(relative: str) -> Page:
+        made.append(Page(REPO / relative, nats_url, unique, tmp_path))
+        return made[-1]
+
+    yield make
+    for page in made:
+        for stream in page.streams():
+            with contextlib.suppress(NotFound):
+                run_sync(client.target.api.delete_stream(stream))
+
+
+@pytest.mark.unit
+def test_every_page_with_python_is_run_here() -> None:
+    with_python = {str(page.relative_to(REPO)) for page in PAGES if python_blocks(page)}
+    assert with_python == {"README.md", "docs/groups-api.md"}, "add a test for the new page"
+
+
+@pytest.mark.unit
+def test_local_names_are_replaced_and_nothing_else() -> None:
+    code = 'NATS_URL = "nats://h:4222"  # yours\nKEYED_STREAM = "K"\nGROUP = "g"\n'
+    values = {"NATS_URL": "nats://127.0.0.1:9", "KEYED_STREAM": "K_1"}
+    assert localized(code, values) == (
+        "NATS_URL = 'nats://127.0.0.1:9'\nKEYED_STREAM = 'K_1'\nGROUP = \"g\"\n"
+    )
+
+
+def _stored_payments(client: Blocking[NatsClient], stream: str) -> Iterator[tuple[str, bytes]]:
+    """(subject, data) of every message of `stream`, in stream order."""
+    info = run_sync(client.target.api.stream_info(stream))
+    for seq in range(1, info["state"]["last_seq"] + 1):
+        message = run_sync(client.target.js.get_msg(stream, seq))
+        yield message.subject, message.data
+
+
+def test_readme_runs_as_written(
+    spark: Any, client: Blocking[NatsClient], page_runner: Any, capsys: Any
+) -> None:
+    readme = page_runner("README.md")
+    payments = readme.names["PAYMENTS_STREAM"]  # the stream the re-key example starts from
+    run_sync(client.target.api.create_stream({"name": payments, "subjects": ["payments.*"]}))
+    for n in range(PAYMENTS):
+        customer = f"c{n % CUSTOMERS}"
+        headers = {"Customer-Id": customer}
+        run_sync(
+            client.target.js.publish("payments.eu", f"{customer}:{n}".encode(), headers=headers)
+        )
+
+    readme.run()
+    shown = capsys.readouterr().out
+    ns = readme.namespace
+    assert ns["spark"] is spark  # the blocks' getOrCreate() found the session
+
+    # Which path: the re-key copy, each customer's messages in its partition, in order.
+    keyed = list(_stored_payments(client, readme.names["KEYED_STREAM"]))
+    assert len(keyed) == PAYMENTS
+    for subject, data in keyed:
+        partition, _, customer = subject.split(".")
+        assert data.decode().startswith(f"{customer}:")
+        assert int(partition) == partition_for(customer, 8), subject
+    assert [data for _, data in keyed] == [
+        f"c{n % CUSTOMERS}:{n}".encode() for n in range(PAYMENTS)
+    ]
+
+    # Read a group: the quick start's 100 messages, over the three members.
+    rows = ns["rows"].select("data", "member").collect()
+    assert sorted(int(row.data.decode().split()[1]) for row in rows) == list(range(100))
+    assert {row.member for row in rows} == {"m1", "m2", "m3"}
+    assert "|partition|member|count|" in shown, shown
+    # Guarantees and offsets: the server's lag after the run.
+    assert ns["lag"]["total"]["pending"] == 0
+    if ACKS_LAST_BATCH:
+        assert ns["lag"]["total"] == {"pending": 0, "ackPending": 0}
+    # Read a whole stream: sequences 1 to 50; Write: the rows back into the stream.
+    assert ns["first_fifty"].count() == 50
+    orders = run_sync(client.target.api.stream_info(ns["STREAM"]))
+    assert orders["state"]["messages"] == 200
+
+
+def test_groups_api_example_runs_as_written(spark: Any, page_runner: Any) -> None:
+    page = page_runner("docs/groups-api.md")
+    page.run()
+    ns = page.namespace
+    served = ns["served"]
+    assert len(served) == len(ns["mine"]) > 0
+    assert {message.partition for message in served} <= {0, 1}
+    by_spark = spark.table("shipments_spark").select("data", "partition", "member").collect()
+    assert {row.partition for row in by_spark} <= {2, 3}
+    assert {row.member for row in by_spark} == {"spark"}
+    everything = sorted([m.data for m in served] + [bytes(row.data) for row in by_spark])
+    assert everything == sorted(f"shipment {n}".encode() for n in range(40))
 
 
 @pytest.mark.skipif(
@@ -83,3 +186,25 @@ def test_register_formats_names_the_python_of_workers_that_cannot_load_it(spark,
     assert "No module named 'nats_spark'" in message, message
     assert f"they run {bare}" in message and "set PYSPARK_PYTHON" in message, message
     assert sys.executable in message, message
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but hyphens dropped, spaces to
+    hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(REPO)))
+def test_links_between_pages_resolve(page: Path) -> None:
+    text = re.sub(r"^```.*?^```$", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue  # not a page of the repository
+        path, _, fragment = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        assert linked.exists(), f"{page.name} links to {target}: no such file"
+        if fragment and linked.suffix == ".md":
+            headings = re.findall(r"^#+ (.*)$", linked.read_text(encoding="utf-8"), re.MULTILINE)
+            anchors = {anchor(heading) for heading in headings}
+            assert fragment in anchors, f"{page.name} links to {target}: no such heading"

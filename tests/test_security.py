@@ -338,7 +338,8 @@ def test_user_without_ack_permission(
     # count the batch as acked with its messages pending for good.
     assert error is not None, f"denied acks went unnoticed: {states}"
     message = str(error)
-    assert "permission" in message and "$JS.ACK" in message, message
+    assert f"allow the user to publish to $JS.ACK.{NOACK_STREAM}.>" in message, message
+    assert "docs/security.md#nats-permissions" in message, message
 
 
 @pytest.mark.spark
@@ -356,8 +357,9 @@ def test_user_without_consumer_create_permission(
         close(admin)
     line = message.splitlines()[0]  # the connector's line comes first
     assert "nats_spark." in line, message
-    assert f"$JS.API.CONSUMER.CREATE.{NOAPI_STREAM}.g-partition-0" in line, line
-    assert "permission" in line, line
+    create = f"$JS.API.CONSUMER.CREATE.{NOAPI_STREAM}.g-partition-0"
+    assert f"permission denied to publish {create}; allow the user to publish to it" in line, line
+    assert "docs/security.md#nats-permissions" in line, line
 
 
 @pytest.mark.spark

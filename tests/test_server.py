@@ -15,6 +15,7 @@ from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import (
     MIN_SERVER_VERSION,
     EmbeddedServer,
+    EmbeddedServerError,
     binary_version,
     check_server_version,
     find_server_binary,
@@ -151,10 +152,30 @@ def test_start_failure_names_the_exit_code_and_the_reason(tmp_path: Path) -> Non
     config.write_text("this is { not a config\n")
     server = EmbeddedServer(config_file=config)
     try:
-        with pytest.raises(RuntimeError) as caught:
+        with pytest.raises(EmbeddedServerError) as caught:
             server.start(timeout=10)
         message = str(caught.value)
         assert "\n" not in message
         assert "nats-server exited with code 1: nats-server: Parse error on line 1" in message
+        assert "; fix its config file or arguments (log: " in message
     finally:
         server.cleanup()
+
+
+def test_url_before_start_says_to_start_it(tmp_path: Path) -> None:
+    server = EmbeddedServer(binary=_fake_binary(tmp_path, "nats-server: v2.12.0"))
+    try:
+        with pytest.raises(EmbeddedServerError, match=r"no URL before it starts; call start\(\)"):
+            _ = server.url
+    finally:
+        server.cleanup()
+
+
+def test_leafnode_url_of_a_server_without_leafnodes_names_the_config() -> None:
+    with EmbeddedServer() as server, pytest.raises(EmbeddedServerError) as caught:
+        server.leafnode_url()
+    message = str(caught.value)
+    assert message.startswith("nats-server accepts no leaf nodes; give it a config file with "), (
+        message
+    )
+    assert "leafnodes { listen: ... }" in message

@@ -15,7 +15,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from nats_spark.errors import JetStreamApiError, NatsSparkError, NotFound
+from nats_spark.errors import PERMISSIONS_DOC, JetStreamApiError, NatsSparkError, NotFound
 from nats_spark.jetstream.replies import NANOS, ConsumerInfo, StreamInfo
 from nats_spark.jetstream.retry import Unavailable, retrying
 
@@ -95,8 +95,8 @@ class JetStreamApi:
             quoted = f'"{full.lower()}"'  # nats-py lowercases the server's error text
             if any(quoted in refusal for refusal in self.denied):
                 raise NatsSparkError(
-                    f"permission denied to publish {full}; grant the user the subjects the "
-                    "README lists under permissions"
+                    f"permission denied to publish {full}; allow the user to publish to it "
+                    f"({PERMISSIONS_DOC})"
                 ) from None
             raise
         answer = json.loads(reply.data)

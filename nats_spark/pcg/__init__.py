@@ -1,5 +1,8 @@
-"""Partitioned consumer groups interoperable with the Go library `pcgroups` (orbit.go)."""
+"""Partitioned consumer groups interoperable with the Go library `pcgroups` (orbit.go): configs,
+partitioning, administration (`admin`) and members that consume (`consume`, as Go's
+StaticConsume/ElasticConsume). docs/groups-api.md documents these names."""
 
+from nats_spark.pcg import admin
 from nats_spark.pcg.config import (
     ElasticConfig,
     GroupConfigError,
@@ -7,6 +10,7 @@ from nats_spark.pcg.config import (
     PartitioningFilter,
     StaticConfig,
 )
+from nats_spark.pcg.member import GroupConfigChanged, GroupMember, GroupMessage, consume
 from nats_spark.pcg.partitioning import (
     elastic_stream_name,
     elastic_subject_transforms,
@@ -16,13 +20,21 @@ from nats_spark.pcg.partitioning import (
     partition_for,
     strip_partition,
 )
+from nats_spark.pcg.store import GroupEntry, GroupKind
 
 __all__ = [
     "ElasticConfig",
+    "GroupConfigChanged",
     "GroupConfigError",
+    "GroupEntry",
+    "GroupKind",
+    "GroupMember",
+    "GroupMessage",
     "MemberMapping",
     "PartitioningFilter",
     "StaticConfig",
+    "admin",
+    "consume",
     "elastic_stream_name",
     "elastic_subject_transforms",
     "generate_partition_filters",

@@ -36,11 +36,22 @@ _INTEGER_TEXT = re.compile(r"-?(?:0|[1-9][0-9]*)")
 
 
 class GroupConfigError(ConfigurationError):
-    """A group config that is not valid JSON for its kind, or that breaks a rule of the group."""
+    """A group config that is not valid JSON for its kind, or that breaks a rule of the group.
+
+    `detail` follows the name of the config (`where`), which a caller that knows where the config
+    is stored can put in with `at`, so the message names the config once."""
+
+    def __init__(self, detail: str, where: str = "group config") -> None:
+        self.detail = detail
+        super().__init__(f"{where} {detail}")
+
+    def at(self, where: str) -> GroupConfigError:
+        """The same error about the config named `where`."""
+        return GroupConfigError(self.detail, where)
 
 
 def _invalid(problem: str, fix: str) -> GroupConfigError:
-    return GroupConfigError(f"group config invalid: {problem}; {fix}")
+    return GroupConfigError(f"is invalid: {problem}; {fix}")
 
 
 # --- JSON in and out -------------------------------------------------------------------------
@@ -255,19 +266,20 @@ class _GroupConfig(_WireObject):
     def from_json(cls, data: bytes | str, key: str | None = None) -> Self:
         """Read a stored value; `key` (`<stream>.<group>`) only names it in errors."""
         where = f"group config for {key}" if key else "group config"
+        fix = "rewrite the KV entry with a valid config, or delete and recreate the group"
         try:
             text = data.decode("utf-8") if isinstance(data, bytes | bytearray) else data
             obj = json.loads(
                 text, parse_int=_Number, parse_float=_Number, parse_constant=_reject_constant
             )
+        except ValueError as e:  # also JSONDecodeError and UnicodeDecodeError
+            raise GroupConfigError(f"is not valid JSON: {e}; {fix}", where) from e
+        try:
             if not isinstance(obj, dict):
                 raise _ShapeError(f"expected an object, got {_describe(obj)}")
             return cls._from_wire(obj, "")
-        except ValueError as e:  # also JSONDecodeError, UnicodeDecodeError and _ShapeError
-            raise GroupConfigError(
-                f"{where} is not valid JSON: {e}; rewrite the KV entry with a valid config "
-                "(or delete and recreate the group)"
-            ) from e
+        except _ShapeError as e:
+            raise GroupConfigError(f"is JSON of the wrong shape: {e}; {fix}", where) from e
 
     def to_json(self) -> bytes:
         """The value to store: as read where unchanged, as Go's `json.Marshal` writes elsewhere."""

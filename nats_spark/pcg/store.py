@@ -90,7 +90,7 @@ async def _read(client: NatsClient, kind: GroupKind, stream: str, group: str) ->
     try:
         config.validate()
     except GroupConfigError as error:
-        raise GroupConfigError(f"group config {where}: {error}") from None
+        raise error.at(f"group config for {where}") from None
     return GroupEntry(kind, stream, group, config, entry.revision or 0)
 
 

@@ -10,7 +10,8 @@ on import rather than failing on a missing `pyspark.sql.datasource`.
 
 _NEEDS = (
     "nats-spark's Spark formats need PySpark 4.0 or newer, {found}; on a plain machine "
-    "pip install 'nats-spark[spark]', on Databricks use Runtime 17.0 or newer"
+    "install nats-spark with its spark extra (or pyspark>=4), on Databricks use Runtime 17.3 LTS "
+    "or newer"
 )
 
 try:

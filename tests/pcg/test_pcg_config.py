@@ -177,13 +177,13 @@ def test_empty_mappings_are_refused():
 @pytest.mark.parametrize(
     ("stored", "message"),
     [
-        ("{", "not valid JSON"),
-        ("[]", "expected an object, got an array"),
+        ("{", "is not valid JSON: Expecting property name"),
+        ('{"max_members":NaN}', "is not valid JSON: NaN is not a JSON value"),
+        ("[]", "is JSON of the wrong shape: expected an object, got an array"),
         ('{"max_members":"3"}', "'max_members' must be a non-negative integer, got a string"),
         ('{"max_members":1.0}', "got number 1.0"),
         ('{"max_members":1e2}', "got number 1e2"),
         ('{"max_members":-1}', "got -1"),
-        ('{"max_members":NaN}', "NaN"),
         ('{"max_members":2,"members":["a",7]}', "'members[1]' must be a string, got number 7"),
         ('{"max_members":2,"members":"a"}', "'members' must be an array"),
         (
@@ -194,10 +194,20 @@ def test_empty_mappings_are_refused():
     ],
 )
 def test_malformed_values_are_refused_with_the_key(stored, message):
-    with pytest.raises(GroupConfigError, match="group config for ORDERS.g1 is not valid JSON") as e:
+    with pytest.raises(GroupConfigError, match="^group config for ORDERS.g1 is ") as e:
         ElasticConfig.from_json(stored, key="ORDERS.g1")
     assert message in str(e.value)
     assert "\n" not in str(e.value)
+    assert str(e.value).endswith(
+        "; rewrite the KV entry with a valid config, or delete and recreate the group"
+    )
+
+
+def test_wrong_shape_is_not_called_invalid_json():
+    with pytest.raises(GroupConfigError) as e:
+        StaticConfig.from_json('{"max_members":"four","members":["m1"]}')
+    assert "not valid JSON" not in str(e.value)
+    assert str(e.value).startswith("group config is JSON of the wrong shape: field 'max_members'")
 
 
 def test_bytes_that_are_not_utf8_are_refused():
@@ -281,9 +291,10 @@ def test_go_values_are_valid(stored):
     ],
 )
 def test_broken_rules_are_reported(config, message):
-    with pytest.raises(GroupConfigError, match="group config invalid") as e:
+    with pytest.raises(GroupConfigError, match="^group config is invalid: ") as e:
         config.validate()
     assert message in str(e.value)
+    assert str(e.value).count("group config") == 1
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from nats_spark.spark.group_source.offset_reader import OffsetReader
 from nats_spark.spark.group_source.offsets import SourceOffset
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from tests.simulation.scheduler import Crashed, Lost, Participant
+from tests.simulation.scheduler import Crashed, Lost
 
 if TYPE_CHECKING:
     from tests.simulation.world import World
@@ -74,7 +74,6 @@ class Query:
     version: str
     trigger: str
     stop_at: float  # virtual time after which the query is stopped between batches
-    participant: Participant | None = None
     idle: int = 0  # triggers in a row that planned no batch
     stopping: bool = False  # a stop interrupted a batch
 

@@ -124,7 +124,6 @@ class Target:
 
 @dataclass
 class World:
-    seed: int
     setup: Setup
     sched: Scheduler
     stream: Stream = field(default_factory=Stream)
@@ -201,7 +200,7 @@ class World:
 
     async def publish(self, count: int, over: float) -> None:
         rng = self.sched.rng
-        for _i in range(count):
+        for _ in range(count):
             await asyncio.sleep(rng.expovariate(count / over))
             slot, key = rng.randrange(SLOTS), rng.randrange(KEYS)
             seq = self.stream.publish(f"S.p{slot}.k{key}", self.sched.now)
@@ -224,7 +223,7 @@ class World:
         self.quiet = True
         sched.chaos.enabled = False
         sched.note("quiet: no more faults; the query runs until the stream is idle")
-        await self.run_query(runs + 1, PROCESSING, sched.now + 40 * setup.ack_wait, quiet=True)
+        await self.run_query(runs + 1, PROCESSING, float("inf"), quiet=True)
         ticking.set()
         await server
         self.observed.check_quiet(self.consumers)
@@ -233,8 +232,6 @@ class World:
         self, number: int, trigger: str, stop_at: float, quiet: bool = False
     ) -> None:
         query = Query(self, self.setup.version, trigger, stop_at)
-        if quiet:
-            query.stop_at = float("inf")
         participant = self.sched.spawn(f"driver#{number}", "driver", self._drive(query, quiet))
         self.sched.note(f"query run {number}: Spark {self.setup.version}, {trigger}")
         with contextlib.suppress(Crashed):
@@ -273,7 +270,7 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
     rng = random.Random(seed)
     setup = replace(Setup.draw(rng), **overrides)
     sched = Scheduler(rng, replace(setup.chaos), setup.ack_wait, verbose=verbose)
-    world = World(seed, setup, sched)
+    world = World(setup, sched)
     previous_seen, previous_uuid4 = slot_history._seen, uuid.uuid4
     slot_history._seen = slot_history._SeenEntries()  # a worker process of this world's own
     ids = random.Random(seed)  # lineages and attempt ids, the same on every run of the seed

@@ -60,7 +60,7 @@ class OffsetReader:
         self.resolved = False  # whether the target was resolved since this reader started
         self.available_now = False  # an availableNow run: its slots end at their `end_seq`
         self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
-        self.committed = 0  # newest gen of the lineage known committed (acked at stop)
+        self.committed = 0  # newest gen of the adopted lineage known committed (acked at stop)
         self.keeping: tuple[asyncio.Event, asyncio.Future[None]] | None = None
 
     def _committed(self, offset: SourceOffset) -> None:
@@ -118,20 +118,23 @@ class OffsetReader:
     async def _adopt(self, offset: SourceOffset | None) -> None:
         """Take the lineage of `offset` (or of the stored pointer) and load its ledger entries."""
         await self._connect()
-        if await self.ledger.adopt(offset) and not self.resolved:
-            await self._resolve()
+        if await self.ledger.adopt(offset):
+            self.committed = 0  # what was committed is of another lineage
+            if not self.resolved:
+                await self._resolve()
 
     async def initial_offset(self) -> SourceOffset:
-        """A new lineage, when the checkpoint has no offsets yet. Spark may ask more than once
-        before the first batch: the same lineage answers until a batch is planned in it."""
+        """A new lineage, when the checkpoint has no offsets yet. Spark may ask again: 4.0/4.1
+        ask before every batch until one is committed, and only after their first
+        `latestOffset()` (which has no start, so it plans in the stored pointer's lineage).
+        Once this reader has handed out an offset, the answer is gen 0 of its lineage: a new
+        one would orphan the batch planned in it and mix two lineages' committed gens."""
         await self._connect()
-        started = self.current
-        if started is not None and started.gen == 0 and self.ledger.head_gen == 0:
-            return started
+        if self.current is not None and self.current.lineage == self.ledger.lineage:
+            return SourceOffset(self.current.lineage, 0)
         offset = SourceOffset.initial()
         log.info("%s: new query lineage %s", self.options.target, offset.lineage)
         self.ledger.forget_lineage()
-        self.committed = 0
         await self._adopt(offset)
         await self.ledger.clear_pins()
         self.current = offset
@@ -269,13 +272,19 @@ class OffsetReader:
         """The tasks of batch `end`; `start` is committed (Spark plans a batch only after the
         one before it committed). Spark 4.0/4.1 also call `partitions(latest, latest)` on a
         restart (`setLatestSeenOffset`), before the logged batch `latest` is committed or even
-        re-run: that call only adopts the lineage, or the batch would be acked early."""
+        re-run: that call only adopts the checkpoint's lineage, or the batch would be acked
+        early."""
         await self._adopt(end)
         if start == end:
+            if self.current is None or self.current.lineage != end.lineage:
+                self.current = end  # the checkpoint's lineage: `initial_offset` answers in it
             return []
         self._committed(start)
+        # A batch whose start is of another lineage (Spark 4.0/4.1 can ask `initialOffset` of a
+        # restarted reader before it learns the logged batch) has nothing committed in `end`'s.
+        committed = start.gen if start.lineage == end.lineage else 0
         await self.ledger.load_missing_heads()
-        due = self.ledger.acks_due(start.gen)
+        due = self.ledger.acks_due(committed)
         moved: dict[str, int | None] = {}
         for name in end.slots:
             record = self.records.get(name)
@@ -287,7 +296,7 @@ class OffsetReader:
         for name in plan.emptied:
             log.info("batch %d: slot %s is no longer read and took nothing", end.gen, name)
         for name in plan.driver_acks:  # a slot of a reader count the query no longer has
-            await self.ledger.ack_through(await self._connect(), start.gen, name)
+            await self.ledger.ack_through(await self._connect(), committed, name)
         self.ledger.expect(end.gen, [task.slot for task in plan.tasks if task.slot in end.slots])
         return [self._input_partition(known[task.slot], end, task) for task in plan.tasks]
 

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 
 from nats_spark.client import NatsClient
-from nats_spark.errors import ConfigurationError
+from nats_spark.errors import PERMISSIONS_DOC, ConfigurationError
 from nats_spark.jetstream.acks import publish_acks
 from nats_spark.spark.group_source.ledger import EntryState, Ledger, LedgerConflict
 from nats_spark.spark.group_source.recorded import Recorded
@@ -54,7 +54,7 @@ def refused_acks(client: NatsClient, before: int, stream: str) -> None:
     if refused:
         raise ConfigurationError(
             f"the server refused the acks of committed batches ({refused[0]}); allow the "
-            f"user to publish to $JS.ACK.{stream}.> (see the README's permissions)"
+            f"user to publish to $JS.ACK.{stream}.> ({PERMISSIONS_DOC})"
         )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark import SparkFiles, TaskContext
+from pyspark import __version__ as pyspark_version
 from pyspark.sql.datasource import WriterCommitMessage
 
 from nats_spark.client import NatsClient, shared_client
@@ -275,8 +276,10 @@ def task_id_prefix(base: str | None) -> str:
         query, batch = context.getLocalProperty(_QUERY_ID), context.getLocalProperty(_BATCH_ID)
         if not query or batch is None:
             raise ConfigurationError(
-                "this Spark does not tell tasks their query and batch ids, which the nats "
-                "sink's message ids need; use Spark 4.0 or newer"
+                f"Spark {pyspark_version} gave this streaming write's task no query and batch id "
+                f"(task properties {_QUERY_ID}, {_BATCH_ID}), which the nats sink's message ids "
+                "are made of; write each batch in foreachBatch with df.write.format('nats') "
+                "instead (exactly once within one write) and report the runtime's version"
             )
         base = f"{query}.{batch}"
     return f"{base}.{context.partitionId()}"

@@ -259,6 +259,30 @@ def test_spark_40_next_start_acks_the_last_committed_batch_when_nothing_is_new(
     assert len(published_acks) == 10
 
 
+def test_spark_40_plans_batch_0_before_its_start_in_one_lineage(
+    driver: tuple[OffsetReader, Server, MemoryBucket], published_acks: list[bytes]
+) -> None:
+    """Spark 4.0/4.1 ask a new query's source for its latest offset before its initial one (the
+    start of batch 0). Both name one lineage: a new one would leave batch 0's entries behind
+    (never acked nor deduped) and take the gens committed in the first lineage as committed in
+    the second. Here batch 2 fails in the sink and the query stops: only batch 1 is acked."""
+    reader, server, kv = driver
+    server.show(SLOTS[0], pending=10)
+    one = run_sync(reader.latest_offset(None, None))
+    start = run_sync(reader.initial_offset())
+    assert (start.lineage, start.gen) == (one.lineage, 0)
+    [task] = run_sync(reader.partitions(start, one))
+    run_task(kv, task, list(range(1, 11)), pin="pin-0")
+    server.show(SLOTS[0], pending=5, ack_pending=10, pin="pin-0")
+    two = run_sync(reader.latest_offset(None, None))
+    assert (two.lineage, two.gen) == (one.lineage, 2)
+    run_sync(reader.commit(one))
+    [task] = run_sync(reader.partitions(one, two))
+    run_task(kv, task, list(range(11, 16)), pin="pin-0")
+    run_sync(reader.close())
+    assert sorted(int(subject.split(b".")[5]) for subject in published_acks) == list(range(1, 11))
+
+
 class ShortListingBucket(MemoryBucket):
     """nats-py's `keys()` as it comes back 2 or 3 times in 1,000: empty while keys exist."""
 
@@ -288,3 +312,28 @@ def test_a_restarted_driver_acks_entries_a_key_listing_would_miss(
     assert (ack_only.slot, ack_only.committed) == ("partition-0", (1,))
     run_sync(first.close())
     run_sync(restarted.close())
+
+
+def test_spark_40_asks_initial_offset_after_planning_and_gets_the_same_lineage(
+    driver: tuple[OffsetReader, Server, MemoryBucket], published_acks: list[bytes]
+) -> None:
+    """Spark 4.0/4.1 plan a new query's batch 0 with `latestOffset()` before they ask for its
+    start, and ask again before every batch until one is committed; a restart before then tells
+    the logged batch only later (`setLatestSeenOffset`). Every answer is in one lineage, and a
+    batch that fails in the sink is not acked at stop."""
+    first, server, kv = driver
+    server.show(SLOTS[0], pending=10)
+    zero = run_sync(first.latest_offset(None, None))
+    start = run_sync(first.initial_offset())
+    assert (start.lineage, start.gen) == (zero.lineage, 0)
+    [task] = run_sync(first.partitions(start, zero))
+    run_task(kv, task, list(range(1, 11)), pin="pin-0")
+    assert run_sync(first.initial_offset()) == start  # batch 0 failed in the sink: asked again
+    run_sync(first.close())
+
+    server.usable = True  # the restarted query's own connection
+    restarted = driver_of(server, kv)
+    assert run_sync(restarted.partitions(zero, zero)) == []  # setLatestSeenOffset(zero)
+    assert run_sync(restarted.initial_offset()) == start
+    run_sync(restarted.close())
+    assert published_acks == []
