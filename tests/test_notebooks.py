@@ -22,7 +22,6 @@ from spark_helpers import (
     AUTO_REGISTER_PATH,
     REPO,
     REPORTS_LAG,
-    SPARK_VERSION,
     assert_exactly_once,
     committed_rows,
     publish,
@@ -176,9 +175,7 @@ def test_quickstart_with_its_own_server(runs: Runs) -> None:
         assert line_json(text, "total lag") == total
     else:
         assert "total lag:" not in text
-    # Spark 4.0/4.1 do not tell the source where a new query starts: its first batch is uncapped.
-    paced = [400, 400, 200] if SPARK_VERSION >= (4, 2) else [1000]
-    assert line_json(text, "paced batches") == paced
+    assert line_json(text, "paced batches") == [400, 400, 200]
     port = int(re.search(r"NATS server: nats://127\.0\.0\.1:(\d+)", text).group(1))
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), 2):
         pass  # the last cell stopped the server

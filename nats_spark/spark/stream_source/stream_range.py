@@ -286,6 +286,8 @@ class RangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @one_line_errors
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict[str, Any]:
         begin = self._offset(start).seq if start else self.known_start
+        if begin is None:  # Spark 4.0/4.1 ask before the first batch without saying its start
+            begin = self._offset(self.initialOffset()).seq
         end = self.stream_end = run_sync(self.ranges.stream_info()).last_seq + 1
         if self.available_now_end is not None:
             end = min(end, self.available_now_end)

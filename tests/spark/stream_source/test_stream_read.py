@@ -257,6 +257,7 @@ def test_streaming_caps_batches_and_starts_where_told(spark, nats_url, admin, un
     assert sorted(r.stream_seq for r in rows) == list(range(11, 101))
 
 
+@pytest.mark.compat
 def test_streaming_trigger_pacing(spark, nats_url, admin, unique, tmp_path):
     name = create(admin, f"P{unique}", False)
     publish_mixed(admin, name, 5)
