@@ -16,7 +16,7 @@ from nats.js.errors import NoKeysError
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source.offset_reader import OffsetReader
-from nats_spark.spark.group_source.offsets import SlotPlan
+from nats_spark.spark.group_source.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.targets import Held, Slot
 from nats_spark.spark.shared.columns import SlotColumns
@@ -259,6 +259,20 @@ def test_spark_40_next_start_acks_the_last_committed_batch_when_nothing_is_new(
     assert len(published_acks) == 10
 
 
+def first_batch_on_spark_40(
+    reader: OffsetReader, server: Server, kv: MemoryBucket
+) -> tuple[SourceOffset, SourceOffset]:
+    """A new query's batch 0 in Spark 4.0/4.1's order (`latestOffset()` before its start,
+    `initialOffset()`), its task taking messages 1-10; returns its start and end."""
+    server.show(SLOTS[0], pending=10)
+    end = run_sync(reader.latest_offset(None, None))
+    start = run_sync(reader.initial_offset())
+    assert (start.lineage, start.gen) == (end.lineage, 0)
+    [task] = run_sync(reader.partitions(start, end))
+    run_task(kv, task, list(range(1, 11)), pin="pin-0")
+    return start, end
+
+
 def test_spark_40_plans_batch_0_before_its_start_in_one_lineage(
     driver: tuple[OffsetReader, Server, MemoryBucket], published_acks: list[bytes]
 ) -> None:
@@ -267,12 +281,7 @@ def test_spark_40_plans_batch_0_before_its_start_in_one_lineage(
     (never acked nor deduped) and take the gens committed in the first lineage as committed in
     the second. Here batch 2 fails in the sink and the query stops: only batch 1 is acked."""
     reader, server, kv = driver
-    server.show(SLOTS[0], pending=10)
-    one = run_sync(reader.latest_offset(None, None))
-    start = run_sync(reader.initial_offset())
-    assert (start.lineage, start.gen) == (one.lineage, 0)
-    [task] = run_sync(reader.partitions(start, one))
-    run_task(kv, task, list(range(1, 11)), pin="pin-0")
+    start, one = first_batch_on_spark_40(reader, server, kv)
     server.show(SLOTS[0], pending=5, ack_pending=10, pin="pin-0")
     two = run_sync(reader.latest_offset(None, None))
     assert (two.lineage, two.gen) == (one.lineage, 2)
@@ -322,12 +331,7 @@ def test_spark_40_asks_initial_offset_after_planning_and_gets_the_same_lineage(
     the logged batch only later (`setLatestSeenOffset`). Every answer is in one lineage, and a
     batch that fails in the sink is not acked at stop."""
     first, server, kv = driver
-    server.show(SLOTS[0], pending=10)
-    zero = run_sync(first.latest_offset(None, None))
-    start = run_sync(first.initial_offset())
-    assert (start.lineage, start.gen) == (zero.lineage, 0)
-    [task] = run_sync(first.partitions(start, zero))
-    run_task(kv, task, list(range(1, 11)), pin="pin-0")
+    start, zero = first_batch_on_spark_40(first, server, kv)
     assert run_sync(first.initial_offset()) == start  # batch 0 failed in the sink: asked again
     run_sync(first.close())
 
