@@ -127,6 +127,13 @@ class JetStreamApi:
             if not page or len(subjects) >= info.get("total", 0):
                 return subjects
 
+    async def kv_keys(self, bucket: str, pattern: str) -> list[str]:
+        """The keys of KV `bucket` that match `pattern` (a subject pattern over its keys), from
+        its stream's subject index; a deleted key's marker still has its subject."""
+        prefix = f"$KV.{bucket}."
+        subjects = await self.stream_subjects(f"KV_{bucket}", prefix + pattern)
+        return [subject[len(prefix) :] for subject in subjects]
+
     async def create_stream(self, config: dict[str, Any]) -> dict[str, Any]:
         return await self.request(f"STREAM.CREATE.{config['name']}", config)
 

@@ -184,13 +184,12 @@ async def list_groups(client: NatsClient, kind: GroupKind, stream: str) -> list[
     if kv is None:
         return []
     # From the bucket stream's subject index: nats-py's `kv.keys()` can come back short.
-    prefix = f"$KV.{kind.bucket}.{group_key(stream, '')}"
-    subjects = await client.api.stream_subjects(f"KV_{kind.bucket}", f"{prefix}>")
+    prefix = group_key(stream, "")
     groups = []
-    for subject in subjects:
+    for key in await client.api.kv_keys(kind.bucket, f"{prefix}>"):
         try:
-            await kv.get(subject[len("$KV.") + len(kind.bucket) + 1 :])
+            await kv.get(key)
         except KeyNotFoundError:  # deleted: its subject holds the delete marker
             continue
-        groups.append(subject[len(prefix) :])
+        groups.append(key[len(prefix) :])
     return sorted(groups)

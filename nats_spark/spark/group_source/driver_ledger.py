@@ -248,8 +248,9 @@ class DriverLedger:
             return
         # The fence goes out before the entries: a task attempt that outlived its committed
         # batch and creates the entry again after its removal then finds it (`SlotEntry.claim`).
-        if max(settled)[0] > self.settled:
-            self.settled = max(settled)[0]
+        newest = max(gen for gen, _ in settled)
+        if newest > self.settled:
+            self.settled = newest
             await self.save_pointer()
         for key in settled:
             log.debug("forgetting settled ledger entry %s", self.ledger.head_key(*key))

@@ -209,9 +209,7 @@ class LedgerBucket:
             await self.client.api.request(f"STREAM.PURGE.{stream}", {"filter": subject})
 
     async def keys_matching(self, pattern: str) -> list[str]:
-        prefix = f"$KV.{self.name}."
-        subjects = await self.client.api.stream_subjects(f"KV_{self.name}", prefix + pattern)
-        return [subject[len(prefix) :] for subject in subjects]
+        return await self.client.api.kv_keys(self.name, pattern)
 
 
 class _Leaderless(NatsSparkError):

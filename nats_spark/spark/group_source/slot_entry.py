@@ -14,6 +14,7 @@ import logging
 import pyarrow as pa
 
 from nats_spark import clock
+from nats_spark.arrays import int_array
 from nats_spark.client import NatsClient
 from nats_spark.jetstream.acks import ack_prefix
 from nats_spark.spark.group_source.ledger import (
@@ -26,7 +27,7 @@ from nats_spark.spark.group_source.ledger import (
 )
 from nats_spark.spark.group_source.recorded import Recorded
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from nats_spark.spark.shared.columns import SlotColumns, int_array
+from nats_spark.spark.shared.columns import SlotColumns
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +135,9 @@ class SlotEntry:
     ) -> tuple[pa.RecordBatch, set[int]]:
         """Write the deliveries to the entry; returns their rows and what was dropped from them.
         With siblings, what may have reached a sibling too (redeliveries, or rows recorded late:
-        the ack wait may have run out first: from their pull request on, or from `renewed`, when it
-        last started over) is
-        checked against the siblings' records and dropped if found."""
+        the ack wait may have run out first: counted from their pull request, or from `renewed`,
+        when it last started over) is checked against the siblings' records and dropped if
+        found."""
         chunks = self.head.chunks
         taken = Recorded(
             ack_prefix(replies[0]),
