@@ -257,6 +257,23 @@ class DriverLedger:
             await self.ledger.delete_entry(*key)
             del self.entries[key]
 
+    async def disown_before(self, gen: int) -> None:
+        """Remove the entries of gens before `gen`: an earlier query's, never emitted by this
+        one, whose messages this one takes again when they come back unacked. Fenced like
+        settled ones, against that query's task attempts that are still running."""
+        assert self.ledger is not None
+        earlier = sorted(key for key in self.entries if key[0] < gen)
+        if not earlier:
+            return
+        log.info(
+            "a new checkpoint: the earlier query's batches up to gen %d are read again", gen - 1
+        )
+        self.settled = max(self.settled, gen - 1)
+        await self.save_pointer()
+        for key in earlier:
+            await self.ledger.delete_entry(*key)
+            del self.entries[key]
+
     async def ack_through(self, client: NatsClient, gen: int, only: str | None = None) -> int:
         """Ack every sealed entry (of slot `only`, if given) of batches up to `gen` (all
         committed by Spark); returns the count. Per message, so only for what no task of a next

@@ -61,6 +61,8 @@ class OffsetReader:
         self.available_now = False  # an availableNow run: its slots end at their `end_seq`
         self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
         self.committed = 0  # newest gen of the adopted lineage known committed (acked at stop)
+        # Whether Spark named the lineage (an offset of it), or it is only the stored pointer's.
+        self.lineage_named = False
         self.keeping: tuple[asyncio.Event, asyncio.Future[None]] | None = None
 
     def _committed(self, offset: SourceOffset) -> None:
@@ -118,6 +120,7 @@ class OffsetReader:
     async def _adopt(self, offset: SourceOffset | None) -> None:
         """Take the lineage of `offset` (or of the stored pointer) and load its ledger entries."""
         await self._connect()
+        self.lineage_named = self.lineage_named or offset is not None
         if await self.ledger.adopt(offset):
             self.committed = 0  # what was committed is of another lineage
             if not self.resolved:
@@ -126,11 +129,17 @@ class OffsetReader:
     async def initial_offset(self) -> SourceOffset:
         """A new lineage, when the checkpoint has no offsets yet. Spark may ask again: 4.0/4.1
         ask before every batch until one is committed, and only after their first
-        `latestOffset()` (which has no start, so it plans in the stored pointer's lineage).
-        Once this reader has handed out an offset, the answer is gen 0 of its lineage: a new
-        one would orphan the batch planned in it and mix two lineages' committed gens."""
+        `latestOffset()` (which has no start, and so began the lineage). Once this reader has
+        handed out an offset, the answer is gen 0 of its lineage: a new one would orphan the
+        batch planned in it and mix two lineages' committed gens."""
         await self._connect()
         if self.current is not None and self.current.lineage == self.ledger.lineage:
+            if not self.lineage_named:
+                # A new checkpoint on 4.0/4.1: the first `latestOffset()` planned in the stored
+                # pointer's lineage, whose earlier batches are an earlier query's. This query
+                # never emitted them: they are not its to dedupe or ack.
+                await self.ledger.disown_before(self.current.gen)
+                self.lineage_named = True
             return SourceOffset(self.current.lineage, 0)
         offset = SourceOffset.initial()
         log.info("%s: new query lineage %s", self.options.target, offset.lineage)

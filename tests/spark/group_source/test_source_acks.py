@@ -134,6 +134,48 @@ def test_a_restart_acks_nothing_of_the_logged_batch_it_could_not_commit(
     assert unacked(client, stream, "g") == 60 - len(committed), "acked before commit"
 
 
+@pytest.mark.compat
+def test_a_new_checkpoint_reads_what_the_old_query_left_uncommitted(
+    spark, client, nats_url, unique, tmp_path
+):
+    """A query stops with a batch its tasks took but Spark never committed (the sink failed);
+    the next query on the group starts from a new checkpoint. That batch's messages are read
+    again, once, whatever the Spark version: 4.0/4.1 plan their first batch before they ask
+    for the initial offset, which must not continue the old query's ledger (it would drop the
+    messages as emitted and ack them)."""
+    stream = f"FRESH{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=2)
+    publish(client, stream, 60)
+    first: list[int] = []
+    second: list[int] = []
+
+    def failing_sink(batch: Any, batch_id: int) -> None:
+        rows = [int(r.data.decode()) for r in batch.select("data").collect()]
+        if rows and len(first) >= 40:
+            raise RuntimeError("the sink is down")
+        first.extend(rows)
+
+    df = source(spark, nats_url, stream, "g", maxMessagesPerTrigger=20, ackWait="2s")
+    query = foreach_batches(df, failing_sink, tmp_path / "old")
+    try:
+        wait_until(lambda: query.exception() is not None, 120, "the old query to fail")
+    finally:
+        query.stop()
+    wait_until(lambda: not source_runners(), 90, "the old query's driver side to stop")
+    assert len(first) == 40 and unacked(client, stream, "g") == 20
+
+    def sink(batch: Any, batch_id: int) -> None:
+        second.extend(int(r.data.decode()) for r in batch.select("data").collect())
+
+    query = foreach_batches(df, sink, tmp_path / "new")
+    try:
+        wait_until(lambda: unacked(client, stream, "g") == 0, 60, "the left batch acked")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert sorted(first + second) == list(range(60)), "a message was lost or read twice"
+
+
 def test_far_off_trigger_keeps_committed_messages_from_coming_back(client, nats_url, unique):
     """A 1.5 s ack wait and a next batch (trigger) 5 s after the first: meanwhile the finished
     batch's messages wait for their acks, which the next batch's task sends. Another reader of
