@@ -1,8 +1,10 @@
 """What a schedule must keep (DESIGN section 3), checked as it runs and once it is quiet.
 
-- no message in two committed batches;
-- once quiet: every message of the stream in exactly one committed batch, none left unacked;
-- no ack before the batch that emitted the message is committed (its rows are in the sink);
+- no message in two committed batches of one checkpoint (a query started on a new checkpoint
+  may emit again what an earlier one committed and never acked: Spark's outputs are per
+  checkpoint);
+- once quiet: every message of the stream in a committed batch, none left unacked;
+- no ack before a batch that emitted the message is committed (its rows are in the sink);
 - a batch run again yields the same rows in the same order (per slot) as every earlier run
   whose rows could have reached the sink (all its tasks finished);
 - per key (subject), committed rows follow stream order: a goal, not yet a guarantee (DESIGN
@@ -25,11 +27,18 @@ class Observed:
     sink: dict[int, Rows] = field(default_factory=dict)  # by batch id: what the sink holds
     runs: dict[int, Rows] = field(default_factory=dict)  # by batch id: its first full run
     in_sink: dict[int, int] = field(default_factory=dict)  # stream seq -> batch id
+    earlier_sinks: list[dict[int, Rows]] = field(default_factory=list)  # of earlier checkpoints
+    ever_in_sink: set[int] = field(default_factory=set)  # stream seqs, in any checkpoint's sink
     problems: list[str] = field(default_factory=list)  # broken guarantees
     order_breaks: list[str] = field(default_factory=list)  # per-key order (a goal)
 
     def problem(self, kind: str, detail: str) -> None:
         self.problems.append(f"{kind}: {detail}")
+
+    def new_checkpoint(self) -> None:
+        """The next query run starts on a new checkpoint: its batch ids and sink are its own."""
+        self.earlier_sinks.append(self.sink)
+        self.sink, self.runs, self.in_sink = {}, {}, {}
 
     def full_run(self, batch: int, rows: Rows) -> None:
         """Every task of a run of `batch` finished with `rows`: they could reach the sink."""
@@ -51,13 +60,14 @@ class Observed:
                     )
                 else:
                     self.in_sink[seq] = batch
+                self.ever_in_sink.add(seq)
 
     def acked(self, consumer: str, seq: int) -> None:
-        if seq not in self.in_sink:
+        if seq not in self.ever_in_sink:
             self.problem("acked before commit", f"message {seq} of {consumer}")
 
     def check_quiet(self, consumers: list[Consumer]) -> None:
-        missing = [m.seq for m in self.stream.messages if m.seq not in self.in_sink]
+        missing = [m.seq for m in self.stream.messages if m.seq not in self.ever_in_sink]
         if missing:
             self.problem("not in any committed batch", f"messages {missing}")
         for consumer in consumers:
@@ -72,9 +82,13 @@ class Observed:
             self._check_key_order()
 
     def _check_key_order(self) -> None:
+        for sink in [*self.earlier_sinks, self.sink]:
+            self._check_key_order_in(sink)
+
+    def _check_key_order_in(self, sink: dict[int, Rows]) -> None:
         last: dict[str, int] = {}
-        for batch in sorted(self.sink):
-            for seqs in self.sink[batch].values():
+        for batch in sorted(sink):
+            for seqs in sink[batch].values():
                 for seq in seqs:
                     key = self.stream.messages[seq - 1].subject
                     if last.get(key, 0) > seq:

@@ -48,6 +48,7 @@ class Setup:
     sink_failure: float
     trigger_interval: float  # of processingTime runs: how often an idle query looks again
     shared: bool  # both slots read one overflow consumer (siblings), not a partition each
+    new_checkpoint: float = 0.0  # chance a query run starts on a new checkpoint
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -130,6 +131,7 @@ class World:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     bucket: MemoryBucket = field(default_factory=MemoryBucket)
     quiet: bool = False
+    side: random.Random = field(default_factory=random.Random)  # draws apart from the schedule's
 
     def __post_init__(self) -> None:
         setup = self.setup
@@ -216,6 +218,10 @@ class World:
         runs = 0
         while sched.now < chaos_time or not publishing.done():
             runs += 1
+            if runs > 1 and self.side.random() < setup.new_checkpoint:
+                self.checkpoint = Checkpoint()
+                self.observed.new_checkpoint()
+                sched.note("a new checkpoint: the next run starts without offsets")
             trigger = sched.rng.choice((PROCESSING, PROCESSING, AVAILABLE_NOW))
             stop_at = sched.now + sched.rng.uniform(0.5, 4) * setup.ack_wait
             await self.run_query(runs, trigger, stop_at)
@@ -268,9 +274,12 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
     follow, so the schedule is the same up to where the change matters), e.g. lost_answer=0
     to see whether lost compare-and-set answers are what breaks it."""
     rng = random.Random(seed)
-    setup = replace(Setup.draw(rng), **overrides)
+    # New checkpoints are drawn apart, so a seed's schedule without them stays what it was.
+    side = random.Random(f"new checkpoints {seed}")
+    drawn = {"new_checkpoint": side.choice((0.0, 0.0, 0.0, 0.3)), **overrides}
+    setup = replace(Setup.draw(rng), **drawn)
     sched = Scheduler(rng, replace(setup.chaos), setup.ack_wait, verbose=verbose)
-    world = World(setup, sched)
+    world = World(setup, sched, side=side)
     previous_seen, previous_uuid4 = slot_history._seen, uuid.uuid4
     slot_history._seen = slot_history._SeenEntries()  # a worker process of this world's own
     ids = random.Random(seed)  # lineages and attempt ids, the same on every run of the seed
