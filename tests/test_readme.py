@@ -13,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import types
 from spark_helpers import ACKS_LAST_BATCH, REPO, SPARK_VERSION
 
+import pyspark_nats
+import pyspark_nats_pcg
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound
 from nats_spark.loop import Blocking, run_sync
@@ -26,7 +29,7 @@ pytestmark = pytest.mark.spark
 PAGES = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]
 # The names a page's blocks assign that the test decides: the server, streams, directories.
 LOCAL_NAME = re.compile(r"^(NATS_URL|WORK_DIR|[A-Z_]*STREAM) = .*$", re.MULTILINE)
-PAYMENTS = 30  # messages of the README's existing header-keyed stream
+PAYMENTS = 30  # messages of the re-key example's existing header-keyed stream
 CUSTOMERS = 5
 
 
@@ -85,7 +88,9 @@ def page_runner(nats_url: str, unique: str, tmp_path: Path, client: Blocking[Nat
 @pytest.mark.unit
 def test_every_page_with_python_is_run_here() -> None:
     with_python = {str(page.relative_to(REPO)) for page in PAGES if python_blocks(page)}
-    assert with_python == {"README.md", "docs/groups-api.md"}, "add a test for the new page"
+    assert with_python == {"README.md", "docs/groups-api.md", "docs/stream-reads.md"}, (
+        "add a test for the new page"
+    )
 
 
 @pytest.mark.unit
@@ -109,30 +114,10 @@ def test_readme_runs_as_written(
     spark: Any, client: Blocking[NatsClient], page_runner: Any, capsys: Any
 ) -> None:
     readme = page_runner("README.md")
-    payments = readme.names["PAYMENTS_STREAM"]  # the stream the re-key example starts from
-    run_sync(client.target.api.create_stream({"name": payments, "subjects": ["payments.*"]}))
-    for n in range(PAYMENTS):
-        customer = f"c{n % CUSTOMERS}"
-        headers = {"Customer-Id": customer}
-        run_sync(
-            client.target.js.publish("payments.eu", f"{customer}:{n}".encode(), headers=headers)
-        )
-
     readme.run()
     shown = capsys.readouterr().out
     ns = readme.namespace
     assert ns["spark"] is spark  # the blocks' getOrCreate() found the session
-
-    # Which path: the re-key copy, each customer's messages in its partition, in order.
-    keyed = list(_stored_payments(client, readme.names["KEYED_STREAM"]))
-    assert len(keyed) == PAYMENTS
-    for subject, data in keyed:
-        partition, _, customer = subject.split(".")
-        assert data.decode().startswith(f"{customer}:")
-        assert int(partition) == partition_for(customer, 8), subject
-    assert [data for _, data in keyed] == [
-        f"c{n % CUSTOMERS}:{n}".encode() for n in range(PAYMENTS)
-    ]
 
     # Read a group: the quick start's 100 messages, over the three members.
     rows = ns["rows"].select("data", "member").collect()
@@ -147,6 +132,33 @@ def test_readme_runs_as_written(
     assert ns["first_fifty"].count() == 50
     orders = run_sync(client.target.api.stream_info(ns["STREAM"]))
     assert orders["state"]["messages"] == 200
+
+
+def test_rekey_example_runs_as_written(
+    spark: Any, client: Blocking[NatsClient], page_runner: Any
+) -> None:
+    page = page_runner("docs/stream-reads.md")
+    payments = page.names["PAYMENTS_STREAM"]  # the existing stream the example starts from
+    run_sync(client.target.api.create_stream({"name": payments, "subjects": ["payments.*"]}))
+    for n in range(PAYMENTS):
+        customer = f"c{n % CUSTOMERS}"
+        headers = {"Customer-Id": customer}
+        run_sync(
+            client.target.js.publish("payments.eu", f"{customer}:{n}".encode(), headers=headers)
+        )
+
+    page.run()
+    assert page.namespace["spark"] is spark
+    # Each customer's messages in its partition, in order.
+    keyed = list(_stored_payments(client, page.names["KEYED_STREAM"]))
+    assert len(keyed) == PAYMENTS
+    for subject, data in keyed:
+        partition, _, customer = subject.split(".")
+        assert data.decode().startswith(f"{customer}:")
+        assert int(partition) == partition_for(customer, 8), subject
+    assert [data for _, data in keyed] == [
+        f"c{n % CUSTOMERS}:{n}".encode() for n in range(PAYMENTS)
+    ]
 
 
 def test_groups_api_example_runs_as_written(spark: Any, page_runner: Any) -> None:
@@ -208,3 +220,105 @@ def test_links_between_pages_resolve(page: Path) -> None:
             headings = re.findall(r"^#+ (.*)$", linked.read_text(encoding="utf-8"), re.MULTILINE)
             anchors = {anchor(heading) for heading in headings}
             assert fragment in anchors, f"{page.name} links to {target}: no such heading"
+
+
+# The README's schema table's types, as Spark's types.
+SCHEMA_TYPES = {
+    "string": types.StringType(),
+    "binary": types.BinaryType(),
+    "int": types.IntegerType(),
+    "long": types.LongType(),
+    "timestamp": types.TimestampType(),
+    "map<string, array<string>>": types.MapType(
+        types.StringType(), types.ArrayType(types.StringType())
+    ),
+}
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of every markdown table row in `text` but header and rule rows."""
+    rows = [
+        line.strip().strip("|").split("|") for line in text.splitlines() if line.startswith("| ")
+    ]
+    return [
+        [cell.strip() for cell in row]
+        for row in rows
+        if row[0].strip() not in ("option", "column", "")
+    ]
+
+
+def section(page: Path, heading: str) -> str:
+    """The text of `page` from the heading that starts with `heading` to the next of its level."""
+    text = page.read_text(encoding="utf-8")
+    start = re.search(rf"^(#+) {re.escape(heading)}.*$", text, re.MULTILINE)
+    assert start, f"{page.name} has no heading {heading!r}"
+    level = start.group(1)
+    end = re.compile(rf"^{level} ", re.MULTILINE).search(text, start.end())
+    return text[start.end() : end.start() if end else len(text)]
+
+
+def documented(text: str, connection: set[str]) -> dict[str, str]:
+    """Option name -> default cell of the option tables in `text`; a row naming the connection
+    options stands for all of them."""
+    found: dict[str, str] = {}
+    for option, default, *_ in table_rows(text):
+        if option.startswith("[connection options]"):
+            found.update(dict.fromkeys(connection, ""))
+        for name in re.findall(r"`(\w+)`", option):
+            found[name] = default
+    return found
+
+
+def known_options(make: Any) -> set[str]:
+    """The options a format knows, as its error for an unknown one lists them."""
+    with pytest.raises(ConfigurationError) as refused:
+        make({"notAnOptionAnywhere": "1"})
+    message = str(refused.value)
+    assert "known options: " in message, message
+    return set(message.split("known options: ")[1].split(", "))
+
+
+def readme_schema() -> types.StructType:
+    rows = table_rows(section(REPO / "README.md", "Schema"))
+    return types.StructType(
+        [types.StructField(name.strip("`"), SCHEMA_TYPES[kind]) for name, kind, *_ in rows]
+    )
+
+
+@pytest.mark.unit
+def test_options_page_lists_every_option_of_every_format() -> None:
+    """docs/options.md names every option each format knows (through the entry points Spark
+    loads) and no other; the README's schema table is the schema the formats accept."""
+    options_page = REPO / "docs" / "options.md"
+    connection = set(documented(section(options_page, "Connection"), set()))
+    knows = {
+        "`nats-pcg`": known_options(pyspark_nats_pcg.DefaultSource),
+        "`nats` reads": known_options(
+            lambda raw: pyspark_nats.DefaultSource(raw).reader(readme_schema())
+        ),
+        "`nats` writes": known_options(
+            lambda raw: pyspark_nats.DefaultSource(raw).writer(readme_schema(), False)
+        ),
+    }
+    assert connection <= knows["`nats` writes"], "the connection options are every format's"
+    for heading, known in knows.items():
+        listed = set(documented(section(options_page, heading), connection))
+        if heading == "`nats-pcg`":
+            listed |= connection
+        assert listed == known, (
+            f"docs/options.md {heading}: not known {sorted(listed - known)}, "
+            f"missing {sorted(known - listed)}"
+        )
+
+
+@pytest.mark.unit
+def test_readme_options_agree_with_the_options_page() -> None:
+    """The README's options are `nats-pcg` options, with the defaults docs/options.md gives."""
+    options_page = REPO / "docs" / "options.md"
+    connection = documented(section(options_page, "Connection"), set())
+    group_source = {**connection, **documented(section(options_page, "`nats-pcg`"), set())}
+    for option, default, *_ in table_rows(section(REPO / "README.md", "Options")):
+        names = re.findall(r"`(\w+)`", option)
+        assert names and set(names) <= set(group_source), f"README option row {option}"
+        if len(names) == 1:
+            assert default == group_source[names[0]], f"README's default of {names[0]}: {default}"

@@ -49,8 +49,8 @@ LEDGER = "nats-spark-ledger"
 
 
 def connector_permissions(stream: str, leave_out: str = "") -> dict[str, Any]:
-    """The least a user needs to read a static group on `stream` (the README's list), except the
-    subjects starting with `leave_out`."""
+    """The least a user needs to read a static group on `stream` (docs/security.md's list),
+    except the subjects starting with `leave_out`."""
     kv_ledger, kv_static = f"KV_{LEDGER}", "KV_static-consumer-groups"
     allow = [
         f"$JS.API.STREAM.INFO.{stream}",

@@ -205,7 +205,7 @@ def test_streaming_group_to_stream_exactly_once_across_a_replay(
 ):
     """nats-pcg -> Spark -> nats. A batch re-run after a crash (its commit log entry gone) is
     published again with the same ids and dropped; after the duplicate window it is stored
-    twice, as the README says. The window is long for the replay (a slow machine must not
+    twice, as docs/sink.md says. The window is long for the replay (a slow machine must not
     outlast it) and shortened before the late one (a stream update applies to stored ids)."""
     source_stream = f"SG{unique}"
     static_group(client, source_stream, "g", ["m1", "m2"], partitions=4)
