@@ -31,7 +31,8 @@ def ack_prefix(reply: bytes) -> bytes:
     return b".".join(tokens[: delivered_at(tokens, reply)])
 
 
-ACK, IN_PROGRESS = b"+ACK", b"+WPI"  # both four bytes: the PUB template below relies on it
+# All four bytes: the PUB template below relies on it. `NAK` gives a delivery back for now.
+ACK, IN_PROGRESS, NAK = b"+ACK", b"+WPI", b"-NAK"
 # Seconds of ack wait below which in-progress acks are neither skipped nor put off: a few
 # hundred milliseconds of delay on a busy machine would then let messages come back.
 SHORT_ACK_WAIT = 6.0

@@ -2,12 +2,13 @@
 driver and the tasks use (API requests, pulls, acks published on the connection).
 
 The consumer keeps what nats-server does that the protocol rests on: deliveries in stream
-order, redeliveries first once their ack wait ran out, at most `max_ack_pending` unacked, acks
-and `+WPI` matched by stream sequence (whatever delivery's subject they name), an ack floor, and
-a `pinned_client` priority group: a pull with a stale pin id gets 423, one without an id while
-another is pinned waits and gets 408, and the pin is dropped when no pull renewed it for the
-priority timeout. Waiting pulls are served as messages arrive or come due again; a request of a
-crashed participant or a closed pull consumer is not served any more.
+order, redeliveries first once their ack wait ran out (or once given back: `-NAK`), at most
+`max_ack_pending` unacked, acks, `+WPI` and `-NAK` matched by stream sequence (whatever
+delivery's subject they name), an ack floor, and a `pinned_client` priority group: a pull
+with a stale pin id gets 423, one without an id while another is pinned waits and gets 408,
+and the pin is dropped when no pull renewed it for the priority timeout. Waiting pulls are
+served as messages arrive or come due again; a request of a crashed participant or a closed
+pull consumer is not served any more.
 
 Every call the code under test makes is a scheduling point of its participant, before and after
 its effect (an ack published and then a crash before the flush confirms it, for one).
@@ -210,6 +211,11 @@ class Consumer:
         if seq in self.pending:
             self.pending[seq].due = now + self.ack_wait
 
+    def give_back(self, seq: int, now: float) -> None:
+        """`-NAK`: redelivered at the next pull, before new messages."""
+        if seq in self.pending:
+            self.pending[seq].due = now
+
     def events(self) -> list[float]:
         """When serving may change: a waiting pull expires, or a message comes due for one."""
         waiting = [r.expires_at for r in self.waiting if r.live() and not r.no_wait]
@@ -268,6 +274,8 @@ class Server:
                         hear(consumer.name, seq)
             elif body == b"+WPI":
                 consumer.in_progress(seq, self.now())
+            elif body == b"-NAK":
+                consumer.give_back(seq, self.now())
         self.serve()
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from nats_spark import clock
 from nats_spark.client import NatsClient
+from nats_spark.jetstream.acks import NAK, send_acks
 from nats_spark.spark.group_source.ledger import (
     Bucket,
     EntryHead,
@@ -25,6 +26,7 @@ from nats_spark.spark.group_source.ledger import (
     write_pointer,
 )
 from nats_spark.spark.group_source.offsets import SlotPlan, SourceOffset
+from nats_spark.spark.group_source.recorded import Recorded
 from nats_spark.spark.group_source.slot_history import ack_entry
 from nats_spark.spark.group_source.slot_partition import UNBOUNDED
 
@@ -257,22 +259,31 @@ class DriverLedger:
             await self.ledger.delete_entry(*key)
             del self.entries[key]
 
-    async def disown_before(self, gen: int) -> None:
-        """Remove the entries of gens before `gen`: an earlier query's, never emitted by this
-        one, whose messages this one takes again when they come back unacked. Fenced like
-        settled ones, against that query's task attempts that are still running."""
+    async def stored_lineage(self) -> str | None:
+        """The lineage the stored pointer names (the target's last query's), if any."""
+        assert self.kv is not None
+        pointer = await read_pointer(self.kv, self.pointer_key)
+        return None if pointer is None else pointer.lineage
+
+    async def disown_before(self, client: NatsClient, gen: int) -> None:
+        """Give back the entries of this lineage's gens before `gen`, a checkpoint's first
+        batch: an earlier checkpoint's, never emitted by this query. Fenced first, like settled
+        ones, against that query's task attempts still running."""
         assert self.ledger is not None
         earlier = sorted(key for key in self.entries if key[0] < gen)
         if not earlier:
             return
-        log.info(
-            "a new checkpoint: the earlier query's batches up to gen %d are read again", gen - 1
-        )
         self.settled = max(self.settled, gen - 1)
         await self.save_pointer()
+        await _give_back(client, self.ledger, earlier)
         for key in earlier:
-            await self.ledger.delete_entry(*key)
             del self.entries[key]
+
+    async def disown_lineage(self, client: NatsClient, lineage: str) -> None:
+        """Give back the entries of `lineage`, an earlier checkpoint's."""
+        assert self.kv is not None
+        ledger = Ledger(self.kv, lineage)
+        await _give_back(client, ledger, [(g, name_of(token)) for g, token in await ledger.heads()])
 
     async def ack_through(self, client: NatsClient, gen: int, only: str | None = None) -> int:
         """Ack every sealed entry (of slot `only`, if given) of batches up to `gen` (all
@@ -290,3 +301,20 @@ class DriverLedger:
         if count:
             log.info("acked %d messages of batches up to gen %d", count, gen)
         return count
+
+
+async def _give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, str]]) -> None:
+    """Remove the entries `keys` of an earlier checkpoint and give what they hold back to the
+    server (`-NAK`): it comes back at once, ahead of newer messages of its keys, rather than
+    after its ack wait. Read first: once removed, nothing names those deliveries."""
+    held: list[Recorded] = []
+    for key in keys:
+        found = await ledger.read_head(*key)
+        if found is not None and found[0].state is not EntryState.ACKED:
+            held.append(await ledger.read_recorded(found[0]))
+    for key in keys:
+        await ledger.delete_entry(*key)
+    returned = 0
+    for deliveries in held:
+        returned += await send_acks(client.nc, deliveries.ack_commands(NAK), len(deliveries))
+    log.info("a new checkpoint: %d messages an earlier query took are read again", returned)

@@ -61,8 +61,7 @@ class OffsetReader:
         self.available_now = False  # an availableNow run: its slots end at their `end_seq`
         self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
         self.committed = 0  # newest gen of the adopted lineage known committed (acked at stop)
-        # Whether Spark named the lineage (an offset of it), or it is only the stored pointer's.
-        self.lineage_named = False
+        self.earlier_lineage: str | None = None  # the one `initial_offset` replaced
         self.keeping: tuple[asyncio.Event, asyncio.Future[None]] | None = None
 
     def _committed(self, offset: SourceOffset) -> None:
@@ -120,7 +119,6 @@ class OffsetReader:
     async def _adopt(self, offset: SourceOffset | None) -> None:
         """Take the lineage of `offset` (or of the stored pointer) and load its ledger entries."""
         await self._connect()
-        self.lineage_named = self.lineage_named or offset is not None
         if await self.ledger.adopt(offset):
             self.committed = 0  # what was committed is of another lineage
             if not self.resolved:
@@ -134,15 +132,10 @@ class OffsetReader:
         batch planned in it and mix two lineages' committed gens."""
         await self._connect()
         if self.current is not None and self.current.lineage == self.ledger.lineage:
-            if not self.lineage_named:
-                # A new checkpoint on 4.0/4.1: the first `latestOffset()` planned in the stored
-                # pointer's lineage, whose earlier batches are an earlier query's. This query
-                # never emitted them: they are not its to dedupe or ack.
-                await self.ledger.disown_before(self.current.gen)
-                self.lineage_named = True
             return SourceOffset(self.current.lineage, 0)
         offset = SourceOffset.initial()
         log.info("%s: new query lineage %s", self.options.target, offset.lineage)
+        self.earlier_lineage = await self.ledger.stored_lineage()
         self.ledger.forget_lineage()
         await self._adopt(offset)
         await self.ledger.clear_pins()
@@ -288,6 +281,8 @@ class OffsetReader:
             if self.current is None or self.current.lineage != end.lineage:
                 self.current = end  # the checkpoint's lineage: `initial_offset` answers in it
             return []
+        if start.gen == 0 and start.lineage == end.lineage:
+            await self._disown_earlier(end)
         self._committed(start)
         # A batch whose start is of another lineage (Spark 4.0/4.1 can ask `initialOffset` of a
         # restarted reader before it learns the logged batch) has nothing committed in `end`'s.
@@ -308,6 +303,19 @@ class OffsetReader:
             await self.ledger.ack_through(await self._connect(), committed, name)
         self.ledger.expect(end.gen, [task.slot for task in plan.tasks if task.slot in end.slots])
         return [self._input_partition(known[task.slot], end, task) for task in plan.tasks]
+
+    async def _disown_earlier(self, first: SourceOffset) -> None:
+        """At a checkpoint's first batch: what an earlier checkpoint's query took is not this
+        one's to dedupe or ack. 4.0/4.1 plan the first batch before they ask `initialOffset`,
+        in the stored lineage, whose gens before it are that query's; 4.2+ ask first, and the
+        lineage it replaces is that query's. (A re-run of the first batch after a restart on
+        4.2+ starts in another lineage than the batch's, and is not a first batch here.)"""
+        client = await self._connect()
+        if first.gen > 1:
+            await self.ledger.disown_before(client, first.gen)
+        earlier, self.earlier_lineage = self.earlier_lineage, None
+        if earlier is not None and earlier != first.lineage:
+            await self.ledger.disown_lineage(client, earlier)
 
     def _known_slot(self, name: str) -> Slot | None:
         if name in self.records:

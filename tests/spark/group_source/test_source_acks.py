@@ -140,9 +140,9 @@ def test_a_new_checkpoint_reads_what_the_old_query_left_uncommitted(
 ):
     """A query stops with a batch its tasks took but Spark never committed (the sink failed);
     the next query on the group starts from a new checkpoint. That batch's messages are read
-    again, once, whatever the Spark version: 4.0/4.1 plan their first batch before they ask
-    for the initial offset, which must not continue the old query's ledger (it would drop the
-    messages as emitted and ack them)."""
+    again, once, whatever the Spark version (4.0/4.1 plan the first batch in the stored
+    lineage: taken as the old query's, they were dropped as emitted and acked), and before
+    newer messages of their keys (given back at once, not after their ack wait)."""
     stream = f"FRESH{unique}"
     static_group(client, stream, "g", ["m1", "m2"], partitions=2)
     publish(client, stream, 60)
@@ -155,7 +155,7 @@ def test_a_new_checkpoint_reads_what_the_old_query_left_uncommitted(
             raise RuntimeError("the sink is down")
         first.extend(rows)
 
-    df = source(spark, nats_url, stream, "g", maxMessagesPerTrigger=20, ackWait="2s")
+    df = source(spark, nats_url, stream, "g", maxMessagesPerTrigger=20, ackWait="20s")
     query = foreach_batches(df, failing_sink, tmp_path / "old")
     try:
         wait_until(lambda: query.exception() is not None, 120, "the old query to fail")
@@ -163,6 +163,7 @@ def test_a_new_checkpoint_reads_what_the_old_query_left_uncommitted(
         query.stop()
     wait_until(lambda: not source_runners(), 90, "the old query's driver side to stop")
     assert len(first) == 40 and unacked(client, stream, "g") == 20
+    publish(client, stream, 20, start=60)  # keys 3, 4 and 5 also have messages 40, 41 and 42
 
     def sink(batch: Any, batch_id: int) -> None:
         second.extend(int(r.data.decode()) for r in batch.select("data").collect())
@@ -173,7 +174,11 @@ def test_a_new_checkpoint_reads_what_the_old_query_left_uncommitted(
         assert query.exception() is None
     finally:
         query.stop()
-    assert sorted(first + second) == list(range(60)), "a message was lost or read twice"
+    assert sorted(first + second) == list(range(80)), "a message was lost or read twice"
+    by_key: dict[int, list[int]] = {}
+    for value in second:
+        by_key.setdefault(value % 37, []).append(value)  # send_numbered's keys
+    assert all(values == sorted(values) for values in by_key.values()), by_key
 
 
 def test_far_off_trigger_keeps_committed_messages_from_coming_back(client, nats_url, unique):
