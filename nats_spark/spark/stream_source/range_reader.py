@@ -47,6 +47,7 @@ from nats_spark.jetstream.status import StatusKind, parse_status
 from nats_spark.loop import run_sync
 from nats_spark.nats_py import route_raw, unroute_raw
 from nats_spark.spark.shared.columns import (
+    batch_full,
     bytes_array,
     constant,
     headers_array,
@@ -56,8 +57,6 @@ from nats_spark.spark.shared.columns import (
 )
 from nats_spark.spark.shared.worker_gc import freeze_imports
 
-_ROWS_PER_BATCH = 16_384
-_BYTES_PER_BATCH = 4 << 20  # payload bytes that close a record batch early (large messages)
 _IN_FLIGHT = 2  # requests outstanding: the next one is served while the last is processed
 _ANSWER_TIMEOUT = 10.0  # no message nor status for this long: the request was lost
 _PULL_EXPIRES = 2.0
@@ -96,7 +95,7 @@ class RangeColumns:
         return len(self.seqs)
 
     def full(self) -> bool:
-        return len(self.seqs) >= _ROWS_PER_BATCH or self.nbytes >= _BYTES_PER_BATCH
+        return batch_full(len(self.seqs), self.nbytes)
 
     def record_batch(self, include_headers: bool) -> pa.RecordBatch:
         n = len(self.seqs)
