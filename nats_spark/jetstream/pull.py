@@ -47,6 +47,13 @@ class PullStatus(Enum):
     CLIENT_TIMEOUT = "client timeout"  # the server never ended the request
 
 
+def max_bytes_after(status: PullStatus, received: int, max_bytes: int) -> int:
+    """The byte cap of the pulls after one that ended with `status`, having delivered `received`
+    messages: a pull stopped by the cap before its first message met a message larger than the
+    cap on its own, which no capped pull can deliver: lift the cap (0: uncapped)."""
+    return 0 if status is PullStatus.MAX_BYTES and not received else max_bytes
+
+
 # How a status the server ended a pull with ends the fetch; the other kinds raise (`_REFUSALS`).
 _ENDINGS = {
     StatusKind.BATCH_COMPLETED: PullStatus.BATCH_COMPLETE,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nats_spark.errors import PullError
-from nats_spark.jetstream.pull import PULL_MAX_BYTES, PullStatus
+from nats_spark.jetstream.pull import PULL_MAX_BYTES, PullStatus, max_bytes_after
 from nats_spark.jetstream.status import StatusKind, classify
 
 PIN_RETRIES = 3
@@ -75,8 +75,7 @@ class SlotPullPolicy:
             self.held_only = 0
         if complete(status):
             self.wait = False
-            if status is PullStatus.MAX_BYTES and not received:
-                self.max_bytes = 0  # one message is larger than our bound: lift it
+            self.max_bytes = max_bytes_after(status, received, self.max_bytes)
             return True
         if status is PullStatus.PIN_MISMATCH:
             self.pin_retries += 1  # the pin id was cleared: the next pull asks for a new pin

@@ -42,6 +42,7 @@ from nats_spark.jetstream.pull import (
     Pull,
     PullStatus,
     header_values,
+    max_bytes_after,
 )
 from nats_spark.jetstream.status import StatusKind, parse_status
 from nats_spark.loop import run_sync
@@ -384,8 +385,7 @@ class ConsumerRangeRead:
             # (some the server counted as pending were deleted meanwhile).
             self.finished = True
         elif pull.status is PullStatus.MAX_BYTES:
-            if not pull.received:
-                self.max_bytes = 0  # one message is larger than our bound: lift it
+            self.max_bytes = max_bytes_after(pull.status, pull.received, self.max_bytes)
         elif pull.status is PullStatus.CLIENT_TIMEOUT:
             raise _no_answer(self.p, _PULL_EXPIRES + CLIENT_GRACE)
         elif pull.status not in (PullStatus.TIMEOUT, PullStatus.BATCH_COMPLETE):
