@@ -34,7 +34,7 @@ from nats_spark.pcg.consumers import (
 )
 from nats_spark.pcg.partitioning import member_partitions, partition_owner
 from nats_spark.pcg.store import GroupEntry, GroupKind, load_group
-from nats_spark.spark.shared.options import SourceOptions
+from nats_spark.spark.group_source.options import SourceOptions
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,10 @@ from nats_spark.pcg.config import ElasticConfig, MemberMapping, PartitioningFilt
 from nats_spark.pcg.consumers import member_consumer, partition_consumer
 from nats_spark.pcg.partitioning import partition_filter_subjects, partition_owner
 from nats_spark.pcg.store import GroupEntry, GroupKind
-from nats_spark.spark.shared.options import (
-    KNOWN_OPTIONS,
-    parse_options,
-    parse_read_options,
-    parse_sink_options,
-)
+from nats_spark.spark.group_source.options import KNOWN_OPTIONS, parse_options
 from nats_spark.spark.shared.pacing import TriggerPacing
+from nats_spark.spark.sink.options import parse_sink_options
+from nats_spark.spark.stream_source.options import parse_read_options
 
 pytestmark = pytest.mark.unit
 
