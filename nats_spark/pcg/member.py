@@ -24,7 +24,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec
 
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
@@ -61,6 +61,7 @@ MEMBERSHIP_BACKOFF = (0.4, 0.5)  # seconds an unpinned instance waits on a membe
 _RETRY_STATUSES = {PullStatus.HEARTBEAT_MISSED, PullStatus.INTERRUPTED, PullStatus.CLIENT_TIMEOUT}
 
 Handler = Callable[["GroupMessage"], Awaitable[None]]
+P = ParamSpec("P")
 
 
 class GroupConfigChanged(ConfigurationError):
@@ -521,19 +522,16 @@ async def _nak(messages: Sequence[Msg]) -> None:
             await msg.nak()
 
 
-async def consume(
-    client: NatsClient,
-    stream: str,
-    group: str,
-    member: str,
-    handler: Handler,
-    kind: GroupKind | None = None,
-    template: dict[str, Any] | None = None,
-    *,
-    batch: int = DEFAULT_BATCH,
-) -> GroupMember:
-    """Join `group` on `stream` as an instance of `member` and start handing messages to
-    `handler`; returns the running member (`await member.stop()`, `await member.done`)."""
-    instance = GroupMember(client, stream, group, member, handler, kind, template, batch=batch)
-    await instance.start()
-    return instance
+def _started(make: Callable[P, GroupMember]) -> Callable[P, Awaitable[GroupMember]]:
+    async def consume(*args: P.args, **kwargs: P.kwargs) -> GroupMember:
+        """Join `group` on `stream` as an instance of `member` and start handing messages to
+        `handler` (the arguments of `GroupMember`); returns the running member (`await
+        member.stop()`, `await member.done`)."""
+        instance = make(*args, **kwargs)
+        await instance.start()
+        return instance
+
+    return consume
+
+
+consume = _started(GroupMember)

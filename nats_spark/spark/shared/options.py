@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from nats_spark.connection import ConnectionSettings, credentials, parse_servers
+from nats_spark.connection import ConnectionSettings, parse_servers, with_credentials
 from nats_spark.errors import ConfigurationError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -190,7 +190,7 @@ class OptionValues:
         connection name on the server."""
         take = self.take
         servers = self.required("servers", "e.g. nats://host:4222")
-        auth = credentials(
+        return with_credentials(
             {
                 "user": take("user"),
                 "password": self.values.get("password"),
@@ -202,14 +202,7 @@ class OptionValues:
                 "password": ("passwordFile", take("passwordFile")),
                 "token": ("tokenFile", take("tokenFile")),
             },
-        )
-        return ConnectionSettings(
             servers=parse_servers(servers),
-            user=auth["user"],
-            password=auth["password"],
-            token=auth["token"],
-            nkey_seed=auth["nkey_seed"],
-            creds=auth["creds"],
             tls_ca_cert=take("tlsCaCert"),
             tls_cert=take("tlsCert"),
             tls_key=take("tlsKey"),
