@@ -382,7 +382,8 @@ async def _active(client: NatsClient, args: argparse.Namespace) -> int:
 
 async def _consume(client: NatsClient, args: argparse.Namespace) -> int:
     # Imported here: the member runtime is only needed by this command.
-    from nats_spark.pcg.member import GroupMessage, consume
+    from nats_spark.pcg.member import consume
+    from nats_spark.pcg.member_pulls import GroupMessage
 
     received = 0
     enough = asyncio.Event()

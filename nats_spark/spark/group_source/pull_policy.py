@@ -11,24 +11,14 @@ the ack wait) end it, as pulling on would take the same ones over and over.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from nats_spark.errors import PullError
 from nats_spark.jetstream.pull import PULL_MAX_BYTES, PullStatus, max_bytes_after
+from nats_spark.jetstream.pull_loop import PullPlan
 from nats_spark.jetstream.status import StatusKind, classify
 
 PIN_RETRIES = 3
 TRANSIENT_RETRIES = 5
 HELD_ONLY_PULLS = 3  # pulls in a row that bring back only what the batch holds: stop pulling
-
-
-@dataclass(frozen=True)
-class PullPlan:
-    """One pull request to send: `expires` None for a no-wait pull; `max_bytes` 0: uncapped."""
-
-    batch: int
-    expires: float | None
-    max_bytes: int
 
 
 def complete(status: PullStatus) -> bool:

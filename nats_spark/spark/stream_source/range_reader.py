@@ -44,6 +44,7 @@ from nats_spark.jetstream.pull import (
     header_values,
     max_bytes_after,
 )
+from nats_spark.jetstream.pull_loop import PullLoop, PullPlan
 from nats_spark.jetstream.status import StatusKind, parse_status
 from nats_spark.loop import run_sync
 from nats_spark.nats_py import route_raw, unroute_raw
@@ -289,7 +290,7 @@ class ConsumerRangeRead:
         self.p = partition
         self.name = f"nats-spark-read-{uuid.uuid4().hex[:16]}"
         self.consumer = client.pull_consumer(partition.stream, self.name)
-        self.pulls: deque[Pull] = deque()  # in the order the server serves them
+        self.loop = PullLoop(self.consumer, self._plan, in_flight=_IN_FLIGHT)
         self.outstanding = 0  # messages asked for and not delivered yet
         self.last_seq = partition.first - 1
         self.consumer_seq = 0
@@ -317,29 +318,27 @@ class ConsumerRangeRead:
         self.pending = info.num_pending
         self.finished = self.pending == 0
 
-    async def _send(self) -> None:
+    def _plan(self) -> PullPlan | None:
+        """The next pull: never more than the range can still hold."""
         room = min(self.pending, self.p.last - self.last_seq) - self.outstanding
-        while len(self.pulls) < _IN_FLIGHT and room > 0:
-            batch = min(self.p.batch_size, room)
-            pull = await self.consumer.pull(batch, expires=_PULL_EXPIRES, max_bytes=self.max_bytes)
-            self.pulls.append(pull)
-            self.outstanding += batch
-            room -= batch
+        if room <= 0:
+            return None
+        batch = min(self.p.batch_size, room)
+        self.outstanding += batch
+        return PullPlan(batch, _PULL_EXPIRES, self.max_bytes)
 
     async def next_batch(self) -> pa.RecordBatch | None:
         columns = RangeColumns(self.p.stream, text_stamps=False)
         while not self.finished and not columns.full():
-            await self._send()
-            pull = self.pulls[0]  # while the range is not done, a pull is out
             try:
-                chunk = await anext(pull)
-            except StopAsyncIteration:
-                self.pulls.popleft()
-                self._ended(pull)
-                continue
+                got = await self.loop.next()
             except PullError:
-                raise self._failed(pull) from None
-            self._take(chunk, columns)
+                raise self._failed(self.loop.pulls[0]) from None
+            assert got is not None  # while the range is not done, a pull is out
+            if isinstance(got, Pull):
+                self._ended(got)
+            else:
+                self._take(got, columns)
         if not columns and self.finished:
             return None
         return columns.record_batch(self.p.include_headers)
@@ -378,9 +377,9 @@ class ConsumerRangeRead:
     def _ended(self, pull: Pull) -> None:
         """Account for a pull that ended; fail the read on anything but a normal end."""
         self.outstanding -= pull.batch - pull.received
-        if not self.pulls:
+        if not self.loop.pulls:
             self.outstanding = 0
-        if pull.status is PullStatus.TIMEOUT and not pull.received and not self.pulls:
+        if pull.status is PullStatus.TIMEOUT and not pull.received and not self.loop.pulls:
             # A pull waited its whole expiry for nothing: the consumer has no more messages
             # (some the server counted as pending were deleted meanwhile).
             self.finished = True
