@@ -26,12 +26,11 @@ import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any, ParamSpec
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 from nats.errors import Error as NatsError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from nats_spark.client import NatsClient
 from nats_spark.errors import (
     ConfigurationError,
     ErrorCode,
@@ -48,6 +47,9 @@ from nats_spark.pcg.consumers import (
 )
 from nats_spark.pcg.member_pulls import Handler, MemberPulls
 from nats_spark.pcg.store import GroupConfig, GroupEntry, GroupKind, load_group
+
+if TYPE_CHECKING:  # annotations only: parsing a format's options imports pcg, not the connection
+    from nats_spark.client import NatsClient
 
 log = logging.getLogger(__name__)
 

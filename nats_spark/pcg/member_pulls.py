@@ -13,15 +13,18 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nats.aio.msg import Msg
 
-from nats_spark.client import NatsClient
 from nats_spark.errors import NatsSparkError, PullError
 from nats_spark.jetstream.pull import Deliveries, Pull, PullStatus, as_messages
 from nats_spark.jetstream.pull_loop import PullLoop, PullPlan
 from nats_spark.pcg.consumers import PRIORITY_GROUP, GroupConsumer, pull_expires
 from nats_spark.pcg.partitioning import strip_partition
+
+if TYPE_CHECKING:  # annotations only: parsing a format's options imports pcg, not the connection
+    from nats_spark.client import NatsClient
 
 log = logging.getLogger(__name__)
 

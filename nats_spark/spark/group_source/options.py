@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import TypeVar
 
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError, option_not_applicable
+from nats_spark.pcg.consumers import ConsumerLayout
+from nats_spark.pcg.store import GroupKind
 from nats_spark.spark.shared.options import (
     CONNECTION_OPTIONS,
     DEFAULT_MAX_TRIGGER_DELAY,
@@ -53,9 +57,9 @@ class SourceOptions:
     connection: ConnectionSettings
     stream: str
     group: str | None = None
-    group_type: str = "auto"
+    group_type: GroupKind | None = None  # None: auto, as the group's KV entry says
     members: tuple[str, ...] | None = None
-    consumer_layout: str = "auto"
+    consumer_layout: ConsumerLayout | None = None  # None: auto (`GroupLayouts.choose`)
     starting_position: StartingPosition | None = None  # None: not given (earliest)
     consumer: str | None = None
     priority_group: str | None = None
@@ -81,6 +85,23 @@ class SourceOptions:
         return f"{self.stream}/{self.group or self.consumer}"
 
 
+Choice = TypeVar("Choice", bound=StrEnum)
+
+
+def _auto_or(option: str, text: str | None, choices: tuple[Choice, ...]) -> Choice | None:
+    """The one of `choices` the option names (in any case); None for auto, the default."""
+    value = (text or "auto").lower()
+    for choice in choices:
+        if value == choice.value:
+            return choice
+    if value != "auto":
+        named = ", ".join(choice.value for choice in choices[:-1])
+        raise ConfigurationError(
+            f"option {option}={value!r} is not valid; use auto, {named} or {choices[-1].value}"
+        )
+    return None
+
+
 def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     """Validate `raw` (case-insensitive keys, string values) into `SourceOptions`."""
     values = OptionValues(raw, KNOWN_OPTIONS)
@@ -99,11 +120,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
             "set exactly one of the options group (a partitioned consumer group) and consumer "
             "(a plain priority-group consumer)"
         )
-    group_type = (take("groupType") or "auto").lower()
-    if group_type not in ("auto", "static", "elastic"):
-        raise ConfigurationError(
-            f"option groupType={group_type!r} is not valid; use auto, static or elastic"
-        )
+    group_type = _auto_or("groupType", take("groupType"), (GroupKind.STATIC, GroupKind.ELASTIC))
     group_only = (
         "groupType",
         "members",
@@ -116,11 +133,8 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     for name in group_only if consumer else consumer_only if group else ():
         if take(name) is not None:
             raise option_not_applicable(name, "consumer reads" if consumer else "group reads")
-    consumer_layout = (take("consumerLayout") or SourceOptions.consumer_layout).lower()
-    if consumer_layout not in ("auto", "partition", "member"):
-        raise ConfigurationError(
-            f"option consumerLayout={consumer_layout!r} is not valid; use auto, partition or member"
-        )
+    layouts = (ConsumerLayout.PARTITION, ConsumerLayout.MEMBER)
+    consumer_layout = _auto_or("consumerLayout", take("consumerLayout"), layouts)
     most, least, delay = values.trigger_sizes()
     members = None
     if (text := take("members")) is not None:

@@ -25,11 +25,12 @@ STREAM = {"servers": "nats://127.0.0.1:1", "stream": "S"}  # format nats
 
 @pytest.mark.parametrize("value", ["auto", "partition", "member", "PARTITION"])
 def test_consumer_layout_values(value: str) -> None:
-    assert parse_options({**BASE, "consumerLayout": value}).consumer_layout == value.lower()
+    layout = parse_options({**BASE, "consumerLayout": value}).consumer_layout
+    assert layout == (None if value == "auto" else value.lower())  # None: auto
 
 
 def test_consumer_layout_default_and_bad_values() -> None:
-    assert parse_options(BASE).consumer_layout == "auto"
+    assert parse_options(BASE).consumer_layout is None  # auto
     with pytest.raises(ConfigurationError, match="consumerLayout='members' is not valid"):
         parse_options({**BASE, "consumerLayout": "members"})
     plain = {**BASE, "consumer": "c"}
