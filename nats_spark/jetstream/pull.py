@@ -4,7 +4,9 @@ through it.
 
 Names follow nats.go's JetStream API: a `PullConsumer` `fetch`es batches; `PullRequest` is the
 JSON body of `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`. Statuses are read by
-`jetstream/status.py`; how each ends a fetch is decided here (`PullStatus`, or an error).
+`jetstream/status.py`; how each ends a fetch is decided here (`PullStatus`, or an error). What
+arrives is gathered in the consumer's `PullInbox` (`pull_inbox.py`); `pull_loop.py` keeps pulls
+going for the readers that pull continuously.
 """
 
 from __future__ import annotations
