@@ -245,6 +245,13 @@ def test_member_named_like_a_partition_consumer_is_refused(
     assert len(payloads(spark, str(tmp_path / "m" / "out"))) == 10
 
 
+class MemberRows(list[tuple[str, int]]):
+    """foreachBatch target: (member, payload number) of every row, in the order read."""
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        self.extend((r.member, int(r.data.decode())) for r in batch.collect())
+
+
 def test_elastic_membership_change_keeps_partition_consumers(
     spark, client, nats_url, unique, tmp_path
 ):
@@ -253,10 +260,7 @@ def test_elastic_membership_change_keeps_partition_consumers(
     stream, group = f"EM{unique}", "g"
     elastic_group(client, stream, group, ["a"], partitions=4)
     publish(client, stream, 200)
-    rows: list[tuple[str, int]] = []
-
-    def collect(batch: Any, batch_id: int) -> None:
-        rows.extend((r.member, int(r.data.decode())) for r in batch.collect())
+    rows = MemberRows()
 
     def reloaded(owners: set[str]) -> None:
         """Until the idle query has reloaded the group: its partitions' owners are `owners` in
@@ -274,7 +278,7 @@ def test_elastic_membership_change_keeps_partition_consumers(
         wait_until(lambda: owners_now() == owners, 30, f"the owners {sorted(owners)} in progress")
 
     query = foreach_batches(
-        source(spark, nats_url, stream, group), collect, tmp_path / "cp", report_idle=True
+        source(spark, nats_url, stream, group), rows, tmp_path / "cp", report_idle=True
     )
     try:
         wait_until(lambda: len(rows) >= 200, 60, "200 rows")
@@ -301,13 +305,10 @@ def test_elastic_group_losing_all_members_warns_then_reads_again(
     stream, group = f"EL{unique}", "g"
     elastic_group(client, stream, group, ["a"], partitions=2)
     publish(client, stream, 50)
-    rows: list[tuple[str, int]] = []
-
-    def collect(batch: Any, batch_id: int) -> None:
-        rows.extend((r.member, int(r.data.decode())) for r in batch.collect())
+    rows = MemberRows()
 
     df = source(spark, nats_url, stream, group)
-    query = foreach_batches(df, collect, tmp_path / "cp", report_idle=True)
+    query = foreach_batches(df, rows, tmp_path / "cp", report_idle=True)
     try:
         wait_until(lambda: len(rows) >= 50, 60, "50 rows")
         run_sync(admin.drop_members(client.target, stream, group, ["a"]))
