@@ -41,7 +41,7 @@ from bench.connector import available_now
 from bench.read_path import planned_batch_bytes
 from nats_spark.client import NatsClient
 from nats_spark.loop import run_sync
-from nats_spark.spark.shared.options import SourceOptions
+from nats_spark.spark.group_source.options import SourceOptions
 
 MEMBERS = 4
 PAYLOAD = 100

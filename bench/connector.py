@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -16,27 +15,12 @@ from bench.common import KEYS, ProcessSampler, percentile
 from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings
 from nats_spark.loop import run_sync
+from nats_spark.spark.local_session import local_session
 
 
 def spark_session(master: str = "local[2]") -> Any:
     """A local session like the tests' (UI off, loopback only); workers use this interpreter."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master(master)
-        .appName("nats-spark-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.streaming.pollingDelay", "50ms")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+    return local_session("nats-spark-bench", master)
 
 
 def reader(spark: Any, url: str, stream: str, group: str, options: dict[str, Any]) -> Any:

@@ -36,8 +36,8 @@ from nats_spark.loop import run_sync  # noqa: E402
 from nats_spark.server import EmbeddedServer  # noqa: E402
 from nats_spark.spark.group_source.ledger import Ledger  # noqa: E402
 from nats_spark.spark.group_source.offset_reader import OffsetReader  # noqa: E402
+from nats_spark.spark.group_source.options import parse_options  # noqa: E402
 from nats_spark.spark.group_source.partition_reader import read_slot  # noqa: E402
-from nats_spark.spark.shared.options import parse_options  # noqa: E402
 
 
 class LedgerClock:

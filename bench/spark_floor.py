@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 STARTED = time.time()
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -26,24 +24,8 @@ from bench.common import ProcessSampler  # noqa: E402
 
 def main() -> None:
     with ProcessSampler(interval=0.05, since_start=True) as job:
-        from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-
         from bench.connector import spark_session
-
-        class OneRowReader(DataSourceReader):
-            def read(self, partition: InputPartition) -> Iterator[tuple[int]]:
-                yield (1,)
-
-        class OneRow(DataSource):
-            @classmethod
-            def name(cls) -> str:
-                return "one_row"
-
-            def schema(self) -> str:
-                return "x int"
-
-            def reader(self, schema: Any) -> DataSourceReader:
-                return OneRowReader()
+        from tests.spark_class_archive import OneRow
 
         spark = spark_session()
         session = {"seconds": round(time.time() - STARTED, 2), "cpu_seconds": job.cpu_seconds()}

@@ -63,7 +63,7 @@ from nats_spark.jetstream.api import NANOS
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.group_source.ledger import key_token
-from nats_spark.spark.shared.options import SourceOptions
+from nats_spark.spark.group_source.options import SourceOptions
 
 PHASES = ("planning", "offset logged", "acking", "claiming", "sealing", "commit")
 TARGET = "SINK"

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from nats_spark.client import NatsClient
-from nats_spark.connection import DEFAULT_URL, ConnectionSettings, credentials, parse_servers
+from nats_spark.connection import DEFAULT_URL, ConnectionSettings, parse_servers, with_credentials
 from nats_spark.errors import ConfigurationError, NatsSparkError
 from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
@@ -382,7 +382,8 @@ async def _active(client: NatsClient, args: argparse.Namespace) -> int:
 
 async def _consume(client: NatsClient, args: argparse.Namespace) -> int:
     # Imported here: the member runtime is only needed by this command.
-    from nats_spark.pcg.member import GroupMessage, consume
+    from nats_spark.pcg.member import consume
+    from nats_spark.pcg.member_pulls import GroupMessage
 
     received = 0
     enough = asyncio.Event()
@@ -470,7 +471,7 @@ def connection_flags() -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> ConnectionSettings:
     """The connection settings the command-line flags describe (absent flags are None)."""
     flags = vars(args)
-    auth = credentials(
+    return with_credentials(
         {
             "user": flags.get("user"),
             "password": flags.get("password"),
@@ -482,14 +483,7 @@ def settings_from_args(args: argparse.Namespace) -> ConnectionSettings:
             "password": ("--password-file", flags.get("password_file")),
             "token": ("--token-file", flags.get("token_file")),
         },
-    )
-    return ConnectionSettings(
         servers=parse_servers(flags.get("server") or os.environ.get("NATS_URL") or DEFAULT_URL),
-        user=auth["user"],
-        password=auth["password"],
-        token=auth["token"],
-        nkey_seed=auth["nkey_seed"],
-        creds=auth["creds"],
         tls_ca_cert=flags.get("tls_ca"),
         tls_cert=flags.get("tls_cert"),
         tls_key=flags.get("tls_key"),

@@ -94,6 +94,22 @@ def credentials(
     return values
 
 
+def with_credentials(
+    given: dict[str, str | None], files: dict[str, tuple[str, str | None]], **settings: Any
+) -> ConnectionSettings:
+    """`ConnectionSettings` with the credentials `credentials` finds for `given` and `files`,
+    and the other `settings` as given."""
+    auth = credentials(given, files)
+    return ConnectionSettings(
+        user=auth["user"],
+        password=auth["password"],
+        token=auth["token"],
+        nkey_seed=auth["nkey_seed"],
+        creds=auth["creds"],
+        **settings,
+    )
+
+
 def redact_url(url: str) -> str:
     """The URL with any `user:password@` or `token@` part replaced by `***@`."""
     scheme, sep, rest = url.partition("://")

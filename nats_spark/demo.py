@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.store import GroupKind
 from nats_spark.server import EmbeddedServer
+from nats_spark.spark.local_session import local_session
 
 GROUP = "demo"
 MEMBERS = ["m1", "m2", "m3"]
@@ -190,28 +190,6 @@ def summary(spark: Any, published: int, left: dict[str, int], error: Any) -> boo
     return not (duplicates or missing or not_acked or error)
 
 
-def spark_session() -> Any:
-    # Spark's Python workers run PYSPARK_PYTHON (else `python3` from PATH): this interpreter.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, and no warning about it
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("nats-spark-demo")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        # Python workers connect back to the JVM within this (15 s by default, which a busy
-        # machine can miss: "Python worker failed to connect back").
-        .config("spark.python.authenticate.socketTimeout", "120s")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
 def stop_between_batches(query: Any, within: float = 10.0) -> None:
     """Stop the query once no batch runs (Spark logs a batch stopped midway as aborted, with
     errors), or after `within` seconds anyway."""
@@ -253,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
             f"stream {stream}: {subject_prefix(stream)}.* stored as <partition>.<subject>, "
             f"{PARTITIONS} partitions; static group {GROUP!r} of {', '.join(MEMBERS)}"
         )
-        spark = spark_session()
+        spark = local_session("nats-spark-demo")
         stack.callback(spark.stop)
         # After Spark's start: its context installs a SIGINT handler of its own.
         interrupted = stack.enter_context(first_interrupt())

@@ -24,12 +24,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from nats_spark.errors import ConfigurationError
-from nats_spark.spark.shared.options import (
-    CONNECTION_OPTIONS,
-    SECRET_OPTIONS,
-    parse_duration,
-    parse_options,
-)
+from nats_spark.spark.group_source.options import parse_options
+from nats_spark.spark.shared.options import CONNECTION_OPTIONS, SECRET_OPTIONS, parse_duration
 
 log = logging.getLogger("nats_spark.job")
 

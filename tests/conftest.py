@@ -159,22 +159,10 @@ def unique() -> str:
 @pytest.fixture(scope="module")
 def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
     """One local Spark session per test module (`SPARK_MASTER` in the module overrides local[2])."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
+    from nats_spark.spark.local_session import local_session
 
     master = getattr(request.module, "SPARK_MASTER", "local[2]")
-    session = (
-        SparkSession.builder.master(master)
-        .appName(f"nats-spark-{request.module.__name__}")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.streaming.pollingDelay", "50ms")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_session(f"nats-spark-{request.module.__name__}", master)
     yield session
     session.stop()
 

@@ -13,7 +13,6 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from pyspark.sql import SparkSession
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -21,6 +20,8 @@ from pyspark.sql.datasource import (
     InputPartition,
 )
 from pyspark.sql.functions import udf
+
+from nats_spark.spark.local_session import local_session
 
 
 class _Reader(DataSourceReader):
@@ -42,7 +43,10 @@ class _StreamReader(DataSourceStreamReader):
         yield (1,)
 
 
-class _OneRow(DataSource):
+class OneRow(DataSource):
+    """A Python data source of one row, read in batch or as a stream (also the probe of
+    bench/spark_floor.py)."""
+
     @classmethod
     def name(cls) -> str:
         return "one_row"
@@ -58,17 +62,11 @@ class _OneRow(DataSource):
 
 
 def main() -> None:
-    spark = (
-        SparkSession.builder.appName("nats-spark-class-archive")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
+    spark = local_session("nats-spark-class-archive")
     assert spark.range(10).count() == 10
     plus_one = udf(lambda x: x + 1, "long")
     assert spark.range(3).select(plus_one("id")).collect()[2][0] == 3
-    spark.dataSource.register(_OneRow)
+    spark.dataSource.register(OneRow)
     assert spark.read.format("one_row").load().collect()[0][0] == 1
     with tempfile.TemporaryDirectory() as checkpoint:
         query = (

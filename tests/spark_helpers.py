@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlparse
@@ -57,6 +57,7 @@ SPARK_VERSION = tuple(int(part) for part in pyspark.__version__.split(".")[:2])
 # Spark 4.2+ passes the committed start offset to latestOffset, so the source acks a query's last
 # batch before it stops; older versions leave it to the next start (DESIGN guarantee 6).
 ACKS_LAST_BATCH = SPARK_VERSION >= (4, 2)
+NO_DATA_PROGRESS = "spark.sql.streaming.noDataProgressEventInterval"
 # Spark 4.2+ reports reportLatestOffset() (per-member lag and pin status) in progress.
 REPORTS_LAG = SPARK_VERSION >= (4, 2)
 
@@ -223,15 +224,37 @@ def run_query(df: Any, directory: Any) -> tuple[Any, Any]:
 
 
 def foreach_batches(
-    df: Any, handler: Callable[[Any, int], None], checkpoint: Any, every: str = "200 milliseconds"
+    df: Any,
+    handler: Callable[[Any, int], None],
+    checkpoint: Any,
+    every: str = "200 milliseconds",
+    report_idle: bool = False,
 ) -> Any:
-    """Start `df` into `handler` (foreachBatch) with a processing-time trigger of `every`."""
-    return (
-        df.writeStream.foreachBatch(handler)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime=every)
-        .start()
-    )
+    """Start `df` into `handler` (foreachBatch) with a processing-time trigger of `every`;
+    `report_idle`: progress on every trigger, also those without data (`wait_for_triggers`)."""
+    conf = df.sparkSession.conf
+    if report_idle:
+        conf.set(NO_DATA_PROGRESS, "100ms")  # read as the query starts
+    try:
+        return (
+            df.writeStream.foreachBatch(handler)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime=every)
+            .start()
+        )
+    finally:
+        if report_idle:
+            conf.unset(NO_DATA_PROGRESS)
+
+
+def wait_for_triggers(query: Any, count: int, after: datetime, what: str) -> None:
+    """Until `count` triggers of `query` (started with `report_idle`) began after `after` (UTC):
+    the proof that the query had as many chances to act, for a test of what it must not do."""
+
+    def triggers() -> int:
+        return sum(datetime.fromisoformat(p["timestamp"]) > after for p in query.recentProgress)
+
+    wait_until(lambda: triggers() >= count, 60, f"{count} triggers {what}")
 
 
 def source_runners() -> list[int]:
@@ -326,9 +349,10 @@ def check_trigger_pacing(
     5 messages are held back, 20 go at once, 3 more wait out the delay from the previous batch.
     `publish_numbered(start, count)` publishes messages numbered start... ."""
     sink = Collector()
-    query = foreach_batches(df, sink, checkpoint)
+    started = datetime.now(UTC)
+    query = foreach_batches(df, sink, checkpoint, report_idle=True)
     try:
-        time.sleep(3)  # time under test: 3 s of triggers (within the 5 s delay) take nothing
+        wait_for_triggers(query, 5, started, "with 5 messages (within the 5 s delay)")
         assert sink.values == [], f"a batch of {len(sink.values)} ran under the minimum of 20"
         publish_numbered(5, 15)
         wait_until(lambda: len(sink.values) >= 20 or query.exception(), 30, "20 rows")

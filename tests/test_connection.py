@@ -29,7 +29,7 @@ from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream import PullConsumer
 from nats_spark.loop import Blocking, event_loop, run_sync
 from nats_spark.server import EmbeddedServer
-from nats_spark.spark.shared.options import parse_options
+from nats_spark.spark.group_source.options import parse_options
 
 USER, PASSWORD, TOKEN = "alice", "pw-Zq81x", "tok-Hk27y"
 

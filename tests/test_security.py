@@ -36,8 +36,8 @@ from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.acks import publish_acks
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
+from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.recorded import decode_recorded
-from nats_spark.spark.shared.options import parse_options
 
 # Unique secrets, so that finding one anywhere can only mean a leak.
 ADMIN_PASSWORD = f"pw-{uuid.uuid4().hex}"

@@ -4,14 +4,14 @@ through it.
 
 Names follow nats.go's JetStream API: a `PullConsumer` `fetch`es batches; `PullRequest` is the
 JSON body of `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`. Statuses are read by
-`jetstream/status.py`; how each ends a fetch is decided here (`PullStatus`, or an error).
+`jetstream/status.py`; how each ends a fetch is decided here (`PullStatus`, or an error). What
+arrives is gathered in the consumer's `PullInbox` (`pull_inbox.py`); `pull_loop.py` keeps pulls
+going for the readers that pull continuously.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -20,15 +20,15 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.errors import ConnectionClosedError
 
 from nats_spark import clock
 from nats_spark.errors import PriorityGroupMisconfigured, PullError
 from nats_spark.jetstream.api import to_nanos
-from nats_spark.jetstream.status import Status, StatusKind, status_of
+from nats_spark.jetstream.pull_inbox import PullInbox
+from nats_spark.jetstream.status import Status, StatusKind
 from nats_spark.jetstream.subjects import AckNumbers, ack_numbers
-from nats_spark.nats_py import MessageColumns, RawInbox, route_raw, unroute_raw
+from nats_spark.nats_py import MessageColumns
 
 PIN_ID_HEADER = "Nats-Pin-Id"
 PULL_MAX_BYTES = 8 << 20  # what one pull request may deliver: bounds a task's memory
@@ -45,6 +45,13 @@ class PullStatus(Enum):
     INTERRUPTED = "interrupted"  # 409 leadership change, server shutdown, max waiting exceeded
     HEARTBEAT_MISSED = "heartbeat missed"  # nothing, not even a heartbeat, for 2 intervals
     CLIENT_TIMEOUT = "client timeout"  # the server never ended the request
+
+
+def max_bytes_after(status: PullStatus, received: int, max_bytes: int) -> int:
+    """The byte cap of the pulls after one that ended with `status`, having delivered `received`
+    messages: a pull stopped by the cap before its first message met a message larger than the
+    cap on its own, which no capped pull can deliver: lift the cap (0: uncapped)."""
+    return 0 if status is PullStatus.MAX_BYTES and not received else max_bytes
 
 
 # How a status the server ended a pull with ends the fetch; the other kinds raise (`_REFUSALS`).
@@ -174,19 +181,24 @@ class FetchResult:
     def messages(self) -> list[Msg]:
         """The deliveries as nats-py messages (built on first use; `deliveries` is the cheap
         form)."""
-        d = self.deliveries
-        return [
-            Msg(
-                _client=self.nc,  # type: ignore[arg-type]
-                subject=subject.decode(),
-                reply=reply.decode(),
-                data=data,
-                headers=parse_headers(headers),
-            )
-            for subject, reply, data, headers in zip(
-                d.subjects, d.replies, d.data, d.headers, strict=True
-            )
-        ]
+        return as_messages(self.nc, self.deliveries)
+
+
+def as_messages(nc: NATS | None, deliveries: Deliveries) -> list[Msg]:
+    """`deliveries` as nats-py messages of connection `nc` (which their `ack()` uses)."""
+    d = deliveries
+    return [
+        Msg(
+            _client=nc,  # type: ignore[arg-type]
+            subject=subject.decode(),
+            reply=reply.decode(),
+            data=data,
+            headers=parse_headers(headers),
+        )
+        for subject, reply, data, headers in zip(
+            d.subjects, d.replies, d.data, d.headers, strict=True
+        )
+    ]
 
 
 CLIENT_GRACE = 5.0  # seconds past a request's expiry before the client stops waiting for it
@@ -200,6 +212,7 @@ class Pull:
         self, consumer: PullConsumer, reply: str, batch: int, expires: float, quiet: float | None
     ) -> None:
         self.consumer = consumer
+        self.inbox = consumer.inbox
         self.reply = reply.encode()
         self.batch = batch
         self.sent = clock.monotonic()  # no delivery of it left the server before
@@ -229,34 +242,30 @@ class Pull:
 
     def _take(self) -> Deliveries:
         """Deliveries buffered for this request, up to its batch; ends it on its status."""
-        consumer = self.consumer
         chunk = Deliveries()
         room = self.batch - self.received
         while room:
-            # Delivered messages keep their own subject, so they cannot be matched to a
-            # request. Requests run one at a time; one that outlived its fetch may still
-            # deliver, and what it delivers is ours all the same.
-            found = consumer._take_run(room, chunk)
+            # Requests run one at a time; one that outlived its fetch may still deliver, and
+            # what it delivers is ours all the same.
+            found = self.inbox.take_run(room, chunk)
             room = self.batch - self.received - len(chunk)
             if found is None:
                 break
             subject, status = found
-            if status.ends_request:
-                consumer._live.pop(subject, None)  # that request has ended
             if subject != self.reply:
                 continue  # the end of an earlier request
             if not status.ends_request:
                 self.heartbeats += 1
                 continue
             self.ended_by = status
-            self.status = consumer._ending(status)
+            self.status = self.consumer.ending(status)
             self.done = True
             break
         self.received += len(chunk)
         if not room:
             self.done = True
-            consumer._live.pop(self.reply, None)  # served in full: no status follows
-        consumer._note_pin(chunk)
+            self.inbox.ended(self.reply)  # served in full: no status follows
+        self.consumer.note_pin(chunk)
         return chunk
 
     async def _wait(self) -> None:
@@ -264,15 +273,14 @@ class Pull:
         wait = self.deadline - time.monotonic()
         if self.quiet is not None:
             wait = min(wait, self.quiet)
-        if self.consumer.nc.is_closed:
+        if self.inbox.nc.is_closed:
             raise ConnectionClosedError
-        if wait > 0 and await self.consumer._arrival(wait):
+        if wait > 0 and await self.inbox.arrival(wait):
             return
         expired = time.monotonic() >= self.deadline
         self.status = PullStatus.CLIENT_TIMEOUT if expired else PullStatus.HEARTBEAT_MISSED
         self.done = True
-        if self.reply in self.consumer._live:
-            self.consumer._live[self.reply] = math.inf  # the server may serve it still
+        self.inbox.given_up(self.reply)
 
 
 class PullConsumer:
@@ -297,62 +305,7 @@ class PullConsumer:
         self.group = group
         self.pin_id = pin_id
         self.subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
-        self._inbox = nc.new_inbox()
-        self._sub: Subscription | None = None
-        self._request_no = 0
-        self._received = RawInbox(self._wake)  # what the parser hands our inbox
-        self._arrived: asyncio.Future[None] | None = None
-        # Requests the server may still serve, by reply subject: until when to expect their end
-        # (a request the client gave up on may end any time: infinity).
-        self._live: dict[bytes, float] = {}
-
-    def _wake(self) -> None:
-        """Called by the connection's parser after a read that brought our inbox messages."""
-        arrived = self._arrived
-        if arrived is not None and not arrived.done():
-            arrived.set_result(None)
-
-    def _take_run(self, room: int, into: Deliveries) -> tuple[bytes, Status] | None:
-        """Move deliveries from the front of the inbox to `into`, at most `room`, up to the
-        next status message: that one is removed and returned with the subject it came on;
-        None once `room` is used up or the inbox is empty."""
-        inbox = self._received
-        while room and len(inbox):
-            # Deliveries always carry their ack subject as reply, statuses never do: a stored
-            # message with a `Status` header of its own is not mistaken for one.
-            try:
-                run = inbox.replies.index(b"", 0, room)
-            except ValueError:
-                run = min(room, len(inbox))
-            if run:
-                into.extend(inbox.take(run))
-                room -= run
-                continue
-            first = inbox.take(1)
-            status = status_of(first.data[0], first.headers[0])
-            if status is not None:
-                return first.subjects[0], status
-            into.extend(first)
-            room -= 1
-        return None
-
-    async def _arrival(self, timeout: float) -> bool:
-        """Wait until the next message reaches the inbox; False when none came in `timeout`."""
-        arrived = asyncio.get_running_loop().create_future()
-        self._arrived = arrived
-        try:
-            await asyncio.wait_for(arrived, timeout)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            self._arrived = None
-
-    async def _subscription(self) -> Subscription:
-        if self._sub is None:
-            self._sub = await self.nc.subscribe(f"{self._inbox}.*")
-            route_raw(self.nc, self._sub, self._received)
-        return self._sub
+        self.inbox = PullInbox(nc)
 
     async def pull(
         self,
@@ -367,9 +320,8 @@ class PullConsumer:
         priority: int | None = None,
     ) -> Pull:
         """Send one pull request; iterate the returned `Pull` for what it delivers."""
-        await self._subscription()
-        self._request_no += 1
-        reply = f"{self._inbox}.{self._request_no}"
+        lasts = 0 if no_wait else expires
+        reply = await self.inbox.new_reply(time.monotonic() + lasts + CLIENT_GRACE)
         request = PullRequest(
             batch=batch,
             expires=None if no_wait else expires,
@@ -383,9 +335,8 @@ class PullConsumer:
             priority=priority,
         )
         await self.nc.publish(self.subject, request.payload(), reply=reply)
-        self._live[reply.encode()] = time.monotonic() + (0 if no_wait else expires) + CLIENT_GRACE
         quiet = 2 * idle_heartbeat if idle_heartbeat else None
-        return Pull(self, reply, batch, 0 if no_wait else expires, quiet)
+        return Pull(self, reply, batch, lasts, quiet)
 
     async def fetch(self, batch: int, **options: Any) -> FetchResult:
         """Send one pull request (options as for `pull`) and collect what it yields until it
@@ -405,20 +356,12 @@ class PullConsumer:
         and returns the deliveries; they are the caller's to take, else they come back only
         after the ack wait."""
         delivered = Deliveries()
-        give_up = time.monotonic() + patience
-        while True:
-            while len(self._received):
-                found = self._take_run(len(self._received), delivered)
-                if found is not None and found[1].ends_request:
-                    self._live.pop(found[0], None)
-            now = time.monotonic()
-            self._live = {r: due for r, due in self._live.items() if due > now}
-            if not self._live or now >= give_up:
-                self._note_pin(delivered)
-                return delivered
-            await self._arrival(max(min(give_up, *self._live.values()) - now, 0.01))
+        await self.inbox.settle(patience, delivered)
+        self.note_pin(delivered)
+        return delivered
 
-    def _note_pin(self, chunk: Deliveries) -> None:
+    def note_pin(self, chunk: Deliveries) -> None:
+        """Keep the newest pin id `chunk` carries (a priority group pins one client)."""
         if self.group is None:
             return  # pins come only with a priority group
         for headers in reversed(chunk.headers):  # the newest pin id wins
@@ -427,7 +370,7 @@ class PullConsumer:
                 self.pin_id = pin
                 return
 
-    def _ending(self, status: Status) -> PullStatus:
+    def ending(self, status: Status) -> PullStatus:
         """How `status`, which ended a pull, ends its fetch; raises when the consumer cannot be
         pulled as asked."""
         ending = _ENDINGS.get(status.kind)
@@ -453,7 +396,4 @@ class PullConsumer:
         raise PullError(status.code, f"{status.description} ({where})", hint)
 
     async def close(self) -> None:
-        if self._sub is not None:
-            unroute_raw(self.nc, self._sub)
-            await self._sub.unsubscribe()
-            self._sub = None
+        await self.inbox.close()

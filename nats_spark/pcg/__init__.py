@@ -10,7 +10,8 @@ from nats_spark.pcg.config import (
     PartitioningFilter,
     StaticConfig,
 )
-from nats_spark.pcg.member import GroupConfigChanged, GroupMember, GroupMessage, consume
+from nats_spark.pcg.member import GroupConfigChanged, GroupMember, consume
+from nats_spark.pcg.member_pulls import GroupMessage
 from nats_spark.pcg.partitioning import (
     elastic_stream_name,
     elastic_subject_transforms,

@@ -14,9 +14,8 @@ import contextlib
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from nats_spark.pcg.config import ElasticConfig, MemberMapping, PartitioningFilter, StaticConfig
@@ -45,6 +44,9 @@ from nats_spark.pcg.store import (
     load_group,
     update_group,
 )
+
+if TYPE_CHECKING:  # annotations only: parsing a format's options imports pcg, not the connection
+    from nats_spark.client import NatsClient
 
 CAS_ATTEMPTS = 5
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, ErrorCode, JetStreamApiError, NotFound
 from nats_spark.jetstream.api import NANOS, to_nanos
 from nats_spark.jetstream.replies import ConsumerInfo
@@ -22,6 +21,9 @@ from nats_spark.pcg.partitioning import (
     partition_filter_subjects,
 )
 from nats_spark.pcg.store import GroupEntry, GroupKind
+
+if TYPE_CHECKING:  # annotations only: parsing a format's options imports pcg, not the connection
+    from nats_spark.client import NatsClient
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,9 @@ handler acks (`await message.ack()`); a handler that raises is logged and its me
 unacknowledged, so the server redelivers it after the ack wait (as with a Go callback that does
 not ack). The pull after each batch refreshes the pin; a batch whose handling outlasts the ack
 wait (which is also the pin timeout) loses the pin, as its messages are redelivered anyway.
+
+This module supervises an instance (joining, the KV watch, self-heal, shutdown); the pulling and
+handing over is `member_pulls.MemberPulls`'.
 """
 
 from __future__ import annotations
@@ -22,69 +25,43 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ParamSpec
 
-from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from nats_spark.client import NatsClient
 from nats_spark.errors import (
     ConfigurationError,
     ErrorCode,
     JetStreamApiError,
     NatsSparkError,
     NotFound,
-    PullError,
 )
-from nats_spark.jetstream.pull import PullConsumer, PullStatus
 from nats_spark.pcg.config import ElasticConfig
 from nats_spark.pcg.consumers import (
     PRIORITY_GROUP,
     GroupConsumer,
     ensure_group_consumer,
     member_consumer,
-    pull_expires,
 )
-from nats_spark.pcg.partitioning import strip_partition
+from nats_spark.pcg.member_pulls import Handler, MemberPulls
 from nats_spark.pcg.store import GroupConfig, GroupEntry, GroupKind, load_group
+
+if TYPE_CHECKING:  # annotations only: parsing a format's options imports pcg, not the connection
+    from nats_spark.client import NatsClient
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 500
 SELF_HEAL_MARGIN = 0.5  # seconds added to the ack wait before a missing consumer is recreated
-RETRY_PAUSE = 0.5  # seconds to wait after a pull that ended without an answer from the server
 MEMBERSHIP_BACKOFF = (0.4, 0.5)  # seconds an unpinned instance waits on a membership change
 
-_RETRY_STATUSES = {PullStatus.HEARTBEAT_MISSED, PullStatus.INTERRUPTED, PullStatus.CLIENT_TIMEOUT}
-
-Handler = Callable[["GroupMessage"], Awaitable[None]]
+P = ParamSpec("P")
 
 
 class GroupConfigChanged(ConfigurationError):
     """The group's KV entry changed in a way running members cannot follow."""
-
-
-@dataclass(frozen=True)
-class GroupMessage:
-    """A message of the group: its subject without the partition token, and the raw message."""
-
-    subject: str
-    partition: int
-    msg: Msg
-
-    @property
-    def data(self) -> bytes:
-        return self.msg.data
-
-    @property
-    def headers(self) -> dict[str, str] | None:
-        return self.msg.headers
-
-    async def ack(self) -> None:
-        await self.msg.ack()
 
 
 def _in_membership(config: GroupConfig, member: str) -> bool:
@@ -132,11 +109,8 @@ class GroupMember:
         self._entry: GroupEntry | None = None
         self._ack_wait = 0.0
         self._consumer: GroupConsumer | None = None  # the consumer being pulled; None: not joined
-        self._puller: PullConsumer | None = None
+        self._pulls: MemberPulls | None = None
         self._pull_task: asyncio.Task[None] | None = None
-        self._halt = asyncio.Event()  # set to make the current pull task return
-        self._fetching = False  # the pull task waits on the server (safe to cancel)
-        self._standing_by: bool | None = None  # last reported role; None: not known yet
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
         self._done: asyncio.Future[None] | None = None
@@ -150,8 +124,13 @@ class GroupMember:
         return self._done
 
     @property
+    def entry(self) -> GroupEntry | None:
+        """The group's KV entry as this instance last applied it; None before `start`."""
+        return self._entry
+
+    @property
     def pin_id(self) -> str | None:
-        return self._puller.pin_id if self._puller is not None else None
+        return self._pulls.pin_id if self._pulls is not None else None
 
     @property
     def active(self) -> bool:
@@ -208,7 +187,8 @@ class GroupMember:
             return
         if not self._stopping:  # once: a second cancel would break off the shutdown itself
             self._stopping = True
-            self._halt.set()  # no further message reaches the handler
+            if self._pulls is not None:
+                self._pulls.halt.set()  # no further message reaches the handler
             task.cancel()
         if asyncio.current_task() is not self._pull_task:
             await asyncio.wait([task])
@@ -378,11 +358,11 @@ class GroupMember:
                 ) from None
             raise
         self._consumer = consumer
-        self._puller = self.client.pull_consumer(
-            consumer.stream, consumer.name, group=PRIORITY_GROUP
+        pulls = MemberPulls(
+            self.client, consumer, self.handler, self.batch, self._ack_wait, self._name
         )
-        self._halt = asyncio.Event()
-        self._pull_task = asyncio.create_task(self._pull_loop(self._puller, self._halt))
+        self._pulls = pulls
+        self._pull_task = asyncio.create_task(pulls.run())
 
     async def _holds_pin(self) -> bool:
         """Whether the server's pin of the consumer is ours."""
@@ -402,11 +382,11 @@ class GroupMember:
 
     async def _halt_pulling(self) -> None:
         """End the pull task after the message in hand; safe to call again if interrupted."""
-        task = self._pull_task
-        if task is None:
+        task, pulls = self._pull_task, self._pulls
+        if task is None or pulls is None:
             return
-        self._halt.set()
-        if self._fetching:
+        pulls.halt.set()
+        if pulls.waiting:
             task.cancel()  # a waiting pull holds nothing: its messages would be redelivered
         await asyncio.wait([task])
         error = await self._reap_pull_task()
@@ -415,12 +395,11 @@ class GroupMember:
 
     async def _reap_pull_task(self) -> BaseException | None:
         """Forget the finished pull task and its consumer; returns the error it ended with."""
-        task, puller = self._pull_task, self._puller
-        self._pull_task, self._puller, self._consumer = None, None, None
-        self._standing_by = None
-        if puller is not None:
+        task, pulls = self._pull_task, self._pulls
+        self._pull_task, self._pulls, self._consumer = None, None, None
+        if pulls is not None:
             with contextlib.suppress(Exception):  # the connection may be closed already
-                await puller.close()
+                await pulls.puller.close()
         if task is None or task.cancelled():
             return None
         return task.exception()
@@ -429,78 +408,6 @@ class GroupMember:
         if self._entry is None:
             raise RuntimeError("GroupMember is not started; call start() first")
         return self._entry
-
-    # --- pulling ---------------------------------------------------------------------------------
-
-    async def _pull_loop(self, puller: PullConsumer, halt: asyncio.Event) -> None:
-        """Pull and hand messages over until halted; returns when the consumer is gone.
-
-        A long pull asks for one message, so a lone message is handed over at once; while
-        pinned and messages keep coming, no-wait pulls take up to `batch` at a time. Every
-        pull lasts less than `priority_timeout`, so an idle pinned instance keeps its pin.
-        """
-        expires = pull_expires(self._ack_wait)
-        drain = False
-        while not halt.is_set():
-            self._fetching = True
-            try:
-                if drain:
-                    result = await puller.fetch(self.batch, no_wait=True)
-                else:
-                    result = await puller.fetch(1, expires=expires, idle_heartbeat=expires / 2)
-            except PullError as error:
-                if not error.consumer_gone:
-                    raise
-                log.info("%s: its consumer was deleted (%s)", self._name, error.description)
-                return
-            finally:
-                self._fetching = False
-            await self._report_role(puller, result.status)
-            for index, msg in enumerate(result.messages):
-                if halt.is_set():
-                    await _nak(result.messages[index:])
-                    return
-                await self._deliver(msg)
-            if result.status in _RETRY_STATUSES:
-                log.debug("%s: pull ended with %s; retrying", self._name, result.status.value)
-                drain = False
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(halt.wait(), RETRY_PAUSE)
-                continue
-            drain = (
-                bool(result.messages)
-                and result.status is PullStatus.BATCH_COMPLETE
-                and puller.pin_id is not None
-            )
-
-    async def _report_role(self, puller: PullConsumer, status: PullStatus) -> None:
-        """Log when this instance becomes active, or stands by while another one is pinned."""
-        if puller.pin_id is not None:
-            if self._standing_by is not False:
-                self._standing_by = False
-                log.info("%s: this instance is active (pin %s)", self._name, puller.pin_id)
-            return
-        if self._standing_by or status not in (PullStatus.TIMEOUT, PullStatus.PIN_MISMATCH):
-            return
-        # An unpinned pull also times out on an idle consumer: ask whether someone holds the pin.
-        with contextlib.suppress(NatsSparkError):
-            info = await self.client.api.consumer_info(puller.stream, puller.consumer)
-            if info.pinned_id(PRIORITY_GROUP):
-                self._standing_by = True
-                log.info("%s: another instance holds the pin; standing by", self._name)
-
-    async def _deliver(self, msg: Msg) -> None:
-        partition, subject = strip_partition(msg.subject)
-        try:
-            await self.handler(GroupMessage(subject, partition, msg))
-        except Exception:
-            log.exception(
-                "%s: handler failed on %s (partition %d); the message is redelivered after the "
-                "ack wait",
-                self._name,
-                subject,
-                partition,
-            )
 
 
 def _elastic_shape(config: ElasticConfig) -> tuple[Any, ...]:
@@ -514,26 +421,16 @@ def _elastic_shape(config: ElasticConfig) -> tuple[Any, ...]:
     )
 
 
-async def _nak(messages: Sequence[Msg]) -> None:
-    """Hand back messages taken but not handled, so they are redelivered without the ack wait."""
-    for msg in messages:
-        with contextlib.suppress(Exception):  # best effort: else they come back after ack wait
-            await msg.nak()
+def _started(make: Callable[P, GroupMember]) -> Callable[P, Awaitable[GroupMember]]:
+    async def consume(*args: P.args, **kwargs: P.kwargs) -> GroupMember:
+        """Join `group` on `stream` as an instance of `member` and start handing messages to
+        `handler` (the arguments of `GroupMember`); returns the running member (`await
+        member.stop()`, `await member.done`)."""
+        instance = make(*args, **kwargs)
+        await instance.start()
+        return instance
+
+    return consume
 
 
-async def consume(
-    client: NatsClient,
-    stream: str,
-    group: str,
-    member: str,
-    handler: Handler,
-    kind: GroupKind | None = None,
-    template: dict[str, Any] | None = None,
-    *,
-    batch: int = DEFAULT_BATCH,
-) -> GroupMember:
-    """Join `group` on `stream` as an instance of `member` and start handing messages to
-    `handler`; returns the running member (`await member.stop()`, `await member.done`)."""
-    instance = GroupMember(client, stream, group, member, handler, kind, template, batch=batch)
-    await instance.start()
-    return instance
+consume = _started(GroupMember)

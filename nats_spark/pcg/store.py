@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from nats.errors import NoRespondersError
 from nats.js.errors import (
@@ -14,10 +15,12 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NatsSparkError, NotFound
 from nats_spark.jetstream.retry import retrying
 from nats_spark.pcg.config import ElasticConfig, GroupConfigError, StaticConfig
+
+if TYPE_CHECKING:  # annotations only: parsing a format's options imports pcg, not the connection
+    from nats_spark.client import NatsClient
 
 GroupConfig = StaticConfig | ElasticConfig
 

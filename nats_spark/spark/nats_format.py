@@ -15,8 +15,8 @@ from pyspark.sql.datasource import DataSource
 
 from nats_spark.errors import ConfigurationError
 from nats_spark.spark.shared.failures import one_line_errors
-from nats_spark.spark.shared.options import parse_read_options
 from nats_spark.spark.shared.schema import SCHEMA_DDL, check_schema
+from nats_spark.spark.stream_source.options import parse_read_options
 
 # As in group_source/source.py: the processes Spark starts to look the format up or create it
 # need neither the readers nor the writers, so those are imported where they are used.

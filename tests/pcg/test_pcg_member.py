@@ -25,7 +25,9 @@ from nats_spark.pcg import (
     member_partitions,
     partition_for,
 )
-from nats_spark.pcg.member import GroupConfigChanged, GroupMember, GroupMessage, consume
+from nats_spark.pcg.consumers import member_consumer
+from nats_spark.pcg.member import GroupConfigChanged, GroupMember, consume
+from nats_spark.pcg.member_pulls import GroupMessage
 from nats_spark.pcg.store import (
     GroupEntry,
     GroupKind,
@@ -92,18 +94,30 @@ class Inbox:
         return [g for g in self.got if g.instance == instance]
 
     async def wait_for(self, datas: set[bytes], timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not datas <= self.distinct():
-            missing = len(datas - self.distinct())
-            assert time.monotonic() < deadline, f"{missing} of {len(datas)} messages not handled"
-            await asyncio.sleep(0.05)
+        await until(lambda: datas <= self.distinct(), f"{len(datas)} messages handled", timeout)
 
     async def wait_for_instance(self, instance: str, after: float, timeout: float = 15.0) -> None:
         """Until `instance` has handled a message at or after monotonic time `after`."""
-        deadline = time.monotonic() + timeout
-        while not any(g.at >= after for g in self.of(instance)):
-            assert time.monotonic() < deadline, f"{instance} handled nothing in {timeout}s"
-            await asyncio.sleep(0.05)
+        handled = lambda: any(g.at >= after for g in self.of(instance))  # noqa: E731
+        await until(handled, f"a message handled by {instance}", timeout)
+
+
+async def until(condition: Callable[[], Any], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def final_deliveries(nc: NatsClient, entry: GroupEntry, names: list[str]) -> int:
+    """The deliveries the members' consumers made, counted once none awaits its ack (then none
+    can come again: the count is final)."""
+    consumers = [member_consumer(entry, name, TEMPLATE) for name in names]
+    while True:
+        infos = [await nc.api.consumer_info(c.stream, c.name) for c in consumers]
+        if not any(info.num_ack_pending or info.num_pending for info in infos):
+            return sum(info["delivered"]["consumer_seq"] for info in infos)
+        await asyncio.sleep(0.05)
 
 
 async def make_static(
@@ -150,9 +164,9 @@ def test_each_message_to_one_member_by_key(client: Any, unique: str, kind: Group
 
     async def scenario() -> None:
         if kind is GroupKind.STATIC:
-            prefix, _ = await make_static(nc, stream, group, StaticConfig(3, members=names))
+            prefix, entry = await make_static(nc, stream, group, StaticConfig(3, members=names))
         else:
-            prefix, _ = await make_elastic(nc, stream, group, 3, names)
+            prefix, entry = await make_elastic(nc, stream, group, 3, names)
         inbox = Inbox()
         members = [
             await consume(nc, stream, group, name, inbox.handler(name), template=TEMPLATE)
@@ -161,10 +175,11 @@ def test_each_message_to_one_member_by_key(client: Any, unique: str, kind: Group
         try:
             sent = await send_numbered(nc, prefix, 60)
             await inbox.wait_for(sent)
-            await asyncio.sleep(0.3)  # room for a duplicate to show up
+            # The server's count: a duplicate was either delivered or cannot come any more.
+            delivered = await asyncio.wait_for(final_deliveries(nc, entry, names), 3 * ACK_WAIT)
         finally:
             await stop_all(members)
-        assert len(inbox.got) == 60 and inbox.distinct() == sent
+        assert delivered == 60 and len(inbox.got) == 60 and inbox.distinct() == sent
         owner: dict[str, str] = {}
         for got in inbox.got:
             key = got.subject.rsplit(".", 1)[1]
@@ -289,8 +304,9 @@ def test_static_group_changed_or_deleted_stops_members(client: Any, unique: str)
         b = await consume(nc, deleted.stream, "deleted", "m1", inbox.handler("b"), None, TEMPLATE)
         try:
             changed = await update_group(nc, changed, changed.config)  # same value: ignored
-            await asyncio.sleep(0.3)  # time under test: the ignored update ends nothing
-            assert not a.done.done()
+            applied = lambda: a.entry is not None and a.entry.revision == changed.revision  # noqa: E731
+            await until(lambda: applied() or a.done.done(), "the update applied")
+            assert not a.done.done() and applied()  # the ignored update ended nothing
             await update_group(nc, changed, config.with_members_added(["m3"]))
             with pytest.raises(GroupConfigChanged, match="static groups are immutable"):
                 await asyncio.wait_for(asyncio.shield(a.done), 5)
@@ -364,8 +380,11 @@ def test_elastic_member_waits_for_its_partitions_and_recreates_its_consumer(
         member = await consume(nc, stream, group, "m1", inbox.handler("m1"), template=TEMPLATE)
         try:
             sent = await send_numbered(nc, prefix, 5)
-            await asyncio.sleep(0.5)
-            assert not inbox.got  # the work-queue stream refuses overlapping consumers
+            # The work-queue stream refused the member's consumer, which overlaps "old": no
+            # consumer, so nothing can be delivered, and the member waits to retry.
+            with pytest.raises(NotFound):
+                await nc.api.consumer_info(work_queue, "m1")
+            assert not inbox.got and not member.done.done()
             await nc.api.delete_consumer(work_queue, "old")
             await inbox.wait_for(sent, timeout=ACK_WAIT + 2)  # the self-heal retries the create
 
@@ -405,9 +424,15 @@ def test_failed_message_comes_back_and_handler_may_stop_the_member(
         assert await asyncio.wait_for(asyncio.shield(member.done), 3 * ACK_WAIT) is None
         assert attempts == [b"0", b"1", b"2", b"1"]
         await send_numbered(nc, prefix, 1, start=3)
-        await asyncio.sleep(0.3)
-        assert len(attempts) == 4 and not member.active  # stopped: nothing more handled
-        info = await nc.api.consumer_info(stream, f"{group}-m1")  # the durable stays
-        assert info["ack_floor"]["stream_seq"] == 3 and info["num_pending"] == 1
+        # Another instance gets the next message: the stopped one, pinned were it still pulling,
+        # handles nothing more; the durable stayed, with its progress (no redelivery of 0-2).
+        inbox = Inbox()
+        successor = await consume(nc, stream, group, "m1", inbox.handler("b"), template=TEMPLATE)
+        try:
+            await inbox.wait_for({b"3"})
+        finally:
+            await successor.stop()
+        assert len(attempts) == 4 and not member.active
+        assert [g.data for g in inbox.got] == [b"3"]
 
     run(scenario())

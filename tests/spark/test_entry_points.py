@@ -43,7 +43,7 @@ def test_each_half_is_imported_where_it_is_used():
     probe = (
         "import json, sys, pyspark_nats_pcg\n"
         "from nats_spark.spark.group_source.source import NatsPcgStreamReader\n"
-        "from nats_spark.spark.shared.options import parse_options\n"
+        "from nats_spark.spark.group_source.options import parse_options\n"
         "r = NatsPcgStreamReader(parse_options({'servers': 'nats://127.0.0.1:1', "
         "'stream': 'S', 'group': 'g'}))\n"
         "before = 'nats_spark.spark.group_source.offset_reader' in sys.modules\n"

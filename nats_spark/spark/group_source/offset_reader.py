@@ -23,6 +23,7 @@ from nats_spark.jetstream.replies import StreamInfo
 from nats_spark.spark.group_source.driver_ledger import DriverLedger
 from nats_spark.spark.group_source.ledger import Ledger, pointer_key
 from nats_spark.spark.group_source.offsets import SourceOffset
+from nats_spark.spark.group_source.options import SourceOptions
 from nats_spark.spark.group_source.planner import (
     ConsumerSeen,
     SlotRecord,
@@ -39,7 +40,6 @@ from nats_spark.spark.group_source.planner import (
 from nats_spark.spark.group_source.sealed_keeper import SealedKeeper
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.targets import Held, Slot, target_for
-from nats_spark.spark.shared.options import SourceOptions
 from nats_spark.spark.shared.pacing import TriggerPacing
 
 log = logging.getLogger(__name__)

@@ -30,12 +30,13 @@ from nats_spark.jetstream.acks import (
 from nats_spark.jetstream.api import StoredMessage
 from nats_spark.jetstream.pull import Deliveries, Pull, PullConsumer
 from nats_spark.loop import run_sync
+from nats_spark.spark.group_source.columns import SlotColumns
 from nats_spark.spark.group_source.pull_policy import PullPlan, SlotPullPolicy, complete
 from nats_spark.spark.group_source.recorded import Recorded
 from nats_spark.spark.group_source.slot_entry import SlotEntry
 from nats_spark.spark.group_source.slot_history import SlotHistory
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from nats_spark.spark.shared.columns import SlotColumns, text_timestamps
+from nats_spark.spark.shared.columns import text_timestamps
 from nats_spark.spark.shared.worker_gc import freeze_imports
 
 log = logging.getLogger(__name__)

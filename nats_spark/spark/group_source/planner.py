@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 
 from nats_spark.spark.group_source.driver_ledger import Horizon
 from nats_spark.spark.group_source.offsets import SlotPlan
+from nats_spark.spark.group_source.options import SourceOptions
 from nats_spark.spark.group_source.targets import Slot
-from nats_spark.spark.shared.options import SourceOptions
 
 LAG_FIELDS = ("pending", "ackPending", "behindLatest")
 

@@ -11,24 +11,14 @@ the ack wait) end it, as pulling on would take the same ones over and over.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from nats_spark.errors import PullError
-from nats_spark.jetstream.pull import PULL_MAX_BYTES, PullStatus
+from nats_spark.jetstream.pull import PULL_MAX_BYTES, PullStatus, max_bytes_after
+from nats_spark.jetstream.pull_loop import PullPlan
 from nats_spark.jetstream.status import StatusKind, classify
 
 PIN_RETRIES = 3
 TRANSIENT_RETRIES = 5
 HELD_ONLY_PULLS = 3  # pulls in a row that bring back only what the batch holds: stop pulling
-
-
-@dataclass(frozen=True)
-class PullPlan:
-    """One pull request to send: `expires` None for a no-wait pull; `max_bytes` 0: uncapped."""
-
-    batch: int
-    expires: float | None
-    max_bytes: int
 
 
 def complete(status: PullStatus) -> bool:
@@ -75,8 +65,7 @@ class SlotPullPolicy:
             self.held_only = 0
         if complete(status):
             self.wait = False
-            if status is PullStatus.MAX_BYTES and not received:
-                self.max_bytes = 0  # one message is larger than our bound: lift it
+            self.max_bytes = max_bytes_after(status, received, self.max_bytes)
             return True
         if status is PullStatus.PIN_MISMATCH:
             self.pin_retries += 1  # the pin id was cleared: the next pull asks for a new pin

@@ -17,6 +17,7 @@ from nats_spark import clock
 from nats_spark.arrays import int_array
 from nats_spark.client import NatsClient
 from nats_spark.jetstream.acks import ack_prefix
+from nats_spark.spark.group_source.columns import SlotColumns
 from nats_spark.spark.group_source.ledger import (
     LEDGER_FORMAT,
     EntryHead,
@@ -27,7 +28,6 @@ from nats_spark.spark.group_source.ledger import (
 )
 from nats_spark.spark.group_source.recorded import Recorded
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from nats_spark.spark.shared.columns import SlotColumns
 
 log = logging.getLogger(__name__)
 

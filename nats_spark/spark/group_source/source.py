@@ -10,13 +10,13 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from nats_spark.errors import ConfigurationError
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source.offsets import SourceOffset
+from nats_spark.spark.group_source.options import SourceOptions, parse_options
 from nats_spark.spark.shared.compat import (
     ReadAllAvailable,
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
 from nats_spark.spark.shared.failures import one_line_errors
-from nats_spark.spark.shared.options import SourceOptions, parse_options
 from nats_spark.spark.shared.schema import SCHEMA_DDL, check_schema
 from nats_spark.spark.shared.stop_signal import stop_on_sigterm
 

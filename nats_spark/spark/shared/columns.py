@@ -1,29 +1,21 @@
-"""The source schema's Arrow columns, built per record batch: one home for what both formats'
-readers emit (rows are gathered as Python lists; every conversion runs once per batch, from
-buffers: see `nats_spark.arrays`)."""
+"""The source schema's Arrow columns, built per record batch, and how large a batch gets: one
+home for what both formats' readers emit (rows are gathered as Python lists; every conversion
+runs once per batch, from buffers: see `nats_spark.arrays`)."""
 
 from __future__ import annotations
 
-import contextlib
-import math
 from array import array
 from collections.abc import Sequence
 from functools import lru_cache
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from nats_spark import clock
 from nats_spark.arrays import TYPECODES, bytes_array, int_array
-from nats_spark.errors import NatsSparkError
-from nats_spark.jetstream.pull import PIN_ID_HEADER, Deliveries, header_values
-from nats_spark.pcg.partitioning import strip_partition
+from nats_spark.jetstream.pull import PIN_ID_HEADER, header_values
 from nats_spark.spark.shared.schema import SCHEMA_FIELDS
 
-# Rows per record batch; the group source's ledger stores a task's deliveries in chunks of as
-# many (384 KB raw at most, below the 1 MB payload limit).
-CHUNK_MESSAGES = 16384
-EMIT_BYTES = 4 << 20  # payload bytes that close a record batch early (large messages)
+BATCH_ROWS = 16384  # rows per record batch
+BATCH_BYTES = 4 << 20  # payload bytes that close a record batch early (large messages)
 # Spark's type of each column of `SCHEMA_FIELDS` as Arrow holds it in the record batches
 # `read()` yields: the schema is named once, there.
 _ARROW_TYPES = {
@@ -38,7 +30,6 @@ ARROW_SCHEMA = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in SCHEMA_FI
 HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
 TIMESTAMP_TYPE = ARROW_SCHEMA.field("timestamp").type
 _NANOS_TYPE = pa.timestamp("ns", tz="UTC")
-_INT32_MAX = 2**31 - 1
 
 
 @lru_cache(maxsize=256)
@@ -76,6 +67,11 @@ def headers_array(blocks: Sequence[bytes | None], include: bool) -> pa.Array:
     )
     key_array = bytes_array(keys, pa.string())
     return pa.MapArray.from_arrays(offsets, key_array, items_array, type=HEADERS_TYPE)
+
+
+def batch_full(rows: int, nbytes: int) -> bool:
+    """Whether a record batch of `rows` rows and `nbytes` payload bytes is as large as one gets."""
+    return rows >= BATCH_ROWS or nbytes >= BATCH_BYTES
 
 
 def timestamps_from_nanos(nanos: Sequence[int]) -> pa.Array:
@@ -136,103 +132,3 @@ def record_batch(
         ],
         schema=ARROW_SCHEMA,
     )
-
-
-class SlotColumns:
-    """What the rows of one record batch of a group slot are made of, gathered as they come
-    in; `partitioned`: subjects carry the group's partition token, split off here."""
-
-    def __init__(
-        self, stream: str, member: str | None, partitioned: bool, include_headers: bool
-    ) -> None:
-        self.stream, self.member = stream, member
-        self.partitioned, self.include_headers = partitioned, include_headers
-        self.subject: list[bytes] = []
-        self.data: list[bytes] = []
-        self.headers: list[bytes | None] = []  # raw header blocks
-        self.stream_seq: list[int] = []
-        self.consumer_seq: list[int] = []
-        self.delivered: list[int] = []
-        self.timestamp: list[int] = []
-        self.nbytes = 0
-        # For the ack wait of what the rows took (siblings): the earliest the server may have
-        # sent one of them (when its pull request went out) and when the last were taken in.
-        self.requested = math.inf
-        self.last_taken = -math.inf
-
-    def __len__(self) -> int:
-        return len(self.stream_seq)
-
-    def taken_from(self, requested: float) -> None:
-        """Rows were just taken from deliveries of a pull request sent at `requested`: a process
-        paused between the server's send and this take makes them older than they look."""
-        self.requested = min(self.requested, requested)
-        self.last_taken = clock.monotonic()
-
-    def full(self) -> bool:
-        return len(self.stream_seq) >= CHUNK_MESSAGES or self.nbytes >= EMIT_BYTES
-
-    def add(
-        self,
-        subject: bytes,
-        data: bytes,
-        headers: bytes | None,
-        delivered: int,
-        stream_seq: int,
-        consumer_seq: int,
-        timestamp_ns: int,
-    ) -> None:
-        self.subject.append(subject)
-        self.data.append(data)
-        self.nbytes += len(data)
-        self.headers.append(headers)
-        self.stream_seq.append(stream_seq)
-        self.consumer_seq.append(consumer_seq)
-        self.delivered.append(delivered)
-        self.timestamp.append(timestamp_ns)
-
-    def extend(self, deliveries: Deliveries) -> None:
-        """Add all of `deliveries` (their ack subjects' numbers parsed), a column at a time."""
-        delivered, stream_seq, consumer_seq, timestamp = deliveries.numbers
-        self.subject += deliveries.subjects
-        self.data += deliveries.data
-        self.nbytes += sum(map(len, deliveries.data))
-        self.headers += deliveries.headers
-        self.stream_seq += stream_seq
-        self.consumer_seq += consumer_seq
-        self.delivered += delivered
-        self.timestamp += timestamp
-
-    def _subjects(self, n: int) -> tuple[pa.Array, pa.Array]:
-        """The `subject` and `partition` columns; a group's stored `<partition>.<subject>` is
-        split in Arrow, not row by row."""
-        subjects = bytes_array(self.subject, pa.string())
-        if not (self.partitioned and n):
-            return subjects, pa.nulls(n, pa.int32())
-        # A partition's consumer reads one partition: its token is cut off by position.
-        number, _ = strip_partition(self.subject[0].decode())
-        token = f"{number}."
-        if number <= _INT32_MAX and pc.all(pc.starts_with(subjects, token)).as_py():
-            return pc.utf8_slice_codeunits(subjects, len(token)), constant(number, n, pa.int32())
-        parts = pc.extract_regex(subjects, r"^(?P<partition>[0-9]+)\.(?P<subject>.*)$")
-        if not parts.null_count:
-            with contextlib.suppress(pa.ArrowInvalid):  # a number too large for int32
-                return parts.field("subject"), parts.field("partition").cast(pa.int32())
-        for subject in self.subject:
-            strip_partition(subject.decode())  # raises the error that explains the bad one
-        raise NatsSparkError("a subject's partition token does not fit a 32-bit partition number")
-
-    def record_batch(self) -> pa.RecordBatch:
-        subject, partition = self._subjects(len(self))
-        return record_batch(
-            subject=subject,
-            data=self.data,
-            headers=headers_array(self.headers, self.include_headers),
-            partition=partition,
-            member=self.member,
-            stream=self.stream,
-            stream_seq=self.stream_seq,
-            consumer_seq=int_array(self.consumer_seq),
-            delivered=int_array(self.delivered, pa.int32()),
-            timestamp=timestamps_from_nanos(self.timestamp),
-        )

@@ -1,4 +1,6 @@
-"""Every source option, parsed and validated in one place (Spark passes them all as strings)."""
+"""What the formats' options share (Spark passes them all as strings): the connection options,
+starting positions, the trigger sizes, and how a value is read and checked. Each format's own
+options live with it: `group_source.options`, `stream_source.options`, `sink.options`."""
 
 from __future__ import annotations
 
@@ -9,10 +11,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from nats_spark.connection import ConnectionSettings, credentials, parse_servers
-from nats_spark.errors import ConfigurationError, option_not_applicable
-from nats_spark.jetstream.publish import ATOMIC_BATCH_MAX
-from nats_spark.jetstream.subjects import valid_publish_subject
+from nats_spark.connection import ConnectionSettings, parse_servers, with_credentials
+from nats_spark.errors import ConfigurationError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -37,32 +37,6 @@ CONNECTION_OPTIONS: dict[str, str] = {
     "apiPrefix": "subject prefix of a JetStream API imported from another account (default "
     "$JS.API; not with domain)",
     "inboxPrefix": "prefix of the reply inboxes (default _INBOX)",
-}
-KNOWN_OPTIONS: dict[str, str] = {
-    **CONNECTION_OPTIONS,
-    "stream": "the stream the group or consumer reads (required)",
-    "group": "partitioned consumer group name (this or consumer)",
-    "groupType": "auto | static | elastic (default auto)",
-    "members": "comma list of members to read (default all)",
-    "consumer": "an existing priority-group pull consumer (instead of group)",
-    "priorityGroup": "priority group of that consumer (default its only group)",
-    "minPending": "overflow: pull only when num_pending reaches this",
-    "minAckPending": "overflow: pull only when num_ack_pending reaches this",
-    "priority": "prioritized: 0-9, lower served first",
-    "numPartitions": "parallel pulls per batch on a plain consumer (default 1)",
-    "consumerLayout": "auto | partition | member: a consumer per partition or member (auto)",
-    "startingPosition": "earliest | latest | sequence:<n> | time:<ISO-8601>, for new consumers",
-    "ackWait": "ack wait of the consumers the source creates (default 30s)",
-    "maxAckPending": "max ack pending of the consumers the source creates (default 100000)",
-    "maxMessagesPerTrigger": "cap on messages per micro-batch over all partitions",
-    "minMessagesPerTrigger": "hold a micro-batch back until this many messages are available",
-    "maxTriggerDelay": "longest hold for minMessagesPerTrigger (default 15m)",
-    "maxMessagesPerPartition": "cap on messages per partition per micro-batch",
-    "fetchBatchSize": "messages per pull request (default 4096)",
-    "fetchTimeout": "how long a pull waits for messages (default 1s)",
-    "includeHeaders": "true | false (default true)",
-    "ledgerBucket": "KV bucket of the ack ledger (default nats-spark-ledger)",
-    "failOnDataLoss": "true | false (default true)",
 }
 SECRET_OPTIONS = frozenset({"token", "password"})
 DEFAULT_MAX_TRIGGER_DELAY = 900.0  # 15 minutes, as Kafka's maxTriggerDelay
@@ -101,7 +75,7 @@ def parse_bool(name: str, text: str) -> bool:
     raise ConfigurationError(f"option {name}={text!r} is not a boolean; use true or false")
 
 
-def _check_name(option: str, value: str) -> str:
+def check_name(option: str, value: str) -> str:
     if not _NAME.match(value):
         raise ConfigurationError(
             f"option {option}={value!r} is not a valid NATS name; names have no spaces, "
@@ -145,41 +119,6 @@ def parse_starting_position(text: str, option: str = "startingPosition") -> Star
         f"option {option}={text!r} is not valid; use earliest, latest, sequence:<n> "
         "(n from 1) or time:<ISO-8601>, e.g. time:2026-11-23T08:00:00Z"
     )
-
-
-@dataclass(frozen=True)
-class SourceOptions:
-    """Validated options of one query. Picklable; secrets live only in `connection`."""
-
-    connection: ConnectionSettings
-    stream: str
-    group: str | None = None
-    group_type: str = "auto"
-    members: tuple[str, ...] | None = None
-    consumer_layout: str = "auto"
-    starting_position: StartingPosition | None = None  # None: not given (earliest)
-    consumer: str | None = None
-    priority_group: str | None = None
-    min_pending: int = 0
-    min_ack_pending: int = 0
-    priority: int | None = None
-    num_partitions: int = 1
-    ack_wait: float = 30.0
-    max_ack_pending: int = 100_000
-    max_messages_per_trigger: int | None = None
-    min_messages_per_trigger: int | None = None
-    max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY
-    max_messages_per_partition: int | None = None
-    fetch_batch_size: int = 4096
-    fetch_timeout: float = 1.0
-    include_headers: bool = True
-    ledger_bucket: str = "nats-spark-ledger"
-    fail_on_data_loss: bool = True
-
-    @property
-    def target(self) -> str:
-        """What the query reads, for messages and ledger keys."""
-        return f"{self.stream}/{self.group or self.consumer}"
 
 
 def _unknown_option(key: str, canonical: Mapping[str, str]) -> str:
@@ -251,7 +190,7 @@ class OptionValues:
         connection name on the server."""
         take = self.take
         servers = self.required("servers", "e.g. nats://host:4222")
-        auth = credentials(
+        return with_credentials(
             {
                 "user": take("user"),
                 "password": self.values.get("password"),
@@ -263,14 +202,7 @@ class OptionValues:
                 "password": ("passwordFile", take("passwordFile")),
                 "token": ("tokenFile", take("tokenFile")),
             },
-        )
-        return ConnectionSettings(
             servers=parse_servers(servers),
-            user=auth["user"],
-            password=auth["password"],
-            token=auth["token"],
-            nkey_seed=auth["nkey_seed"],
-            creds=auth["creds"],
             tls_ca_cert=take("tlsCaCert"),
             tls_cert=take("tlsCert"),
             tls_key=take("tlsKey"),
@@ -281,239 +213,3 @@ class OptionValues:
             inbox_prefix=take("inboxPrefix"),
             name=name,
         )
-
-
-def parse_options(raw: Mapping[str, str]) -> SourceOptions:
-    """Validate `raw` (case-insensitive keys, string values) into `SourceOptions`."""
-    values = OptionValues(raw, KNOWN_OPTIONS)
-    take, optional_int, duration, flag = (
-        values.take,
-        values.optional_int,
-        values.duration,
-        values.flag,
-    )
-    if take("servers") is None:
-        raise ConfigurationError("option servers is required; set it to e.g. nats://host:4222")
-    stream = values.required("stream", "the stream's name")
-    group, consumer = take("group"), take("consumer")
-    if (group is None) == (consumer is None):
-        raise ConfigurationError(
-            "set exactly one of the options group (a partitioned consumer group) and consumer "
-            "(a plain priority-group consumer)"
-        )
-    group_type = (take("groupType") or "auto").lower()
-    if group_type not in ("auto", "static", "elastic"):
-        raise ConfigurationError(
-            f"option groupType={group_type!r} is not valid; use auto, static or elastic"
-        )
-    group_only = (
-        "groupType",
-        "members",
-        "consumerLayout",
-        "startingPosition",
-        "ackWait",
-        "maxAckPending",
-    )
-    consumer_only = ("priorityGroup", "minPending", "minAckPending", "priority", "numPartitions")
-    for name in group_only if consumer else consumer_only if group else ():
-        if take(name) is not None:
-            raise option_not_applicable(name, "consumer reads" if consumer else "group reads")
-    consumer_layout = (take("consumerLayout") or SourceOptions.consumer_layout).lower()
-    if consumer_layout not in ("auto", "partition", "member"):
-        raise ConfigurationError(
-            f"option consumerLayout={consumer_layout!r} is not valid; use auto, partition or member"
-        )
-    most, least, delay = values.trigger_sizes()
-    members = None
-    if (text := take("members")) is not None:
-        members = tuple(_check_name("members", m.strip()) for m in text.split(",") if m.strip())
-        if not members:
-            raise ConfigurationError("option members is empty; list member names or omit it")
-    return SourceOptions(
-        connection=values.connection(f"nats-spark {stream}/{group or consumer}"),
-        stream=_check_name("stream", stream),
-        group=_check_name("group", group) if group else None,
-        group_type=group_type,
-        members=members,
-        consumer_layout=consumer_layout,
-        starting_position=None
-        if (position := take("startingPosition")) is None
-        else parse_starting_position(position),
-        consumer=_check_name("consumer", consumer) if consumer else None,
-        priority_group=take("priorityGroup"),
-        min_pending=optional_int("minPending") or SourceOptions.min_pending,
-        min_ack_pending=optional_int("minAckPending") or SourceOptions.min_ack_pending,
-        priority=optional_int("priority", 0, 9),
-        num_partitions=optional_int("numPartitions", 1, 1024) or SourceOptions.num_partitions,
-        ack_wait=duration("ackWait", SourceOptions.ack_wait),
-        max_ack_pending=optional_int("maxAckPending") or SourceOptions.max_ack_pending,
-        max_messages_per_trigger=most,
-        min_messages_per_trigger=least,
-        max_trigger_delay=delay,
-        max_messages_per_partition=optional_int("maxMessagesPerPartition"),
-        fetch_batch_size=optional_int("fetchBatchSize", 1, 100_000)
-        or SourceOptions.fetch_batch_size,
-        fetch_timeout=duration("fetchTimeout", SourceOptions.fetch_timeout),
-        include_headers=flag("includeHeaders", SourceOptions.include_headers),
-        ledger_bucket=_check_name(
-            "ledgerBucket", take("ledgerBucket") or SourceOptions.ledger_bucket
-        ),
-        fail_on_data_loss=flag("failOnDataLoss", SourceOptions.fail_on_data_loss),
-    )
-
-
-SINK_OPTIONS: dict[str, str] = {
-    **CONNECTION_OPTIONS,
-    "subject": "subject of rows without a subject column (or with a null subject)",
-    "stream": "the stream every subject must land in (checked before publishing)",
-    "publishAsyncMaxPending": "publishes in flight per task (default 4096)",
-    "publishTimeout": "how long to wait for a PubAck before sending again (default 5s)",
-    "atomicBatchSize": "rows per atomic batch when the stream option names a stream with "
-    "allow_atomic (default 1000; 0: row by row)",
-}
-
-
-@dataclass(frozen=True)
-class SinkOptions:
-    """Validated options of a write to NATS (format `nats`). Picklable."""
-
-    connection: ConnectionSettings
-    subject: str | None = None
-    stream: str | None = None
-    max_pending: int = 4096
-    publish_timeout: float = 5.0
-    # Rows per atomic batch (0: row by row); None: not given, the stream decides (`check_target`).
-    atomic_batch: int | None = None
-
-
-def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
-    """Validate the options of `df.write.format("nats")` / `writeStream.format("nats")`."""
-    values = OptionValues(raw, SINK_OPTIONS)
-    subject, stream = values.take("subject"), values.take("stream")
-    if subject is not None and not valid_publish_subject(subject):
-        raise ConfigurationError(
-            f"option subject={subject!r} is not a subject one can publish to; use tokens "
-            "without spaces or wildcards, e.g. orders.enriched"
-        )
-    return SinkOptions(
-        connection=values.connection(f"nats-spark sink {stream or subject or ''}".rstrip()),
-        subject=subject,
-        stream=_check_name("stream", stream) if stream else None,
-        max_pending=values.optional_int("publishAsyncMaxPending", 1, 1_000_000)
-        or SinkOptions.max_pending,
-        publish_timeout=values.duration("publishTimeout", SinkOptions.publish_timeout),
-        atomic_batch=_atomic_batch(
-            values.optional_int("atomicBatchSize", 0, ATOMIC_BATCH_MAX), stream
-        ),
-    )
-
-
-def _atomic_batch(size: int | None, stream: str | None) -> int | None:
-    if size and stream is None:
-        raise ConfigurationError(
-            "option atomicBatchSize needs the stream option: atomic batches go to one stream, "
-            "which must have allow_atomic; set stream, or drop atomicBatchSize"
-        )
-    return size
-
-
-READ_OPTIONS: dict[str, str] = {
-    **CONNECTION_OPTIONS,
-    "stream": "the stream to read (required)",
-    "subjects": "comma list of filter subjects, wildcards allowed (default all)",
-    "startingPosition": "earliest | latest | sequence:<n> | time:<ISO-8601> (default earliest)",
-    "endingPosition": "batch reads: latest | sequence:<n> | time:<ISO-8601>, inclusive (latest)",
-    "numPartitions": "Spark partitions per read or micro-batch (default: by range size)",
-    "maxMessagesPerTrigger": "streaming: cap on stream sequences per micro-batch",
-    "minMessagesPerTrigger": "streaming: hold a micro-batch back until this many sequences",
-    "maxTriggerDelay": "streaming: longest hold for minMessagesPerTrigger (default 15m)",
-    "includeHeaders": "true | false (default true)",
-    "readPath": "auto | consumer | direct: an ephemeral consumer (auto) or batch direct get",
-    "fetchBatchSize": "messages per request (default 4096)",
-}
-READ_PATHS = ("auto", "consumer", "direct")
-
-
-@dataclass(frozen=True)
-class ReadOptions:
-    """Validated options of a read of a whole stream (format `nats`). Picklable."""
-
-    connection: ConnectionSettings
-    stream: str
-    subjects: tuple[str, ...] = ()
-    starting_position: StartingPosition = field(default_factory=StartingPosition)
-    ending_position: StartingPosition | None = None  # None: the stream's last message
-    num_partitions: int | None = None  # None: by range size
-    max_messages_per_trigger: int | None = None
-    min_messages_per_trigger: int | None = None
-    max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY
-    include_headers: bool = True
-    read_path: str = "auto"
-    fetch_batch_size: int = 4096
-
-
-def _check_filter_subject(subject: str) -> str:
-    tokens = subject.split(".")
-    if not all(t and not any(c.isspace() for c in t) for t in tokens) or ">" in tokens[:-1]:
-        raise ConfigurationError(
-            f"option subjects has {subject!r}, which is not a filter subject; use tokens without "
-            "spaces, '*' for one token and '>' only last, e.g. orders.*,audit.>"
-        )
-    return subject
-
-
-def _position_order(start: StartingPosition, end: StartingPosition) -> None:
-    """Refuse an end given before the start, when both are sequences or both times."""
-    for key, parse in (("opt_start_seq", int), ("opt_start_time", datetime.fromisoformat)):
-        both = key in start.deliver and key in end.deliver
-        if both and parse(end.deliver[key]) < parse(start.deliver[key]):  # type: ignore[operator]
-            raise ConfigurationError(
-                f"option endingPosition={end.text!r} is before startingPosition="
-                f"{start.text!r}; give an end at or after the start"
-            )
-
-
-def parse_read_options(raw: Mapping[str, str], streaming: bool) -> ReadOptions:
-    """Validate the options of `spark.read.format("nats")` / `readStream.format("nats")`."""
-    values = OptionValues(raw, READ_OPTIONS)
-    take = values.take
-    stream = _check_name("stream", values.required("stream", "the name of the stream to read"))
-    streaming_only = ("maxMessagesPerTrigger", "minMessagesPerTrigger", "maxTriggerDelay")
-    for name in ("endingPosition", *streaming_only):
-        if take(name) is not None and (name in streaming_only) != streaming:
-            where = "streaming reads (readStream)" if streaming else "batch reads (read)"
-            raise option_not_applicable(name, where)
-    subjects: tuple[str, ...] = ()
-    if (text := take("subjects")) is not None:
-        subjects = tuple(_check_filter_subject(s.strip()) for s in text.split(",") if s.strip())
-    starting = parse_starting_position(take("startingPosition") or "earliest")
-    ending = None
-    if (text := take("endingPosition")) is not None:
-        ending = parse_starting_position(text, "endingPosition")
-        if ending.deliver["deliver_policy"] == "all":
-            raise ConfigurationError(
-                "option endingPosition=earliest is not valid; use latest, sequence:<n> or "
-                "time:<ISO-8601>"
-            )
-        _position_order(starting, ending)
-    most, least, delay = values.trigger_sizes()
-    read_path = (take("readPath") or "auto").lower()
-    if read_path not in READ_PATHS:
-        raise ConfigurationError(
-            f"option readPath={read_path!r} is not valid; use {', '.join(READ_PATHS)}"
-        )
-    return ReadOptions(
-        connection=values.connection(f"nats-spark read {stream}"),
-        stream=stream,
-        subjects=subjects,
-        starting_position=starting,
-        ending_position=ending,
-        num_partitions=values.optional_int("numPartitions", 1, 10_000),
-        max_messages_per_trigger=most,
-        min_messages_per_trigger=least,
-        max_trigger_delay=delay,
-        include_headers=values.flag("includeHeaders", ReadOptions.include_headers),
-        read_path=read_path,
-        fetch_batch_size=values.optional_int("fetchBatchSize", 1, 100_000)
-        or ReadOptions.fetch_batch_size,
-    )

@@ -31,7 +31,7 @@ from nats_spark.jetstream.publish import ATOMIC_BATCH_MAX, OutMessage, Publisher
 from nats_spark.jetstream.replies import StreamInfo
 from nats_spark.jetstream.subjects import SubjectCapture, valid_publish_subject
 from nats_spark.loop import run_sync
-from nats_spark.spark.shared.options import SinkOptions
+from nats_spark.spark.sink.options import SinkOptions
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from nats_spark.client import NatsClient
 from nats_spark.loop import run_sync
 from nats_spark.spark.shared.compat import StreamWriterBase
 from nats_spark.spark.shared.failures import one_line_errors
-from nats_spark.spark.shared.options import SinkOptions, parse_sink_options
+from nats_spark.spark.sink.options import SinkOptions, parse_sink_options
 from nats_spark.spark.sink.publisher import (
     PartitionPublisher,
     SinkColumns,

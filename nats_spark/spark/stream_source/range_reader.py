@@ -42,11 +42,14 @@ from nats_spark.jetstream.pull import (
     Pull,
     PullStatus,
     header_values,
+    max_bytes_after,
 )
+from nats_spark.jetstream.pull_loop import PullLoop, PullPlan
 from nats_spark.jetstream.status import StatusKind, parse_status
 from nats_spark.loop import run_sync
 from nats_spark.nats_py import route_raw, unroute_raw
 from nats_spark.spark.shared.columns import (
+    batch_full,
     bytes_array,
     constant,
     headers_array,
@@ -56,8 +59,6 @@ from nats_spark.spark.shared.columns import (
 )
 from nats_spark.spark.shared.worker_gc import freeze_imports
 
-_ROWS_PER_BATCH = 16_384
-_BYTES_PER_BATCH = 4 << 20  # payload bytes that close a record batch early (large messages)
 _IN_FLIGHT = 2  # requests outstanding: the next one is served while the last is processed
 _ANSWER_TIMEOUT = 10.0  # no message nor status for this long: the request was lost
 _PULL_EXPIRES = 2.0
@@ -96,7 +97,7 @@ class RangeColumns:
         return len(self.seqs)
 
     def full(self) -> bool:
-        return len(self.seqs) >= _ROWS_PER_BATCH or self.nbytes >= _BYTES_PER_BATCH
+        return batch_full(len(self.seqs), self.nbytes)
 
     def record_batch(self, include_headers: bool) -> pa.RecordBatch:
         n = len(self.seqs)
@@ -143,7 +144,7 @@ class DirectRangeRead:
 
     def __init__(self, client: NatsClient, partition: RangePartition) -> None:
         self.client = client
-        self.p = partition
+        self.partition = partition
         self.columns = RangeColumns(partition.stream, text_stamps=True)
         self.inbox = client.nc.new_inbox()
         self.reply_prefix = len(self.inbox) + 1
@@ -181,8 +182,8 @@ class DirectRangeRead:
             raise self.error
         if not self.columns and self.finished:
             return None
-        columns, self.columns = self.columns, RangeColumns(self.p.stream, text_stamps=True)
-        return columns.record_batch(self.p.include_headers)
+        columns, self.columns = self.columns, RangeColumns(self.partition.stream, text_stamps=True)
+        return columns.record_batch(self.partition.include_headers)
 
     async def close(self) -> None:
         if self.sub is not None:
@@ -192,7 +193,7 @@ class DirectRangeRead:
             self.sub = None
 
     async def _send(self) -> None:
-        p = self.p
+        p = self.partition
         while len(self.windows) < _IN_FLIGHT and self.next_seq <= p.last:
             count = min(p.batch_size, p.last - self.next_seq + 1)
             stop = p.last if self.filter else self.next_seq + count - 1
@@ -214,7 +215,9 @@ class DirectRangeRead:
         if window is None or int(subject[self.reply_prefix :]) != window.id or self.finished:
             return  # the answer to a request given up (see `_continue`)
         if headers is None:
-            self._fail(NatsSparkError(f"direct get of {self.p.stream} answered without headers"))
+            self._fail(
+                NatsSparkError(f"direct get of {self.partition.stream} answered without headers")
+            )
             return
         if headers.startswith(b"NATS/1.0\r\n"):
             self._take(window, data, headers)
@@ -244,7 +247,7 @@ class DirectRangeRead:
         self.windows.popleft()
         if kind is StatusKind.NO_MESSAGES:  # nothing (matching) at or after the window's start
             self.windows.clear()
-            self.next_seq = self.p.last + 1
+            self.next_seq = self.partition.last + 1
         elif kind is StatusKind.END_OF_BATCH:
             values = dict(header_values(headers))
             pending = int(values["Nats-Num-Pending"][0])
@@ -257,8 +260,8 @@ class DirectRangeRead:
             line = headers.split(b"\r\n", 1)[0].decode(errors="replace")
             self._fail(
                 NatsSparkError(
-                    f"direct get of stream {self.p.stream} failed: {line}; check the stream's "
-                    "allow_direct and the user's permission for $JS.API.DIRECT.GET"
+                    f"direct get of stream {self.partition.stream} failed: {line}; check the "
+                    "stream's allow_direct and the user's permission for $JS.API.DIRECT.GET"
                 )
             )
         self.wake.set()
@@ -274,7 +277,7 @@ class DirectRangeRead:
         if self.retry_deadline is None:
             self.retry_deadline = now + self.client.settings.retry_timeout
         if now > self.retry_deadline or not self.windows:
-            raise _no_answer(self.p, _ANSWER_TIMEOUT)
+            raise _no_answer(self.partition, _ANSWER_TIMEOUT)
         window = self.windows[0]
         self._continue(window.last + 1 if window.last else window.start)
 
@@ -286,10 +289,10 @@ class ConsumerRangeRead:
 
     def __init__(self, client: NatsClient, partition: RangePartition) -> None:
         self.client = client
-        self.p = partition
+        self.partition = partition
         self.name = f"nats-spark-read-{uuid.uuid4().hex[:16]}"
         self.consumer = client.pull_consumer(partition.stream, self.name)
-        self.pulls: deque[Pull] = deque()  # in the order the server serves them
+        self.loop = PullLoop(self.consumer, self._plan, in_flight=_IN_FLIGHT)
         self.outstanding = 0  # messages asked for and not delivered yet
         self.last_seq = partition.first - 1
         self.consumer_seq = 0
@@ -301,48 +304,46 @@ class ConsumerRangeRead:
     async def open(self) -> None:
         config: dict[str, object] = {
             "deliver_policy": "by_start_sequence",
-            "opt_start_seq": self.p.first,
+            "opt_start_seq": self.partition.first,
             "ack_policy": "none",
             "replay_policy": "instant",
             "inactive_threshold": to_nanos(_CONSUMER_INACTIVE),
             "mem_storage": True,
             "num_replicas": 1,
         }
-        if len(self.p.subjects) == 1:
-            config["filter_subject"] = self.p.subjects[0]
-        elif self.p.subjects:
-            config["filter_subjects"] = list(self.p.subjects)
-        info = await self.client.api.create_consumer(self.p.stream, self.name, config)
+        if len(self.partition.subjects) == 1:
+            config["filter_subject"] = self.partition.subjects[0]
+        elif self.partition.subjects:
+            config["filter_subjects"] = list(self.partition.subjects)
+        info = await self.client.api.create_consumer(self.partition.stream, self.name, config)
         self.created = True
         self.pending = info.num_pending
         self.finished = self.pending == 0
 
-    async def _send(self) -> None:
-        room = min(self.pending, self.p.last - self.last_seq) - self.outstanding
-        while len(self.pulls) < _IN_FLIGHT and room > 0:
-            batch = min(self.p.batch_size, room)
-            pull = await self.consumer.pull(batch, expires=_PULL_EXPIRES, max_bytes=self.max_bytes)
-            self.pulls.append(pull)
-            self.outstanding += batch
-            room -= batch
+    def _plan(self) -> PullPlan | None:
+        """The next pull: never more than the range can still hold."""
+        room = min(self.pending, self.partition.last - self.last_seq) - self.outstanding
+        if room <= 0:
+            return None
+        batch = min(self.partition.batch_size, room)
+        self.outstanding += batch
+        return PullPlan(batch, _PULL_EXPIRES, self.max_bytes)
 
     async def next_batch(self) -> pa.RecordBatch | None:
-        columns = RangeColumns(self.p.stream, text_stamps=False)
+        columns = RangeColumns(self.partition.stream, text_stamps=False)
         while not self.finished and not columns.full():
-            await self._send()
-            pull = self.pulls[0]  # while the range is not done, a pull is out
             try:
-                chunk = await anext(pull)
-            except StopAsyncIteration:
-                self.pulls.popleft()
-                self._ended(pull)
-                continue
+                got = await self.loop.next()
             except PullError:
-                raise self._failed(pull) from None
-            self._take(chunk, columns)
+                raise self._failed(self.loop.pulls[0]) from None
+            assert got is not None  # while the range is not done, a pull is out
+            if isinstance(got, Pull):
+                self._ended(got)
+            else:
+                self._take(got, columns)
         if not columns and self.finished:
             return None
-        return columns.record_batch(self.p.include_headers)
+        return columns.record_batch(self.partition.include_headers)
 
     def _take(self, chunk: Deliveries, columns: RangeColumns) -> None:
         """Add the deliveries of `chunk` up to the range's end to `columns`, by column."""
@@ -357,10 +358,12 @@ class ConsumerRangeRead:
             at = next((i for i, seq in enumerate(consumer_seqs) if seq != first + i), n - 1)
             raise NatsSparkError(
                 f"deliveries {first + at}..{consumer_seqs[at] - 1} of the read of stream "
-                f"{self.p.stream} were lost (a reconnect?); Spark runs the task again"
+                f"{self.partition.stream} were lost (a reconnect?); Spark runs the task again"
             )
         self.consumer_seq = consumer_seqs[-1]
-        keep = bisect.bisect_right(seqs, self.p.last)  # what the last pulls bring past the range
+        keep = bisect.bisect_right(
+            seqs, self.partition.last
+        )  # what the last pulls bring past the range
         if keep:
             data = chunk.data[:keep]
             columns.subjects += chunk.subjects[:keep]
@@ -372,30 +375,29 @@ class ConsumerRangeRead:
             self.last_seq = seqs[keep - 1]
             tokens = chunk.replies[keep - 1].split(b".")
             self.pending = int(tokens[delivered_at(tokens, chunk.replies[keep - 1]) + 4])
-        if keep < n or self.last_seq == self.p.last or not self.pending:
+        if keep < n or self.last_seq == self.partition.last or not self.pending:
             self.finished = True
 
     def _ended(self, pull: Pull) -> None:
         """Account for a pull that ended; fail the read on anything but a normal end."""
         self.outstanding -= pull.batch - pull.received
-        if not self.pulls:
+        if not self.loop.pulls:
             self.outstanding = 0
-        if pull.status is PullStatus.TIMEOUT and not pull.received and not self.pulls:
+        if pull.status is PullStatus.TIMEOUT and not pull.received and not self.loop.pulls:
             # A pull waited its whole expiry for nothing: the consumer has no more messages
             # (some the server counted as pending were deleted meanwhile).
             self.finished = True
         elif pull.status is PullStatus.MAX_BYTES:
-            if not pull.received:
-                self.max_bytes = 0  # one message is larger than our bound: lift it
+            self.max_bytes = max_bytes_after(pull.status, pull.received, self.max_bytes)
         elif pull.status is PullStatus.CLIENT_TIMEOUT:
-            raise _no_answer(self.p, _PULL_EXPIRES + CLIENT_GRACE)
+            raise _no_answer(self.partition, _PULL_EXPIRES + CLIENT_GRACE)
         elif pull.status not in (PullStatus.TIMEOUT, PullStatus.BATCH_COMPLETE):
             raise self._failed(pull)
 
     def _failed(self, pull: Pull) -> NatsSparkError:
         line = f"NATS/1.0 {pull.ended_by.line}" if pull.ended_by else pull.status.value
         return NatsSparkError(
-            f"pull from the read consumer of stream {self.p.stream} failed: {line}; "
+            f"pull from the read consumer of stream {self.partition.stream} failed: {line}; "
             "Spark runs the task again"
         )
 
@@ -403,7 +405,7 @@ class ConsumerRangeRead:
         await self.consumer.close()
         if self.created:
             with contextlib.suppress(NotFound):
-                await self.client.api.delete_consumer(self.p.stream, self.name)
+                await self.client.api.delete_consumer(self.partition.stream, self.name)
             self.created = False
 
 

@@ -34,8 +34,9 @@ from nats_spark.spark.shared.compat import (
     SupportsTriggerAvailableNow,
 )
 from nats_spark.spark.shared.failures import one_line_errors
-from nats_spark.spark.shared.options import ReadOptions, StartingPosition
+from nats_spark.spark.shared.options import StartingPosition
 from nats_spark.spark.shared.pacing import TriggerPacing
+from nats_spark.spark.stream_source.options import ReadOptions
 from nats_spark.spark.stream_source.pushdown import PushedFilters, push_filters, rfc3339
 from nats_spark.spark.stream_source.range_reader import RangePartition, read_range
 

@@ -62,10 +62,10 @@ from nats_spark.spark.group_source.ledger import (
 )
 from nats_spark.spark.group_source.offset_reader import OffsetReader
 from nats_spark.spark.group_source.offsets import SourceOffset
+from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.partition_reader import SlotReader, read_slot
 from nats_spark.spark.group_source.recorded import Recorded
 from nats_spark.spark.group_source.slot_history import ack_entry
-from nats_spark.spark.shared.options import parse_options
 
 pytestmark = pytest.mark.spark
 

@@ -19,6 +19,7 @@ from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream import acks
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source import driver_ledger, slot_history
+from nats_spark.spark.group_source.columns import SlotColumns
 from nats_spark.spark.group_source.driver_ledger import DriverLedger, Horizon
 from nats_spark.spark.group_source.ledger import (
     EntryState,
@@ -33,7 +34,6 @@ from nats_spark.spark.group_source.sealed_keeper import SealedKeeper
 from nats_spark.spark.group_source.slot_entry import SlotEntry
 from nats_spark.spark.group_source.slot_history import SlotHistory
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from nats_spark.spark.shared.columns import SlotColumns
 
 pytestmark = pytest.mark.unit
 

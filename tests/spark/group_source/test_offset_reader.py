@@ -15,12 +15,12 @@ from nats.js.errors import NoKeysError
 
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from nats_spark.loop import run_sync
+from nats_spark.spark.group_source.columns import SlotColumns
 from nats_spark.spark.group_source.offset_reader import OffsetReader
 from nats_spark.spark.group_source.offsets import SlotPlan, SourceOffset
+from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.targets import Held, Slot
-from nats_spark.spark.shared.columns import SlotColumns
-from nats_spark.spark.shared.options import parse_options
 
 pytestmark = pytest.mark.unit
 

@@ -10,6 +10,7 @@ import pytest
 
 from nats_spark.spark.group_source.driver_ledger import Horizon
 from nats_spark.spark.group_source.offsets import SlotPlan
+from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.planner import (
     ConsumerSeen,
     SlotRecord,
@@ -27,7 +28,6 @@ from nats_spark.spark.group_source.planner import (
     unacked_by_consumer,
 )
 from nats_spark.spark.group_source.targets import Slot
-from nats_spark.spark.shared.options import parse_options
 from nats_spark.spark.shared.pacing import TriggerPacing
 
 pytestmark = pytest.mark.unit

@@ -36,8 +36,8 @@ from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.group_source.offset_reader import OffsetReader
 from nats_spark.spark.group_source.offsets import SourceOffset
+from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.partition_reader import read_slot
-from nats_spark.spark.shared.options import parse_options
 
 pytestmark = pytest.mark.spark
 

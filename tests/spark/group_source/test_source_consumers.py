@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from spark_helpers import (
     publish,
     puller,
     source,
+    wait_for_triggers,
     wait_until,
 )
 
@@ -81,11 +83,11 @@ def test_overflow_waits_for_min_pending_and_yields_to_plain_pullers(
     publish(client, stream, 500)
     sink = Sink()
     df = source(spark, nats_url, stream, consumer=name, minPending=1000, fetchTimeout="500ms")
-    query = foreach_batches(df, sink, str(tmp_path / "cp"))
+    started = datetime.now(UTC)
+    query = foreach_batches(df, sink, str(tmp_path / "cp"), report_idle=True)
     plain = puller(client, stream, name, GROUP)
     try:
-        wait_until(lambda: query.lastProgress is not None, 120, "the first batch")
-        time.sleep(2)  # several triggers, each pulling with min_pending 1000
+        wait_for_triggers(query, 5, started, "with 500 pending, below minPending 1000")
         assert sink.values == [], "the query pulled below its minPending threshold"
 
         # A puller without threshold is served at once, while the query's pulls wait.

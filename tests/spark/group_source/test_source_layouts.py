@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from spark_helpers import (
     source,
     static_group,
     unpinned,
+    wait_for_triggers,
     wait_until,
 )
 
@@ -39,7 +41,6 @@ from nats_spark.pcg.store import load_group
 pytestmark = pytest.mark.spark
 
 # How often an idle query reports progress (Spark's default: every 10 s).
-NO_DATA_PROGRESS = "spark.sql.streaming.noDataProgressEventInterval"
 
 
 def names(client: Any, stream: str) -> list[str]:
@@ -244,6 +245,13 @@ def test_member_named_like_a_partition_consumer_is_refused(
     assert len(payloads(spark, str(tmp_path / "m" / "out"))) == 10
 
 
+class MemberRows(list[tuple[str, int]]):
+    """foreachBatch target: (member, payload number) of every row, in the order read."""
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        self.extend((r.member, int(r.data.decode())) for r in batch.collect())
+
+
 def test_elastic_membership_change_keeps_partition_consumers(
     spark, client, nats_url, unique, tmp_path
 ):
@@ -252,10 +260,7 @@ def test_elastic_membership_change_keeps_partition_consumers(
     stream, group = f"EM{unique}", "g"
     elastic_group(client, stream, group, ["a"], partitions=4)
     publish(client, stream, 200)
-    rows: list[tuple[str, int]] = []
-
-    def collect(batch: Any, batch_id: int) -> None:
-        rows.extend((r.member, int(r.data.decode())) for r in batch.collect())
+    rows = MemberRows()
 
     def reloaded(owners: set[str]) -> None:
         """Until the idle query has reloaded the group: its partitions' owners are `owners` in
@@ -272,12 +277,9 @@ def test_elastic_membership_change_keeps_partition_consumers(
 
         wait_until(lambda: owners_now() == owners, 30, f"the owners {sorted(owners)} in progress")
 
-    df = source(spark, nats_url, stream, group)
-    spark.conf.set(NO_DATA_PROGRESS, "100ms")  # read as the query starts
-    try:
-        query = foreach_batches(df, collect, tmp_path / "cp")
-    finally:
-        spark.conf.unset(NO_DATA_PROGRESS)
+    query = foreach_batches(
+        source(spark, nats_url, stream, group), rows, tmp_path / "cp", report_idle=True
+    )
     try:
         wait_until(lambda: len(rows) >= 200, 60, "200 rows")
         before = names(client, f"{stream}-{group}")
@@ -303,16 +305,15 @@ def test_elastic_group_losing_all_members_warns_then_reads_again(
     stream, group = f"EL{unique}", "g"
     elastic_group(client, stream, group, ["a"], partitions=2)
     publish(client, stream, 50)
-    values: list[int] = []
+    rows = MemberRows()
 
-    def collect(batch: Any, batch_id: int) -> None:
-        values.extend(int(r.data.decode()) for r in batch.select("data").collect())
-
-    query = foreach_batches(source(spark, nats_url, stream, group), collect, tmp_path / "cp")
+    df = source(spark, nats_url, stream, group)
+    query = foreach_batches(df, rows, tmp_path / "cp", report_idle=True)
     try:
-        wait_until(lambda: len(values) >= 50, 60, "50 rows")
+        wait_until(lambda: len(rows) >= 50, 60, "50 rows")
         run_sync(admin.drop_members(client.target, stream, group, ["a"]))
         publish(client, stream, 50, start=50)
+        published = datetime.now(UTC)
 
         def warned() -> bool:
             reports = [p["sources"][0].get("latestOffset") or "{}" for p in query.recentProgress]
@@ -322,14 +323,15 @@ def test_elastic_group_losing_all_members_warns_then_reads_again(
 
         if REPORTS_LAG:
             wait_until(warned, 30, "a warning in progress")
-        time.sleep(1)  # time under test: five triggers without members read nothing
-        assert len(values) == 50, "read while the group had no members"
+        wait_for_triggers(query, 5, published, "without members")
+        assert len(rows) == 50, "read while the group had no members"
         run_sync(admin.add_members(client.target, stream, group, ["b"]))
-        wait_until(lambda: len(values) >= 100, 60, "the new member's rows")
+        wait_until(lambda: len(rows) >= 100, 60, "the new member's rows")
         assert query.exception() is None
     finally:
         query.stop()
-    assert_exactly_once(values, 100)
+    assert_exactly_once([v for _, v in rows], 100)
+    assert {m for m, v in rows if v >= 50} == {"b"}  # read once b was there, not before
 
 
 def test_adopted_consumer_with_a_small_max_ack_pending_is_reported(

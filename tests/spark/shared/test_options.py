@@ -12,13 +12,10 @@ from nats_spark.pcg.config import ElasticConfig, MemberMapping, PartitioningFilt
 from nats_spark.pcg.consumers import member_consumer, partition_consumer
 from nats_spark.pcg.partitioning import partition_filter_subjects, partition_owner
 from nats_spark.pcg.store import GroupEntry, GroupKind
-from nats_spark.spark.shared.options import (
-    KNOWN_OPTIONS,
-    parse_options,
-    parse_read_options,
-    parse_sink_options,
-)
+from nats_spark.spark.group_source.options import KNOWN_OPTIONS, parse_options
 from nats_spark.spark.shared.pacing import TriggerPacing
+from nats_spark.spark.sink.options import parse_sink_options
+from nats_spark.spark.stream_source.options import parse_read_options
 
 pytestmark = pytest.mark.unit
 
@@ -28,11 +25,12 @@ STREAM = {"servers": "nats://127.0.0.1:1", "stream": "S"}  # format nats
 
 @pytest.mark.parametrize("value", ["auto", "partition", "member", "PARTITION"])
 def test_consumer_layout_values(value: str) -> None:
-    assert parse_options({**BASE, "consumerLayout": value}).consumer_layout == value.lower()
+    layout = parse_options({**BASE, "consumerLayout": value}).consumer_layout
+    assert layout == (None if value == "auto" else value.lower())  # None: auto
 
 
 def test_consumer_layout_default_and_bad_values() -> None:
-    assert parse_options(BASE).consumer_layout == "auto"
+    assert parse_options(BASE).consumer_layout is None  # auto
     with pytest.raises(ConfigurationError, match="consumerLayout='members' is not valid"):
         parse_options({**BASE, "consumerLayout": "members"})
     plain = {**BASE, "consumer": "c"}

@@ -1,0 +1,116 @@
+"""Where a pull consumer's requests deliver: one inbox subscription, its messages as the
+connection's parser gathered them, and the requests the server may still serve there."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
+
+from nats_spark.jetstream.status import Status, status_of
+from nats_spark.nats_py import MessageColumns, RawInbox, route_raw, unroute_raw
+
+
+class PullInbox:
+    """The inbox of one consumer's pull requests (`<prefix>.<n>` per request).
+
+    Delivered messages keep their own subject, so they cannot be matched to a request; what
+    ends a request (a status on its reply subject) can. Requests are told apart by that alone.
+    """
+
+    def __init__(self, nc: NATS) -> None:
+        self.nc = nc
+        self.prefix = nc.new_inbox()
+        self._sub: Subscription | None = None
+        self._request_no = 0
+        self._received = RawInbox(self._wake)  # what the parser hands the inbox
+        self._arrived: asyncio.Future[None] | None = None
+        # Requests the server may still serve, by reply subject: until when to expect their end
+        # (a request the client gave up on may end any time: infinity).
+        self._live: dict[bytes, float] = {}
+
+    async def new_reply(self, due: float) -> str:
+        """The reply subject of a request about to be sent, whose end is expected by `due`
+        (monotonic seconds); subscribes on first use."""
+        if self._sub is None:
+            self._sub = await self.nc.subscribe(f"{self.prefix}.*")
+            route_raw(self.nc, self._sub, self._received)
+        self._request_no += 1
+        reply = f"{self.prefix}.{self._request_no}"
+        self._live[reply.encode()] = due
+        return reply
+
+    def ended(self, reply: bytes) -> None:
+        """The request `reply` ended: the server serves it no more."""
+        self._live.pop(reply, None)
+
+    def given_up(self, reply: bytes) -> None:
+        """The client stopped waiting for `reply`, which the server may serve still."""
+        if reply in self._live:
+            self._live[reply] = float("inf")
+
+    def _wake(self) -> None:
+        """Called by the connection's parser after a read that brought the inbox messages."""
+        arrived = self._arrived
+        if arrived is not None and not arrived.done():
+            arrived.set_result(None)
+
+    def take_run(self, room: int, into: MessageColumns) -> tuple[bytes, Status] | None:
+        """Move deliveries from the front of the inbox to `into`, at most `room`, up to the
+        next status message: that one is removed and returned with the subject it came on
+        (a status that ends a request ends it here); None once `room` is used up or the inbox
+        is empty."""
+        inbox = self._received
+        while room and len(inbox):
+            # Deliveries always carry their ack subject as reply, statuses never do: a stored
+            # message with a `Status` header of its own is not mistaken for one.
+            try:
+                run = inbox.replies.index(b"", 0, room)
+            except ValueError:
+                run = min(room, len(inbox))
+            if run:
+                into.extend(inbox.take(run))
+                room -= run
+                continue
+            first = inbox.take(1)
+            status = status_of(first.data[0], first.headers[0])
+            if status is not None:
+                if status.ends_request:
+                    self.ended(first.subjects[0])
+                return first.subjects[0], status
+            into.extend(first)
+            room -= 1
+        return None
+
+    async def arrival(self, timeout: float) -> bool:
+        """Wait until the next message reaches the inbox; False when none came in `timeout`."""
+        arrived = asyncio.get_running_loop().create_future()
+        self._arrived = arrived
+        try:
+            await asyncio.wait_for(arrived, timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._arrived = None
+
+    async def settle(self, patience: float, into: MessageColumns) -> None:
+        """Move what the requests still delivers to `into` until every request has ended (its
+        status came, or it was due and did not come), for at most `patience` seconds."""
+        give_up = time.monotonic() + patience
+        while True:
+            while len(self._received):
+                self.take_run(len(self._received), into)
+            now = time.monotonic()
+            self._live = {r: due for r, due in self._live.items() if due > now}
+            if not self._live or now >= give_up:
+                return
+            await self.arrival(max(min(give_up, *self._live.values()) - now, 0.01))
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            unroute_raw(self.nc, self._sub)
+            await self._sub.unsubscribe()
+            self._sub = None

@@ -1,0 +1,128 @@
+"""The Arrow columns of a group slot's record batches, gathered as deliveries come in."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nats_spark import clock
+from nats_spark.arrays import bytes_array, int_array
+from nats_spark.errors import NatsSparkError
+from nats_spark.jetstream.pull import Deliveries
+from nats_spark.pcg.partitioning import strip_partition
+from nats_spark.spark.shared.columns import (
+    BATCH_ROWS,
+    batch_full,
+    constant,
+    headers_array,
+    record_batch,
+    timestamps_from_nanos,
+)
+
+# The ledger stores a task's deliveries in chunks of a record batch's rows (384 KB raw at most,
+# below the 1 MB payload limit).
+CHUNK_MESSAGES = BATCH_ROWS
+_INT32_MAX = 2**31 - 1
+
+
+class SlotColumns:
+    """What the rows of one record batch of a group slot are made of, gathered as they come
+    in; `partitioned`: subjects carry the group's partition token, split off here."""
+
+    def __init__(
+        self, stream: str, member: str | None, partitioned: bool, include_headers: bool
+    ) -> None:
+        self.stream, self.member = stream, member
+        self.partitioned, self.include_headers = partitioned, include_headers
+        self.subject: list[bytes] = []
+        self.data: list[bytes] = []
+        self.headers: list[bytes | None] = []  # raw header blocks
+        self.stream_seq: list[int] = []
+        self.consumer_seq: list[int] = []
+        self.delivered: list[int] = []
+        self.timestamp: list[int] = []
+        self.nbytes = 0
+        # For the ack wait of what the rows took (siblings): the earliest the server may have
+        # sent one of them (when its pull request went out) and when the last were taken in.
+        self.requested = math.inf
+        self.last_taken = -math.inf
+
+    def __len__(self) -> int:
+        return len(self.stream_seq)
+
+    def taken_from(self, requested: float) -> None:
+        """Rows were just taken from deliveries of a pull request sent at `requested`: a process
+        paused between the server's send and this take makes them older than they look."""
+        self.requested = min(self.requested, requested)
+        self.last_taken = clock.monotonic()
+
+    def full(self) -> bool:
+        return batch_full(len(self.stream_seq), self.nbytes)
+
+    def add(
+        self,
+        subject: bytes,
+        data: bytes,
+        headers: bytes | None,
+        delivered: int,
+        stream_seq: int,
+        consumer_seq: int,
+        timestamp_ns: int,
+    ) -> None:
+        self.subject.append(subject)
+        self.data.append(data)
+        self.nbytes += len(data)
+        self.headers.append(headers)
+        self.stream_seq.append(stream_seq)
+        self.consumer_seq.append(consumer_seq)
+        self.delivered.append(delivered)
+        self.timestamp.append(timestamp_ns)
+
+    def extend(self, deliveries: Deliveries) -> None:
+        """Add all of `deliveries` (their ack subjects' numbers parsed), a column at a time."""
+        delivered, stream_seq, consumer_seq, timestamp = deliveries.numbers
+        self.subject += deliveries.subjects
+        self.data += deliveries.data
+        self.nbytes += sum(map(len, deliveries.data))
+        self.headers += deliveries.headers
+        self.stream_seq += stream_seq
+        self.consumer_seq += consumer_seq
+        self.delivered += delivered
+        self.timestamp += timestamp
+
+    def _subjects(self, n: int) -> tuple[pa.Array, pa.Array]:
+        """The `subject` and `partition` columns; a group's stored `<partition>.<subject>` is
+        split in Arrow, not row by row."""
+        subjects = bytes_array(self.subject, pa.string())
+        if not (self.partitioned and n):
+            return subjects, pa.nulls(n, pa.int32())
+        # A partition's consumer reads one partition: its token is cut off by position.
+        number, _ = strip_partition(self.subject[0].decode())
+        token = f"{number}."
+        if number <= _INT32_MAX and pc.all(pc.starts_with(subjects, token)).as_py():
+            return pc.utf8_slice_codeunits(subjects, len(token)), constant(number, n, pa.int32())
+        parts = pc.extract_regex(subjects, r"^(?P<partition>[0-9]+)\.(?P<subject>.*)$")
+        if not parts.null_count:
+            with contextlib.suppress(pa.ArrowInvalid):  # a number too large for int32
+                return parts.field("subject"), parts.field("partition").cast(pa.int32())
+        for subject in self.subject:
+            strip_partition(subject.decode())  # raises the error that explains the bad one
+        raise NatsSparkError("a subject's partition token does not fit a 32-bit partition number")
+
+    def record_batch(self) -> pa.RecordBatch:
+        subject, partition = self._subjects(len(self))
+        return record_batch(
+            subject=subject,
+            data=self.data,
+            headers=headers_array(self.headers, self.include_headers),
+            partition=partition,
+            member=self.member,
+            stream=self.stream,
+            stream_seq=self.stream_seq,
+            consumer_seq=int_array(self.consumer_seq),
+            delivered=int_array(self.delivered, pa.int32()),
+            timestamp=timestamps_from_nanos(self.timestamp),
+        )

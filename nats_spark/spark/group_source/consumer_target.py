@@ -1,0 +1,104 @@
+"""A plain pull consumer with a priority policy as a query reads it: checked (the source never
+creates or changes one), then read by `numPartitions` slots."""
+
+from __future__ import annotations
+
+from nats_spark.client import NatsClient
+from nats_spark.errors import ConfigurationError, NotFound
+from nats_spark.pcg.consumers import ConsumerLayout
+from nats_spark.spark.group_source.options import SourceOptions
+from nats_spark.spark.group_source.slots import Held, Slot
+
+
+class ConsumerTarget:
+    """One existing pull consumer with a priority policy, read by `numPartitions` slots."""
+
+    layout: ConsumerLayout | None = None  # groups only
+    warning: str | None = None
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self.slots: list[Slot] | None = None
+
+    async def resolve(self, client: NatsClient, held: Held) -> list[Slot]:
+        if self.slots is not None:
+            return self.slots
+        options = self.options
+        name = options.consumer or ""
+        try:
+            info = await client.api.consumer_info(options.stream, name)
+        except NotFound:
+            raise ConfigurationError(
+                f"consumer {name!r} does not exist on stream {options.stream!r}; create it "
+                "first (the source never creates or changes a plain consumer)"
+            ) from None
+        config = info.config
+        if config.get("deliver_subject"):
+            raise ConfigurationError(
+                f"consumer {name!r} is a push consumer; the source reads pull consumers only"
+            )
+        if config.get("ack_policy", "explicit") != "explicit":
+            raise ConfigurationError(
+                f"consumer {name!r} has ack policy {config.get('ack_policy')!r}; the source needs "
+                "explicit acks to ack only committed batches: use a consumer with ack_policy "
+                "explicit"
+            )
+        policy = config.get("priority_policy") or "none"
+        groups = config.get("priority_groups") or []
+        group = options.priority_group
+        if group is None and len(groups) > 1:
+            raise ConfigurationError(
+                f"consumer {name!r} has several priority groups {groups}; set the priorityGroup "
+                "option to the one to read"
+            )
+        if group is None and groups:
+            group = groups[0]
+        if groups and group not in groups:
+            raise ConfigurationError(
+                f"priority group {group!r} is not one of consumer {name!r}'s groups {groups}; "
+                "fix the priorityGroup option"
+            )
+        if not groups and options.priority_group:
+            raise ConfigurationError(
+                f"consumer {name!r} has no priority groups; drop the priorityGroup option"
+            )
+        if (options.min_pending or options.min_ack_pending) and policy != "overflow":
+            raise ConfigurationError(
+                f"minPending/minAckPending need an overflow consumer, but {name!r} has policy "
+                f"{policy!r}; drop the options or use an overflow consumer"
+            )
+        if options.priority is not None and policy != "prioritized":
+            raise ConfigurationError(
+                f"priority needs a prioritized consumer, but {name!r} has policy {policy!r}; "
+                "drop the option or use a prioritized consumer"
+            )
+        if policy == "pinned_client" and options.num_partitions > 1:
+            raise ConfigurationError(
+                f"consumer {name!r} is pinned_client: only one client may pull at a time, so "
+                "numPartitions must be 1"
+            )
+        count = options.num_partitions
+        self.slots = [
+            Slot(
+                name if count == 1 else f"{name}#{i}",
+                options.stream,
+                name,
+                group,
+                policy,
+                None,
+                partitioned=False,
+                readers=count,
+            )
+            for i in range(count)
+        ]
+        return self.slots
+
+    def slot_named(self, name: str) -> Slot:
+        assert self.slots is not None
+        return next(slot for slot in self.slots if slot.name == name)
+
+    async def heal(self, client: NatsClient, slot: Slot) -> None:
+        raise ConfigurationError(
+            f"consumer {slot.consumer!r} on stream {slot.stream!r} was deleted while the query "
+            "ran; recreate it and restart the query"
+        )

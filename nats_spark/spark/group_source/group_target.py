@@ -1,0 +1,227 @@
+"""A partitioned consumer group as a query reads it: resolved on the driver into slots, a slot per
+partition of the selected members (partition layout) or per member (member layout, Go's
+consumers), its consumers created, adopted and recreated."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from nats_spark.client import NatsClient
+from nats_spark.errors import ConfigurationError, NotFound
+from nats_spark.jetstream.api import to_nanos
+from nats_spark.pcg.admin import consumer_info_or_none
+from nats_spark.pcg.config import StaticConfig
+from nats_spark.pcg.consumers import (
+    PARTITION_PREFIX,
+    PRIORITY_GROUP,
+    ConsumerLayout,
+    GroupConsumer,
+    member_consumer,
+    partition_consumer,
+)
+from nats_spark.pcg.partitioning import member_partitions, partition_owner
+from nats_spark.pcg.store import GroupEntry, GroupKind, load_group
+from nats_spark.spark.group_source.group_consumers import ensure
+from nats_spark.spark.group_source.layouts import GroupLayouts
+from nats_spark.spark.group_source.options import SourceOptions
+from nats_spark.spark.group_source.slots import Held, Slot
+
+log = logging.getLogger(__name__)
+
+
+def _can_hold_partition_tokens(stream_config: dict[str, Any]) -> bool:
+    """Whether a static group's stream can store `<partition>.<subject>`: it transforms subjects
+    with `partition(...)`, or one of its subjects may start with a number."""
+    transforms = [stream_config.get("subject_transform") or {}]
+    if any("partition(" in (t.get("dest") or "").lower() for t in transforms):
+        return True
+    for subject in stream_config.get("subjects") or []:
+        first = subject.split(".", 1)[0]
+        if first in ("*", ">") or first.isdigit():
+            return True
+    return False
+
+
+def _member_names(config: Any) -> list[str]:
+    if config.member_mappings:
+        return [m.member for m in config.member_mappings]
+    return list(dict.fromkeys(config.members))
+
+
+class GroupTarget:
+    """A partitioned consumer group, read in the partition layout (a slot per partition of the
+    selected members) or the member layout (a slot per member, Go's consumers)."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self.kind = options.group_type
+        self.entry: GroupEntry | None = None
+        self.consumers: dict[str, GroupConsumer] = {}  # by slot name
+        self.warning: str | None = None  # why nothing is read (for progress), when so
+        template = {
+            "ack_wait": to_nanos(options.ack_wait),
+            "max_ack_pending": options.max_ack_pending,
+        }
+        self.layouts = GroupLayouts(options.consumer_layout, template)
+
+    @property
+    def layout(self) -> ConsumerLayout | None:
+        """The layout the query reads the group in now; None before the first `resolve`."""
+        return self.layouts.layout
+
+    def _check_unchanged(self, entry: GroupEntry) -> None:
+        previous = self.entry
+        if previous is None or previous.revision == entry.revision:
+            return
+        if isinstance(entry.config, StaticConfig) and entry.config != previous.config:
+            raise ConfigurationError(
+                f"static consumer group {entry.group!r} on stream {entry.stream!r} was changed "
+                "while the query ran; static groups are immutable: restore the config, or delete "
+                "and recreate the group and restart the query"
+            )
+
+    async def resolve(self, client: NatsClient, held: Held) -> list[Slot]:
+        """Reload the group config, settle the layout and make sure every consumer matches."""
+        options = self.options
+        entry = await load_group(client, options.stream, options.group or "", self.kind)
+        self._check_unchanged(entry)
+        if options.starting_position is not None and entry.kind is GroupKind.ELASTIC:
+            raise ConfigurationError(
+                f"startingPosition applies to static groups; elastic group {entry.group!r} is "
+                "read from its work-queue stream, which holds just what was not consumed yet: "
+                "drop the option"
+            )
+        if self.entry is None and entry.kind is GroupKind.STATIC:
+            stream = await client.api.stream_info(entry.stream)
+            if not _can_hold_partition_tokens(stream.config):
+                raise ConfigurationError(
+                    f"stream {entry.stream!r} of static group {entry.group!r} does not store "
+                    "subjects as '<partition>.<subject>', so no member filter matches; add a "
+                    "subject transform such as {{partition(N,1)}}.<subject> to the stream"
+                )
+        self.kind = entry.kind
+        names = _member_names(entry.config)
+        wanted = list(options.members) if options.members else names
+        missing = [m for m in wanted if m not in names]
+        if missing and (self.entry is None or entry.kind is GroupKind.STATIC):
+            raise ConfigurationError(
+                f"members {', '.join(missing)} are not in group {entry.group!r} (members: "
+                f"{', '.join(names) or 'none'}); fix the members option or add them to the group"
+            )
+        if missing:
+            log.warning("members %s left group %s; they are no longer read", missing, entry.group)
+        config = entry.config
+        owned = {
+            member: partitions
+            for member in wanted
+            if member not in missing
+            and (
+                partitions := member_partitions(
+                    config.members, config.max_members, config.member_mappings, member
+                )
+            )
+        }  # members gone, or beyond max_members, have no partitions to read
+        self.warning = None if owned else self._no_members(entry, first=self.entry is None)
+        self.entry = entry
+        layout = await self.layouts.settle(client, entry, owned, held)
+        template = self.layouts.template
+        if layout is ConsumerLayout.MEMBER:
+            desired = {m: member_consumer(entry, m, template) for m in owned}
+            owners = {m: m for m in owned}
+        else:
+            desired, owners = {}, {}
+            for member, partitions in owned.items():
+                for p in partitions:
+                    slot = f"{PARTITION_PREFIX}{p}"
+                    desired[slot] = partition_consumer(entry, p, template)
+                    owners[slot] = member
+        for name in [n for n, c in self.consumers.items() if desired.get(n) != c]:
+            old = self.consumers.pop(name)
+            if entry.kind is GroupKind.ELASTIC:
+                # Partitions move between readers: free the old filters before any reader
+                # claims them, as a work-queue stream refuses overlapping consumers.
+                log.info("no longer read: deleting consumer %s > %s", old.stream, old.name)
+                with contextlib.suppress(NotFound):
+                    await client.api.delete_consumer(old.stream, old.name)
+        for name, consumer in desired.items():
+            if name not in self.consumers:
+                await self._create_or_adopt(client, consumer)
+                self.consumers[name] = consumer
+        return [self._slot(name, consumer, owners[name]) for name, consumer in desired.items()]
+
+    async def _create_or_adopt(self, client: NatsClient, consumer: GroupConsumer) -> None:
+        """A new consumer starts at `startingPosition`; an existing one keeps its position (as
+        a Kafka group's committed offsets win over `startingOffsets`)."""
+        position = self.options.starting_position
+        if position is None:
+            await ensure(client, consumer)
+        elif await consumer_info_or_none(client, consumer) is None:
+            await ensure(client, consumer, position.deliver)
+        else:
+            log.info(
+                "startingPosition=%s not applied to %s > %s: it exists and keeps its position",
+                position.text,
+                consumer.stream,
+                consumer.name,
+            )
+            await ensure(client, consumer)
+
+    def _no_members(self, entry: GroupEntry, first: bool) -> str:
+        """A group without members to read fails at start; one that loses them while the query
+        runs is read again once members return, with a warning every batch until then."""
+        if entry.kind is GroupKind.ELASTIC:
+            fix = f"nats-pcg elastic add {entry.stream} {entry.group} <member>..."
+        else:
+            fix = "delete the group and create it with members (nats-pcg static create ...)"
+        message = (
+            f"{entry.kind.value} group {entry.group!r} on stream {entry.stream!r} has no members "
+            f"to read, so nothing is read; add members: {fix}"
+        )
+        if first:
+            raise ConfigurationError(message)
+        log.warning("%s", message)
+        return message
+
+    def _slot(self, name: str, consumer: GroupConsumer, member: str | None) -> Slot:
+        assert self.entry is not None
+        return Slot(
+            name,
+            consumer.stream,
+            consumer.name,
+            PRIORITY_GROUP,
+            "pinned_client",
+            member,
+            partitioned=True,
+            # Partition consumers and static durables keep their ack floor; an elastic
+            # member's consumer is recreated when membership changes.
+            durable=consumer.config.get("durable_name") is not None,
+        )
+
+    def slot_named(self, name: str) -> Slot:
+        """The slot `name` of either layout (a batch planned before a restart may name slots
+        of the layout the query has since moved from)."""
+        assert self.entry is not None
+        entry = self.entry
+        number = name.removeprefix(PARTITION_PREFIX)
+        if name != number and number.isdigit():
+            p = int(number)
+            return self._slot(name, partition_consumer(entry, p), partition_owner(entry.config, p))
+        return self._slot(name, member_consumer(entry, name), name)
+
+    async def heal(self, client: NatsClient, slot: Slot) -> None:
+        """Recreate a consumer that vanished: elastic ones (members' expire when inactive; a
+        work-queue stream keeps what was not acked). A static partition consumer is not: a new
+        one would read its partition from the start again."""
+        consumer = self.consumers[slot.name]
+        if self.kind is GroupKind.STATIC and self.layout is ConsumerLayout.PARTITION:
+            # Deleting the group deletes its consumers: say the group is gone (load_group's error).
+            await load_group(client, self.options.stream, self.options.group or "", self.kind)
+            raise ConfigurationError(
+                f"partition consumer {consumer.name!r} on stream {consumer.stream!r} was deleted "
+                "while the query ran; a new one would read its partition again from the start: "
+                "delete and recreate the group to start over, then restart the query"
+            )
+        log.info("recreating consumer %s > %s", consumer.stream, consumer.name)
+        await ensure(client, consumer)

@@ -1,0 +1,174 @@
+"""The options of format `nats-pcg` (a partitioned consumer group or a plain priority-group
+consumer), parsed and validated."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TypeVar
+
+from nats_spark.connection import ConnectionSettings
+from nats_spark.errors import ConfigurationError, option_not_applicable
+from nats_spark.pcg.consumers import ConsumerLayout
+from nats_spark.pcg.store import GroupKind
+from nats_spark.spark.shared.options import (
+    CONNECTION_OPTIONS,
+    DEFAULT_MAX_TRIGGER_DELAY,
+    OptionValues,
+    StartingPosition,
+    check_name,
+    parse_starting_position,
+)
+
+# Canonical option names with a one-line description (the README tables mirror these).
+KNOWN_OPTIONS: dict[str, str] = {
+    **CONNECTION_OPTIONS,
+    "stream": "the stream the group or consumer reads (required)",
+    "group": "partitioned consumer group name (this or consumer)",
+    "groupType": "auto | static | elastic (default auto)",
+    "members": "comma list of members to read (default all)",
+    "consumer": "an existing priority-group pull consumer (instead of group)",
+    "priorityGroup": "priority group of that consumer (default its only group)",
+    "minPending": "overflow: pull only when num_pending reaches this",
+    "minAckPending": "overflow: pull only when num_ack_pending reaches this",
+    "priority": "prioritized: 0-9, lower served first",
+    "numPartitions": "parallel pulls per batch on a plain consumer (default 1)",
+    "consumerLayout": "auto | partition | member: a consumer per partition or member (auto)",
+    "startingPosition": "earliest | latest | sequence:<n> | time:<ISO-8601>, for new consumers",
+    "ackWait": "ack wait of the consumers the source creates (default 30s)",
+    "maxAckPending": "max ack pending of the consumers the source creates (default 100000)",
+    "maxMessagesPerTrigger": "cap on messages per micro-batch over all partitions",
+    "minMessagesPerTrigger": "hold a micro-batch back until this many messages are available",
+    "maxTriggerDelay": "longest hold for minMessagesPerTrigger (default 15m)",
+    "maxMessagesPerPartition": "cap on messages per partition per micro-batch",
+    "fetchBatchSize": "messages per pull request (default 4096)",
+    "fetchTimeout": "how long a pull waits for messages (default 1s)",
+    "includeHeaders": "true | false (default true)",
+    "ledgerBucket": "KV bucket of the ack ledger (default nats-spark-ledger)",
+    "failOnDataLoss": "true | false (default true)",
+}
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Validated options of one query. Picklable; secrets live only in `connection`."""
+
+    connection: ConnectionSettings
+    stream: str
+    group: str | None = None
+    group_type: GroupKind | None = None  # None: auto, as the group's KV entry says
+    members: tuple[str, ...] | None = None
+    consumer_layout: ConsumerLayout | None = None  # None: auto (`GroupLayouts.choose`)
+    starting_position: StartingPosition | None = None  # None: not given (earliest)
+    consumer: str | None = None
+    priority_group: str | None = None
+    min_pending: int = 0
+    min_ack_pending: int = 0
+    priority: int | None = None
+    num_partitions: int = 1
+    ack_wait: float = 30.0
+    max_ack_pending: int = 100_000
+    max_messages_per_trigger: int | None = None
+    min_messages_per_trigger: int | None = None
+    max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY
+    max_messages_per_partition: int | None = None
+    fetch_batch_size: int = 4096
+    fetch_timeout: float = 1.0
+    include_headers: bool = True
+    ledger_bucket: str = "nats-spark-ledger"
+    fail_on_data_loss: bool = True
+
+    @property
+    def target(self) -> str:
+        """What the query reads, for messages and ledger keys."""
+        return f"{self.stream}/{self.group or self.consumer}"
+
+
+Choice = TypeVar("Choice", bound=StrEnum)
+
+
+def _auto_or(option: str, text: str | None, choices: tuple[Choice, ...]) -> Choice | None:
+    """The one of `choices` the option names (in any case); None for auto, the default."""
+    value = (text or "auto").lower()
+    for choice in choices:
+        if value == choice.value:
+            return choice
+    if value != "auto":
+        named = ", ".join(choice.value for choice in choices[:-1])
+        raise ConfigurationError(
+            f"option {option}={value!r} is not valid; use auto, {named} or {choices[-1].value}"
+        )
+    return None
+
+
+def parse_options(raw: Mapping[str, str]) -> SourceOptions:
+    """Validate `raw` (case-insensitive keys, string values) into `SourceOptions`."""
+    values = OptionValues(raw, KNOWN_OPTIONS)
+    take, optional_int, duration, flag = (
+        values.take,
+        values.optional_int,
+        values.duration,
+        values.flag,
+    )
+    if take("servers") is None:
+        raise ConfigurationError("option servers is required; set it to e.g. nats://host:4222")
+    stream = values.required("stream", "the stream's name")
+    group, consumer = take("group"), take("consumer")
+    if (group is None) == (consumer is None):
+        raise ConfigurationError(
+            "set exactly one of the options group (a partitioned consumer group) and consumer "
+            "(a plain priority-group consumer)"
+        )
+    group_type = _auto_or("groupType", take("groupType"), (GroupKind.STATIC, GroupKind.ELASTIC))
+    group_only = (
+        "groupType",
+        "members",
+        "consumerLayout",
+        "startingPosition",
+        "ackWait",
+        "maxAckPending",
+    )
+    consumer_only = ("priorityGroup", "minPending", "minAckPending", "priority", "numPartitions")
+    for name in group_only if consumer else consumer_only if group else ():
+        if take(name) is not None:
+            raise option_not_applicable(name, "consumer reads" if consumer else "group reads")
+    layouts = (ConsumerLayout.PARTITION, ConsumerLayout.MEMBER)
+    consumer_layout = _auto_or("consumerLayout", take("consumerLayout"), layouts)
+    most, least, delay = values.trigger_sizes()
+    members = None
+    if (text := take("members")) is not None:
+        members = tuple(check_name("members", m.strip()) for m in text.split(",") if m.strip())
+        if not members:
+            raise ConfigurationError("option members is empty; list member names or omit it")
+    return SourceOptions(
+        connection=values.connection(f"nats-spark {stream}/{group or consumer}"),
+        stream=check_name("stream", stream),
+        group=check_name("group", group) if group else None,
+        group_type=group_type,
+        members=members,
+        consumer_layout=consumer_layout,
+        starting_position=None
+        if (position := take("startingPosition")) is None
+        else parse_starting_position(position),
+        consumer=check_name("consumer", consumer) if consumer else None,
+        priority_group=take("priorityGroup"),
+        min_pending=optional_int("minPending") or SourceOptions.min_pending,
+        min_ack_pending=optional_int("minAckPending") or SourceOptions.min_ack_pending,
+        priority=optional_int("priority", 0, 9),
+        num_partitions=optional_int("numPartitions", 1, 1024) or SourceOptions.num_partitions,
+        ack_wait=duration("ackWait", SourceOptions.ack_wait),
+        max_ack_pending=optional_int("maxAckPending") or SourceOptions.max_ack_pending,
+        max_messages_per_trigger=most,
+        min_messages_per_trigger=least,
+        max_trigger_delay=delay,
+        max_messages_per_partition=optional_int("maxMessagesPerPartition"),
+        fetch_batch_size=optional_int("fetchBatchSize", 1, 100_000)
+        or SourceOptions.fetch_batch_size,
+        fetch_timeout=duration("fetchTimeout", SourceOptions.fetch_timeout),
+        include_headers=flag("includeHeaders", SourceOptions.include_headers),
+        ledger_bucket=check_name(
+            "ledgerBucket", take("ledgerBucket") or SourceOptions.ledger_bucket
+        ),
+        fail_on_data_loss=flag("failOnDataLoss", SourceOptions.fail_on_data_loss),
+    )
