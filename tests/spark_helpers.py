@@ -674,7 +674,7 @@ class Slot:
     def entry(self, gen: int) -> tuple[Any, list[int]]:
         """The ledger head of batch `gen` and the stream sequences it recorded."""
         head, _ = run_sync(self.ledger.read_head(gen, "m1"))
-        return head, run_sync(self.ledger.read_recorded(head)).stream_seq
+        return head, run_sync(self.ledger.read_deliveries(head)).stream_seq
 
     def ack(self, *gens: int, slot: str = "m1") -> None:
         """What the next batch's task does first: ack the committed entries of `gens`."""

@@ -168,7 +168,7 @@ class DriverLedger:
         for slot in slots:
             self.entries.setdefault((gen, slot), DriverEntry(gen, slot))
 
-    def recorded(self, gen: int, slot: str) -> EntryHead | None:
+    def head_of(self, gen: int, slot: str) -> EntryHead | None:
         entry = self.entries.get((gen, slot))
         return None if entry is None else entry.head
 

@@ -56,11 +56,11 @@ from nats_spark import __version__
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NatsSparkError, NotFound
 from nats_spark.jetstream.retry import is_transient, retrying
-from nats_spark.spark.group_source.recorded import (
-    Recorded,
-    decode_recorded,
+from nats_spark.spark.group_source.entry_deliveries import (
+    EntryDeliveries,
+    decode_chunk,
     decode_replies,
-    encode_recorded,
+    encode_chunk,
 )
 from nats_spark.spark.shared.columns import CHUNK_MESSAGES
 
@@ -128,11 +128,11 @@ def _readable_format(raw: dict[str, Any], key: str) -> int:
     return int(found)
 
 
-def decode_chunk(data: bytes, head: EntryHead) -> Recorded:
+def chunk_deliveries(data: bytes, head: EntryHead) -> EntryDeliveries:
     """A chunk of `head`'s entry, in the format the head says."""
     if head.format == 1:
-        return Recorded.from_replies(decode_replies(data))
-    return decode_recorded(data, (head.prefix or "").encode())
+        return EntryDeliveries.from_replies(decode_replies(data))
+    return decode_chunk(data, (head.prefix or "").encode())
 
 
 class Bucket(Protocol):
@@ -281,17 +281,19 @@ class Ledger:
                 f"ledger entry {self.head_key(gen, slot)} was taken over by another task attempt"
             ) from None
 
-    async def write_chunk(self, gen: int, slot: str, head: EntryHead, taken: Recorded) -> list[str]:
+    async def write_chunk(
+        self, gen: int, slot: str, head: EntryHead, taken: EntryDeliveries
+    ) -> list[str]:
         """Store `taken` as new chunks of `head`'s attempt; returns their keys."""
         keys: list[str] = []
         for start in range(0, len(taken), CHUNK_MESSAGES):
             key = f"{self.head_key(gen, slot)}.{head.attempt}.{len(head.chunks) + len(keys)}"
-            await self.kv.put(key, encode_recorded(taken.part(start, start + CHUNK_MESSAGES)))
+            await self.kv.put(key, encode_chunk(taken.part(start, start + CHUNK_MESSAGES)))
             keys.append(key)
         return keys
 
-    async def read_recorded(self, head: EntryHead) -> Recorded:
-        found = Recorded((head.prefix or "").encode())
+    async def read_deliveries(self, head: EntryHead) -> EntryDeliveries:
+        found = EntryDeliveries((head.prefix or "").encode())
         for key in head.chunks:
             try:
                 entry = await self.kv.get(key)
@@ -300,7 +302,7 @@ class Ledger:
                     f"ack ledger chunk {key} is missing (bucket purged or expired?); the batch "
                     "cannot be replayed exactly: restart the query with a new checkpoint"
                 ) from None
-            found.extend(decode_chunk(entry.value or b"", head))
+            found.extend(chunk_deliveries(entry.value or b"", head))
         return found
 
     async def heads(self) -> list[tuple[int, str]]:

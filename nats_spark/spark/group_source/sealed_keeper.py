@@ -71,7 +71,7 @@ class SealedKeeper(InProgressKeeper):
             left_at_next_look = started[key] + self.wait - (now + self.wait / _LOOKS)
             if left_at_next_look < self.left:
                 self.restarting.append(key)
-                recorded = await ledger.read_recorded(found[0])
+                recorded = await ledger.read_deliveries(found[0])
                 commands += recorded.ack_commands(IN_PROGRESS)
                 count += len(recorded)
         self.started, self.looked = started, now

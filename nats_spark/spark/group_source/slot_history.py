@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from nats_spark.client import NatsClient
 from nats_spark.errors import PERMISSIONS_DOC, ConfigurationError
 from nats_spark.jetstream.acks import send_acks
+from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
 from nats_spark.spark.group_source.ledger import EntryState, Ledger, LedgerConflict
-from nats_spark.spark.group_source.recorded import Recorded
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ async def ack_entry(client: NatsClient, ledger: Ledger, gen: int, slot: str, str
         return 0
     if head.state is EntryState.ACKED:
         return 0
-    deliveries = await ledger.read_recorded(head)
+    deliveries = await ledger.read_deliveries(head)
     before = len(client.denied)
     count = await send_acks(client.nc, deliveries.ack_commands(), len(deliveries))
     refused_acks(client, before, stream)
@@ -93,15 +93,17 @@ class SlotHistory:
     def __init__(self, client: NatsClient, ledger: Ledger, partition: SlotPartition) -> None:
         self.client = client
         self.ledger = ledger
-        self.p = partition
+        self.partition = partition
 
     async def ack_committed(self) -> int:
         """Ack this slot's committed entries that are not acked yet; returns the count."""
         count = 0
-        for gen in self.p.committed:
-            count += await ack_entry(self.client, self.ledger, gen, self.p.slot, self.p.stream)
+        for gen in self.partition.committed:
+            count += await ack_entry(
+                self.client, self.ledger, gen, self.partition.slot, self.partition.stream
+            )
         if count:
-            log.info("slot %s acked %d messages of committed batches", self.p.slot, count)
+            log.info("slot %s acked %d messages of committed batches", self.partition.slot, count)
         return count
 
     async def dedupe(self) -> set[int]:
@@ -113,7 +115,7 @@ class SlotHistory:
         return seqs
 
     def _named(self) -> Iterator[tuple[int, str]]:
-        for slot, first, last in self.p.dedupe:
+        for slot, first, last in self.partition.dedupe:
             for gen in range(first, last + 1):
                 yield gen, slot
 
@@ -124,7 +126,9 @@ class SlotHistory:
             found = await self.ledger.read_head(gen, slot)
             if found is not None and found[0].state is EntryState.OPEN:
                 return ()  # not of a committed batch: it emitted nothing (read again if named)
-            content = Recorded() if found is None else await self.ledger.read_recorded(found[0])
+            content = (
+                EntryDeliveries() if found is None else await self.ledger.read_deliveries(found[0])
+            )
             seqs = tuple(content.stream_seq)
             _seen.put(key, seqs)
         return seqs

@@ -53,6 +53,7 @@ from nats_spark.pcg.partitioning import elastic_stream_name
 from nats_spark.pcg.store import load_group
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.group_source import driver_ledger
+from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
 from nats_spark.spark.group_source.ledger import (
     EntryState,
     Ledger,
@@ -63,7 +64,6 @@ from nats_spark.spark.group_source.ledger import (
 from nats_spark.spark.group_source.offset_reader import OffsetReader
 from nats_spark.spark.group_source.offsets import SourceOffset
 from nats_spark.spark.group_source.partition_reader import SlotReader, read_slot
-from nats_spark.spark.group_source.recorded import Recorded
 from nats_spark.spark.group_source.slot_history import ack_entry
 from nats_spark.spark.shared.options import parse_options
 
@@ -512,7 +512,7 @@ def test_format_one_entries_are_replayed_acked_and_migrated(client, settings, un
     publish(client, slot.stream, 10)
     assert seqs_of(read_slot(slot.partition(1, limit=10))) == list(range(1, 11))
     head, _ = run_sync(slot.ledger.read_head(1, "m1"))
-    recorded = run_sync(slot.ledger.read_recorded(head))
+    recorded = run_sync(slot.ledger.read_deliveries(head))
     replies = [
         b"%b.%d.%d.%d.1700000000000000000.%d" % (recorded.prefix, d, s, c, 10 - s)
         for d, s, c in zip(
@@ -815,9 +815,9 @@ def test_driver_killed_at_fixed_points(client, nats_url, unique, tmp_path):
         for gen, slot in run_sync(ledger.heads()):
             head, _ = run_sync(ledger.read_head(gen, slot))
             assert head.state is EntryState.SEALED, (gen, slot, head.state)
-            every = run_sync(ledger.read_recorded(head))
+            every = run_sync(ledger.read_deliveries(head))
             seqs, consumer_seqs, counts = every.stream_seq, every.consumer_seq, every.delivered
-            half = Recorded(every.prefix, seqs[::2], consumer_seqs[::2], counts[::2])
+            half = EntryDeliveries(every.prefix, seqs[::2], consumer_seqs[::2], counts[::2])
             run_sync(send_acks(client.nc, half.ack_commands(), len(half)))
         publish_more(100)
 
@@ -845,7 +845,7 @@ def ledger_story(kv: Any, checkpoint: Path, pointer_lineage: str, files: dict[st
         ledger = Ledger(kv, lineage)
         for gen, slot in sorted(run_sync(ledger.heads())):
             head, _ = run_sync(ledger.read_head(gen, slot))
-            seqs = sorted(run_sync(ledger.read_recorded(head)).stream_seq)
+            seqs = sorted(run_sync(ledger.read_deliveries(head)).stream_seq)
             lines.append(f"{lineage} gen {gen} {slot}: {head.state} {len(seqs)} {seqs[:3]}..")
     for name, text in sorted(files.items()):
         rows = json.loads(text)

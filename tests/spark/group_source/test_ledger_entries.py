@@ -86,7 +86,7 @@ def claimed(kv: MemoryBucket, p: SlotPartition) -> SlotEntry:
 def take(entry: SlotEntry, seqs: list[int], delivered: int = 1) -> tuple[list[int], set[int]]:
     """Record deliveries of `seqs` (stream and consumer sequence alike); returns the stream
     sequences of the rows handed out and what was dropped."""
-    columns = SlotColumns("S", entry.p.member, False, False)
+    columns = SlotColumns("S", entry.partition.member, False, False)
     for seq in seqs:
         columns.add(b"S.k", b"%d" % seq, None, delivered, seq, seq, 0)
     replies = [b"%b.%d.%d.%d.0.0" % (PREFIX, delivered, seq, seq) for seq in seqs]
@@ -99,7 +99,7 @@ def stored(kv: MemoryBucket, lineage: str, gen: int, slot: str = "m1") -> tuple[
     ledger = Ledger(kv, lineage)
     found = run_sync(ledger.read_head(gen, slot))
     assert found is not None
-    return found[0], run_sync(ledger.read_recorded(found[0])).stream_seq
+    return found[0], run_sync(ledger.read_deliveries(found[0])).stream_seq
 
 
 def sealed(kv: MemoryBucket, lineage: str, gen: int, seqs: list[int], slot: str = "m1") -> None:
