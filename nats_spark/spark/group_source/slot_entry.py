@@ -17,15 +17,10 @@ from nats_spark import clock
 from nats_spark.arrays import int_array
 from nats_spark.client import NatsClient
 from nats_spark.jetstream.acks import ack_prefix
+from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
-from nats_spark.spark.group_source.ledger import (
-    LEDGER_FORMAT,
-    EntryHead,
-    EntryState,
-    Ledger,
-    LedgerConflict,
-    read_pointer,
-)
+from nats_spark.spark.group_source.ledger import LEDGER_FORMAT, Ledger
+from nats_spark.spark.group_source.ledger_protocol import EntryHead
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.shared.columns import SlotColumns
 
@@ -52,41 +47,30 @@ class SlotEntry:
     async def claim(self) -> None:
         """Create the entry, take over an open one, or find it sealed."""
         ledger = await self.open_ledger()
+        gen, slot = self.partition.gen, self.partition.slot
         while True:
-            found = await ledger.read_head(self.partition.gen, self.partition.slot)
+            found = await protocol.read_head(ledger, gen, slot)
             if found is None:
-                revision = await ledger.create_head(
-                    self.partition.gen, self.partition.slot, self.head
-                )
+                revision = await protocol.create(ledger, gen, slot, self.head)
                 if revision is not None:
-                    await self._not_settled(ledger)
+                    await protocol.fence(ledger, self.partition.pointer_key, gen, slot)
                     self.revision = revision
                     self.head.pin = self.partition.pin_id
                     return
                 continue  # another attempt created it first: read it
             previous, revision = found
-            self.replay = await ledger.read_deliveries(previous)
+            self.replay = await protocol.read_deliveries(ledger, previous)
             self.taken = set(self.replay.stream_seq)
-            if previous.state is not EntryState.OPEN:
+            if protocol.content_fixed(previous):
                 self.fixed = True
                 self.head = previous
                 return
             # An earlier attempt died mid-way: adopt what it took, then go on pulling.
-            self.head = EntryHead(
-                chunks=previous.chunks,
-                count=previous.count,
-                max_seq=previous.max_seq,
-                pin=previous.pin or self.partition.pin_id,
-                prefix=previous.prefix,
-                format=previous.format,
-            )
-            self.revision = await ledger.update_head(
-                self.partition.gen, self.partition.slot, self.head, revision
-            )
+            self.head = protocol.take_over(previous, self.partition.pin_id)
+            self.revision = await protocol.write_head(ledger, gen, slot, self.head, revision)
             # The attempt that died may have recorded without looking at its siblings' records.
-            twice = (
-                await self.drop_taken_twice(set(self.taken)) if self.partition.siblings else set()
-            )
+            siblings = self.partition.siblings
+            twice = await self.drop_taken_twice(set(self.taken)) if siblings else set()
             if twice or previous.format != LEDGER_FORMAT:
                 # Rewritten under this attempt (an older format is migrated: chunks of one
                 # entry share a format); the old chunks go when the entry is removed.
@@ -97,31 +81,10 @@ class SlotEntry:
                 await self._write([], self.replay, self.head.pin)
             return
 
-    async def _not_settled(self, ledger: Ledger) -> None:
-        """Fail when the entry just created is of a batch whose entries were settled: this
-        attempt outlived its committed batch (the driver fences before it removes, so a create
-        after the removal finds the fence); what it took would be acked as committed."""
-        pointer = await read_pointer(ledger.kv, self.partition.pointer_key)
-        if (
-            pointer
-            and pointer.lineage == self.partition.lineage
-            and pointer.settled >= self.partition.gen
-        ):
-            await ledger.delete_entry(self.partition.gen, self.partition.slot)
-            raise LedgerConflict(
-                f"ledger entry {ledger.head_key(self.partition.gen, self.partition.slot)}: its "
-                "batch was committed and settled; this task attempt outlived it"
-            )
-
     async def recorded_by_siblings(self) -> set[int]:
         """Every stream sequence the sibling slots have recorded in this batch, read now."""
         assert self.ledger is not None
-        recorded: set[int] = set()
-        for sibling in self.partition.siblings:
-            found = await self.ledger.read_head(self.partition.gen, sibling)
-            if found is not None:
-                recorded.update((await self.ledger.read_deliveries(found[0])).stream_seq)
-        return recorded
+        return await protocol.recorded_in(self.ledger, self.partition.gen, self.partition.siblings)
 
     async def drop_taken_twice(self, at_risk: set[int]) -> set[int]:
         """Of `at_risk`, just recorded by this slot, what a sibling recorded too; both drop it
@@ -177,26 +140,14 @@ class SlotEntry:
         return rows.take(kept), twice
 
     async def _write(self, chunks: list[str], taken: EntryDeliveries, pin: str | None) -> None:
-        """Store `taken` as the chunks that follow `chunks` and update the head."""
+        """Record `taken` as the chunks that follow `chunks`."""
         assert self.ledger is not None
-        self.head.chunks = chunks
-        if taken.prefix:
-            self.head.prefix = taken.prefix.decode()
-        keys = await self.ledger.write_chunk(
-            self.partition.gen, self.partition.slot, self.head, taken
-        )
-        self.head.chunks = [*chunks, *keys]
-        self.head.count += len(taken)
-        self.head.max_seq = max(self.head.max_seq, max(taken.stream_seq, default=0))
-        self.head.pin = pin
-        self.revision = await self.ledger.update_head(
-            self.partition.gen, self.partition.slot, self.head, self.revision
+        gen, slot = self.partition.gen, self.partition.slot
+        self.revision = await protocol.record(
+            self.ledger, gen, slot, self.head, self.revision, chunks, taken, pin
         )
 
     async def seal(self) -> None:
         assert self.ledger is not None
-        if self.head.state is EntryState.OPEN:
-            self.head.state = EntryState.SEALED
-            self.revision = await self.ledger.update_head(
-                self.partition.gen, self.partition.slot, self.head, self.revision
-            )
+        gen, slot = self.partition.gen, self.partition.slot
+        self.revision = await protocol.seal(self.ledger, gen, slot, self.head, self.revision)

@@ -17,14 +17,8 @@ from nats_spark.spark.group_source.entry_deliveries import (
     decode_chunk,
     encode_chunk,
 )
-from nats_spark.spark.group_source.ledger import (
-    LEDGER_FORMAT,
-    EntryHead,
-    EntryState,
-    chunk_deliveries,
-    key_token,
-    name_of,
-)
+from nats_spark.spark.group_source.ledger import LEDGER_FORMAT, key_token, name_of
+from nats_spark.spark.group_source.ledger_protocol import EntryHead, EntryState, chunk_deliveries
 from nats_spark.spark.group_source.slot_partition import UNBOUNDED, SlotPartition
 
 pytestmark = pytest.mark.unit

@@ -18,15 +18,15 @@ from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream import acks
 from nats_spark.loop import run_sync
-from nats_spark.spark.group_source import driver_ledger, slot_history
-from nats_spark.spark.group_source.driver_ledger import DriverLedger, Horizon
-from nats_spark.spark.group_source.ledger import (
+from nats_spark.spark.group_source import ledger_protocol
+from nats_spark.spark.group_source.driver_ledger import DriverLedger
+from nats_spark.spark.group_source.ledger import Ledger, Pointer, read_pointer, write_pointer
+from nats_spark.spark.group_source.ledger_protocol import (
     EntryState,
-    Ledger,
+    Horizon,
     LedgerConflict,
-    Pointer,
-    read_pointer,
-    write_pointer,
+    read_deliveries,
+    read_head,
 )
 from nats_spark.spark.group_source.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.sealed_keeper import SealedKeeper
@@ -97,9 +97,9 @@ def take(entry: SlotEntry, seqs: list[int], delivered: int = 1) -> tuple[list[in
 def stored(kv: MemoryBucket, lineage: str, gen: int, slot: str = "m1") -> tuple[Any, list[int]]:
     """The head of entry (gen, slot) and the stream sequences it holds, read back."""
     ledger = Ledger(kv, lineage)
-    found = run_sync(ledger.read_head(gen, slot))
+    found = run_sync(read_head(ledger, gen, slot))
     assert found is not None
-    return found[0], run_sync(ledger.read_deliveries(found[0])).stream_seq
+    return found[0], run_sync(read_deliveries(ledger, found[0])).stream_seq
 
 
 def sealed(kv: MemoryBucket, lineage: str, gen: int, seqs: list[int], slot: str = "m1") -> None:
@@ -198,7 +198,7 @@ def test_refused_acks_fail_and_stay_due(
         client.denied.append('Permissions Violation for Publish to "$JS.ACK.S.c1.1.1.1.0.0"')
         return count
 
-    monkeypatch.setattr(slot_history, "send_acks", refused)
+    monkeypatch.setattr(ledger_protocol, "send_acks", refused)
     sealed(kv, lineage, 1, [1])
     history = SlotHistory(client, Ledger(kv, lineage), input_partition(lineage, 2, committed=(1,)))
     with pytest.raises(ConfigurationError, match=r"allow the user to publish to \$JS.ACK.S.>"):
@@ -323,12 +323,12 @@ def test_settled_entries_are_removed_and_leave_nothing(
     horizons = {"m1": Horizon(ack_floor=3, first_seq=1), "m2": Horizon(0, 1)}
     run_sync(ledger.settle(horizons, committed=2))
     assert sorted(ledger.entries) == [(1, "m1"), (3, "m1"), (3, "m2")]
-    now[0] += driver_ledger.SETTLE_SECONDS - 1
+    now[0] += ledger_protocol.SETTLE_SECONDS - 1
     run_sync(ledger.settle({**horizons, "m1": Horizon(2, 1)}, committed=2))  # floor fell back
     now[0] += 1
     run_sync(ledger.settle(horizons, committed=2))
     assert (1, "m1") in ledger.entries  # the floor must hold for a while from its last rise
-    now[0] += driver_ledger.SETTLE_SECONDS
+    now[0] += ledger_protocol.SETTLE_SECONDS
     run_sync(ledger.settle(horizons, committed=2))
     assert sorted(ledger.entries) == [(3, "m1"), (3, "m2")]
     assert not [key for key in kv.values if key.startswith((f"{lineage}.1.", f"{lineage}.2."))]

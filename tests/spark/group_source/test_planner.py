@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from nats_spark.spark.group_source.driver_ledger import Horizon
+from nats_spark.spark.group_source.ledger_protocol import Horizon
 from nats_spark.spark.group_source.offsets import SlotPlan
 from nats_spark.spark.group_source.planner import (
     ConsumerSeen,
