@@ -97,7 +97,8 @@ class SlotEntry:
         if twice:
             log.warning(
                 "slot %s: %d messages were also taken by a sibling slot after their ack wait ran "
-                "out; neither emits them, they are read again",
+                "out; this slot drops them (the sibling emits them, or drops them too and they "
+                "are read again)",
                 self.partition.slot,
                 len(twice),
             )

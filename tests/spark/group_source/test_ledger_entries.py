@@ -161,13 +161,17 @@ def test_a_first_attempt_that_loses_the_create_takes_the_winner_over(
     assert stored(kv, lineage, 1)[1] == [2]
 
 
-def test_siblings_never_both_emit_a_redelivered_message(kv: MemoryBucket, lineage: str) -> None:
+def test_siblings_never_both_emit_a_redelivered_message(
+    kv: MemoryBucket, lineage: str, caplog: pytest.LogCaptureFixture
+) -> None:
     a = claimed(kv, input_partition(lineage, slot="c#0", siblings=("c#1",)))
     b = claimed(kv, input_partition(lineage, slot="c#1", siblings=("c#0",)))
     take(a, [1, 2, 3])
     rows, dropped = take(b, [3, 4], delivered=2)  # 3 came back to b after a took it
     assert (rows, dropped) == ([4], {3})
     assert stored(kv, lineage, 1, "c#1")[1] == [4]
+    assert stored(kv, lineage, 1, "c#0")[1] == [1, 2, 3]  # a emitted 3: the warning says so
+    assert "this slot drops them (the sibling emits them" in caplog.text
 
 
 # SlotHistory
