@@ -20,7 +20,7 @@ from nats_spark.jetstream.acks import ack_prefix
 from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
 from nats_spark.spark.group_source.ledger import LEDGER_FORMAT, Ledger
-from nats_spark.spark.group_source.ledger_protocol import EntryHead
+from nats_spark.spark.group_source.ledger_protocol import EntryHead, LedgerConflict
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.shared.columns import SlotColumns
 
@@ -67,7 +67,10 @@ class SlotEntry:
                 return
             # An earlier attempt died mid-way: adopt what it took, then go on pulling.
             self.head = protocol.take_over(previous, self.partition.pin_id)
-            self.revision = await protocol.write_head(ledger, gen, slot, self.head, revision)
+            try:
+                self.revision = await protocol.write_head(ledger, gen, slot, self.head, revision)
+            except LedgerConflict:
+                continue  # the attempt it takes over wrote meanwhile (a zombie): read it again
             # The attempt that died may have recorded without looking at its siblings' records.
             siblings = self.partition.siblings
             twice = await self.drop_taken_twice(set(self.taken)) if siblings else set()

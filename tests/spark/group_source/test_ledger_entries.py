@@ -86,11 +86,17 @@ def claimed(kv: MemoryBucket, p: SlotPartition) -> SlotEntry:
 def take(entry: SlotEntry, seqs: list[int], delivered: int = 1) -> tuple[list[int], set[int]]:
     """Record deliveries of `seqs` (stream and consumer sequence alike); returns the stream
     sequences of the rows handed out and what was dropped."""
+    return run_sync(recording(entry, seqs, delivered))
+
+
+async def recording(
+    entry: SlotEntry, seqs: list[int], delivered: int
+) -> tuple[list[int], set[int]]:
     columns = SlotColumns("S", entry.partition.member, False, False)
     for seq in seqs:
         columns.add(b"S.k", b"%d" % seq, None, delivered, seq, seq, 0)
     replies = [b"%b.%d.%d.%d.0.0" % (PREFIX, delivered, seq, seq) for seq in seqs]
-    rows, dropped = run_sync(entry.record(columns, replies, entry.head.pin, time.monotonic()))
+    rows, dropped = await entry.record(columns, replies, entry.head.pin, time.monotonic())
     return rows.column("stream_seq").to_pylist(), dropped
 
 
@@ -147,6 +153,31 @@ def test_a_retry_takes_an_open_entry_over_and_the_zombie_is_fenced(
     run_sync(retry.seal())
     head, seqs = stored(kv, lineage, 1)
     assert (head.state, seqs) == (EntryState.SEALED, [1, 2, 3])
+
+
+def test_a_retry_reads_again_when_the_zombie_records_while_it_takes_over(
+    kv: MemoryBucket, lineage: str
+) -> None:
+    """The zombie records once more between the retry's read of the open entry and its
+    compare-and-set: the retry reads the entry again and takes it over with that record too,
+    rather than fail (a zombie that kept recording could fail every attempt of its task)."""
+    zombie = claimed(kv, input_partition(lineage))
+    take(zombie, [1, 2])
+    retry = attempt(kv, input_partition(lineage))
+    update = kv.update
+
+    async def zombie_records_first(key: str, value: bytes, last: int) -> int:
+        kv.update = update  # type: ignore[method-assign]
+        await recording(zombie, [3], 1)
+        return await update(key, value, last)
+
+    kv.update = zombie_records_first  # type: ignore[method-assign]
+    run_sync(retry.claim())
+    assert retry.replay.stream_seq == [1, 2, 3] and retry.head.attempt != zombie.head.attempt
+    with pytest.raises(LedgerConflict):
+        take(zombie, [4])
+    take(retry, [5])
+    assert stored(kv, lineage, 1)[1] == [1, 2, 3, 5]
 
 
 def test_a_first_attempt_that_loses_the_create_takes_the_winner_over(
