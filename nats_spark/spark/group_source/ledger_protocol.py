@@ -113,9 +113,8 @@ async def read_head(ledger: Ledger, gen: int, slot: str) -> tuple[EntryHead, int
     stored = await ledger.get_head(gen, slot)
     if stored is None:
         return None
-    return EntryHead.from_bytes(
-        stored.value or b"", ledger.head_key(gen, slot)
-    ), stored.revision or 0
+    head = EntryHead.from_bytes(stored.value or b"", ledger.head_key(gen, slot))
+    return head, stored.revision or 0
 
 
 async def read_deliveries(ledger: Ledger, head: EntryHead) -> EntryDeliveries:
