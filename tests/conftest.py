@@ -171,7 +171,7 @@ def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
 def published_acks(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """The ack subjects the ledger's entries publish (tasks, the driver at stop), kept here
     instead of sent: for unit tests, which have no NATS connection."""
-    from nats_spark.spark.group_source import slot_history
+    from nats_spark.spark.group_source import ledger_protocol
 
     published: list[bytes] = []
 
@@ -181,5 +181,5 @@ def published_acks(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
         published.extend(line.split(b" ")[1] for line in lines[0::2] if line)
         return count
 
-    monkeypatch.setattr(slot_history, "send_acks", send)
+    monkeypatch.setattr(ledger_protocol, "send_acks", send)
     return published

@@ -50,7 +50,7 @@ from nats_spark.pcg.consumers import (
 from nats_spark.pcg.partitioning import member_partitions, partition_for
 from nats_spark.pcg.store import GroupKind, load_group
 from nats_spark.spark.group_source.ledger import Ledger, pointer_key
-from nats_spark.spark.group_source.slot_history import ack_entry
+from nats_spark.spark.group_source.ledger_protocol import ack, read_deliveries, read_head
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 
 SPARK_VERSION = tuple(int(part) for part in pyspark.__version__.split(".")[:2])
@@ -697,13 +697,13 @@ class Slot:
 
     def entry(self, gen: int) -> tuple[Any, list[int]]:
         """The ledger head of batch `gen` and the stream sequences it recorded."""
-        head, _ = run_sync(self.ledger.read_head(gen, "m1"))
-        return head, run_sync(self.ledger.read_recorded(head)).stream_seq
+        head, _ = run_sync(read_head(self.ledger, gen, "m1"))
+        return head, run_sync(read_deliveries(self.ledger, head)).stream_seq
 
     def ack(self, *gens: int, slot: str = "m1") -> None:
         """What the next batch's task does first: ack the committed entries of `gens`."""
         for gen in gens:
-            run_sync(ack_entry(self.client.target, self.ledger, gen, slot, self.stream))
+            run_sync(ack(self.client.target, self.ledger, gen, slot, self.stream))
 
     def info(self) -> dict[str, Any]:
         return run_sync(self.client.api.consumer_info(self.consumer.stream, self.consumer.name))

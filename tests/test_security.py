@@ -36,8 +36,8 @@ from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.acks import publish_acks
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
+from nats_spark.spark.group_source.entry_deliveries import decode_chunk
 from nats_spark.spark.group_source.options import parse_options
-from nats_spark.spark.group_source.recorded import decode_recorded
 
 # Unique secrets, so that finding one anywhere can only mean a leak.
 ADMIN_PASSWORD = f"pw-{uuid.uuid4().hex}"
@@ -461,7 +461,7 @@ def ledger_text(client: Blocking[NatsClient], writes: list[tuple[str, bytes]]) -
     lines = []
     for key, value in writes:
         chunk = len(key.split(".")) == 5 and value  # <lineage>.<gen>.<slot>.<attempt>.<n>
-        lines.append(f"{key}={decode_recorded(value, b'') if chunk else value.decode()}")
+        lines.append(f"{key}={decode_chunk(value, b'') if chunk else value.decode()}")
     return "\n".join(lines)
 
 

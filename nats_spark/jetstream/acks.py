@@ -61,7 +61,7 @@ async def publish_acks(
 
 
 async def send_acks(nc: NATS, commands: Sequence[bytes], count: int) -> int:
-    """Queue `commands` (`ack_commands`, `Recorded.ack_commands`) on the connection's write
+    """Queue `commands` (`ack_commands`, `EntryDeliveries.ack_commands`) on the connection's write
     buffer and wait until the server has processed them all (one round trip, see
     `flush_published`); returns `count`, the acks they hold. nats-py has no batch publish, and
     `publish` costs microseconds per call."""

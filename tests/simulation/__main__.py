@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from tests.simulation.spark import V40, V42
-from tests.simulation.world import Result, run_schedule
+from tests.simulation.world import Result, run_schedule, run_schedules
 
 FAULTS = {  # --without <name>: the setup field set to 0
     "lost-answers": "lost_answer",
@@ -33,12 +32,6 @@ def seed_range(text: str) -> range:
 def _summary(result: Result) -> str:
     findings = result.problems or result.order_breaks
     return f"seed {result.seed} (Spark {result.setup.version}): {findings[0]}"
-
-
-def _run(seed: int, overrides: dict[str, Any]) -> Result:
-    result = run_schedule(seed, **overrides)
-    result.trace = []  # not sent back: --seed prints it
-    return result
 
 
 def main() -> int:
@@ -74,16 +67,13 @@ def main() -> int:
         return 1 if result.problems or (args.strict_order and result.order_breaks) else 0
     failed = broke_order = 0
     started = time.monotonic()
-    with ProcessPoolExecutor(args.jobs) as pool:
-        chunk = max(1, min(200, len(args.seeds) // (args.jobs * 8) or 1))
-        seeds = list(args.seeds)
-        for result in pool.map(_run, seeds, [overrides] * len(seeds), chunksize=chunk):
-            if result.problems:
-                failed += 1
-                print(_summary(result), flush=True)
-            elif result.order_breaks:
-                broke_order += 1
-                print(_summary(result), flush=True)
+    for result in run_schedules(args.seeds, args.jobs, **overrides):
+        if result.problems:
+            failed += 1
+            print(_summary(result), flush=True)
+        elif result.order_breaks:
+            broke_order += 1
+            print(_summary(result), flush=True)
     took = time.monotonic() - started
     count = len(args.seeds)
     print(

@@ -18,10 +18,12 @@ be lost instead: Spark gives up on it and retries, while it runs on beside its r
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
+import heapq
 import random
-import selectors
-from collections.abc import Coroutine, Mapping
+from asyncio import base_events
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,45 +44,72 @@ class Deadlock(Exception):
     """Nothing is ready and no timer is set: the simulation cannot go on."""
 
 
-class _VirtualSelector(selectors.BaseSelector):
-    """A selector whose wait advances the loop's virtual clock instead of blocking."""
+class VirtualLoop(asyncio.BaseEventLoop):
+    """An event loop on virtual time: when no callback is ready it jumps to the next timer.
 
-    def __init__(self, loop: VirtualLoop) -> None:
-        self.loop = loop
-        self.keys: dict[Any, selectors.SelectorKey] = {}
+    It takes asyncio's own steps in asyncio's order (cancelled timers dropped the same way, due
+    timers moved to the ready queue, then the callbacks ready at the start of the round), so a
+    seed's schedule is what it was on asyncio's selector loop; it only skips the selector and
+    the I/O polling, and goes round without returning to `run_forever` until it is stopped.
+    """
 
-    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        key = selectors.SelectorKey(fileobj, _fd(fileobj), events, data)
-        self.keys[fileobj] = key
-        return key
-
-    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        return self.keys.pop(fileobj)
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if timeout is None:
-            raise Deadlock("every participant waits and no timer is set")
-        self.loop.now += max(timeout, 0.0)
-        return []
-
-    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
-        return self.keys
-
-    def close(self) -> None:
-        self.keys.clear()
-
-
-def _fd(fileobj: Any) -> int:
-    return fileobj if isinstance(fileobj, int) else fileobj.fileno()
-
-
-class VirtualLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
+        super().__init__()
         self.now = START_TIME
-        super().__init__(_VirtualSelector(self))
 
     def time(self) -> float:
         return self.now
+
+    def _run_once(self) -> None:
+        base: Any = self  # asyncio's private state, which typeshed does not declare
+        ready: collections.deque[Any] = base._ready
+        while True:
+            scheduled = self._drop_cancelled_timers()
+            if not ready and not base._stopping:
+                if not scheduled:
+                    raise Deadlock("every participant waits and no timer is set")
+                self.now += min(max(0, scheduled[0]._when - self.now), _MAX_WAIT)
+            end_time = self.now + base._clock_resolution
+            while scheduled and scheduled[0]._when < end_time:
+                handle = heapq.heappop(scheduled)
+                handle._scheduled = False
+                ready.append(handle)
+            for _ in range(len(ready)):
+                handle = ready.popleft()
+                if not handle._cancelled:
+                    handle._run()
+            if base._stopping:
+                return
+
+    def _write_to_self(self) -> None:
+        """Nothing to wake: the loop never blocks (async generators are closed this way)."""
+
+    def _drop_cancelled_timers(self) -> list[Any]:
+        """asyncio's: rebuild the timer heap when most of it is cancelled, else pop its head."""
+        base: Any = self
+        scheduled: list[Any] = base._scheduled
+        if (
+            len(scheduled) > _REBUILD_FROM
+            and base._timer_cancelled_count / len(scheduled) > _REBUILD_FRACTION
+        ):
+            for handle in scheduled:
+                if handle._cancelled:
+                    handle._scheduled = False
+            base._scheduled = scheduled = [h for h in scheduled if not h._cancelled]
+            heapq.heapify(scheduled)
+            base._timer_cancelled_count = 0
+            return scheduled
+        while scheduled and scheduled[0]._cancelled:
+            base._timer_cancelled_count -= 1
+            heapq.heappop(scheduled)._scheduled = False
+        return scheduled
+
+
+# asyncio's own thresholds (base_events), so that timers run in the same order as there.
+_ASYNCIO: Any = base_events  # typeshed does not declare these
+_REBUILD_FROM: int = _ASYNCIO._MIN_SCHEDULED_TIMER_HANDLES
+_REBUILD_FRACTION: float = _ASYNCIO._MIN_CANCELLED_TIMER_HANDLES_FRACTION
+_MAX_WAIT: float = _ASYNCIO.MAXIMUM_SELECT_TIMEOUT
 
 
 @dataclass(eq=False)

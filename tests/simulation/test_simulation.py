@@ -3,13 +3,16 @@ guarantee (see tests/simulation/world.py); `make simulate SEEDS=...` runs longer
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from tests.simulation.world import run_schedule
+from tests.simulation.world import run_schedule, run_schedules
 
 pytestmark = pytest.mark.unit
 
-SEEDS = range(0, 500)
+SEEDS = range(0, 1000)
+JOBS = len(os.sched_getaffinity(0))  # schedules are pure Python: one process per core
 
 # Seeds of a longer range that found a hole since closed: each must keep every guarantee.
 CLOSED_HOLES = {
@@ -30,7 +33,7 @@ def test_closed_holes_stay_closed(seed: int) -> None:
 
 
 def test_every_schedule_keeps_the_guarantees() -> None:
-    failed = [r for r in map(run_schedule, SEEDS) if r.problems]
+    failed = [r for r in run_schedules(SEEDS, JOBS) if r.problems]
     assert not failed, "\n".join(
         f"seed {r.seed} (Spark {r.setup.version}): {r.problems[0]} "
         f"(reproduce: python -m tests.simulation --seed {r.seed})"

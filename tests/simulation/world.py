@@ -12,7 +12,8 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -267,6 +268,20 @@ class Result:
     order_breaks: list[str]
     trace: list[str]
     steps: int
+
+
+def run_schedules(seeds: range, jobs: int, **overrides: Any) -> Iterator[Result]:
+    """Run the schedules of `seeds` over `jobs` processes, in seed order; without their traces
+    (`run_schedule` of one seed prints it)."""
+    chunk = max(1, min(200, len(seeds) // (jobs * 8)))
+    with ProcessPoolExecutor(jobs) as pool:
+        yield from pool.map(_traceless, seeds, [overrides] * len(seeds), chunksize=chunk)
+
+
+def _traceless(seed: int, overrides: dict[str, Any]) -> Result:
+    result = run_schedule(seed, **overrides)
+    result.trace = []
+    return result
 
 
 def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:

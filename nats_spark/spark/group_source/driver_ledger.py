@@ -1,6 +1,7 @@
 """Driver side of the ack ledger: the entries of the query's lineage (their heads only: what
 they hold is read by the tasks that ack and dedupe them), its pointer (newest gen, pins), and the
-removal of settled entries.
+removal of settled entries. What each head lets it conclude, and the moves it makes, are
+`ledger_protocol`'s.
 
 All of it is a cache of what the ledger bucket holds, so a restarted driver rebuilds it. Its work
 per batch grows with the slots, not the messages; only `ack_through`, at stop, reads entries.
@@ -14,25 +15,20 @@ from dataclasses import dataclass
 
 from nats_spark import clock
 from nats_spark.client import NatsClient
-from nats_spark.jetstream.acks import NAK, send_acks
+from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.ledger import (
     Bucket,
-    EntryHead,
-    EntryState,
     Ledger,
     Pointer,
     name_of,
     read_pointer,
     write_pointer,
 )
+from nats_spark.spark.group_source.ledger_protocol import EntryHead, Horizon, Settling
 from nats_spark.spark.group_source.offsets import SlotPlan, SourceOffset
-from nats_spark.spark.group_source.recorded import Recorded
-from nats_spark.spark.group_source.slot_history import ack_entry
 from nats_spark.spark.group_source.slot_partition import UNBOUNDED
 
 log = logging.getLogger(__name__)
-
-SETTLE_SECONDS = 10.0
 
 
 @dataclass
@@ -43,14 +39,6 @@ class DriverEntry:
     slot: str
     head: EntryHead | None = None
     settled_since: float | None = None  # when acks were first seen past all its messages
-
-
-@dataclass(frozen=True)
-class Horizon:
-    """How far a slot's consumer and stream have moved: entries below both are settled."""
-
-    ack_floor: int  # 0 where the consumer's floor says nothing (not durable, unknown)
-    first_seq: int  # the stream's first sequence
 
 
 class DriverLedger:
@@ -119,7 +107,7 @@ class DriverLedger:
     async def load_heads(self, entries: Iterable[DriverEntry]) -> None:
         assert self.ledger is not None
         for entry in list(entries):
-            found = await self.ledger.read_head(entry.gen, entry.slot)
+            found = await protocol.read_head(self.ledger, entry.gen, entry.slot)
             if found is None:
                 self.entries.pop((entry.gen, entry.slot), None)
                 continue
@@ -134,19 +122,15 @@ class DriverLedger:
 
     async def load_unacked_heads(self) -> None:
         """Heads not loaded yet or not acked when last read (tasks seal and ack them)."""
-        await self.load_heads(
-            e
-            for e in self.entries.values()
-            if e.head is None or e.head.state is not EntryState.ACKED
-        )
+        await self.load_heads(e for e in self.entries.values() if not protocol.known_acked(e.head))
 
     def unacked(self) -> list[tuple[str, int]]:
         """(slot, count) of the entries whose messages are taken and not acked yet (heads
         loaded)."""
         return [
-            (entry.slot, entry.head.count)
+            (entry.slot, protocol.unacked(entry.head))
             for entry in self.entries.values()
-            if entry.head is not None and entry.head.state is not EntryState.ACKED
+            if entry.head is not None and not protocol.known_acked(entry.head)
         ]
 
     def committed_unacked(self, through: int) -> dict[str, int]:
@@ -154,15 +138,14 @@ class DriverLedger:
         are not acked yet: its next task acks them before it pulls (heads loaded)."""
         counts: dict[str, int] = {}
         for (gen, slot), entry in self.entries.items():
-            if gen <= through and entry.head is not None and entry.head.state is EntryState.SEALED:
+            if entry.head is not None and protocol.acked_by_next_task(entry.head, gen, through):
                 counts[slot] = counts.get(slot, 0) + entry.head.count
         return counts
 
     def has_sealed(self) -> bool:
         """Whether a finished batch waits for its acks."""
         return any(
-            e.head is not None and e.head.state is EntryState.SEALED and e.head.count
-            for e in self.entries.values()
+            e.head is not None and protocol.awaits_acks(e.head) for e in self.entries.values()
         )
 
     def expect(self, gen: int, slots: Iterable[str]) -> None:
@@ -170,7 +153,7 @@ class DriverLedger:
         for slot in slots:
             self.entries.setdefault((gen, slot), DriverEntry(gen, slot))
 
-    def recorded(self, gen: int, slot: str) -> EntryHead | None:
+    def head_of(self, gen: int, slot: str) -> EntryHead | None:
         entry = self.entries.get((gen, slot))
         return None if entry is None else entry.head
 
@@ -191,9 +174,7 @@ class DriverLedger:
         """By slot: gens up to `through` (committed) of its entries not known to be acked."""
         due: dict[str, list[int]] = {}
         for (gen, slot), e in sorted(self.entries.items()):
-            if gen <= through and (
-                e.head is None or (e.head.state is not EntryState.ACKED and e.head.count)
-            ):
+            if protocol.ack_due(e.head, gen, through):
                 due.setdefault(slot, []).append(gen)
         return {slot: tuple(gens) for slot, gens in due.items()}
 
@@ -221,43 +202,30 @@ class DriverLedger:
         return highest
 
     async def settle(self, horizons: dict[str, Horizon], committed: int) -> None:
-        """Forget acked entries that no redelivery can touch any more, and empty ones of
-        committed batches (a re-run of an uncommitted one must find it: it replays nothing)."""
+        """Forget the entries that settled (`ledger_protocol.settles`)."""
         assert self.ledger is not None
         settled: list[tuple[int, str]] = []
         for key, entry in list(self.entries.items()):
-            head = entry.head
-            if head is None or head.state is EntryState.OPEN:
-                continue
-            if head.state is EntryState.SEALED and (head.count or entry.gen > committed):
-                continue
             horizon = horizons.get(entry.slot, Horizon(0, 0))
-            if (
-                head.count
-                and head.max_seq > horizon.ack_floor
-                and head.max_seq >= horizon.first_seq
-            ):
+            verdict = protocol.settles(entry.head, entry.gen, committed, horizon)
+            if verdict is Settling.NOT_YET:
                 entry.settled_since = None
-                continue
-            # A consumer's ack floor is in the server's memory before it is on disk: a server
-            # crash right after the acks can take it back and redeliver. Forget the entry (and
-            # with it the dedupe of those messages) only once the floor has held for a while.
-            now = clock.monotonic()
-            since = entry.settled_since = entry.settled_since or now
-            if head.count == 0 or now - since >= SETTLE_SECONDS:
+            elif verdict is Settling.NOW:
                 settled.append(key)
-        if not settled:
-            return
-        # The fence goes out before the entries: a task attempt that outlived its committed
-        # batch and creates the entry again after its removal then finds it (`SlotEntry.claim`).
-        newest = max(gen for gen, _ in settled)
-        if newest > self.settled:
-            self.settled = newest
-            await self.save_pointer()
-        for key in settled:
-            log.debug("forgetting settled ledger entry %s", self.ledger.head_key(*key))
-            await self.ledger.delete_entry(*key)
-            del self.entries[key]
+            elif verdict is Settling.PAST:
+                now = clock.monotonic()
+                since = entry.settled_since = entry.settled_since or now
+                if now - since >= protocol.SETTLE_SECONDS:
+                    settled.append(key)
+        if settled:
+            await protocol.remove_settled(
+                self.ledger, settled, self.settled, self._fence, self.entries.__delitem__
+            )
+
+    async def _fence(self, gen: int) -> None:
+        """Fence the batches up to `gen` in the pointer (`Pointer.settled`)."""
+        self.settled = gen
+        await self.save_pointer()
 
     async def stored_lineage(self) -> str | None:
         """The lineage the stored pointer names (the target's last query's), if any."""
@@ -275,7 +243,7 @@ class DriverLedger:
             return
         self.settled = max(self.settled, gen - 1)
         await self.save_pointer()
-        await _give_back(client, self.ledger, earlier)
+        _given_back(await protocol.give_back(client, self.ledger, earlier))
         for key in earlier:
             del self.entries[key]
 
@@ -283,7 +251,9 @@ class DriverLedger:
         """Give back the entries of `lineage`, an earlier checkpoint's."""
         assert self.kv is not None
         ledger = Ledger(self.kv, lineage)
-        await _give_back(client, ledger, [(g, name_of(token)) for g, token in await ledger.heads()])
+        keys = [(gen, name_of(token)) for gen, token in await ledger.heads()]
+        if keys:
+            _given_back(await protocol.give_back(client, ledger, keys))
 
     async def ack_through(self, client: NatsClient, gen: int, only: str | None = None) -> int:
         """Ack every sealed entry (of slot `only`, if given) of batches up to `gen` (all
@@ -292,29 +262,17 @@ class DriverLedger:
         assert self.ledger is not None
         count = 0
         for (entry_gen, slot), entry in sorted(self.entries.items()):
-            if entry_gen > gen or (entry.head and entry.head.state is EntryState.ACKED):
+            if entry_gen > gen or protocol.known_acked(entry.head):
                 continue
             if only is not None and slot != only:
                 continue
-            count += await ack_entry(client, self.ledger, entry_gen, slot, self.stream)
+            acked = await protocol.ack(client, self.ledger, entry_gen, slot, self.stream)
+            count += len(acked or ())
         await self.load_unacked_heads()
         if count:
             log.info("acked %d messages of batches up to gen %d", count, gen)
         return count
 
 
-async def _give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, str]]) -> None:
-    """Remove the entries `keys` of an earlier checkpoint and give what they hold back to the
-    server (`-NAK`): it comes back at once, ahead of newer messages of its keys, rather than
-    after its ack wait. Read first: once removed, nothing names those deliveries."""
-    held: list[Recorded] = []
-    for key in keys:
-        found = await ledger.read_head(*key)
-        if found is not None and found[0].state is not EntryState.ACKED:
-            held.append(await ledger.read_recorded(found[0]))
-    for key in keys:
-        await ledger.delete_entry(*key)
-    returned = 0
-    for deliveries in held:
-        returned += await send_acks(client.nc, deliveries.ack_commands(NAK), len(deliveries))
-    log.info("a new checkpoint: %d messages an earlier query took are read again", returned)
+def _given_back(count: int) -> None:
+    log.info("a new checkpoint: %d messages an earlier query took are read again", count)

@@ -1,10 +1,9 @@
-"""The write-ahead ack ledger: what each task took from NATS, in a JetStream KV bucket.
+"""The write-ahead ack ledger's storage: what each task took from NATS, in a JetStream KV bucket.
 
 An entry per (lineage, gen, slot): what one slot (one input partition of a batch: a group
-partition, a member, or one reader of a plain consumer) took in one batch. A task records every
-message it takes before it yields the rows, and seals the entry when done. A re-run of the same
-batch finds the entry and replays it; the next batch's task of the slot acks the entries of
-committed batches. Keys:
+partition, a member, or one reader of a plain consumer) took in one batch. This module is its
+keys and bytes; what an entry's states mean, who moves an entry on and what the driver
+concludes from it is `ledger_protocol`, the only reader and writer of heads. Keys:
 
 - `<lineage>.<gen>.<slot>`: the head, JSON (format, state, attempt, chunk keys, count, pin,
   max_seq, prefix: the ack subject up to the delivery count, `$JS.ACK.<stream>.<consumer>` or the
@@ -37,10 +36,8 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 from nats.errors import NoRespondersError
@@ -57,12 +54,7 @@ from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NatsSparkError, NotFound
 from nats_spark.jetstream.retry import is_transient, retrying
 from nats_spark.spark.group_source.columns import CHUNK_MESSAGES
-from nats_spark.spark.group_source.recorded import (
-    Recorded,
-    decode_recorded,
-    decode_replies,
-    encode_recorded,
-)
+from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries, encode_chunk
 
 _KEY_TOKEN = re.compile(r"^[-_=a-zA-Z0-9]+$")
 LEDGER_MAX_AGE = 7 * 24 * 3600.0
@@ -70,16 +62,6 @@ LEDGER_FORMAT = 2
 READABLE_FORMATS = (1, 2)  # 1: chunks of reply subjects, heads without `prefix`
 T = TypeVar("T")
 StoredValue = KeyValue.Entry  # a key's value and revision, as nats-py reads it
-
-
-class EntryState(StrEnum):
-    OPEN = "open"  # a task is (or was) taking messages
-    SEALED = "sealed"  # the task finished; the entry is what the batch emitted
-    ACKED = "acked"  # the batch was committed and its acks published
-
-
-class LedgerConflict(NatsSparkError):
-    """Another attempt of the same task took the entry over; this attempt must stop."""
 
 
 def key_token(name: str) -> str:
@@ -94,30 +76,9 @@ def name_of(token: str) -> str:
     return bytes.fromhex(token[1:]).decode() if token.startswith("_") else token
 
 
-@dataclass
-class EntryHead:
-    state: EntryState = EntryState.OPEN
-    attempt: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    chunks: list[str] = field(default_factory=list)
-    count: int = 0
-    max_seq: int = 0
-    pin: str | None = None
-    prefix: str | None = None  # of the deliveries' ack subjects (format 2)
-    format: int = LEDGER_FORMAT  # how its chunks are stored
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes, key: str) -> EntryHead:
-        raw = json.loads(data)
-        raw["format"] = _readable_format(raw, key)
-        raw["state"] = EntryState(raw["state"])
-        return cls(**raw)
-
-
-def _readable_format(raw: dict[str, Any], key: str) -> int:
-    """The format of `raw`, once it is known to be one this release reads."""
+def readable_format(raw: dict[str, Any], key: str) -> int:
+    """The format of `raw` (a stored head or pointer), once it is known to be one this release
+    reads."""
     found = raw.get("format", 1)
     if found not in READABLE_FORMATS:
         raise ConfigurationError(
@@ -126,13 +87,6 @@ def _readable_format(raw: dict[str, Any], key: str) -> int:
             "start the query with a new checkpoint location"
         )
     return int(found)
-
-
-def decode_chunk(data: bytes, head: EntryHead) -> Recorded:
-    """A chunk of `head`'s entry, in the format the head says."""
-    if head.format == 1:
-        return Recorded.from_replies(decode_replies(data))
-    return decode_recorded(data, (head.prefix or "").encode())
 
 
 class Bucket(Protocol):
@@ -254,54 +208,47 @@ class Ledger:
     def head_key(self, gen: int, slot: str) -> str:
         return f"{self.lineage}.{gen}.{key_token(slot)}"
 
-    async def read_head(self, gen: int, slot: str) -> tuple[EntryHead, int] | None:
-        key = self.head_key(gen, slot)
+    async def get_head(self, gen: int, slot: str) -> StoredValue | None:
+        """The stored head of the entry (None: there is none); `ledger_protocol` reads it."""
         try:
-            entry = await self.kv.get(key)
+            return await self.kv.get(self.head_key(gen, slot))
         except KeyNotFoundError:
             return None
-        return EntryHead.from_bytes(entry.value or b"", key), entry.revision or 0
 
-    async def create_head(self, gen: int, slot: str, head: EntryHead) -> int | None:
+    async def create_head(self, gen: int, slot: str, value: bytes) -> int | None:
         """Create the head; None when it exists already (another attempt was first)."""
         try:
-            return await self.kv.create(self.head_key(gen, slot), head.to_bytes())
+            return await self.kv.create(self.head_key(gen, slot), value)
         except KeyWrongLastSequenceError:
             return None
 
-    async def update_head(self, gen: int, slot: str, head: EntryHead, revision: int) -> int:
-        """Compare-and-set the head; `LedgerConflict` when someone else wrote it since."""
+    async def update_head(self, gen: int, slot: str, value: bytes, revision: int) -> int | None:
+        """Compare-and-set the head; None when its revision is no longer `revision`."""
         try:
-            return await self.kv.update(self.head_key(gen, slot), head.to_bytes(), last=revision)
+            return await self.kv.update(self.head_key(gen, slot), value, last=revision)
         except KeyWrongLastSequenceError:
-            found = await self.read_head(gen, slot)
-            if found is not None and found[0] == head:
-                return found[1]  # our own write, retried after its answer was lost
-            raise LedgerConflict(
-                f"ledger entry {self.head_key(gen, slot)} was taken over by another task attempt"
-            ) from None
+            return None
 
-    async def write_chunk(self, gen: int, slot: str, head: EntryHead, taken: Recorded) -> list[str]:
-        """Store `taken` as new chunks of `head`'s attempt; returns their keys."""
+    async def write_chunks(
+        self, gen: int, slot: str, attempt: str, first: int, taken: EntryDeliveries
+    ) -> list[str]:
+        """Store `taken` as chunks `first`, `first` + 1, ... of `attempt`; returns their keys."""
         keys: list[str] = []
         for start in range(0, len(taken), CHUNK_MESSAGES):
-            key = f"{self.head_key(gen, slot)}.{head.attempt}.{len(head.chunks) + len(keys)}"
-            await self.kv.put(key, encode_recorded(taken.part(start, start + CHUNK_MESSAGES)))
+            key = f"{self.head_key(gen, slot)}.{attempt}.{first + len(keys)}"
+            await self.kv.put(key, encode_chunk(taken.part(start, start + CHUNK_MESSAGES)))
             keys.append(key)
         return keys
 
-    async def read_recorded(self, head: EntryHead) -> Recorded:
-        found = Recorded((head.prefix or "").encode())
-        for key in head.chunks:
-            try:
-                entry = await self.kv.get(key)
-            except KeyNotFoundError:
-                raise NatsSparkError(
-                    f"ack ledger chunk {key} is missing (bucket purged or expired?); the batch "
-                    "cannot be replayed exactly: restart the query with a new checkpoint"
-                ) from None
-            found.extend(decode_chunk(entry.value or b"", head))
-        return found
+    async def read_chunk(self, key: str) -> bytes:
+        try:
+            entry = await self.kv.get(key)
+        except KeyNotFoundError:
+            raise NatsSparkError(
+                f"ack ledger chunk {key} is missing (bucket purged or expired?); the batch "
+                "cannot be replayed exactly: restart the query with a new checkpoint"
+            ) from None
+        return entry.value or b""
 
     async def heads(self) -> list[tuple[int, str]]:
         """(gen, slot token) of every entry of this lineage (a head's key has three tokens, its
@@ -336,7 +283,7 @@ async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
     except KeyNotFoundError:
         return None
     data = json.loads(entry.value or b"{}")
-    _readable_format(data, key)
+    readable_format(data, key)
     return Pointer(
         data["lineage"], int(data["gen"]), data.get("pins", {}), int(data.get("settled", 0))
     )

@@ -1,5 +1,5 @@
 """Driver side: the coordinator of planning. It observes (the consumers, the ledger's heads),
-hands the pure planner (`planner`) one record per slot, persists what it planned (the ledger's
+hands the pure planner (`planner`) a `SlotState` per slot, persists what it planned (the ledger's
 pointer) and logs what changed. The acks of a committed batch go out from the tasks of the next
 one (each slot acks its own before it pulls; a slot with nothing new gets an ack-only
 partition), and from the driver only at stop: planning and commit cost the same whatever the
@@ -26,7 +26,7 @@ from nats_spark.spark.group_source.offsets import SourceOffset
 from nats_spark.spark.group_source.options import SourceOptions
 from nats_spark.spark.group_source.planner import (
     ConsumerSeen,
-    SlotRecord,
+    SlotState,
     SlotTask,
     advances,
     horizons,
@@ -56,7 +56,7 @@ class OffsetReader:
             options.stream, pointer_key(options.stream, options.group or options.consumer or "")
         )
         self.current: SourceOffset | None = None  # the last offset returned to Spark
-        self.records: dict[str, SlotRecord] = {}  # every slot resolved, also ones since dropped
+        self.states: dict[str, SlotState] = {}  # every slot resolved, also ones since dropped
         self.resolved = False  # whether the target was resolved since this reader started
         self.available_now = False  # an availableNow run: its slots end at their `end_seq`
         self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
@@ -104,15 +104,15 @@ class OffsetReader:
             unacked[name] = unacked.get(name, 0) + count
         pins = self.ledger.last_query_pins | frozenset(self.ledger.pins.values())
         resolved = await self.target.resolve(client, Held(pins, unacked))
-        records = {name: replace(r, readable=False) for name, r in self.records.items()}
+        states = {name: replace(r, readable=False) for name, r in self.states.items()}
         for slot in resolved:
-            known = records.get(slot.name)
-            records[slot.name] = (
-                SlotRecord(slot, end_seq=0 if self.available_now else None)
+            known = states.get(slot.name)
+            states[slot.name] = (
+                SlotState(slot, end_seq=0 if self.available_now else None)
                 if known is None
                 else replace(known, slot=slot, readable=True)
             )
-        self.records = records
+        self.states = states
         self.resolved = True
         return resolved
 
@@ -148,9 +148,9 @@ class OffsetReader:
         await self._adopt(None)
         client = await self._connect()
         self.available_now = True
-        for name, record in self.records.items():
-            info = await self._stream_info(client, record.slot.stream)
-            self.records[name] = replace(record, end_seq=info.last_seq)
+        for name, state in self.states.items():
+            info = await self._stream_info(client, state.slot.stream)
+            self.states[name] = replace(state, end_seq=info.last_seq)
 
     async def latest_offset(self, start: SourceOffset | None, max_rows: int | None) -> SourceOffset:
         await self._adopt(start)
@@ -159,15 +159,15 @@ class OffsetReader:
             self._committed(start)  # Spark 4.2+: `start` is committed
         client = await self._connect()
         resolved = await self._resolve()
-        before = self.records
+        before = self.states
         await self._observe(client, resolved)
         planned = plan_batch(
             self.options,
-            self.records,
+            self.states,
             max_rows,
             None if self.available_now else self.pacing.holds_back,
         )
-        self.records = self._logged(before, planned.records)
+        self.states = self._logged(before, planned.states)
         base = start or self.current
         if base is None or advances(planned.slots, self.ledger.has_sealed()):
             if planned.slots:
@@ -183,35 +183,35 @@ class OffsetReader:
 
     async def _observe(self, client: NatsClient, resolved: list[Slot]) -> None:
         """Look at the consumers of the `resolved` slots and at what the ledger holds of them
-        into their records, then let the ledger forget the entries that settled."""
+        into their states, then let the ledger forget the entries that settled."""
         first_seqs: dict[str, int] = {}
         unacked = self.ledger.unacked()
         acked_first = self.ledger.committed_unacked(self.committed)
-        slots = {name: record.slot for name, record in self.records.items()}
+        slots = {name: state.slot for name, state in self.states.items()}
         for slot in resolved:
             seen = await self._look(client, slot)
             if slot.stream not in first_seqs:
                 first_seqs[slot.stream] = (await self._stream_info(client, slot.stream)).first_seq
-            self.records[slot.name] = replace(
-                self.records[slot.name],
+            self.states[slot.name] = replace(
+                self.states[slot.name],
                 seen=seen,
                 own_pin=self.ledger.pins.get(slot.name),
                 ours=unacked_by_consumer(slots, unacked, slot),
                 acked_first=acked_first.get(slot.name, 0),
             )
-        await self.ledger.settle(horizons(self.records.values(), first_seqs), self.committed)
+        await self.ledger.settle(horizons(self.states.values(), first_seqs), self.committed)
 
     def _logged(
-        self, before: dict[str, SlotRecord], after: dict[str, SlotRecord]
-    ) -> dict[str, SlotRecord]:
+        self, before: dict[str, SlotState], after: dict[str, SlotState]
+    ) -> dict[str, SlotState]:
         """Log what planning made of the slots: a standby once it starts, a consumer's small
         capacity once per query (it stays in progress for as long as it holds)."""
-        for name, record in after.items():
+        for name, state in after.items():
             was = before.get(name)
-            if not record.readable:
+            if not state.readable:
                 continue
-            if record.status == "standby" and (was is None or was.status != "standby"):
-                slot = record.slot
+            if state.status == "standby" and (was is None or was.status != "standby"):
+                slot = state.slot
                 log.warning(
                     "%s: another client holds the pin of %s > %s; standing by until it is "
                     "released or times out",
@@ -219,16 +219,16 @@ class OffsetReader:
                     slot.stream,
                     slot.consumer,
                 )
-            if record.warning is not None and not record.capacity_logged:
-                log.warning("%s", record.warning)
-                after[name] = replace(record, capacity_logged=True)
+            if state.warning is not None and not state.capacity_logged:
+                log.warning("%s", state.warning)
+                after[name] = replace(state, capacity_logged=True)
         return after
 
     def _keep_sealed(self) -> None:
         """Start the `SealedKeeper` once the consumers' ack waits are known."""
         if self.keeping is None and self.client is not None:
             ack_wait = min(
-                (r.seen.ack_wait for r in self.records.values() if r.seen is not None),
+                (r.seen.ack_wait for r in self.states.values() if r.seen is not None),
                 default=None,
             )
             keeper = SealedKeeper(self._client, self.ledger, ack_wait or self.options.ack_wait)
@@ -291,9 +291,9 @@ class OffsetReader:
         due = self.ledger.acks_due(committed)
         moved: dict[str, int | None] = {}
         for name in end.slots:
-            record = self.records.get(name)
-            if self.resolved and (record is None or not record.readable):
-                head = self.ledger.recorded(end.gen, name)
+            state = self.states.get(name)
+            if self.resolved and (state is None or not state.readable):
+                head = self.ledger.head_of(end.gen, name)
                 moved[name] = None if head is None else head.count
         known = {name: slot for name in {*end.slots, *due} if (slot := self._known_slot(name))}
         plan = plan_tasks(end.slots, due, moved, known)
@@ -318,8 +318,8 @@ class OffsetReader:
             await self.ledger.disown_lineage(client, earlier)
 
     def _known_slot(self, name: str) -> Slot | None:
-        if name in self.records:
-            return self.records[name].slot
+        if name in self.states:
+            return self.states[name].slot
         try:
             return self.target.slot_named(name)
         except StopIteration:
@@ -328,14 +328,14 @@ class OffsetReader:
     def _input_partition(self, slot: Slot, end: SourceOffset, task: SlotTask) -> SlotPartition:
         """The input partition of `slot` in batch `end`: what it may take (0: it only acks),
         what it acks first, and the earlier entries whose redeliveries it drops."""
-        options, name, records = self.options, slot.name, self.records
+        options, name, states = self.options, slot.name, self.states
         same_stream = [
             other
             for _, other in self.ledger.entries
-            if other not in records or records[other].slot.stream == slot.stream
+            if other not in states or states[other].slot.stream == slot.stream
         ]
         dedupe = self.ledger.dedupe_spans(end.gen, same_stream) if task.limit else ()
-        seen = records[name].seen if name in records else None
+        seen = states[name].seen if name in states else None
         return SlotPartition(
             connection=options.connection,
             ledger_bucket=options.ledger_bucket,
@@ -361,7 +361,7 @@ class OffsetReader:
             min_ack_pending=options.min_ack_pending,
             priority=options.priority,
             ack_wait=options.ack_wait if seen is None else seen.ack_wait,
-            siblings=siblings(records, end.slots, slot),
+            siblings=siblings(states, end.slots, slot),
         )
 
     async def ack_through(self, gen: int) -> int:
@@ -383,8 +383,8 @@ class OffsetReader:
             report["layout"] = self.target.layout.value
         if self.target.warning is not None:
             report["warning"] = self.target.warning
-        report["members"] = slots_report(self.records.values())
-        report["lag"] = lag_report(self.records.values())
+        report["members"] = slots_report(self.states.values())
+        report["lag"] = lag_report(self.states.values())
         return report
 
     async def close(self) -> None:

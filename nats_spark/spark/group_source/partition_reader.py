@@ -31,8 +31,8 @@ from nats_spark.jetstream.api import StoredMessage
 from nats_spark.jetstream.pull import Deliveries, Pull, PullConsumer
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source.columns import SlotColumns
+from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
 from nats_spark.spark.group_source.pull_policy import PullPlan, SlotPullPolicy, complete
-from nats_spark.spark.group_source.recorded import Recorded
 from nats_spark.spark.group_source.slot_entry import SlotEntry
 from nats_spark.spark.group_source.slot_history import SlotHistory
 from nats_spark.spark.group_source.slot_partition import SlotPartition
@@ -52,7 +52,7 @@ class SlotReader:
     """Reads one slot: replay of what the ledger holds, then (for a first attempt) pulls."""
 
     def __init__(self, partition: SlotPartition, client: NatsClient | None = None) -> None:
-        self.p = partition
+        self.partition = partition
         self.client = client or shared_client(partition.connection)
         self.entry = SlotEntry(self.client, partition)
         self.keeper = InProgressKeeper(self.client.nc, partition.ack_wait, f"slot {partition.slot}")
@@ -65,13 +65,15 @@ class SlotReader:
         self.started = clock.monotonic()  # before any delivery this attempt holds
 
     @property
-    def replay(self) -> Recorded:
+    def replay(self) -> EntryDeliveries:
         return self.entry.replay
 
     async def begin(self) -> None:
         """Ack what committed batches left, then claim the ledger entry: create it, take over
         an open one, or replay a sealed one. An ack-only partition (`limit` 0) stops there."""
-        history = self.history = SlotHistory(self.client, await self.entry.open_ledger(), self.p)
+        history = self.history = SlotHistory(
+            self.client, await self.entry.open_ledger(), self.partition
+        )
         await history.ack_committed()
         if not self.pull:
             return
@@ -80,28 +82,31 @@ class SlotReader:
             self.pull = False  # the batch's content is fixed: exactly this, nothing more
 
     def _columns(self) -> SlotColumns:
-        p = self.p
-        return SlotColumns(p.stream, p.member, p.partitioned, p.include_headers)
+        partition = self.partition
+        return SlotColumns(
+            partition.stream, partition.member, partition.partitioned, partition.include_headers
+        )
 
     async def _stored(self, seq: int) -> StoredMessage | None:
+        stream = self.partition.stream
         try:
-            return await self.client.api.get_message(self.p.stream, seq)
+            return await self.client.api.get_message(stream, seq)
         except NotFound:
-            if self.p.fail_on_data_loss:
+            if self.partition.fail_on_data_loss:
                 raise DataLoss(
-                    f"message {seq} of stream {self.p.stream} was removed (retention or purge) "
+                    f"message {seq} of stream {stream} was removed (retention or purge) "
                     "before its batch was committed; raise the stream's limits, or set "
                     "failOnDataLoss=false to skip lost messages"
                 ) from None
             self.lost += 1
-            log.warning("skipping message %d of %s: removed before commit", seq, self.p.stream)
+            log.warning("skipping message %d of %s: removed before commit", seq, stream)
             return None
 
-    async def replay_record_batch(self, recorded: Recorded) -> pa.RecordBatch:
+    async def replay_record_batch(self, deliveries: EntryDeliveries) -> pa.RecordBatch:
         """Rows for recorded deliveries, read back from the stream by sequence, a window of
         requests at a time (the server's API queue is shared); their time is the stored one,
         which their ack subjects carried too."""
-        seqs = recorded.stream_seq
+        seqs = deliveries.stream_seq
         stored: list[StoredMessage | None] = []
         for start in range(0, len(seqs), _REPLAY_WINDOW):
             window = seqs[start : start + _REPLAY_WINDOW]
@@ -111,7 +116,7 @@ class SlotReader:
         times = iter(stamps.cast(pa.int64()).to_pylist())
         columns = self._columns()
         for delivered, seq, consumer_seq, msg in zip(
-            recorded.delivered, seqs, recorded.consumer_seq, stored, strict=True
+            deliveries.delivered, seqs, deliveries.consumer_seq, stored, strict=True
         ):
             if msg is not None:
                 columns.add(
@@ -133,7 +138,7 @@ class SlotReader:
         that may be of an earlier batch while the dedupe set is not loaded (in-order reads never
         load it)."""
         taken, held, dedupe = self.entry.taken, self.keeper.held, self.dedupe
-        below, redundant = self.p.dedupe_through, list[bytes]()
+        below, redundant = self.partition.dedupe_through, list[bytes]()
         delivered, seqs, consumer_seqs, timestamps = chunk.numbers
         if start == 0 and self._all_new(seqs):  # the usual case: the chunk whole, by column
             taken.update(seqs)
@@ -174,7 +179,7 @@ class SlotReader:
         or a sibling) and above every sequence an earlier, unsettled batch holds."""
         if not seqs:
             return True
-        if min(seqs) <= self.p.dedupe_through:
+        if min(seqs) <= self.partition.dedupe_through:
             return False
         fresh = set(seqs)
         if len(fresh) != len(seqs) or not fresh.isdisjoint(self.entry.taken):
@@ -197,7 +202,7 @@ class SlotReader:
         """What the slots sharing this consumer recorded so far in this batch: a redelivery may
         reach us after a sibling took the message and its ack wait ran out. Skipping these
         before taking is the cheap, usual case; `SlotEntry.record` settles the races."""
-        self.sibling_seqs |= await self.entry.sibling_records()
+        self.sibling_seqs |= await self.entry.recorded_by_siblings()
 
     async def _request(self, consumer: PullConsumer, plan: PullPlan | None) -> Pull | None:
         if plan is None:
@@ -207,9 +212,9 @@ class SlotReader:
             expires=plan.expires or 0,
             max_bytes=plan.max_bytes,
             no_wait=plan.expires is None,
-            min_pending=self.p.min_pending,
-            min_ack_pending=self.p.min_ack_pending,
-            priority=self.p.priority,
+            min_pending=self.partition.min_pending,
+            min_ack_pending=self.partition.min_ack_pending,
+            priority=self.partition.priority,
         )
 
     async def pull_record_batches(self) -> Any:
@@ -222,10 +227,13 @@ class SlotReader:
         in order, one at a time; a batch is yielded only once its write is done).
         """
         consumer = self.client.pull_consumer(
-            self.p.stream, self.p.consumer, group=self.p.priority_group, pin_id=self.entry.head.pin
+            self.partition.stream,
+            self.partition.consumer,
+            group=self.partition.priority_group,
+            pin_id=self.entry.head.pin,
         )
-        policy = SlotPullPolicy(self.p.fetch_batch_size, self.p.fetch_timeout)
-        remaining = self.p.limit - self.entry.head.count
+        policy = SlotPullPolicy(self.partition.fetch_batch_size, self.partition.fetch_timeout)
+        remaining = self.partition.limit - self.entry.head.count
         columns, replies = self._columns(), list[bytes]()
         recording: asyncio.Future[pa.RecordBatch] | None = None
         got_any = False
@@ -241,25 +249,27 @@ class SlotReader:
                         # Not with siblings: deliveries of an early pull would wait unrecorded
                         # while the rows before them are handed out, and past the ack wait come
                         # back to a sibling that cannot tell they were taken.
-                        if following is None and _sent_all(pull) and not self.p.siblings:
+                        if following is None and _sent_all(pull) and not self.partition.siblings:
                             want = remaining - len(replies) - len(chunk)
                             following = await self._request(consumer, policy.early(want))
-                        if self.p.siblings and max(chunk.numbers.delivered, default=0) > 1:
+                        if self.partition.siblings and max(chunk.numbers.delivered, default=0) > 1:
                             await self._load_sibling_seqs()
                         await self._take(chunk, columns, replies)
                         columns.taken_from(pull.sent)
                         got_any = got_any or bool(replies)
                         if replies and (pull.done or columns.full()):
                             remaining -= len(replies)
-                            recorded, recording = await self._record_next(
+                            rows, recording = await self._record_next(
                                 recording, columns, replies, consumer.pin_id
                             )
                             columns, replies = self._columns(), []
-                            if recorded is not None:
-                                yield recorded
+                            if rows is not None:
+                                yield rows
                 except PullError as error:
                     if not policy.refused(error):
-                        log.warning("slot %s: %s; ending its batch early", self.p.slot, error)
+                        log.warning(
+                            "slot %s: %s; ending its batch early", self.partition.slot, error
+                        )
                         break
                     pull = await self._request(consumer, policy.next(remaining - len(replies)))
                     continue
@@ -269,16 +279,16 @@ class SlotReader:
                 pull = following or await self._request(consumer, policy.next(remaining))
             # Requests given up on may still deliver: take that too (the batch then holds a
             # little more than planned) rather than leave it unread until its ack wait runs out.
-            late = await consumer.settle(self.p.ack_wait / 2)
+            late = await consumer.settle(self.partition.ack_wait / 2)
             if late:
                 await self._take(late, columns, replies)
                 columns.taken_from(self.started)  # sent for a request given up on, after it
                 if replies:
-                    recorded, recording = await self._record_next(
+                    rows, recording = await self._record_next(
                         recording, columns, replies, consumer.pin_id
                     )
-                    if recorded is not None:
-                        yield recorded
+                    if rows is not None:
+                        yield rows
             if recording:
                 yield await recording
                 recording = None
@@ -298,8 +308,8 @@ class SlotReader:
     ) -> tuple[pa.RecordBatch | None, asyncio.Future[pa.RecordBatch]]:
         """Start recording `columns` once the recording before it is done (writes stay in
         order); returns that one's rows, to hand out, and the new recording."""
-        recorded = await recording if recording else None
-        return recorded, asyncio.ensure_future(self._record(columns, replies, pin))
+        rows = await recording if recording else None
+        return rows, asyncio.ensure_future(self._record(columns, replies, pin))
 
     async def _record(
         self, columns: SlotColumns, replies: list[bytes], pin: str | None
@@ -319,7 +329,10 @@ class SlotReader:
         `+WPI` per message costs the server about a quarter of what delivering and acking the
         message does."""
         used = clock.monotonic() - max(self.started, self.keeper.renewed)
-        if self.p.ack_wait < SHORT_ACK_WAIT or used > self.p.ack_wait * RESTART_AFTER:
+        if (
+            self.partition.ack_wait < SHORT_ACK_WAIT
+            or used > self.partition.ack_wait * RESTART_AFTER
+        ):
             await self.keeper.renew()
         await self.entry.seal()
 
@@ -355,7 +368,7 @@ async def _next(batches: AsyncGenerator[pa.RecordBatch, None]) -> pa.RecordBatch
 async def slot_batches(reader: SlotReader) -> AsyncGenerator[pa.RecordBatch, None]:
     """The task's steps: ack and claim, replay what the ledger holds, pull (a first attempt),
     seal. Async, so that the simulation (tests/simulation) runs them on its own loop."""
-    partition = reader.p
+    partition = reader.partition
     await reader.begin()
     step = partition.fetch_batch_size
     for start in range(0, len(reader.replay), step):

@@ -1,4 +1,4 @@
-"""The driver's planner: the next batch from one record per slot and what the server showed.
+"""The driver's planner: the next batch from what the driver knows of each slot (`SlotState`).
 
 Pure: no I/O and no logging. The offset reader observes (consumer infos, the ledger), calls these
 functions, persists their result and logs what changed; unit tests in
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from nats_spark.spark.group_source.driver_ledger import Horizon
+from nats_spark.spark.group_source.ledger_protocol import Horizon
 from nats_spark.spark.group_source.offsets import SlotPlan
 from nats_spark.spark.group_source.options import SourceOptions
 from nats_spark.spark.group_source.targets import Slot
@@ -32,7 +32,7 @@ class ConsumerSeen:
 
 
 @dataclass(frozen=True)
-class SlotRecord:
+class SlotState:
     """One slot as the driver knows it: its consumer, what the server showed, what this query
     holds of it (pin, unacked messages), and what the batch planned last made of it."""
 
@@ -55,10 +55,10 @@ class SlotRecord:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """The planner's answer: every record as planned, and what the next batch's slots may take
+    """The planner's answer: every slot's state as planned, and what the next batch's slots may take
     (empty: no batch with messages)."""
 
-    records: dict[str, SlotRecord]
+    states: dict[str, SlotState]
     slots: dict[str, SlotPlan]
 
 
@@ -90,10 +90,10 @@ def over_thresholds(options: SourceOptions, seen: ConsumerSeen) -> bool:
     )
 
 
-def small_capacity(options: SourceOptions, record: SlotRecord) -> str | None:
+def small_capacity(options: SourceOptions, state: SlotState) -> str | None:
     """Why each batch takes at most a few messages from a group consumer the source adopted (a
     Go member created it with a smaller max_ack_pending than the source's), or None."""
-    capacity, slot = (record.seen or ConsumerSeen()).max_ack_pending, record.slot
+    capacity, slot = (state.seen or ConsumerSeen()).max_ack_pending, state.slot
     if not slot.partitioned or capacity <= 0 or capacity >= options.max_ack_pending:
         return None
     return (
@@ -103,24 +103,24 @@ def small_capacity(options: SourceOptions, record: SlotRecord) -> str | None:
     )
 
 
-def plan_slot(options: SourceOptions, record: SlotRecord) -> tuple[str, SlotPlan | None]:
+def plan_slot(options: SourceOptions, state: SlotState) -> tuple[str, SlotPlan | None]:
     """The slot's status and what it may take in the next batch (None: nothing). What its
-    consumer shows ack-pending beyond `record.ours` is another client's, or redeliveries to
+    consumer shows ack-pending beyond `state.ours` is another client's, or redeliveries to
     come; of its capacity, what the slot's task acks before it pulls is free again."""
-    slot, seen, ours = record.slot, record.seen or ConsumerSeen(), record.ours
-    if slot.policy == "pinned_client" and seen.pinned and seen.pinned != record.own_pin:
+    slot, seen, ours = state.slot, state.seen or ConsumerSeen(), state.ours
+    if slot.policy == "pinned_client" and seen.pinned and seen.pinned != state.own_pin:
         return "standby", None
     if not over_thresholds(options, seen):
         return "below threshold", None
     others = max(seen.ack_pending - ours, 0)
-    if record.end_seq is not None:
-        if seen.delivered_seq >= record.end_seq:
+    if state.end_seq is not None:
+        if seen.delivered_seq >= state.end_seq:
             return "done", None
         others = 0  # redeliveries may come too late for this run
     work = seen.pending + others
     capacity = seen.max_ack_pending
     if capacity and capacity > 0:
-        work = min(work, capacity - ours + record.acked_first)
+        work = min(work, capacity - ours + state.acked_first)
     if options.max_messages_per_partition:
         work = min(work, options.max_messages_per_partition)
     work = -(-work // slot.readers)  # parallel readers of one consumer share its backlog
@@ -152,20 +152,20 @@ def apply_limit(plans: dict[str, SlotPlan], budget: int | None) -> dict[str, Slo
 
 def plan_batch(
     options: SourceOptions,
-    records: Mapping[str, SlotRecord],
+    states: Mapping[str, SlotState],
     max_rows: int | None,
     holds_back: Callable[[int], bool] | None,
 ) -> BatchPlan:
-    """What the readable slots may take in the next batch: each by its record, then held back
+    """What the readable slots may take in the next batch: each by its state, then held back
     while trigger pacing waits for more (`holds_back` of the total; None in an availableNow run,
     which must end), then shared out within the read limit (Spark's `max_rows` and the
     maxMessagesPerTrigger option, the lower). Records of slots not read keep their status."""
     statuses: dict[str, tuple[str, str | None]] = {}
     plans: dict[str, SlotPlan] = {}
-    for name, record in records.items():
-        if record.readable:
-            status, plan = plan_slot(options, record)
-            statuses[name] = status, small_capacity(options, record)
+    for name, state in states.items():
+        if state.readable:
+            status, plan = plan_slot(options, state)
+            statuses[name] = status, small_capacity(options, state)
             if plan is not None:
                 plans[name] = plan
     if holds_back is not None and holds_back(sum(p.limit for p in plans.values())):
@@ -174,12 +174,12 @@ def plan_batch(
     plans = apply_limit(plans, min(budgets, default=None))
     planned = {
         name: replace(
-            record,
-            status=statuses[name][0] if name in statuses else record.status,
-            warning=statuses[name][1] if name in statuses else record.warning,
+            state,
+            status=statuses[name][0] if name in statuses else state.status,
+            warning=statuses[name][1] if name in statuses else state.warning,
             planned=plans[name].limit if name in plans else 0,
         )
-        for name, record in records.items()
+        for name, state in states.items()
     }
     return BatchPlan(planned, plans)
 
@@ -201,7 +201,7 @@ def unacked_by_consumer(
     return sum(count for name, count in unacked if slots.get(name, slot).consumer == slot.consumer)
 
 
-def horizons(records: Iterable[SlotRecord], first_seqs: Mapping[str, int]) -> dict[str, Horizon]:
+def horizons(states: Iterable[SlotState], first_seqs: Mapping[str, int]) -> dict[str, Horizon]:
     """By slot: how far its consumer (its ack floor, durable consumers only) and its stream
     (`first_seqs` by stream) have moved."""
     return {
@@ -209,7 +209,7 @@ def horizons(records: Iterable[SlotRecord], first_seqs: Mapping[str, int]) -> di
             r.seen.ack_floor if r.seen is not None and r.slot.durable else 0,
             first_seqs.get(r.slot.stream, 0),
         )
-        for r in records
+        for r in states
     }
 
 
@@ -247,42 +247,42 @@ def plan_tasks(
 
 
 def siblings(
-    records: Mapping[str, SlotRecord], planned: Iterable[str], slot: Slot
+    states: Mapping[str, SlotState], planned: Iterable[str], slot: Slot
 ) -> tuple[str, ...]:
     """The other slots of a batch (`planned`) that pull from `slot`'s consumer."""
     return tuple(
         other
         for other in sorted(planned)
-        if other != slot.name and other in records and records[other].slot.consumer == slot.consumer
+        if other != slot.name and other in states and states[other].slot.consumer == slot.consumer
     )
 
 
-def slots_report(records: Iterable[SlotRecord]) -> dict[str, dict]:
+def slots_report(states: Iterable[SlotState]) -> dict[str, dict]:
     """By slot looked at: its consumer's numbers and status for progress, and the member that
     owns it where that is not the slot itself (a partition of the partition layout)."""
     report = {}
-    for record in sorted(records, key=lambda r: r.name):
-        if record.seen is None:
+    for state in sorted(states, key=lambda r: r.name):
+        if state.seen is None:
             continue
-        member = record.slot.member
-        report[record.name] = {
-            "pending": record.seen.pending,
-            "ackPending": record.seen.ack_pending,
-            "status": record.status,
-            **({"member": member} if member is not None and member != record.name else {}),
-            **({"warning": record.warning} if record.warning else {}),
+        member = state.slot.member
+        report[state.name] = {
+            "pending": state.seen.pending,
+            "ackPending": state.seen.ack_pending,
+            "status": state.status,
+            **({"member": member} if member is not None and member != state.name else {}),
+            **({"warning": state.warning} if state.warning else {}),
         }
     return report
 
 
-def lag_report(records: Iterable[SlotRecord]) -> dict[str, dict]:
+def lag_report(states: Iterable[SlotState]) -> dict[str, dict]:
     """By member and in total over the readable slots, each consumer counted once: `pending`
     (not delivered yet), `ackPending` (delivered, not acked) and `behindLatest` (neither acked
     nor taken by the batch planned last: what later batches still have to read)."""
-    consumers: dict[tuple[str, str], list[SlotRecord]] = {}
-    for record in sorted(records, key=lambda r: r.name):
-        if record.readable and record.seen is not None:
-            consumers.setdefault((record.slot.stream, record.slot.consumer), []).append(record)
+    consumers: dict[tuple[str, str], list[SlotState]] = {}
+    for state in sorted(states, key=lambda r: r.name):
+        if state.readable and state.seen is not None:
+            consumers.setdefault((state.slot.stream, state.slot.consumer), []).append(state)
     by_member: dict[str, dict[str, int]] = {}
     for readers in consumers.values():
         first = readers[0]

@@ -28,8 +28,8 @@ from nats_spark.jetstream.acks import (
     SHORT_ACK_WAIT,
     InProgressKeeper,
 )
+from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.driver_ledger import DriverLedger
-from nats_spark.spark.group_source.ledger import EntryState
 
 _LOOKS = 12  # looks per ack wait
 _LEFT = 1 / 3  # of the ack wait, what an entry's wait keeps at least at every look
@@ -62,18 +62,18 @@ class SealedKeeper(InProgressKeeper):
         started: dict[tuple[int, str], float] = {}
         self.restarting, commands, count = [], list[bytes](), 0
         for key, entry in list(self.ledger.entries.items()):
-            if entry.head is not None and entry.head.state is EntryState.ACKED:
+            if protocol.known_acked(entry.head):
                 continue
-            found = await ledger.read_head(*key)
-            if found is None or found[0].state is not EntryState.SEALED or not found[0].count:
+            found = await protocol.read_head(ledger, *key)
+            if found is None or not protocol.awaits_acks(found[0]):
                 continue
             started[key] = self.started.get(key, sealed_since)
             left_at_next_look = started[key] + self.wait - (now + self.wait / _LOOKS)
             if left_at_next_look < self.left:
                 self.restarting.append(key)
-                recorded = await ledger.read_recorded(found[0])
-                commands += recorded.ack_commands(IN_PROGRESS)
-                count += len(recorded)
+                deliveries = await protocol.read_deliveries(ledger, found[0])
+                commands += deliveries.ack_commands(IN_PROGRESS)
+                count += len(deliveries)
         self.started, self.looked = started, now
         return commands, count
 

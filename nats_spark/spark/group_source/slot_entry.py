@@ -17,16 +17,11 @@ from nats_spark import clock
 from nats_spark.arrays import int_array
 from nats_spark.client import NatsClient
 from nats_spark.jetstream.acks import ack_prefix
+from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.columns import SlotColumns
-from nats_spark.spark.group_source.ledger import (
-    LEDGER_FORMAT,
-    EntryHead,
-    EntryState,
-    Ledger,
-    LedgerConflict,
-    read_pointer,
-)
-from nats_spark.spark.group_source.recorded import Recorded
+from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
+from nats_spark.spark.group_source.ledger import LEDGER_FORMAT, Ledger
+from nats_spark.spark.group_source.ledger_protocol import EntryHead, LedgerConflict
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 
 log = logging.getLogger(__name__)
@@ -35,52 +30,50 @@ log = logging.getLogger(__name__)
 class SlotEntry:
     def __init__(self, client: NatsClient, partition: SlotPartition) -> None:
         self.client = client
-        self.p = partition
+        self.partition = partition
         self.head = EntryHead()
         self.revision = 0
-        self.replay = Recorded()  # what an earlier attempt recorded, to emit again
+        self.replay = EntryDeliveries()  # what an earlier attempt recorded, to emit again
         self.taken: set[int] = set()  # stream sequences recorded (or replayed) by this slot
         self.fixed = False  # found sealed: exactly `replay`, nothing more
         self.ledger: Ledger | None = None
 
     async def open_ledger(self) -> Ledger:
         if self.ledger is None:
-            kv = await Ledger.bucket(self.client, self.p.ledger_bucket, create=False)
-            self.ledger = Ledger(kv, self.p.lineage)
+            kv = await Ledger.bucket(self.client, self.partition.ledger_bucket, create=False)
+            self.ledger = Ledger(kv, self.partition.lineage)
         return self.ledger
 
     async def claim(self) -> None:
         """Create the entry, take over an open one, or find it sealed."""
         ledger = await self.open_ledger()
+        gen, slot = self.partition.gen, self.partition.slot
         while True:
-            found = await ledger.read_head(self.p.gen, self.p.slot)
+            found = await protocol.read_head(ledger, gen, slot)
             if found is None:
-                revision = await ledger.create_head(self.p.gen, self.p.slot, self.head)
+                revision = await protocol.create(ledger, gen, slot, self.head)
                 if revision is not None:
-                    await self._not_settled(ledger)
+                    await protocol.fence(ledger, self.partition.pointer_key, gen, slot)
                     self.revision = revision
-                    self.head.pin = self.p.pin_id
+                    self.head.pin = self.partition.pin_id
                     return
                 continue  # another attempt created it first: read it
             previous, revision = found
-            self.replay = await ledger.read_recorded(previous)
+            self.replay = await protocol.read_deliveries(ledger, previous)
             self.taken = set(self.replay.stream_seq)
-            if previous.state is not EntryState.OPEN:
+            if protocol.content_fixed(previous):
                 self.fixed = True
                 self.head = previous
                 return
             # An earlier attempt died mid-way: adopt what it took, then go on pulling.
-            self.head = EntryHead(
-                chunks=previous.chunks,
-                count=previous.count,
-                max_seq=previous.max_seq,
-                pin=previous.pin or self.p.pin_id,
-                prefix=previous.prefix,
-                format=previous.format,
-            )
-            self.revision = await ledger.update_head(self.p.gen, self.p.slot, self.head, revision)
+            self.head = protocol.take_over(previous, self.partition.pin_id)
+            try:
+                self.revision = await protocol.write_head(ledger, gen, slot, self.head, revision)
+            except LedgerConflict:
+                continue  # the attempt it takes over wrote meanwhile (a zombie): read it again
             # The attempt that died may have recorded without looking at its siblings' records.
-            twice = await self.drop_taken_twice(set(self.taken)) if self.p.siblings else set()
+            siblings = self.partition.siblings
+            twice = await self.drop_taken_twice(set(self.taken)) if siblings else set()
             if twice or previous.format != LEDGER_FORMAT:
                 # Rewritten under this attempt (an older format is migrated: chunks of one
                 # entry share a format); the old chunks go when the entry is removed.
@@ -91,27 +84,10 @@ class SlotEntry:
                 await self._write([], self.replay, self.head.pin)
             return
 
-    async def _not_settled(self, ledger: Ledger) -> None:
-        """Fail when the entry just created is of a batch whose entries were settled: this
-        attempt outlived its committed batch (the driver fences before it removes, so a create
-        after the removal finds the fence); what it took would be acked as committed."""
-        pointer = await read_pointer(ledger.kv, self.p.pointer_key)
-        if pointer and pointer.lineage == self.p.lineage and pointer.settled >= self.p.gen:
-            await ledger.delete_entry(self.p.gen, self.p.slot)
-            raise LedgerConflict(
-                f"ledger entry {ledger.head_key(self.p.gen, self.p.slot)}: its batch was "
-                "committed and settled; this task attempt outlived it"
-            )
-
-    async def sibling_records(self) -> set[int]:
+    async def recorded_by_siblings(self) -> set[int]:
         """Every stream sequence the sibling slots have recorded in this batch, read now."""
         assert self.ledger is not None
-        recorded: set[int] = set()
-        for sibling in self.p.siblings:
-            found = await self.ledger.read_head(self.p.gen, sibling)
-            if found is not None:
-                recorded.update((await self.ledger.read_recorded(found[0])).stream_seq)
-        return recorded
+        return await protocol.recorded_in(self.ledger, self.partition.gen, self.partition.siblings)
 
     async def drop_taken_twice(self, at_risk: set[int]) -> set[int]:
         """Of `at_risk`, just recorded by this slot, what a sibling recorded too; both drop it
@@ -120,12 +96,13 @@ class SlotEntry:
         recorder always sees the other's record."""
         if not at_risk:
             return set()
-        twice = at_risk & await self.sibling_records()
+        twice = at_risk & await self.recorded_by_siblings()
         if twice:
             log.warning(
                 "slot %s: %d messages were also taken by a sibling slot after their ack wait ran "
-                "out; neither emits them, they are read again",
-                self.p.slot,
+                "out; this slot drops them (the sibling emits them, or drops them too and they "
+                "are read again)",
+                self.partition.slot,
                 len(twice),
             )
         return twice
@@ -139,7 +116,7 @@ class SlotEntry:
         when it last started over) is checked against the siblings' records and dropped if
         found."""
         chunks = self.head.chunks
-        taken = Recorded(
+        taken = EntryDeliveries(
             ack_prefix(replies[0]),
             list(columns.stream_seq),
             list(columns.consumer_seq),
@@ -147,11 +124,11 @@ class SlotEntry:
         )
         await self._write(chunks, taken, pin)
         rows = columns.record_batch()
-        if not self.p.siblings:
+        if not self.partition.siblings:
             return rows, set()
         # A renewal covers the rows only if it came after they were taken.
         since = renewed if renewed >= columns.last_taken else columns.requested
-        late = clock.monotonic() - since > self.p.ack_wait / 2
+        late = clock.monotonic() - since > self.partition.ack_wait / 2
         at_risk = {
             seq
             for seq, delivered in zip(columns.stream_seq, columns.delivered, strict=True)
@@ -166,25 +143,15 @@ class SlotEntry:
         self.taken -= twice
         return rows.take(kept), twice
 
-    async def _write(self, chunks: list[str], taken: Recorded, pin: str | None) -> None:
-        """Store `taken` as the chunks that follow `chunks` and update the head."""
+    async def _write(self, chunks: list[str], taken: EntryDeliveries, pin: str | None) -> None:
+        """Record `taken` as the chunks that follow `chunks`."""
         assert self.ledger is not None
-        self.head.chunks = chunks
-        if taken.prefix:
-            self.head.prefix = taken.prefix.decode()
-        keys = await self.ledger.write_chunk(self.p.gen, self.p.slot, self.head, taken)
-        self.head.chunks = [*chunks, *keys]
-        self.head.count += len(taken)
-        self.head.max_seq = max(self.head.max_seq, max(taken.stream_seq, default=0))
-        self.head.pin = pin
-        self.revision = await self.ledger.update_head(
-            self.p.gen, self.p.slot, self.head, self.revision
+        gen, slot = self.partition.gen, self.partition.slot
+        self.revision = await protocol.record(
+            self.ledger, gen, slot, self.head, self.revision, chunks, taken, pin
         )
 
     async def seal(self) -> None:
         assert self.ledger is not None
-        if self.head.state is EntryState.OPEN:
-            self.head.state = EntryState.SEALED
-            self.revision = await self.ledger.update_head(
-                self.p.gen, self.p.slot, self.head, self.revision
-            )
+        gen, slot = self.partition.gen, self.partition.slot
+        self.revision = await protocol.seal(self.ledger, gen, slot, self.head, self.revision)

@@ -18,10 +18,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 
 from nats_spark.client import NatsClient
-from nats_spark.errors import PERMISSIONS_DOC, ConfigurationError
-from nats_spark.jetstream.acks import send_acks
-from nats_spark.spark.group_source.ledger import EntryState, Ledger, LedgerConflict
-from nats_spark.spark.group_source.recorded import Recorded
+from nats_spark.spark.group_source import ledger_protocol as protocol
+from nats_spark.spark.group_source.ledger import Ledger
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 
 log = logging.getLogger(__name__)
@@ -47,61 +45,24 @@ class _SeenEntries:
 _seen = _SeenEntries()
 
 
-def refused_acks(client: NatsClient, before: int, stream: str) -> None:
-    """Fail when the server refused acks published since `client.denied` had `before` entries:
-    marking their entries acked would hide messages that stay pending for good."""
-    refused = [e for e in client.denied[before:] if "$js.ack" in e.lower()]
-    if refused:
-        raise ConfigurationError(
-            f"the server refused the acks of committed batches ({refused[0]}); allow the "
-            f"user to publish to $JS.ACK.{stream}.> ({PERMISSIONS_DOC})"
-        )
-
-
-async def ack_entry(client: NatsClient, ledger: Ledger, gen: int, slot: str, stream: str) -> int:
-    """Ack the sealed entry (gen, slot) of a committed batch and mark it acked; returns how many
-    messages it acked (0: missing, open, or acked already)."""
-    found = await ledger.read_head(gen, slot)
-    if found is None:
-        return 0
-    head, revision = found
-    if head.state is EntryState.OPEN:
-        log.warning(
-            "ledger entry %s of a committed batch is not sealed; not acked",
-            ledger.head_key(gen, slot),
-        )
-        return 0
-    if head.state is EntryState.ACKED:
-        return 0
-    deliveries = await ledger.read_recorded(head)
-    before = len(client.denied)
-    count = await send_acks(client.nc, deliveries.ack_commands(), len(deliveries))
-    refused_acks(client, before, stream)
-    head.state = EntryState.ACKED
-    try:
-        await ledger.update_head(gen, slot, head, revision)
-    except LedgerConflict:
-        # Another attempt (or the driver at stop) marked it first: it can only have acked it.
-        log.debug("ledger entry %s was marked acked by another attempt", ledger.head_key(gen, slot))
-    _seen.put((ledger.kv.name, ledger.lineage, gen, slot), tuple(deliveries.stream_seq))
-    return count
-
-
 class SlotHistory:
     """The committed batches before a slot's batch, as its task sees them."""
 
     def __init__(self, client: NatsClient, ledger: Ledger, partition: SlotPartition) -> None:
         self.client = client
         self.ledger = ledger
-        self.p = partition
+        self.partition = partition
 
     async def ack_committed(self) -> int:
         """Ack this slot's committed entries that are not acked yet; returns the count."""
-        count = 0
-        for gen in self.p.committed:
-            count += await ack_entry(self.client, self.ledger, gen, self.p.slot, self.p.stream)
+        count, slot, stream = 0, self.partition.slot, self.partition.stream
+        for gen in self.partition.committed:
+            acked = await protocol.ack(self.client, self.ledger, gen, slot, stream)
+            if acked is not None:
+                _seen.put(self._key(gen, slot), tuple(acked.stream_seq))
+                count += len(acked)
         if count:
-            log.info("slot %s acked %d messages of committed batches", self.p.slot, count)
+            log.info("slot %s acked %d messages of committed batches", self.partition.slot, count)
         return count
 
     async def dedupe(self) -> set[int]:
@@ -113,18 +74,19 @@ class SlotHistory:
         return seqs
 
     def _named(self) -> Iterator[tuple[int, str]]:
-        for slot, first, last in self.p.dedupe:
+        for slot, first, last in self.partition.dedupe:
             for gen in range(first, last + 1):
                 yield gen, slot
 
     async def _seqs(self, gen: int, slot: str) -> tuple[int, ...]:
-        key = (self.ledger.kv.name, self.ledger.lineage, gen, slot)
+        key = self._key(gen, slot)
         seqs = _seen.get(key)
         if seqs is None:
-            found = await self.ledger.read_head(gen, slot)
-            if found is not None and found[0].state is EntryState.OPEN:
-                return ()  # not of a committed batch: it emitted nothing (read again if named)
-            content = Recorded() if found is None else await self.ledger.read_recorded(found[0])
-            seqs = tuple(content.stream_seq)
+            seqs = await protocol.emitted(self.ledger, gen, slot)
+            if seqs is None:
+                return ()  # open: it emitted nothing yet (read again if named)
             _seen.put(key, seqs)
         return seqs
+
+    def _key(self, gen: int, slot: str) -> tuple[str, str, int, str]:
+        return self.ledger.kv.name, self.ledger.lineage, gen, slot

@@ -52,20 +52,20 @@ from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_group_consumer, memb
 from nats_spark.pcg.partitioning import elastic_stream_name
 from nats_spark.pcg.store import load_group
 from nats_spark.server import EmbeddedServer
-from nats_spark.spark.group_source import driver_ledger
-from nats_spark.spark.group_source.ledger import (
+from nats_spark.spark.group_source import ledger_protocol
+from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
+from nats_spark.spark.group_source.ledger import Ledger, pointer_key, read_pointer
+from nats_spark.spark.group_source.ledger_protocol import (
     EntryState,
-    Ledger,
     LedgerConflict,
-    pointer_key,
-    read_pointer,
+    ack,
+    read_deliveries,
+    read_head,
 )
 from nats_spark.spark.group_source.offset_reader import OffsetReader
 from nats_spark.spark.group_source.offsets import SourceOffset
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.partition_reader import SlotReader, read_slot
-from nats_spark.spark.group_source.recorded import Recorded
-from nats_spark.spark.group_source.slot_history import ack_entry
 
 pytestmark = pytest.mark.spark
 
@@ -168,7 +168,7 @@ def test_acks_lost_in_a_server_crash_are_not_emitted_again(server, own, unique, 
     floor passed it: kill -9 the server right when the floor passes, and the messages the crash
     un-acks come back; they must be acked and dropped, not emitted a second time. Later, the entry
     is forgotten (the ledger does not grow for good)."""
-    monkeypatch.setattr(driver_ledger, "SETTLE_SECONDS", 4.0)
+    monkeypatch.setattr(ledger_protocol, "SETTLE_SECONDS", 4.0)
     stream = f"SC{unique}"
     static_group(own, stream, "g", ["m1"], partitions=1)  # one consumer: rows in stream order
     options = {"servers": server.url, "stream": stream, "group": "g", "ackWait": "1s"}
@@ -220,7 +220,7 @@ def test_ledger_bucket_stays_flat_over_many_batches(server, own, unique, monkeyp
     and subjects after batch 30 as after batch 10 (no purge markers), and what it holds then (the
     pointer, the entries of the last batch and of the one before, not settled yet) takes under 4
     bytes per message of those two batches."""
-    monkeypatch.setattr(driver_ledger, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(ledger_protocol, "SETTLE_SECONDS", 0.0)
     stream, bucket = f"FL{unique}", f"L{unique}"
     static_group(own, stream, "g", ["m1", "m2"], partitions=2)
     options = {"servers": server.url, "stream": stream, "group": "g", "ledgerBucket": bucket}
@@ -383,13 +383,13 @@ def test_sibling_stalled_past_the_ack_wait_emits_nothing_twice(client, settings,
         await stalled.begin()
         await other.begin()
         ledger = stalled.entry.ledger
-        write = ledger.write_chunk
+        write = ledger.write_chunks
 
         async def write_late(*args: Any) -> list[str]:
             await asyncio.sleep(1.8)  # frozen between receiving and recording
             return await write(*args)
 
-        ledger.write_chunk = write_late  # type: ignore[method-assign]
+        ledger.write_chunks = write_late  # type: ignore[method-assign]
         stalled.keeper.run = lambda done: done.wait()  # type: ignore[method-assign]
         late = asyncio.ensure_future(rows_of(stalled.pull_record_batches()))
         await asyncio.sleep(1.3)  # the stalled slot's deliveries are due again
@@ -399,7 +399,7 @@ def test_sibling_stalled_past_the_ack_wait_emits_nothing_twice(client, settings,
     stalled_rows, other_rows = run_sync(scenario())
     assert other_rows == list(range(1, 11)), other_rows
     assert stalled_rows == [], f"emitted twice: {sorted(set(stalled_rows) & set(other_rows))}"
-    heads = [run_sync(slot.ledger.read_head(1, name))[0] for name in ("m1", "m1#1")]
+    heads = [run_sync(read_head(slot.ledger, 1, name))[0] for name in ("m1", "m1#1")]
     assert [h.count for h in heads] == [0, 10], "a message stays recorded by both slots"
 
 
@@ -413,11 +413,11 @@ def test_zombie_and_its_retry_both_ack_the_committed_batch(client, settings, uni
     assert slot.info()["num_ack_pending"] == 10
 
     async def both_ack() -> list[int]:
-        acks = [ack_entry(client.target, slot.ledger, 1, "m1", slot.stream) for _ in range(2)]
-        return await asyncio.gather(*acks)
+        acks = [ack(client.target, slot.ledger, 1, "m1", slot.stream) for _ in range(2)]
+        return [len(acked or ()) for acked in await asyncio.gather(*acks)]
 
     assert sum(run_sync(both_ack())) in (10, 20)  # one may find it marked already
-    assert run_sync(slot.ledger.read_head(1, "m1"))[0].state is EntryState.ACKED
+    assert run_sync(read_head(slot.ledger, 1, "m1"))[0].state is EntryState.ACKED
     assert slot.info()["num_ack_pending"] == 0, "the committed batch was not acked"
     publish(client, slot.stream, 5, start=10)
     batch_2 = slot.partition(2, limit=5, committed=(1,), dedupe=(("m1", 1, 1),))
@@ -511,8 +511,8 @@ def test_format_one_entries_are_replayed_acked_and_migrated(client, settings, un
     slot = Slot(client, settings, unique)
     publish(client, slot.stream, 10)
     assert seqs_of(read_slot(slot.partition(1, limit=10))) == list(range(1, 11))
-    head, _ = run_sync(slot.ledger.read_head(1, "m1"))
-    recorded = run_sync(slot.ledger.read_recorded(head))
+    head, _ = run_sync(read_head(slot.ledger, 1, "m1"))
+    recorded = run_sync(read_deliveries(slot.ledger, head))
     replies = [
         b"%b.%d.%d.%d.1700000000000000000.%d" % (recorded.prefix, d, s, c, 10 - s)
         for d, s, c in zip(
@@ -540,9 +540,9 @@ def test_format_one_entries_are_replayed_acked_and_migrated(client, settings, un
     # batch 2's open format-1 entry: its 4 come back as recorded, then new messages are pulled
     rows = seqs_of(read_slot(slot.partition(2, limit=7, committed=(1,), dedupe=(("m1", 1, 1),))))
     assert rows == [7, 8, 9, 10, 11, 12, 13]
-    migrated, _ = run_sync(slot.ledger.read_head(2, "m1"))
+    migrated, _ = run_sync(read_head(slot.ledger, 2, "m1"))
     assert migrated.format == 2 and migrated.state is EntryState.SEALED and migrated.count == 7
-    assert run_sync(slot.ledger.read_head(1, "m1"))[0].state is EntryState.ACKED
+    assert run_sync(read_head(slot.ledger, 1, "m1"))[0].state is EntryState.ACKED
     assert slot.info()["num_ack_pending"] == 7, "batch 1's format-1 entry was not acked"
     slot.ack(2)
     wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
@@ -813,11 +813,11 @@ def test_driver_killed_at_fixed_points(client, nats_url, unique, tmp_path):
         pointer = run_sync(read_pointer(kv, pointer_key(stream, "g")))
         ledger = Ledger(kv, pointer.lineage)
         for gen, slot in run_sync(ledger.heads()):
-            head, _ = run_sync(ledger.read_head(gen, slot))
+            head, _ = run_sync(read_head(ledger, gen, slot))
             assert head.state is EntryState.SEALED, (gen, slot, head.state)
-            every = run_sync(ledger.read_recorded(head))
+            every = run_sync(read_deliveries(ledger, head))
             seqs, consumer_seqs, counts = every.stream_seq, every.consumer_seq, every.delivered
-            half = Recorded(every.prefix, seqs[::2], consumer_seqs[::2], counts[::2])
+            half = EntryDeliveries(every.prefix, seqs[::2], consumer_seqs[::2], counts[::2])
             run_sync(send_acks(client.nc, half.ack_commands(), len(half)))
         publish_more(100)
 
@@ -844,8 +844,8 @@ def ledger_story(kv: Any, checkpoint: Path, pointer_lineage: str, files: dict[st
     for lineage in sorted(lineages):
         ledger = Ledger(kv, lineage)
         for gen, slot in sorted(run_sync(ledger.heads())):
-            head, _ = run_sync(ledger.read_head(gen, slot))
-            seqs = sorted(run_sync(ledger.read_recorded(head)).stream_seq)
+            head, _ = run_sync(read_head(ledger, gen, slot))
+            seqs = sorted(run_sync(read_deliveries(ledger, head)).stream_seq)
             lines.append(f"{lineage} gen {gen} {slot}: {head.state} {len(seqs)} {seqs[:3]}..")
     for name, text in sorted(files.items()):
         rows = json.loads(text)

@@ -12,15 +12,13 @@ from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.acks import ACK, IN_PROGRESS, ack_commands, ack_prefix
 from nats_spark.spark.group_source.driver_ledger import DriverEntry, DriverLedger
-from nats_spark.spark.group_source.ledger import (
-    LEDGER_FORMAT,
-    EntryHead,
-    EntryState,
+from nats_spark.spark.group_source.entry_deliveries import (
+    EntryDeliveries,
     decode_chunk,
-    key_token,
-    name_of,
+    encode_chunk,
 )
-from nats_spark.spark.group_source.recorded import Recorded, decode_recorded, encode_recorded
+from nats_spark.spark.group_source.ledger import LEDGER_FORMAT, key_token, name_of
+from nats_spark.spark.group_source.ledger_protocol import EntryHead, EntryState, chunk_deliveries
 from nats_spark.spark.group_source.slot_partition import UNBOUNDED, SlotPartition
 
 pytestmark = pytest.mark.unit
@@ -64,21 +62,21 @@ def replies(prefix: bytes, seqs: list[int], delivered: int = 1) -> list[bytes]:
     ids=["empty", "one", "in-order", "gaps-and-back"],
 )
 def test_deliveries_round_trip(seqs):
-    taken = Recorded.from_replies(replies(V1, seqs, delivered=3))
-    found = decode_recorded(encode_recorded(taken), V1)
-    assert found == (taken if seqs else Recorded(V1))
+    taken = EntryDeliveries.from_replies(replies(V1, seqs, delivered=3))
+    found = decode_chunk(encode_chunk(taken), V1)
+    assert found == (taken if seqs else EntryDeliveries(V1))
 
 
 def test_in_order_deliveries_take_under_a_byte_each():
     # the bound is 4 B per message in the bucket, heads and KV overhead included
-    taken = Recorded.from_replies(replies(V1, list(range(1, 4097))))
-    assert len(encode_recorded(taken)) < 4096 // 20
+    taken = EntryDeliveries.from_replies(replies(V1, list(range(1, 4097))))
+    assert len(encode_chunk(taken)) < 4096 // 20
 
 
 def test_format_one_chunk_is_read_as_deliveries():
     old = replies(V1, [5, 6, 9])
     head = EntryHead(EntryState.SEALED, "a1", ["c"], 3, 9, format=1)
-    found = decode_chunk(format_one_chunk(old), head)
+    found = chunk_deliveries(format_one_chunk(old), head)
     assert found.stream_seq == [5, 6, 9] and found.consumer_seq == [-4, -3, 0]
     assert found.prefix == V1
 
@@ -87,7 +85,7 @@ def test_format_one_chunk_is_read_as_deliveries():
 def test_rebuilt_ack_subjects_name_the_same_delivery(prefix):
     sent = replies(prefix, [5, 6, 9], delivered=2)
     assert ack_prefix(sent[0]) == prefix
-    commands = b"".join(Recorded.from_replies(sent).ack_commands()).split(b"\r\n")
+    commands = b"".join(EntryDeliveries.from_replies(sent).ack_commands()).split(b"\r\n")
     assert commands[1::2] == [b"+ACK"] * 3
     rebuilt = [command.split(b" ")[1] for command in commands[0::2] if command]
     assert len(rebuilt[0].split(b".")) == len(sent[0].split(b"."))  # 9 or 11 tokens
@@ -104,9 +102,9 @@ def test_rebuilt_ack_subjects_name_the_same_delivery(prefix):
 
 @pytest.mark.parametrize("count", [0, 1, 4096])
 def test_chunk_round_trip(count):
-    taken = Recorded.from_replies(replies(V2, list(range(1, count + 1))))
+    taken = EntryDeliveries.from_replies(replies(V2, list(range(1, count + 1))))
     head = EntryHead(prefix=V2.decode())
-    assert decode_chunk(encode_recorded(taken), head) == (taken if count else Recorded(V2))
+    assert chunk_deliveries(encode_chunk(taken), head) == (taken if count else EntryDeliveries(V2))
 
 
 @pytest.mark.parametrize("name", ["m1", "a-b_c=", "_hidden", "dots.in.name", "ünï", "x y"])
@@ -187,7 +185,7 @@ def test_dedupe_spans_and_their_highest_sequence():
 
 @pytest.mark.parametrize("kind", [ACK, IN_PROGRESS])
 def test_rebuilt_commands_match_the_commands_of_the_subjects_in_blocks(kind):
-    recorded = Recorded(V2, [5, 6, 9, 10, 2**40], [1, 2, 3, 4, 5], [1, 1, 2, 1, 7])
+    recorded = EntryDeliveries(V2, [5, 6, 9, 10, 2**40], [1, 2, 3, 4, 5], [1, 1, 2, 1, 7])
     subjects = [
         b"%b.%d.%d.%d.0.0" % (V2, *numbers)
         for numbers in zip(
@@ -196,4 +194,4 @@ def test_rebuilt_commands_match_the_commands_of_the_subjects_in_blocks(kind):
     ]
     assert recorded.ack_commands(kind, block=2) == ack_commands(subjects, kind, block=2)
     assert len(recorded.ack_commands(kind, block=2)) == 3
-    assert Recorded(V1).ack_commands(kind) == []
+    assert EntryDeliveries(V1).ack_commands(kind) == []

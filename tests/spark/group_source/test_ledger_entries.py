@@ -18,16 +18,16 @@ from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream import acks
 from nats_spark.loop import run_sync
-from nats_spark.spark.group_source import driver_ledger, slot_history
+from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.columns import SlotColumns
-from nats_spark.spark.group_source.driver_ledger import DriverLedger, Horizon
-from nats_spark.spark.group_source.ledger import (
+from nats_spark.spark.group_source.driver_ledger import DriverLedger
+from nats_spark.spark.group_source.ledger import Ledger, Pointer, read_pointer, write_pointer
+from nats_spark.spark.group_source.ledger_protocol import (
     EntryState,
-    Ledger,
+    Horizon,
     LedgerConflict,
-    Pointer,
-    read_pointer,
-    write_pointer,
+    read_deliveries,
+    read_head,
 )
 from nats_spark.spark.group_source.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.sealed_keeper import SealedKeeper
@@ -86,20 +86,26 @@ def claimed(kv: MemoryBucket, p: SlotPartition) -> SlotEntry:
 def take(entry: SlotEntry, seqs: list[int], delivered: int = 1) -> tuple[list[int], set[int]]:
     """Record deliveries of `seqs` (stream and consumer sequence alike); returns the stream
     sequences of the rows handed out and what was dropped."""
-    columns = SlotColumns("S", entry.p.member, False, False)
+    return run_sync(recording(entry, seqs, delivered))
+
+
+async def recording(
+    entry: SlotEntry, seqs: list[int], delivered: int
+) -> tuple[list[int], set[int]]:
+    columns = SlotColumns("S", entry.partition.member, False, False)
     for seq in seqs:
         columns.add(b"S.k", b"%d" % seq, None, delivered, seq, seq, 0)
     replies = [b"%b.%d.%d.%d.0.0" % (PREFIX, delivered, seq, seq) for seq in seqs]
-    rows, dropped = run_sync(entry.record(columns, replies, entry.head.pin, time.monotonic()))
+    rows, dropped = await entry.record(columns, replies, entry.head.pin, time.monotonic())
     return rows.column("stream_seq").to_pylist(), dropped
 
 
 def stored(kv: MemoryBucket, lineage: str, gen: int, slot: str = "m1") -> tuple[Any, list[int]]:
     """The head of entry (gen, slot) and the stream sequences it holds, read back."""
     ledger = Ledger(kv, lineage)
-    found = run_sync(ledger.read_head(gen, slot))
+    found = run_sync(read_head(ledger, gen, slot))
     assert found is not None
-    return found[0], run_sync(ledger.read_recorded(found[0])).stream_seq
+    return found[0], run_sync(read_deliveries(ledger, found[0])).stream_seq
 
 
 def sealed(kv: MemoryBucket, lineage: str, gen: int, seqs: list[int], slot: str = "m1") -> None:
@@ -149,6 +155,31 @@ def test_a_retry_takes_an_open_entry_over_and_the_zombie_is_fenced(
     assert (head.state, seqs) == (EntryState.SEALED, [1, 2, 3])
 
 
+def test_a_retry_reads_again_when_the_zombie_records_while_it_takes_over(
+    kv: MemoryBucket, lineage: str
+) -> None:
+    """The zombie records once more between the retry's read of the open entry and its
+    compare-and-set: the retry reads the entry again and takes it over with that record too,
+    rather than fail (a zombie that kept recording could fail every attempt of its task)."""
+    zombie = claimed(kv, input_partition(lineage))
+    take(zombie, [1, 2])
+    retry = attempt(kv, input_partition(lineage))
+    update = kv.update
+
+    async def zombie_records_first(key: str, value: bytes, last: int) -> int:
+        kv.update = update  # type: ignore[method-assign]
+        await recording(zombie, [3], 1)
+        return await update(key, value, last)
+
+    kv.update = zombie_records_first  # type: ignore[method-assign]
+    run_sync(retry.claim())
+    assert retry.replay.stream_seq == [1, 2, 3] and retry.head.attempt != zombie.head.attempt
+    with pytest.raises(LedgerConflict):
+        take(zombie, [4])
+    take(retry, [5])
+    assert stored(kv, lineage, 1)[1] == [1, 2, 3, 5]
+
+
 def test_a_first_attempt_that_loses_the_create_takes_the_winner_over(
     kv: MemoryBucket, lineage: str
 ) -> None:
@@ -161,13 +192,17 @@ def test_a_first_attempt_that_loses_the_create_takes_the_winner_over(
     assert stored(kv, lineage, 1)[1] == [2]
 
 
-def test_siblings_never_both_emit_a_redelivered_message(kv: MemoryBucket, lineage: str) -> None:
+def test_siblings_never_both_emit_a_redelivered_message(
+    kv: MemoryBucket, lineage: str, caplog: pytest.LogCaptureFixture
+) -> None:
     a = claimed(kv, input_partition(lineage, slot="c#0", siblings=("c#1",)))
     b = claimed(kv, input_partition(lineage, slot="c#1", siblings=("c#0",)))
     take(a, [1, 2, 3])
     rows, dropped = take(b, [3, 4], delivered=2)  # 3 came back to b after a took it
     assert (rows, dropped) == ([4], {3})
     assert stored(kv, lineage, 1, "c#1")[1] == [4]
+    assert stored(kv, lineage, 1, "c#0")[1] == [1, 2, 3]  # a emitted 3: the warning says so
+    assert "this slot drops them (the sibling emits them" in caplog.text
 
 
 # SlotHistory
@@ -198,7 +233,7 @@ def test_refused_acks_fail_and_stay_due(
         client.denied.append('Permissions Violation for Publish to "$JS.ACK.S.c1.1.1.1.0.0"')
         return count
 
-    monkeypatch.setattr(slot_history, "send_acks", refused)
+    monkeypatch.setattr(ledger_protocol, "send_acks", refused)
     sealed(kv, lineage, 1, [1])
     history = SlotHistory(client, Ledger(kv, lineage), input_partition(lineage, 2, committed=(1,)))
     with pytest.raises(ConfigurationError, match=r"allow the user to publish to \$JS.ACK.S.>"):
@@ -323,12 +358,12 @@ def test_settled_entries_are_removed_and_leave_nothing(
     horizons = {"m1": Horizon(ack_floor=3, first_seq=1), "m2": Horizon(0, 1)}
     run_sync(ledger.settle(horizons, committed=2))
     assert sorted(ledger.entries) == [(1, "m1"), (3, "m1"), (3, "m2")]
-    now[0] += driver_ledger.SETTLE_SECONDS - 1
+    now[0] += ledger_protocol.SETTLE_SECONDS - 1
     run_sync(ledger.settle({**horizons, "m1": Horizon(2, 1)}, committed=2))  # floor fell back
     now[0] += 1
     run_sync(ledger.settle(horizons, committed=2))
     assert (1, "m1") in ledger.entries  # the floor must hold for a while from its last rise
-    now[0] += driver_ledger.SETTLE_SECONDS
+    now[0] += ledger_protocol.SETTLE_SECONDS
     run_sync(ledger.settle(horizons, committed=2))
     assert sorted(ledger.entries) == [(3, "m1"), (3, "m2")]
     assert not [key for key in kv.values if key.startswith((f"{lineage}.1.", f"{lineage}.2."))]

@@ -16,6 +16,7 @@ from nats.js.errors import NoKeysError
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source.columns import SlotColumns
+from nats_spark.spark.group_source.ledger_protocol import read_head
 from nats_spark.spark.group_source.offset_reader import OffsetReader
 from nats_spark.spark.group_source.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.options import parse_options
@@ -228,7 +229,7 @@ def test_spark_40_restart_acks_nothing_of_the_logged_uncommitted_batch(
     run_sync(restarted.close())  # the query stops: it may ack batch 1, never batch 2
     acked = {int(subject.split(b".")[5]) for subject in published_acks}
     assert acked <= set(range(1, 11)), f"acked before commit: {sorted(acked - set(range(1, 11)))}"
-    head = run_sync(restarted.ledger.ledger.read_head(2, "partition-0"))  # type: ignore[union-attr]
+    head = run_sync(read_head(restarted.ledger.ledger, 2, "partition-0"))  # type: ignore[union-attr]
     assert head is not None and head[0].state.value == "sealed"
 
 

@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from nats_spark.spark.group_source.driver_ledger import Horizon
+from nats_spark.spark.group_source.ledger_protocol import Horizon
 from nats_spark.spark.group_source.offsets import SlotPlan
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.planner import (
     ConsumerSeen,
-    SlotRecord,
+    SlotState,
     SlotTask,
     advances,
     apply_limit,
@@ -36,12 +36,12 @@ OPTIONS = parse_options({"servers": "nats://127.0.0.1:1", "stream": "S", "group"
 SLOT = Slot("partition-0", "S", "g-partition-0", "pcg", "pinned_client", "m1", True)
 
 
-def record(slot: Slot = SLOT, **seen: object) -> SlotRecord:
-    """`slot`'s record after a look at its consumer that showed `seen`."""
-    return SlotRecord(slot, ConsumerSeen(**seen))  # type: ignore[arg-type]
+def state(slot: Slot = SLOT, **seen: object) -> SlotState:
+    """`slot`'s state after a look at its consumer that showed `seen`."""
+    return SlotState(slot, ConsumerSeen(**seen))  # type: ignore[arg-type]
 
 
-def plan(rec: SlotRecord, options=OPTIONS) -> SlotPlan | None:
+def plan(rec: SlotState, options=OPTIONS) -> SlotPlan | None:
     return plan_slot(options, rec)[1]
 
 
@@ -58,28 +58,28 @@ def plain_slots(count: int, policy: str = "overflow") -> list[Slot]:
     ]
 
 
-def by_name(*records: SlotRecord) -> dict[str, SlotRecord]:
-    return {r.name: r for r in records}
+def by_name(*states: SlotState) -> dict[str, SlotState]:
+    return {r.name: r for r in states}
 
 
 # What one slot may take
 
 
 def test_takes_pending_and_others_redeliveries() -> None:
-    rec = replace(record(pending=100, ack_pending=30), ours=10)
+    rec = replace(state(pending=100, ack_pending=30), ours=10)
     assert plan_slot(OPTIONS, rec) == ("active", SlotPlan(limit=120, pending=100))  # 20: another's
 
 
 def test_nothing_to_take_is_idle_unless_pinned() -> None:
-    assert plan_slot(OPTIONS, record()) == ("idle", None)
-    pinned = replace(record(pinned="p1"), own_pin="p1")
+    assert plan_slot(OPTIONS, state()) == ("idle", None)
+    pinned = replace(state(pinned="p1"), own_pin="p1")
     assert plan_slot(OPTIONS, pinned) == ("pinned", None)
 
 
 def test_own_pin_is_read_and_another_clients_pin_means_standby() -> None:
-    ours = replace(record(pending=5, pinned="ours"), own_pin="ours")
+    ours = replace(state(pending=5, pinned="ours"), own_pin="ours")
     assert plan_slot(OPTIONS, ours) == ("pinned", SlotPlan(5, 5))
-    theirs = replace(record(pending=5, pinned="theirs"), own_pin="ours")
+    theirs = replace(state(pending=5, pinned="theirs"), own_pin="ours")
     assert plan_slot(OPTIONS, theirs) == ("standby", None)
     assert plan_slot(OPTIONS, replace(theirs, own_pin=None))[0] == "standby"  # none of ours yet
     overflow = replace(theirs, slot=replace(SLOT, policy="overflow"))
@@ -98,37 +98,37 @@ def test_own_pin_is_read_and_another_clients_pin_means_standby() -> None:
 )
 def test_overflow_thresholds(option: dict, pending: int, ack_pending: int, served: bool) -> None:
     options = replace(OPTIONS, **option)
-    status, planned = plan_slot(options, record(pending=pending, ack_pending=ack_pending))
+    status, planned = plan_slot(options, state(pending=pending, ack_pending=ack_pending))
     assert (planned is not None) == served
     assert (status == "below threshold") != served
 
 
 def test_available_now_ends_at_its_sequence_and_skips_redeliveries() -> None:
-    done = replace(record(pending=3, delivered_seq=900), end_seq=900)
+    done = replace(state(pending=3, delivered_seq=900), end_seq=900)
     assert plan_slot(OPTIONS, done) == ("done", None)
-    going = replace(record(pending=3, ack_pending=7, delivered_seq=899), end_seq=900)
+    going = replace(state(pending=3, ack_pending=7, delivered_seq=899), end_seq=900)
     assert plan(going) == SlotPlan(3, 3)  # the 7 ack-pending may come back too late for the run
 
 
 def test_capacity_per_partition_cap_and_parallel_readers() -> None:
-    assert plan(replace(record(pending=100, max_ack_pending=40), ours=10)) == SlotPlan(30, 100)
-    assert plan(replace(record(pending=100, max_ack_pending=10), ours=10)) is None  # full
+    assert plan(replace(state(pending=100, max_ack_pending=40), ours=10)) == SlotPlan(30, 100)
+    assert plan(replace(state(pending=100, max_ack_pending=10), ours=10)) is None  # full
     # What the slot's task acks before it pulls (a committed batch's) is capacity again.
-    full = replace(record(pending=100, max_ack_pending=40), ours=40)
+    full = replace(state(pending=100, max_ack_pending=40), ours=40)
     assert plan(replace(full, acked_first=40)) == SlotPlan(40, 100)
     assert plan(replace(full, acked_first=30)) == SlotPlan(30, 100)  # 10 not committed yet
     capped = replace(OPTIONS, max_messages_per_partition=25)
-    assert plan(record(pending=100), capped) == SlotPlan(25, 100)
-    assert plan(record(replace(SLOT, readers=2), pending=101)) == SlotPlan(51, 101)
+    assert plan(state(pending=100), capped) == SlotPlan(25, 100)
+    assert plan(state(replace(SLOT, readers=2), pending=101)) == SlotPlan(51, 101)
 
 
 def test_small_capacity_is_explained() -> None:
-    warning = small_capacity(OPTIONS, record(max_ack_pending=1))
+    warning = small_capacity(OPTIONS, state(max_ack_pending=1))
     assert warning is not None and "allows 1 unacked messages" in warning
-    assert small_capacity(OPTIONS, record(max_ack_pending=-1)) is None
-    assert small_capacity(OPTIONS, record(max_ack_pending=100_000)) is None
+    assert small_capacity(OPTIONS, state(max_ack_pending=-1)) is None
+    assert small_capacity(OPTIONS, state(max_ack_pending=100_000)) is None
     plain = replace(SLOT, partitioned=False)  # a user's own consumer: its limits are its own
-    assert small_capacity(OPTIONS, record(plain, max_ack_pending=1)) is None
+    assert small_capacity(OPTIONS, state(plain, max_ack_pending=1)) is None
 
 
 # The batch: limits, pacing, slots not read
@@ -158,12 +158,12 @@ def test_read_limit_is_the_lower_of_spark_and_the_option(
     max_rows: int | None, per_trigger: int | None, total: int
 ) -> None:
     options = replace(OPTIONS, max_messages_per_trigger=per_trigger)
-    records = by_name(
-        record(partition_slot(0, "m1"), pending=20), record(partition_slot(1, "m1"), pending=10)
+    states = by_name(
+        state(partition_slot(0, "m1"), pending=20), state(partition_slot(1, "m1"), pending=10)
     )
-    planned = plan_batch(options, records, max_rows, None)
+    planned = plan_batch(options, states, max_rows, None)
     assert sum(p.limit for p in planned.slots.values()) == total
-    assert {n: r.planned for n, r in planned.records.items()} == {
+    assert {n: r.planned for n, r in planned.states.items()} == {
         n: p.limit for n, p in planned.slots.items()
     }
 
@@ -171,32 +171,32 @@ def test_read_limit_is_the_lower_of_spark_and_the_option(
 def test_pacing_holds_the_batch_back_but_not_an_available_now_run() -> None:
     now = [0.0]
     pacing = TriggerPacing(100, 60.0, clock=lambda: now[0])
-    records = by_name(record(pending=40))
-    held = plan_batch(OPTIONS, records, None, pacing.holds_back)
-    assert held.slots == {} and held.records[SLOT.name].planned == 0
-    assert held.records[SLOT.name].status == "active"  # it has work; the batch waits for more
+    states = by_name(state(pending=40))
+    held = plan_batch(OPTIONS, states, None, pacing.holds_back)
+    assert held.slots == {} and held.states[SLOT.name].planned == 0
+    assert held.states[SLOT.name].status == "active"  # it has work; the batch waits for more
     now[0] = 60.0  # maxTriggerDelay passed: whatever is there goes
-    assert plan_batch(OPTIONS, records, None, pacing.holds_back).slots == {
+    assert plan_batch(OPTIONS, states, None, pacing.holds_back).slots == {
         SLOT.name: SlotPlan(40, 40)
     }
     now[0] = 0.0
-    run = by_name(replace(record(pending=40), end_seq=1000))
+    run = by_name(replace(state(pending=40), end_seq=1000))
     assert plan_batch(OPTIONS, run, None, None).slots == {SLOT.name: SlotPlan(40, 40)}
 
 
 def test_slots_no_longer_read_are_not_planned_and_keep_their_status() -> None:
     gone = replace(
-        record(partition_slot(1, "m2"), pending=50), readable=False, status="pinned", planned=7
+        state(partition_slot(1, "m2"), pending=50), readable=False, status="pinned", planned=7
     )
-    planned = plan_batch(OPTIONS, by_name(record(pending=5), gone), None, None)
+    planned = plan_batch(OPTIONS, by_name(state(pending=5), gone), None, None)
     assert set(planned.slots) == {SLOT.name}
-    assert planned.records[gone.name] == replace(gone, planned=0)
+    assert planned.states[gone.name] == replace(gone, planned=0)
 
 
 def test_small_capacity_warning_comes_with_the_plan() -> None:
-    planned = plan_batch(OPTIONS, by_name(record(pending=5, max_ack_pending=2)), None, None)
+    planned = plan_batch(OPTIONS, by_name(state(pending=5, max_ack_pending=2)), None, None)
     assert planned.slots[SLOT.name] == SlotPlan(2, 5)
-    assert "allows 2 unacked" in (planned.records[SLOT.name].warning or "")
+    assert "allows 2 unacked" in (planned.states[SLOT.name].warning or "")
 
 
 def test_a_new_offset_only_for_messages_or_acks_waiting() -> None:
@@ -219,12 +219,12 @@ def test_unacked_of_a_consumer_counts_its_slots_and_unknown_ones() -> None:
 
 def test_horizons_use_the_ack_floor_of_durable_consumers_only() -> None:
     elastic = replace(partition_slot(1, "m1", "m1"), name="m1", durable=False)
-    records = [
-        record(ack_floor=40),
-        record(elastic, ack_floor=40),
-        SlotRecord(partition_slot(2, "m2")),
+    states = [
+        state(ack_floor=40),
+        state(elastic, ack_floor=40),
+        SlotState(partition_slot(2, "m2")),
     ]
-    assert horizons(records, {"S": 7}) == {
+    assert horizons(states, {"S": 7}) == {
         SLOT.name: Horizon(40, 7),
         "m1": Horizon(0, 7),  # a recreated consumer's floor says nothing of the old one's
         "partition-2": Horizon(0, 7),  # not looked at yet
@@ -255,9 +255,9 @@ def test_a_slot_planned_before_a_layout_move_takes_only_what_it_recorded() -> No
 
 def test_siblings_are_the_other_slots_of_the_batch_on_the_same_consumer() -> None:
     a, b, c = plain_slots(3)
-    records = by_name(*(SlotRecord(s) for s in (a, b, c, SLOT)))
-    assert siblings(records, [a.name, b.name, SLOT.name], a) == (b.name,)  # c is not in it
-    assert siblings(records, [a.name, SLOT.name], SLOT) == ()
+    states = by_name(*(SlotState(s) for s in (a, b, c, SLOT)))
+    assert siblings(states, [a.name, b.name, SLOT.name], a) == (b.name,)  # c is not in it
+    assert siblings(states, [a.name, SLOT.name], SLOT) == ()
 
 
 # Progress
@@ -265,12 +265,12 @@ def test_siblings_are_the_other_slots_of_the_batch_on_the_same_consumer() -> Non
 
 def test_progress_names_the_owning_member_of_a_partition_slot() -> None:
     member_layout = replace(SLOT, name="m1", consumer="g-m1")
-    records = [
-        replace(record(pending=3, ack_pending=1), status="pinned", warning="small"),
-        replace(record(member_layout, pending=2), status="active"),
-        SlotRecord(partition_slot(9, "m9")),  # not looked at: not reported
+    states = [
+        replace(state(pending=3, ack_pending=1), status="pinned", warning="small"),
+        replace(state(member_layout, pending=2), status="active"),
+        SlotState(partition_slot(9, "m9")),  # not looked at: not reported
     ]
-    assert slots_report(records) == {
+    assert slots_report(states) == {
         "m1": {"pending": 2, "ackPending": 0, "status": "active"},
         "partition-0": {
             "pending": 3,
@@ -284,15 +284,15 @@ def test_progress_names_the_owning_member_of_a_partition_slot() -> None:
 
 def test_lag_counts_each_consumer_once() -> None:
     a, b = plain_slots(2)
-    records = [
-        replace(record(pending=100, ack_pending=30), ours=10, planned=40),
-        replace(record(partition_slot(1, "m1"), pending=5)),
-        replace(record(partition_slot(2, "m2"), ack_pending=3), ours=3),
-        replace(record(a, pending=20, ack_pending=2), ours=2, planned=5),
-        replace(record(b, pending=20, ack_pending=2), ours=2, planned=5),  # the same consumer
-        replace(record(partition_slot(7, "m7"), pending=99), readable=False),  # not read now
+    states = [
+        replace(state(pending=100, ack_pending=30), ours=10, planned=40),
+        replace(state(partition_slot(1, "m1"), pending=5)),
+        replace(state(partition_slot(2, "m2"), ack_pending=3), ours=3),
+        replace(state(a, pending=20, ack_pending=2), ours=2, planned=5),
+        replace(state(b, pending=20, ack_pending=2), ours=2, planned=5),  # the same consumer
+        replace(state(partition_slot(7, "m7"), pending=99), readable=False),  # not read now
     ]
-    report = lag_report(records)
+    report = lag_report(states)
     assert report["byMember"] == {
         "c": {"pending": 20, "ackPending": 2, "behindLatest": 10},  # 20 - 5 - 5
         "m1": {"pending": 105, "ackPending": 30, "behindLatest": 85},  # 100 + 20 - 40, + 5

@@ -34,6 +34,7 @@ from nats_spark.connection import ConnectionSettings
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
+from nats_spark.spark.group_source.ledger_protocol import read_head
 from nats_spark.spark.group_source.offset_reader import OffsetReader
 from nats_spark.spark.group_source.offsets import SourceOffset
 from nats_spark.spark.group_source.options import parse_options
@@ -265,7 +266,7 @@ def test_v2_ack_subjects_are_rebuilt_and_accepted(tmp_path, unique):
             slot = Slot(client, settings, unique)
             publish(client, slot.stream, 10)
             assert seqs_of(read_slot(slot.partition(1, limit=10))) == list(range(1, 11))
-            head, _ = run_sync(slot.ledger.read_head(1, "m1"))
+            head, _ = run_sync(read_head(slot.ledger, 1, "m1"))
             assert head.prefix.startswith("$JS.ACK.hub.") and len(head.prefix.split(".")) == 6
             assert seqs_of(read_slot(slot.partition(2, limit=0, committed=(1,)))) == []
             wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "the v2 acks")

@@ -25,7 +25,7 @@ _WORD = 8
 
 
 @dataclass
-class Recorded:
+class EntryDeliveries:
     """Deliveries a ledger entry recorded, in the order they were taken: the numbers of each
     one's ack subject, and the subject's prefix up to the delivery count (the same for all
     deliveries of one consumer)."""
@@ -38,7 +38,7 @@ class Recorded:
     def __len__(self) -> int:
         return len(self.stream_seq)
 
-    def extend(self, other: Recorded) -> None:
+    def extend(self, other: EntryDeliveries) -> None:
         if other.prefix and self.prefix and other.prefix != self.prefix:
             raise ValueError(f"deliveries of {other.prefix!r} added to {self.prefix!r}")
         self.prefix = self.prefix or other.prefix
@@ -46,18 +46,18 @@ class Recorded:
         self.consumer_seq += other.consumer_seq
         self.delivered += other.delivered
 
-    def without(self, dropped: set[int]) -> Recorded:
+    def without(self, dropped: set[int]) -> EntryDeliveries:
         """The deliveries whose stream sequence is not in `dropped`."""
         rows = [i for i, seq in enumerate(self.stream_seq) if seq not in dropped]
-        return Recorded(
+        return EntryDeliveries(
             self.prefix,
             [self.stream_seq[i] for i in rows],
             [self.consumer_seq[i] for i in rows],
             [self.delivered[i] for i in rows],
         )
 
-    def part(self, start: int, stop: int) -> Recorded:
-        return Recorded(
+    def part(self, start: int, stop: int) -> EntryDeliveries:
+        return EntryDeliveries(
             self.prefix,
             self.stream_seq[start:stop],
             self.consumer_seq[start:stop],
@@ -83,13 +83,13 @@ class Recorded:
         ]
 
     @classmethod
-    def from_replies(cls, replies: Sequence[bytes]) -> Recorded:
+    def from_replies(cls, replies: Sequence[bytes]) -> EntryDeliveries:
         """From ack reply subjects as the server sent them (one consumer's)."""
         delivered, stream_seq, consumer_seq, _ = ack_numbers(replies)
         return cls(ack_prefix(replies[0]) if replies else b"", stream_seq, consumer_seq, delivered)
 
 
-def encode_recorded(found: Recorded) -> bytes:
+def encode_chunk(found: EntryDeliveries) -> bytes:
     """A chunk's stored form (format 2): the count, then the columns, zstd-compressed."""
     columns = array("q", _differences(found.stream_seq))
     columns += array("q", _differences(found.consumer_seq))
@@ -99,15 +99,15 @@ def encode_recorded(found: Recorded) -> bytes:
     return len(found).to_bytes(4, "little") + _CODEC.compress(columns.tobytes(), asbytes=True)
 
 
-def decode_recorded(data: bytes, prefix: bytes) -> Recorded:
+def decode_chunk(data: bytes, prefix: bytes) -> EntryDeliveries:
     count = int.from_bytes(data[:4], "little")
     if not count:
-        return Recorded(prefix)
+        return EntryDeliveries(prefix)
     columns = array("q")
     columns.frombytes(_CODEC.decompress(data[4:], count * _COLUMNS * _WORD, asbytes=True))
     if sys.byteorder == "big":
         columns.byteswap()
-    return Recorded(
+    return EntryDeliveries(
         prefix,
         list(accumulate(columns[:count])),
         list(accumulate(columns[count : 2 * count])),

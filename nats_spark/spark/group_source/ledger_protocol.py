@@ -1,0 +1,390 @@
+"""The ack ledger's protocol: the states of an entry, who moves an entry out of each, and what
+the driver may conclude from each. Both sides read and write heads only here: the driver
+(`driver_ledger`, `sealed_keeper`) and a slot's task (`slot_entry`, `slot_history`), neither of
+which imports the other's module; `ledger` is the storage (keys, bytes, the pointer).
+
+An entry is what one slot took in one batch, (lineage, gen, slot): a head and chunks of
+deliveries. To record is to write deliveries to the entry before their rows leave the task.
+
+absent
+    Moved out by a task attempt of the batch: `create` (to OPEN), then `fence`.
+    The driver concludes: nothing taken yet. It never takes a listing's silence for absence:
+    it expects the entries of the batches it plans (`DriverLedger.expect`) and lists heads from
+    the bucket stream's subject index, which does not come back short.
+OPEN (recording)
+    Moved out by the attempt recording it: `seal` (to SEALED); or by a later attempt of the
+    same task after this one died mid-way: `take_over` (still OPEN, under the new attempt,
+    which keeps what was recorded and goes on).
+    The driver concludes: its messages are the query's own, unacked (`unacked`: capacity, not
+    another client's); never ack it (a committed batch has no open entry) nor settle it; for
+    dedupe, its batch emitted nothing of it yet (`emitted`).
+SEALED
+    Moved out by the slot's task of a later batch, once this batch is committed: `ack` (to
+    ACKED); by the driver in the same way at stop and for slots the query no longer reads
+    (`DriverLedger.ack_through`). A re-run of the batch replays it as it is (`content_fixed`);
+    the driver's `SealedKeeper` restarts its messages' ack wait, which moves nothing.
+    The driver concludes: it is exactly what the batch emitted. Committed (gen <= committed):
+    its acks are due (`ack_due`, `acked_by_next_task`); not committed: keep it for a re-run.
+    Its messages' redeliveries are dropped (dedupe). Empty and committed: settled at once.
+ACKED
+    Moved out by the driver while planning: `remove_settled` (to settled), once no redelivery
+    can reach its messages (`settles`: the consumer's ack floor or the stream's first sequence
+    is past them, and has held for `SETTLE_SECONDS`).
+    The driver concludes: nothing to ack; its messages' redeliveries are still dropped.
+given back (removed)
+    Any state of an earlier checkpoint's entry, moved by the driver at a new checkpoint's
+    first batch: `give_back` (fenced first when of the same lineage). The new query never
+    emitted it: its messages are NAKed, to come back at once and ahead of newer messages of
+    their keys, and are read again. Final.
+settled (removed)
+    Final. The pointer's `settled` (written before the removal) fences the batch: an attempt
+    that outlived it and creates the entry again removes it and stops (`fence`).
+    The driver concludes: forgotten, neither acked nor deduped.
+
+An attempt writes the head by compare-and-set on its revision (`write_head`): one that finds it
+written by another attempt stops (`LedgerConflict`), unless the write it finds is its own, retried
+after its answer was lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from enum import Enum, StrEnum
+
+from nats_spark.client import NatsClient
+from nats_spark.errors import PERMISSIONS_DOC, ConfigurationError, NatsSparkError
+from nats_spark.jetstream.acks import NAK, send_acks
+from nats_spark.spark.group_source.entry_deliveries import (
+    EntryDeliveries,
+    decode_chunk,
+    decode_replies,
+)
+from nats_spark.spark.group_source.ledger import (
+    LEDGER_FORMAT,
+    Ledger,
+    read_pointer,
+    readable_format,
+)
+
+log = logging.getLogger(__name__)
+
+# A consumer's ack floor is in the server's memory before it is on disk: a server crash right
+# after the acks can take it back and redeliver. An entry is forgotten (and with it the dedupe
+# of its messages) only once the floor has held this long.
+SETTLE_SECONDS = 10.0
+
+
+class EntryState(StrEnum):
+    OPEN = "open"  # a task attempt is (or was) recording
+    SEALED = "sealed"  # the attempt finished: the entry is what the batch emitted
+    ACKED = "acked"  # the batch was committed and its acks published
+
+
+class LedgerConflict(NatsSparkError):
+    """Another attempt of the same task took the entry over; this attempt must stop."""
+
+
+@dataclass
+class EntryHead:
+    state: EntryState = EntryState.OPEN
+    attempt: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    chunks: list[str] = field(default_factory=list)
+    count: int = 0
+    max_seq: int = 0
+    pin: str | None = None
+    prefix: str | None = None  # of the deliveries' ack subjects (format 2)
+    format: int = LEDGER_FORMAT  # how its chunks are stored
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, key: str) -> EntryHead:
+        raw = json.loads(data)
+        raw["format"] = readable_format(raw, key)
+        raw["state"] = EntryState(raw["state"])
+        return cls(**raw)
+
+
+# Reading: the one place heads and their deliveries are read.
+
+
+async def read_head(ledger: Ledger, gen: int, slot: str) -> tuple[EntryHead, int] | None:
+    """The entry's head and its revision; None when there is none."""
+    stored = await ledger.get_head(gen, slot)
+    if stored is None:
+        return None
+    head = EntryHead.from_bytes(stored.value or b"", ledger.head_key(gen, slot))
+    return head, stored.revision or 0
+
+
+async def read_deliveries(ledger: Ledger, head: EntryHead) -> EntryDeliveries:
+    """What the entry of `head` recorded, in the order it was taken."""
+    found = EntryDeliveries((head.prefix or "").encode())
+    for key in head.chunks:
+        found.extend(chunk_deliveries(await ledger.read_chunk(key), head))
+    return found
+
+
+def chunk_deliveries(data: bytes, head: EntryHead) -> EntryDeliveries:
+    """A chunk of `head`'s entry, in the format the head says."""
+    if head.format == 1:
+        return EntryDeliveries.from_replies(decode_replies(data))
+    return decode_chunk(data, (head.prefix or "").encode())
+
+
+async def recorded_in(ledger: Ledger, gen: int, slots: Iterable[str]) -> set[int]:
+    """Every stream sequence the entries of `slots` in batch `gen` have recorded, read now."""
+    recorded: set[int] = set()
+    for slot in slots:
+        found = await read_head(ledger, gen, slot)
+        if found is not None:
+            recorded.update((await read_deliveries(ledger, found[0])).stream_seq)
+    return recorded
+
+
+# A task attempt's moves: absent -> OPEN (create, or take over), OPEN -> SEALED.
+
+
+async def create(ledger: Ledger, gen: int, slot: str, head: EntryHead) -> int | None:
+    """absent -> OPEN: the head's revision; None when another attempt created it first."""
+    return await ledger.create_head(gen, slot, head.to_bytes())
+
+
+async def fence(ledger: Ledger, pointer_key: str, gen: int, slot: str) -> None:
+    """After `create`: fail when the batch's entries were settled (the driver fences before it
+    removes, so a create after the removal finds the fence). This attempt outlived its committed
+    batch; what it took would be acked as committed: the entry goes again."""
+    pointer = await read_pointer(ledger.kv, pointer_key)
+    if pointer and pointer.lineage == ledger.lineage and pointer.settled >= gen:
+        await ledger.delete_entry(gen, slot)
+        raise LedgerConflict(
+            f"ledger entry {ledger.head_key(gen, slot)}: its batch was committed and settled; "
+            "this task attempt outlived it"
+        )
+
+
+def take_over(previous: EntryHead, pin: str | None) -> EntryHead:
+    """OPEN -> OPEN under a new attempt: what an attempt that died mid-way recorded, adopted by
+    the next one (written with `write_head` on `previous`'s revision)."""
+    return EntryHead(
+        chunks=previous.chunks,
+        count=previous.count,
+        max_seq=previous.max_seq,
+        pin=previous.pin or pin,
+        prefix=previous.prefix,
+        format=previous.format,
+    )
+
+
+def content_fixed(head: EntryHead) -> bool:
+    """Whether the entry's batch content is fixed (SEALED or ACKED): a later attempt replays
+    exactly it and takes nothing more; else (OPEN) it takes the entry over."""
+    return head.state is not EntryState.OPEN
+
+
+async def write_head(ledger: Ledger, gen: int, slot: str, head: EntryHead, revision: int) -> int:
+    """Compare-and-set the head on `revision`; `LedgerConflict` when someone else wrote it
+    since."""
+    written = await ledger.update_head(gen, slot, head.to_bytes(), revision)
+    if written is not None:
+        return written
+    found = await read_head(ledger, gen, slot)
+    if found is not None and found[0] == head:
+        return found[1]  # our own write, retried after its answer was lost
+    raise LedgerConflict(
+        f"ledger entry {ledger.head_key(gen, slot)} was taken over by another task attempt"
+    )
+
+
+async def record(
+    ledger: Ledger,
+    gen: int,
+    slot: str,
+    head: EntryHead,
+    revision: int,
+    chunks: list[str],
+    taken: EntryDeliveries,
+    pin: str | None,
+) -> int:
+    """Record `taken` in the OPEN entry: its chunks follow `chunks` (what the head keeps of the
+    chunks written before), then the head is updated to name them; the new revision."""
+    head.chunks = chunks
+    if taken.prefix:
+        head.prefix = taken.prefix.decode()
+    keys = await ledger.write_chunks(gen, slot, head.attempt, len(chunks), taken)
+    head.chunks = [*chunks, *keys]
+    head.count += len(taken)
+    head.max_seq = max(head.max_seq, max(taken.stream_seq, default=0))
+    head.pin = pin
+    return await write_head(ledger, gen, slot, head, revision)
+
+
+async def seal(ledger: Ledger, gen: int, slot: str, head: EntryHead, revision: int) -> int:
+    """OPEN -> SEALED: the attempt has taken all it will."""
+    if head.state is not EntryState.OPEN:
+        return revision
+    head.state = EntryState.SEALED
+    return await write_head(ledger, gen, slot, head, revision)
+
+
+# After commit: SEALED -> ACKED, by the slot's next task, or by the driver.
+
+
+async def ack(
+    client: NatsClient, ledger: Ledger, gen: int, slot: str, stream: str
+) -> EntryDeliveries | None:
+    """SEALED -> ACKED: ack the entry of a committed batch (explicit acks, rebuilt from its
+    numbers) and mark it acked; what it acked, or None (missing, open, or acked already). Two
+    may ack one entry (a zombie attempt beside its retry, the driver at stop): the server
+    ignores the second acks."""
+    found = await read_head(ledger, gen, slot)
+    if found is None:
+        return None
+    head, revision = found
+    if head.state is EntryState.OPEN:
+        log.warning(
+            "ledger entry %s of a committed batch is not sealed; not acked",
+            ledger.head_key(gen, slot),
+        )
+        return None
+    if head.state is EntryState.ACKED:
+        return None
+    deliveries = await read_deliveries(ledger, head)
+    before = len(client.denied)
+    await send_acks(client.nc, deliveries.ack_commands(), len(deliveries))
+    _refused_acks(client, before, stream)
+    head.state = EntryState.ACKED
+    try:
+        await write_head(ledger, gen, slot, head, revision)
+    except LedgerConflict:
+        # Another attempt (or the driver at stop) marked it first: it can only have acked it.
+        log.debug("ledger entry %s was marked acked by another attempt", ledger.head_key(gen, slot))
+    return deliveries
+
+
+def _refused_acks(client: NatsClient, before: int, stream: str) -> None:
+    """Fail when the server refused acks published since `client.denied` had `before` entries:
+    marking their entries acked would hide messages that stay pending for good."""
+    refused = [e for e in client.denied[before:] if "$js.ack" in e.lower()]
+    if refused:
+        raise ConfigurationError(
+            f"the server refused the acks of committed batches ({refused[0]}); allow the "
+            f"user to publish to $JS.ACK.{stream}.> ({PERMISSIONS_DOC})"
+        )
+
+
+async def emitted(ledger: Ledger, gen: int, slot: str) -> tuple[int, ...] | None:
+    """The stream sequences an earlier batch's entry emitted, for the dedupe of their
+    redeliveries: none for a missing entry; None for an OPEN one (not of a committed batch: it
+    emitted nothing yet, and may still record: read it again when named)."""
+    found = await read_head(ledger, gen, slot)
+    if found is None:
+        return ()
+    if found[0].state is EntryState.OPEN:
+        return None
+    return tuple((await read_deliveries(ledger, found[0])).stream_seq)
+
+
+# What the driver concludes from a head (None: not read yet).
+
+
+def unacked(head: EntryHead) -> int:
+    """Messages of the entry that the query holds and has not acked: they count against its
+    consumer's capacity as the query's own, not another client's."""
+    return 0 if head.state is EntryState.ACKED else head.count
+
+
+def known_acked(head: EntryHead | None) -> bool:
+    """Whether the entry is known to be ACKED: else (not read yet, or not ACKED when last read)
+    the driver reads its head again, since tasks seal and ack it meanwhile."""
+    return head is not None and head.state is EntryState.ACKED
+
+
+def ack_due(head: EntryHead | None, gen: int, committed: int) -> bool:
+    """Whether a task (or the driver) must ack the entry: its batch is committed and it is not
+    known to be acked (an unread head may be anything)."""
+    return gen <= committed and (
+        head is None or (head.state is not EntryState.ACKED and head.count > 0)
+    )
+
+
+def acked_by_next_task(head: EntryHead, gen: int, committed: int) -> bool:
+    """Whether the slot's next task acks the entry before it pulls (its messages are free
+    capacity for that task's batch)."""
+    return gen <= committed and head.state is EntryState.SEALED
+
+
+def awaits_acks(head: EntryHead) -> bool:
+    """A finished batch's messages wait for their acks: the `SealedKeeper` keeps them from
+    redelivery meanwhile."""
+    return head.state is EntryState.SEALED and head.count > 0
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """How far a slot's consumer and stream have moved: entries below both are settled."""
+
+    ack_floor: int  # 0 where the consumer's floor says nothing (not durable, unknown)
+    first_seq: int  # the stream's first sequence
+
+
+class Settling(Enum):
+    NEVER = "never"  # open, or sealed and to be acked or replayed: kept as it is
+    NOT_YET = "not yet"  # acked, but a redelivery could still reach its messages
+    PAST = "past"  # no redelivery can reach it: settled once that has held `SETTLE_SECONDS`
+    NOW = "now"  # holds nothing: settled at once
+
+
+def settles(head: EntryHead | None, gen: int, committed: int, horizon: Horizon) -> Settling:
+    """Whether the entry may be forgotten: acked (or empty, of a committed batch: a re-run of an
+    uncommitted one must find it, it replays nothing) and below its slot's horizon."""
+    if head is None or head.state is EntryState.OPEN:
+        return Settling.NEVER
+    if head.state is EntryState.SEALED and (head.count or gen > committed):
+        return Settling.NEVER
+    if not head.count:
+        return Settling.NOW
+    if head.max_seq > horizon.ack_floor and head.max_seq >= horizon.first_seq:
+        return Settling.NOT_YET
+    return Settling.PAST
+
+
+async def remove_settled(
+    ledger: Ledger,
+    settled: list[tuple[int, str]],
+    fenced: int,
+    fence_through: Callable[[int], Awaitable[None]],
+    forget: Callable[[tuple[int, str]], None],
+) -> None:
+    """ACKED (or empty) -> settled: the fence goes out before the entries (`fence_through`
+    writes the pointer's `settled`, when the newest gen is past `fenced`), so a task attempt
+    that outlived its committed batch and creates an entry again after its removal finds it;
+    `forget` each entry once it is removed."""
+    newest = max(gen for gen, _ in settled)
+    if newest > fenced:
+        await fence_through(newest)
+    for gen, slot in settled:
+        log.debug("forgetting settled ledger entry %s", ledger.head_key(gen, slot))
+        await ledger.delete_entry(gen, slot)
+        forget((gen, slot))
+
+
+async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, str]]) -> int:
+    """Any state -> given back: remove the entries `keys` of an earlier checkpoint and NAK what
+    they hold (read first: once removed, nothing names those deliveries); returns how many."""
+    held: list[EntryDeliveries] = []
+    for gen, slot in keys:
+        found = await read_head(ledger, gen, slot)
+        if found is not None and found[0].state is not EntryState.ACKED:
+            held.append(await read_deliveries(ledger, found[0]))
+    for gen, slot in keys:
+        await ledger.delete_entry(gen, slot)
+    returned = 0
+    for deliveries in held:
+        returned += await send_acks(client.nc, deliveries.ack_commands(NAK), len(deliveries))
+    return returned
