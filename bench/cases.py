@@ -186,7 +186,15 @@ def cases(
     for stream in streams.values():
         run_sync(client.api.delete_stream(stream))
 
-    figures: dict[str, Any] = {"keys": keys, "payload": PAYLOAD, "nats_py_fetch": fetch}
+    figures: dict[str, Any] = {
+        "keys": keys,
+        "payload": PAYLOAD,
+        "messages": sizes,
+        "nats_py_fetch": fetch,
+        "nats_py": {
+            size: {k: nats_py[size][k] for k in ("msgs_per_s", "cpu_us_per_msg")} for size in sizes
+        },
+    }
     for case, by_size in runs.items():
         figures[case] = {
             "ratio_to_nats_py": {
@@ -205,6 +213,7 @@ def cases(
             "marginal_cpu_us_per_msg": _marginal(
                 by_size["N"]["cpu_seconds"], by_size["4N"]["cpu_seconds"], n
             ),
+            "cpu_us_per_msg": {size: by_size[size]["cpu_us_per_msg"] for size in sizes},
             "driver_cpu_seconds": {
                 size: by_size[size]["cpu_seconds"].get("source_runner", 0.0) for size in sizes
             },
