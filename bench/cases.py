@@ -6,7 +6,8 @@ are read to the end by
 - nats-py: a fetch+ack loop on an unfiltered durable consumer with max_ack_pending unbounded, at
   the best of a few fetch sizes (each tried on the N stream; timed from its connect);
 - the connector in the bench's warm Spark session (availableNow into `noop`; what a
-  long-running query does per message, Spark's query start included);
+  long-running query does per message, Spark's query start included), each run just after a
+  short read that starts the session's Python workers (Spark stops those idle for a minute);
 - the connector in a fresh process (`bench/fresh_job.py`, as spark-submit runs a job: Python,
   JVM and query start-up included, timed from the process start to the end of its query).
 Printed beside throughput and each ratio's settings: CPU seconds by process kind at each size
@@ -45,6 +46,7 @@ from nats_spark.spark.shared.options import SourceOptions
 
 MEMBERS = 4
 PAYLOAD = 100
+WARM_UP_MESSAGES = 2_000  # read before each warm run, so that Spark's Python workers are up
 FRESH_JOB = str(Path(__file__).resolve().parent / "fresh_job.py")
 SPARK_FLOOR = str(Path(__file__).resolve().parent / "spark_floor.py")
 SAMPLE_EVERY = 0.1  # seconds between CPU samples: what a process ending between them loses
@@ -161,9 +163,16 @@ def cases(
         },
     )
 
+    # Spark stops Python workers idle for a minute (the nats-py runs take longer): a short read
+    # first starts them, so a warm run pays no worker's start, as a running stream's batches do.
+    warm_up = f"CASE{keys}WARMUP"
+    run_sync(create_stream(client, warm_up))
+    run_sync(publish(client, warm_up, WARM_UP_MESSAGES, PAYLOAD, keys))
     runs: dict[str, dict[str, dict[str, Any]]] = {"warm": {}, "fresh": {}}
     for size, count in sizes.items():
         stream = streams[size]
+        run_sync(create_group(client, warm_up, f"warm{size}", MEMBERS))
+        available_now(spark, url, warm_up, f"warm{size}", WARM_UP_MESSAGES, options)
         run_sync(create_group(client, stream, "warm", MEMBERS))
         runs["warm"][size] = _ledger_writes(
             client,
@@ -183,7 +192,7 @@ def cases(
     for size in sizes:
         run_sync(create_group(client, streams[size], "plan", MEMBERS))
         planned[size] = planned_batch_bytes(url, client, streams[size], "plan", keys, **options)
-    for stream in streams.values():
+    for stream in [*streams.values(), warm_up]:
         run_sync(client.api.delete_stream(stream))
 
     figures: dict[str, Any] = {
