@@ -78,12 +78,27 @@ def case_lines(both_cases: list[dict[str, Any]]) -> list[str]:
             kinds = ", ".join(
                 f"{name} {marginal.get(k, 0.0):.2f}" for k, name in CLIENT_KINDS.items()
             )
+            jvm = c[case]["cpu_seconds"]
             lines.append(
                 f"{keys:,} keys, {_case_name(case)}, marginal CPU us/msg between "
                 f"{sizes['N']:,} and {sizes['4N']:,} messages: client {client_cpu(marginal):.2f} "
                 f"({kinds}); driver {marginal.get(DRIVER_KIND, 0.0):.2f}; nats-server "
                 f"{marginal.get('nats_server', 0.0):.2f} (the floor)"
+                + (
+                    f"; the JVM's CPU-s {jvm['N'].get('jvm', 0.0)} and "
+                    f"{jvm['4N'].get('jvm', 0.0)} (a fresh JVM's start alone varies by seconds)"
+                    if case == "fresh"
+                    else ""
+                )
             )
+        steps = c["stages_cpu_us_per_msg"]
+        named = ", ".join(
+            f"{step.replace('_', ' ')} {us:.2f}" for step, us in steps.items() if step != "in_all"
+        )
+        lines.append(
+            f"{keys:,} keys, a reader's steps on one synthetic pull of 4,096 (bench/stages.py, "
+            f"CPU us/msg, in one process): {named}; in all {steps['in_all']:.2f}"
+        )
         py = c["nats_py"]["4N"]["cpu_us_per_msg"]
         lines.append(
             f"{keys:,} keys, the tuned nats-py loop on {sizes['4N']:,} messages: "

@@ -13,8 +13,9 @@ are read to the end by
 Printed beside throughput and each ratio's settings: CPU seconds by process kind at each size
 and the marginal CPU per message between them ((4N - N) / 3N: fixed costs cancel), the driver's
 CPU (the streaming source runner, where Spark plans and commits) at both sizes, the bytes
-written to the ledger bucket's stream per message, and the pickled input partitions of a
-planned batch at both sizes.
+written to the ledger bucket's stream per message, the pickled input partitions of a
+planned batch at both sizes, and a reader's CPU per message stage by stage on one synthetic pull
+(`bench/stages.py`), to set beside the Python workers' marginal figure.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from bench.common import (
 )
 from bench.connector import available_now
 from bench.read_path import planned_batch_bytes
+from bench.stages import stages
 from nats_spark.client import NatsClient
 from nats_spark.loop import run_sync
 from nats_spark.spark.shared.options import SourceOptions
@@ -236,6 +238,7 @@ def cases(
             size: round(driver[size] / count * 1e6, 2) for size, count in sizes.items()
         }
     figures["planned_batch_bytes"] = planned
+    figures["stages_cpu_us_per_msg"] = stages(4096, keys, PAYLOAD, read=32768, rounds=7)
     floor_read = floor["one_row_python_source_read"]
     server_us = figures["warm"]["marginal_cpu_us_per_msg"].get("nats_server", 0.0)
     cores = os.cpu_count() or 1
