@@ -57,15 +57,19 @@ $(COMPAT_RUNS): test-spark%: .venv-spark%/.test-installed
 	.venv-spark$*/bin/python -c 'import pyspark; print("pyspark", pyspark.__version__)'
 	.venv-spark$*/bin/python -m pytest -q -n 2 --dist loadfile -m compat
 
-# Throughput, latency, commit time and memory on an embedded server; see bench/run.py --help.
-.PHONY: bench
+# The two cases users run (warm session, fresh process) at N and 4N messages, 1,000 and 10,000
+# keys, against a tuned nats-py loop, with CPU per message by process kind (a few minutes);
+# bench-cases at issue 38's sizes (1.2M messages, ~10 min); bench-full adds the 64-key
+# throughput, latency, commit time and memory (~30 min). See bench/run.py --help.
+.PHONY: bench bench-cases bench-full
 bench: $(VENV)/.test-installed
-	$(BIN)/python bench/run.py $(BENCH_ARGS)
-
-# Only the two cases users run (warm session, fresh process) and Spark's own fresh start (~15 min).
-.PHONY: bench-cases
-bench-cases: $(VENV)/.test-installed
 	$(BIN)/python bench/run.py --cases-only $(BENCH_ARGS)
+
+bench-cases: $(VENV)/.test-installed
+	$(BIN)/python bench/run.py --cases-only --issue-sizes $(BENCH_ARGS)
+
+bench-full: $(VENV)/.test-installed
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 # Read throughput over key counts, both layouts, vs nats-py, with server CPU per message (~20 min).
 .PHONY: bench-keys

@@ -6,14 +6,16 @@ are read to the end by
 - nats-py: a fetch+ack loop on an unfiltered durable consumer with max_ack_pending unbounded, at
   the best of a few fetch sizes (each tried on the N stream; timed from its connect);
 - the connector in the bench's warm Spark session (availableNow into `noop`; what a
-  long-running query does per message, Spark's query start included);
+  long-running query does per message, Spark's query start included), each run just after a
+  short read that starts the session's Python workers (Spark stops those idle for a minute);
 - the connector in a fresh process (`bench/fresh_job.py`, as spark-submit runs a job: Python,
   JVM and query start-up included, timed from the process start to the end of its query).
 Printed beside throughput and each ratio's settings: CPU seconds by process kind at each size
 and the marginal CPU per message between them ((4N - N) / 3N: fixed costs cancel), the driver's
 CPU (the streaming source runner, where Spark plans and commits) at both sizes, the bytes
-written to the ledger bucket's stream per message, and the pickled input partitions of a
-planned batch at both sizes.
+written to the ledger bucket's stream per message, the pickled input partitions of a
+planned batch at both sizes, and a reader's CPU per message stage by stage on one synthetic pull
+(`bench/stages.py`), to set beside the Python workers' marginal figure.
 """
 
 from __future__ import annotations
@@ -39,12 +41,14 @@ from bench.common import (
 )
 from bench.connector import available_now
 from bench.read_path import planned_batch_bytes
+from bench.stages import stages
 from nats_spark.client import NatsClient
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source.options import SourceOptions
 
 MEMBERS = 4
 PAYLOAD = 100
+WARM_UP_MESSAGES = 2_000  # read before each warm run, so that Spark's Python workers are up
 FRESH_JOB = str(Path(__file__).resolve().parent / "fresh_job.py")
 SPARK_FLOOR = str(Path(__file__).resolve().parent / "spark_floor.py")
 SAMPLE_EVERY = 0.1  # seconds between CPU samples: what a process ending between them loses
@@ -161,9 +165,16 @@ def cases(
         },
     )
 
+    # Spark stops Python workers idle for a minute (the nats-py runs take longer): a short read
+    # first starts them, so a warm run pays no worker's start, as a running stream's batches do.
+    warm_up = f"CASE{keys}WARMUP"
+    run_sync(create_stream(client, warm_up))
+    run_sync(publish(client, warm_up, WARM_UP_MESSAGES, PAYLOAD, keys))
     runs: dict[str, dict[str, dict[str, Any]]] = {"warm": {}, "fresh": {}}
     for size, count in sizes.items():
         stream = streams[size]
+        run_sync(create_group(client, warm_up, f"warm{size}", MEMBERS))
+        available_now(spark, url, warm_up, f"warm{size}", WARM_UP_MESSAGES, options)
         run_sync(create_group(client, stream, "warm", MEMBERS))
         runs["warm"][size] = _ledger_writes(
             client,
@@ -183,10 +194,18 @@ def cases(
     for size in sizes:
         run_sync(create_group(client, streams[size], "plan", MEMBERS))
         planned[size] = planned_batch_bytes(url, client, streams[size], "plan", keys, **options)
-    for stream in streams.values():
+    for stream in [*streams.values(), warm_up]:
         run_sync(client.api.delete_stream(stream))
 
-    figures: dict[str, Any] = {"keys": keys, "payload": PAYLOAD, "nats_py_fetch": fetch}
+    figures: dict[str, Any] = {
+        "keys": keys,
+        "payload": PAYLOAD,
+        "messages": sizes,
+        "nats_py_fetch": fetch,
+        "nats_py": {
+            size: {k: nats_py[size][k] for k in ("msgs_per_s", "cpu_us_per_msg")} for size in sizes
+        },
+    }
     for case, by_size in runs.items():
         figures[case] = {
             "ratio_to_nats_py": {
@@ -205,6 +224,7 @@ def cases(
             "marginal_cpu_us_per_msg": _marginal(
                 by_size["N"]["cpu_seconds"], by_size["4N"]["cpu_seconds"], n
             ),
+            "cpu_us_per_msg": {size: by_size[size]["cpu_us_per_msg"] for size in sizes},
             "driver_cpu_seconds": {
                 size: by_size[size]["cpu_seconds"].get("source_runner", 0.0) for size in sizes
             },
@@ -218,6 +238,7 @@ def cases(
             size: round(driver[size] / count * 1e6, 2) for size, count in sizes.items()
         }
     figures["planned_batch_bytes"] = planned
+    figures["stages_cpu_us_per_msg"] = stages(4096, keys, PAYLOAD, read=32768, rounds=7)
     floor_read = floor["one_row_python_source_read"]
     server_us = figures["warm"]["marginal_cpu_us_per_msg"].get("nats_server", 0.0)
     cores = os.cpu_count() or 1

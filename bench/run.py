@@ -1,11 +1,14 @@
-"""`make bench`: the connector against a plain nats-py pull loop, on one embedded server.
+"""`make bench-full`: the connector against a plain nats-py pull loop, on one embedded server
+(`make bench` and `make bench-cases` stop after the cases, `--cases-only`).
 
 Prints one JSON line per measurement as it finishes, then a summary JSON (the figures, the
-ratios and the goals). Sizes are flags; the defaults take about half an hour on two cores.
-First the two cases users run (`bench/cases.py`: a warm session and a fresh process, runs of N
-and 4N messages at 1,000 and 10,000 keys, against nats-py at its best fetch size, with CPU by
-process kind), then the 64-key figures: rounds against the README's nats-py loop, payload
-sizes, group sizes, latency, and the read path without Spark.
+ratios and the goals) and the cases' lines to read (`bench/case_report.py`). Sizes are flags;
+the defaults take about half an hour on two cores, the cases alone a few minutes (N = 100,000;
+`--issue-sizes`: N = 300,000, so 4N = 1,200,000, about ten minutes). First the two cases users
+run (`bench/cases.py`: a warm session and a fresh process, runs of N and 4N messages at 1,000
+and 10,000 keys, against nats-py at its best fetch size, with CPU by process kind), then the
+64-key figures: rounds against the README's nats-py loop, payload sizes, group sizes, latency,
+and the read path without Spark.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.baseline import nats_py_pull_loop  # noqa: E402
+from bench.case_report import case_goals, case_lines  # noqa: E402
 from bench.cases import cases, spark_floor  # noqa: E402
 from bench.common import (  # noqa: E402
     KEYS,
@@ -59,7 +63,12 @@ def _args() -> argparse.Namespace:
         "--rounds", type=int, default=5, help="alternating baseline/connector runs at 100 bytes"
     )
     parser.add_argument(
-        "--case-messages", type=int, default=300_000, help="N of the cases' N and 4N runs"
+        "--case-messages", type=int, default=100_000, help="N of the cases' N and 4N runs"
+    )
+    parser.add_argument(
+        "--issue-sizes",
+        action="store_true",
+        help="the cases at issue 38's sizes: N = 300,000 (4N = 1,200,000), 1,000 and 10,000 keys",
     )
     parser.add_argument("--case-keys", default="1000,10000", help="the cases' key counts")
     parser.add_argument(
@@ -68,7 +77,10 @@ def _args() -> argparse.Namespace:
     parser.add_argument(
         "--cases-only", action="store_true", help="stop after the cases (and Spark's floor)"
     )
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.issue_sizes:
+        args.case_messages, args.case_keys = 300_000, "1000,10000"
+    return args
 
 
 def _open(url: str) -> NatsClient:
@@ -81,50 +93,15 @@ def _baseline(url: str, size: int, count: int, durable: str) -> dict[str, Any]:
     return {**figures, "cpu_us_per_msg": sampler.cpu_us_per_msg(count)}
 
 
-def _client_cpu(by_kind: dict[str, float]) -> float:
-    """The connector's processes' share of a per-message CPU figure: Spark's JVM, its Python
-    workers and the streaming source runner (not nats-server, nor the process that started the
-    query, which here is the bench)."""
-    return round(sum(by_kind.get(k, 0.0) for k in ("jvm", "python_worker", "source_runner")), 2)
-
-
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The run with the median throughput."""
     return sorted(runs, key=lambda r: r["msgs_per_s"])[len(runs) // 2]
 
 
-def _case_goals(both_cases: list[dict[str, Any]]) -> dict[str, Any]:
-    """The cases' figures beside issue 26's targets."""
-    return {
-        "cases": {
-            f"{c['keys']}_keys": {
-                "warm_ratio": {k: v["ratio"] for k, v in c["warm"]["ratio_to_nats_py"].items()},
-                "fresh_ratio": {k: v["ratio"] for k, v in c["fresh"]["ratio_to_nats_py"].items()},
-                "fresh_ratio_bound": c["fresh"]["ratio_bound"],
-                "marginal_client_cpu_us_per_msg_warm": _client_cpu(
-                    c["warm"]["marginal_cpu_us_per_msg"]
-                ),
-                "marginal_client_cpu_us_per_msg_fresh": _client_cpu(
-                    c["fresh"]["marginal_cpu_us_per_msg"]
-                ),
-                "marginal_cpu_us_per_msg_warm": c["warm"]["marginal_cpu_us_per_msg"],
-                "driver_cpu_us_per_msg_warm": c["warm"]["driver_cpu_us_per_msg"],
-                "driver_marginal_cpu_us_per_msg_warm": c["warm"]["marginal_cpu_us_per_msg"].get(
-                    "source_runner"
-                ),
-                "driver_cpu_4N_over_N_warm": c["warm"]["driver_cpu_4N_over_N"],
-                "ledger_bytes_per_msg_warm": c["warm"]["ledger_bytes_per_msg"],
-                "planned_batch_bytes": c["planned_batch_bytes"],
-            }
-            for c in both_cases
-        },
-        "client_cpu_goal_us_per_msg": 8.0,
-        "driver_cpu_goal_us_per_msg": 0.2,
-        "driver_cpu_4N_over_N_goal": 1.3,
-        "ledger_bytes_per_msg_goal": 4.0,
-        "cases_ratio_goals": "fresh process, 100 B: >= 3x at 1,000 keys and >= 2x at 10,000 "
-        "keys on 1.2M messages (4N of the default N), >= 2x at 1,000 keys on 300k (N)",
-    }
+def _print_summary(results: dict[str, Any], both_cases: list[dict[str, Any]]) -> None:
+    """The summary JSON, then the cases' lines to read (`bench/case_report.py`)."""
+    print(json.dumps({"bench": "summary", **results}, indent=2), flush=True)
+    print("\n".join(case_lines(both_cases)), flush=True)
 
 
 def main() -> None:
@@ -165,9 +142,9 @@ def main() -> None:
                 )
                 emit("cases", both_cases[-1])
             if args.cases_only:
-                results.update(cases=both_cases, spark_floor=floor, goals=_case_goals(both_cases))
+                results.update(cases=both_cases, spark_floor=floor, goals=case_goals(both_cases))
                 results.update(total_seconds=round(time.perf_counter() - started, 1))
-                print(json.dumps({"bench": "summary", **results}, indent=2), flush=True)
+                _print_summary(results, both_cases)
                 return
 
             for size, count in sizes.items():
@@ -272,7 +249,7 @@ def main() -> None:
         ledger=ledger,
         server_filter_cost=filters,
         goals={
-            **_case_goals(both_cases),
+            "cases": case_goals(both_cases),
             "throughput_ratio_4_members_100B_median_rounds": connector[100]["ratio_to_baseline"],
             "throughput_ratio_4_members_100B_best_rounds": round(
                 max(r["msgs_per_s"] for r in rounds["connector"])
@@ -322,7 +299,7 @@ def main() -> None:
         total_seconds=round(time.perf_counter() - started, 1),
         load_average_at_end=[round(x, 1) for x in psutil.getloadavg()],
     )
-    print(json.dumps({"bench": "summary", **results}, indent=2), flush=True)
+    _print_summary(results, both_cases)
 
 
 if __name__ == "__main__":
