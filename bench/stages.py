@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from nats_spark.jetstream.pull import PIN_ID_HEADER, Deliveries  # noqa: E402
 from nats_spark.jetstream.subjects import ack_numbers  # noqa: E402
 from nats_spark.nats_py import RawInbox, RoutingParser  # noqa: E402
-from nats_spark.spark.group_source.recorded import Recorded, encode_recorded  # noqa: E402
-from nats_spark.spark.shared.columns import SlotColumns  # noqa: E402
+from nats_spark.spark.group_source.columns import SlotColumns  # noqa: E402
+from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries, encode_chunk  # noqa: E402
 
 STREAM, CONSUMER, SID = "STAGES", "STAGES-g-m0", 7
 
@@ -105,7 +105,7 @@ def stages(messages: int, keys: int, size: int, read: int, rounds: int) -> dict[
     wire = pull_wire(messages, keys, size)
     deliveries = _deliveries(_parse(wire, read))
     columns = _columns(deliveries)
-    recorded = Recorded.from_replies(deliveries.replies)
+    recorded = EntryDeliveries.from_replies(deliveries.replies)
     assert columns.record_batch().num_rows == messages
 
     def timed(step: Callable[[Any], Any], given: Callable[[], Any] = lambda: None) -> float:
@@ -117,7 +117,7 @@ def stages(messages: int, keys: int, size: int, read: int, rounds: int) -> dict[
         "ack_numbers": timed(lambda _: ack_numbers(deliveries.replies)),
         "slot_columns": timed(lambda _: _columns(deliveries)),
         "record_batch": timed(lambda _: columns.record_batch()),
-        "ledger_chunk": timed(lambda _: encode_recorded(recorded)),
+        "ledger_chunk": timed(lambda _: encode_chunk(recorded)),
         "ack_commands": timed(lambda _: recorded.ack_commands()),
     }
     figures["in_all"] = round(sum(figures.values()), 3)
