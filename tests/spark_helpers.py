@@ -51,7 +51,7 @@ from nats_spark.pcg.partitioning import member_partitions, partition_for
 from nats_spark.pcg.store import GroupKind, load_group
 from nats_spark.spark.group_source.ledger import Ledger, pointer_key
 from nats_spark.spark.group_source.ledger_protocol import ack, read_deliveries, read_head
-from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.group_source.slot_partition import SlotPartition, SlotReading
 
 SPARK_VERSION = tuple(int(part) for part in pyspark.__version__.split(".")[:2])
 # Spark 4.2+ passes the committed start offset to latestOffset, so the source acks a query's last
@@ -674,8 +674,7 @@ class Slot:
         dedupe: tuple[tuple[str, int, int], ...] = (),
     ) -> SlotPartition:
         return SlotPartition(
-            connection=self.settings,
-            ledger_bucket=self.bucket,
+            reading=SlotReading(self.settings, self.bucket, 100, 3.0, False, True),
             pointer_key=pointer_key(self.stream, self.consumer.name),
             lineage=self.lineage,
             gen=gen,
@@ -689,10 +688,6 @@ class Slot:
             pin_id=pin,
             committed=committed,
             dedupe=dedupe,
-            fetch_batch_size=100,
-            fetch_timeout=3.0,
-            include_headers=False,
-            fail_on_data_loss=True,
         )
 
     def entry(self, gen: int) -> tuple[Any, list[int]]:

@@ -50,6 +50,7 @@ class OffsetReader:
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
+        self.reading = options.reading
         self.target = target_for(options)
         self.client: NatsClient | None = None
         self.ledger = DriverLedger(
@@ -337,8 +338,7 @@ class OffsetReader:
         dedupe = self.ledger.dedupe_spans(end.gen, same_stream) if task.limit else ()
         seen = states[name].seen if name in states else None
         return SlotPartition(
-            connection=options.connection,
-            ledger_bucket=options.ledger_bucket,
+            reading=self.reading,
             pointer_key=self.ledger.pointer_key,
             lineage=end.lineage,
             gen=end.gen,
@@ -353,13 +353,6 @@ class OffsetReader:
             committed=task.acks,
             dedupe=dedupe,
             dedupe_through=self.ledger.highest_seq(dedupe),
-            fetch_batch_size=options.fetch_batch_size,
-            fetch_timeout=options.fetch_timeout,
-            include_headers=options.include_headers,
-            fail_on_data_loss=options.fail_on_data_loss,
-            min_pending=options.min_pending,
-            min_ack_pending=options.min_ack_pending,
-            priority=options.priority,
             ack_wait=options.ack_wait if seen is None else seen.ack_wait,
             siblings=siblings(states, end.slots, slot),
         )

@@ -10,8 +10,10 @@ from typing import TypeVar
 
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError, option_not_applicable
+from nats_spark.jetstream.pull_loop import Thresholds
 from nats_spark.pcg.consumers import ConsumerLayout
 from nats_spark.pcg.store import GroupKind
+from nats_spark.spark.group_source.slot_partition import SlotReading
 from nats_spark.spark.shared.options import (
     CONNECTION_OPTIONS,
     DEFAULT_MAX_TRIGGER_DELAY,
@@ -83,6 +85,19 @@ class SourceOptions:
     def target(self) -> str:
         """What the query reads, for messages and ledger keys."""
         return f"{self.stream}/{self.group or self.consumer}"
+
+    @property
+    def reading(self) -> SlotReading:
+        """What its tasks need of these options, whatever slot and batch they read."""
+        return SlotReading(
+            connection=self.connection,
+            ledger_bucket=self.ledger_bucket,
+            fetch_batch_size=self.fetch_batch_size,
+            fetch_timeout=self.fetch_timeout,
+            include_headers=self.include_headers,
+            fail_on_data_loss=self.fail_on_data_loss,
+            thresholds=Thresholds(self.min_pending, self.min_ack_pending, self.priority),
+        )
 
 
 Choice = TypeVar("Choice", bound=StrEnum)

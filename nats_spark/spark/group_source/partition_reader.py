@@ -29,6 +29,7 @@ from nats_spark.jetstream.acks import (
 )
 from nats_spark.jetstream.api import StoredMessage
 from nats_spark.jetstream.pull import Deliveries, Pull, PullConsumer
+from nats_spark.jetstream.pull_loop import send
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source.columns import SlotColumns
 from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
@@ -53,7 +54,8 @@ class SlotReader:
 
     def __init__(self, partition: SlotPartition, client: NatsClient | None = None) -> None:
         self.partition = partition
-        self.client = client or shared_client(partition.connection)
+        self.reading = partition.reading
+        self.client = client or shared_client(partition.reading.connection)
         self.entry = SlotEntry(self.client, partition)
         self.keeper = InProgressKeeper(self.client.nc, partition.ack_wait, f"slot {partition.slot}")
         self.dedupe: set[int] | None = None  # `SlotHistory.dedupe`, loaded when first needed
@@ -84,7 +86,10 @@ class SlotReader:
     def _columns(self) -> SlotColumns:
         partition = self.partition
         return SlotColumns(
-            partition.stream, partition.member, partition.partitioned, partition.include_headers
+            partition.stream,
+            partition.member,
+            partition.partitioned,
+            partition.reading.include_headers,
         )
 
     async def _stored(self, seq: int) -> StoredMessage | None:
@@ -92,7 +97,7 @@ class SlotReader:
         try:
             return await self.client.api.get_message(stream, seq)
         except NotFound:
-            if self.partition.fail_on_data_loss:
+            if self.partition.reading.fail_on_data_loss:
                 raise DataLoss(
                     f"message {seq} of stream {stream} was removed (retention or purge) "
                     "before its batch was committed; raise the stream's limits, or set "
@@ -205,17 +210,7 @@ class SlotReader:
         self.sibling_seqs |= await self.entry.recorded_by_siblings()
 
     async def _request(self, consumer: PullConsumer, plan: PullPlan | None) -> Pull | None:
-        if plan is None:
-            return None
-        return await consumer.pull(
-            plan.batch,
-            expires=plan.expires or 0,
-            max_bytes=plan.max_bytes,
-            no_wait=plan.expires is None,
-            min_pending=self.partition.min_pending,
-            min_ack_pending=self.partition.min_ack_pending,
-            priority=self.partition.priority,
-        )
+        return None if plan is None else await send(consumer, plan, self.reading.thresholds)
 
     async def pull_record_batches(self) -> Any:
         """Async generator of record batches pulled from NATS, each recorded before it leaves.
@@ -232,7 +227,7 @@ class SlotReader:
             group=self.partition.priority_group,
             pin_id=self.entry.head.pin,
         )
-        policy = SlotPullPolicy(self.partition.fetch_batch_size, self.partition.fetch_timeout)
+        policy = SlotPullPolicy(self.reading.fetch_batch_size, self.reading.fetch_timeout)
         remaining = self.partition.limit - self.entry.head.count
         columns, replies = self._columns(), list[bytes]()
         recording: asyncio.Future[pa.RecordBatch] | None = None
@@ -370,7 +365,7 @@ async def slot_batches(reader: SlotReader) -> AsyncGenerator[pa.RecordBatch, Non
     seal. Async, so that the simulation (tests/simulation) runs them on its own loop."""
     partition = reader.partition
     await reader.begin()
-    step = partition.fetch_batch_size
+    step = partition.reading.fetch_batch_size
     for start in range(0, len(reader.replay), step):
         batch = await reader.replay_record_batch(reader.replay.part(start, start + step))
         if batch.num_rows:

@@ -40,7 +40,9 @@ class SlotEntry:
 
     async def open_ledger(self) -> Ledger:
         if self.ledger is None:
-            kv = await Ledger.bucket(self.client, self.partition.ledger_bucket, create=False)
+            kv = await Ledger.bucket(
+                self.client, self.partition.reading.ledger_bucket, create=False
+            )
             self.ledger = Ledger(kv, self.partition.lineage)
         return self.ledger
 

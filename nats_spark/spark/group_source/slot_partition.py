@@ -7,16 +7,30 @@ from dataclasses import dataclass
 from pyspark.sql.datasource import InputPartition
 
 from nats_spark.connection import ConnectionSettings
+from nats_spark.jetstream.pull_loop import Thresholds
 
 UNBOUNDED = 2**64 - 1  # above any stream sequence
+
+
+@dataclass(frozen=True)
+class SlotReading:
+    """How every task of a query reads: the same for all its slots and batches, made once from
+    the query's options (`SourceOptions.reading`)."""
+
+    connection: ConnectionSettings
+    ledger_bucket: str
+    fetch_batch_size: int
+    fetch_timeout: float
+    include_headers: bool
+    fail_on_data_loss: bool
+    thresholds: Thresholds = Thresholds()
 
 
 @dataclass(frozen=True)
 class SlotPartition(InputPartition):
     """Everything a task needs: executors get no other state from the driver."""
 
-    connection: ConnectionSettings
-    ledger_bucket: str
+    reading: SlotReading
     pointer_key: str  # the target's ledger pointer (`Pointer.settled` fences zombie attempts)
     lineage: str
     gen: int
@@ -32,13 +46,6 @@ class SlotPartition(InputPartition):
     # (slot, first gen, last gen): entries of earlier batches on this stream not settled yet,
     # whose messages are dropped if redelivered (gens in between may have no entry)
     dedupe: tuple[tuple[str, int, int], ...]
-    fetch_batch_size: int
-    fetch_timeout: float
-    include_headers: bool
-    fail_on_data_loss: bool
-    min_pending: int = 0
-    min_ack_pending: int = 0
-    priority: int | None = None
     siblings: tuple[str, ...] = ()  # other slots of this batch pulling from the same consumer
     ack_wait: float = 30.0  # the consumer's: what this task takes must not come back meanwhile
     # the highest stream sequence the `dedupe` entries hold: above it no delivery is theirs

@@ -19,7 +19,7 @@ from nats_spark.spark.group_source.entry_deliveries import (
 )
 from nats_spark.spark.group_source.ledger import LEDGER_FORMAT, key_token, name_of
 from nats_spark.spark.group_source.ledger_protocol import EntryHead, EntryState, chunk_deliveries
-from nats_spark.spark.group_source.slot_partition import UNBOUNDED, SlotPartition
+from nats_spark.spark.group_source.slot_partition import UNBOUNDED, SlotPartition, SlotReading
 
 pytestmark = pytest.mark.unit
 
@@ -119,8 +119,7 @@ def planned(gen: int, window_gens: int) -> SlotPartition:
     slots (what the driver hands a task: no sequence of any message)."""
     spans = tuple((f"m{i}", gen - window_gens, gen - 1) for i in range(8))
     return SlotPartition(
-        connection=ConnectionSettings(),
-        ledger_bucket="nats-spark-ledger",
+        reading=SlotReading(ConnectionSettings(), "nats-spark-ledger", 500, 1.0, False, True),
         pointer_key="query.S.g",
         lineage="0" * 32,
         gen=gen,
@@ -134,10 +133,6 @@ def planned(gen: int, window_gens: int) -> SlotPartition:
         pin_id=None,
         committed=(gen - 1,),
         dedupe=spans,
-        fetch_batch_size=500,
-        fetch_timeout=1.0,
-        include_headers=False,
-        fail_on_data_loss=True,
     )
 
 

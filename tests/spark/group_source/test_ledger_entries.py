@@ -33,7 +33,7 @@ from nats_spark.spark.group_source.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.sealed_keeper import SealedKeeper
 from nats_spark.spark.group_source.slot_entry import SlotEntry
 from nats_spark.spark.group_source.slot_history import SlotHistory
-from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.group_source.slot_partition import SlotPartition, SlotReading
 
 pytestmark = pytest.mark.unit
 
@@ -53,8 +53,7 @@ def lineage() -> str:
 
 def input_partition(lineage: str, gen: int = 1, slot: str = "m1", **fields: Any) -> SlotPartition:
     base: dict[str, Any] = dict(
-        connection=ConnectionSettings(),
-        ledger_bucket="ledger",
+        reading=SlotReading(ConnectionSettings(), "ledger", 100, 1.0, False, True),
         pointer_key="query.S.g",
         lineage=lineage,
         gen=gen,
@@ -68,10 +67,6 @@ def input_partition(lineage: str, gen: int = 1, slot: str = "m1", **fields: Any)
         pin_id="pin-1",
         committed=(),
         dedupe=(),
-        fetch_batch_size=100,
-        fetch_timeout=1.0,
-        include_headers=False,
-        fail_on_data_loss=True,
     )
     return SlotPartition(**{**base, **fields})
 
