@@ -54,6 +54,7 @@ class DriverLedger:
         self.pins: dict[str, str] = {}  # by slot: the pin its newest entry (or pointer) holds
         self.settled = 0  # newest gen with an entry removed as settled (`Pointer.settled`)
         self.last_query_pins: frozenset[str] = frozenset()  # pins of this target's last query
+        self.last_query_lineage: str | None = None  # its lineage (the pointer's, as found)
 
     def attach(self, kv: Bucket) -> None:
         """Use `kv` (a new connection's handle on the bucket)."""
@@ -75,6 +76,7 @@ class DriverLedger:
         pointer = await read_pointer(self.kv, self.pointer_key)
         if pointer is not None:  # pins of this target's last query: ours, not another client's
             self.last_query_pins = frozenset(pointer.pins.values())
+            self.last_query_lineage = pointer.lineage
         if offset is None:
             if self.ledger is not None:
                 return False
@@ -227,12 +229,6 @@ class DriverLedger:
         self.settled = gen
         await self.save_pointer()
 
-    async def stored_lineage(self) -> str | None:
-        """The lineage the stored pointer names (the target's last query's), if any."""
-        assert self.kv is not None
-        pointer = await read_pointer(self.kv, self.pointer_key)
-        return None if pointer is None else pointer.lineage
-
     async def disown_before(self, client: NatsClient, gen: int) -> None:
         """Give back the entries of this lineage's gens before `gen`, a checkpoint's first
         batch: an earlier checkpoint's, never emitted by this query. Fenced first, like settled
@@ -241,8 +237,8 @@ class DriverLedger:
         earlier = sorted(key for key in self.entries if key[0] < gen)
         if not earlier:
             return
-        self.settled = max(self.settled, gen - 1)
-        await self.save_pointer()
+        if gen - 1 > self.settled:
+            await self._fence(gen - 1)
         _given_back(await protocol.give_back(client, self.ledger, earlier))
         for key in earlier:
             del self.entries[key]

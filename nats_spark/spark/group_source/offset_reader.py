@@ -62,7 +62,6 @@ class OffsetReader:
         self.available_now = False  # an availableNow run: its slots end at their `end_seq`
         self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
         self.committed = 0  # newest gen of the adopted lineage known committed (acked at stop)
-        self.earlier_lineage: str | None = None  # the one `initial_offset` replaced
         self.keeping: tuple[asyncio.Event, asyncio.Future[None]] | None = None
 
     def _committed(self, offset: SourceOffset) -> None:
@@ -136,7 +135,6 @@ class OffsetReader:
             return SourceOffset(self.current.lineage, 0)
         offset = SourceOffset.initial()
         log.info("%s: new query lineage %s", self.options.target, offset.lineage)
-        self.earlier_lineage = await self.ledger.stored_lineage()
         self.ledger.forget_lineage()
         await self._adopt(offset)
         await self.ledger.clear_pins()
@@ -309,12 +307,13 @@ class OffsetReader:
         """At a checkpoint's first batch: what an earlier checkpoint's query took is not this
         one's to dedupe or ack. 4.0/4.1 plan the first batch before they ask `initialOffset`,
         in the stored lineage, whose gens before it are that query's; 4.2+ ask first, and the
-        lineage it replaces is that query's. (A re-run of the first batch after a restart on
-        4.2+ starts in another lineage than the batch's, and is not a first batch here.)"""
+        lineage it replaces (the pointer's when this reader adopted its own) is that query's.
+        (A re-run of the first batch after a restart on 4.2+ starts in another lineage than the
+        batch's, and is not a first batch here.)"""
         client = await self._connect()
         if first.gen > 1:
             await self.ledger.disown_before(client, first.gen)
-        earlier, self.earlier_lineage = self.earlier_lineage, None
+        earlier = self.ledger.last_query_lineage
         if earlier is not None and earlier != first.lineage:
             await self.ledger.disown_lineage(client, earlier)
 
