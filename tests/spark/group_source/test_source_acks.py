@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,32 @@ def test_a_failed_query_acks_its_committed_batch_at_stop(spark, client, nats_url
     wait_until(lambda: unacked(client, stream, "g") == 0, 30, "batch 0 acked at stop")
 
 
+def sink_down_after(rows: int, committed: list[int]) -> Callable[[Any, int], None]:
+    """A foreachBatch sink that keeps payloads in `committed` and fails every batch with rows
+    once it holds `rows` (as a driver killed there leaves it: logged, not committed)."""
+
+    def sink(batch: Any, batch_id: int) -> None:
+        payloads = [int(r.data.decode()) for r in batch.select("data").collect()]
+        if payloads and len(committed) >= rows:
+            raise RuntimeError("the sink is down")
+        committed.extend(payloads)
+
+    return sink
+
+
+def run_until_it_fails(
+    df: Any, sink: Callable[[Any, int], None], checkpoint: Any, run: str
+) -> None:
+    """Run `df` into `sink` until the query fails, then until its driver side has stopped (what
+    the source does at stop is done then)."""
+    query = foreach_batches(df, sink, checkpoint)
+    try:
+        wait_until(lambda: query.exception() is not None, 120, f"{run} to fail")
+    finally:
+        query.stop()
+    wait_until(lambda: not source_runners(), 90, f"{run}'s driver side to stop")
+
+
 @pytest.mark.compat
 def test_a_restart_acks_nothing_of_the_logged_batch_it_could_not_commit(
     spark, client, nats_url, unique, tmp_path
@@ -113,24 +140,10 @@ def test_a_restart_acks_nothing_of_the_logged_batch_it_could_not_commit(
     static_group(client, stream, "g", ["m1", "m2"], partitions=2)
     publish(client, stream, 60)
     committed: list[int] = []
-
-    def sink(batch: Any, batch_id: int) -> None:
-        rows = [int(r.data.decode()) for r in batch.select("data").collect()]
-        if rows and len(committed) >= 40:
-            raise RuntimeError("the sink is down")
-        committed.extend(rows)
-
-    def run_until_it_fails(run: str) -> None:
-        df = source(spark, nats_url, stream, "g", maxMessagesPerTrigger=20)
-        query = foreach_batches(df, sink, tmp_path / "cp")
-        try:
-            wait_until(lambda: query.exception() is not None, 120, f"the {run} run to fail")
-        finally:
-            query.stop()
-        wait_until(lambda: not source_runners(), 90, f"the {run} run's driver side to stop")
-
-    run_until_it_fails("first")
-    run_until_it_fails("restarted")
+    sink = sink_down_after(40, committed)
+    df = source(spark, nats_url, stream, "g", maxMessagesPerTrigger=20)
+    run_until_it_fails(df, sink, tmp_path / "cp", "the first run")
+    run_until_it_fails(df, sink, tmp_path / "cp", "the restarted run")
     assert len(committed) >= 40 and len(set(committed)) == len(committed)
     assert unacked(client, stream, "g") == 60 - len(committed), "acked before commit"
 
@@ -149,20 +162,8 @@ def test_a_new_checkpoint_reads_what_the_old_query_left_uncommitted(
     publish(client, stream, 60)
     first: list[int] = []
     second: list[int] = []
-
-    def failing_sink(batch: Any, batch_id: int) -> None:
-        rows = [int(r.data.decode()) for r in batch.select("data").collect()]
-        if rows and len(first) >= 40:
-            raise RuntimeError("the sink is down")
-        first.extend(rows)
-
     df = source(spark, nats_url, stream, "g", maxMessagesPerTrigger=20, ackWait="20s")
-    query = foreach_batches(df, failing_sink, tmp_path / "old")
-    try:
-        wait_until(lambda: query.exception() is not None, 120, "the old query to fail")
-    finally:
-        query.stop()
-    wait_until(lambda: not source_runners(), 90, "the old query's driver side to stop")
+    run_until_it_fails(df, sink_down_after(40, first), tmp_path / "old", "the old query")
     assert len(first) == 40 and unacked(client, stream, "g") == 20
     publish(client, stream, 20, start=60)  # keys 3, 4 and 5 also have messages 40, 41 and 42
 
