@@ -34,10 +34,11 @@ Settled entries are removed with a stream purge by subject, which leaves no purg
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from nats.errors import NoRespondersError
@@ -64,6 +65,7 @@ T = TypeVar("T")
 StoredValue = KeyValue.Entry  # a key's value and revision, as nats-py reads it
 
 
+@functools.lru_cache(maxsize=4096)  # a query's few slot names, on every key it reads or writes
 def key_token(name: str) -> str:
     """A KV key token for `name`: itself when safe, else `_` and its UTF-8 in hex."""
     if _KEY_TOKEN.match(name) and not name.startswith("_"):
@@ -290,4 +292,4 @@ async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
 
 
 async def write_pointer(kv: Bucket, key: str, pointer: Pointer) -> None:
-    await kv.put(key, json.dumps({"format": LEDGER_FORMAT, **asdict(pointer)}).encode())
+    await kv.put(key, json.dumps({"format": LEDGER_FORMAT, **vars(pointer)}).encode())

@@ -104,14 +104,16 @@ class OffsetReader:
             unacked[name] = unacked.get(name, 0) + count
         pins = self.ledger.last_query_pins | frozenset(self.ledger.pins.values())
         resolved = await self.target.resolve(client, Held(pins, unacked))
-        states = {name: replace(r, readable=False) for name, r in self.states.items()}
+        given = {slot.name: slot for slot in resolved}
+        states = {  # one copy per slot (this runs at every trigger), in the order known
+            name: replace(known, slot=given[name], readable=True)
+            if name in given
+            else (replace(known, readable=False) if known.readable else known)
+            for name, known in self.states.items()
+        }
         for slot in resolved:
-            known = states.get(slot.name)
-            states[slot.name] = (
-                SlotState(slot, end_seq=0 if self.available_now else None)
-                if known is None
-                else replace(known, slot=slot, readable=True)
-            )
+            if slot.name not in states:
+                states[slot.name] = SlotState(slot, end_seq=0 if self.available_now else None)
         self.states = states
         self.resolved = True
         return resolved
