@@ -11,7 +11,7 @@ from tests.simulation.world import run_schedule, run_schedules
 
 pytestmark = pytest.mark.unit
 
-SEEDS = range(0, 3000)
+SEEDS = range(0, 2000)
 JOBS = len(os.sched_getaffinity(0))  # schedules are pure Python: one process per core
 
 # Seeds of a longer range that found a hole since closed: each must keep every guarantee.
