@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from nats_spark.errors import ConfigurationError
-from nats_spark.loop import run_sync
 from nats_spark.spark.group_source.offsets import SourceOffset
 from nats_spark.spark.group_source.options import SourceOptions, parse_options
 from nats_spark.spark.shared.compat import (
@@ -23,11 +22,23 @@ from nats_spark.spark.shared.stop_signal import stop_on_sigterm
 # Spark starts a Python process to look the format up, another to create it, one to run the
 # stream reader's driver calls and the workers that read: each imports this module, and only the
 # last two need the driver's or the executors' half. Those halves are imported where they are
-# used, so the processes that need neither skip about 0.3 CPU-s of imports each.
+# used, so the processes that need neither skip about 0.3 CPU-s of imports each (nats-py,
+# pyarrow's compute, asyncio: none of them is imported by this module or its options).
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from nats_spark.spark.group_source.offset_reader import OffsetReader
+
+
+T = TypeVar("T")
+
+
+def _wait(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a driver call's `coroutine` on this process's event loop, which only the process that
+    runs the stream reader's driver calls starts (and imports asyncio for)."""
+    from nats_spark.loop import run_sync
+
+    return run_sync(coroutine)
 
 
 class NatsPcgDataSource(DataSource):
@@ -89,13 +100,13 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @one_line_errors
     def initialOffset(self) -> dict[str, Any]:
-        return run_sync(self.offsets.initial_offset()).to_json()
+        return _wait(self.offsets.initial_offset()).to_json()
 
     @one_line_errors
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict[str, Any]:
         begin = SourceOffset.from_json(start) if start else None
         max_rows = getattr(limit, "max_rows", None)
-        return run_sync(self.offsets.latest_offset(begin, max_rows)).to_json()
+        return _wait(self.offsets.latest_offset(begin, max_rows)).to_json()
 
     @one_line_errors
     def getDefaultReadLimit(self) -> Any:
@@ -109,11 +120,11 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @one_line_errors
     def prepareForTriggerAvailableNow(self) -> None:
-        run_sync(self.offsets.prepare_available_now())
+        _wait(self.offsets.prepare_available_now())
 
     @one_line_errors
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return run_sync(
+        return _wait(
             self.offsets.partitions(SourceOffset.from_json(start), SourceOffset.from_json(end))
         )
 
@@ -127,10 +138,10 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @one_line_errors
     def commit(self, end: dict) -> None:
-        run_sync(self.offsets.commit(SourceOffset.from_json(end)))
+        _wait(self.offsets.commit(SourceOffset.from_json(end)))
 
     @one_line_errors
     def stop(self) -> None:
         if self._offsets is not None:
-            run_sync(self._offsets.close())
+            _wait(self._offsets.close())
             self._offsets = None
