@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 import re
-import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.subject_names import valid_publish_subject
+
+if TYPE_CHECKING:
+    import ssl
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 _SCHEMES = ("nats://", "tls://", "ws://", "wss://")
@@ -219,6 +221,8 @@ class ConnectionSettings:
     def ssl_context(self) -> ssl.SSLContext | None:
         if not self.uses_tls:
             return None
+        import ssl  # here: settings without TLS are parsed in processes that never connect
+
         try:
             context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca_cert)
         except (ssl.SSLError, ValueError) as error:

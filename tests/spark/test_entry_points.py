@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from bench.planning_imports import ROOT, run
+
 pytestmark = pytest.mark.unit
 
 # Only the driver's calls of a streaming query and the executors' reads need these; the
@@ -56,37 +58,8 @@ def test_each_half_is_imported_where_it_is_used():
     assert json.loads(loaded) == [False, True]
 
 
-# Spark's lookup, create and plan processes never connect: a client's imports there would cost
-# every fresh job about 0.1 CPU-s per process (nats-py alone is 70 ms).
-CLIENT = ("nats", "asyncio", "pyarrow.compute", "nats_spark.loop", "nats_spark.connect")
-
-# The create process parses the options and pickles the source; the plan process unpickles it,
-# makes the stream reader and pickles its `read` for the executors (Spark's
-# create_data_source.py and plan_data_source_read.py): options naming every enum and kind.
-PLAN = """
-import json, pickle, sys
-from types import SimpleNamespace
-from pyspark import cloudpickle
-import pyspark_nats, pyspark_nats_pcg
-from nats_spark.spark.shared.schema import SCHEMA_FIELDS
-
-source = pickle.loads(pickle.dumps(pyspark_nats_pcg.DefaultSource({
-    "servers": "nats://127.0.0.1:1", "stream": "S", "group": "g", "groupType": "static",
-    "consumerLayout": "partition", "startingPosition": "sequence:5", "domain": "hub",
-})))
-schema = SimpleNamespace(fields=[
-    SimpleNamespace(name=name, dataType=SimpleNamespace(simpleString=lambda kind=kind: kind))
-    for name, kind in SCHEMA_FIELDS
-])
-cloudpickle.dumps(source.streamReader(schema).read)
-pyspark_nats.DefaultSource({"servers": "nats://127.0.0.1:1", "stream": "S"}).schema()
-print(json.dumps([m for m in CLIENT if m in sys.modules]))
-"""
-
-
 def test_creating_and_planning_a_read_imports_no_client():
-    probe = f"CLIENT = {list(CLIENT)!r}\n{PLAN}"
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
-    ).stdout
-    assert json.loads(loaded) == []
+    """Spark's lookup, create and plan processes never connect: `bench.planning_imports`' probe
+    does what they do, and none of nats-py, asyncio, pyarrow.compute or our client gets
+    imported."""
+    assert run(ROOT)["imported"] == []
