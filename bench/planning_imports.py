@@ -1,9 +1,9 @@
 """What our modules cost the Python processes Spark starts to look a format up, create the
 source and plan its read (none of which connects): CPU seconds, in fresh interpreters, of
-importing both `pyspark_*` modules, making the `nats-pcg` source, its stream reader and
-pickling its `read`, after pyspark's own worker modules (imported there before ours); with
-`--compare DIR`, alternately with the code of another checkout (e.g. `git archive` of a base
-commit unpacked in DIR). Also prints which of `CLIENT` got imported (none should:
+importing both `pyspark_*` modules, making a `nats-pcg` and a `nats` source, their stream
+readers and pickling their `read`, after pyspark's own worker modules (imported there before
+ours); with `--compare DIR`, alternately with the code of another checkout (e.g. `git archive`
+of a base commit unpacked in DIR). Also prints which of `CLIENT` got imported (none should:
 tests/spark/test_entry_points.py runs the same probe).
 
     python bench/planning_imports.py --runs 9 --compare /tmp/base
@@ -26,6 +26,7 @@ CLIENT = ("nats", "asyncio", "pyarrow.compute", "nats_spark.loop", "nats_spark.c
 # As Spark's lookup_data_sources.py, create_data_source.py and plan_data_source_read.py do: the
 # create process parses the options and pickles the source, the plan process unpickles it, makes
 # the stream reader and pickles its `read` for the executors. The options name every enum.
+# (A batch read's plan process asks the source for its partitions, which connects.)
 PROBE = f"""
 import json, pickle, sys, time
 from types import SimpleNamespace
@@ -47,7 +48,9 @@ schema = SimpleNamespace(fields=[
     for name, kind in SCHEMA_FIELDS
 ])
 cloudpickle.dumps(source.streamReader(schema).read)
-pyspark_nats.DefaultSource({{"servers": "nats://127.0.0.1:1", "stream": "S"}}).schema()
+whole = pyspark_nats.DefaultSource({{"servers": "nats://127.0.0.1:1", "stream": "S"}})
+whole = pickle.loads(pickle.dumps(whole))
+cloudpickle.dumps(whole.streamReader(schema).read)
 print(json.dumps({{
     "cpu_seconds": time.process_time() - started,
     "imported": [m for m in {CLIENT!r} if m in sys.modules],

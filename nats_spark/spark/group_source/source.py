@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
@@ -15,6 +15,7 @@ from nats_spark.spark.shared.compat import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
+from nats_spark.spark.shared.driver_calls import wait
 from nats_spark.spark.shared.failures import one_line_errors
 from nats_spark.spark.shared.schema import SCHEMA_DDL, check_schema
 from nats_spark.spark.shared.stop_signal import stop_on_sigterm
@@ -28,17 +29,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from nats_spark.spark.group_source.offset_reader import OffsetReader
-
-
-T = TypeVar("T")
-
-
-def _wait(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run a driver call's `coroutine` on this process's event loop, which only the process that
-    runs the stream reader's driver calls starts (and imports asyncio for)."""
-    from nats_spark.loop import run_sync
-
-    return run_sync(coroutine)
 
 
 class NatsPcgDataSource(DataSource):
@@ -100,13 +90,13 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @one_line_errors
     def initialOffset(self) -> dict[str, Any]:
-        return _wait(self.offsets.initial_offset()).to_json()
+        return wait(self.offsets.initial_offset()).to_json()
 
     @one_line_errors
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict[str, Any]:
         begin = SourceOffset.from_json(start) if start else None
         max_rows = getattr(limit, "max_rows", None)
-        return _wait(self.offsets.latest_offset(begin, max_rows)).to_json()
+        return wait(self.offsets.latest_offset(begin, max_rows)).to_json()
 
     @one_line_errors
     def getDefaultReadLimit(self) -> Any:
@@ -120,11 +110,11 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @one_line_errors
     def prepareForTriggerAvailableNow(self) -> None:
-        _wait(self.offsets.prepare_available_now())
+        wait(self.offsets.prepare_available_now())
 
     @one_line_errors
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return _wait(
+        return wait(
             self.offsets.partitions(SourceOffset.from_json(start), SourceOffset.from_json(end))
         )
 
@@ -138,10 +128,10 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @one_line_errors
     def commit(self, end: dict) -> None:
-        _wait(self.offsets.commit(SourceOffset.from_json(end)))
+        wait(self.offsets.commit(SourceOffset.from_json(end)))
 
     @one_line_errors
     def stop(self) -> None:
         if self._offsets is not None:
-            _wait(self._offsets.close())
+            wait(self._offsets.close())
             self._offsets = None
