@@ -49,7 +49,7 @@ from nats_spark.spark.group_source.options import SourceOptions
 MEMBERS = 4
 PAYLOAD = 100
 WARM_UP_MESSAGES = 2_000  # read before each warm run, so that Spark's Python workers are up
-FRESH_JOB = str(Path(__file__).resolve().parent / "fresh_job.py")
+ROOT = Path(__file__).resolve().parent.parent
 SPARK_FLOOR = str(Path(__file__).resolve().parent / "spark_floor.py")
 SAMPLE_EVERY = 0.1  # seconds between CPU samples: what a process ending between them loses
 
@@ -81,14 +81,20 @@ def _ledger_writes(
     }
 
 
-def _fresh(url: str, stream: str, group: str, count: int, options: dict[str, Any]) -> dict:
-    """The read as a job of its own; nats-server's CPU from this process's sampler (the job's
-    own tree does not hold the server)."""
-    command = [sys.executable, FRESH_JOB, url, stream, group, str(count), json.dumps(options)]
+def fresh_read(
+    url: str, stream: str, group: str, count: int, options: dict[str, Any], root: Path = ROOT
+) -> dict:
+    """The read as a job of its own, with the code in the checkout `root` (its working directory
+    and on PYTHONPATH, which Spark's Python workers inherit); nats-server's CPU from this
+    process's sampler (the job's own tree does not hold the server)."""
+    job_script = str(root / "bench" / "fresh_job.py")
+    command = [sys.executable, job_script, url, stream, group, str(count), json.dumps(options)]
+    path = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     figures: dict[str, Any] | None = None
     with ProcessSampler(SAMPLE_EVERY) as around:
         started = time.perf_counter()
-        job = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        job = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=root)
         assert job.stdout is not None
         for line in job.stdout:
             if line.startswith("{"):
@@ -186,7 +192,7 @@ def cases(
         emit("case_warm", {"keys": keys, "size": size, **runs["warm"][size]})
         run_sync(create_group(client, stream, "fresh", MEMBERS))
         runs["fresh"][size] = _ledger_writes(
-            client, options, lambda s=stream, c=count: _fresh(url, s, "fresh", c, options)
+            client, options, lambda s=stream, c=count: fresh_read(url, s, "fresh", c, options)
         )
         emit("case_fresh", {"keys": keys, "size": size, **runs["fresh"][size]})
 

@@ -22,9 +22,10 @@ from nats_spark.errors import ConfigurationError, NatsSparkError
 from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.config import ElasticConfig, MemberMapping, PartitioningFilter
-from nats_spark.pcg.consumers import ConsumerLayout, partition_consumer_name
+from nats_spark.pcg.consumers import partition_consumer_name
+from nats_spark.pcg.kinds import ConsumerLayout, GroupKind
 from nats_spark.pcg.partitioning import elastic_stream_name, member_partitions, partition_owner
-from nats_spark.pcg.store import GroupEntry, GroupKind
+from nats_spark.pcg.store import GroupEntry
 from nats_spark.progress import progress_bar
 
 PROG = "nats-pcg"

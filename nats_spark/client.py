@@ -14,10 +14,11 @@ from nats.js.api import PubAck
 from nats.js.errors import ServiceUnavailableError
 from nats.js.kv import KeyValue
 
-from nats_spark.connection import ConnectionSettings, connect
+from nats_spark.connect import connect
+from nats_spark.connection import DEFAULT_PREFIX, ConnectionSettings
 from nats_spark.errors import ConnectionFailed, NatsSparkError
 from nats_spark.jetstream.acks import flush_published
-from nats_spark.jetstream.api import DEFAULT_PREFIX, JetStreamApi
+from nats_spark.jetstream.api import JetStreamApi
 from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.nats_py import read_loop_alive

@@ -25,7 +25,7 @@ from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings, parse_servers
 from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
-from nats_spark.pcg.store import GroupKind
+from nats_spark.pcg.kinds import GroupKind
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.local_session import local_session
 

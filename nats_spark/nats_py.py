@@ -212,7 +212,7 @@ def _routes(nc: NATS) -> dict[int, RawHandler | RawInbox]:
     parser = getattr(nc, "_ps", None)
     if not isinstance(parser, RoutingParser):
         raise NatsSparkError(
-            "this connection was not opened by nats_spark.connection.connect, which routes "
+            "this connection was not opened by nats_spark.connect.connect, which routes "
             "messages raw; open it there"
         )
     return parser.routes

@@ -24,9 +24,10 @@ from chaos.proxy import free_port
 from nats_spark import loop
 from nats_spark.cli import build_parser, settings_from_args
 from nats_spark.client import NatsClient
-from nats_spark.connection import ConnectionSettings, connect, parse_servers, redact_url
+from nats_spark.connect import connect
+from nats_spark.connection import ConnectionSettings, parse_servers, redact_url
 from nats_spark.errors import ConfigurationError
-from nats_spark.jetstream import PullConsumer
+from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.loop import Blocking, event_loop, run_sync
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.group_source.options import parse_options

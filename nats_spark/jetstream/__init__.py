@@ -1,13 +1,3 @@
-"""JetStream pieces nats-py lacks: raw API requests, status messages and pulls (priority groups)."""
-
-from nats_spark.jetstream.api import JetStreamApi, StoredMessage
-from nats_spark.jetstream.pull import FetchResult, PullConsumer, PullRequest, PullStatus
-
-__all__ = [
-    "FetchResult",
-    "JetStreamApi",
-    "PullConsumer",
-    "PullRequest",
-    "PullStatus",
-    "StoredMessage",
-]
+"""JetStream pieces nats-py lacks: raw API requests (`api`), status messages and pulls (priority
+groups). The package imports none of them, so that parsing options (`subject_names`) does not
+import nats-py."""

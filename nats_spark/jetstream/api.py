@@ -15,19 +15,10 @@ from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from nats_spark.connection import DEFAULT_PREFIX, no_jetstream
 from nats_spark.errors import PERMISSIONS_DOC, JetStreamApiError, NatsSparkError, NotFound
 from nats_spark.jetstream.replies import NANOS, ConsumerInfo, StreamInfo
 from nats_spark.jetstream.retry import Unavailable, retrying
-
-DEFAULT_PREFIX = "$JS.API"
-
-
-def no_jetstream(subject: str) -> str:
-    """Why nobody answers `subject` on the default API prefix, and the fix."""
-    return (
-        f"JetStream did not answer {subject}; enable JetStream on the server "
-        "(nats-server -js) and check the account's permissions"
-    )
 
 
 def to_nanos(seconds: float) -> int:

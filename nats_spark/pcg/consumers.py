@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from nats_spark.errors import ConfigurationError, ErrorCode, JetStreamApiError, NotFound
 from nats_spark.jetstream.api import NANOS, to_nanos
 from nats_spark.jetstream.replies import ConsumerInfo
+from nats_spark.pcg.kinds import GroupKind
 from nats_spark.pcg.partitioning import (
     elastic_stream_name,
     member_filter_subjects,
     partition_filter_subjects,
 )
-from nats_spark.pcg.store import GroupEntry, GroupKind
+from nats_spark.pcg.store import GroupEntry
 
 if TYPE_CHECKING:  # annotations only: parsing a format's options imports pcg, not the connection
     from nats_spark.client import NatsClient
@@ -30,11 +30,6 @@ log = logging.getLogger(__name__)
 PRIORITY_GROUP = "PCG"
 DEFAULT_ACK_WAIT = 5.0  # seconds; what Go uses when the template's ack wait is 0 or less
 PARTITION_PREFIX = "partition-"
-
-
-class ConsumerLayout(StrEnum):
-    MEMBER = "member"  # one consumer per member, one filter per owned partition (Go's)
-    PARTITION = "partition"  # one single-filter consumer per partition
 
 
 @dataclass(frozen=True)

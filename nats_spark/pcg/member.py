@@ -45,8 +45,9 @@ from nats_spark.pcg.consumers import (
     ensure_group_consumer,
     member_consumer,
 )
+from nats_spark.pcg.kinds import GroupKind
 from nats_spark.pcg.member_pulls import Handler, MemberPulls
-from nats_spark.pcg.store import GroupConfig, GroupEntry, GroupKind, load_group
+from nats_spark.pcg.store import GroupConfig, GroupEntry, load_group
 
 if TYPE_CHECKING:  # annotations only: parsing a format's options imports pcg, not the connection
     from nats_spark.client import NatsClient

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from nats.errors import NoRespondersError
@@ -18,24 +17,12 @@ from nats.js.kv import KeyValue
 from nats_spark.errors import ConfigurationError, NatsSparkError, NotFound
 from nats_spark.jetstream.retry import retrying
 from nats_spark.pcg.config import ElasticConfig, GroupConfigError, StaticConfig
+from nats_spark.pcg.kinds import GroupKind
 
 if TYPE_CHECKING:  # annotations only: parsing a format's options imports pcg, not the connection
     from nats_spark.client import NatsClient
 
 GroupConfig = StaticConfig | ElasticConfig
-
-
-class GroupKind(StrEnum):
-    STATIC = "static"
-    ELASTIC = "elastic"
-
-    @property
-    def bucket(self) -> str:
-        return f"{self.value}-consumer-groups"
-
-    @property
-    def config_type(self) -> type[GroupConfig]:
-        return StaticConfig if self is GroupKind.STATIC else ElasticConfig
 
 
 class GroupNotFound(ConfigurationError):

@@ -4,7 +4,7 @@ writing DataFrames to JetStream (`sink/`).
 `df.write.format("nats")` (append) and `df.writeStream.format("nats")`; see `sink/publisher.py`
 for how rows become messages and why a re-run stores nothing twice. `spark.read.format("nats")`
 and `spark.readStream.format("nats")` read ranges of stream sequences; see
-`stream_source/stream_range.py`.
+`stream_source/stream_range.py` and `stream_source/stream_reader.py`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from nats_spark.spark.stream_source.options import parse_read_options
 # need neither the readers nor the writers, so those are imported where they are used.
 if TYPE_CHECKING:
     from nats_spark.spark.sink.writers import NatsStreamWriter, NatsWriter
-    from nats_spark.spark.stream_source.stream_range import RangeReader, RangeStreamReader
+    from nats_spark.spark.stream_source.stream_range import RangeReader
+    from nats_spark.spark.stream_source.stream_reader import RangeStreamReader
 
 
 class NatsDataSource(DataSource):
@@ -64,7 +65,7 @@ class NatsDataSource(DataSource):
 
     @one_line_errors
     def streamReader(self, schema: Any) -> RangeStreamReader:
-        from nats_spark.spark.stream_source.stream_range import RangeStreamReader
+        from nats_spark.spark.stream_source.stream_reader import RangeStreamReader
 
         check_schema(schema, "nats")
         return RangeStreamReader(parse_read_options(self.options, streaming=True))

@@ -18,10 +18,15 @@ from nats_spark.errors import (
     PriorityGroupMisconfigured,
     PullError,
 )
-from nats_spark.jetstream import FetchResult, JetStreamApi, PullConsumer, PullStatus
 from nats_spark.jetstream import pull as pull_module
-from nats_spark.jetstream.api import to_nanos
-from nats_spark.jetstream.pull import PIN_ID_HEADER, Deliveries
+from nats_spark.jetstream.api import JetStreamApi, to_nanos
+from nats_spark.jetstream.pull import (
+    PIN_ID_HEADER,
+    Deliveries,
+    FetchResult,
+    PullConsumer,
+    PullStatus,
+)
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
 

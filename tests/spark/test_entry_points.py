@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from bench.planning_imports import ROOT, run
+
 pytestmark = pytest.mark.unit
 
 # Only the driver's calls of a streaming query and the executors' reads need these; the
@@ -54,3 +56,10 @@ def test_each_half_is_imported_where_it_is_used():
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout
     assert json.loads(loaded) == [False, True]
+
+
+def test_creating_and_planning_a_read_imports_no_client():
+    """Spark's lookup, create and plan processes never connect: `bench.planning_imports`' probe
+    does what they do, and none of nats-py, asyncio, pyarrow.compute or our client gets
+    imported."""
+    assert run(ROOT)["imported"] == []

@@ -16,13 +16,13 @@ from nats_spark.pcg.config import StaticConfig
 from nats_spark.pcg.consumers import (
     PARTITION_PREFIX,
     PRIORITY_GROUP,
-    ConsumerLayout,
     GroupConsumer,
     member_consumer,
     partition_consumer,
 )
+from nats_spark.pcg.kinds import ConsumerLayout, GroupKind
 from nats_spark.pcg.partitioning import member_partitions, partition_owner
-from nats_spark.pcg.store import GroupEntry, GroupKind, load_group
+from nats_spark.pcg.store import GroupEntry, load_group
 from nats_spark.spark.group_source.group_consumers import ensure
 from nats_spark.spark.group_source.layouts import GroupLayouts
 from nats_spark.spark.group_source.options import SourceOptions

@@ -14,14 +14,14 @@ from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.pcg.admin import consumer_info_or_none
 from nats_spark.pcg.consumers import (
     PARTITION_PREFIX,
-    ConsumerLayout,
     filters_of,
     member_consumer,
     partition_consumer,
     partition_consumer_name,
     read_stream,
 )
-from nats_spark.pcg.store import GroupEntry, GroupKind
+from nats_spark.pcg.kinds import ConsumerLayout, GroupKind
+from nats_spark.pcg.store import GroupEntry
 from nats_spark.spark.group_source.group_consumers import ensure, from_sequence
 from nats_spark.spark.group_source.slots import Held
 

@@ -6,14 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError, option_not_applicable
-from nats_spark.jetstream.pull_loop import Thresholds
-from nats_spark.pcg.consumers import ConsumerLayout
-from nats_spark.pcg.store import GroupKind
-from nats_spark.spark.group_source.slot_partition import SlotReading
+from nats_spark.pcg.kinds import ConsumerLayout, GroupKind
 from nats_spark.spark.shared.options import (
     CONNECTION_OPTIONS,
     DEFAULT_MAX_TRIGGER_DELAY,
@@ -50,6 +47,11 @@ KNOWN_OPTIONS: dict[str, str] = {
     "ledgerBucket": "KV bucket of the ack ledger (default nats-spark-ledger)",
     "failOnDataLoss": "true | false (default true)",
 }
+
+# Spark's processes that look the format up, create it and plan its reads parse these options and
+# never pull: what the reading tasks need (and its import of nats-py) is imported in `reading`.
+if TYPE_CHECKING:
+    from nats_spark.spark.group_source.slot_partition import SlotReading
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,9 @@ class SourceOptions:
     @property
     def reading(self) -> SlotReading:
         """What its tasks need of these options, whatever slot and batch they read."""
+        from nats_spark.jetstream.pull_loop import Thresholds
+        from nats_spark.spark.group_source.slot_partition import SlotReading
+
         return SlotReading(
             connection=self.connection,
             ledger_bucket=self.ledger_bucket,

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from nats_spark.errors import ConfigurationError
-from nats_spark.loop import run_sync
 from nats_spark.spark.group_source.offsets import SourceOffset
 from nats_spark.spark.group_source.options import SourceOptions, parse_options
 from nats_spark.spark.shared.compat import (
@@ -16,6 +15,7 @@ from nats_spark.spark.shared.compat import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
+from nats_spark.spark.shared.driver_calls import wait
 from nats_spark.spark.shared.failures import one_line_errors
 from nats_spark.spark.shared.schema import SCHEMA_DDL, check_schema
 from nats_spark.spark.shared.stop_signal import stop_on_sigterm
@@ -23,7 +23,8 @@ from nats_spark.spark.shared.stop_signal import stop_on_sigterm
 # Spark starts a Python process to look the format up, another to create it, one to run the
 # stream reader's driver calls and the workers that read: each imports this module, and only the
 # last two need the driver's or the executors' half. Those halves are imported where they are
-# used, so the processes that need neither skip about 0.3 CPU-s of imports each.
+# used, so the processes that need neither skip about 0.3 CPU-s of imports each (nats-py,
+# pyarrow's compute, asyncio: none of them is imported by this module or its options).
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -89,13 +90,13 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @one_line_errors
     def initialOffset(self) -> dict[str, Any]:
-        return run_sync(self.offsets.initial_offset()).to_json()
+        return wait(self.offsets.initial_offset()).to_json()
 
     @one_line_errors
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict[str, Any]:
         begin = SourceOffset.from_json(start) if start else None
         max_rows = getattr(limit, "max_rows", None)
-        return run_sync(self.offsets.latest_offset(begin, max_rows)).to_json()
+        return wait(self.offsets.latest_offset(begin, max_rows)).to_json()
 
     @one_line_errors
     def getDefaultReadLimit(self) -> Any:
@@ -109,11 +110,11 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @one_line_errors
     def prepareForTriggerAvailableNow(self) -> None:
-        run_sync(self.offsets.prepare_available_now())
+        wait(self.offsets.prepare_available_now())
 
     @one_line_errors
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return run_sync(
+        return wait(
             self.offsets.partitions(SourceOffset.from_json(start), SourceOffset.from_json(end))
         )
 
@@ -127,10 +128,10 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @one_line_errors
     def commit(self, end: dict) -> None:
-        run_sync(self.offsets.commit(SourceOffset.from_json(end)))
+        wait(self.offsets.commit(SourceOffset.from_json(end)))
 
     @one_line_errors
     def stop(self) -> None:
         if self._offsets is not None:
-            run_sync(self._offsets.close())
+            wait(self._offsets.close())
             self._offsets = None

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.publish import ATOMIC_BATCH_MAX
-from nats_spark.jetstream.subjects import valid_publish_subject
+from nats_spark.jetstream.subject_names import valid_publish_subject
 from nats_spark.spark.shared.options import CONNECTION_OPTIONS, OptionValues, check_name
 
 SINK_OPTIONS: dict[str, str] = {

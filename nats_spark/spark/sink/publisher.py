@@ -29,7 +29,7 @@ from nats_spark.client import NatsClient, shared_client
 from nats_spark.errors import ConfigurationError, NotFound, stream_missing
 from nats_spark.jetstream.publish import ATOMIC_BATCH_MAX, OutMessage, Publisher, PublishStats
 from nats_spark.jetstream.replies import StreamInfo
-from nats_spark.jetstream.subjects import SubjectCapture, valid_publish_subject
+from nats_spark.jetstream.subject_names import SubjectCapture, valid_publish_subject
 from nats_spark.loop import run_sync
 from nats_spark.spark.sink.options import SinkOptions
 

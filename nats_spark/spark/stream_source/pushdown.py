@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from nats_spark.jetstream.subjects import valid_publish_subject
+from nats_spark.jetstream.subject_names import valid_publish_subject
 
 # A consumer with several filter subjects costs nats-server work per delivered message that
 # grows with the matching subjects in each block: bench/pushdown.py measured 12.5 us per message

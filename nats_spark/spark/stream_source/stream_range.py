@@ -1,4 +1,5 @@
-"""Reads of a whole stream with format `nats`: the driver side.
+"""Reads of a whole stream with format `nats`: the driver side (the stream reader, which uses
+these ranges, is in `stream_reader.py`).
 
 A read covers a range of stream sequences, resolved on the driver from stream info (and, for
 `time:` positions, a lookup of the first message at a time), and split into contiguous ranges,
@@ -9,69 +10,36 @@ streaming offsets are stream sequences, so a re-run of a batch reads the same ra
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSourceReader,
-    DataSourceStreamReader,
     InputPartition,
 )
 
 from nats_spark.client import NatsClient, shared_client
-from nats_spark.errors import ConfigurationError, NotFound, foreign_checkpoint, stream_missing
+from nats_spark.errors import ConfigurationError, NotFound, stream_missing
 from nats_spark.jetstream.replies import StreamInfo
 from nats_spark.loop import run_sync
-from nats_spark.spark.shared.compat import (
-    ReadAllAvailable,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
 from nats_spark.spark.shared.failures import one_line_errors
 from nats_spark.spark.shared.options import StartingPosition
-from nats_spark.spark.shared.pacing import TriggerPacing
 from nats_spark.spark.stream_source.options import ReadOptions
 from nats_spark.spark.stream_source.pushdown import PushedFilters, push_filters, rfc3339
 from nats_spark.spark.stream_source.range_reader import RangePartition, read_range
 
 log = logging.getLogger(__name__)
 
-OFFSET_VERSION = 1
 # nats-server looks a time up as int64 nanoseconds since 1970; a time outside these wraps
 # around (a lookup of 2300-01-01 answers with the first message), so they are answered here.
 EARLIEST_LOOKUP = datetime(1678, 1, 1, tzinfo=UTC)
 LATEST_LOOKUP = datetime(2262, 1, 1, tzinfo=UTC)
 # Default split: a few seconds of work per task; fewer, larger tasks for small ranges.
 MESSAGES_PER_PARTITION = 500_000
-
-
-@dataclass(frozen=True)
-class RangeOffset:
-    """A streaming offset: the next stream sequence to read."""
-
-    stream: str
-    seq: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"v": OFFSET_VERSION, "stream": self.stream, "seq": self.seq}
-
-    @classmethod
-    def from_json(cls, value: dict[str, Any] | str, stream: str) -> RangeOffset:
-        data = json.loads(value) if isinstance(value, str) else value
-        if data.get("v") != OFFSET_VERSION or not isinstance(data.get("seq"), int):
-            raise foreign_checkpoint(data, "format nats's stream reader")
-        if data.get("stream") != stream:
-            raise ConfigurationError(
-                f"the checkpoint reads stream {data.get('stream')!r}, not {stream!r}; use a new "
-                "checkpoint location to read another stream"
-            )
-        return cls(stream, data["seq"])
 
 
 def split_range(first: int, last: int, parts: int) -> list[tuple[int, int]]:
@@ -199,7 +167,7 @@ class StreamRanges:
         ]
 
 
-def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     assert isinstance(partition, RangePartition)
     return read_range(partition)
 
@@ -230,7 +198,7 @@ class RangeReader(DataSourceReader):
 
     @one_line_errors
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        yield from _read(partition)
+        yield from read_partition(partition)
 
 
 class FilteringRangeReader(RangeReader):
@@ -242,89 +210,3 @@ class FilteringRangeReader(RangeReader):
         self.pushed, kept = push_filters(filters, self.options.subjects, direct)
         log.info("read of stream %s: %s", self.options.stream, self.pushed.describe())
         return kept
-
-
-class RangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """`spark.readStream.format("nats")`: offsets are stream sequences; `commit` acks nothing."""
-
-    def __init__(self, options: ReadOptions) -> None:
-        self.options = options
-        self._ranges: StreamRanges | None = None
-        self.available_now_end: int | None = None
-        self.known_start: int | None = None  # for Spark 4.0/4.1, whose latestOffset has none
-        self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
-        self.stream_end: int | None = None  # the stream's next sequence at the last latestOffset
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_ranges": None}
-
-    @property
-    def ranges(self) -> StreamRanges:
-        """Made on first use, outside the event loop (connecting blocks on it)."""
-        if self._ranges is None:
-            self._ranges = StreamRanges(self.options, shared_client(self.options.connection))
-        return self._ranges
-
-    def _offset(self, value: dict[str, Any] | str) -> RangeOffset:
-        return RangeOffset.from_json(value, self.options.stream)
-
-    @one_line_errors
-    def initialOffset(self) -> dict[str, Any]:
-        seq = run_sync(self.ranges.start_seq(run_sync(self.ranges.stream_info())))
-        self.known_start = seq
-        return RangeOffset(self.options.stream, seq).to_json()
-
-    def getDefaultReadLimit(self) -> Any:
-        """Spark 4.2+ only (older versions never call it)."""
-        if self.options.max_messages_per_trigger:
-            return ReadMaxRows(self.options.max_messages_per_trigger)
-        return ReadAllAvailable()
-
-    @one_line_errors
-    def prepareForTriggerAvailableNow(self) -> None:
-        self.available_now_end = run_sync(self.ranges.stream_info()).last_seq + 1
-
-    @one_line_errors
-    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict[str, Any]:
-        begin = self._offset(start).seq if start else self.known_start
-        if begin is None:  # Spark 4.0/4.1 ask before the first batch without saying its start
-            begin = self._offset(self.initialOffset()).seq
-        end = self.stream_end = run_sync(self.ranges.stream_info()).last_seq + 1
-        if self.available_now_end is not None:
-            end = min(end, self.available_now_end)
-        caps = (getattr(limit, "max_rows", None), self.options.max_messages_per_trigger)
-        cap = min((c for c in caps if c), default=None)
-        if begin is not None:
-            if self.available_now_end is None and self.pacing.holds_back(end - begin):
-                end = begin
-            if cap:
-                end = min(end, begin + cap)
-            end = max(end, begin)  # a start past the stream's end waits there
-            if end > begin:
-                self.pacing.batch_planned()
-        self.known_start = end
-        return RangeOffset(self.options.stream, end).to_json()
-
-    def reportLatestOffset(self) -> dict[str, Any] | None:
-        """For Spark's progress: the stream's end and how many sequences later batches still
-        have to read (`lag.total.behindLatest`, as for `nats-pcg`)."""
-        if self.stream_end is None or self.known_start is None:
-            return None
-        behind = max(self.stream_end - self.known_start, 0)
-        return {
-            **RangeOffset(self.options.stream, self.stream_end).to_json(),
-            "lag": {"total": {"behindLatest": behind}},
-        }
-
-    @one_line_errors
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        first, stop = self._offset(start).seq, self._offset(end).seq
-        self.known_start = max(self.known_start or 0, stop)
-        return run_sync(self.ranges.partitions(first, stop - 1))
-
-    @one_line_errors
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        yield from _read(partition)
-
-    def commit(self, end: dict) -> None:
-        """Nothing to ack: the checkpointed offset is the whole position."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from nats_spark.jetstream.subjects import subject_matches
+from nats_spark.jetstream.subject_names import subject_matches
 from nats_spark.spark.stream_source.pushdown import (
     MAX_IN_SUBJECTS,
     PushedFilters,

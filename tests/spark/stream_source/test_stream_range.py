@@ -13,12 +13,12 @@ from nats_spark.spark.stream_source.options import parse_read_options
 from nats_spark.spark.stream_source.range_reader import RangeColumns
 from nats_spark.spark.stream_source.stream_range import (
     MESSAGES_PER_PARTITION,
-    RangeOffset,
     StreamRanges,
     next_microsecond,
     partition_count,
     split_range,
 )
+from nats_spark.spark.stream_source.stream_reader import RangeOffset
 
 pytestmark = pytest.mark.unit
 
