@@ -307,7 +307,7 @@ def test_zombie_attempt_cannot_record_after_its_retry_took_over(client, settings
     with pytest.raises(LedgerConflict):
         run_sync(zombie.seal())
 
-    rows = seqs(run_sync(retry.replay_record_batch(retry.replay)))
+    rows = seqs(run_sync(retry.replay.record_batch(retry.entry.replay)))
     assert rows == recorded
     rows += rest(retry.pull_record_batches())  # the zombie's 50 come back after the 1 s ack wait
     run_sync(retry.seal())
@@ -428,7 +428,8 @@ def test_zombie_and_its_retry_both_ack_the_committed_batch(client, settings, uni
     rows = rest(retry.pull_record_batches())
     run_sync(retry.seal())
     assert rows == list(range(11, 16))
-    assert retry.dedupe is None, "in-order deliveries loaded the dedupe set"
+    assert retry.acceptance is not None
+    assert retry.acceptance.emitted is None, "in-order deliveries loaded the dedupe set"
     assert seqs_of(read_slot(slot.partition(3, limit=0, committed=(2,)))) == []  # ack-only
     wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
     assert slot.info()["num_redelivered"] == 0
