@@ -39,11 +39,12 @@ log = logging.getLogger(__name__)
 
 
 class SlotReader:
-    """One slot's task. Its collaborators are made here, once, and handed to each step."""
+    """One slot's task, on `client`. Its collaborators are made here, once, and handed to each
+    step."""
 
-    def __init__(self, partition: SlotPartition, client: NatsClient | None = None) -> None:
+    def __init__(self, partition: SlotPartition, client: NatsClient) -> None:
         self.partition = partition
-        self.client = client or shared_client(partition.reading.connection)
+        self.client = client
         self.entry = SlotEntry(self.client, partition)
         self.keeper = InProgressKeeper(self.client.nc, partition.ack_wait, f"slot {partition.slot}")
         self.replay = Replay(self.client, partition)
@@ -104,17 +105,17 @@ class SlotReader:
         keeping = asyncio.ensure_future(self.keeper.run(done))
         try:
             async with contextlib.aclosing(pulls.chunks()) as chunks:
-                async for chunk, sent, ended in chunks:
-                    accepted = await acceptance.accept(chunk)
+                async for chunk, sent, ended in chunks:  # pull
+                    accepted = await acceptance.accept(chunk)  # accept
                     pulls.took(len(accepted.replies), accepted.acked)
-                    columns.take(chunk, accepted.rows)
+                    columns.take(chunk, accepted.rows)  # columns
                     columns.taken_from(sent)
                     replies += accepted.replies
                     if replies and (ended or columns.full()):
-                        rows = await recorder.record(columns, replies)
+                        rows = await recorder.record(columns, replies)  # record
                         columns, replies = SlotColumns.of(partition), []
                         if rows is not None:
-                            yield rows
+                            yield rows  # emit
             if (rows := await recorder.last()) is not None:
                 yield rows
         finally:
@@ -147,7 +148,7 @@ class SlotReader:
 def read_slot(partition: SlotPartition) -> Iterator[pa.RecordBatch]:
     """The rows of one slot of one batch (what `DataSourceStreamReader.read` returns)."""
     freeze_imports()
-    batches = slot_batches(SlotReader(partition))
+    batches = slot_batches(SlotReader(partition, shared_client(partition.reading.connection)))
     try:
         while (batch := run_sync(_next(batches))) is not None:
             yield batch
