@@ -8,8 +8,8 @@ import pytest
 
 from nats_spark.jetstream.pull import Deliveries
 from nats_spark.loop import run_sync
-from nats_spark.spark.group_source import acceptance as module
-from nats_spark.spark.group_source.acceptance import Acceptance
+from nats_spark.spark.group_source.task import acceptance as module
+from nats_spark.spark.group_source.task.acceptance import Acceptance
 
 pytestmark = pytest.mark.unit
 

@@ -53,6 +53,8 @@ from nats_spark.pcg.partitioning import elastic_stream_name
 from nats_spark.pcg.store import load_group
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.group_source import ledger_protocol
+from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
+from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
 from nats_spark.spark.group_source.ledger import Ledger, pointer_key, read_pointer
 from nats_spark.spark.group_source.ledger_protocol import (
@@ -62,11 +64,9 @@ from nats_spark.spark.group_source.ledger_protocol import (
     read_deliveries,
     read_head,
 )
-from nats_spark.spark.group_source.offset_reader import OffsetReader
-from nats_spark.spark.group_source.offsets import SourceOffset
 from nats_spark.spark.group_source.options import parse_options
-from nats_spark.spark.group_source.partition_reader import SlotReader, read_slot
 from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.group_source.task.partition_reader import SlotReader, read_slot
 
 pytestmark = pytest.mark.spark
 

@@ -19,8 +19,8 @@ from nats.aio.client import Client as NATS
 
 from nats_spark.jetstream.acks import InProgressKeeper, publish_acks
 from nats_spark.jetstream.pull import Deliveries
-from nats_spark.spark.group_source.slot_entry import SlotEntry
-from nats_spark.spark.group_source.slot_history import SlotHistory
+from nats_spark.spark.group_source.task.slot_entry import SlotEntry
+from nats_spark.spark.group_source.task.slot_history import SlotHistory
 
 
 @dataclass

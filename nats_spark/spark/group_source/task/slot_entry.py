@@ -20,11 +20,11 @@ from nats_spark.client import NatsClient
 from nats_spark.jetstream.acks import InProgressKeeper, ack_prefix
 from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.spark.group_source import ledger_protocol as protocol
-from nats_spark.spark.group_source.columns import SlotColumns
 from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
 from nats_spark.spark.group_source.ledger import LEDGER_FORMAT, Ledger
 from nats_spark.spark.group_source.ledger_protocol import EntryHead, LedgerConflict
 from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.group_source.task.columns import SlotColumns
 
 log = logging.getLogger(__name__)
 

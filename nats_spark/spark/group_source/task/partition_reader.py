@@ -25,14 +25,14 @@ from nats_spark import clock
 from nats_spark.client import NatsClient, shared_client
 from nats_spark.jetstream.acks import RESTART_AFTER, SHORT_ACK_WAIT, InProgressKeeper
 from nats_spark.loop import run_sync
-from nats_spark.spark.group_source.acceptance import Acceptance
-from nats_spark.spark.group_source.columns import SlotColumns
-from nats_spark.spark.group_source.pull_policy import SlotPullPolicy
-from nats_spark.spark.group_source.replay import Replay
-from nats_spark.spark.group_source.slot_entry import Recorder, SlotEntry
-from nats_spark.spark.group_source.slot_history import SlotHistory
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from nats_spark.spark.group_source.slot_pulls import SlotPulls
+from nats_spark.spark.group_source.task.acceptance import Acceptance
+from nats_spark.spark.group_source.task.columns import SlotColumns
+from nats_spark.spark.group_source.task.pull_policy import SlotPullPolicy
+from nats_spark.spark.group_source.task.replay import Replay
+from nats_spark.spark.group_source.task.slot_entry import Recorder, SlotEntry
+from nats_spark.spark.group_source.task.slot_history import SlotHistory
+from nats_spark.spark.group_source.task.slot_pulls import SlotPulls
 from nats_spark.spark.shared.worker_gc import freeze_imports
 
 log = logging.getLogger(__name__)

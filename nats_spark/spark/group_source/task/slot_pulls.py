@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator
 from nats_spark.errors import PullError
 from nats_spark.jetstream.pull import Deliveries, Pull, PullConsumer
 from nats_spark.jetstream.pull_loop import PullLoop, PullPlan, Thresholds
-from nats_spark.spark.group_source.pull_policy import SlotPullPolicy, complete
+from nats_spark.spark.group_source.task.pull_policy import SlotPullPolicy, complete
 
 log = logging.getLogger(__name__)
 
