@@ -34,10 +34,10 @@ from nats_spark.client import (
 from nats_spark.connection import ConnectionSettings  # noqa: E402
 from nats_spark.loop import run_sync  # noqa: E402
 from nats_spark.server import EmbeddedServer  # noqa: E402
+from nats_spark.spark.group_source.driver.offset_reader import OffsetReader  # noqa: E402
 from nats_spark.spark.group_source.ledger import Ledger  # noqa: E402
-from nats_spark.spark.group_source.offset_reader import OffsetReader  # noqa: E402
 from nats_spark.spark.group_source.options import parse_options  # noqa: E402
-from nats_spark.spark.group_source.partition_reader import read_slot  # noqa: E402
+from nats_spark.spark.group_source.task.partition_reader import read_slot  # noqa: E402
 
 
 class LedgerClock:

@@ -23,8 +23,8 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from nats_spark.spark.group_source.ledger import Ledger
-from nats_spark.spark.group_source.slot_entry import SlotEntry
 from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 
 
 class MemoryBucket:

@@ -1,11 +1,12 @@
 """One pull loop, as nats.go's `Consume`/`Messages`: keeps pull requests out on a consumer and
-hands out what they deliver as it arrives. The `nats` format's range reads and the groups
-library's members pull through it; each says, per request, what to ask for next."""
+hands out what they deliver as it arrives. The `nats` format's range reads, the group source's
+slot reads and the groups library's members pull through it; each says, per request, what to ask
+for next."""
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from nats_spark.jetstream.pull import Deliveries, Pull, PullConsumer
@@ -65,17 +66,35 @@ class PullLoop:
         self.in_flight = in_flight
         self.thresholds = thresholds
         self.pulls: deque[Pull] = deque()  # sent and not ended, oldest first
+        self._chunks: deque[AsyncIterator[Deliveries]] = deque()  # each one's, as `aiter` has it
 
     async def next(self) -> Deliveries | Pull | None:
         """Deliveries as they arrive, or a request that has ended (its `status` says why); None
         once `plan` wants no more and no request is out. A request the server refuses raises
         (`PullError`) and stays first in `pulls`."""
         while len(self.pulls) < self.in_flight and (plan := self.plan()) is not None:
-            self.pulls.append(await send(self.consumer, plan, self.thresholds))
+            await self._send(plan)
         if not self.pulls:
             return None
-        pull = self.pulls[0]
         try:
-            return await anext(pull)
+            return await anext(self._chunks[0])
         except StopAsyncIteration:
+            self._chunks.popleft()
             return self.pulls.popleft()
+
+    async def send_ahead(self, plan: PullPlan) -> None:
+        """Send a request now, behind those out: for a reader that knows the first one has
+        delivered all it will, so the server serves this one while that one's deliveries are
+        processed."""
+        await self._send(plan)
+
+    def drop_refused(self) -> None:
+        """Forget the first request, which the server refused (`next` raised): it delivers
+        nothing more, and the next call plans afresh."""
+        self._chunks.popleft()
+        self.pulls.popleft()
+
+    async def _send(self, plan: PullPlan) -> None:
+        pull = await send(self.consumer, plan, self.thresholds)
+        self.pulls.append(pull)
+        self._chunks.append(aiter(pull))

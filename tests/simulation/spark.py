@@ -28,8 +28,8 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nats_spark.spark.group_source.offset_reader import OffsetReader
-from nats_spark.spark.group_source.offsets import SourceOffset
+from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
+from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from tests.simulation.scheduler import Crashed, Lost
 

@@ -17,13 +17,13 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nats_spark.spark.group_source import slot_history
+from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
+from nats_spark.spark.group_source.driver.targets import Held, Slot
 from nats_spark.spark.group_source.ledger import Ledger
-from nats_spark.spark.group_source.offset_reader import OffsetReader
 from nats_spark.spark.group_source.options import parse_options
-from nats_spark.spark.group_source.partition_reader import SlotReader, slot_batches
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from nats_spark.spark.group_source.targets import Held, Slot
+from nats_spark.spark.group_source.task import slot_history
+from nats_spark.spark.group_source.task.partition_reader import SlotReader, slot_batches
 from tests.memory_bucket import MemoryBucket
 from tests.simulation.invariants import Observed
 from tests.simulation.jetstream import GROUP, STREAM, Consumer, Server, SimClient, Stream

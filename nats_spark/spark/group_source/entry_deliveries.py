@@ -18,7 +18,11 @@ import pyarrow.compute as pc
 from nats_spark.arrays import int_array, string_scalar
 from nats_spark.jetstream.acks import ACK, ack_prefix
 from nats_spark.jetstream.subjects import ack_numbers
+from nats_spark.spark.shared.columns import BATCH_ROWS
 
+# The ledger stores a task's deliveries in chunks of a record batch's rows (384 KB raw at most,
+# below the 1 MB payload limit).
+CHUNK_MESSAGES = BATCH_ROWS
 _CODEC = pa.Codec("zstd", compression_level=3)  # level 1 barely shortens long repeats
 _COLUMNS = 3  # stream sequence and consumer sequence (as differences), delivery count
 _WORD = 8

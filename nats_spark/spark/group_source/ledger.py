@@ -54,8 +54,11 @@ from nats_spark import __version__
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NatsSparkError, NotFound
 from nats_spark.jetstream.retry import is_transient, retrying
-from nats_spark.spark.group_source.columns import CHUNK_MESSAGES
-from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries, encode_chunk
+from nats_spark.spark.group_source.entry_deliveries import (
+    CHUNK_MESSAGES,
+    EntryDeliveries,
+    encode_chunk,
+)
 
 _KEY_TOKEN = re.compile(r"^[-_=a-zA-Z0-9]+$")
 LEDGER_MAX_AGE = 7 * 24 * 3600.0

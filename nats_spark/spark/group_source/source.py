@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from nats_spark.errors import ConfigurationError
-from nats_spark.spark.group_source.offsets import SourceOffset
+from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.options import SourceOptions, parse_options
 from nats_spark.spark.shared.compat import (
     ReadAllAvailable,
@@ -28,7 +28,7 @@ from nats_spark.spark.shared.stop_signal import stop_on_sigterm
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from nats_spark.spark.group_source.offset_reader import OffsetReader
+    from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 
 
 class NatsPcgDataSource(DataSource):
@@ -82,7 +82,7 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.refused is not None:
             raise self.refused
         if self._offsets is None:
-            from nats_spark.spark.group_source.offset_reader import OffsetReader
+            from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 
             self._offsets = OffsetReader(self.options)
             stop_on_sigterm()  # or Spark ends this process without calling `stop`
@@ -120,8 +120,8 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @one_line_errors
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from nats_spark.spark.group_source.partition_reader import read_slot
         from nats_spark.spark.group_source.slot_partition import SlotPartition
+        from nats_spark.spark.group_source.task.partition_reader import read_slot
 
         assert isinstance(partition, SlotPartition)
         yield from read_slot(partition)

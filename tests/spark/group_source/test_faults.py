@@ -41,7 +41,7 @@ from spark_helpers import (
     wait_until,
 )
 
-from nats_spark.client import NatsClient, open_blocking
+from nats_spark.client import NatsClient, open_blocking, shared_client
 from nats_spark.connection import ConnectionSettings
 from nats_spark.jetstream.acks import send_acks
 from nats_spark.jetstream.api import to_nanos
@@ -53,6 +53,8 @@ from nats_spark.pcg.partitioning import elastic_stream_name
 from nats_spark.pcg.store import load_group
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.group_source import ledger_protocol
+from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
+from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
 from nats_spark.spark.group_source.ledger import Ledger, pointer_key, read_pointer
 from nats_spark.spark.group_source.ledger_protocol import (
@@ -62,10 +64,9 @@ from nats_spark.spark.group_source.ledger_protocol import (
     read_deliveries,
     read_head,
 )
-from nats_spark.spark.group_source.offset_reader import OffsetReader
-from nats_spark.spark.group_source.offsets import SourceOffset
 from nats_spark.spark.group_source.options import parse_options
-from nats_spark.spark.group_source.partition_reader import SlotReader, read_slot
+from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.group_source.task.partition_reader import SlotReader, read_slot
 
 pytestmark = pytest.mark.spark
 
@@ -275,6 +276,11 @@ def test_initial_offset_stays_in_one_lineage(server, own, unique):
 # --- Task attempts at the SlotReader level: zombies, ack wait expiry ------------------------------
 
 
+def slot_task(partition: SlotPartition) -> SlotReader:
+    """A task attempt of `partition`, on the process's shared connection (as `read_slot`)."""
+    return SlotReader(partition, shared_client(partition.reading.connection))
+
+
 def rest(pulls: Any) -> list[int]:
     """Stream sequences of every record batch an unfinished `pull_record_batches` still yields."""
     rows: list[int] = []
@@ -291,13 +297,13 @@ def test_zombie_attempt_cannot_record_after_its_retry_took_over(client, settings
     slot = Slot(client, settings, unique)
     partition = slot.partition(1, limit=60)
     publish(client, slot.stream, 10)
-    zombie = SlotReader(partition)
+    zombie = slot_task(partition)
     run_sync(zombie.begin())
     recorded = rest(zombie.pull_record_batches())  # all there is: the task waits for more
     assert recorded == list(range(1, 11))
     publish(client, slot.stream, 50, start=10)
 
-    retry = SlotReader(partition)
+    retry = slot_task(partition)
     run_sync(retry.begin())  # takes the open entry over
     zombie_pulls = (
         zombie.pull_record_batches()
@@ -307,7 +313,7 @@ def test_zombie_attempt_cannot_record_after_its_retry_took_over(client, settings
     with pytest.raises(LedgerConflict):
         run_sync(zombie.seal())
 
-    rows = seqs(run_sync(retry.replay_record_batch(retry.replay)))
+    rows = seqs(run_sync(retry.replay.record_batch(retry.entry.replay)))
     assert rows == recorded
     rows += rest(retry.pull_record_batches())  # the zombie's 50 come back after the 1 s ack wait
     run_sync(retry.seal())
@@ -323,7 +329,7 @@ def test_ack_wait_expires_within_and_between_batches(client, settings, unique):
     batches, a committed batch whose acks were lost comes back to the next one: acked, dropped."""
     slot = Slot(client, settings, unique)
     publish(client, slot.stream, 20)
-    task = SlotReader(slot.partition(1, limit=40))
+    task = slot_task(slot.partition(1, limit=40))
     run_sync(task.begin())
     rows = rest(task.pull_record_batches())
     time.sleep(1.5)  # every message the task took expires while the task goes on pulling
@@ -377,7 +383,7 @@ def test_sibling_stalled_past_the_ack_wait_emits_nothing_twice(client, settings,
     async def rows_of(pulls: Any) -> list[int]:
         return [s async for batch in pulls for s in seqs(batch)]
 
-    stalled, other = SlotReader(first), SlotReader(second)
+    stalled, other = slot_task(first), slot_task(second)
 
     async def scenario() -> tuple[list[int], list[int]]:
         await stalled.begin()
@@ -422,13 +428,14 @@ def test_zombie_and_its_retry_both_ack_the_committed_batch(client, settings, uni
     publish(client, slot.stream, 5, start=10)
     batch_2 = slot.partition(2, limit=5, committed=(1,), dedupe=(("m1", 1, 1),))
     batch_2 = replace(batch_2, dedupe_through=10)  # batch 1's highest sequence
-    zombie, retry = SlotReader(batch_2), SlotReader(batch_2)
+    zombie, retry = slot_task(batch_2), slot_task(batch_2)
     run_sync(zombie.begin())
     run_sync(retry.begin())  # takes the zombie's open entry over
     rows = rest(retry.pull_record_batches())
     run_sync(retry.seal())
     assert rows == list(range(11, 16))
-    assert retry.dedupe is None, "in-order deliveries loaded the dedupe set"
+    assert retry.acceptance is not None
+    assert retry.acceptance.emitted is None, "in-order deliveries loaded the dedupe set"
     assert seqs_of(read_slot(slot.partition(3, limit=0, committed=(2,)))) == []  # ack-only
     wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
     assert slot.info()["num_redelivered"] == 0
@@ -449,7 +456,7 @@ def test_ack_wait_runs_out_between_commit_and_acks(client, settings, unique):
     publish(client, slot.stream, 5, start=10)
     b_2 = replace(a_1, gen=2, slot="m1#1", limit=5, dedupe=(("m1", 1, 1),), siblings=("m1",))
     b_2 = replace(b_2, dedupe_through=10)
-    task_of_b = SlotReader(b_2)
+    task_of_b = slot_task(b_2)
     run_sync(task_of_b.begin())
     second = rest(task_of_b.pull_record_batches())
     run_sync(task_of_b.seal())
@@ -486,7 +493,7 @@ def test_only_a_task_that_used_a_sixth_of_the_ack_wait_restarts_it_when_it_seals
     slot.ack(1)
 
     publish(client, slot.stream, 10, start=10)
-    task = SlotReader(replace(quick, gen=2))
+    task = slot_task(replace(quick, gen=2))
     run_sync(task.begin())
     assert rest(task.pull_record_batches()) == list(range(11, 21))
     time.sleep(1.2)  # the task outlasts a sixth of the ack wait

@@ -11,7 +11,7 @@ from spark_helpers import format_one_chunk, parse_reply
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.acks import ACK, IN_PROGRESS, ack_commands, ack_prefix
-from nats_spark.spark.group_source.driver_ledger import DriverEntry, DriverLedger
+from nats_spark.spark.group_source.driver.driver_ledger import DriverEntry, DriverLedger
 from nats_spark.spark.group_source.entry_deliveries import (
     EntryDeliveries,
     decode_chunk,

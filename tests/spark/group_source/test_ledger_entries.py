@@ -19,8 +19,9 @@ from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream import acks
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source import ledger_protocol
-from nats_spark.spark.group_source.columns import SlotColumns
-from nats_spark.spark.group_source.driver_ledger import DriverLedger
+from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger
+from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
+from nats_spark.spark.group_source.driver.sealed_keeper import SealedKeeper
 from nats_spark.spark.group_source.ledger import Ledger, Pointer, read_pointer, write_pointer
 from nats_spark.spark.group_source.ledger_protocol import (
     EntryState,
@@ -29,11 +30,10 @@ from nats_spark.spark.group_source.ledger_protocol import (
     read_deliveries,
     read_head,
 )
-from nats_spark.spark.group_source.offsets import SlotPlan, SourceOffset
-from nats_spark.spark.group_source.sealed_keeper import SealedKeeper
-from nats_spark.spark.group_source.slot_entry import SlotEntry
-from nats_spark.spark.group_source.slot_history import SlotHistory
 from nats_spark.spark.group_source.slot_partition import SlotPartition, SlotReading
+from nats_spark.spark.group_source.task.columns import SlotColumns
+from nats_spark.spark.group_source.task.slot_entry import SlotEntry
+from nats_spark.spark.group_source.task.slot_history import SlotHistory
 
 pytestmark = pytest.mark.unit
 

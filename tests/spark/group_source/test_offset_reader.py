@@ -15,13 +15,13 @@ from nats.js.errors import NoKeysError
 
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from nats_spark.loop import run_sync
-from nats_spark.spark.group_source.columns import SlotColumns
+from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
+from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
+from nats_spark.spark.group_source.driver.targets import Held, Slot
 from nats_spark.spark.group_source.ledger_protocol import read_head
-from nats_spark.spark.group_source.offset_reader import OffsetReader
-from nats_spark.spark.group_source.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from nats_spark.spark.group_source.targets import Held, Slot
+from nats_spark.spark.group_source.task.columns import SlotColumns
 
 pytestmark = pytest.mark.unit
 

@@ -8,10 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from nats_spark.spark.group_source.ledger_protocol import Horizon
-from nats_spark.spark.group_source.offsets import SlotPlan
-from nats_spark.spark.group_source.options import parse_options
-from nats_spark.spark.group_source.planner import (
+from nats_spark.spark.group_source.driver.offsets import SlotPlan
+from nats_spark.spark.group_source.driver.planner import (
     ConsumerSeen,
     SlotState,
     SlotTask,
@@ -27,7 +25,9 @@ from nats_spark.spark.group_source.planner import (
     small_capacity,
     unacked_by_consumer,
 )
-from nats_spark.spark.group_source.targets import Slot
+from nats_spark.spark.group_source.driver.targets import Slot
+from nats_spark.spark.group_source.ledger_protocol import Horizon
+from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.shared.pacing import TriggerPacing
 
 pytestmark = pytest.mark.unit

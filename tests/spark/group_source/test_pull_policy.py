@@ -6,7 +6,7 @@ import pytest
 
 from nats_spark.errors import PriorityGroupMisconfigured, PullError
 from nats_spark.jetstream.pull import PULL_MAX_BYTES, PullStatus
-from nats_spark.spark.group_source.pull_policy import (
+from nats_spark.spark.group_source.task.pull_policy import (
     HELD_ONLY_PULLS,
     PIN_RETRIES,
     TRANSIENT_RETRIES,

@@ -35,11 +35,11 @@ from nats_spark.connection import ConnectionSettings
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
+from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
+from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.ledger_protocol import read_head
-from nats_spark.spark.group_source.offset_reader import OffsetReader
-from nats_spark.spark.group_source.offsets import SourceOffset
 from nats_spark.spark.group_source.options import parse_options
-from nats_spark.spark.group_source.partition_reader import read_slot
+from nats_spark.spark.group_source.task.partition_reader import read_slot
 
 pytestmark = pytest.mark.spark
 

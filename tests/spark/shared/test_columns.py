@@ -12,7 +12,7 @@ import pytest
 
 from nats_spark.errors import NatsSparkError
 from nats_spark.jetstream.pull import Deliveries
-from nats_spark.spark.group_source.columns import SlotColumns
+from nats_spark.spark.group_source.task.columns import SlotColumns
 from nats_spark.spark.shared.columns import (
     HEADERS_TYPE,
     bytes_array,
@@ -103,7 +103,7 @@ def test_a_partition_number_beyond_32_bits_is_refused() -> None:
 BUILD = r"""
 import sys
 from nats_spark.jetstream.pull import Deliveries
-from nats_spark.spark.group_source.columns import SlotColumns
+from nats_spark.spark.group_source.task.columns import SlotColumns
 from nats_spark.spark.shared.columns import record_batch, constant, bytes_array
 from nats_spark.spark.shared.columns import headers_array, timestamps_from_text
 import pyarrow as pa

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.unit
 SCRIPT = r"""
 import gc
 # a reader's imports, before it freezes
-from nats_spark.spark.group_source.columns import SlotColumns
+from nats_spark.spark.group_source.task.columns import SlotColumns
 from nats_spark.spark.shared.worker_gc import freeze_imports
 assert gc.get_freeze_count() == 0
 freeze_imports()

@@ -9,6 +9,7 @@ the slot has taken all it will.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pyarrow as pa
@@ -16,13 +17,14 @@ import pyarrow as pa
 from nats_spark import clock
 from nats_spark.arrays import int_array
 from nats_spark.client import NatsClient
-from nats_spark.jetstream.acks import ack_prefix
+from nats_spark.jetstream.acks import InProgressKeeper, ack_prefix
+from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.spark.group_source import ledger_protocol as protocol
-from nats_spark.spark.group_source.columns import SlotColumns
 from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
 from nats_spark.spark.group_source.ledger import LEDGER_FORMAT, Ledger
 from nats_spark.spark.group_source.ledger_protocol import EntryHead, LedgerConflict
 from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.group_source.task.columns import SlotColumns
 
 log = logging.getLogger(__name__)
 
@@ -157,3 +159,38 @@ class SlotEntry:
         assert self.ledger is not None
         gen, slot = self.partition.gen, self.partition.slot
         self.revision = await protocol.seal(self.ledger, gen, slot, self.head, self.revision)
+
+
+class Recorder:
+    """Records a slot's record batches in its entry, one write at a time and in order: each
+    runs while the next batch is gathered, and a batch's rows are handed out only once its write
+    is done. What a write drops (a sibling emits it) is no longer kept from redelivery."""
+
+    def __init__(self, entry: SlotEntry, keeper: InProgressKeeper, consumer: PullConsumer) -> None:
+        self.entry = entry
+        self.keeper = keeper
+        self.consumer = consumer  # its pin goes into the entry
+        self.writing: asyncio.Future[pa.RecordBatch] | None = None
+
+    async def record(self, columns: SlotColumns, replies: list[bytes]) -> pa.RecordBatch | None:
+        """Start recording `columns`; returns the rows of the write before, once it is done."""
+        rows = await self.writing if self.writing else None
+        self.writing = asyncio.ensure_future(self._write(columns, replies, self.consumer.pin_id))
+        return rows
+
+    async def last(self) -> pa.RecordBatch | None:
+        """The rows of the last write, once it is done."""
+        writing, self.writing = self.writing, None
+        return await writing if writing else None
+
+    def cancel(self) -> None:
+        if self.writing:
+            self.writing.cancel()
+
+    async def _write(
+        self, columns: SlotColumns, replies: list[bytes], pin: str | None
+    ) -> pa.RecordBatch:
+        batch, dropped = await self.entry.record(columns, replies, pin, self.keeper.renewed)
+        for seq in dropped:
+            self.keeper.held.pop(seq, None)  # it comes back to a slot
+        return batch

@@ -29,7 +29,7 @@ from nats_spark.jetstream.acks import (
     InProgressKeeper,
 )
 from nats_spark.spark.group_source import ledger_protocol as protocol
-from nats_spark.spark.group_source.driver_ledger import DriverLedger
+from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger
 
 _LOOKS = 12  # looks per ack wait
 _LEFT = 1 / 3  # of the ack wait, what an entry's wait keeps at least at every look

@@ -22,8 +22,8 @@ from nats_spark.pcg.consumers import (
 )
 from nats_spark.pcg.kinds import ConsumerLayout, GroupKind
 from nats_spark.pcg.store import GroupEntry
-from nats_spark.spark.group_source.group_consumers import ensure, from_sequence
-from nats_spark.spark.group_source.slots import Held
+from nats_spark.spark.group_source.driver.group_consumers import ensure, from_sequence
+from nats_spark.spark.group_source.driver.slots import Held
 
 log = logging.getLogger(__name__)
 

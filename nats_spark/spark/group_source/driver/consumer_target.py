@@ -6,8 +6,8 @@ from __future__ import annotations
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound
 from nats_spark.pcg.kinds import ConsumerLayout
+from nats_spark.spark.group_source.driver.slots import Held, Slot
 from nats_spark.spark.group_source.options import SourceOptions
-from nats_spark.spark.group_source.slots import Held, Slot
 
 
 class ConsumerTarget:

@@ -13,8 +13,8 @@ from nats_spark.arrays import bytes_array, int_array
 from nats_spark.errors import NatsSparkError
 from nats_spark.jetstream.pull import Deliveries
 from nats_spark.pcg.partitioning import strip_partition
+from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.shared.columns import (
-    BATCH_ROWS,
     batch_full,
     constant,
     headers_array,
@@ -22,9 +22,6 @@ from nats_spark.spark.shared.columns import (
     timestamps_from_nanos,
 )
 
-# The ledger stores a task's deliveries in chunks of a record batch's rows (384 KB raw at most,
-# below the 1 MB payload limit).
-CHUNK_MESSAGES = BATCH_ROWS
 _INT32_MAX = 2**31 - 1
 
 
@@ -49,6 +46,16 @@ class SlotColumns:
         # sent one of them (when its pull request went out) and when the last were taken in.
         self.requested = math.inf
         self.last_taken = -math.inf
+
+    @classmethod
+    def of(cls, partition: SlotPartition) -> SlotColumns:
+        """Empty columns for the rows of `partition`'s slot."""
+        return cls(
+            partition.stream,
+            partition.member,
+            partition.partitioned,
+            partition.reading.include_headers,
+        )
 
     def __len__(self) -> int:
         return len(self.stream_seq)
@@ -92,6 +99,23 @@ class SlotColumns:
         self.consumer_seq += consumer_seq
         self.delivered += delivered
         self.timestamp += timestamp
+
+    def take(self, deliveries: Deliveries, rows: list[int] | None) -> None:
+        """Add `rows` of `deliveries` (None: all of them, a column at a time)."""
+        if rows is None:
+            self.extend(deliveries)
+            return
+        delivered, stream_seq, consumer_seq, timestamp = deliveries.numbers
+        for i in rows:
+            self.add(
+                deliveries.subjects[i],
+                deliveries.data[i],
+                deliveries.headers[i],
+                delivered[i],
+                stream_seq[i],
+                consumer_seq[i],
+                timestamp[i],
+            )
 
     def _subjects(self, n: int) -> tuple[pa.Array, pa.Array]:
         """The `subject` and `partition` columns; a group's stored `<partition>.<subject>` is

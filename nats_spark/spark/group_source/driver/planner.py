@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from nats_spark.spark.group_source.driver.offsets import SlotPlan
+from nats_spark.spark.group_source.driver.targets import Slot
 from nats_spark.spark.group_source.ledger_protocol import Horizon
-from nats_spark.spark.group_source.offsets import SlotPlan
 from nats_spark.spark.group_source.options import SourceOptions
-from nats_spark.spark.group_source.targets import Slot
 
 LAG_FIELDS = ("pending", "ackPending", "behindLatest")
 

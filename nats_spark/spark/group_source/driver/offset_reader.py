@@ -20,11 +20,9 @@ from typing import Any
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound, stream_missing
 from nats_spark.jetstream.replies import StreamInfo
-from nats_spark.spark.group_source.driver_ledger import DriverLedger
-from nats_spark.spark.group_source.ledger import Ledger, pointer_key
-from nats_spark.spark.group_source.offsets import SourceOffset
-from nats_spark.spark.group_source.options import SourceOptions
-from nats_spark.spark.group_source.planner import (
+from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger
+from nats_spark.spark.group_source.driver.offsets import SourceOffset
+from nats_spark.spark.group_source.driver.planner import (
     ConsumerSeen,
     SlotState,
     SlotTask,
@@ -37,9 +35,11 @@ from nats_spark.spark.group_source.planner import (
     slots_report,
     unacked_by_consumer,
 )
-from nats_spark.spark.group_source.sealed_keeper import SealedKeeper
+from nats_spark.spark.group_source.driver.sealed_keeper import SealedKeeper
+from nats_spark.spark.group_source.driver.targets import Held, Slot, target_for
+from nats_spark.spark.group_source.ledger import Ledger, pointer_key
+from nats_spark.spark.group_source.options import SourceOptions
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from nats_spark.spark.group_source.targets import Held, Slot, target_for
 from nats_spark.spark.shared.pacing import TriggerPacing
 
 log = logging.getLogger(__name__)

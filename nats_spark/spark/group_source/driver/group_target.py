@@ -23,10 +23,10 @@ from nats_spark.pcg.consumers import (
 from nats_spark.pcg.kinds import ConsumerLayout, GroupKind
 from nats_spark.pcg.partitioning import member_partitions, partition_owner
 from nats_spark.pcg.store import GroupEntry, load_group
-from nats_spark.spark.group_source.group_consumers import ensure
-from nats_spark.spark.group_source.layouts import GroupLayouts
+from nats_spark.spark.group_source.driver.group_consumers import ensure
+from nats_spark.spark.group_source.driver.layouts import GroupLayouts
+from nats_spark.spark.group_source.driver.slots import Held, Slot
 from nats_spark.spark.group_source.options import SourceOptions
-from nats_spark.spark.group_source.slots import Held, Slot
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """What a slot's task does after each pull: pull again (how many, waiting or not, capped how),
-stop, or fail. Pure: `SlotReader.pull_record_batches` does the pulling and hands this the outcomes.
+stop, or fail. Pure: `SlotPulls` does the pulling and hands this the outcomes.
 
 The first pull does not wait: what is ready is taken at once. A pull that ends empty (404 or 408)
 is followed by one that waits once, for redeliveries or for a pin to free up; after that, or

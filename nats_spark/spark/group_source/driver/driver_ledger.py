@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.spark.group_source import ledger_protocol as protocol
+from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.ledger import (
     Bucket,
     Ledger,
@@ -25,7 +26,6 @@ from nats_spark.spark.group_source.ledger import (
     write_pointer,
 )
 from nats_spark.spark.group_source.ledger_protocol import EntryHead, Horizon, Settling
-from nats_spark.spark.group_source.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.slot_partition import UNBOUNDED
 
 log = logging.getLogger(__name__)

@@ -4,10 +4,10 @@ group (`group_target.GroupTarget`) or one existing priority-group pull consumer
 
 from __future__ import annotations
 
-from nats_spark.spark.group_source.consumer_target import ConsumerTarget
-from nats_spark.spark.group_source.group_target import GroupTarget
+from nats_spark.spark.group_source.driver.consumer_target import ConsumerTarget
+from nats_spark.spark.group_source.driver.group_target import GroupTarget
+from nats_spark.spark.group_source.driver.slots import Held, Slot
 from nats_spark.spark.group_source.options import SourceOptions
-from nats_spark.spark.group_source.slots import Held, Slot
 
 __all__ = ["ConsumerTarget", "GroupTarget", "Held", "Slot", "target_for"]
 

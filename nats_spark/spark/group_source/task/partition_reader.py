@@ -1,0 +1,184 @@
+"""Executor side: read one input partition (one slot of one batch) into Arrow record batches.
+
+A slot's task first acks what its committed batches emitted (`SlotHistory`) and claims the
+slot's ledger entry (`SlotEntry`). A later attempt of the slot replays what the entry holds
+(`Replay`; sealed: all of it and nothing more, open: what was recorded, then it goes on
+pulling). A first attempt pulls, through a short pipeline:
+
+    pull (`SlotPulls`) -> accept (`Acceptance`) -> columns (`SlotColumns`) -> record (`Recorder`)
+    -> emit
+
+every message recorded in the entry before its row leaves the task, while `InProgressKeeper`
+keeps what the task holds from redelivery. The task then seals the entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, Iterator
+
+import pyarrow as pa
+
+from nats_spark import clock
+from nats_spark.client import NatsClient, shared_client
+from nats_spark.jetstream.acks import RESTART_AFTER, SHORT_ACK_WAIT, InProgressKeeper
+from nats_spark.loop import run_sync
+from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.group_source.task.acceptance import Acceptance
+from nats_spark.spark.group_source.task.columns import SlotColumns
+from nats_spark.spark.group_source.task.pull_policy import SlotPullPolicy
+from nats_spark.spark.group_source.task.replay import Replay
+from nats_spark.spark.group_source.task.slot_entry import Recorder, SlotEntry
+from nats_spark.spark.group_source.task.slot_history import SlotHistory
+from nats_spark.spark.group_source.task.slot_pulls import SlotPulls
+from nats_spark.spark.shared.worker_gc import freeze_imports
+
+log = logging.getLogger(__name__)
+
+
+class SlotReader:
+    """One slot's task, on `client`. Its collaborators are made here, once, and handed to each
+    step."""
+
+    def __init__(self, partition: SlotPartition, client: NatsClient) -> None:
+        self.partition = partition
+        self.client = client
+        self.entry = SlotEntry(self.client, partition)
+        self.keeper = InProgressKeeper(self.client.nc, partition.ack_wait, f"slot {partition.slot}")
+        self.replay = Replay(self.client, partition)
+        self.acceptance: Acceptance | None = None  # made by `begin`, for a slot that pulls
+        self.pulling = partition.limit > 0
+        self.started = clock.monotonic()  # before any delivery this attempt holds
+
+    async def begin(self) -> None:
+        """Ack what committed batches left, then claim the ledger entry: create it, take over
+        an open one, or replay a sealed one. An ack-only partition (`limit` 0) stops there."""
+        partition = self.partition
+        history = SlotHistory(self.client, await self.entry.open_ledger(), partition)
+        await history.ack_committed()
+        if not self.pulling:
+            return
+        await self.entry.claim()
+        if self.entry.fixed:
+            self.pulling = False  # the batch's content is fixed: exactly this, nothing more
+            return
+        self.acceptance = Acceptance(
+            self.entry,
+            self.keeper,
+            history,
+            self.client.nc,
+            partition.dedupe_through,
+            bool(partition.siblings),
+        )
+
+    async def pull_record_batches(self) -> AsyncGenerator[pa.RecordBatch, None]:
+        """Record batches pulled from NATS, each recorded before it leaves.
+
+        What one pull request delivered becomes one record batch and one ledger write (split at
+        a ledger chunk or 4 MiB). The work overlaps: a request that delivered all it asked for
+        has the next one sent before its messages are processed (`SlotPulls`), and a batch's
+        ledger write runs while the next batch is gathered (`Recorder`).
+        """
+        partition, reading, acceptance = self.partition, self.partition.reading, self.acceptance
+        assert acceptance is not None  # `begin` made it
+        consumer = self.client.pull_consumer(
+            partition.stream,
+            partition.consumer,
+            group=partition.priority_group,
+            pin_id=self.entry.head.pin,
+        )
+        pulls = SlotPulls(
+            consumer,
+            SlotPullPolicy(reading.fetch_batch_size, reading.fetch_timeout),
+            reading.thresholds,
+            partition.limit - self.entry.head.count,
+            bool(partition.siblings),
+            partition.ack_wait,
+            self.started,
+            partition.slot,
+        )
+        recorder = Recorder(self.entry, self.keeper, consumer)
+        columns, replies = SlotColumns.of(partition), list[bytes]()
+        done = asyncio.Event()
+        keeping = asyncio.ensure_future(self.keeper.run(done))
+        try:
+            async with contextlib.aclosing(pulls.chunks()) as chunks:
+                async for chunk, sent, ended in chunks:  # pull
+                    accepted = await acceptance.accept(chunk)  # accept
+                    pulls.took(len(accepted.replies), accepted.acked)
+                    columns.take(chunk, accepted.rows)  # columns
+                    columns.taken_from(sent)
+                    replies += accepted.replies
+                    if replies and (ended or columns.full()):
+                        rows = await recorder.record(columns, replies)  # record
+                        columns, replies = SlotColumns.of(partition), []
+                        if rows is not None:
+                            yield rows  # emit
+            if (rows := await recorder.last()) is not None:
+                yield rows
+        finally:
+            done.set()  # never cancelled: it may be inside a flush
+            await keeping
+            recorder.cancel()
+            await consumer.close()
+
+    async def seal(self) -> None:
+        """Seal the entry. Its messages then wait for the next batch's task to ack them, and the
+        driver's `SealedKeeper` restarts their ack wait before less than a third of it is left;
+        a task that has used more than a sixth of it since its last restart (or its start)
+        restarts it first, as does any task under a short ack wait. A short task does not: a
+        `+WPI` per message costs the server about a quarter of what delivering and acking the
+        message does."""
+        used = clock.monotonic() - max(self.started, self.keeper.renewed)
+        if (
+            self.partition.ack_wait < SHORT_ACK_WAIT
+            or used > self.partition.ack_wait * RESTART_AFTER
+        ):
+            await self.keeper.renew()
+        await self.entry.seal()
+
+    @property
+    def redundant(self) -> int:
+        """Redeliveries of earlier batches' messages, acked and dropped."""
+        return self.acceptance.redundant if self.acceptance else 0
+
+
+def read_slot(partition: SlotPartition) -> Iterator[pa.RecordBatch]:
+    """The rows of one slot of one batch (what `DataSourceStreamReader.read` returns)."""
+    freeze_imports()
+    batches = slot_batches(SlotReader(partition, shared_client(partition.reading.connection)))
+    try:
+        while (batch := run_sync(_next(batches))) is not None:
+            yield batch
+    finally:
+        run_sync(batches.aclose())  # when Spark stops early: end pulls, free the inbox
+
+
+async def _next(batches: AsyncGenerator[pa.RecordBatch, None]) -> pa.RecordBatch | None:
+    return await anext(batches, None)
+
+
+async def slot_batches(reader: SlotReader) -> AsyncGenerator[pa.RecordBatch, None]:
+    """The task's steps: ack and claim, replay what the ledger holds, pull (a first attempt),
+    seal. Async, so that the simulation (tests/simulation) runs them on its own loop."""
+    partition = reader.partition
+    await reader.begin()
+    async for batch in reader.replay.record_batches(reader.entry.replay):
+        yield batch
+    if reader.pulling:
+        async with contextlib.aclosing(reader.pull_record_batches()) as batches:
+            async for batch in batches:
+                yield batch
+        await reader.seal()
+    if reader.replay.lost:
+        log.warning("slot %s lost %d messages to retention", partition.slot, reader.replay.lost)
+    log.debug(
+        "slot %s of batch %d: %d rows (%d replayed), %d redeliveries of earlier batches dropped",
+        partition.slot,
+        partition.gen,
+        reader.entry.head.count,
+        len(reader.entry.replay),
+        reader.redundant,
+    )

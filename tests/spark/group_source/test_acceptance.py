@@ -1,0 +1,125 @@
+"""The slot's acceptance rule without a server: what it takes, skips and acks, and what it reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from nats_spark.jetstream.pull import Deliveries
+from nats_spark.loop import run_sync
+from nats_spark.spark.group_source.task import acceptance as module
+from nats_spark.spark.group_source.task.acceptance import Acceptance
+
+pytestmark = pytest.mark.unit
+
+
+def chunk(*deliveries: tuple[int, int]) -> Deliveries:
+    """Deliveries of (stream sequence, delivery count)."""
+    found = Deliveries()
+    for seq, delivered in deliveries:
+        found.subjects.append(b"S.k")
+        found.replies.append(f"$JS.ACK.S.C.{delivered}.{seq}.{seq}.{1000 + seq}.0".encode())
+        found.data.append(b"x")
+        found.headers.append(None)
+    return found
+
+
+class Entry:
+    def __init__(self, taken: set[int], siblings: set[int]) -> None:
+        self.taken = taken
+        self.siblings = siblings
+        self.reads = 0
+
+    async def recorded_by_siblings(self) -> set[int]:
+        self.reads += 1
+        return self.siblings
+
+
+class Keeper:
+    def __init__(self, held: dict[int, bytes]) -> None:
+        self.held = held
+
+
+class History:
+    def __init__(self, emitted: set[int]) -> None:
+        self.emitted = emitted
+        self.reads = 0
+
+    async def dedupe(self) -> set[int]:
+        self.reads += 1
+        return self.emitted
+
+
+@pytest.fixture
+def acked(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    sent: list[bytes] = []
+
+    async def publish_acks(nc: Any, replies: list[bytes]) -> int:
+        sent.extend(replies)
+        return len(replies)
+
+    monkeypatch.setattr(module, "publish_acks", publish_acks)
+    return sent
+
+
+def acceptance(
+    taken: set[int] | None = None,
+    held: dict[int, bytes] | None = None,
+    emitted: set[int] | None = None,
+    below: int = 0,
+    siblings: set[int] | None = None,
+) -> tuple[Acceptance, Entry, History]:
+    entry = Entry(taken or set(), siblings or set())
+    history = History(emitted or set())
+    accept = Acceptance(
+        entry,  # type: ignore[arg-type]
+        Keeper(held or {}),  # type: ignore[arg-type]
+        history,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        below,
+        siblings is not None,
+    )
+    return accept, entry, history
+
+
+def test_new_deliveries_are_taken_whole_without_reading_anything(acked):
+    accept, entry, history = acceptance(below=10)
+    got = run_sync(accept.accept(chunk((11, 1), (12, 1), (13, 1))))
+    assert got.rows is None and len(got.replies) == 3 and got.acked == 0
+    assert entry.taken == {11, 12, 13} and set(accept.keeper.held) == {11, 12, 13}
+    assert history.reads == 0 and accept.emitted is None and not acked
+
+
+def test_a_redelivery_within_the_batch_is_skipped_and_its_new_reply_held(acked):
+    accept, entry, _ = acceptance(taken={5}, held={5: b"old"})
+    deliveries = chunk((5, 2), (6, 1), (6, 2))
+    got = run_sync(accept.accept(deliveries))
+    assert got.rows == [1] and got.replies == [deliveries.replies[1]]
+    assert accept.keeper.held == {5: deliveries.replies[0], 6: deliveries.replies[2]}
+    assert entry.taken == {5, 6} and not acked
+
+
+def test_what_an_earlier_batch_emitted_is_acked_and_dropped(acked):
+    accept, entry, history = acceptance(emitted={3, 4}, below=4)
+    deliveries = chunk((3, 2), (4, 2), (5, 1))
+    got = run_sync(accept.accept(deliveries))
+    assert got.rows == [2] and got.acked == 2 and accept.redundant == 2
+    assert acked == deliveries.replies[:2] and entry.taken == {5}
+    run_sync(accept.accept(chunk((2, 2))))
+    assert history.reads == 1, "the earlier batches' sequences are read once"
+
+
+def test_below_the_earlier_batches_but_taken_already_reads_nothing(acked):
+    accept, _, history = acceptance(taken={3}, held={3: b"old"}, below=4)
+    run_sync(accept.accept(chunk((3, 2), (7, 1))))
+    assert history.reads == 0
+
+
+def test_what_a_sibling_recorded_is_skipped_once_a_redelivery_comes(acked):
+    accept, entry, _ = acceptance(siblings={8})
+    got = run_sync(accept.accept(chunk((9, 1))))
+    assert got.rows is None and entry.reads == 0, "first deliveries need no look"
+    got = run_sync(accept.accept(chunk((8, 2), (10, 1))))
+    assert got.rows == [1] and entry.reads == 1
+    assert entry.taken == {9, 10} and 8 not in accept.keeper.held and not acked
