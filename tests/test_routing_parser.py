@@ -18,6 +18,7 @@ pytestmark = pytest.mark.unit
 
 HEADERS = b"NATS/1.0\r\nn: 1\r\n\r\n"
 STATUS = b"NATS/1.0 408\r\n\r\n"
+PROTOCOL_LIKE = b"\r\nMSG a 7 r 1\r\nx\r\n\nHMSG b 7 r 1 1\r\n"
 WIRE = (
     b'INFO {"server_id": "a b", "max_payload": 1048576}\r\n'
     b"MSG orders.k1 7 $JS.ACK.S.C.1.10.10.1700000000000000000.4 5\r\nhello\r\n"
@@ -31,6 +32,16 @@ WIRE = (
     + b"MSG big 7 inbox.z 12\r\nline\r\nbreak!\r\n"
     b"PONG\r\n"
     b"-ERR 'Permissions Violation for Subscription to \"x\"'\r\n"
+    # What the parser's shortcuts for the usual lines must not get wrong: lower-case ops, a bare
+    # LF in a control line, a reply with headers only, a payload that looks like protocol.
+    b"hmsg lower 7 r.1 %d %d\r\n%bok\r\n"
+    % (len(HEADERS), len(HEADERS) + 2, HEADERS)
+    + b"msg lower 7 r.2 2\r\nok\r\n"
+    b"ping\r\n"
+    b"MSG bare\n7 r.3 1\r\n!\r\n"
+    b"HMSG status 7 r.4 %d %d\r\n%b\r\n"
+    % (len(STATUS), len(STATUS), STATUS)
+    + b"MSG tricky 7 r.5 %d\r\n%b\r\n" % (len(PROTOCOL_LIKE), PROTOCOL_LIKE)
 )
 EXPECTED = [
     ("info", {"server_id": "a b", "max_payload": 1048576}),
@@ -42,6 +53,12 @@ EXPECTED = [
     ("raw", b"big", b"inbox.z", b"line\r\nbreak!", None),
     ("pong",),
     ("err", "'permissions violation for subscription to \"x\"'"),
+    ("raw", b"lower", b"r.1", b"ok", HEADERS),
+    ("raw", b"lower", b"r.2", b"ok", None),
+    ("ping",),
+    ("raw", b"bare", b"r.3", b"!", None),
+    ("raw", b"status", b"r.4", b"", STATUS),
+    ("raw", b"tricky", b"r.5", PROTOCOL_LIKE, None),
 ]
 
 
@@ -126,11 +143,8 @@ def test_v2_ack_subjects_with_domain_and_account_hash_are_routed_and_parsed() ->
     assert (delivery.stream, delivery.consumer, delivery.pending) == ("S", "C", 3)
 
 
-INBOX = [  # what sid 7 gets when it is routed to an inbox rather than a handler
-    (b"orders.k1", b"$JS.ACK.S.C.1.10.10.1700000000000000000.4", b"hello", None),
-    (b"_INBOX.y", b"", b"", STATUS),
-    (b"big", b"inbox.z", b"line\r\nbreak!", None),
-]
+# What sid 7 gets when it is routed to an inbox rather than a handler.
+INBOX = [call[1:] for call in EXPECTED if call[0] == "raw"]
 
 
 def columns(messages: MessageColumns) -> list[tuple[bytes, bytes, bytes, bytes | None]]:
@@ -168,7 +182,7 @@ def test_an_inbox_gets_its_messages_as_columns_at_every_split(cut: int) -> None:
 def test_an_inbox_hands_out_its_oldest_messages_first() -> None:
     inbox, _, _ = parse_into_inbox([WIRE[i : i + 1] for i in range(len(WIRE))])
     assert columns(inbox.take(2)) == INBOX[:2] and columns(inbox) == INBOX[2:]
-    assert columns(inbox.take(5)) == INBOX[2:] and not columns(inbox)
+    assert columns(inbox.take(len(INBOX))) == INBOX[2:] and not columns(inbox)
     assert len(inbox) == 0 and not columns(inbox.take(1))
 
 
@@ -188,3 +202,9 @@ def test_a_route_added_while_the_parser_awaits_takes_the_next_messages() -> None
     asyncio.run(parser.parse(b"MSG a 7 1\r\n1\r\nMSG b 7 1\r\n2\r\nMSG c 7 1\r\n3\r\n"))
     assert client.calls == [("msg", 7, b"a", b"", b"1", None)]
     assert (inbox.subjects, inbox.data) == ([b"b", b"c"], [b"2", b"3"])
+
+
+def test_a_read_that_starts_with_a_bare_lf_serves_its_lines_before_a_trailing_cr() -> None:
+    client = FakeClient()
+    asyncio.run(RoutingParser(client).parse(b"\nPING\r\nPONG\r"))  # type: ignore[arg-type]
+    assert client.calls == [("ping",)]
