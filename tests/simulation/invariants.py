@@ -3,7 +3,8 @@
 - no message in two committed batches of one checkpoint (a query started on a new checkpoint
   may emit again what an earlier one committed and never acked: Spark's outputs are per
   checkpoint);
-- once quiet: every message of the stream in a committed batch, none left unacked;
+- once quiet: every message of the stream in a committed batch, none left unacked, and no
+  ledger entry of a lineage the pointer does not name (nothing would ever act on it again);
 - no ack before a batch that emitted the message is committed (its rows are in the sink);
 - a batch run again yields the same rows in the same order (per slot) as every earlier run
   whose rows could have reached the sink (all its tasks finished);
@@ -13,6 +14,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tests.simulation.jetstream import Consumer, Stream
@@ -80,6 +83,19 @@ class Observed:
                 )
         if self.key_order:
             self._check_key_order()
+
+    def check_ledger_quiet(self, stored: Mapping[str, tuple[bytes, int]]) -> None:
+        """`stored`: the ledger bucket's keys and values. An entry of a lineage that neither is
+        the pointer's nor is named by it as replaced is never acked, given back or removed."""
+        named = set[str]()
+        for key, (value, _) in stored.items():
+            if key.startswith("query."):
+                pointer = json.loads(value)
+                named |= {pointer["lineage"], *pointer.get("replaced", [])}
+        heads = [key for key in stored if not key.startswith("query.") and key.count(".") == 2]
+        left = sorted(key for key in heads if key.split(".")[0] not in named)
+        if left:
+            self.problem("ledger entries left behind", ", ".join(left))
 
     def _check_key_order(self) -> None:
         for sink in [*self.earlier_sinks, self.sink]:

@@ -234,6 +234,7 @@ class World:
         ticking.set()
         await server
         self.observed.check_quiet(self.consumers)
+        self.observed.check_ledger_quiet(self.bucket.values)
 
     async def run_query(
         self, number: int, trigger: str, stop_at: float, quiet: bool = False

@@ -272,14 +272,17 @@ def pointer_key(stream: str, target: str) -> str:
 
 @dataclass
 class Pointer:
-    """A target's newest lineage and gen, the pins its slots last held, and the newest gen of
-    the lineage with an entry removed as settled: a task attempt of that gen or an older one is
-    a zombie of a committed batch and must not create its entry again."""
+    """A target's newest lineage and gen, the pins its slots last held, the newest gen of the
+    lineage with an entry removed as settled (a task attempt of that gen or an older one is a
+    zombie of a committed batch and must not create its entry again), and the lineages of
+    earlier checkpoints' queries that the next batch planned gives back (kept here until then,
+    so that a driver killed before that batch does not forget them)."""
 
     lineage: str
     gen: int
     pins: dict[str, str] = field(default_factory=dict)
     settled: int = 0
+    replaced: list[str] = field(default_factory=list)
 
 
 async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
@@ -290,7 +293,11 @@ async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
     data = json.loads(entry.value or b"{}")
     readable_format(data, key)
     return Pointer(
-        data["lineage"], int(data["gen"]), data.get("pins", {}), int(data.get("settled", 0))
+        data["lineage"],
+        int(data["gen"]),
+        data.get("pins", {}),
+        int(data.get("settled", 0)),
+        list(data.get("replaced", [])),
     )
 
 

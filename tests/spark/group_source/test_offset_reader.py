@@ -15,6 +15,7 @@ from nats.js.errors import NoKeysError
 
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from nats_spark.loop import run_sync
+from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.driver.targets import Held, Slot
@@ -342,3 +343,38 @@ def test_spark_40_asks_initial_offset_after_planning_and_gets_the_same_lineage(
     assert run_sync(restarted.initial_offset()) == start
     run_sync(restarted.close())
     assert published_acks == []
+
+
+def test_a_new_checkpoint_whose_driver_died_before_its_first_batch_still_gives_back(
+    driver: tuple[OffsetReader, Server, MemoryBucket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark 4.2+: a query on a new checkpoint asks `initialOffset` (a new lineage, which the
+    pointer then names) and its driver dies before the first batch; restarted, it asks again
+    and gets a third lineage. The first query's uncommitted batch is still given back (NAKed,
+    its entry removed) at the first batch: not left to its ack wait and the bucket's max age."""
+    sent: list[bytes] = []
+
+    async def send(nc: object, commands: list[bytes], count: int) -> int:
+        sent.extend(line for line in b"".join(commands).split(b"\r\n") if line)
+        return count
+
+    monkeypatch.setattr(ledger_protocol, "send_acks", send)
+    first, server, kv = driver
+    start = run_sync(first.initial_offset())
+    server.show(SLOTS[0], pending=10)
+    one = run_sync(first.latest_offset(start, None))
+    [task] = run_sync(first.partitions(start, one))
+    run_task(kv, task, list(range(1, 11)), pin="pin-0")  # never committed: the query dies
+
+    server.show(SLOTS[0], ack_pending=10, pin="pin-0")
+    server.show(SLOTS[1], pending=5)  # what the first batch of the new checkpoint reads
+    dies_early = driver_of(server, kv)  # the new checkpoint's first driver
+    assert run_sync(dies_early.initial_offset()).lineage not in (start.lineage, None)
+    restarted = driver_of(server, kv)  # no offset was logged: its restart starts afresh
+    begin = run_sync(restarted.initial_offset())
+    end = run_sync(restarted.latest_offset(begin, None))
+    run_sync(restarted.partitions(begin, end))
+    assert sent[1::2] == [b"-NAK"] * 10
+    assert run_sync(read_head(first.ledger.ledger, 1, "partition-0")) is None  # type: ignore[arg-type]
+    for reader in (first, dies_early, restarted):
+        run_sync(reader.close())

@@ -54,7 +54,8 @@ class DriverLedger:
         self.pins: dict[str, str] = {}  # by slot: the pin its newest entry (or pointer) holds
         self.settled = 0  # newest gen with an entry removed as settled (`Pointer.settled`)
         self.last_query_pins: frozenset[str] = frozenset()  # pins of this target's last query
-        self.last_query_lineage: str | None = None  # its lineage (the pointer's, as found)
+        # Lineages of earlier checkpoints' queries on this target, to give back (`give_back`).
+        self.replaced: tuple[str, ...] = ()
 
     def attach(self, kv: Bucket) -> None:
         """Use `kv` (a new connection's handle on the bucket)."""
@@ -76,13 +77,15 @@ class DriverLedger:
         pointer = await read_pointer(self.kv, self.pointer_key)
         if pointer is not None:  # pins of this target's last query: ours, not another client's
             self.last_query_pins = frozenset(pointer.pins.values())
-            self.last_query_lineage = pointer.lineage
         if offset is None:
             if self.ledger is not None:
                 return False
             offset = (
                 SourceOffset(pointer.lineage, pointer.gen) if pointer else SourceOffset.initial()
             )
+        if pointer is not None:  # a lineage the pointer names, other than ours, is replaced
+            named = (pointer.lineage, *pointer.replaced)
+            self.replaced = tuple(dict.fromkeys(n for n in named if n != offset.lineage))
         self.ledger = Ledger(self.kv, offset.lineage)
         self.head_gen = offset.gen
         self.settled = 0
@@ -169,7 +172,9 @@ class DriverLedger:
     async def save_pointer(self) -> None:
         assert self.ledger is not None and self.kv is not None
         pins = dict(sorted(self.pins.items()))
-        pointer = Pointer(self.ledger.lineage, self.head_gen, pins, self.settled)
+        pointer = Pointer(
+            self.ledger.lineage, self.head_gen, pins, self.settled, list(self.replaced)
+        )
         await write_pointer(self.kv, self.pointer_key, pointer)
 
     def acks_due(self, through: int) -> dict[str, tuple[int, ...]]:
@@ -243,13 +248,17 @@ class DriverLedger:
         for key in earlier:
             del self.entries[key]
 
-    async def disown_lineage(self, client: NatsClient, lineage: str) -> None:
-        """Give back the entries of `lineage`, an earlier checkpoint's."""
+    async def give_back_replaced(self, client: NatsClient) -> None:
+        """Give back the entries of the lineages this one replaced (earlier checkpoints'
+        queries'); the pointer names them until it is next saved, so a driver killed before
+        that gives them back again (there is nothing left to give then)."""
         assert self.kv is not None
-        ledger = Ledger(self.kv, lineage)
-        keys = [(gen, name_of(token)) for gen, token in await ledger.heads()]
-        if keys:
-            _given_back(await protocol.give_back(client, ledger, keys))
+        for lineage in self.replaced:
+            ledger = Ledger(self.kv, lineage)
+            keys = [(gen, name_of(token)) for gen, token in await ledger.heads()]
+            if keys:
+                _given_back(await protocol.give_back(client, ledger, keys))
+        self.replaced = ()
 
     async def ack_through(self, client: NatsClient, gen: int, only: str | None = None) -> int:
         """Ack every sealed entry (of slot `only`, if given) of batches up to `gen` (all

@@ -282,8 +282,8 @@ class OffsetReader:
             if self.current is None or self.current.lineage != end.lineage:
                 self.current = end  # the checkpoint's lineage: `initial_offset` answers in it
             return []
-        if start.gen == 0 and start.lineage == end.lineage:
-            await self._disown_earlier(end)
+        if start.gen == 0:  # a checkpoint's first batch, or its re-run after a restart
+            await self._disown_earlier(start, end)
         self._committed(start)
         # A batch whose start is of another lineage (Spark 4.0/4.1 can ask `initialOffset` of a
         # restarted reader before it learns the logged batch) has nothing committed in `end`'s.
@@ -305,19 +305,16 @@ class OffsetReader:
         self.ledger.expect(end.gen, [task.slot for task in plan.tasks if task.slot in end.slots])
         return [self._input_partition(known[task.slot], end, task) for task in plan.tasks]
 
-    async def _disown_earlier(self, first: SourceOffset) -> None:
-        """At a checkpoint's first batch: what an earlier checkpoint's query took is not this
-        one's to dedupe or ack. 4.0/4.1 plan the first batch before they ask `initialOffset`,
-        in the stored lineage, whose gens before it are that query's; 4.2+ ask first, and the
-        lineage it replaces (the pointer's when this reader adopted its own) is that query's.
-        (A re-run of the first batch after a restart on 4.2+ starts in another lineage than the
-        batch's, and is not a first batch here.)"""
+    async def _disown_earlier(self, start: SourceOffset, first: SourceOffset) -> None:
+        """What an earlier checkpoint's query took is not this one's to dedupe or ack: the
+        lineages this one replaced (4.2+ ask `initialOffset` first, which replaces the stored
+        lineage; the pointer names them until they are given back, should the driver die before
+        this batch), and on 4.0/4.1, which plan a checkpoint's first batch in the stored lineage
+        before they ask, that lineage's gens before the first batch."""
         client = await self._connect()
-        if first.gen > 1:
+        if start.lineage == first.lineage and first.gen > 1:
             await self.ledger.disown_before(client, first.gen)
-        earlier = self.ledger.last_query_lineage
-        if earlier is not None and earlier != first.lineage:
-            await self.ledger.disown_lineage(client, earlier)
+        await self.ledger.give_back_replaced(client)
 
     def _known_slot(self, name: str) -> Slot | None:
         if name in self.states:
