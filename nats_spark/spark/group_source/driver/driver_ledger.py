@@ -54,7 +54,7 @@ class DriverLedger:
         self.pins: dict[str, str] = {}  # by slot: the pin its newest entry (or pointer) holds
         self.settled = 0  # newest gen with an entry removed as settled (`Pointer.settled`)
         self.last_query_pins: frozenset[str] = frozenset()  # pins of this target's last query
-        # Lineages of earlier checkpoints' queries on this target, to give back (`give_back`).
+        # Lineages of earlier checkpoints' queries on this target (`give_back_replaced`).
         self.replaced: tuple[str, ...] = ()
 
     def attach(self, kv: Bucket) -> None:
