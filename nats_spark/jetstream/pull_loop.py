@@ -6,7 +6,7 @@ for next."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nats_spark.jetstream.pull import Deliveries, Pull, PullConsumer
@@ -66,7 +66,6 @@ class PullLoop:
         self.in_flight = in_flight
         self.thresholds = thresholds
         self.pulls: deque[Pull] = deque()  # sent and not ended, oldest first
-        self._chunks: deque[AsyncIterator[Deliveries]] = deque()  # each one's, as `aiter` has it
 
     async def next(self) -> Deliveries | Pull | None:
         """Deliveries as they arrive, or a request that has ended (its `status` says why); None
@@ -77,9 +76,8 @@ class PullLoop:
         if not self.pulls:
             return None
         try:
-            return await anext(self._chunks[0])
+            return await anext(self.pulls[0])
         except StopAsyncIteration:
-            self._chunks.popleft()
             return self.pulls.popleft()
 
     async def send_ahead(self, plan: PullPlan) -> None:
@@ -91,10 +89,7 @@ class PullLoop:
     def drop_refused(self) -> None:
         """Forget the first request, which the server refused (`next` raised): it delivers
         nothing more, and the next call plans afresh."""
-        self._chunks.popleft()
         self.pulls.popleft()
 
     async def _send(self, plan: PullPlan) -> None:
-        pull = await send(self.consumer, plan, self.thresholds)
-        self.pulls.append(pull)
-        self._chunks.append(aiter(pull))
+        self.pulls.append(await send(self.consumer, plan, self.thresholds))

@@ -389,7 +389,8 @@ async def _until_arrival(request: PullRequest, deadline: float) -> bool:
 
 
 class SimPull:
-    """What a slot's task uses of `Pull`: chunks of deliveries, then why it ended."""
+    """What a slot's task uses of `Pull`: an async iterator of chunks of deliveries, then why it
+    ended."""
 
     def __init__(self, consumer: SimPullConsumer, request: PullRequest, deadline: float) -> None:
         self.consumer = consumer
@@ -399,9 +400,13 @@ class SimPull:
         self.received = 0
         self.done = False
         self.status = PullStatus.BATCH_COMPLETE
+        self._arriving = self._chunks()
 
-    def __aiter__(self) -> AsyncIterator[Deliveries]:
-        return self._chunks()
+    def __aiter__(self) -> SimPull:
+        return self
+
+    async def __anext__(self) -> Deliveries:
+        return await anext(self._arriving)
 
     async def _chunks(self) -> AsyncIterator[Deliveries]:
         request, sched = self.request, self.consumer.client.sched
