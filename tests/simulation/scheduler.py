@@ -22,8 +22,9 @@ import collections
 import contextvars
 import heapq
 import random
-from asyncio import base_events
-from collections.abc import Coroutine
+import types
+from asyncio import base_events, events, futures
+from collections.abc import Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,8 @@ class VirtualLoop(asyncio.BaseEventLoop):
     timers moved to the ready queue, then the callbacks ready at the start of the round), so a
     seed's schedule is what it was on asyncio's selector loop; it only skips the selector and
     the I/O polling, and goes round without returning to `run_forever` until it is stopped.
+    Callbacks and timers are scheduled without asyncio's checks for debug mode, a closed loop
+    and other threads, none of which the simulation uses: they are most of its cost.
     """
 
     def __init__(self) -> None:
@@ -60,9 +63,24 @@ class VirtualLoop(asyncio.BaseEventLoop):
     def time(self) -> float:
         return self.now
 
+    def call_soon(self, callback: Any, *args: Any, context: Any = None) -> Any:
+        handle = _Handle(callback, args, self, context)
+        self._ready.append(handle)  # type: ignore[attr-defined]  # asyncio's private state
+        return handle
+
+    def call_at(self, when: float, callback: Any, *args: Any, context: Any = None) -> Any:
+        timer = _TimerHandle(when, callback, args, self, context)
+        heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
+        timer._scheduled = True
+        return timer
+
+    def call_later(self, delay: float, callback: Any, *args: Any, context: Any = None) -> Any:
+        return self.call_at(self.now + delay, callback, *args, context=context)
+
     def _run_once(self) -> None:
         base: Any = self  # asyncio's private state, which typeshed does not declare
         ready: collections.deque[Any] = base._ready
+        popleft = ready.popleft
         while True:
             scheduled = self._drop_cancelled_timers()
             if not ready and not base._stopping:
@@ -75,7 +93,7 @@ class VirtualLoop(asyncio.BaseEventLoop):
                 handle._scheduled = False
                 ready.append(handle)
             for _ in range(len(ready)):
-                handle = ready.popleft()
+                handle = popleft()
                 if not handle._cancelled:
                     handle._run()
             if base._stopping:
@@ -103,6 +121,36 @@ class VirtualLoop(asyncio.BaseEventLoop):
             base._timer_cancelled_count -= 1
             heapq.heappop(scheduled)._scheduled = False
         return scheduled
+
+
+def _init_handle(handle: events.Handle, callback: Any, args: Any, loop: Any, context: Any) -> None:
+    """asyncio's `Handle.__init__`, without asking the loop whether it is in debug mode."""
+    self: Any = handle
+    self._context = contextvars.copy_context() if context is None else context
+    self._loop = loop
+    self._callback = callback
+    self._args = args
+    self._cancelled = False
+    self._repr = None
+    self._source_traceback = None
+
+
+class _Handle(events.Handle):
+    __slots__ = ()
+
+    def __init__(self, callback: Any, args: Any, loop: Any, context: Any = None) -> None:
+        _init_handle(self, callback, args, loop, context)
+
+
+class _TimerHandle(events.TimerHandle):
+    __slots__ = ()
+
+    def __init__(
+        self, when: float, callback: Any, args: Any, loop: Any, context: Any = None
+    ) -> None:
+        _init_handle(self, callback, args, loop, context)
+        self._when = when
+        self._scheduled = False
 
 
 # asyncio's own thresholds (base_events), so that timers run in the same order as there.
@@ -151,10 +199,11 @@ class Scheduler:
     verbose: bool = False
     steps: int = 0
     participants: list[Participant] = field(default_factory=list)
+    loop: VirtualLoop = field(default_factory=lambda: VirtualLoop())
 
     @property
     def now(self) -> float:
-        return asyncio.get_running_loop().time() - START_TIME
+        return self.loop.now - START_TIME
 
     def note(self, what: str) -> None:
         who = _current.get()
@@ -170,7 +219,7 @@ class Scheduler:
         coro: Coroutine[Any, Any, Any],
         parent: Participant | None = None,
     ) -> Participant:
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         participant = Participant(name, kind, loop.create_future(), parent)
         self.participants.append(participant)
         context = contextvars.copy_context()
@@ -194,16 +243,16 @@ class Scheduler:
         """A scheduling point of the current participant (before or after one fake I/O)."""
         me = _current.get()
         if me is None:
-            await asyncio.sleep(0)
+            await _yield()
             return
         if me.dead:
             await _forever()
         self.steps += 1
         if self.verbose:
             self.note(what)
-        loop = asyncio.get_running_loop()
-        if me.frozen_until > loop.time():  # another coroutine of this process stalled it
-            await asyncio.sleep(me.frozen_until - loop.time())
+        loop = self.loop
+        if me.frozen_until > loop.now:  # another coroutine of this process stalled it
+            await asyncio.sleep(me.frozen_until - loop.now)
         chaos = self.chaos
         if chaos.enabled and chaos.crashes > 0 and me.kind in ("driver", "task"):
             draw = self.rng.random()
@@ -220,7 +269,7 @@ class Scheduler:
         draw = self.rng.random()
         if chaos.enabled and draw < chaos.stall:
             delay = self.ack_wait * self.rng.uniform(0.2, 1.3)
-            me.frozen_until = loop.time() + delay
+            me.frozen_until = loop.now + delay
             self.note(f"stalls {delay:.1f}s at {what} (its whole process)")
         elif draw < 0.4:
             return  # no switch: the call answers at once
@@ -228,7 +277,10 @@ class Scheduler:
             delay = 0.0
         else:
             delay = self.rng.choice((0.001, 0.01, 0.05, 0.2))
-        await asyncio.sleep(delay)
+        if delay > 0:
+            await _sleep(loop, delay)
+        else:
+            await _yield()
         if me.dead:
             await _forever()
 
@@ -246,14 +298,29 @@ class Scheduler:
         return _current.get()
 
 
+@types.coroutine
+def _yield() -> Generator[None, None, None]:
+    """`asyncio.sleep(0)`: one round of the loop."""
+    yield
+
+
+async def _sleep(loop: VirtualLoop, delay: float) -> None:
+    """`asyncio.sleep(delay)`, the same steps without looking up the running loop."""
+    future = futures.Future(loop=loop)
+    timer = loop.call_at(loop.now + delay, futures._set_result_unless_cancelled, future, None)
+    try:
+        await future
+    finally:
+        timer.cancel()
+
+
 async def _forever() -> None:
     await asyncio.get_running_loop().create_future()
 
 
-def run(coro: Coroutine[Any, Any, Any]) -> Any:
+def run(loop: VirtualLoop, coro: Coroutine[Any, Any, Any]) -> Any:
     """Run `coro` on a fresh virtual loop, with `nats_spark.clock` on its time. Abandoned
     participants are left where they stopped: the loop is closed without finalizing them."""
-    loop = VirtualLoop()
     loop.set_exception_handler(_ignore_abandoned)
     previous = clock.use(loop.time)
     try:

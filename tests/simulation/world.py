@@ -304,7 +304,7 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
     previous_level = logger.level
     logger.setLevel(logging.DEBUG if verbose else logging.CRITICAL)
     try:
-        run(world.main())
+        run(sched.loop, world.main())
     except Exception as error:  # the harness or the code under test broke the schedule
         world.observed.problem("schedule failed", f"{type(error).__name__}: {error}")
     finally:
