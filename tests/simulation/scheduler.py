@@ -24,12 +24,14 @@ import heapq
 import random
 import types
 from asyncio import base_events, events, futures
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
+from contextvars import Context
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVarTuple, Unpack
 
 from nats_spark import clock
 
+_Ts = TypeVarTuple("_Ts")
 START_TIME = 1000.0  # virtual monotonic seconds at the start (0 reads as "never" in places)
 
 
@@ -52,8 +54,8 @@ class VirtualLoop(asyncio.BaseEventLoop):
     timers moved to the ready queue, then the callbacks ready at the start of the round), so a
     seed's schedule is what it was on asyncio's selector loop; it only skips the selector and
     the I/O polling, and goes round without returning to `run_forever` until it is stopped.
-    Callbacks and timers are scheduled without asyncio's checks for debug mode, a closed loop
-    and other threads, none of which the simulation uses: they are most of its cost.
+    Callbacks and timers are scheduled and run without asyncio's checks for debug mode, a closed
+    loop and other threads, which the simulation never needs and would pay at every step.
     """
 
     def __init__(self) -> None:
@@ -63,18 +65,35 @@ class VirtualLoop(asyncio.BaseEventLoop):
     def time(self) -> float:
         return self.now
 
-    def call_soon(self, callback: Any, *args: Any, context: Any = None) -> Any:
+    def call_soon(
+        self,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: *_Ts,
+        context: Context | None = None,
+    ) -> events.Handle:
         handle = _Handle(callback, args, self, context)
         self._ready.append(handle)  # type: ignore[attr-defined]  # asyncio's private state
         return handle
 
-    def call_at(self, when: float, callback: Any, *args: Any, context: Any = None) -> Any:
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: *_Ts,
+        context: Context | None = None,
+    ) -> events.TimerHandle:
         timer = _TimerHandle(when, callback, args, self, context)
         heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
         timer._scheduled = True
         return timer
 
-    def call_later(self, delay: float, callback: Any, *args: Any, context: Any = None) -> Any:
+    def call_later(
+        self,
+        delay: float,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: *_Ts,
+        context: Context | None = None,
+    ) -> events.TimerHandle:
         return self.call_at(self.now + delay, callback, *args, context=context)
 
     def _run_once(self) -> None:
@@ -95,7 +114,14 @@ class VirtualLoop(asyncio.BaseEventLoop):
             for _ in range(len(ready)):
                 handle = popleft()
                 if not handle._cancelled:
-                    handle._run()
+                    try:  # `Handle._run`, inline
+                        handle._context.run(handle._callback, *handle._args)
+                    except (SystemExit, KeyboardInterrupt):
+                        raise
+                    except BaseException as error:
+                        message = f"Exception in callback {handle._callback!r}"
+                        context = {"message": message, "exception": error, "handle": handle}
+                        self.call_exception_handler(context)
             if base._stopping:
                 return
 
@@ -145,6 +171,9 @@ class _Handle(events.Handle):
 class _TimerHandle(events.TimerHandle):
     __slots__ = ()
 
+    def __lt__(self, other: Any) -> bool:  # the heap's order: asyncio's, without its type check
+        return self._when < other._when
+
     def __init__(
         self, when: float, callback: Any, args: Any, loop: Any, context: Any = None
     ) -> None:
@@ -158,6 +187,7 @@ _ASYNCIO: Any = base_events  # typeshed does not declare these
 _REBUILD_FROM: int = _ASYNCIO._MIN_SCHEDULED_TIMER_HANDLES
 _REBUILD_FRACTION: float = _ASYNCIO._MIN_CANCELLED_TIMER_HANDLES_FRACTION
 _MAX_WAIT: float = _ASYNCIO.MAXIMUM_SELECT_TIMEOUT
+_FUTURES: Any = futures  # its `_set_result_unless_cancelled`, which asyncio.sleep's timer calls
 
 
 @dataclass(eq=False)
@@ -199,7 +229,7 @@ class Scheduler:
     verbose: bool = False
     steps: int = 0
     participants: list[Participant] = field(default_factory=list)
-    loop: VirtualLoop = field(default_factory=lambda: VirtualLoop())
+    loop: VirtualLoop = field(default_factory=VirtualLoop)
 
     @property
     def now(self) -> float:
@@ -306,8 +336,8 @@ def _yield() -> Generator[None, None, None]:
 
 async def _sleep(loop: VirtualLoop, delay: float) -> None:
     """`asyncio.sleep(delay)`, the same steps without looking up the running loop."""
-    future = futures.Future(loop=loop)
-    timer = loop.call_at(loop.now + delay, futures._set_result_unless_cancelled, future, None)
+    future: asyncio.Future[None] = futures.Future(loop=loop)
+    timer = loop.call_at(loop.now + delay, _FUTURES._set_result_unless_cancelled, future, None)
     try:
         await future
     finally:
@@ -319,7 +349,7 @@ async def _forever() -> None:
 
 
 def run(loop: VirtualLoop, coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run `coro` on a fresh virtual loop, with `nats_spark.clock` on its time. Abandoned
+    """Run `coro` on `loop` (a fresh one), with `nats_spark.clock` on its time. Abandoned
     participants are left where they stopped: the loop is closed without finalizing them."""
     loop.set_exception_handler(_ignore_abandoned)
     previous = clock.use(loop.time)
