@@ -72,6 +72,9 @@ def test_headers_leave_the_pin_out_and_keep_every_value() -> None:
     assert column.type == HEADERS_TYPE
     assert column.to_pylist() == [[("A", ["1", "2"]), ("B", ["é"])], [], []]
     assert headers_array([None, None], include=True).to_pylist() == [[], []]
+    none = headers_array([None, PIN, None], include=True)  # built from buffers, no entries
+    none.validate(full=True)
+    assert none.equals(pa.array([[], [], []], HEADERS_TYPE))
     assert headers_array([BLOCK], include=False).to_pylist() == [None]
 
 
