@@ -269,6 +269,13 @@ class Scheduler:
         if not participant.finished.done():
             participant.finished.set_result(result)
 
+    async def sleep(self, delay: float) -> None:
+        """`asyncio.sleep(delay)`: the same steps, without looking up the running loop."""
+        if delay > 0:
+            await _sleep(self.loop, delay)
+        else:
+            await _yield()
+
     async def point(self, what: str) -> None:
         """A scheduling point of the current participant (before or after one fake I/O)."""
         me = _current.get()
@@ -282,7 +289,7 @@ class Scheduler:
             self.note(what)
         loop = self.loop
         if me.frozen_until > loop.now:  # another coroutine of this process stalled it
-            await asyncio.sleep(me.frozen_until - loop.now)
+            await self.sleep(me.frozen_until - loop.now)
         chaos = self.chaos
         if chaos.enabled and chaos.crashes > 0 and me.kind in ("driver", "task"):
             draw = self.rng.random()
@@ -307,10 +314,7 @@ class Scheduler:
             delay = 0.0
         else:
             delay = self.rng.choice((0.001, 0.01, 0.05, 0.2))
-        if delay > 0:
-            await _sleep(loop, delay)
-        else:
-            await _yield()
+        await self.sleep(delay)
         if me.dead:
             await _forever()
 
@@ -335,7 +339,7 @@ def _yield() -> Generator[None, None, None]:
 
 
 async def _sleep(loop: VirtualLoop, delay: float) -> None:
-    """`asyncio.sleep(delay)`, the same steps without looking up the running loop."""
+    """`asyncio.sleep(delay)` for a `delay` above 0."""
     future: asyncio.Future[None] = futures.Future(loop=loop)
     timer = loop.call_at(loop.now + delay, _FUTURES._set_result_unless_cancelled, future, None)
     try:
