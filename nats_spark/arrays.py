@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Sequence
+from itertools import accumulate
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 _INT64, _BINARY = pa.int64(), pa.binary()
 TYPECODES = {pa.int32(): "i", _INT64: "q"}  # `array` type codes of the integer columns
+SUM_BY_ARROW_FROM = 256  # values from which `bytes_array` sums their lengths with Arrow
 
 
 def int_array(values: Iterable[int], kind: pa.DataType = _INT64) -> pa.Array:
@@ -25,15 +27,22 @@ def int_array(values: Iterable[int], kind: pa.DataType = _INT64) -> pa.Array:
 def bytes_array(values: Sequence[bytes], kind: pa.DataType = _BINARY) -> pa.Array:
     """A binary or string column of `values` (none null); a string column must be UTF-8, as
     pyarrow's own conversion requires."""
-    lengths = array("i", (0,))
-    lengths.fromlist(list(map(len, values)))  # through a list: array() steps an iterator slowly
-    offsets = pc.cumulative_sum(int_array(lengths, pa.int32())).buffers()[1]
     column = pa.Array.from_buffers(
-        kind, len(values), [None, offsets, pa.py_buffer(b"".join(values))]
+        kind, len(values), [None, _offsets(values), pa.py_buffer(b"".join(values))]
     )
     if kind == pa.string():
         column.validate(full=True)  # ArrowInvalid names the first row that is not UTF-8
     return column
+
+
+def _offsets(values: Sequence[bytes]) -> pa.Buffer:
+    """Where each of `values` starts in their join, and where the last ends (int32): summed by
+    Arrow's kernel, or for a few values in Python, where the kernel's fixed cost is more."""
+    if len(values) < SUM_BY_ARROW_FROM:
+        return pa.py_buffer(array("i", accumulate(map(len, values), initial=0)))
+    lengths = array("i", (0,))
+    lengths.fromlist(list(map(len, values)))  # through a list: array() steps an iterator slowly
+    return pc.cumulative_sum(int_array(lengths, pa.int32())).buffers()[1]
 
 
 def string_scalar(value: bytes) -> pa.Scalar:

@@ -257,7 +257,7 @@ class Server:
         while not until.is_set():
             now = self.now()
             events = [e for c in self.consumers.values() for e in c.events() if e > now]
-            await asyncio.sleep(min(min(events, default=now + 5.0) - now, 5.0) + 0.001)
+            await self.sched.sleep(min(min(events, default=now + 5.0) - now, 5.0) + 0.001)
             self.serve()
 
     def publish_commands(self, command: bytes) -> None:

@@ -22,13 +22,16 @@ import collections
 import contextvars
 import heapq
 import random
-from asyncio import base_events
-from collections.abc import Coroutine
+import types
+from asyncio import base_events, events, futures
+from collections.abc import Callable, Coroutine, Generator
+from contextvars import Context
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVarTuple, Unpack
 
 from nats_spark import clock
 
+_Ts = TypeVarTuple("_Ts")
 START_TIME = 1000.0  # virtual monotonic seconds at the start (0 reads as "never" in places)
 
 
@@ -51,6 +54,8 @@ class VirtualLoop(asyncio.BaseEventLoop):
     timers moved to the ready queue, then the callbacks ready at the start of the round), so a
     seed's schedule is what it was on asyncio's selector loop; it only skips the selector and
     the I/O polling, and goes round without returning to `run_forever` until it is stopped.
+    Callbacks and timers are scheduled and run without asyncio's checks for debug mode, a closed
+    loop and other threads, which the simulation never needs and would pay at every step.
     """
 
     def __init__(self) -> None:
@@ -60,9 +65,41 @@ class VirtualLoop(asyncio.BaseEventLoop):
     def time(self) -> float:
         return self.now
 
+    def call_soon(
+        self,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: *_Ts,
+        context: Context | None = None,
+    ) -> events.Handle:
+        handle = _Handle(callback, args, self, context)
+        self._ready.append(handle)  # type: ignore[attr-defined]  # asyncio's private state
+        return handle
+
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: *_Ts,
+        context: Context | None = None,
+    ) -> events.TimerHandle:
+        timer = _TimerHandle(when, callback, args, self, context)
+        heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
+        timer._scheduled = True
+        return timer
+
+    def call_later(
+        self,
+        delay: float,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: *_Ts,
+        context: Context | None = None,
+    ) -> events.TimerHandle:
+        return self.call_at(self.now + delay, callback, *args, context=context)
+
     def _run_once(self) -> None:
         base: Any = self  # asyncio's private state, which typeshed does not declare
         ready: collections.deque[Any] = base._ready
+        popleft = ready.popleft
         while True:
             scheduled = self._drop_cancelled_timers()
             if not ready and not base._stopping:
@@ -75,9 +112,16 @@ class VirtualLoop(asyncio.BaseEventLoop):
                 handle._scheduled = False
                 ready.append(handle)
             for _ in range(len(ready)):
-                handle = ready.popleft()
+                handle = popleft()
                 if not handle._cancelled:
-                    handle._run()
+                    try:  # `Handle._run`, inline
+                        handle._context.run(handle._callback, *handle._args)
+                    except (SystemExit, KeyboardInterrupt):
+                        raise
+                    except BaseException as error:
+                        message = f"Exception in callback {handle._callback!r}"
+                        context = {"message": message, "exception": error, "handle": handle}
+                        self.call_exception_handler(context)
             if base._stopping:
                 return
 
@@ -105,11 +149,45 @@ class VirtualLoop(asyncio.BaseEventLoop):
         return scheduled
 
 
+def _init_handle(handle: events.Handle, callback: Any, args: Any, loop: Any, context: Any) -> None:
+    """asyncio's `Handle.__init__`, without asking the loop whether it is in debug mode."""
+    self: Any = handle
+    self._context = contextvars.copy_context() if context is None else context
+    self._loop = loop
+    self._callback = callback
+    self._args = args
+    self._cancelled = False
+    self._repr = None
+    self._source_traceback = None
+
+
+class _Handle(events.Handle):
+    __slots__ = ()
+
+    def __init__(self, callback: Any, args: Any, loop: Any, context: Any = None) -> None:
+        _init_handle(self, callback, args, loop, context)
+
+
+class _TimerHandle(events.TimerHandle):
+    __slots__ = ()
+
+    def __lt__(self, other: Any) -> bool:  # the heap's order: asyncio's, without its type check
+        return self._when < other._when
+
+    def __init__(
+        self, when: float, callback: Any, args: Any, loop: Any, context: Any = None
+    ) -> None:
+        _init_handle(self, callback, args, loop, context)
+        self._when = when
+        self._scheduled = False
+
+
 # asyncio's own thresholds (base_events), so that timers run in the same order as there.
 _ASYNCIO: Any = base_events  # typeshed does not declare these
 _REBUILD_FROM: int = _ASYNCIO._MIN_SCHEDULED_TIMER_HANDLES
 _REBUILD_FRACTION: float = _ASYNCIO._MIN_CANCELLED_TIMER_HANDLES_FRACTION
 _MAX_WAIT: float = _ASYNCIO.MAXIMUM_SELECT_TIMEOUT
+_FUTURES: Any = futures  # its `_set_result_unless_cancelled`, which asyncio.sleep's timer calls
 
 
 @dataclass(eq=False)
@@ -151,10 +229,11 @@ class Scheduler:
     verbose: bool = False
     steps: int = 0
     participants: list[Participant] = field(default_factory=list)
+    loop: VirtualLoop = field(default_factory=VirtualLoop)
 
     @property
     def now(self) -> float:
-        return asyncio.get_running_loop().time() - START_TIME
+        return self.loop.now - START_TIME
 
     def note(self, what: str) -> None:
         who = _current.get()
@@ -170,7 +249,7 @@ class Scheduler:
         coro: Coroutine[Any, Any, Any],
         parent: Participant | None = None,
     ) -> Participant:
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         participant = Participant(name, kind, loop.create_future(), parent)
         self.participants.append(participant)
         context = contextvars.copy_context()
@@ -190,20 +269,27 @@ class Scheduler:
         if not participant.finished.done():
             participant.finished.set_result(result)
 
+    async def sleep(self, delay: float) -> None:
+        """`asyncio.sleep(delay)`: the same steps, without looking up the running loop."""
+        if delay > 0:
+            await _sleep(self.loop, delay)
+        else:
+            await _yield()
+
     async def point(self, what: str) -> None:
         """A scheduling point of the current participant (before or after one fake I/O)."""
         me = _current.get()
         if me is None:
-            await asyncio.sleep(0)
+            await _yield()
             return
         if me.dead:
             await _forever()
         self.steps += 1
         if self.verbose:
             self.note(what)
-        loop = asyncio.get_running_loop()
-        if me.frozen_until > loop.time():  # another coroutine of this process stalled it
-            await asyncio.sleep(me.frozen_until - loop.time())
+        loop = self.loop
+        if me.frozen_until > loop.now:  # another coroutine of this process stalled it
+            await self.sleep(me.frozen_until - loop.now)
         chaos = self.chaos
         if chaos.enabled and chaos.crashes > 0 and me.kind in ("driver", "task"):
             draw = self.rng.random()
@@ -220,7 +306,7 @@ class Scheduler:
         draw = self.rng.random()
         if chaos.enabled and draw < chaos.stall:
             delay = self.ack_wait * self.rng.uniform(0.2, 1.3)
-            me.frozen_until = loop.time() + delay
+            me.frozen_until = loop.now + delay
             self.note(f"stalls {delay:.1f}s at {what} (its whole process)")
         elif draw < 0.4:
             return  # no switch: the call answers at once
@@ -228,7 +314,7 @@ class Scheduler:
             delay = 0.0
         else:
             delay = self.rng.choice((0.001, 0.01, 0.05, 0.2))
-        await asyncio.sleep(delay)
+        await self.sleep(delay)
         if me.dead:
             await _forever()
 
@@ -246,14 +332,29 @@ class Scheduler:
         return _current.get()
 
 
+@types.coroutine
+def _yield() -> Generator[None, None, None]:
+    """`asyncio.sleep(0)`: one round of the loop."""
+    yield
+
+
+async def _sleep(loop: VirtualLoop, delay: float) -> None:
+    """`asyncio.sleep(delay)` for a `delay` above 0."""
+    future: asyncio.Future[None] = futures.Future(loop=loop)
+    timer = loop.call_at(loop.now + delay, _FUTURES._set_result_unless_cancelled, future, None)
+    try:
+        await future
+    finally:
+        timer.cancel()
+
+
 async def _forever() -> None:
     await asyncio.get_running_loop().create_future()
 
 
-def run(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run `coro` on a fresh virtual loop, with `nats_spark.clock` on its time. Abandoned
+def run(loop: VirtualLoop, coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run `coro` on `loop` (a fresh one), with `nats_spark.clock` on its time. Abandoned
     participants are left where they stopped: the loop is closed without finalizing them."""
-    loop = VirtualLoop()
     loop.set_exception_handler(_ignore_abandoned)
     previous = clock.use(loop.time)
     try:

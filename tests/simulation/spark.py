@@ -121,7 +121,7 @@ class Query:
                 if self.trigger == AVAILABLE_NOW:
                     return "done"
                 self.idle += 1
-                await asyncio.sleep(world.trigger_interval)
+                await world.sched.sleep(world.trigger_interval)
                 continue
             self.idle = 0
             await world.sched.point(f"write offset log {batch}")
@@ -132,7 +132,7 @@ class Query:
             start = await self._start(reader, batch)
             await self._batch(reader, batch, start, _through_json(latest))
             batch += 1
-            await asyncio.sleep(world.trigger_interval * world.sched.rng.random())
+            await world.sched.sleep(world.trigger_interval * world.sched.rng.random())
         return "stopped"
 
     async def _start(self, reader: OffsetReader, batch: int) -> SourceOffset:
@@ -160,7 +160,7 @@ class Query:
         )
         running = asyncio.gather(*(self._task(batch, p) for p in partitions))
         if world.sched.rng.random() < world.sink_failure / 2:  # stopped while its tasks run
-            await asyncio.sleep(world.sched.rng.uniform(0, world.setup.ack_wait / 2))
+            await world.sched.sleep(world.sched.rng.uniform(0, world.setup.ack_wait / 2))
             if not running.done():
                 self.stopping = True  # no more task attempts; the running ones go on a while
                 running.add_done_callback(lambda done: done.cancelled() or done.exception())

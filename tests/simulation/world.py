@@ -204,7 +204,7 @@ class World:
     async def publish(self, count: int, over: float) -> None:
         rng = self.sched.rng
         for _ in range(count):
-            await asyncio.sleep(rng.expovariate(count / over))
+            await self.sched.sleep(rng.expovariate(count / over))
             slot, key = rng.randrange(SLOTS), rng.randrange(KEYS)
             seq = self.stream.publish(f"S.p{slot}.k{key}", self.sched.now)
             self.sched.note(f"publish {seq} on S.p{slot}.k{key}")
@@ -226,7 +226,7 @@ class World:
             trigger = sched.rng.choice((PROCESSING, PROCESSING, AVAILABLE_NOW))
             stop_at = sched.now + sched.rng.uniform(0.5, 4) * setup.ack_wait
             await self.run_query(runs, trigger, stop_at)
-            await asyncio.sleep(sched.rng.uniform(0, setup.ack_wait))
+            await sched.sleep(sched.rng.uniform(0, setup.ack_wait))
         self.quiet = True
         sched.chaos.enabled = False
         sched.note("quiet: no more faults; the query runs until the stream is idle")
@@ -254,7 +254,7 @@ class World:
         """Stop the last run once it has been idle a while with nothing left to ack."""
         limit = self.sched.now + 30 * self.setup.ack_wait
         while self.sched.now < limit:
-            await asyncio.sleep(1.0)
+            await self.sched.sleep(1.0)
             drained = all(not c.pending and not c.num_pending() for c in self.consumers)
             if query.idle >= 2 and drained:
                 break
@@ -304,7 +304,7 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
     previous_level = logger.level
     logger.setLevel(logging.DEBUG if verbose else logging.CRITICAL)
     try:
-        run(world.main())
+        run(sched.loop, world.main())
     except Exception as error:  # the harness or the code under test broke the schedule
         world.observed.problem("schedule failed", f"{type(error).__name__}: {error}")
     finally:

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nats_spark.arrays import int_array, string_scalar
-from nats_spark.jetstream.acks import ACK, ack_prefix
+from nats_spark.jetstream.acks import ACK, ack_commands, ack_prefix
 from nats_spark.jetstream.subjects import ack_numbers
 from nats_spark.spark.shared.columns import BATCH_ROWS
 
@@ -26,6 +26,10 @@ CHUNK_MESSAGES = BATCH_ROWS
 _CODEC = pa.Codec("zstd", compression_level=3)  # level 1 barely shortens long repeats
 _COLUMNS = 3  # stream sequence and consumer sequence (as differences), delivery count
 _WORD = 8
+# Deliveries from which `EntryDeliveries.ack_commands` formats with Arrow (about where both ways
+# cost the same); the ack subject's timestamp and pending, which the server does not read.
+ARROW_FROM = 400
+_UNREAD = b"0.0"
 
 
 @dataclass
@@ -71,13 +75,19 @@ class EntryDeliveries:
     def ack_commands(self, kind: bytes = ACK, block: int = 4096) -> list[bytes]:
         """`ack_commands` for these deliveries (`kind`: or restart their ack wait), their ack
         subjects rebuilt from the prefix and the numbers the server reads; timestamp and pending
-        are 0, which it does not. Formatted by Arrow's string kernels: a block's commands end to
-        end in one buffer, no Python step per delivery."""
-        if not self.stream_seq:
-            return []
+        are 0, which it does not. Many are formatted by Arrow's string kernels: a block's
+        commands end to end in one buffer, no Python step per delivery; a few in Python, where
+        the kernels' fixed cost (tens of microseconds) is more than the steps."""
         columns = (self.delivered, self.stream_seq, self.consumer_seq)
+        if len(self) < ARROW_FROM:
+            subjects = [
+                b"%b.%d.%d.%d.%b" % (self.prefix, *numbers, _UNREAD)
+                for numbers in zip(*columns, strict=True)
+            ]
+            return ack_commands(subjects, kind, block)
         numbers = (int_array(column).cast(pa.string()) for column in columns)
-        head, tail = string_scalar(b"PUB " + self.prefix), string_scalar(b"0.0 4\r\n%b\r\n" % kind)
+        head = string_scalar(b"PUB " + self.prefix)
+        tail = string_scalar(_UNREAD + b" 4\r\n%b\r\n" % kind)
         commands = pc.binary_join_element_wise(head, *numbers, tail, string_scalar(b"."))
         offsets, data = (memoryview(buffer) for buffer in commands.buffers()[1:])
         ends = [*range(0, len(commands), block), len(commands)]

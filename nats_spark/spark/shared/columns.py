@@ -48,25 +48,39 @@ def headers_array(blocks: Sequence[bytes | None], include: bool) -> pa.Array:
     """The `headers` map column from each row's raw header block (null when not `include`)."""
     if not include:
         return pa.nulls(len(blocks), HEADERS_TYPE)
-    row_offsets, keys, values, value_offsets = [0], list[bytes](), list[bytes](), [0]
     # The usual pull carries no headers but the pin, the same block on every row: a map with
     # no entries per row, decided per distinct block rather than row by row.
     if not any(header_column(raw) for raw in set(blocks)):
-        offsets = constant(0, len(blocks) + 1, pa.int32())
-    else:
-        for raw in blocks:
-            if raw is not None:
-                for key, items in header_column(raw):
-                    keys.append(key)
-                    values.extend(items)
-                    value_offsets.append(len(values))
-            row_offsets.append(len(keys))
-        offsets = int_array(row_offsets, pa.int32())
-    items_array = pa.ListArray.from_arrays(
+        offsets = pa.py_buffer(array("i", (0,)) * (len(blocks) + 1))
+        return pa.Array.from_buffers(
+            HEADERS_TYPE, len(blocks), [None, offsets], children=[_NO_ENTRIES]
+        )
+    row_offsets, keys, values, value_offsets = [0], list[bytes](), list[bytes](), [0]
+    for raw in blocks:
+        if raw is not None:
+            for key, items in header_column(raw):
+                keys.append(key)
+                values.extend(items)
+                value_offsets.append(len(values))
+        row_offsets.append(len(keys))
+    return _headers(row_offsets, keys, values, value_offsets)
+
+
+def _headers(
+    row_offsets: list[int], keys: list[bytes], values: list[bytes], value_offsets: list[int]
+) -> pa.MapArray:
+    """A `headers` column: row i's entries are `keys[row_offsets[i]:row_offsets[i + 1]]`, key
+    j's values `values[value_offsets[j]:value_offsets[j + 1]]`."""
+    items = pa.ListArray.from_arrays(
         int_array(value_offsets, pa.int32()), bytes_array(values, pa.string())
     )
-    key_array = bytes_array(keys, pa.string())
-    return pa.MapArray.from_arrays(offsets, key_array, items_array, type=HEADERS_TYPE)
+    keys_array = bytes_array(keys, pa.string())
+    offsets = int_array(row_offsets, pa.int32())
+    return pa.MapArray.from_arrays(offsets, keys_array, items, type=HEADERS_TYPE)
+
+
+# The entries of a `headers` column none of whose rows has any: its map offsets are all 0.
+_NO_ENTRIES = _headers([0], [], [], [0]).values
 
 
 def batch_full(rows: int, nbytes: int) -> bool:

@@ -13,6 +13,7 @@ from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.acks import ACK, IN_PROGRESS, ack_commands, ack_prefix
 from nats_spark.spark.group_source.driver.driver_ledger import DriverEntry, DriverLedger
 from nats_spark.spark.group_source.entry_deliveries import (
+    ARROW_FROM,
     EntryDeliveries,
     decode_chunk,
     encode_chunk,
@@ -181,12 +182,30 @@ def test_dedupe_spans_and_their_highest_sequence():
 @pytest.mark.parametrize("kind", [ACK, IN_PROGRESS])
 def test_rebuilt_commands_match_the_commands_of_the_subjects_in_blocks(kind):
     recorded = EntryDeliveries(V2, [5, 6, 9, 10, 2**40], [1, 2, 3, 4, 5], [1, 1, 2, 1, 7])
-    subjects = [
-        b"%b.%d.%d.%d.0.0" % (V2, *numbers)
+    commands = recorded.ack_commands(kind, block=2)
+    assert commands == ack_commands(subjects_of(recorded), kind, block=2)
+    assert len(commands) == 3
+    assert EntryDeliveries(V1).ack_commands(kind) == []
+
+
+@pytest.mark.parametrize("count", [ARROW_FROM - 1, ARROW_FROM, 3 * ARROW_FROM + 7])
+def test_commands_formatted_in_python_or_by_arrow_are_the_same(count):
+    """Below `ARROW_FROM` deliveries the commands are formatted in Python, from it by Arrow."""
+    recorded = EntryDeliveries(
+        V1,
+        [2**40 + 3 * i for i in range(count)],
+        list(range(1, count + 1)),
+        [1 + i % 3 for i in range(count)],
+    )
+    commands = recorded.ack_commands(IN_PROGRESS, block=100)
+    assert commands == ack_commands(subjects_of(recorded), IN_PROGRESS, block=100)
+    assert len(commands) == -(-count // 100)
+
+
+def subjects_of(recorded: EntryDeliveries) -> list[bytes]:
+    return [
+        b"%b.%d.%d.%d.0.0" % (recorded.prefix, *numbers)
         for numbers in zip(
             recorded.delivered, recorded.stream_seq, recorded.consumer_seq, strict=True
         )
     ]
-    assert recorded.ack_commands(kind, block=2) == ack_commands(subjects, kind, block=2)
-    assert len(recorded.ack_commands(kind, block=2)) == 3
-    assert EntryDeliveries(V1).ack_commands(kind) == []

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
+from nats_spark.arrays import SUM_BY_ARROW_FROM
 from nats_spark.errors import NatsSparkError
 from nats_spark.jetstream.pull import Deliveries
 from nats_spark.spark.group_source.task.columns import SlotColumns
@@ -39,6 +40,16 @@ def test_int_and_bytes_columns_equal_pyarrows_conversion() -> None:
     assert len(bytes_array([])) == 0 and len(int_array([])) == 0
 
 
+@pytest.mark.parametrize("count", [SUM_BY_ARROW_FROM - 1, SUM_BY_ARROW_FROM, 5000])
+def test_offsets_summed_in_python_or_by_arrow_are_the_same(count) -> None:
+    """Below `SUM_BY_ARROW_FROM` values a column's offsets are summed in Python, from it by
+    Arrow."""
+    rows = [b"x" * (i % 7) + "é".encode() * (i % 2) for i in range(count)]
+    assert bytes_array(rows).equals(pa.array(rows, pa.binary()))
+    texts = [row.decode() for row in rows]
+    assert bytes_array(rows, pa.string()).equals(pa.array(texts, pa.string()))
+
+
 def test_a_string_column_refuses_what_is_not_utf8() -> None:
     with pytest.raises(pa.ArrowInvalid, match="UTF8"):
         bytes_array([b"ok", b"\xff\xfe"], pa.string())
@@ -61,6 +72,9 @@ def test_headers_leave_the_pin_out_and_keep_every_value() -> None:
     assert column.type == HEADERS_TYPE
     assert column.to_pylist() == [[("A", ["1", "2"]), ("B", ["é"])], [], []]
     assert headers_array([None, None], include=True).to_pylist() == [[], []]
+    none = headers_array([None, PIN, None], include=True)  # built from buffers, no entries
+    none.validate(full=True)
+    assert none.equals(pa.array([[], [], []], HEADERS_TYPE))
     assert headers_array([BLOCK], include=False).to_pylist() == [None]
 
 
