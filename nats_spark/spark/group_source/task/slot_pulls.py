@@ -1,12 +1,12 @@
 """Executor side: the pulls of one slot's task, through the one pull loop (`jetstream/pull_loop`),
 as `SlotPullPolicy` decides them.
 
-What one request delivers is handed out as it arrives, then an empty chunk once the request has
-ended (its deliveries are then all out: the caller records what it gathered). A request that has
-delivered all it asked for has the next one sent before its last deliveries are handed out, so
-the server serves it while they are processed; not with siblings: deliveries of an early pull
-would wait unrecorded while the rows before them are handed out, and past the ack wait come back
-to a sibling that cannot tell they were taken.
+What one request delivers is handed out in one chunk once the request has ended (the caller
+records what it gathered then), or an empty chunk when it ended after its last delivery. A
+request that has delivered all it asked for has the next one sent before its deliveries are
+handed out, so the server serves it while they are processed; not with siblings: deliveries of
+an early pull would wait unrecorded while the rows before them are handed out, and past the ack
+wait come back to a sibling that cannot tell they were taken.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ class SlotPulls:
         self.took_any = False
         self.progress = 0  # deliveries taken or acked as an earlier batch's, in all
         self.progress_before = 0  # ... when the current request was sent
-        self.gathered_sent = 0.0  # when the request whose deliveries are gathered was sent
 
     def _plan(self) -> PullPlan | None:
         return self.policy.next(self.want)
@@ -73,9 +72,7 @@ class SlotPulls:
             try:
                 got = await loop.next()
             except PullError as error:
-                if gathered:  # delivered before the request failed: taken all the same
-                    yield gathered, self.gathered_sent, True
-                    gathered = Deliveries()
+                gathered = Deliveries()  # not taken: they come back after their ack wait
                 if not self.policy.refused(error):
                     log.warning("slot %s: %s; ending its batch early", self.label, error)
                     break
@@ -92,7 +89,6 @@ class SlotPulls:
                 continue
             pull = loop.pulls[0]
             gathered.extend(got)
-            self.gathered_sent = pull.sent
             if not pull.done:
                 continue
             if len(loop.pulls) == 1 and _sent_all(pull) and not self.siblings:
