@@ -206,10 +206,19 @@ CLIENT_GRACE = 5.0  # seconds past a request's expiry before the client stops wa
 
 class Pull:
     """One pull request in flight. Iterating yields its deliveries in chunks as they arrive (all
-    that is buffered at each step); when iteration ends, `status` says why the request ended."""
+    that is buffered at each step), or with `whole` in one chunk once it has ended: the reader
+    is then woken when the request can have ended (its status came or its batch is in), not
+    after every socket read, which brings a dozen deliveries while it keeps up with the server.
+    When iteration ends, `status` says why the request ended."""
 
     def __init__(
-        self, consumer: PullConsumer, reply: str, batch: int, expires: float, quiet: float | None
+        self,
+        consumer: PullConsumer,
+        reply: str,
+        batch: int,
+        expires: float,
+        quiet: float | None,
+        whole: bool = False,
     ) -> None:
         self.consumer = consumer
         self.inbox = consumer.inbox
@@ -218,6 +227,7 @@ class Pull:
         self.sent = clock.monotonic()  # no delivery of it left the server before
         self.deadline = time.monotonic() + expires + CLIENT_GRACE  # the server ends it first
         self.quiet = quiet
+        self.whole = whole
         self.received = 0
         self.done = False
         self.status = PullStatus.BATCH_COMPLETE
@@ -232,12 +242,15 @@ class Pull:
         return self
 
     async def __anext__(self) -> Deliveries:
+        chunk = Deliveries()
         while not self.done:
-            chunk = self._take()
-            if chunk:
+            chunk.extend(self._take())  # a status that fails the request drops what it gathered
+            if chunk and not self.whole:
                 return chunk
             if not self.done:
                 await self._wait()
+        if chunk:
+            return chunk
         raise StopAsyncIteration
 
     def _take(self) -> Deliveries:
@@ -275,7 +288,8 @@ class Pull:
             wait = min(wait, self.quiet)
         if self.inbox.nc.is_closed:
             raise ConnectionClosedError
-        if wait > 0 and await self.inbox.arrival(wait):
+        wanted = self.batch - self.received if self.whole else 1
+        if wait > 0 and await self.inbox.arrival(wait, wanted):
             return
         expired = time.monotonic() >= self.deadline
         self.status = PullStatus.CLIENT_TIMEOUT if expired else PullStatus.HEARTBEAT_MISSED
@@ -318,8 +332,10 @@ class PullConsumer:
         min_pending: int = 0,
         min_ack_pending: int = 0,
         priority: int | None = None,
+        whole: bool = False,
     ) -> Pull:
-        """Send one pull request; iterate the returned `Pull` for what it delivers."""
+        """Send one pull request; iterate the returned `Pull` for what it delivers (`whole`: in
+        one chunk, once it has ended)."""
         lasts = 0 if no_wait else expires
         reply = await self.inbox.new_reply(time.monotonic() + lasts + CLIENT_GRACE)
         request = PullRequest(
@@ -336,7 +352,7 @@ class PullConsumer:
         )
         await self.nc.publish(self.subject, request.payload(), reply=reply)
         quiet = 2 * idle_heartbeat if idle_heartbeat else None
-        return Pull(self, reply, batch, lasts, quiet)
+        return Pull(self, reply, batch, lasts, quiet, whole)
 
     async def fetch(self, batch: int, **options: Any) -> FetchResult:
         """Send one pull request (options as for `pull`) and collect what it yields until it

@@ -27,6 +27,8 @@ class PullInbox:
         self._request_no = 0
         self._received = RawInbox(self._wake)  # what the parser hands the inbox
         self._arrived: asyncio.Future[None] | None = None
+        self._wanted = 1  # deliveries in the inbox that wake the waiter (or any status)
+        self._checked = 0  # messages of the inbox already looked through for a status
         # Requests the server may still serve, by reply subject: until when to expect their end
         # (a request the client gave up on may end any time: infinity).
         self._live: dict[bytes, float] = {}
@@ -53,9 +55,14 @@ class PullInbox:
 
     def _wake(self) -> None:
         """Called by the connection's parser after a read that brought the inbox messages."""
-        arrived = self._arrived
-        if arrived is not None and not arrived.done():
-            arrived.set_result(None)
+        arrived, inbox = self._arrived, self._received
+        if arrived is None or arrived.done():
+            return
+        # Statuses carry no reply subject; only they can end a request short of its batch.
+        if len(inbox) < self._wanted and b"" not in inbox.replies[self._checked :]:
+            self._checked = len(inbox)
+            return
+        arrived.set_result(None)
 
     def take_run(self, room: int, into: MessageColumns) -> tuple[bytes, Status] | None:
         """Move deliveries from the front of the inbox to `into`, at most `room`, up to the
@@ -84,10 +91,11 @@ class PullInbox:
             room -= 1
         return None
 
-    async def arrival(self, timeout: float) -> bool:
-        """Wait until the next message reaches the inbox; False when none came in `timeout`."""
+    async def arrival(self, timeout: float, wanted: int = 1) -> bool:
+        """Wait until the inbox holds `wanted` messages or a status comes; False when that did
+        not happen in `timeout`."""
         arrived = asyncio.get_running_loop().create_future()
-        self._arrived = arrived
+        self._arrived, self._wanted, self._checked = arrived, wanted, len(self._received)
         try:
             await asyncio.wait_for(arrived, timeout)
             return True

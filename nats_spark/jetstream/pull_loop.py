@@ -15,12 +15,14 @@ from nats_spark.jetstream.pull import Deliveries, Pull, PullConsumer
 @dataclass(frozen=True)
 class PullPlan:
     """One pull request to send: `expires` None for a no-wait pull; `max_bytes` 0: uncapped;
-    `idle_heartbeat`: how often the server shows it is alive while the request waits."""
+    `idle_heartbeat`: how often the server shows it is alive while the request waits; `whole`:
+    its deliveries are handed out at once when it has ended, not as they arrive (see `Pull`)."""
 
     batch: int
     expires: float | None
     max_bytes: int = 0
     idle_heartbeat: float | None = None
+    whole: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ async def send(consumer: PullConsumer, plan: PullPlan, thresholds: Thresholds) -
         min_pending=thresholds.min_pending,
         min_ack_pending=thresholds.min_ack_pending,
         priority=thresholds.priority,
+        whole=plan.whole,
     )
 
 

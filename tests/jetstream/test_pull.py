@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from nats_spark.jetstream.pull import (
     PullConsumer,
     PullStatus,
 )
-from nats_spark.loop import Blocking, run_sync
+from nats_spark.loop import Blocking, event_loop, run_sync
 from nats_spark.server import EmbeddedServer
 
 GROUP = "jobs"
@@ -424,3 +425,54 @@ def test_what_a_request_given_up_on_delivers_is_settled(
     assert status is PullStatus.CLIENT_TIMEOUT
     assert late.data == [b"late"] * 3
     assert api.consumer_info(stream, "LATE").num_ack_pending == 3  # taken by us, not acked
+
+
+def _chunks_of_whole_pull(
+    consumer: PullConsumer, batch: int, expires: float
+) -> tuple[list[int], PullStatus, PullError | None]:
+    """The chunk sizes a `whole` pull hands out, why it ended, and the error it raised last."""
+
+    async def scenario() -> tuple[list[int], PullStatus, PullError | None]:
+        pull = await consumer.pull(batch, expires=expires, whole=True)
+        sizes = []
+        try:
+            async for chunk in pull:
+                sizes.append(len(chunk))
+        except PullError as error:
+            return sizes, pull.status, error
+        return sizes, pull.status, None
+
+    return run_sync(scenario())
+
+
+@pytest.mark.parametrize(("batch", "status"), [(3000, "BATCH_COMPLETE"), (5000, "TIMEOUT")])
+def test_a_whole_pull_hands_out_all_it_delivered_at_once(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str, batch, status
+) -> None:
+    """3,000 deliveries take many socket reads; a `whole` pull hands them out in one chunk when
+    its batch is in, or when its status ends it short of its batch."""
+    make_consumer(client, stream, "WHOLE", None, group=GROUP, max_ack_pending=-1)
+    publish(client, stream, 3000)
+    consumer = client.pull_consumer(stream, "WHOLE")
+    sizes, ended, error = _chunks_of_whole_pull(consumer, batch, expires=1.0)
+    assert (sizes, ended, error) == ([3000], PullStatus[status], None)
+
+
+def test_a_whole_pull_that_fails_hands_out_nothing(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
+) -> None:
+    make_consumer(client, stream, "WHOLEGONE", None, group=GROUP)
+    publish(client, stream, 3)
+    consumer = client.pull_consumer(stream, "WHOLEGONE")
+
+    async def delete_once_delivered() -> None:
+        """Deletes the consumer once the pull's 3 deliveries are out, before its batch of 10."""
+        while (await client.target.api.consumer_info(stream, "WHOLEGONE")).num_ack_pending < 3:
+            await asyncio.sleep(0.02)
+        await client.target.api.delete_consumer(stream, "WHOLEGONE")
+
+    deleting = asyncio.run_coroutine_threadsafe(delete_once_delivered(), event_loop())
+    sizes, _, error = _chunks_of_whole_pull(consumer, 10, expires=5.0)
+    deleting.result(5)
+    # Not taken: the deliveries come back after their ack wait (or to the recreated consumer).
+    assert sizes == [] and error is not None and error.status == 409

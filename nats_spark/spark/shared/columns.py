@@ -109,11 +109,9 @@ def constant(value: str | int | None, n: int, kind: pa.DataType) -> pa.Array:
         return pa.nulls(n, kind)
     if isinstance(value, int):
         return int_array(array(TYPECODES[kind], (value,)) * n, kind)
-    raw = value.encode()  # a str: UTF-8 by construction
-    offsets = (
-        array("i", range(0, len(raw) * n + 1, len(raw))) if raw else array("i", (0,)) * (n + 1)
-    )
-    return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)])
+    # A str, UTF-8 by construction: one value taken n times (Arrow copies it in C; offsets made
+    # from a Python range cost 15 ns a row).
+    return bytes_array([value.encode()], kind).take(constant(0, n, pa.int32()))
 
 
 def record_batch(

@@ -27,11 +27,11 @@ def policy() -> SlotPullPolicy:
 
 
 def no_wait(batch: int = BATCH, max_bytes: int = PULL_MAX_BYTES) -> PullPlan:
-    return PullPlan(batch, None, max_bytes)
+    return PullPlan(batch, None, max_bytes, whole=True)
 
 
 def waiting(batch: int = BATCH) -> PullPlan:
-    return PullPlan(batch, TIMEOUT, PULL_MAX_BYTES)
+    return PullPlan(batch, TIMEOUT, PULL_MAX_BYTES, whole=True)
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,7 @@ class SlotPullPolicy:
     def _plan(self, want: int, expires: float | None) -> PullPlan | None:
         if want <= 0:
             return None
-        return PullPlan(min(self.fetch_batch_size, want), expires, self.max_bytes)
+        return PullPlan(min(self.fetch_batch_size, want), expires, self.max_bytes, whole=True)
 
     def ended(self, status: PullStatus, received: int, new: bool, got_any: bool) -> bool:
         """After a pull that ended with `status` and delivered `received` messages (`new`: any
