@@ -207,9 +207,10 @@ CLIENT_GRACE = 5.0  # seconds past a request's expiry before the client stops wa
 class Pull:
     """One pull request in flight. Iterating yields its deliveries in chunks as they arrive (all
     that is buffered at each step), or with `whole` in one chunk once it has ended: the reader
-    is then woken when the request can have ended (its status came or its batch is in), not
-    after every socket read, which brings a dozen deliveries while it keeps up with the server.
-    When iteration ends, `status` says why the request ended."""
+    is then woken when the request can have ended (its status came or its batch is in; with
+    idle heartbeats, at each arrival), not after every socket read, which brings a dozen
+    deliveries while it keeps up with the server. When iteration ends, `status` says why the
+    request ended."""
 
     def __init__(
         self,
@@ -288,7 +289,9 @@ class Pull:
             wait = min(wait, self.quiet)
         if self.inbox.nc.is_closed:
             raise ConnectionClosedError
-        wanted = self.batch - self.received if self.whole else 1
+        # Deliveries hold back the server's idle heartbeats: a pull watching for them wakes
+        # at each arrival, or a trickle short of its batch would look like a dead server.
+        wanted = self.batch - self.received if self.whole and self.quiet is None else 1
         if wait > 0 and await self.inbox.arrival(wait, wanted):
             return
         expired = time.monotonic() >= self.deadline

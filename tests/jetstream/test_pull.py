@@ -476,3 +476,26 @@ def test_a_whole_pull_that_fails_hands_out_nothing(
     deleting.result(5)
     # Not taken: the deliveries come back after their ack wait (or to the recreated consumer).
     assert sizes == [] and error is not None and error.status == 409
+
+
+def test_a_whole_pull_with_heartbeats_is_not_given_up_while_messages_trickle_in(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
+) -> None:
+    """The server sends no idle heartbeat while it delivers, so a `whole` pull must not take a
+    quiet spell of heartbeats for a dead server while deliveries short of its batch arrive."""
+    make_consumer(client, stream, "TRICKLE", None, group=GROUP, max_ack_pending=-1)
+    consumer = client.pull_consumer(stream, "TRICKLE")
+
+    async def trickle() -> None:
+        for n in range(12):
+            await client.target.js.publish(f"{stream}.k", b"%d" % n)
+            await asyncio.sleep(0.1)  # under the 0.25 s heartbeat: the server sends none
+
+    async def scenario() -> tuple[list[int], PullStatus]:
+        pull = await consumer.pull(100, expires=2.0, idle_heartbeat=0.25, whole=True)
+        publishing = asyncio.ensure_future(trickle())
+        sizes = [len(chunk) async for chunk in pull]
+        await publishing
+        return sizes, pull.status
+
+    assert run_sync(scenario()) == ([12], PullStatus.TIMEOUT)
