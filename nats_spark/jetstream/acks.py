@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from nats.aio.client import Client as NATS
 from nats.errors import ConnectionClosedError
@@ -99,6 +99,20 @@ class InProgressKeeper:
         self.label = label
         self.held: dict[int, bytes] = {}  # stream seq -> reply subject of its latest delivery
         self.renewed = 0.0  # monotonic time of the last confirmed round
+
+    def hold(self, seqs: Iterable[int], replies: Iterable[bytes]) -> None:
+        """Keep these deliveries (stream seqs, their reply subjects) until released."""
+        self.held.update(zip(seqs, replies, strict=True))
+
+    def redelivered(self, seq: int, reply: bytes) -> None:
+        """A held message came again: later rounds must name its latest delivery."""
+        if seq in self.held:
+            self.held[seq] = reply
+
+    def release(self, seqs: Iterable[int]) -> None:
+        """Stop keeping these (their messages go back to the server)."""
+        for seq in seqs:
+            self.held.pop(seq, None)
 
     async def due(self) -> tuple[list[bytes], int]:
         """The `+WPI` commands of this round, and how many deliveries they name."""

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from nats_spark.jetstream.acks import InProgressKeeper
 from nats_spark.jetstream.pull import Deliveries
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source.task import acceptance as module
@@ -36,9 +37,11 @@ class Entry:
         return self.siblings
 
 
-class Keeper:
-    def __init__(self, held: dict[int, bytes]) -> None:
-        self.held = held
+def keeper(held: dict[int, bytes]) -> InProgressKeeper:
+    """The task's keeper, holding `held` (it never sends here)."""
+    kept = InProgressKeeper(None, 30.0, "slot")  # type: ignore[arg-type]
+    kept.held = held
+    return kept
 
 
 class History:
@@ -74,7 +77,7 @@ def acceptance(
     history = History(emitted or set())
     accept = Acceptance(
         entry,  # type: ignore[arg-type]
-        Keeper(held or {}),  # type: ignore[arg-type]
+        keeper(held or {}),
         history,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         below,

@@ -34,7 +34,7 @@ class Accepted:
 
 
 class Acceptance:
-    """Takes deliveries for one slot's batch: into the entry's `taken` and the keeper's `held`."""
+    """Takes deliveries for one slot's batch: into the entry's `taken`, held by the keeper."""
 
     def __init__(
         self,
@@ -81,25 +81,24 @@ class Acceptance:
     def _take(self, chunk: Deliveries, seqs: list[int]) -> tuple[Accepted, list[bytes]]:
         """The rule (see the module's doc); returns what was taken, and the ack subjects of what
         earlier batches emitted."""
-        taken, held, replies = self.entry.taken, self.keeper.held, chunk.replies
+        taken, keeper, replies = self.entry.taken, self.keeper, chunk.replies
         found = set(seqs)
         again, emitted, sibling = found & taken, found & (self.emitted or set()), set[int]()
         if self.sibling_seqs:
             sibling = found & self.sibling_seqs
         if len(found) == len(seqs) and not (again or emitted or sibling):
             taken |= found  # the usual case: the chunk whole
-            held.update(zip(seqs, replies, strict=True))
+            keeper.hold(seqs, replies)
             return Accepted(None, replies), []
         rows, taken_replies, redundant = list[int](), list[bytes](), list[bytes]()
         for i, (seq, reply) in enumerate(zip(seqs, replies, strict=True)):
             if seq in taken:  # held, or earlier in this chunk
-                if seq in held:
-                    held[seq] = reply  # later progress acks must name this delivery
+                keeper.redelivered(seq, reply)
             elif seq in emitted:
                 redundant.append(reply)
             elif seq not in sibling:
                 taken.add(seq)
-                held[seq] = reply
+                keeper.hold((seq,), (reply,))
                 rows.append(i)
                 taken_replies.append(reply)
         return Accepted(rows, taken_replies), redundant

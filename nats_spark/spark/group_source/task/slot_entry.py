@@ -191,6 +191,5 @@ class Recorder:
         self, columns: SlotColumns, replies: list[bytes], pin: str | None
     ) -> pa.RecordBatch:
         batch, dropped = await self.entry.record(columns, replies, pin, self.keeper.renewed)
-        for seq in dropped:
-            self.keeper.held.pop(seq, None)  # it comes back to a slot
+        self.keeper.release(dropped)  # they come back to a slot
         return batch
