@@ -8,17 +8,20 @@
 - no ack before a batch that emitted the message is committed (its rows are in the sink);
 - a batch run again yields the same rows in the same order (per slot) as every earlier run
   whose rows could have reached the sink (all its tasks finished);
-- per key (subject), committed rows follow stream order: a goal, not yet a guarantee (DESIGN
-  3.4), so its breaks are kept apart (`order_breaks`).
+- per key (subject), committed rows follow stream order (README guarantee 4), except after a
+  task attempt died holding deliveries it had not recorded (`lateness.py`): such a break is
+  counted apart (`order_breaks`, by how the attempt ended in `order_reasons`), any other fails.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tests.simulation.jetstream import Consumer, Stream
+from tests.simulation.lateness import Attempts
 
 Rows = dict[str, list[int]]  # by slot: stream sequences, in the order emitted
 
@@ -32,8 +35,10 @@ class Observed:
     in_sink: dict[int, int] = field(default_factory=dict)  # stream seq -> batch id
     earlier_sinks: list[dict[int, Rows]] = field(default_factory=list)  # of earlier checkpoints
     ever_in_sink: set[int] = field(default_factory=set)  # stream seqs, in any checkpoint's sink
+    attempts: Attempts = field(default_factory=Attempts)
     problems: list[str] = field(default_factory=list)  # broken guarantees
-    order_breaks: list[str] = field(default_factory=list)  # per-key order (a goal)
+    order_breaks: list[str] = field(default_factory=list)  # per-key order, the README's case
+    order_reasons: Counter[str] = field(default_factory=Counter)  # how the attempt ended
 
     def problem(self, kind: str, detail: str) -> None:
         self.problems.append(f"{kind}: {detail}")
@@ -82,7 +87,7 @@ class Observed:
                     f"{consumer.num_pending()} never delivered",
                 )
         if self.key_order:
-            self._check_key_order()
+            self._check_key_order(consumers)
 
     def check_ledger_quiet(self, stored: Mapping[str, tuple[bytes, int]]) -> None:
         """`stored`: the ledger bucket's keys and values. An entry of a lineage that neither is
@@ -97,18 +102,28 @@ class Observed:
         if left:
             self.problem("ledger entries left behind", ", ".join(left))
 
-    def _check_key_order(self) -> None:
+    def _check_key_order(self, consumers: list[Consumer]) -> None:
         for sink in [*self.earlier_sinks, self.sink]:
-            self._check_key_order_in(sink)
+            self._check_key_order_in(sink, consumers)
 
-    def _check_key_order_in(self, sink: dict[int, Rows]) -> None:
+    def _check_key_order_in(self, sink: dict[int, Rows], consumers: list[Consumer]) -> None:
         last: dict[str, int] = {}
         for batch in sorted(sink):
             for seqs in sink[batch].values():
                 for seq in seqs:
                     key = self.stream.messages[seq - 1].subject
                     if last.get(key, 0) > seq:
-                        self.order_breaks.append(
-                            f"key order: {key}: message {seq} after {last[key]} (batch {batch})"
-                        )
+                        self._order_break(seq, key, last[key], batch, consumers)
                     last[key] = max(last.get(key, 0), seq)
+
+    def _order_break(
+        self, seq: int, key: str, newer: int, batch: int, consumers: list[Consumer]
+    ) -> None:
+        detail = f"{key}: message {seq} after {newer} (batch {batch})"
+        consumer = next(c for c in consumers if c.mine(self.stream.messages[seq - 1]))
+        why = self.attempts.why_late(seq, consumer.deliveries.get(seq, []))
+        if why is None:
+            self.problem("key order", f"{detail}, no attempt that died held it unrecorded")
+            return
+        self.order_breaks.append(f"key order: {detail}")
+        self.order_reasons[why] += 1

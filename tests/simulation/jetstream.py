@@ -1,13 +1,13 @@
 """A simulated JetStream: one stream, a pull consumer per slot, and the client pieces the
 driver and the tasks use (API requests, pulls, acks published on the connection).
 
-The consumer keeps what nats-server does that the protocol rests on: deliveries in stream
-order, redeliveries first once their ack wait ran out (or once given back: `-NAK`), at most
-`max_ack_pending` unacked, acks, `+WPI` and `-NAK` matched by stream sequence (whatever
-delivery's subject they name), an ack floor, and a `pinned_client` priority group: a pull
-with a stale pin id gets 423, one without an id while another is pinned waits and gets 408,
-and the pin is dropped when no pull renewed it for the priority timeout. Waiting pulls are
-served as messages arrive or come due again; a request of a crashed participant or a closed
+The consumer keeps what nats-server does that the protocol rests on: deliveries in stream order,
+redeliveries first once their ack wait ran out (or once given back: `-NAK`, which a later `+WPI`
+does not undo), at most `max_ack_pending` unacked, acks, `+WPI` and `-NAK` matched by stream
+sequence (whatever delivery's subject they name), an ack floor, and a `pinned_client` priority
+group: a pull with a stale pin id gets 423, one without an id while another is pinned waits and
+gets 408, and the pin is dropped when no pull renewed it for the priority timeout. Waiting pulls
+are served as messages arrive or come due again; a request of a crashed participant or a closed
 pull consumer is not served any more.
 
 Every call the code under test makes is a scheduling point of its participant, before and after
@@ -44,6 +44,8 @@ class Delivery:
     delivered: int  # delivery count
     consumer_seq: int
     due: float  # when its ack wait runs out
+    owner: Participant | None = None  # whose pull request it went to
+    given_back: bool = False  # `-NAK`: queued for redelivery, whatever `+WPI` follows
 
 
 class Stream:
@@ -105,6 +107,7 @@ class Consumer:
         self.pin_renewed = 0.0
         self.pins = 0
         self.waiting: list[PullRequest] = []
+        self.deliveries: dict[int, list[Delivery]] = {}  # by stream seq, in delivery order
 
     @property
     def priority_timeout(self) -> float:
@@ -166,6 +169,7 @@ class Consumer:
                     self.pinned = f"pin-{self.name[-1]}-{self.pins}"
                     request.pin_id = self.pinned
                 self.pin_renewed = now
+                found[1].owner = request.owner
                 request.delivered.append(found)
                 request.served += 1
             if request.delivered:
@@ -183,7 +187,7 @@ class Consumer:
     def _next(self, now: float) -> tuple[Message, Delivery] | None:
         for seq in sorted(self.pending):
             delivery = self.pending[seq]
-            if delivery.due <= now:
+            if delivery.given_back or delivery.due <= now:
                 return self._deliver(self.stream.messages[seq - 1], delivery.delivered + 1, now)
         if len(self.pending) >= self.max_ack_pending:
             return None
@@ -198,6 +202,7 @@ class Consumer:
         self.consumer_seq += 1
         delivery = Delivery(count, self.consumer_seq, now + self.ack_wait)
         self.pending[message.seq] = delivery
+        self.deliveries.setdefault(message.seq, []).append(delivery)
         return message, delivery
 
     def ack(self, seq: int) -> bool:
@@ -208,6 +213,8 @@ class Consumer:
         return True
 
     def in_progress(self, seq: int, now: float) -> None:
+        """`+WPI`: the ack wait starts over (a delivery given back stays queued for redelivery,
+        as nats-server's `progressUpdate` leaves its redelivery queue alone)."""
         if seq in self.pending:
             self.pending[seq].due = now + self.ack_wait
 
@@ -215,6 +222,7 @@ class Consumer:
         """`-NAK`: redelivered at the next pull, before new messages."""
         if seq in self.pending:
             self.pending[seq].due = now
+            self.pending[seq].given_back = True
 
     def events(self) -> list[float]:
         """When serving may change: a waiting pull expires, or a message comes due for one."""

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import random
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -195,6 +196,9 @@ class World:
         client = SimClient(self.sched, self.server)
         reader = SlotReader(partition, client=client)  # type: ignore[arg-type]
         reader.entry.ledger = Ledger(self.bucket_view(), partition.lineage)
+        attempt = self.sched.current()
+        assert attempt is not None  # a task attempt's participant
+        self.observed.attempts.watch(attempt, reader.entry)
         rows: list[int] = []
         async for batch in slot_batches(reader):
             rows += batch.column("stream_seq").to_pylist()
@@ -267,6 +271,7 @@ class Result:
     setup: Setup
     problems: list[str]
     order_breaks: list[str]
+    order_reasons: Counter[str]  # how the attempt that left each break's message ended
     trace: list[str]
     steps: int
 
@@ -311,4 +316,12 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
         slot_history._seen, uuid.uuid4 = previous_seen, previous_uuid4
         logger.setLevel(previous_level)
     observed = world.observed
-    return Result(seed, setup, observed.problems, observed.order_breaks, sched.trace, sched.steps)
+    return Result(
+        seed,
+        setup,
+        observed.problems,
+        observed.order_breaks,
+        observed.order_reasons,
+        sched.trace,
+        sched.steps,
+    )

@@ -1,0 +1,78 @@
+"""The simulation's classifier of per-key order breaks (`lateness.py`): only a delivery that an
+attempt which died held unrecorded, and nobody gave back, explains a late message."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from nats_spark.spark.group_source.ledger_protocol import LedgerConflict
+from tests.simulation.jetstream import Delivery
+from tests.simulation.lateness import Attempts
+from tests.simulation.scheduler import Crashed, Lost, Participant
+
+pytestmark = pytest.mark.unit
+
+SEQ = 7
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def attempt(loop: asyncio.AbstractEventLoop, driver: Participant | None = None) -> Participant:
+    return Participant("b1/partition-0#0", "task", loop.create_future(), driver)
+
+
+def late(attempts: Attempts, held: Delivery) -> str | None:
+    """Why SEQ came late, `held` being its delivery before the one emitted."""
+    return attempts.why_late(SEQ, [held, Delivery(2, 2, 0.0)])
+
+
+def test_an_unrecorded_delivery_of_a_crashed_attempt_explains(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    crashed = attempt(loop)
+    crashed.dead = True
+    assert late(Attempts(), Delivery(1, 1, 0.0, owner=crashed)) == "crashed"
+
+
+def test_a_zombie_or_an_attempt_killed_with_its_driver_explains(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    zombie, driver = attempt(loop), Participant("driver#1", "driver", loop.create_future())
+    zombie.lost = True
+    zombie.finished.set_exception(Lost())
+    killed = attempt(loop, driver)
+    driver.dead = killed.dead = True
+    killed.finished.set_exception(Crashed())
+    assert "zombie" in (late(Attempts(), Delivery(1, 1, 0.0, owner=zombie)) or "")
+    assert "driver" in (late(Attempts(), Delivery(1, 1, 0.0, owner=killed)) or "")
+    taken_over = attempt(loop)
+    taken_over.finished.set_exception(LedgerConflict("taken over"))
+    assert "zombie" in (late(Attempts(), Delivery(1, 1, 0.0, owner=taken_over)) or "")
+
+
+def test_a_recorded_given_back_or_finished_delivery_explains_nothing(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    attempts, crashed, finished, failed = Attempts(), attempt(loop), attempt(loop), attempt(loop)
+    crashed.dead = True
+    finished.finished.set_result([SEQ])
+    failed.finished.set_exception(TimeoutError())
+    assert late(attempts, Delivery(1, 1, 0.0, owner=crashed, given_back=True)) is None
+    assert late(attempts, Delivery(1, 1, 0.0, owner=finished)) is None
+    assert late(attempts, Delivery(1, 1, 0.0, owner=failed)) is None
+    attempts.recorded[crashed] = {SEQ}
+    assert late(attempts, Delivery(1, 1, 0.0, owner=crashed)) is None
+
+
+def test_the_emitted_delivery_itself_explains_nothing(loop: asyncio.AbstractEventLoop) -> None:
+    crashed = attempt(loop)
+    crashed.dead = True
+    assert Attempts().why_late(SEQ, [Delivery(1, 1, 0.0, owner=crashed)]) is None
