@@ -51,7 +51,7 @@ def headers_array(blocks: Sequence[bytes | None], include: bool) -> pa.Array:
     # The usual pull carries no headers but the pin, the same block on every row: a map with
     # no entries per row, decided per distinct block rather than row by row.
     if not any(header_column(raw) for raw in set(blocks)):
-        offsets = pa.py_buffer(array("i", (0,)) * (len(blocks) + 1))
+        offsets = constant(0, len(blocks) + 1, pa.int32()).buffers()[1]
         return pa.Array.from_buffers(
             HEADERS_TYPE, len(blocks), [None, offsets], children=[_NO_ENTRIES]
         )
