@@ -343,7 +343,13 @@ class SimPullConsumer:
         self.requests: list[PullRequest] = []
 
     async def pull(
-        self, batch: int, *, expires: float = 5.0, no_wait: bool = False, **_: Any
+        self,
+        batch: int,
+        *,
+        expires: float = 5.0,
+        no_wait: bool = False,
+        whole: bool = False,
+        **_: Any,
     ) -> SimPull:
         sched = self.client.sched
         await sched.point(f"pull {batch} from {self.consumer.name}")
@@ -352,7 +358,7 @@ class SimPullConsumer:
         )
         self.requests.append(request)
         self.consumer.request(request, self.client.server.now())
-        return SimPull(self, request, self.client.server.now() + expires + 5.0)
+        return SimPull(self, request, self.client.server.now() + expires + 5.0, whole)
 
     def take(self, request: PullRequest) -> Deliveries:
         """What the request delivered since last taken, as the connection's parser hands it."""
@@ -397,13 +403,16 @@ async def _until_arrival(request: PullRequest, deadline: float) -> bool:
 
 
 class SimPull:
-    """What a slot's task uses of `Pull`: an async iterator of chunks of deliveries, then why it
-    ended."""
+    """What a slot's task uses of `Pull`: an async iterator of chunks of deliveries (`whole`:
+    one, once the request has ended), then why it ended."""
 
-    def __init__(self, consumer: SimPullConsumer, request: PullRequest, deadline: float) -> None:
+    def __init__(
+        self, consumer: SimPullConsumer, request: PullRequest, deadline: float, whole: bool
+    ) -> None:
         self.consumer = consumer
         self.request = request
         self.deadline = deadline
+        self.whole = whole
         self.sent = clock.monotonic()
         self.received = 0
         self.done = False
@@ -417,20 +426,27 @@ class SimPull:
         return await anext(self._arriving)
 
     async def _chunks(self) -> AsyncIterator[Deliveries]:
-        request, sched = self.request, self.consumer.client.sched
+        request, sched, gathered = self.request, self.consumer.client.sched, Deliveries()
         while not self.done:
             if request.delivered:
                 chunk = self.consumer.take(request)
                 self.received += len(chunk)
                 self._end_if_over()
                 await sched.point("deliveries arrive")
-                yield chunk
+                if not self.whole:
+                    yield chunk
+                    continue
+                gathered.extend(chunk)
+                if self.done:
+                    break
                 continue
             if self._end_if_over():
                 break
             if not await _until_arrival(request, self.deadline):
                 self.status, self.done = PullStatus.CLIENT_TIMEOUT, True
             await sched.point("pull wakes")
+        if gathered:
+            yield gathered
 
     def _end_if_over(self) -> bool:
         request = self.request

@@ -15,7 +15,6 @@ from nats_spark.jetstream.pull import Deliveries
 from nats_spark.pcg.partitioning import strip_partition
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.shared.columns import (
-    batch_full,
     constant,
     headers_array,
     record_batch,
@@ -41,7 +40,6 @@ class SlotColumns:
         self.consumer_seq: list[int] = []
         self.delivered: list[int] = []
         self.timestamp: list[int] = []
-        self.nbytes = 0
         # For the ack wait of what the rows took (siblings): the earliest the server may have
         # sent one of them (when its pull request went out) and when the last were taken in.
         self.requested = math.inf
@@ -66,9 +64,6 @@ class SlotColumns:
         self.requested = min(self.requested, requested)
         self.last_taken = clock.monotonic()
 
-    def full(self) -> bool:
-        return batch_full(len(self.stream_seq), self.nbytes)
-
     def add(
         self,
         subject: bytes,
@@ -81,7 +76,6 @@ class SlotColumns:
     ) -> None:
         self.subject.append(subject)
         self.data.append(data)
-        self.nbytes += len(data)
         self.headers.append(headers)
         self.stream_seq.append(stream_seq)
         self.consumer_seq.append(consumer_seq)
@@ -93,7 +87,6 @@ class SlotColumns:
         delivered, stream_seq, consumer_seq, timestamp = deliveries.numbers
         self.subject += deliveries.subjects
         self.data += deliveries.data
-        self.nbytes += sum(map(len, deliveries.data))
         self.headers += deliveries.headers
         self.stream_seq += stream_seq
         self.consumer_seq += consumer_seq

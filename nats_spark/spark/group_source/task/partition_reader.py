@@ -76,8 +76,8 @@ class SlotReader:
     async def pull_record_batches(self) -> AsyncGenerator[pa.RecordBatch, None]:
         """Record batches pulled from NATS, each recorded before it leaves.
 
-        What one pull request delivered becomes one record batch and one ledger write (split at
-        a ledger chunk or 4 MiB). The work overlaps: a request that delivered all it asked for
+        What one pull request delivered becomes one record batch and one ledger write (split
+        into ledger chunks). The work overlaps: a request that delivered all it asked for
         has the next one sent before its messages are processed (`SlotPulls`), and a batch's
         ledger write runs while the next batch is gathered (`Recorder`).
         """
@@ -100,22 +100,21 @@ class SlotReader:
             partition.slot,
         )
         recorder = Recorder(self.entry, self.keeper, consumer)
-        columns, replies = SlotColumns.of(partition), list[bytes]()
         done = asyncio.Event()
         keeping = asyncio.ensure_future(self.keeper.run(done))
         try:
             async with contextlib.aclosing(pulls.chunks()) as chunks:
-                async for chunk, sent, ended in chunks:  # pull
+                async for chunk, sent in chunks:  # pull, a request's deliveries whole
                     accepted = await acceptance.accept(chunk)  # accept
                     pulls.took(len(accepted.replies), accepted.acked)
-                    columns.take(chunk, accepted.rows)  # columns
+                    if not accepted.replies:
+                        continue
+                    columns = SlotColumns.of(partition)  # columns
+                    columns.take(chunk, accepted.rows)
                     columns.taken_from(sent)
-                    replies += accepted.replies
-                    if replies and (ended or columns.full()):
-                        rows = await recorder.record(columns, replies)  # record
-                        columns, replies = SlotColumns.of(partition), []
-                        if rows is not None:
-                            yield rows  # emit
+                    rows = await recorder.record(columns, accepted.replies)  # record
+                    if rows is not None:
+                        yield rows  # emit
             if (rows := await recorder.last()) is not None:
                 yield rows
         finally:

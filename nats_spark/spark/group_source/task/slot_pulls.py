@@ -2,11 +2,10 @@
 as `SlotPullPolicy` decides them.
 
 What one request delivers is handed out in one chunk once the request has ended (the caller
-records what it gathered then), or an empty chunk when it ended after its last delivery. A
-request that has delivered all it asked for has the next one sent before its deliveries are
-handed out, so the server serves it while they are processed; not with siblings: deliveries of
-an early pull would wait unrecorded while the rows before them are handed out, and past the ack
-wait come back to a sibling that cannot tell they were taken.
+records it then). A request that has delivered all it asked for has the next one sent before
+its deliveries are handed out, so the server serves it while they are processed; not with
+siblings: deliveries of an early pull would wait unrecorded while the rows before them are
+handed out, and past the ack wait come back to a sibling that cannot tell they were taken.
 """
 
 from __future__ import annotations
@@ -58,21 +57,18 @@ class SlotPulls:
         self.took_any = self.took_any or taken > 0
         self.progress += taken + acked
 
-    async def chunks(self) -> AsyncGenerator[tuple[Deliveries, float, bool], None]:
-        """Each chunk of deliveries; with it, when the request that delivered it was sent (no
-        delivery of it left the server before) and whether that request has ended.
-
-        A request's deliveries are gathered until it has delivered all it will, then handed out
-        as one chunk: the caller records a batch's rows only once a request ends, and each
-        chunk's steps (accept, columns, the ack numbers' parse) cost about as much per chunk as
-        per message when a read brings a dozen messages, as it does while the task keeps up
-        with the server."""
-        loop, gathered = self.loop, Deliveries()
+    async def chunks(self) -> AsyncGenerator[tuple[Deliveries, float], None]:
+        """What each request delivered, in one chunk once it has ended (its pulls are `whole`:
+        the caller records a batch's rows only once a request ends, and each chunk's steps,
+        accept, columns and the ack numbers' parse, cost about as much per chunk as per message
+        when a read brings a dozen messages, as it does while the task keeps up with the
+        server); with it, when that request was sent (no delivery of it left the server
+        before)."""
+        loop = self.loop
         while True:
             try:
                 got = await loop.next()
             except PullError as error:
-                gathered = Deliveries()  # not taken: they come back after their ack wait
                 if not self.policy.refused(error):
                     log.warning("slot %s: %s; ending its batch early", self.label, error)
                     break
@@ -82,27 +78,21 @@ class SlotPulls:
             if got is None:
                 break
             if not isinstance(got, Deliveries):  # the request that ended
-                yield gathered, got.sent, True
-                gathered = Deliveries()
                 if not self._again(got):
                     break
                 continue
-            pull = loop.pulls[0]
-            gathered.extend(got)
-            if not pull.done:
-                continue
+            pull = loop.pulls[0]  # ended: its deliveries come whole
             if len(loop.pulls) == 1 and _sent_all(pull) and not self.siblings:
-                plan = self.policy.early(self.want - len(gathered))
+                plan = self.policy.early(self.want - len(got))
                 if plan is not None:
                     await loop.send_ahead(plan)
-            yield gathered, pull.sent, True
-            gathered = Deliveries()
+            yield got, pull.sent
         # Requests given up on may still deliver: take that too (the batch then holds a little
         # more than planned) rather than leave it unread until its ack wait runs out. It may
         # have been sent for a request given up on at any time since the task started.
         late = await self.consumer.settle(self.ack_wait / 2)
         if late:
-            yield late, self.started, True
+            yield late, self.started
 
     def _again(self, pull: Pull) -> bool:
         """After `pull` ended: whether to pull on (the policy's decision)."""
