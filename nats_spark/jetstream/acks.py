@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable, Sequence
 
@@ -90,8 +89,8 @@ async def flush_published(nc: NATS, timeout: float) -> None:
 
 class InProgressKeeper:
     """Keeps held deliveries from being redelivered: `+WPI` for all of them a few times per ack
-    wait (nats.go's `InProgress`), until `run`'s event is set. Stopped by that event, never
-    cancelled: it may be inside a flush (see `flush_published`)."""
+    wait (nats.go's `InProgress`), from `run` until `stop`. Stopped, never cancelled: it may be
+    inside a flush (see `flush_published`)."""
 
     def __init__(self, nc: NATS, ack_wait: float, label: str) -> None:
         self.nc = nc
@@ -99,6 +98,8 @@ class InProgressKeeper:
         self.label = label
         self.held: dict[int, bytes] = {}  # stream seq -> reply subject of its latest delivery
         self.renewed = 0.0  # monotonic time of the last confirmed round
+        self.stopped = False
+        self._between_rounds: asyncio.Future[None] | None = None  # `run`'s wait, until `stop`
 
     def hold(self, seqs: Iterable[int], replies: Iterable[bytes]) -> None:
         """Keep these deliveries (stream seqs, their reply subjects) until released."""
@@ -118,13 +119,26 @@ class InProgressKeeper:
         """The `+WPI` commands of this round, and how many deliveries they name."""
         return ack_commands(list(self.held.values()), IN_PROGRESS), len(self.held)
 
-    async def run(self, done: asyncio.Event) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), self.ack_wait / 3)
-            if done.is_set():
-                return
-            await self.renew()
+    async def run(self) -> None:
+        """A round every third of the ack wait until `stop`. Each wait is one future and one
+        timer, not `wait_for` on an event (a task per round), which the driver's keeper would
+        pay a dozen times per ack wait and the simulation at every round."""
+        loop = asyncio.get_running_loop()
+        while not self.stopped:
+            self._between_rounds = waiting = loop.create_future()
+            timer = loop.call_later(self.ack_wait / 3, _end_wait, waiting)
+            try:
+                await waiting
+            finally:
+                timer.cancel()
+            if not self.stopped:
+                await self.renew()
+
+    def stop(self) -> None:
+        """`run` returns once its round in progress (if any) is done."""
+        self.stopped = True
+        if self._between_rounds is not None:
+            _end_wait(self._between_rounds)
 
     async def renew(self) -> None:
         """One round: restart the ack wait of what is due."""
@@ -136,3 +150,8 @@ class InProgressKeeper:
                 self.renewed = sent  # the ack wait of all held so far started over by then
         except Exception as error:  # the pulls meet the same trouble and report it
             log.debug("%s: progress acks failed: %s", self.label, error)
+
+
+def _end_wait(waiting: asyncio.Future[None]) -> None:
+    if not waiting.done():
+        waiting.set_result(None)

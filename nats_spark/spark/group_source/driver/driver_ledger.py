@@ -74,6 +74,8 @@ class DriverLedger:
         if offset is not None and self.lineage == offset.lineage:
             self.head_gen = max(self.head_gen, offset.gen)
             return False
+        if offset is None and self.ledger is not None:
+            return False
         pointer = await read_pointer(self.kv, self.pointer_key)
         if pointer is not None:  # pins of this target's last query: ours, not another client's
             self.last_query_pins = frozenset(pointer.pins.values())
@@ -116,11 +118,16 @@ class DriverLedger:
             if found is None:
                 self.entries.pop((entry.gen, entry.slot), None)
                 continue
-            entry.head = found[0]
-            if entry.head.pin:
-                newest = max((g for g, s in self.entries if s == entry.slot), default=entry.gen)
-                if entry.gen == newest:
-                    self.pins[entry.slot] = entry.head.pin
+            self.loaded(entry, found[0])
+
+    def loaded(self, entry: DriverEntry, head: EntryHead) -> None:
+        """`entry`'s head as just read (another reader's too: the `SealedKeeper` hands in the
+        heads it finds acked, which no later read can contradict)."""
+        entry.head = head
+        if head.pin:
+            newest = max((g for g, s in self.entries if s == entry.slot), default=entry.gen)
+            if entry.gen == newest:
+                self.pins[entry.slot] = head.pin
 
     async def load_missing_heads(self) -> None:
         await self.load_heads(e for e in self.entries.values() if e.head is None)

@@ -62,7 +62,7 @@ class OffsetReader:
         self.available_now = False  # an availableNow run: its slots end at their `end_seq`
         self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
         self.committed = 0  # newest gen of the adopted lineage known committed (acked at stop)
-        self.keeping: tuple[asyncio.Event, asyncio.Future[None]] | None = None
+        self.keeping: tuple[SealedKeeper, asyncio.Future[None]] | None = None
 
     def _committed(self, offset: SourceOffset) -> None:
         """`offset`'s batch is committed (Spark plans a batch after it, or says so)."""
@@ -233,8 +233,7 @@ class OffsetReader:
                 default=None,
             )
             keeper = SealedKeeper(self._client, self.ledger, ack_wait or self.options.ack_wait)
-            done = asyncio.Event()
-            self.keeping = done, asyncio.ensure_future(keeper.run(done))
+            self.keeping = keeper, asyncio.ensure_future(keeper.run())
 
     def _client(self) -> NatsClient:
         assert self.client is not None
@@ -381,8 +380,8 @@ class OffsetReader:
     async def close(self) -> None:
         """At stop: ack what committed batches left (no next batch will), then disconnect."""
         if self.keeping is not None:
-            done, keeping = self.keeping
-            done.set()  # never cancelled: it may be inside a flush
+            keeper, keeping = self.keeping
+            keeper.stop()  # never cancelled: it may be inside a flush
             await keeping
             self.keeping = None
         if self.client is not None:

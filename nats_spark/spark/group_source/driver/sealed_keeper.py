@@ -64,18 +64,32 @@ class SealedKeeper(InProgressKeeper):
         for key, entry in list(self.ledger.entries.items()):
             if protocol.known_acked(entry.head):
                 continue
+            known = self.started.get(key)
+            if known is not None and not self._due(known, now):
+                started[key] = known  # sealed at the last look: nothing to do before it is due
+                continue
             found = await protocol.read_head(ledger, *key)
-            if found is None or not protocol.awaits_acks(found[0]):
+            if found is None:
+                continue
+            head = found[0]
+            if protocol.known_acked(head):
+                self.ledger.loaded(entry, head)  # nor is it read again, here or by planning
+                continue
+            if not protocol.awaits_acks(head):
                 continue
             started[key] = self.started.get(key, sealed_since)
-            left_at_next_look = started[key] + self.wait - (now + self.wait / _LOOKS)
-            if left_at_next_look < self.left:
+            if self._due(started[key], now):
                 self.restarting.append(key)
-                deliveries = await protocol.read_deliveries(ledger, found[0])
+                deliveries = await protocol.read_deliveries(ledger, head)
                 commands += deliveries.ack_commands(IN_PROGRESS)
                 count += len(deliveries)
         self.started, self.looked = started, now
         return commands, count
+
+    def _due(self, started: float, now: float) -> bool:
+        """Whether the wait of an entry that started no earlier than `started` would have less
+        than `left` at the next look."""
+        return started + self.wait - (now + self.wait / _LOOKS) < self.left
 
     async def renew(self) -> None:
         confirmed = self.renewed

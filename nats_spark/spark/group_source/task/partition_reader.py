@@ -100,8 +100,7 @@ class SlotReader:
             partition.slot,
         )
         recorder = Recorder(self.entry, self.keeper, consumer)
-        done = asyncio.Event()
-        keeping = asyncio.ensure_future(self.keeper.run(done))
+        keeping = asyncio.ensure_future(self.keeper.run())
         try:
             async with contextlib.aclosing(pulls.chunks()) as chunks:
                 async for chunk, sent in chunks:  # pull, a request's deliveries whole
@@ -118,7 +117,7 @@ class SlotReader:
             if (rows := await recorder.last()) is not None:
                 yield rows
         finally:
-            done.set()  # never cancelled: it may be inside a flush
+            self.keeper.stop()  # never cancelled: it may be inside a flush
             await keeping
             recorder.cancel()
             await consumer.close()
