@@ -88,6 +88,13 @@ clean:
 simulate: $(VENV)/.test-installed
 	$(BIN)/python -m tests.simulation --seeds $(or $(SEEDS),0-10000) --jobs $(or $(JOBS),1) $(SIMULATE_ARGS)
 
+# The holes the simulation found, put back one at a time (tests/simulation/mutants.py): each must
+# break a guarantee in some seed of the range; prints per mutant its failing seeds and the first
+# problem. MUTANTS_ARGS: e.g. --only NAME, --first 5 (stop a mutant at its first 5 failures).
+.PHONY: mutants
+mutants: $(VENV)/.test-installed
+	$(BIN)/python -m tests.simulation.mutants --seeds $(or $(SEEDS),0-1999) --jobs $(or $(JOBS),1) $(MUTANTS_ARGS)
+
 # Kill sweep: ROUNDS driver kills -9 at seeded phases of a batch, Python worker kills between; a
 # JSON report; fails on any lost, duplicated, unacked or out-of-key-order row. SEED= repeats one.
 .PHONY: chaos chaos-soak

@@ -1,0 +1,412 @@
+"""Mutants: the holes the simulation found (or was built to find), put back one at a time, to show
+that it still catches each of them on today's schedules.
+
+    python -m tests.simulation.mutants [--seeds 0-1999] [--jobs 2] [--only NAME] [--first K]
+
+A mutant is a few exact text patches of modules' source (production code under nats_spark, or
+the simulated world where the hole was a fault of the world), applied by an import hook in a fresh
+process before the module is compiled. Each old snippet must occur exactly once: a mutant whose
+code has moved fails loudly instead of testing nothing. A mutant is caught when a seed of the
+range breaks a guarantee (`Result.problems`); one no seed catches SURVIVED, and the run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import math
+import multiprocessing
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from types import CodeType, ModuleType
+
+OFFSET_READER = "nats_spark.spark.group_source.driver.offset_reader"
+DRIVER_LEDGER = "nats_spark.spark.group_source.driver.driver_ledger"
+SLOT_ENTRY = "nats_spark.spark.group_source.task.slot_entry"
+WORLD = "tests.simulation.world"
+
+
+@dataclass(frozen=True)
+class Patch:
+    module: str  # dotted name of the module whose source is patched
+    old: str  # must occur exactly once in its source
+    new: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    hole: str  # the hole it reopens, and the commit that closed it
+    patches: tuple[Patch, ...]
+
+
+MUTANTS = (
+    Mutant(
+        "short-key-listing",
+        "hole 1: the driver listed its lineage's entries with nats-py's kv.keys(), which can "
+        "come back short or empty, and took the entries it missed as absent (closed by "
+        "1ae9fc4; the fault left the simulation in 69791eb, which this puts back)",
+        (
+            Patch(
+                WORLD,
+                '        return await self._call(f"kv keys {pattern}", '
+                "lambda: self.store.keys_matching(pattern))\n",
+                '        keys = await self._call(f"kv keys {pattern}", '
+                "lambda: self.store.keys_matching(pattern))\n"
+                "        rng = self.sched.rng\n"
+                "        if self.sched.chaos.enabled and rng.random() < 0.3:\n"
+                "            cut = rng.randint(0, len(keys))\n"
+                '            self.sched.note(f"key listing cut short: {cut} of {len(keys)} keys")\n'
+                "            keys = keys[:cut]\n"
+                "        return keys\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "latest-seen-taken-as-committed",
+        "hole 2: partitions(start == end), which Spark 4.0/4.1 call on a restart before the "
+        "logged batch is re-run, took that batch as committed and acked it (closed by c98a464)",
+        (
+            Patch(
+                OFFSET_READER,
+                "                self.current = end  # the checkpoint's lineage: `initial_offset` "
+                "answers in it\n            return []\n",
+                "                self.current = end  # the checkpoint's lineage: `initial_offset` "
+                "answers in it\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "initial-offset-new-lineage",
+        "hole 3: initialOffset() made a new lineage once a batch was planned (4.0/4.1 ask it "
+        "after their first latestOffset()), mixing two lineages in one checkpoint (closed by "
+        "29da650, 9275453)",
+        (
+            Patch(
+                OFFSET_READER,
+                "        if self.current is not None and self.current.lineage == "
+                "self.ledger.lineage:\n            return SourceOffset(self.current.lineage, 0)\n",
+                "        started = self.current\n"
+                "        if started is not None and started.gen == 0 and "
+                "self.ledger.head_gen == 0:\n            return started\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "new-checkpoint-takes-earlier-batch",
+        "a new checkpoint on Spark 4.0/4.1 plans its first batch in the stored lineage, and took "
+        "the earlier query's uncommitted gens before it as its own, deduped and acked them "
+        "unemitted (closed by 70497ce, ed50a48)",
+        (
+            Patch(
+                OFFSET_READER,
+                "        if start.lineage == first.lineage and first.gen > 1:\n",
+                "        if False:\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "replaced-lineage-forgotten",
+        "a new checkpoint's driver that died before its first batch forgot the earlier query's "
+        "lineage: the pointer named only its own (closed by f27bc8d)",
+        (
+            Patch(
+                DRIVER_LEDGER,
+                "            named = (pointer.lineage, *pointer.replaced)\n",
+                "            named = (pointer.lineage,)\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "siblings-lateness-from-take",
+        "siblings: a task counted the age of what it took from the take, not from the pull "
+        "request, so a process paused between the server's send and the take took a message "
+        "as fresh while a sibling took its redelivery (closed by d561684)",
+        (
+            Patch(
+                SLOT_ENTRY,
+                "        since = renewed if renewed >= columns.last_taken else columns.requested\n",
+                "        since = max(columns.last_taken, renewed)\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "zombie-recreates-settled",
+        "a task attempt that outlived its committed batch created that batch's entry again "
+        "after the driver removed it as settled, and its messages were acked as committed: "
+        "no fence in the pointer (closed by 3be8564)",
+        (
+            Patch(
+                SLOT_ENTRY,
+                "                    await protocol.fence(ledger, self.partition.pointer_key, "
+                "gen, slot)\n",
+                "",
+            ),
+        ),
+    ),
+    Mutant(
+        "acks-uncommitted-at-stop",
+        "an ack before commit: the driver at stop acks every batch it planned, not only the "
+        "committed ones (the guarantee the ledger exists for; never shipped)",
+        (
+            Patch(
+                OFFSET_READER,
+                "                    await self.ack_through(self.committed)\n",
+                "                    await self.ack_through(self.ledger.head_gen)\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "no-dedupe",
+        "redeliveries of what earlier batches emitted, not acked yet, are not dropped: a task "
+        "gets no dedupe spans (what the ledger's entries are for; never shipped)",
+        (
+            Patch(
+                OFFSET_READER,
+                "        dedupe = self.ledger.dedupe_spans(end.gen, same_stream) "
+                "if task.limit else ()\n",
+                "        dedupe = ()\n",
+            ),
+        ),
+    ),
+)
+BY_NAME = {mutant.name: mutant for mutant in MUTANTS}
+
+
+class MutantMisfit(Exception):
+    """A mutant's snippet is not in its module exactly once: the code moved."""
+
+
+def patched(source: str, mutant: Mutant, module: str) -> str:
+    """`source` of `module` with `mutant`'s patches of it applied."""
+    for patch in mutant.patches:
+        if patch.module != module:
+            continue
+        found = source.count(patch.old)
+        if found != 1:
+            first = patch.old.strip().splitlines()[0]
+            raise MutantMisfit(
+                f"mutant {mutant.name}: {module} holds {first!r} {found} times, not once; "
+                "the code moved: update the mutant's patch in tests/simulation/mutants.py"
+            )
+        source = source.replace(patch.old, patch.new)
+    return source
+
+
+def modules(mutant: Mutant) -> list[str]:
+    return sorted({patch.module for patch in mutant.patches})
+
+
+def misfits(mutants: Iterable[Mutant] = MUTANTS) -> list[str]:
+    """Every mutant's misfit patches, read from the source files (nothing is compiled)."""
+    found = []
+    for mutant in mutants:
+        for module in modules(mutant):
+            spec = importlib.util.find_spec(module)
+            assert spec is not None and spec.origin is not None
+            with open(spec.origin, encoding="utf-8") as file:
+                try:
+                    patched(file.read(), mutant, module)
+                except MutantMisfit as error:
+                    found.append(str(error))
+    return found
+
+
+class _PatchingFinder(importlib.abc.MetaPathFinder):
+    """Finds the mutant's modules as the path finder does, with a loader that patches them."""
+
+    def __init__(self, mutant: Mutant) -> None:
+        self.mutant = mutant
+        self.modules = set(modules(mutant))
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.modules:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        assert spec is not None and spec.origin is not None
+        spec.loader = _PatchingLoader(fullname, spec.origin, self.mutant)
+        return spec
+
+
+class _PatchingLoader(importlib.machinery.SourceFileLoader):
+    """Compiles the patched source, never the cached bytecode (nor does it cache its own)."""
+
+    def __init__(self, fullname: str, path: str, mutant: Mutant) -> None:
+        super().__init__(fullname, path)
+        self.mutant = mutant
+
+    def get_code(self, fullname: str) -> CodeType:
+        source = self.get_source(fullname)
+        assert source is not None
+        return compile(patched(source, self.mutant, fullname), self.path, "exec")
+
+
+def install(mutant: Mutant) -> None:
+    """Patch `mutant`'s modules as they are imported (in a process that has not imported them)
+    and import them now, so that every patch is applied or fails here."""
+    imported = [module for module in modules(mutant) if module in sys.modules]
+    assert not imported, f"mutant {mutant.name}: {imported} imported before its patches"
+    sys.meta_path.insert(0, _PatchingFinder(mutant))
+    for module in modules(mutant):
+        importlib.import_module(module)
+
+
+@dataclass
+class Found:
+    """What a search of a mutant's seeds found."""
+
+    name: str
+    failures: list[tuple[int, str]] = field(default_factory=list)  # (seed, first problem)
+    ran: int = 0  # schedules run
+    seconds: float = 0.0  # their CPU time (the processes' own)
+    unmutated: list[int] = field(default_factory=list)  # failing seeds that fail unmutated too
+
+
+def search(
+    name: str, seeds: Sequence[int], first: int | None, skip: frozenset[int] = frozenset()
+) -> Found:
+    """In a fresh process: run `seeds` (but `skip`) under mutant `name`, stopping at the `first`
+    failures."""
+    started = time.process_time()
+    install(BY_NAME[name])
+    from tests.simulation.world import run_schedule  # after the patches, which it may import
+
+    found = Found(name)
+    for seed in seeds:
+        if seed in skip:
+            continue
+        found.ran += 1
+        problems = run_schedule(seed).problems
+        if problems:
+            found.failures.append((seed, problems[0]))
+            if first is not None and len(found.failures) >= first:
+                break
+    found.seconds = time.process_time() - started
+    return found
+
+
+class Unmutated:
+    """Whether a seed breaks a guarantee without any mutant (run here, in the process that
+    never installs one): such a seed catches nothing."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, bool] = {}
+
+    def fails(self, seed: int) -> bool:
+        if seed not in self.known:
+            from tests.simulation.world import run_schedule
+
+            self.known[seed] = bool(run_schedule(seed).problems)
+        return self.known[seed]
+
+
+def hunt(
+    searches: Sequence[tuple[Mutant, Sequence[int]]], jobs: int, first: int | None = None
+) -> Iterator[Found]:
+    """Search each mutant over its seeds (its `first` failures, or all) in fresh processes
+    (spawned, so nothing of the patched code is imported before its patches), in order; a
+    mutant's seeds are split in contiguous parts when there are more processes than mutants. A
+    failing seed that fails unmutated too is left out (searched past, when stopped at `first`)."""
+    parts = max(1, math.ceil(jobs / len(searches)))
+    unmutated = Unmutated()
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=spawn, max_tasks_per_child=1) as pool:
+
+        def submit(
+            mutant: Mutant, seeds: Sequence[int], skip: frozenset[int]
+        ) -> list[Future[Found]]:
+            size = max(1, math.ceil(len(seeds) / parts))
+            return [
+                pool.submit(search, mutant.name, seeds[i : i + size], first, skip)
+                for i in range(0, len(seeds), size)
+            ]
+
+        runs = [submit(mutant, seeds, frozenset()) for mutant, seeds in searches]
+        for (mutant, seeds), futures in zip(searches, runs, strict=True):
+            skip: frozenset[int] = frozenset()
+            while True:
+                found = _merged(mutant.name, [future.result() for future in futures], first)
+                also = frozenset(seed for seed, _ in found.failures if unmutated.fails(seed))
+                if not also:
+                    break
+                skip |= also
+                if first is None:
+                    found.failures = [f for f in found.failures if f[0] not in skip]
+                    break
+                futures = submit(mutant, seeds, skip)
+            found.unmutated = sorted(skip)
+            yield found
+
+
+def _merged(name: str, parts: list[Found], first: int | None) -> Found:
+    """The search of contiguous parts, as one."""
+    found = Found(name)
+    for part in parts:
+        found.failures += part.failures
+        found.ran += part.ran
+        found.seconds += part.seconds
+    found.failures = found.failures[:first]
+    return found
+
+
+def summary(found: Found, shown: int = 5) -> str:
+    mutant = BY_NAME[found.name]
+    if not found.failures:
+        line = f"SURVIVED {mutant.name}: {found.ran} seeds, {found.seconds:.1f}s\n  {mutant.hole}"
+    else:
+        seeds = ", ".join(str(seed) for seed, _ in found.failures[:shown])
+        line = (
+            f"caught {mutant.name}: {len(found.failures)} failing of {found.ran} seeds run "
+            f"(first: {seeds}); {found.seconds:.1f}s\n  seed {found.failures[0][0]}: "
+            f"{found.failures[0][1]}"
+        )
+    if found.unmutated:
+        line += f"\n  left out, as they fail unmutated too: seeds {found.unmutated}"
+    return line
+
+
+def main() -> int:
+    from tests.simulation.__main__ import seed_range  # here: it imports the unpatched code
+
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.simulation.mutants",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--seeds", type=seed_range, default=range(0, 2000), help="e.g. 0-1999")
+    parser.add_argument("--jobs", type=int, default=1, help="processes")
+    parser.add_argument("--only", action="append", choices=BY_NAME, help="this mutant only")
+    parser.add_argument("--first", type=int, help="stop a mutant at its first K failing seeds")
+    args = parser.parse_args()
+    wrong = misfits()
+    if wrong:
+        print("\n".join(wrong))
+        return 1
+    chosen = [BY_NAME[name] for name in args.only] if args.only else list(MUTANTS)
+    started = time.monotonic()
+    results = []
+    for found in hunt([(mutant, args.seeds) for mutant in chosen], args.jobs, args.first):
+        print(summary(found), flush=True)
+        results.append(found)
+    survived = [found.name for found in results if not found.failures]
+    unmutated = sorted({seed for found in results for seed in found.unmutated})
+    if unmutated:
+        print(f"seeds that break a guarantee without any mutant, to look at: {unmutated}")
+    print(
+        f"{len(results)} mutants over seeds {args.seeds.start}-{args.seeds.stop - 1}: "
+        f"{len(results) - len(survived)} caught, {len(survived)} survived; "
+        f"{time.monotonic() - started:.1f}s"
+    )
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
