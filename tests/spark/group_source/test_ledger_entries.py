@@ -332,7 +332,7 @@ def test_the_driver_restarts_the_ack_wait_of_sealed_entries_only_before_it_runs_
     # second look that finds it sealed, as before.
     short = SealedKeeper(lambda: CLIENT, ledger, ack_wait=3.0)
     now[0] = 2000.0
-    short.looked, short.started = now[0] - 0.25, {}  # the entry was not sealed at that look
+    short.lineage, short.looked, short.started = lineage, now[0] - 0.25, {}  # not sealed then
     assert run_sync(short.due()) == ([], 0)
     now[0] += 0.25
     assert run_sync(short.due())[1] == 3
