@@ -270,11 +270,15 @@ class Scheduler:
             participant.finished.set_result(result)
 
     async def sleep(self, delay: float) -> None:
-        """`asyncio.sleep(delay)`: the same steps, without looking up the running loop."""
+        """`asyncio.sleep(delay)`: the same steps, without looking up the running loop. A
+        participant that crashed meanwhile never wakes (it must not act, nor be observed)."""
         if delay > 0:
             await _sleep(self.loop, delay)
         else:
             await _yield()
+        me = _current.get()
+        if me is not None and me.dead:
+            await _forever()
 
     async def point(self, what: str) -> None:
         """A scheduling point of the current participant (before or after one fake I/O)."""
@@ -315,8 +319,6 @@ class Scheduler:
         else:
             delay = self.rng.choice((0.001, 0.01, 0.05, 0.2))
         await self.sleep(delay)
-        if me.dead:
-            await _forever()
 
     def kill(self, victim: Participant, at: str) -> None:
         victim.dead = True

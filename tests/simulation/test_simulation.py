@@ -4,9 +4,11 @@ guarantee (see tests/simulation/world.py); `make simulate SEEDS=...` runs longer
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 
+from tests.simulation.scheduler import Chaos, Crashed, Scheduler, run
 from tests.simulation.world import run_schedule, run_schedules
 
 pytestmark = pytest.mark.unit
@@ -44,3 +46,24 @@ def test_every_schedule_keeps_the_guarantees() -> None:
 def test_a_seed_replays_the_same_schedule() -> None:
     first, again = run_schedule(7, verbose=False), run_schedule(7, verbose=False)
     assert first.trace == again.trace and first.steps == again.steps > 0
+
+
+def test_a_participant_killed_while_it_sleeps_never_wakes() -> None:
+    """As after kill -9: nothing of it runs again, so the harness never observes a dead driver
+    (seed 5024 had a dead driver's batch observed in the next checkpoint's run)."""
+    sched = Scheduler(random.Random(0), Chaos(), ack_wait=4.0)
+    woke: list[str] = []
+
+    async def nap() -> None:
+        await sched.sleep(1.0)
+        woke.append("nap")
+
+    async def world() -> None:
+        napper = sched.spawn("napper", "driver", nap())
+        await sched.sleep(0.5)
+        sched.kill(napper, at="its nap")
+        await sched.sleep(1.0)
+        assert isinstance(napper.finished.exception(), Crashed)
+
+    run(sched.loop, world())
+    assert woke == []

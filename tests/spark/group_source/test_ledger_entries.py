@@ -332,10 +332,48 @@ def test_the_driver_restarts_the_ack_wait_of_sealed_entries_only_before_it_runs_
     # second look that finds it sealed, as before.
     short = SealedKeeper(lambda: CLIENT, ledger, ack_wait=3.0)
     now[0] = 2000.0
-    short.looked, short.started = now[0] - 0.25, {}  # the entry was not sealed at that look
+    short.lineage, short.looked, short.started = lineage, now[0] - 0.25, {}  # not sealed then
     assert run_sync(short.due()) == ([], 0)
     now[0] += 0.25
     assert run_sync(short.due())[1] == 3
+
+
+def test_the_sealed_keeper_reads_an_entry_only_once_its_wait_may_be_due(
+    kv: MemoryBucket, lineage: str, published_acks: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch planned after a look, sealed, and acked by the next batch's task before its wait
+    may be due is not read at any look until then (its wait started no earlier than 2 s before
+    that look: due from 6 s on); found acked then, it is read by neither the keeper nor planning
+    again. Another lineage adopted: its entries may be due at once."""
+    now = [1000.0]
+    monkeypatch.setattr(clock, "_source", lambda: now[0])
+    ledger = driver(kv)
+    run_sync(ledger.adopt(SourceOffset(lineage, 0)))
+    keeper = SealedKeeper(lambda: CLIENT, ledger, ack_wait=12.0)
+    assert run_sync(keeper.due()) == ([], 0)  # the look at 0 s: nothing planned yet
+    ledger.expect(1, ["m1"])
+    sealed(kv, lineage, 1, [1, 2, 3])
+    reads = kv.reads
+    for at in range(1, 6):
+        now[0] = 1000.0 + at
+        assert run_sync(keeper.due()) == ([], 0)
+    assert kv.reads == reads
+    p = input_partition(lineage, 2, committed=(1,))
+    assert run_sync(SlotHistory(CLIENT, Ledger(kv, lineage), p).ack_committed()) == 3
+    now[0] = 1006.0
+    reads = kv.reads
+    assert run_sync(keeper.due()) == ([], 0)
+    assert kv.reads == reads + 1  # its head, found acked
+    for at in (7.0, 20.0):
+        now[0] = 1000.0 + at
+        run_sync(keeper.due())
+    run_sync(ledger.load_unacked_heads())
+    assert kv.reads == reads + 1
+
+    other = uuid.uuid4().hex
+    sealed(kv, other, 1, [4])
+    run_sync(ledger.adopt(SourceOffset(other, 1)))
+    assert run_sync(keeper.due())[1] == 1  # at 20 s, as at a restart
 
 
 def test_settled_entries_are_removed_and_leave_nothing(

@@ -191,7 +191,7 @@ class OffsetReader:
         slots = {name: state.slot for name, state in self.states.items()}
         for slot in resolved:
             seen = await self._look(client, slot)
-            if slot.stream not in first_seqs:
+            if self.ledger.entries and slot.stream not in first_seqs:  # else none to settle
                 first_seqs[slot.stream] = (await self._stream_info(client, slot.stream)).first_seq
             self.states[slot.name] = replace(
                 self.states[slot.name],

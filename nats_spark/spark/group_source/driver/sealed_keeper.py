@@ -5,14 +5,18 @@ A batch's acks go out from the tasks of the batch after it, which Spark starts o
 has ended and is committed; with a long batch or a trigger interval longer than the ack wait the
 messages would come back to any reader of the consumer (another client of an overflow consumer,
 a sibling slot) before they are acked. Every twelfth of the ack wait this keeper looks at the
-entries that are sealed and not acked (their heads: O(slots)) and restarts the ack wait
-(`+WPI`) of those whose wait would have less than a third left at its next look (two thirds
-under a short ack wait, where a look delayed by a busy machine matters more). An entry's wait
-is known to have started no earlier than a sixth of the ack wait before its seal
-(`SlotReader.seal`), which came after the look before the one that first found it sealed; after
-a restart, at the restart. So an entry sealed less than about a third of the ack wait before its
-acks go out is never touched here, and only then does the driver read an entry's deliveries.
-`+WPI` is not an ack, so it is safe before Spark commits.
+entries not known to be acked and restarts the ack wait (`+WPI`) of the sealed ones whose wait
+would have less than a third left at its next look (two thirds under a short ack wait, where a
+look delayed by a busy machine matters more).
+
+It keeps, per entry, the earliest its wait may have started, and reads an entry's head only once
+that bound says it may be due: a batch acked by the next one within about half an ack wait is
+never read here. The bound: an entry's wait started no earlier than a sixth of the ack wait
+before its seal (`SlotReader.seal`), and its seal came after the last look it was missing from
+or the last read that found it open; after a restart, or once another lineage is adopted, any
+entry may be due. A sealed entry stays sealed until acked, so it is read again only when due,
+and only then are its deliveries read. `+WPI` is not an ack, so it is safe before Spark
+commits.
 """
 
 from __future__ import annotations
@@ -46,9 +50,9 @@ class SealedKeeper(InProgressKeeper):
         self.ledger = ledger
         self.wait = ack_wait
         self.left = ack_wait * (_LEFT_SHORT if ack_wait < SHORT_ACK_WAIT else _LEFT)
+        self.lineage: str | None = None  # whose entries `started` is about
         self.looked = -math.inf  # when the previous look was (none yet: any entry may be due)
-        # Entries sealed and not acked at the last look: the earliest their ack wait may have
-        # started.
+        # Entries not known acked at the last look: the earliest their ack wait may have started.
         self.started: dict[tuple[int, str], float] = {}
         self.restarting: list[tuple[int, str]] = []  # what the round in progress restarts
 
@@ -56,29 +60,29 @@ class SealedKeeper(InProgressKeeper):
         ledger = self.ledger.ledger
         if ledger is None:
             return [], 0
+        if ledger.lineage != self.lineage:  # its entries are new to this keeper
+            self.lineage, self.looked, self.started = ledger.lineage, -math.inf, {}
         self.nc = self.client_of().nc  # the driver may have replaced its connection
         now = clock.monotonic()
-        sealed_since = self.looked - self.wait * RESTART_AFTER  # entries first found sealed now
+        sealed_after = self.looked - self.wait * RESTART_AFTER  # an entry missing then
         started: dict[tuple[int, str], float] = {}
         self.restarting, commands, count = [], list[bytes](), 0
         for key, entry in list(self.ledger.entries.items()):
             if protocol.known_acked(entry.head):
                 continue
-            known = self.started.get(key)
-            if known is not None and not self._due(known, now):
-                started[key] = known  # sealed at the last look: nothing to do before it is due
+            started[key] = since = self.started.get(key, sealed_after)
+            if not self._due(since, now):
                 continue
             found = await protocol.read_head(ledger, *key)
-            if found is None:
-                continue
-            head = found[0]
-            if protocol.known_acked(head):
+            head = None if found is None else found[0]
+            if head is None or head.state is protocol.EntryState.OPEN:
+                started[key] = now - self.wait * RESTART_AFTER  # it seals later, if ever
+            elif protocol.known_acked(head):
+                del started[key]
                 self.ledger.loaded(entry, head)  # nor is it read again, here or by planning
-                continue
-            if not protocol.awaits_acks(head):
-                continue
-            started[key] = self.started.get(key, sealed_since)
-            if self._due(started[key], now):
+            elif not protocol.awaits_acks(head):
+                started[key] = math.inf  # sealed empty: nothing to keep
+            else:
                 self.restarting.append(key)
                 deliveries = await protocol.read_deliveries(ledger, head)
                 commands += deliveries.ack_commands(IN_PROGRESS)
