@@ -54,8 +54,13 @@ def main() -> int:
         action="store_true",
         help="per-key order breaks of the README's one case fail too",
     )
+    parser.add_argument(
+        "--chaos-waits", type=float, help="how long the chaotic phase lasts, in ack waits"
+    )
     args = parser.parse_args()
     overrides: dict[str, Any] = {FAULTS[name]: 0.0 for name in args.without}
+    if args.chaos_waits is not None:
+        overrides["chaos_waits"] = args.chaos_waits
     if args.spark:
         overrides["version"] = args.spark
     if args.seed is not None:

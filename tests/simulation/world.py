@@ -51,6 +51,7 @@ class Setup:
     trigger_interval: float  # of processingTime runs: how often an idle query looks again
     shared: bool  # both slots read one overflow consumer (siblings), not a partition each
     new_checkpoint: float = 0.0  # chance a query run starts on a new checkpoint
+    chaos_waits: float = 8.0  # how long the chaotic phase lasts, in ack waits
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -216,7 +217,7 @@ class World:
 
     async def main(self) -> None:
         setup, sched = self.setup, self.sched
-        chaos_time = 8 * setup.ack_wait
+        chaos_time = setup.chaos_waits * setup.ack_wait
         ticking = asyncio.Event()
         server = asyncio.ensure_future(self.server.run(ticking))
         publishing = asyncio.ensure_future(self.publish(setup.messages, chaos_time * 0.7))
