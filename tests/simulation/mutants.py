@@ -22,7 +22,7 @@ import multiprocessing
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from types import CodeType, ModuleType
 
@@ -208,8 +208,13 @@ def misfits(mutants: Iterable[Mutant] = MUTANTS) -> list[str]:
     found = []
     for mutant in mutants:
         for module in modules(mutant):
-            spec = importlib.util.find_spec(module)
-            assert spec is not None and spec.origin is not None
+            try:
+                spec = importlib.util.find_spec(module)
+            except ModuleNotFoundError:  # its package is gone
+                spec = None
+            if spec is None or spec.origin is None:
+                found.append(f"mutant {mutant.name}: no module {module}: update its patches")
+                continue
             with open(spec.origin, encoding="utf-8") as file:
                 try:
                     patched(file.read(), mutant, module)
@@ -268,22 +273,19 @@ class Found:
     ran: int = 0  # schedules run
     seconds: float = 0.0  # their CPU time (the processes' own)
     unmutated: list[int] = field(default_factory=list)  # failing seeds that fail unmutated too
+    last: int | None = None  # the last seed run
 
 
-def search(
-    name: str, seeds: Sequence[int], first: int | None, skip: frozenset[int] = frozenset()
-) -> Found:
-    """In a fresh process: run `seeds` (but `skip`) under mutant `name`, stopping at the `first`
-    failures."""
+def search(name: str, seeds: Sequence[int], first: int | None) -> Found:
+    """In a fresh process: run `seeds` under mutant `name`, stopping at the `first` failures."""
     started = time.process_time()
     install(BY_NAME[name])
     from tests.simulation.world import run_schedule  # after the patches, which it may import
 
     found = Found(name)
     for seed in seeds:
-        if seed in skip:
-            continue
         found.ran += 1
+        found.last = seed
         problems = run_schedule(seed).problems
         if problems:
             found.failures.append((seed, problems[0]))
@@ -314,47 +316,34 @@ def hunt(
     """Search each mutant over its seeds (its `first` failures, or all) in fresh processes
     (spawned, so nothing of the patched code is imported before its patches), in order; a
     mutant's seeds are split in contiguous parts when there are more processes than mutants. A
-    failing seed that fails unmutated too is left out (searched past, when stopped at `first`)."""
-    parts = max(1, math.ceil(jobs / len(searches)))
+    failing seed that fails unmutated too is left out (and searched past)."""
+    count = max(1, math.ceil(jobs / len(searches)))
     unmutated = Unmutated()
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=spawn, max_tasks_per_child=1) as pool:
-
-        def submit(
-            mutant: Mutant, seeds: Sequence[int], skip: frozenset[int]
-        ) -> list[Future[Found]]:
-            size = max(1, math.ceil(len(seeds) / parts))
-            return [
-                pool.submit(search, mutant.name, seeds[i : i + size], first, skip)
-                for i in range(0, len(seeds), size)
-            ]
-
-        runs = [submit(mutant, seeds, frozenset()) for mutant, seeds in searches]
-        for (mutant, seeds), futures in zip(searches, runs, strict=True):
-            skip: frozenset[int] = frozenset()
-            while True:
-                found = _merged(mutant.name, [future.result() for future in futures], first)
-                also = frozenset(seed for seed, _ in found.failures if unmutated.fails(seed))
-                if not also:
-                    break
-                skip |= also
-                if first is None:
-                    found.failures = [f for f in found.failures if f[0] not in skip]
-                    break
-                futures = submit(mutant, seeds, skip)
-            found.unmutated = sorted(skip)
+        runs = []
+        for mutant, seeds in searches:
+            size = max(1, math.ceil(len(seeds) / count))
+            parts = [seeds[i : i + size] for i in range(0, len(seeds), size)]
+            runs.append([(part, pool.submit(search, mutant.name, part, first)) for part in parts])
+        for (mutant, _), parts_run in zip(searches, runs, strict=True):
+            found = Found(mutant.name)
+            for part, future in parts_run:
+                need = first
+                while True:  # a part, and what is left of it past failures that fail unmutated
+                    result = future.result()
+                    found.ran += result.ran
+                    found.seconds += result.seconds
+                    also = [seed for seed, _ in result.failures if unmutated.fails(seed)]
+                    found.unmutated += also
+                    found.failures += [f for f in result.failures if f[0] not in also]
+                    if need is None or not also or result.last == part[-1]:
+                        break  # all run, or stopped at `need` failures that catch it
+                    need -= len(result.failures) - len(also)
+                    part = part[part.index(result.last) + 1 :]
+                    future = pool.submit(search, mutant.name, part, need)
+            found.failures = found.failures[:first]
             yield found
-
-
-def _merged(name: str, parts: list[Found], first: int | None) -> Found:
-    """The search of contiguous parts, as one."""
-    found = Found(name)
-    for part in parts:
-        found.failures += part.failures
-        found.ran += part.ran
-        found.seconds += part.seconds
-    found.failures = found.failures[:first]
-    return found
 
 
 def summary(found: Found, shown: int = 5) -> str:
