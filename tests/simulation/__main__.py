@@ -73,7 +73,7 @@ def main() -> int:
         for order_break in result.order_breaks:
             print(f"ORDER {order_break}")
         for why, count in sorted(result.order_reasons.items()):
-            print(f"ORDER {count}: an attempt that held the message unrecorded {why}")
+            print(f"ORDER {count}: {why}")
         return 1 if result.problems or (args.strict_order and result.order_breaks) else 0
     failed = broke_order = 0
     reasons = Counter[str]()
@@ -95,7 +95,7 @@ def main() -> int:
     )
     if reasons:
         ends = ", ".join(f"{breaks} {why}" for why, breaks in reasons.most_common())
-        print(f"per-key order breaks, by how the attempt that held the late message ended: {ends}")
+        print(f"per-key order breaks, by what left the late message to its ack wait: {ends}")
     return 1 if failed or (args.strict_order and broke_order) else 0
 
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tests.simulation.jetstream import Consumer, Stream
-from tests.simulation.lateness import Attempts
+from tests.simulation.lateness import Attempts, GiveBacks
 
 Rows = dict[str, list[int]]  # by slot: stream sequences, in the order emitted
 
@@ -36,6 +36,7 @@ class Observed:
     earlier_sinks: list[dict[int, Rows]] = field(default_factory=list)  # of earlier checkpoints
     ever_in_sink: set[int] = field(default_factory=set)  # stream seqs, in any checkpoint's sink
     attempts: Attempts = field(default_factory=Attempts)
+    give_backs: GiveBacks | None = None  # set by the world, which watches them
     problems: list[str] = field(default_factory=list)  # broken guarantees
     order_breaks: list[str] = field(default_factory=list)  # per-key order, the README's case
     order_reasons: Counter[str] = field(default_factory=Counter)  # how the attempt ended
@@ -121,7 +122,10 @@ class Observed:
     ) -> None:
         detail = f"{key}: message {seq} after {newer} (batch {batch})"
         consumer = next(c for c in consumers if c.mine(self.stream.messages[seq - 1]))
-        why = self.attempts.why_late(seq, consumer.deliveries.get(seq, []))
+        deliveries = consumer.deliveries.get(seq, [])
+        why = self.attempts.why_late(seq, deliveries)
+        if why is None and self.give_backs is not None:
+            why = self.give_backs.why_late(deliveries)
         if why is None:
             self.problem("key order", f"{detail}, no attempt that died held it unrecorded")
             return

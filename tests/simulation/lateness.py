@@ -1,21 +1,33 @@
 """Why a committed message came after a newer one of its key (README guarantee 4, Order).
 
-The README allows one case: a task attempt took a delivery of the message and died (crashed
-with its executor, killed with its driver, or a zombie: lost by Spark, or running on until a
-later attempt took its entry over) before it recorded the delivery in its ledger entry. Nothing
-gave it back, so the message stayed with the server until its ack wait ran out, while the slot's
-next pulls took newer messages of its key. A delivery given back (`-NAK`) comes back at once,
-ahead of newer messages: it explains nothing. `Attempts` keeps what telling the two apart takes
-(the consumers keep which attempt each delivery went to): what each attempt recorded.
+The README allows two cases. In both a delivery of the message was left to its ack wait, named
+by no ledger entry and given back by nobody, so the message stayed with the server while the
+slot's next pulls took newer messages of its key:
+- a task attempt took the delivery and died (crashed with its executor, killed with its driver,
+  or a zombie: lost by Spark, or running on until a later attempt took its entry over) before it
+  recorded it in its ledger entry (`Attempts`: what each attempt recorded; the consumers keep
+  which attempt each delivery went to);
+- a query on a new checkpoint gives back what the earlier query's entries hold: it removes the
+  entries, then sends `-NAK` for their deliveries, and its driver died between the two
+  (`GiveBacks`).
+A delivery given back (`-NAK`) comes back at once, ahead of newer messages: it explains nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
+from nats_spark.spark.group_source.ledger import Ledger
 from nats_spark.spark.group_source.ledger_protocol import LedgerConflict
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
-from tests.simulation.jetstream import Delivery
-from tests.simulation.scheduler import Participant
+from tests.memory_bucket import MemoryBucket
+from tests.simulation.jetstream import Consumer, Delivery, Stream
+from tests.simulation.scheduler import Participant, Scheduler
+
+GiveBack = Callable[[Any, Ledger, list[tuple[int, str]]], Awaitable[int]]
 
 
 class Attempts:
@@ -50,7 +62,7 @@ class Attempts:
                 continue
             ended = self._ended(owner)
             if ended is not None:
-                return ended
+                return f"an attempt that held it unrecorded {ended}"
         return None
 
     def _ended(self, attempt: Participant) -> str | None:
@@ -65,4 +77,67 @@ class Attempts:
         finished = attempt.finished
         if finished.done() and isinstance(finished.exception(), LedgerConflict):
             return "lost its entry to a later attempt (a zombie)"
+        return None
+
+
+class GiveBacks:
+    """The deliveries whose entries a give-back removed, by the driver that removed them (until
+    its `-NAK`s are out)."""
+
+    def __init__(self, sched: Scheduler, store: MemoryBucket, stream: Stream) -> None:
+        self.sched = sched
+        self.store = store  # the bucket itself: reading it here adds no scheduling point
+        self.stream = stream
+        self.consumers: list[Consumer] = []
+        # By driver, until its -NAKs are out: the entries it removes (head keys), with what
+        # they held.
+        self.removing: dict[Participant, list[tuple[str, list[Delivery]]]] = {}
+
+    def watch(self, give_back: GiveBack) -> GiveBack:
+        """`ledger_protocol.give_back`, noting what each removal leaves named by nothing."""
+
+        async def watched(client: Any, ledger: Ledger, keys: list[tuple[int, str]]) -> int:
+            driver = self.sched.current()
+            assert driver is not None  # a driver's give-back
+            removing = self.removing.setdefault(driver, [])
+            remove = ledger.delete_entry
+
+            async def delete_entry(gen: int, slot: str) -> None:
+                removing.append((ledger.head_key(gen, slot), await self._held(ledger, gen, slot)))
+                await remove(gen, slot)
+
+            ledger.delete_entry = delete_entry  # type: ignore[method-assign]
+            try:
+                returned = await give_back(client, ledger, keys)
+            finally:
+                ledger.delete_entry = remove  # type: ignore[method-assign]
+            del self.removing[driver]  # its -NAKs are out
+            return returned
+
+        return watched
+
+    async def _held(self, removing: Ledger, gen: int, slot: str) -> list[Delivery]:
+        """The current deliveries of what entry (gen, slot) holds."""
+        ledger = Ledger(self.store, removing.lineage)  # type: ignore[arg-type]  # a Bucket
+        found = await protocol.read_head(ledger, gen, slot)
+        if found is None:
+            return []
+        held = []
+        for seq in (await protocol.read_deliveries(ledger, found[0])).stream_seq:
+            consumer = next(c for c in self.consumers if c.mine(self.stream.messages[seq - 1]))
+            if consumer.deliveries.get(seq):
+                held.append(consumer.deliveries[seq][-1])
+        return held
+
+    def why_late(self, deliveries: list[Delivery]) -> str | None:
+        """Whether an earlier delivery was removed from the ledger by a give-back whose driver
+        died before it gave the delivery back."""
+        for delivery in deliveries[:-1]:
+            if delivery.given_back:
+                continue
+            for driver, removing in self.removing.items():
+                for head_key, held in removing:
+                    removed = head_key not in self.store.values  # the driver may have died first
+                    if driver.dead and removed and any(d is delivery for d in held):
+                        return "a give-back removed its entry, and its driver died before the -NAK"
         return None

@@ -1,5 +1,6 @@
 """The simulation's classifier of per-key order breaks (`lateness.py`): only a delivery that an
-attempt which died held unrecorded, and nobody gave back, explains a late message."""
+attempt which died held unrecorded, or whose entry a give-back removed before its driver died,
+and that nobody gave back, explains a late message."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from collections.abc import Iterator
 import pytest
 
 from nats_spark.spark.group_source.ledger_protocol import LedgerConflict
-from tests.simulation.jetstream import Delivery
-from tests.simulation.lateness import Attempts
+from tests.memory_bucket import MemoryBucket
+from tests.simulation.jetstream import Delivery, Stream
+from tests.simulation.lateness import Attempts, GiveBacks
 from tests.simulation.scheduler import Crashed, Lost, Participant
 
 pytestmark = pytest.mark.unit
@@ -39,7 +41,9 @@ def test_an_unrecorded_delivery_of_a_crashed_attempt_explains(
 ) -> None:
     crashed = attempt(loop)
     crashed.dead = True
-    assert late(Attempts(), Delivery(1, 1, 0.0, owner=crashed)) == "crashed"
+    assert late(Attempts(), Delivery(1, 1, 0.0, owner=crashed)) == (
+        "an attempt that held it unrecorded crashed"
+    )
 
 
 def test_a_zombie_or_an_attempt_killed_with_its_driver_explains(
@@ -76,3 +80,21 @@ def test_the_emitted_delivery_itself_explains_nothing(loop: asyncio.AbstractEven
     crashed = attempt(loop)
     crashed.dead = True
     assert Attempts().why_late(SEQ, [Delivery(1, 1, 0.0, owner=crashed)]) is None
+
+
+def test_a_give_back_whose_driver_died_after_the_removal_explains(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    store, driver = MemoryBucket(), Participant("driver#2", "driver", loop.create_future())
+    give_backs = GiveBacks(None, store, Stream())  # type: ignore[arg-type]  # no scheduling here
+    held = Delivery(1, 1, 0.0)
+    give_backs.removing[driver] = [("lineage.1.partition-0", [held])]
+    deliveries = [held, Delivery(2, 2, 0.0)]
+    assert give_backs.why_late(deliveries) is None  # alive: its -NAKs are still to come
+    driver.dead = True
+    assert "give-back" in (give_backs.why_late(deliveries) or "")
+    store.values["lineage.1.partition-0"] = (b"{}", 1)  # it died before the removal took effect
+    assert give_backs.why_late(deliveries) is None
+    del store.values["lineage.1.partition-0"]
+    held.given_back = True  # a later give-back sent the -NAK
+    assert give_backs.why_late(deliveries) is None

@@ -18,6 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.targets import Held, Slot
 from nats_spark.spark.group_source.ledger import Ledger
@@ -28,6 +29,7 @@ from nats_spark.spark.group_source.task.partition_reader import SlotReader, slot
 from tests.memory_bucket import MemoryBucket
 from tests.simulation.invariants import Observed
 from tests.simulation.jetstream import GROUP, STREAM, Consumer, Server, SimClient, Stream
+from tests.simulation.lateness import GiveBacks
 from tests.simulation.scheduler import Chaos, Crashed, Scheduler, run
 from tests.simulation.spark import AVAILABLE_NOW, PROCESSING, V40, V42, Checkpoint, Query
 
@@ -158,6 +160,8 @@ class World:
             target = {"group": "g", "ackWait": str(setup.ack_wait)}
         self.server = Server(self.sched, self.consumers, self.stream)
         self.observed = Observed(self.stream, key_order=not setup.shared)
+        self.observed.give_backs = GiveBacks(self.sched, self.bucket, self.stream)
+        self.observed.give_backs.consumers = self.consumers
         self.server.on_ack.append(self.observed.acked)
         self.server.on_ack.append(lambda consumer, seq: self.sched.note(f"acks {seq}"))
         self.options = parse_options(
@@ -303,6 +307,9 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
     sched = Scheduler(rng, replace(setup.chaos), setup.ack_wait, verbose=verbose)
     world = World(setup, sched, side=side)
     previous_seen, previous_uuid4 = slot_history._seen, uuid.uuid4
+    give_back = ledger_protocol.give_back
+    assert world.observed.give_backs is not None
+    ledger_protocol.give_back = world.observed.give_backs.watch(give_back)
     slot_history._seen = slot_history._SeenEntries()  # a worker process of this world's own
     ids = random.Random(seed)  # lineages and attempt ids, the same on every run of the seed
     uuid.uuid4 = lambda: uuid.UUID(int=ids.getrandbits(128), version=4)
@@ -315,6 +322,7 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
         world.observed.problem("schedule failed", f"{type(error).__name__}: {error}")
     finally:
         slot_history._seen, uuid.uuid4 = previous_seen, previous_uuid4
+        ledger_protocol.give_back = give_back
         logger.setLevel(previous_level)
     observed = world.observed
     return Result(
