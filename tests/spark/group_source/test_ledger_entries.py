@@ -376,6 +376,35 @@ def test_the_sealed_keeper_reads_an_entry_only_once_its_wait_may_be_due(
     assert run_sync(keeper.due())[1] == 1  # at 20 s, as at a restart
 
 
+def test_a_checkpoints_first_batch_gives_back_an_entry_created_after_its_driver_adopted(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark 4.0/4.1 plan a new checkpoint's first batch (gen 3) in the stored lineage; its
+    earlier gens are an earlier query's. A task attempt of that query that creates its gen-2
+    entry after the new driver adopted the lineage (and before the fence) is given back too:
+    else its messages would stay held, their redeliveries dropped as emitted. One that creates
+    it after the fence finds it."""
+    given_back: list[bytes] = []
+
+    async def send(nc: object, commands: list[bytes], count: int) -> int:
+        given_back.extend(commands)
+        return count
+
+    monkeypatch.setattr(ledger_protocol, "send_acks", send)
+    sealed(kv, lineage, 1, [1, 2])
+    ledger = driver(kv)
+    run_sync(ledger.adopt(SourceOffset(lineage, 3)))
+    zombie = claimed(kv, input_partition(lineage, gen=2))
+    take(zombie, [3])
+    run_sync(ledger.disown_before(CLIENT, 3))
+    assert run_sync(Ledger(kv, lineage).heads()) == []
+    assert b"".join(given_back).count(b"-NAK") == 3
+    late = attempt(kv, input_partition(lineage, gen=2))
+    with pytest.raises(LedgerConflict):
+        run_sync(late.claim())
+    assert run_sync(Ledger(kv, lineage).heads()) == []
+
+
 def test_settled_entries_are_removed_and_leave_nothing(
     kv: MemoryBucket, lineage: str, published_acks: list[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:

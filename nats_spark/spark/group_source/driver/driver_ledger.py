@@ -244,15 +244,17 @@ class DriverLedger:
     async def disown_before(self, client: NatsClient, gen: int) -> None:
         """Give back the entries of this lineage's gens before `gen`, a checkpoint's first
         batch: an earlier checkpoint's, never emitted by this query. Fenced first, like settled
-        ones, against that query's task attempts still running."""
+        ones, against that query's task attempts still running, and listed after the fence: an
+        attempt that creates its entry later finds the fence, one that created it before is
+        listed (the entries adopted earlier may miss it: it would hold its messages for good,
+        and drop their redeliveries as emitted)."""
         assert self.ledger is not None
-        earlier = sorted(key for key in self.entries if key[0] < gen)
-        if not earlier:
-            return
         if gen - 1 > self.settled:
             await self._fence(gen - 1)
-        _given_back(await protocol.give_back(client, self.ledger, earlier))
-        for key in earlier:
+        earlier = [(g, name_of(token)) for g, token in await self.ledger.heads() if g < gen]
+        if earlier:
+            _given_back(await protocol.give_back(client, self.ledger, earlier))
+        for key in [key for key in self.entries if key[0] < gen]:
             del self.entries[key]
 
     async def give_back_replaced(self, client: NatsClient) -> None:
