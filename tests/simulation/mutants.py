@@ -44,6 +44,7 @@ class Mutant:
     name: str
     hole: str  # the hole it reopens, and the commit that closed it
     patches: tuple[Patch, ...]
+    shared: bool = False  # its hole needs siblings: every world has a shared consumer
 
 
 MUTANTS = (
@@ -135,6 +136,7 @@ MUTANTS = (
                 "        since = max(columns.last_taken, renewed)\n",
             ),
         ),
+        shared=True,
     ),
     Mutant(
         "zombie-recreates-settled",
@@ -286,7 +288,7 @@ def search(name: str, seeds: Sequence[int], first: int | None) -> Found:
     for seed in seeds:
         found.ran += 1
         found.last = seed
-        problems = run_schedule(seed).problems
+        problems = run_schedule(seed, **world(BY_NAME[name])).problems
         if problems:
             found.failures.append((seed, problems[0]))
             if first is not None and len(found.failures) >= first:
@@ -300,14 +302,20 @@ class Unmutated:
     never installs one): such a seed catches nothing."""
 
     def __init__(self) -> None:
-        self.known: dict[int, bool] = {}
+        self.known: dict[tuple[int, bool], bool] = {}
 
-    def fails(self, seed: int) -> bool:
-        if seed not in self.known:
+    def fails(self, seed: int, mutant: Mutant) -> bool:
+        key = (seed, mutant.shared)
+        if key not in self.known:
             from tests.simulation.world import run_schedule
 
-            self.known[seed] = bool(run_schedule(seed).problems)
-        return self.known[seed]
+            self.known[key] = bool(run_schedule(seed, **world(mutant)).problems)
+        return self.known[key]
+
+
+def world(mutant: Mutant) -> dict[str, bool]:
+    """What the mutant's schedules run under, beyond what their seeds draw."""
+    return {"shared": True} if mutant.shared else {}
 
 
 def hunt(
@@ -334,7 +342,7 @@ def hunt(
                     result = future.result()
                     found.ran += result.ran
                     found.seconds += result.seconds
-                    also = [seed for seed, _ in result.failures if unmutated.fails(seed)]
+                    also = [seed for seed, _ in result.failures if unmutated.fails(seed, mutant)]
                     found.unmutated += also
                     found.failures += [f for f in result.failures if f[0] not in also]
                     if need is None or not also or result.last == part[-1]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 import pytest
 
@@ -16,22 +17,33 @@ pytestmark = pytest.mark.unit
 SEEDS = range(0, 2000)
 JOBS = len(os.sched_getaffinity(0))  # schedules are pure Python: one process per core
 
-# Seeds of a longer range that found a hole since closed: each must keep every guarantee.
-CLOSED_HOLES = {
-    19497: "siblings: a task paused past the ack wait between a delivery and its record took the "
-    "message as fresh while a sibling took and emitted its redelivery (lateness is now counted "
-    "from the pull request)",
-    25055: "siblings: the same, under a 4 s ack wait",
-    57340: "siblings: the same",
-    35254: "a zombie attempt of a batch whose entry was settled and removed created the entry "
-    "again, took new messages into it, and the next batch acked them (lost); the driver now "
-    "fences settled gens in the pointer before it removes their entries",
+# Seeds of a longer range that found a hole since closed (with what they ran under): each must
+# keep every guarantee. A change of the schedules makes them other schedules; the holes found
+# before are kept as mutants (mutants.py, test_mutants.py), which do not depend on seeds.
+CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
+    7492: (
+        {"shared": True},
+        "a new checkpoint's first batch (4.0/4.1) gave back the earlier gens' entries the driver "
+        "had adopted, missing one a zombie of the earlier query created in between: its message "
+        "was held for good (the entries are now listed after the fence)",
+    ),
+    5024: (
+        {},
+        "a driver killed while the harness slept on its behalf woke and had its batch observed in "
+        "the next checkpoint's run (the harness's own hole)",
+    ),
+    36833: (
+        {},
+        "a driver killed amid a give-back left a message to its ack wait, after newer ones of its "
+        "key (the README's second exception, which the check now explains)",
+    ),
 }
 
 
 @pytest.mark.parametrize("seed", sorted(CLOSED_HOLES))
 def test_closed_holes_stay_closed(seed: int) -> None:
-    assert not run_schedule(seed, new_checkpoint=0.0).problems
+    overrides, _ = CLOSED_HOLES[seed]
+    assert not run_schedule(seed, **overrides).problems
 
 
 def test_every_schedule_keeps_the_guarantees() -> None:
