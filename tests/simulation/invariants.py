@@ -8,9 +8,10 @@
 - no ack before a batch that emitted the message is committed (its rows are in the sink);
 - a batch run again yields the same rows in the same order (per slot) as every earlier run
   whose rows could have reached the sink (all its tasks finished);
-- per key (subject), committed rows follow stream order (README guarantee 4), except after a
-  task attempt died holding deliveries it had not recorded (`lateness.py`): such a break is
-  counted apart (`order_breaks`, by how the attempt ended in `order_reasons`), any other fails.
+- per key (subject), committed rows follow stream order (README guarantee 4), except in its two
+  cases (`lateness.py`): a task attempt died holding deliveries it had not recorded, or a
+  give-back's driver died between removing entries and giving their deliveries back. Such a
+  break is counted apart (`order_breaks`, by cause in `order_reasons`), any other fails.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tests.simulation.jetstream import Consumer, Stream
+from tests.simulation.jetstream import Consumer, Stream, deliveries_of
 from tests.simulation.lateness import Attempts, GiveBacks
 
 Rows = dict[str, list[int]]  # by slot: stream sequences, in the order emitted
@@ -30,16 +31,16 @@ Rows = dict[str, list[int]]  # by slot: stream sequences, in the order emitted
 class Observed:
     stream: Stream
     key_order: bool  # whether per-key order is promised (not for readers sharing a consumer)
+    give_backs: GiveBacks  # the world's give-backs, watched
     sink: dict[int, Rows] = field(default_factory=dict)  # by batch id: what the sink holds
     runs: dict[int, Rows] = field(default_factory=dict)  # by batch id: its first full run
     in_sink: dict[int, int] = field(default_factory=dict)  # stream seq -> batch id
     earlier_sinks: list[dict[int, Rows]] = field(default_factory=list)  # of earlier checkpoints
     ever_in_sink: set[int] = field(default_factory=set)  # stream seqs, in any checkpoint's sink
     attempts: Attempts = field(default_factory=Attempts)
-    give_backs: GiveBacks | None = None  # set by the world, which watches them
     problems: list[str] = field(default_factory=list)  # broken guarantees
     order_breaks: list[str] = field(default_factory=list)  # per-key order, the README's case
-    order_reasons: Counter[str] = field(default_factory=Counter)  # how the attempt ended
+    order_reasons: Counter[str] = field(default_factory=Counter)  # by what explains them
 
     def problem(self, kind: str, detail: str) -> None:
         self.problems.append(f"{kind}: {detail}")
@@ -121,13 +122,10 @@ class Observed:
         self, seq: int, key: str, newer: int, batch: int, consumers: list[Consumer]
     ) -> None:
         detail = f"{key}: message {seq} after {newer} (batch {batch})"
-        consumer = next(c for c in consumers if c.mine(self.stream.messages[seq - 1]))
-        deliveries = consumer.deliveries.get(seq, [])
-        why = self.attempts.why_late(seq, deliveries)
-        if why is None and self.give_backs is not None:
-            why = self.give_backs.why_late(deliveries)
+        deliveries = deliveries_of(consumers, self.stream.messages[seq - 1])
+        why = self.attempts.why_late(seq, deliveries) or self.give_backs.why_late(deliveries)
         if why is None:
-            self.problem("key order", f"{detail}, no attempt that died held it unrecorded")
+            self.problem("key order", f"{detail}, neither of the README's two cases")
             return
         self.order_breaks.append(f"key order: {detail}")
         self.order_reasons[why] += 1

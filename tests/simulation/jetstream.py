@@ -232,6 +232,12 @@ class Consumer:
         return waiting + [d.due for d in self.pending.values()]
 
 
+def deliveries_of(consumers: list[Consumer], message: Message) -> list[Delivery]:
+    """Every delivery of `message`, in order, by the consumer whose subjects it is on."""
+    consumer = next(c for c in consumers if c.mine(message))
+    return consumer.deliveries.get(message.seq, [])
+
+
 def reply_of(consumer: str, message: Message, delivery: Delivery, pending: int) -> bytes:
     return b"$JS.ACK.%b.%b.%d.%d.%d.%d.%d" % (
         STREAM.encode(),

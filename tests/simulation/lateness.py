@@ -24,7 +24,7 @@ from nats_spark.spark.group_source.ledger import Ledger
 from nats_spark.spark.group_source.ledger_protocol import LedgerConflict
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from tests.memory_bucket import MemoryBucket
-from tests.simulation.jetstream import Consumer, Delivery, Stream
+from tests.simulation.jetstream import Consumer, Delivery, Stream, deliveries_of
 from tests.simulation.scheduler import Participant, Scheduler
 
 GiveBack = Callable[[Any, Ledger, list[tuple[int, str]]], Awaitable[int]]
@@ -84,11 +84,13 @@ class GiveBacks:
     """The deliveries whose entries a give-back removed, by the driver that removed them (until
     its `-NAK`s are out)."""
 
-    def __init__(self, sched: Scheduler, store: MemoryBucket, stream: Stream) -> None:
+    def __init__(
+        self, sched: Scheduler, store: MemoryBucket, stream: Stream, consumers: list[Consumer]
+    ) -> None:
         self.sched = sched
         self.store = store  # the bucket itself: reading it here adds no scheduling point
         self.stream = stream
-        self.consumers: list[Consumer] = []
+        self.consumers = consumers
         # By driver, until its -NAKs are out: the entries it removes (head keys), with what
         # they held.
         self.removing: dict[Participant, list[tuple[str, list[Delivery]]]] = {}
@@ -124,9 +126,8 @@ class GiveBacks:
             return []
         held = []
         for seq in (await protocol.read_deliveries(ledger, found[0])).stream_seq:
-            consumer = next(c for c in self.consumers if c.mine(self.stream.messages[seq - 1]))
-            if consumer.deliveries.get(seq):
-                held.append(consumer.deliveries[seq][-1])
+            if deliveries := deliveries_of(self.consumers, self.stream.messages[seq - 1]):
+                held.append(deliveries[-1])
         return held
 
     def why_late(self, deliveries: list[Delivery]) -> str | None:

@@ -86,7 +86,7 @@ def test_a_give_back_whose_driver_died_after_the_removal_explains(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     store, driver = MemoryBucket(), Participant("driver#2", "driver", loop.create_future())
-    give_backs = GiveBacks(None, store, Stream())  # type: ignore[arg-type]  # no scheduling here
+    give_backs = GiveBacks(None, store, Stream(), [])  # type: ignore[arg-type]  # no scheduling
     held = Delivery(1, 1, 0.0)
     give_backs.removing[driver] = [("lineage.1.partition-0", [held])]
     deliveries = [held, Delivery(2, 2, 0.0)]

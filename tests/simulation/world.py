@@ -159,9 +159,11 @@ class World:
             ]
             target = {"group": "g", "ackWait": str(setup.ack_wait)}
         self.server = Server(self.sched, self.consumers, self.stream)
-        self.observed = Observed(self.stream, key_order=not setup.shared)
-        self.observed.give_backs = GiveBacks(self.sched, self.bucket, self.stream)
-        self.observed.give_backs.consumers = self.consumers
+        self.observed = Observed(
+            self.stream,
+            key_order=not setup.shared,
+            give_backs=GiveBacks(self.sched, self.bucket, self.stream, self.consumers),
+        )
         self.server.on_ack.append(self.observed.acked)
         self.server.on_ack.append(lambda consumer, seq: self.sched.note(f"acks {seq}"))
         self.options = parse_options(
@@ -308,7 +310,6 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
     world = World(setup, sched, side=side)
     previous_seen, previous_uuid4 = slot_history._seen, uuid.uuid4
     give_back = ledger_protocol.give_back
-    assert world.observed.give_backs is not None
     ledger_protocol.give_back = world.observed.give_backs.watch(give_back)
     slot_history._seen = slot_history._SeenEntries()  # a worker process of this world's own
     ids = random.Random(seed)  # lineages and attempt ids, the same on every run of the seed
