@@ -193,6 +193,17 @@ def test_slots_no_longer_read_are_not_planned_and_keep_their_status() -> None:
     assert planned.states[gone.name] == replace(gone, planned=0)
 
 
+def test_a_plan_that_changes_nothing_keeps_the_states_as_they_were() -> None:
+    """Every trigger plans every slot: a state that stays the same is not copied."""
+    states = by_name(state(pending=5), state(partition_slot(1, "m2")))
+    first = plan_batch(OPTIONS, states, None, None)
+    again = plan_batch(OPTIONS, first.states, None, None)
+    assert all(again.states[name] is first.states[name] for name in states)
+    idle = first.states["partition-1"]
+    assert idle.revised(status=idle.status, planned=0) is idle
+    assert idle.revised(planned=3) == replace(idle, planned=3)
+
+
 def test_small_capacity_warning_comes_with_the_plan() -> None:
     planned = plan_batch(OPTIONS, by_name(state(pending=5, max_ack_pending=2)), None, None)
     assert planned.slots[SLOT.name] == SlotPlan(2, 5)

@@ -105,10 +105,10 @@ class OffsetReader:
         pins = self.ledger.last_query_pins | frozenset(self.ledger.pins.values())
         resolved = await self.target.resolve(client, Held(pins, unacked))
         given = {slot.name: slot for slot in resolved}
-        states = {  # one copy per slot (this runs at every trigger), in the order known
-            name: replace(known, slot=given[name], readable=True)
+        states = {  # in the order known; a state is copied only where it changes
+            name: known.revised(slot=given[name], readable=True)
             if name in given
-            else (replace(known, readable=False) if known.readable else known)
+            else known.revised(readable=False)
             for name, known in self.states.items()
         }
         for slot in resolved:
@@ -193,8 +193,7 @@ class OffsetReader:
             seen = await self._look(client, slot)
             if self.ledger.entries and slot.stream not in first_seqs:  # else none to settle
                 first_seqs[slot.stream] = (await self._stream_info(client, slot.stream)).first_seq
-            self.states[slot.name] = replace(
-                self.states[slot.name],
+            self.states[slot.name] = self.states[slot.name].revised(
                 seen=seen,
                 own_pin=self.ledger.pins.get(slot.name),
                 ours=unacked_by_consumer(slots, unacked, slot),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from nats_spark.spark.group_source.driver.offsets import SlotPlan
 from nats_spark.spark.group_source.driver.targets import Slot
@@ -51,6 +52,13 @@ class SlotState:
     @property
     def name(self) -> str:
         return self.slot.name
+
+    def revised(self, **changes: Any) -> SlotState:
+        """This state with `changes`; itself when they change nothing (each trigger revises
+        every slot's state, and most of them stay as they were)."""
+        if all(getattr(self, name) == value for name, value in changes.items()):
+            return self
+        return replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -173,8 +181,7 @@ def plan_batch(
     budgets = [v for v in (max_rows, options.max_messages_per_trigger) if v]
     plans = apply_limit(plans, min(budgets, default=None))
     planned = {
-        name: replace(
-            state,
+        name: state.revised(
             status=statuses[name][0] if name in statuses else state.status,
             warning=statuses[name][1] if name in statuses else state.warning,
             planned=plans[name].limit if name in plans else 0,
