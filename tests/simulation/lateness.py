@@ -4,9 +4,10 @@ The README allows two cases. In both a delivery of the message was left to its a
 by no ledger entry and given back by nobody, so the message stayed with the server while the
 slot's next pulls took newer messages of its key:
 - a task attempt took the delivery and died (crashed with its executor, killed with its driver,
-  or a zombie: lost by Spark, or running on until a later attempt took its entry over) before it
-  recorded it in its ledger entry (`Attempts`: what each attempt recorded; the consumers keep
-  which attempt each delivery went to);
+  or a zombie: lost by Spark, or running on until a later attempt took its entry over or a
+  query on a new checkpoint gave it back) before it recorded it in its ledger entry
+  (`Attempts`: what each attempt recorded; the consumers keep which attempt each delivery went
+  to);
 - a query on a new checkpoint gives back what the earlier query's entries hold: it removes the
   entries, then sends `-NAK` for their deliveries, and its driver died between the two
   (`GiveBacks`).
@@ -68,7 +69,8 @@ class Attempts:
     def _ended(self, attempt: Participant) -> str | None:
         """How `attempt` died, if in one of the README's ways: crashed (an executor lost),
         killed with its driver (kill -9), or a zombie (lost by Spark, or one that lost its
-        entry to a later attempt); else None (its rows reached a batch, or it ended otherwise)."""
+        entry to its retry or to a give-back); else None (its rows reached a batch, or it ended
+        otherwise)."""
         if attempt.dead:
             killed = attempt.parent is not None and attempt.parent.dead
             return "was killed with its driver" if killed else "crashed"
@@ -76,7 +78,7 @@ class Attempts:
             return "was lost by Spark (a zombie beside its retry)"
         finished = attempt.finished
         if finished.done() and isinstance(finished.exception(), LedgerConflict):
-            return "lost its entry to a later attempt (a zombie)"
+            return "lost its entry (a zombie: to its retry, or to a new checkpoint's give-back)"
         return None
 
 

@@ -381,12 +381,29 @@ async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, st
     they hold (read first: once removed, nothing names those deliveries); returns how many."""
     held: list[EntryDeliveries] = []
     for gen, slot in keys:
-        found = await read_head(ledger, gen, slot)
-        if found is not None and found[0].state is not EntryState.ACKED:
-            held.append(await read_deliveries(ledger, found[0]))
+        head = await _taken_from_its_attempt(ledger, gen, slot)
+        if head is not None and head.state is not EntryState.ACKED:
+            held.append(await read_deliveries(ledger, head))
     for gen, slot in keys:
         await ledger.delete_entry(gen, slot)
     returned = 0
     for deliveries in held:
         returned += await send_acks(client.nc, deliveries.ack_commands(NAK), len(deliveries))
     return returned
+
+
+async def _taken_from_its_attempt(ledger: Ledger, gen: int, slot: str) -> EntryHead | None:
+    """The entry's head, rewritten as it is when OPEN (compare-and-set on its revision): an
+    attempt of the earlier query still recording in it fails its next write, instead of
+    recording deliveries after the give-back read what to NAK (they would wait out their ack
+    wait, behind newer messages of their keys)."""
+    while True:
+        found = await read_head(ledger, gen, slot)
+        if found is None or found[0].state is not EntryState.OPEN:
+            return None if found is None else found[0]
+        head, revision = found
+        try:
+            await write_head(ledger, gen, slot, head, revision)
+        except LedgerConflict:
+            continue  # the attempt wrote meanwhile: read what it recorded
+        return head

@@ -5,6 +5,7 @@ stop)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from types import SimpleNamespace
@@ -402,6 +403,37 @@ def test_a_checkpoints_first_batch_gives_back_an_entry_created_after_its_driver_
     late = attempt(kv, input_partition(lineage, gen=2))
     with pytest.raises(LedgerConflict):
         run_sync(late.claim())
+    assert run_sync(Ledger(kv, lineage).heads()) == []
+
+
+def test_a_give_back_takes_the_entry_from_an_attempt_still_recording_in_it(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task attempt of the earlier query records in its OPEN entry while a new checkpoint's
+    driver gives the entry back. Had it recorded after the give-back read what to NAK, that
+    delivery would be removed un-NAKed and wait out its ack wait behind newer messages of its
+    key; the give-back takes the entry first, so that write fails (found by seed 39465)."""
+    given_back: list[bytes] = []
+
+    async def send(nc: object, commands: list[bytes], count: int) -> int:
+        given_back.extend(commands)
+        return count
+
+    zombie = claimed(kv, input_partition(lineage))
+    take(zombie, [1, 2])
+    read = ledger_protocol.read_deliveries
+    recorded_meanwhile: list[int] = []
+
+    async def zombie_records_meanwhile(ledger: Ledger, head: Any) -> Any:
+        with contextlib.suppress(LedgerConflict):
+            recorded_meanwhile.extend((await recording(zombie, [3], 1))[0])
+        return await read(ledger, head)
+
+    monkeypatch.setattr(ledger_protocol, "send_acks", send)
+    monkeypatch.setattr(ledger_protocol, "read_deliveries", zombie_records_meanwhile)
+    run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), [(1, "m1")]))
+    assert recorded_meanwhile == []
+    assert b"".join(given_back).count(b"-NAK") == 2
     assert run_sync(Ledger(kv, lineage).heads()) == []
 
 
