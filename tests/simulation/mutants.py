@@ -29,6 +29,7 @@ from types import CodeType, ModuleType
 OFFSET_READER = "nats_spark.spark.group_source.driver.offset_reader"
 DRIVER_LEDGER = "nats_spark.spark.group_source.driver.driver_ledger"
 SLOT_ENTRY = "nats_spark.spark.group_source.task.slot_entry"
+LEDGER_PROTOCOL = "nats_spark.spark.group_source.ledger_protocol"
 WORLD = "tests.simulation.world"
 
 
@@ -149,6 +150,20 @@ MUTANTS = (
                 "                    await protocol.fence(ledger, self.partition.pointer_key, "
                 "gen, slot)\n",
                 "",
+            ),
+        ),
+    ),
+    Mutant(
+        "give-back-under-a-recording-attempt",
+        "a give-back read an open entry without taking it from the earlier query's task attempt "
+        "still recording in it: what that attempt recorded after the read was removed un-NAKed "
+        "and came after newer messages of its key (closed by f659bbf)",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "        head = await _taken_from_its_attempt(ledger, gen, slot)\n",
+                "        found = await read_head(ledger, gen, slot)\n"
+                "        head = None if found is None else found[0]\n",
             ),
         ),
     ),
