@@ -93,7 +93,8 @@ class Observed:
 
     def check_ledger_quiet(self, stored: Mapping[str, tuple[bytes, int]]) -> None:
         """`stored`: the ledger bucket's keys and values. An entry of a lineage that neither is
-        the pointer's nor is named by it as replaced is never acked, given back or removed."""
+        the pointer's nor is named by it as replaced is never acked, given back or removed; a
+        chunk whose entry is gone, never removed."""
         named = set[str]()
         for key, (value, _) in stored.items():
             if key.startswith("query."):
@@ -103,6 +104,10 @@ class Observed:
         left = sorted(key for key in heads if key.split(".")[0] not in named)
         if left:
             self.problem("ledger entries left behind", ", ".join(left))
+        chunks = [key for key in stored if not key.startswith("query.") and key.count(".") > 2]
+        orphans = sorted(key for key in chunks if key.rsplit(".", 2)[0] not in stored)
+        if orphans:
+            self.problem("ledger chunks left behind (their entry is gone)", ", ".join(orphans))
 
     def _check_key_order(self, consumers: list[Consumer]) -> None:
         for sink in [*self.earlier_sinks, self.sink]:

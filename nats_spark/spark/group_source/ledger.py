@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -264,6 +264,10 @@ class Ledger:
     async def delete_entry(self, gen: int, slot: str) -> None:
         """Remove the entry: its head and the chunks of every attempt."""
         await self.kv.remove(self.head_key(gen, slot))
+
+    async def remove_chunks(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            await self.kv.remove(key)
 
 
 def pointer_key(stream: str, target: str) -> str:

@@ -223,7 +223,16 @@ async def record(
     head.count += len(taken)
     head.max_seq = max(head.max_seq, max(taken.stream_seq, default=0))
     head.pin = pin
-    return await write_head(ledger, gen, slot, head, revision)
+    try:
+        return await write_head(ledger, gen, slot, head, revision)
+    except LedgerConflict:
+        # Taken over or removed meanwhile: no head names these chunks now, nor will (a head
+        # adopts only the chunks its predecessor named). Under a removed entry nothing else
+        # would remove them before the bucket's max age.
+        found = await read_head(ledger, gen, slot)
+        named = set(found[0].chunks) if found else set()
+        await ledger.remove_chunks(key for key in keys if key not in named)
+        raise
 
 
 async def seal(ledger: Ledger, gen: int, slot: str, head: EntryHead, revision: int) -> int:

@@ -151,6 +151,41 @@ def test_a_retry_takes_an_open_entry_over_and_the_zombie_is_fenced(
     assert (head.state, seqs) == (EntryState.SEALED, [1, 2, 3])
 
 
+def test_a_zombie_that_records_after_its_entry_was_removed_leaves_no_chunk(
+    kv: MemoryBucket, lineage: str
+) -> None:
+    """A zombie's chunks are written before its head: once the entry is gone (settled, or given
+    back), its head write fails and nothing would remove the chunk until the bucket's max age."""
+    zombie = claimed(kv, input_partition(lineage))
+    take(zombie, [1])
+    run_sync(Ledger(kv, lineage).delete_entry(1, "m1"))
+    with pytest.raises(LedgerConflict):
+        take(zombie, [2])
+    assert not [key for key in kv.values if key.startswith(lineage)]
+
+
+def test_a_zombie_leaves_the_chunks_a_retry_adopted(kv: MemoryBucket, lineage: str) -> None:
+    """The zombie's write lands, its answer is lost, and a retry takes the entry over (naming
+    that write's chunk) before the zombie reads the head again: its write fails, and the chunk
+    stays, as the retry's entry needs it."""
+    zombie = claimed(kv, input_partition(lineage))
+    key = Ledger(kv, lineage).head_key(1, "m1")
+
+    def retry_takes_over(written: str) -> bool:
+        if written != key:
+            return False
+        previous = ledger_protocol.EntryHead.from_bytes(kv.values[key][0], key)
+        kv.values[key] = (ledger_protocol.take_over(previous, "pin-2").to_bytes(), kv.last_seq)
+        return True
+
+    kv.lost_answer = retry_takes_over
+    with pytest.raises(LedgerConflict):
+        take(zombie, [1])
+    kv.lost_answer = None
+    head, seqs = stored(kv, lineage, 1)
+    assert head.attempt != zombie.head.attempt and seqs == [1]
+
+
 def test_a_retry_reads_again_when_the_zombie_records_while_it_takes_over(
     kv: MemoryBucket, lineage: str
 ) -> None:
