@@ -168,6 +168,19 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "zombie-chunks-left",
+        "a task attempt whose head write failed left the chunks it had just written: under an "
+        "entry removed meanwhile (settled, or given back) nothing removed them before the "
+        "bucket's max age (closed by e162753)",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "        await ledger.remove_chunks(key for key in keys if key not in named)\n",
+                "",
+            ),
+        ),
+    ),
+    Mutant(
         "acks-uncommitted-at-stop",
         "an ack before commit: the driver at stop acks every batch it planned, not only the "
         "committed ones (the guarantee the ledger exists for; never shipped)",
