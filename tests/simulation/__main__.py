@@ -52,7 +52,7 @@ def main() -> int:
     parser.add_argument(
         "--strict-order",
         action="store_true",
-        help="per-key order breaks of the README's two cases fail too",
+        help="per-key order breaks of the README's first two cases fail too",
     )
     parser.add_argument(
         "--chaos-waits", type=float, help="how long the chaotic phase lasts, in ack waits"

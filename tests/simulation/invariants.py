@@ -130,7 +130,7 @@ class Observed:
         deliveries = deliveries_of(consumers, self.stream.messages[seq - 1])
         why = self.attempts.why_late(seq, deliveries) or self.give_backs.why_late(deliveries)
         if why is None:
-            self.problem("key order", f"{detail}, neither of the README's two cases")
+            self.problem("key order", f"{detail}, neither of the README's first two cases")
             return
         self.order_breaks.append(f"key order: {detail}")
         self.order_reasons[why] += 1

@@ -1,6 +1,8 @@
 """Why a committed message came after a newer one of its key (README guarantee 4, Order).
 
-The README allows two cases. In both a delivery of the message was left to its ack wait, named
+The README allows three cases; the first two are explained here (the third, an attempt of a
+replaced query that creates its entry after the give-back, leaves that entry behind, which the
+simulation fails as such). In both a delivery of the message was left to its ack wait, named
 by no ledger entry and given back by nobody, so the message stayed with the server while the
 slot's next pulls took newer messages of its key:
 - a task attempt took the delivery and died (crashed with its executor, killed with its driver,
