@@ -22,6 +22,7 @@ from spark_helpers import (
     make_stream,
     publish,
     puller,
+    seqs,
     seqs_of,
     source,
     source_runners,
@@ -37,6 +38,7 @@ from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
+from nats_spark.spark.group_source.ledger import Ledger
 from nats_spark.spark.group_source.ledger_protocol import read_head
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.task.partition_reader import read_slot
@@ -218,6 +220,49 @@ def test_far_off_trigger_keeps_committed_messages_from_coming_back(client, nats_
     finally:
         run_sync(reader.close())
         run_sync(other.target.close())
+
+
+def test_a_new_checkpoint_gives_back_what_a_stopped_attempt_left_open(client, nats_url, unique):
+    """A task attempt stopped mid-batch leaves its ledger entry open and its messages held (a
+    minute's ack wait). A query on a new checkpoint takes the entry from that attempt (were it
+    still recording, its next write would fail), NAKs what it holds and removes it: the
+    messages come back at once, and its first batch reads them all, in order. Driven through
+    the offset reader as Spark 4.2+ calls it."""
+    stream, name = f"OPEN{unique}", "shared"
+    make_stream(client, stream, storage="memory")
+    make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(60))
+    publish(client, stream, 10)
+    options = parse_options(
+        {
+            "servers": nats_url,
+            "stream": stream,
+            "consumer": name,
+            "ledgerBucket": f"L{unique}",
+            "maxMessagesPerPartition": "4",
+        }
+    )
+    old, new = OffsetReader(options), OffsetReader(options)
+    try:
+        start = run_sync(old.initial_offset())
+        [partition] = run_sync(old.partitions(start, run_sync(old.latest_offset(start, None))))
+        rows = read_slot(partition)
+        assert seqs(next(rows)) == [1, 2, 3, 4]
+        rows.close()  # Spark stopped the task: the entry stays open
+        assert consumer_info(client, stream, name)["num_ack_pending"] == 4
+        start = run_sync(new.initial_offset())  # no offsets: a new lineage replaces the old
+        taken: list[int] = []
+        for _ in range(4):  # its batches, until they have read all
+            end = run_sync(new.latest_offset(start, None))
+            for part in run_sync(new.partitions(start, end)):
+                taken += seqs_of(read_slot(part))
+            start = end
+            if len(taken) >= 10:
+                break
+        assert taken == list(range(1, 11))
+        assert run_sync(Ledger(new.ledger.kv, partition.lineage).heads()) == []
+    finally:
+        run_sync(old.close())
+        run_sync(new.close())
 
 
 @pytest.mark.compat
