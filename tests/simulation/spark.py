@@ -41,6 +41,8 @@ V42 = "4.2+"
 PROCESSING = "processingTime"
 AVAILABLE_NOW = "availableNow"
 TASK_ATTEMPTS = 4
+# As Spark serializes offsets (sorted keys); one encoder, not one built per `json.dumps`.
+_OFFSET_ENCODER = json.JSONEncoder(sort_keys=True)
 
 
 class QueryFailed(Exception):
@@ -54,7 +56,7 @@ class Checkpoint:
 
 
 def _json(offset: SourceOffset) -> str:
-    return json.dumps(offset.to_json(), sort_keys=True)
+    return _OFFSET_ENCODER.encode(offset.to_json())
 
 
 def _offset(logged: str) -> SourceOffset:
