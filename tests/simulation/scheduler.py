@@ -101,7 +101,9 @@ class VirtualLoop(asyncio.BaseEventLoop):
         ready: collections.deque[Any] = base._ready
         popleft = ready.popleft
         while True:
-            scheduled = self._drop_cancelled_timers()
+            scheduled = base._scheduled
+            if scheduled and (scheduled[0]._cancelled or len(scheduled) > _REBUILD_FROM):
+                scheduled = self._drop_cancelled_timers()  # else it would leave them as they are
             if not ready and not base._stopping:
                 if not scheduled:
                     raise Deadlock("every participant waits and no timer is set")
@@ -149,23 +151,21 @@ class VirtualLoop(asyncio.BaseEventLoop):
         return scheduled
 
 
-def _init_handle(handle: events.Handle, callback: Any, args: Any, loop: Any, context: Any) -> None:
-    """asyncio's `Handle.__init__`, without asking the loop whether it is in debug mode."""
-    self: Any = handle
-    self._context = contextvars.copy_context() if context is None else context
-    self._loop = loop
-    self._callback = callback
-    self._args = args
-    self._cancelled = False
-    self._repr = None
-    self._source_traceback = None
+# asyncio's `Handle.__init__` (and `TimerHandle`'s), without asking the loop whether it is in
+# debug mode; written out in each, since they run at every step.
 
 
 class _Handle(events.Handle):
     __slots__ = ()
 
     def __init__(self, callback: Any, args: Any, loop: Any, context: Any = None) -> None:
-        _init_handle(self, callback, args, loop, context)
+        self._context = contextvars.copy_context() if context is None else context
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
 
 
 class _TimerHandle(events.TimerHandle):
@@ -177,7 +177,13 @@ class _TimerHandle(events.TimerHandle):
     def __init__(
         self, when: float, callback: Any, args: Any, loop: Any, context: Any = None
     ) -> None:
-        _init_handle(self, callback, args, loop, context)
+        self._context = contextvars.copy_context() if context is None else context
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
         self._when = when
         self._scheduled = False
 
@@ -272,8 +278,16 @@ class Scheduler:
     async def sleep(self, delay: float) -> None:
         """`asyncio.sleep(delay)`: the same steps, without looking up the running loop. A
         participant that crashed meanwhile never wakes (it must not act, nor be observed)."""
-        if delay > 0:
-            await _sleep(self.loop, delay)
+        if delay > 0:  # `asyncio.sleep`'s steps, written out: one coroutine less per sleep
+            loop = self.loop
+            future: asyncio.Future[None] = futures.Future(loop=loop)
+            wake = _FUTURES._set_result_unless_cancelled
+            timer = loop.call_at(loop.now + delay, wake, future, None)
+            try:
+                await future
+            finally:
+                if timer._scheduled:  # else it ran, or runs on a done future: nothing to cancel
+                    timer.cancel()
         else:
             await _yield()
         me = _current.get()
@@ -338,16 +352,6 @@ class Scheduler:
 def _yield() -> Generator[None, None, None]:
     """`asyncio.sleep(0)`: one round of the loop."""
     yield
-
-
-async def _sleep(loop: VirtualLoop, delay: float) -> None:
-    """`asyncio.sleep(delay)` for a `delay` above 0."""
-    future: asyncio.Future[None] = futures.Future(loop=loop)
-    timer = loop.call_at(loop.now + delay, _FUTURES._set_result_unless_cancelled, future, None)
-    try:
-        await future
-    finally:
-        timer.cancel()
 
 
 async def _forever() -> None:
