@@ -328,8 +328,11 @@ class Scheduler:
             self.note(f"stalls {delay:.1f}s at {what} (its whole process)")
         elif draw < 0.4:
             return  # no switch: the call answers at once
-        elif draw < 0.7:
-            delay = 0.0
+        elif draw < 0.7:  # `sleep(0)`, without its coroutine: one round of the loop
+            await _yield()
+            if me.dead:
+                await _forever()
+            return
         else:
             delay = self.rng.choice((0.001, 0.01, 0.05, 0.2))
         await self.sleep(delay)
