@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import random
 import uuid
@@ -290,7 +291,9 @@ def run_schedules(seeds: range, jobs: int, **overrides: Any) -> Iterator[Result]
     """Run the schedules of `seeds` over `jobs` processes, in seed order; without their traces
     (`run_schedule` of one seed prints it)."""
     chunk = max(1, min(200, len(seeds) // (jobs * 8)))
-    with ProcessPoolExecutor(jobs) as pool:
+    # A worker's full collections skip what it inherited from its parent (gc.freeze): they
+    # would walk every object of the forked process (a test run's, all its imports) each time.
+    with ProcessPoolExecutor(jobs, initializer=gc.freeze) as pool:
         yield from pool.map(_traceless, seeds, [overrides] * len(seeds), chunksize=chunk)
 
 
