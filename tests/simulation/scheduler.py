@@ -99,7 +99,7 @@ class VirtualLoop(asyncio.BaseEventLoop):
     def _run_once(self) -> None:
         base: Any = self  # asyncio's private state, which typeshed does not declare
         ready: collections.deque[Any] = base._ready
-        popleft = ready.popleft
+        popleft, heappop, resolution = ready.popleft, heapq.heappop, base._clock_resolution
         while True:
             scheduled = base._scheduled
             if scheduled and (scheduled[0]._cancelled or len(scheduled) > _REBUILD_FROM):
@@ -107,10 +107,12 @@ class VirtualLoop(asyncio.BaseEventLoop):
             if not ready and not base._stopping:
                 if not scheduled:
                     raise Deadlock("every participant waits and no timer is set")
-                self.now += min(max(0, scheduled[0]._when - self.now), _MAX_WAIT)
-            end_time = self.now + base._clock_resolution
+                wait = scheduled[0]._when - self.now  # asyncio's timeout, without min and max
+                if wait > 0:
+                    self.now += wait if wait < _MAX_WAIT else _MAX_WAIT
+            end_time = self.now + resolution
             while scheduled and scheduled[0]._when < end_time:
-                handle = heapq.heappop(scheduled)
+                handle = heappop(scheduled)
                 handle._scheduled = False
                 ready.append(handle)
             for _ in range(len(ready)):
