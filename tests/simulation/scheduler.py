@@ -32,6 +32,7 @@ from typing import Any, TypeVarTuple, Unpack
 from nats_spark import clock
 
 _Ts = TypeVarTuple("_Ts")
+_allocate = object.__new__  # an instance, without running its __init__
 START_TIME = 1000.0  # virtual monotonic seconds at the start (0 reads as "never" in places)
 
 
@@ -71,7 +72,16 @@ class VirtualLoop(asyncio.BaseEventLoop):
         *args: *_Ts,
         context: Context | None = None,
     ) -> events.Handle:
-        handle = _Handle(callback, args, self, context)
+        # asyncio's `Handle.__init__`, written out (no call of it at every step), without asking
+        # the loop whether it is in debug mode; `call_at` the same for its timer.
+        handle: Any = _allocate(events.Handle)
+        handle._context = contextvars.copy_context() if context is None else context
+        handle._loop = self
+        handle._callback = callback
+        handle._args = args
+        handle._cancelled = False
+        handle._repr = None
+        handle._source_traceback = None
         self._ready.append(handle)  # type: ignore[attr-defined]  # asyncio's private state
         return handle
 
@@ -82,7 +92,15 @@ class VirtualLoop(asyncio.BaseEventLoop):
         *args: *_Ts,
         context: Context | None = None,
     ) -> events.TimerHandle:
-        timer = _TimerHandle(when, callback, args, self, context)
+        timer: Any = _allocate(_TimerHandle)
+        timer._context = contextvars.copy_context() if context is None else context
+        timer._loop = self
+        timer._callback = callback
+        timer._args = args
+        timer._cancelled = False
+        timer._repr = None
+        timer._source_traceback = None
+        timer._when = when
         heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
         timer._scheduled = True
         return timer
@@ -153,41 +171,11 @@ class VirtualLoop(asyncio.BaseEventLoop):
         return scheduled
 
 
-# asyncio's `Handle.__init__` (and `TimerHandle`'s), without asking the loop whether it is in
-# debug mode; written out in each, since they run at every step.
-
-
-class _Handle(events.Handle):
-    __slots__ = ()
-
-    def __init__(self, callback: Any, args: Any, loop: Any, context: Any = None) -> None:
-        self._context = contextvars.copy_context() if context is None else context
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
-
-
 class _TimerHandle(events.TimerHandle):
     __slots__ = ()
 
     def __lt__(self, other: Any) -> bool:  # the heap's order: asyncio's, without its type check
         return self._when < other._when
-
-    def __init__(
-        self, when: float, callback: Any, args: Any, loop: Any, context: Any = None
-    ) -> None:
-        self._context = contextvars.copy_context() if context is None else context
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
-        self._when = when
-        self._scheduled = False
 
 
 # asyncio's own thresholds (base_events), so that timers run in the same order as there.
