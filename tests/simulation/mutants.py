@@ -57,8 +57,10 @@ MUTANTS = (
         (
             Patch(
                 WORLD,
-                '        return await self._call(f"kv keys {pattern}", '
+                "    def keys_matching(self, pattern: str) -> Awaitable[list[str]]:\n"
+                '        return self._call(f"kv keys {pattern}", '
                 "lambda: self.store.keys_matching(pattern))\n",
+                "    async def keys_matching(self, pattern: str) -> list[str]:\n"
                 '        keys = await self._call(f"kv keys {pattern}", '
                 "lambda: self.store.keys_matching(pattern))\n"
                 "        rng = self.sched.rng\n"

@@ -32,6 +32,7 @@ from typing import Any, TypeVarTuple, Unpack
 from nats_spark import clock
 
 _Ts = TypeVarTuple("_Ts")
+_allocate = object.__new__  # an instance, without running its __init__
 START_TIME = 1000.0  # virtual monotonic seconds at the start (0 reads as "never" in places)
 
 
@@ -71,7 +72,16 @@ class VirtualLoop(asyncio.BaseEventLoop):
         *args: *_Ts,
         context: Context | None = None,
     ) -> events.Handle:
-        handle = _Handle(callback, args, self, context)
+        # asyncio's `Handle.__init__`, written out (no call of it at every step), without asking
+        # the loop whether it is in debug mode; `call_at` the same for its timer.
+        handle: Any = _allocate(events.Handle)
+        handle._context = contextvars.copy_context() if context is None else context
+        handle._loop = self
+        handle._callback = callback
+        handle._args = args
+        handle._cancelled = False
+        handle._repr = None
+        handle._source_traceback = None
         self._ready.append(handle)  # type: ignore[attr-defined]  # asyncio's private state
         return handle
 
@@ -82,7 +92,15 @@ class VirtualLoop(asyncio.BaseEventLoop):
         *args: *_Ts,
         context: Context | None = None,
     ) -> events.TimerHandle:
-        timer = _TimerHandle(when, callback, args, self, context)
+        timer: Any = _allocate(_TimerHandle)
+        timer._context = contextvars.copy_context() if context is None else context
+        timer._loop = self
+        timer._callback = callback
+        timer._args = args
+        timer._cancelled = False
+        timer._repr = None
+        timer._source_traceback = None
+        timer._when = when
         heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
         timer._scheduled = True
         return timer
@@ -99,16 +117,20 @@ class VirtualLoop(asyncio.BaseEventLoop):
     def _run_once(self) -> None:
         base: Any = self  # asyncio's private state, which typeshed does not declare
         ready: collections.deque[Any] = base._ready
-        popleft = ready.popleft
+        popleft, heappop, resolution = ready.popleft, heapq.heappop, base._clock_resolution
         while True:
-            scheduled = self._drop_cancelled_timers()
+            scheduled = base._scheduled
+            if scheduled and (scheduled[0]._cancelled or len(scheduled) > _REBUILD_FROM):
+                scheduled = self._drop_cancelled_timers()  # else it would leave them as they are
             if not ready and not base._stopping:
                 if not scheduled:
                     raise Deadlock("every participant waits and no timer is set")
-                self.now += min(max(0, scheduled[0]._when - self.now), _MAX_WAIT)
-            end_time = self.now + base._clock_resolution
+                wait = scheduled[0]._when - self.now  # asyncio's timeout, without min and max
+                if wait > 0:
+                    self.now += wait if wait < _MAX_WAIT else _MAX_WAIT
+            end_time = self.now + resolution
             while scheduled and scheduled[0]._when < end_time:
-                handle = heapq.heappop(scheduled)
+                handle = heappop(scheduled)
                 handle._scheduled = False
                 ready.append(handle)
             for _ in range(len(ready)):
@@ -149,37 +171,11 @@ class VirtualLoop(asyncio.BaseEventLoop):
         return scheduled
 
 
-def _init_handle(handle: events.Handle, callback: Any, args: Any, loop: Any, context: Any) -> None:
-    """asyncio's `Handle.__init__`, without asking the loop whether it is in debug mode."""
-    self: Any = handle
-    self._context = contextvars.copy_context() if context is None else context
-    self._loop = loop
-    self._callback = callback
-    self._args = args
-    self._cancelled = False
-    self._repr = None
-    self._source_traceback = None
-
-
-class _Handle(events.Handle):
-    __slots__ = ()
-
-    def __init__(self, callback: Any, args: Any, loop: Any, context: Any = None) -> None:
-        _init_handle(self, callback, args, loop, context)
-
-
 class _TimerHandle(events.TimerHandle):
     __slots__ = ()
 
     def __lt__(self, other: Any) -> bool:  # the heap's order: asyncio's, without its type check
         return self._when < other._when
-
-    def __init__(
-        self, when: float, callback: Any, args: Any, loop: Any, context: Any = None
-    ) -> None:
-        _init_handle(self, callback, args, loop, context)
-        self._when = when
-        self._scheduled = False
 
 
 # asyncio's own thresholds (base_events), so that timers run in the same order as there.
@@ -272,8 +268,16 @@ class Scheduler:
     async def sleep(self, delay: float) -> None:
         """`asyncio.sleep(delay)`: the same steps, without looking up the running loop. A
         participant that crashed meanwhile never wakes (it must not act, nor be observed)."""
-        if delay > 0:
-            await _sleep(self.loop, delay)
+        if delay > 0:  # `asyncio.sleep`'s steps, written out: one coroutine less per sleep
+            loop = self.loop
+            future: asyncio.Future[None] = futures.Future(loop=loop)
+            wake = _FUTURES._set_result_unless_cancelled
+            timer = loop.call_at(loop.now + delay, wake, future, None)
+            try:
+                await future
+            finally:
+                if timer._scheduled:  # else it ran, or runs on a done future: nothing to cancel
+                    timer.cancel()
         else:
             await _yield()
         me = _current.get()
@@ -314,8 +318,11 @@ class Scheduler:
             self.note(f"stalls {delay:.1f}s at {what} (its whole process)")
         elif draw < 0.4:
             return  # no switch: the call answers at once
-        elif draw < 0.7:
-            delay = 0.0
+        elif draw < 0.7:  # `sleep(0)`, without its coroutine: one round of the loop
+            await _yield()
+            if me.dead:
+                await _forever()
+            return
         else:
             delay = self.rng.choice((0.001, 0.01, 0.05, 0.2))
         await self.sleep(delay)
@@ -338,16 +345,6 @@ class Scheduler:
 def _yield() -> Generator[None, None, None]:
     """`asyncio.sleep(0)`: one round of the loop."""
     yield
-
-
-async def _sleep(loop: VirtualLoop, delay: float) -> None:
-    """`asyncio.sleep(delay)` for a `delay` above 0."""
-    future: asyncio.Future[None] = futures.Future(loop=loop)
-    timer = loop.call_at(loop.now + delay, _FUTURES._set_result_unless_cancelled, future, None)
-    try:
-        await future
-    finally:
-        timer.cancel()
 
 
 async def _forever() -> None:

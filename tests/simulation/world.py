@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import random
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
@@ -33,6 +34,7 @@ from tests.simulation.lateness import GiveBacks
 from tests.simulation.scheduler import Chaos, Crashed, Scheduler, run
 from tests.simulation.spark import AVAILABLE_NOW, PROCESSING, V40, V42, Checkpoint, Query
 
+_T = TypeVar("_T")
 SLOTS = 2
 KEYS = 3  # per slot
 
@@ -80,36 +82,38 @@ class Setup:
 
 
 class SimBucket:
-    """A participant's handle on the ledger bucket: every call is a scheduling point."""
+    """A participant's handle on the ledger bucket: every call is a scheduling point. Each
+    method hands back `_call`'s coroutine itself (one coroutine less per call, at every step
+    of it); the ledger awaits each at once."""
 
     def __init__(self, store: MemoryBucket, sched: Scheduler) -> None:
         self.store = store
         self.sched = sched
         self.name = store.name
 
-    async def _call(self, what: str, call: Callable[[], Any]) -> Any:
+    async def _call(self, what: str, call: Callable[[], Awaitable[_T]]) -> _T:
         await self.sched.point(what)
         result = await call()
         await self.sched.point(f"{what}: answered")
         return result
 
-    async def get(self, key: str) -> Any:
-        return await self._call(f"kv get {key}", lambda: self.store.get(key))
+    def get(self, key: str) -> Awaitable[Any]:
+        return self._call(f"kv get {key}", lambda: self.store.get(key))
 
-    async def create(self, key: str, value: bytes) -> int:
-        return await self._call(f"kv create {key}", lambda: self.store.create(key, value))
+    def create(self, key: str, value: bytes) -> Awaitable[int]:
+        return self._call(f"kv create {key}", lambda: self.store.create(key, value))
 
-    async def update(self, key: str, value: bytes, last: int) -> int:
-        return await self._call(f"kv update {key}", lambda: self.store.update(key, value, last))
+    def update(self, key: str, value: bytes, last: int) -> Awaitable[int]:
+        return self._call(f"kv update {key}", lambda: self.store.update(key, value, last))
 
-    async def put(self, key: str, value: bytes) -> int:
-        return await self._call(f"kv put {key}", lambda: self.store.put(key, value))
+    def put(self, key: str, value: bytes) -> Awaitable[int]:
+        return self._call(f"kv put {key}", lambda: self.store.put(key, value))
 
-    async def remove(self, key: str) -> None:
-        await self._call(f"kv remove {key}", lambda: self.store.remove(key))
+    def remove(self, key: str) -> Awaitable[None]:
+        return self._call(f"kv remove {key}", lambda: self.store.remove(key))
 
-    async def keys_matching(self, pattern: str) -> list[str]:
-        return await self._call(f"kv keys {pattern}", lambda: self.store.keys_matching(pattern))
+    def keys_matching(self, pattern: str) -> Awaitable[list[str]]:
+        return self._call(f"kv keys {pattern}", lambda: self.store.keys_matching(pattern))
 
 
 class Target:
@@ -287,7 +291,9 @@ def run_schedules(seeds: range, jobs: int, **overrides: Any) -> Iterator[Result]
     """Run the schedules of `seeds` over `jobs` processes, in seed order; without their traces
     (`run_schedule` of one seed prints it)."""
     chunk = max(1, min(200, len(seeds) // (jobs * 8)))
-    with ProcessPoolExecutor(jobs) as pool:
+    # A worker's full collections skip what it inherited from its parent (gc.freeze): they
+    # would walk every object of the forked process (a test run's, all its imports) each time.
+    with ProcessPoolExecutor(jobs, initializer=gc.freeze) as pool:
         yield from pool.map(_traceless, seeds, [overrides] * len(seeds), chunksize=chunk)
 
 

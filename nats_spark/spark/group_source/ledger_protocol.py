@@ -76,6 +76,8 @@ log = logging.getLogger(__name__)
 # after the acks can take it back and redeliver. An entry is forgotten (and with it the dedupe
 # of its messages) only once the floor has held this long.
 SETTLE_SECONDS = 10.0
+# Heads are written at every record, seal and ack: one encoder, not one built per `json.dumps`.
+_HEAD_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 class EntryState(StrEnum):
@@ -102,7 +104,7 @@ class EntryHead:
     def to_bytes(self) -> bytes:
         # Its fields in order (what `asdict` gives, without copying them first: heads are
         # written at every record, seal and ack).
-        return json.dumps(vars(self), separators=(",", ":")).encode()
+        return _HEAD_ENCODER.encode(vars(self)).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes, key: str) -> EntryHead:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from functools import lru_cache
+from itertools import accumulate, repeat
 
 import pyarrow as pa
 
@@ -30,6 +31,9 @@ ARROW_SCHEMA = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in SCHEMA_FI
 HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
 TIMESTAMP_TYPE = ARROW_SCHEMA.field("timestamp").type
 _NANOS_TYPE = pa.timestamp("ns", tz="UTC")
+# Rows from which a column is converted by an Arrow kernel: below, its fixed cost (several
+# microseconds a call) is more than Python's steps, which give the same column.
+KERNEL_FROM = 128
 
 
 @lru_cache(maxsize=256)
@@ -89,8 +93,12 @@ def batch_full(rows: int, nbytes: int) -> bool:
 
 
 def timestamps_from_nanos(nanos: Sequence[int]) -> pa.Array:
-    """The `timestamp` column from Unix nanoseconds (Spark keeps microseconds, truncated)."""
-    return int_array(nanos).view(_NANOS_TYPE).cast(TIMESTAMP_TYPE, safe=False)
+    """The `timestamp` column from Unix nanoseconds (Spark keeps microseconds, truncated toward
+    zero, as Arrow's cast does)."""
+    if len(nanos) >= KERNEL_FROM:
+        return int_array(nanos).view(_NANOS_TYPE).cast(TIMESTAMP_TYPE, safe=False)
+    micros = array("q", [t // 1000 if t >= 0 else -(-t // 1000) for t in nanos])
+    return pa.Array.from_buffers(TIMESTAMP_TYPE, len(micros), [None, pa.py_buffer(micros)])
 
 
 def timestamps_from_text(stamps: Sequence[bytes]) -> pa.Array:
@@ -110,8 +118,12 @@ def constant(value: str | int | None, n: int, kind: pa.DataType) -> pa.Array:
     if isinstance(value, int):
         return int_array(array(TYPECODES[kind], (value,)) * n, kind)
     # A str, UTF-8 by construction: one value taken n times (Arrow copies it in C; offsets made
-    # from a Python range cost 15 ns a row).
-    return bytes_array([value.encode()], kind).take(constant(0, n, pa.int32()))
+    # from a Python range cost 15 ns a row), or for a few rows repeated in Python.
+    encoded = value.encode()
+    if n >= KERNEL_FROM:
+        return bytes_array([encoded], kind).take(constant(0, n, pa.int32()))
+    offsets = array("i", accumulate(repeat(len(encoded), n), initial=0))
+    return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(offsets), pa.py_buffer(encoded * n)])
 
 
 def record_batch(

@@ -16,6 +16,8 @@ from nats_spark.jetstream.pull import Deliveries
 from nats_spark.spark.group_source.task.columns import SlotColumns
 from nats_spark.spark.shared.columns import (
     HEADERS_TYPE,
+    KERNEL_FROM,
+    TIMESTAMP_TYPE,
     bytes_array,
     constant,
     headers_array,
@@ -65,6 +67,17 @@ def test_constants_and_timestamps() -> None:
     expected = [datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=UTC)]
     assert timestamps_from_nanos([nanos]).to_pylist() == expected
     assert timestamps_from_text([b"2023-11-14T22:13:20.123456789Z"]).to_pylist() == expected
+
+
+@pytest.mark.parametrize("rows", [KERNEL_FROM - 1, KERNEL_FROM])
+def test_constants_and_timestamps_in_python_or_by_arrow_are_the_same(rows: int) -> None:
+    """Below `KERNEL_FROM` rows constants and timestamps are built in Python, from it by Arrow's
+    kernels; both truncate nanoseconds toward zero."""
+    for text in ("m1", "", "é"):
+        assert constant(text, rows, pa.string()).equals(pa.array([text] * rows, pa.string()))
+    nanos = [(i - rows // 2) * 1_000_999 + 1 for i in range(rows)]
+    in_nanos = pa.array(nanos, pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
+    assert timestamps_from_nanos(nanos).equals(in_nanos.cast(TIMESTAMP_TYPE, safe=False))
 
 
 def test_headers_leave_the_pin_out_and_keep_every_value() -> None:

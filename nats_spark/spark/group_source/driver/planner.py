@@ -56,9 +56,10 @@ class SlotState:
     def revised(self, **changes: Any) -> SlotState:
         """This state with `changes`; itself when they change nothing (each trigger revises
         every slot's state, and most of them stay as they were)."""
-        if all(getattr(self, name) == value for name, value in changes.items()):
-            return self
-        return replace(self, **changes)
+        for name, value in changes.items():
+            if getattr(self, name) != value:
+                return replace(self, **changes)
+        return self
 
 
 @dataclass(frozen=True)
