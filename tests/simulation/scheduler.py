@@ -72,16 +72,7 @@ class VirtualLoop(asyncio.BaseEventLoop):
         *args: *_Ts,
         context: Context | None = None,
     ) -> events.Handle:
-        # asyncio's `Handle.__init__`, written out (no call of it at every step), without asking
-        # the loop whether it is in debug mode; `call_at` the same for its timer.
-        handle: Any = _allocate(events.Handle)
-        handle._context = contextvars.copy_context() if context is None else context
-        handle._loop = self
-        handle._callback = callback
-        handle._args = args
-        handle._cancelled = False
-        handle._repr = None
-        handle._source_traceback = None
+        handle = self._new_handle(events.Handle, callback, args, context)
         self._ready.append(handle)  # type: ignore[attr-defined]  # asyncio's private state
         return handle
 
@@ -92,18 +83,24 @@ class VirtualLoop(asyncio.BaseEventLoop):
         *args: *_Ts,
         context: Context | None = None,
     ) -> events.TimerHandle:
-        timer: Any = _allocate(_TimerHandle)
-        timer._context = contextvars.copy_context() if context is None else context
-        timer._loop = self
-        timer._callback = callback
-        timer._args = args
-        timer._cancelled = False
-        timer._repr = None
-        timer._source_traceback = None
+        timer = self._new_handle(_TimerHandle, callback, args, context)
         timer._when = when
         heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
         timer._scheduled = True
         return timer
+
+    def _new_handle(self, kind: type, callback: Any, args: Any, context: Context | None) -> Any:
+        """What asyncio's `Handle.__init__` sets, on a bare handle (no `__init__` call per step),
+        without asking the loop whether it is in debug mode."""
+        handle: Any = _allocate(kind)
+        handle._context = contextvars.copy_context() if context is None else context
+        handle._loop = self
+        handle._callback = callback
+        handle._args = args
+        handle._cancelled = False
+        handle._repr = None
+        handle._source_traceback = None
+        return handle
 
     def call_later(
         self,
