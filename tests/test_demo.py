@@ -41,7 +41,11 @@ def _descendants(pid: int) -> set[tuple[int, str]]:
     parents = [pid]
     while parents:
         parent = parents.pop()
-        for children in Path(f"/proc/{parent}/task").glob("*/children"):
+        try:  # listing a process's threads fails once it has ended
+            threads = list(Path(f"/proc/{parent}/task").glob("*/children"))
+        except OSError:
+            continue
+        for children in threads:
             try:
                 pids = [int(child) for child in children.read_text().split()]
             except OSError:  # the thread or process ended meanwhile
@@ -59,7 +63,10 @@ def _survivors(started: set[tuple[int, str]]) -> list[str]:
     alive = []
     for pid, start in started:
         if _start_time(pid) == start:
-            with_args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            try:
+                with_args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:  # it ended meanwhile
+                continue
             alive.append(f"{pid}: {with_args.decode(errors='replace')[:200]}")
     return alive
 
