@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from spark_helpers import (
-    ACKS_LAST_BATCH,
     assert_exactly_once,
     launch,
     publish,
@@ -392,17 +391,15 @@ def test_driver_killed_twice_group_to_stream_exactly_once(client, nats_url, uniq
         finally:
             os.killpg(running.process.pid, signal.SIGKILL)
             running.process.wait(30)
-    if ACKS_LAST_BATCH:
-        final = job("availableNow")
-        code, _, _ = final.wait(240)
-        assert code == 0, final.tail()
-    else:  # an availableNow run is one batch there: run on until idle, which acks the last one
-        final = job("200ms")
-        try:
-            done = lambda: count() >= 3000 and settled(client, source_stream)  # noqa: E731
-            wait_until(done, 240, "every message published and acked", 0.5)
-        finally:
-            final.stop()
+    # Run on until idle, which acks the last batch. Not availableNow: what a killed task held
+    # unrecorded comes back only after its ack wait, maybe after such a run has ended (it reads
+    # what is there when it starts: README, after the quick start).
+    final = job("200ms")
+    try:
+        done = lambda: count() >= 3000 and settled(client, source_stream)  # noqa: E731
+        wait_until(done, 240, "every message published and acked", 0.5)
+    finally:
+        final.stop()
     messages = stored(client, sink_stream)
     assert_exactly_once([int(m.data.decode()) for m in messages], 3000)
     assert all(b"Nats-Batch-Id: " in (m.headers or b"") for m in messages)
