@@ -256,10 +256,11 @@ class Ledger:
         return entry.value or b""
 
     async def heads(self) -> list[tuple[int, str]]:
-        """(gen, slot token) of every entry of this lineage (a head's key has three tokens, its
+        """(gen, slot name) of every entry of this lineage (a head's key has three tokens, its
         chunks' five)."""
         keys = await self.kv.keys_matching(f"{self.lineage}.*.*")
-        return sorted((int(gen), slot) for _, gen, slot in (key.split(".") for key in keys))
+        split = (key.split(".") for key in keys)
+        return sorted((int(gen), name_of(token)) for _, gen, token in split)
 
     async def delete_entry(self, gen: int, slot: str) -> None:
         """Remove the entry: its head and the chunks of every attempt."""

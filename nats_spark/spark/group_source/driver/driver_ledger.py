@@ -21,7 +21,6 @@ from nats_spark.spark.group_source.ledger import (
     Bucket,
     Ledger,
     Pointer,
-    name_of,
     read_pointer,
     write_pointer,
 )
@@ -96,8 +95,7 @@ class DriverLedger:
             self.pins = dict(pointer.pins)
             self.settled = pointer.settled
         self.entries = {
-            (gen, name_of(token)): DriverEntry(gen, name_of(token))
-            for gen, token in await self.ledger.heads()
+            (gen, slot): DriverEntry(gen, slot) for gen, slot in await self.ledger.heads()
         }
         await self.load_heads(self.entries.values())
         return True
@@ -251,7 +249,7 @@ class DriverLedger:
         assert self.ledger is not None
         if gen - 1 > self.settled:
             await self._fence(gen - 1)
-        earlier = [(g, name_of(token)) for g, token in await self.ledger.heads() if g < gen]
+        earlier = [(g, slot) for g, slot in await self.ledger.heads() if g < gen]
         if earlier:
             _given_back(await protocol.give_back(client, self.ledger, earlier))
         for key in [key for key in self.entries if key[0] < gen]:
@@ -264,7 +262,7 @@ class DriverLedger:
         assert self.kv is not None
         for lineage in self.replaced:
             ledger = Ledger(self.kv, lineage)
-            keys = [(gen, name_of(token)) for gen, token in await ledger.heads()]
+            keys = await ledger.heads()
             if keys:
                 _given_back(await protocol.give_back(client, ledger, keys))
         self.replaced = ()
