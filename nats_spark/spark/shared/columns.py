@@ -7,7 +7,6 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from functools import lru_cache
-from itertools import accumulate, repeat
 
 import pyarrow as pa
 
@@ -97,8 +96,7 @@ def timestamps_from_nanos(nanos: Sequence[int]) -> pa.Array:
     zero, as Arrow's cast does)."""
     if len(nanos) >= KERNEL_FROM:
         return int_array(nanos).view(_NANOS_TYPE).cast(TIMESTAMP_TYPE, safe=False)
-    micros = array("q", [t // 1000 if t >= 0 else -(-t // 1000) for t in nanos])
-    return pa.Array.from_buffers(TIMESTAMP_TYPE, len(micros), [None, pa.py_buffer(micros)])
+    return int_array(t // 1000 if t >= 0 else -(-t // 1000) for t in nanos).view(TIMESTAMP_TYPE)
 
 
 def timestamps_from_text(stamps: Sequence[bytes]) -> pa.Array:
@@ -122,8 +120,7 @@ def constant(value: str | int | None, n: int, kind: pa.DataType) -> pa.Array:
     encoded = value.encode()
     if n >= KERNEL_FROM:
         return bytes_array([encoded], kind).take(constant(0, n, pa.int32()))
-    offsets = array("i", accumulate(repeat(len(encoded), n), initial=0))
-    return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(offsets), pa.py_buffer(encoded * n)])
+    return bytes_array([encoded] * n, kind)
 
 
 def record_batch(
