@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shlex
+import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,14 +17,17 @@ from typing import Any
 
 import pytest
 from pyspark.sql import types
-from spark_helpers import ACKS_LAST_BATCH, REPO, SPARK_VERSION
+from spark_helpers import ACKS_LAST_BATCH, REPO, SPARK_VERSION, wait_until
 
 import pyspark_nats
 import pyspark_nats_pcg
+from nats_spark.cli import main as cli_main
 from nats_spark.client import NatsClient
+from nats_spark.connection import ConnectionSettings, parse_servers
 from nats_spark.errors import ConfigurationError, NotFound
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.pcg import partition_for
+from nats_spark.server import find_server_binary
 from nats_spark.spark.registration import register_formats
 
 pytestmark = pytest.mark.spark
@@ -322,3 +328,86 @@ def test_readme_options_agree_with_the_options_page() -> None:
         assert names and set(names) <= set(group_source), f"README option row {option}"
         if len(names) == 1:
             assert default == group_source[names[0]], f"README's default of {names[0]}: {default}"
+
+
+def shell_lines(page: Path, program: str) -> list[list[str]]:
+    """The lines of the page's plain ``` blocks that run `program`, split as a shell would."""
+    lines, fence = [], None
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fence = None if fence is not None else line[3:]
+        elif fence == "":
+            lines.append(line.split("  #")[0])
+    return [shlex.split(line) for line in lines if Path(line.split(" ")[0]).name == program]
+
+
+def test_readme_server_command_starts_a_jetstream_server(tmp_path: Path) -> None:
+    """The quick start's `nats-server` line, on a free loopback port and a temporary store."""
+    (command,) = shell_lines(REPO / "README.md", "nats-server")
+    program, *args = command
+    assert program == ".venv/bin/nats-server" and "-js" in args, command
+    args[args.index("-sd") + 1] = str(tmp_path / "store")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [find_server_binary(), *args, "-a", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        settings = ConnectionSettings(servers=parse_servers(f"nats://127.0.0.1:{port}"))
+
+        async def jetstream_enabled() -> bool:
+            client = await NatsClient.open(settings)
+            try:
+                return bool(await client.js.account_info())
+            finally:
+                await client.close()
+
+        wait_until(lambda: _answers(jetstream_enabled), timeout=20)
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _answers(check: Any) -> bool:
+    try:
+        return bool(run_sync(check()))
+    except Exception:  # noqa: BLE001 - not up yet
+        return False
+
+
+def test_readme_cli_commands_run_as_written(
+    nats_url: str, client: Blocking[NatsClient], unique: str, capsys: Any
+) -> None:
+    """The README's `nats-pcg` lines against the test server, on streams of their shapes: ORDERS
+    as the quick start makes it (6 partitions of `orders.<customer>`), EVENTS over `events.*`."""
+    orders, events = f"ORDERS_{unique}", f"EVENTS_{unique}"
+    run_sync(
+        client.target.api.create_stream(
+            {
+                "name": orders,
+                "subjects": [f"orders{unique}.*"],
+                "subject_transform": {
+                    "src": f"orders{unique}.*",
+                    "dest": f"{{{{partition(6,1)}}}}.orders{unique}.{{{{wildcard(1)}}}}",
+                },
+            }
+        )
+    )
+    events_subjects = f"events{unique}.*"
+    run_sync(client.target.api.create_stream({"name": events, "subjects": [events_subjects]}))
+    names = {"ORDERS": orders, "EVENTS": events, "events.*": events_subjects}
+    try:
+        lines = shell_lines(REPO / "README.md", "nats-pcg")
+        assert lines, "the README shows nats-pcg commands"
+        for program, *args in lines:
+            code = cli_main(["--server", nats_url, *(names.get(arg, arg) for arg in args)])
+            out, err = capsys.readouterr()
+            assert (code, err) == (0, ""), f"{program} {' '.join(args)}: {err}"
+        assert "orders-etl" in out and "m1" in out, out  # the last line: the group's status
+    finally:
+        for stream in (orders, f"{events}-events-etl", events):
+            with contextlib.suppress(NotFound):
+                run_sync(client.target.api.delete_stream(stream))
