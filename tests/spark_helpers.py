@@ -55,7 +55,8 @@ from nats_spark.spark.group_source.slot_partition import SlotPartition, SlotRead
 
 SPARK_VERSION = tuple(int(part) for part in pyspark.__version__.split(".")[:2])
 # Spark 4.2+ passes the committed start offset to latestOffset, so the source acks a query's last
-# batch before it stops; older versions leave it to the next start (the README's guarantee "nothing left behind").
+# batch before it stops; older versions leave it to the next start (the README's guarantee
+# "nothing left behind").
 ACKS_LAST_BATCH = SPARK_VERSION >= (4, 2)
 NO_DATA_PROGRESS = "spark.sql.streaming.noDataProgressEventInterval"
 # Spark 4.2+ reports reportLatestOffset() (per-member lag and pin status) in progress.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nats_spark.errors import PriorityGroupMisconfigured, PullError
-from nats_spark.jetstream.pull import PULL_MAX_BYTES, PullStatus
+from nats_spark.jetstream.pull import PullStatus
 from nats_spark.spark.group_source.task.pull_policy import (
     HELD_ONLY_PULLS,
     PIN_RETRIES,
@@ -14,6 +14,7 @@ from nats_spark.spark.group_source.task.pull_policy import (
     SlotPullPolicy,
     complete,
 )
+from nats_spark.spark.shared.columns import BATCH_BYTES, BATCH_ROWS
 
 pytestmark = pytest.mark.unit
 
@@ -26,12 +27,12 @@ def policy() -> SlotPullPolicy:
     return SlotPullPolicy(BATCH, TIMEOUT)
 
 
-def no_wait(batch: int = BATCH, max_bytes: int = PULL_MAX_BYTES) -> PullPlan:
+def no_wait(batch: int = BATCH, max_bytes: int = BATCH_BYTES) -> PullPlan:
     return PullPlan(batch, None, max_bytes, whole=True)
 
 
 def waiting(batch: int = BATCH) -> PullPlan:
-    return PullPlan(batch, TIMEOUT, PULL_MAX_BYTES, whole=True)
+    return PullPlan(batch, TIMEOUT, BATCH_BYTES, whole=True)
 
 
 @pytest.mark.parametrize(
@@ -41,6 +42,13 @@ def test_the_first_pull_takes_what_is_ready_up_to_the_batch_and_what_is_wanted(
     want: int, plan: PullPlan | None
 ) -> None:
     assert policy().next(want) == plan
+
+
+def test_a_pull_is_no_larger_than_a_record_batch() -> None:
+    """A pull's deliveries become one record batch: rows and bytes stay within its bounds, so a
+    worker holds at most that much at a time, whatever fetchBatchSize asks."""
+    large = SlotPullPolicy(100_000, TIMEOUT)
+    assert large.next(1_000_000) == PullPlan(BATCH_ROWS, None, BATCH_BYTES, whole=True)
 
 
 @pytest.mark.parametrize("status", [PullStatus.BATCH_COMPLETE, PullStatus.MAX_BYTES])

@@ -12,9 +12,10 @@ the ack wait) end it, as pulling on would take the same ones over and over.
 from __future__ import annotations
 
 from nats_spark.errors import PullError
-from nats_spark.jetstream.pull import PULL_MAX_BYTES, PullStatus, max_bytes_after
+from nats_spark.jetstream.pull import PullStatus, max_bytes_after
 from nats_spark.jetstream.pull_loop import PullPlan
 from nats_spark.jetstream.status import StatusKind, classify
+from nats_spark.spark.shared.columns import BATCH_BYTES, BATCH_ROWS
 
 PIN_RETRIES = 3
 TRANSIENT_RETRIES = 5
@@ -32,7 +33,9 @@ class SlotPullPolicy:
     def __init__(self, fetch_batch_size: int, fetch_timeout: float) -> None:
         self.fetch_batch_size = fetch_batch_size
         self.fetch_timeout = fetch_timeout
-        self.max_bytes = PULL_MAX_BYTES
+        # A pull's deliveries become one record batch whole: the record batch's bounds cap it,
+        # which bounds what a worker holds at a time.
+        self.max_bytes = BATCH_BYTES
         self.wait = False  # the next pull waits (`fetch_timeout`) for messages
         self.waited = False
         self.pin_retries = 0
@@ -51,7 +54,8 @@ class SlotPullPolicy:
     def _plan(self, want: int, expires: float | None) -> PullPlan | None:
         if want <= 0:
             return None
-        return PullPlan(min(self.fetch_batch_size, want), expires, self.max_bytes, whole=True)
+        batch = min(self.fetch_batch_size, BATCH_ROWS, want)
+        return PullPlan(batch, expires, self.max_bytes, whole=True)
 
     def ended(self, status: PullStatus, received: int, new: bool, got_any: bool) -> bool:
         """After a pull that ended with `status` and delivered `received` messages (`new`: any
