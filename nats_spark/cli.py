@@ -9,23 +9,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any
 
 from nats_spark.client import NatsClient
 from nats_spark.connection import DEFAULT_URL, ConnectionSettings, parse_servers, with_credentials
 from nats_spark.errors import ConfigurationError, NatsSparkError
-from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.config import ElasticConfig, MemberMapping, PartitioningFilter
-from nats_spark.pcg.consumers import partition_consumer_name
+from nats_spark.pcg.consumers import partition_consumer_name, read_stream
 from nats_spark.pcg.kinds import ConsumerLayout, GroupKind
 from nats_spark.pcg.partitioning import elastic_stream_name, member_partitions, partition_owner
-from nats_spark.pcg.store import GroupEntry
+from nats_spark.pcg.store import GroupEntry, load_group
 from nats_spark.progress import progress_bar
 
 PROG = "nats-pcg"
@@ -147,7 +149,7 @@ async def _ls(client: NatsClient, args: argparse.Namespace) -> int:
 
 def _config_fields(entry: GroupEntry) -> list[tuple[str, Any]]:
     config = entry.config
-    pairs: list[tuple[str, Any]] = [("max members", config.max_members)]
+    pairs: list[tuple[str, Any]] = [("partitions", config.max_members)]
     if isinstance(config, ElasticConfig):
         filters = config.partitioning_filters or [PartitioningFilter(">")]
         pairs += [
@@ -284,7 +286,7 @@ async def _delete_mapping(client: NatsClient, args: argparse.Namespace) -> int:
 async def _member_info(client: NatsClient, args: argparse.Namespace) -> int:
     info = await admin.member_info(client, _kind(args), args.stream, args.group, args.member)
     if args.json:
-        _print_json(asdict(info))
+        _print_json({**asdict(info), "state": info.state})
         return 0
     print(
         _fields(
@@ -292,6 +294,7 @@ async def _member_info(client: NatsClient, args: argparse.Namespace) -> int:
                 ("member", info.member),
                 ("in membership", _yes(info.in_membership)),
                 ("active", _yes(info.active)),
+                ("state", info.state),
                 ("pinned", _yes(info.pinned)),
                 ("partitions", _numbers(info.partitions)),
                 ("consumer", f"{info.stream} > {info.consumer}"),
@@ -300,9 +303,22 @@ async def _member_info(client: NatsClient, args: argparse.Namespace) -> int:
             ]
         )
     )
-    if info.in_membership and not info.active:
+    if info.state == "holding":
+        print(f"warning: {_holding(info, _kind(args), args.stream, args.group)}")
+    elif info.in_membership and not info.active:
         print(f"warning: member {info.member} is in the membership but has no running instance")
     return 0
+
+
+def _holding(info: admin.MemberInfo, kind: GroupKind, stream: str, group: str) -> str:
+    """What a member consumer that no instance pulls but that holds messages means, and its fix."""
+    return (
+        f"no instance pulls consumer {info.stream} > {info.consumer}, yet it holds "
+        f"{info.num_ack_pending} message(s) ack-pending (a reader between batches, or one that "
+        "stopped without acking them); a nats-spark query reading the group per partition "
+        f"refuses while it does; if nothing reads as {info.member}: nats-pcg {kind.value} "
+        f"member-reset {stream} {group} {info.member}"
+    )
 
 
 def _count(value: int | None) -> Any:
@@ -326,52 +342,179 @@ def _partition_rows(entry: GroupEntry, partitions: list[admin.PartitionInfo]) ->
     return rows
 
 
-async def _status(client: NatsClient, args: argparse.Namespace) -> int:
+def _member_row(m: admin.MemberInfo) -> tuple:
+    pending, ack_pending = _count(m.num_pending), _count(m.num_ack_pending)
+    state = (m.state, pending, ack_pending, m.last_active or "-")
+    return (m.member, _numbers(m.partitions), m.consumer, *state)
+
+
+@dataclass(frozen=True)
+class _GroupStatus:
+    """One look at a group's consumers, and when (monotonic seconds)."""
+
+    entry: GroupEntry
+    members: list[admin.MemberInfo]
+    partitions: list[admin.PartitionInfo]
+    at: float
+
+    @property
+    def layout(self) -> ConsumerLayout:
+        # Partition consumers exist once a query has read the group in the partition layout
+        # (the default).
+        return ConsumerLayout.PARTITION if self.partitions else ConsumerLayout.MEMBER
+
+    @property
+    def lag(self) -> dict[str, dict]:
+        return admin.group_lag(self.members, self.partitions)
+
+    @property
+    def beside(self) -> list[admin.MemberInfo]:
+        """Member consumers that read or hold messages beside the partition layout's: a move
+        left idle ones behind (not shown), while these block a partition-layout query."""
+        if self.layout is ConsumerLayout.MEMBER:
+            return []
+        return [m for m in self.members if m.state not in ("idle", "no consumer")]
+
+    def lags(self) -> dict[str, int]:
+        """Pending plus ack pending by consumer name, of every consumer that exists."""
+        lags = {p.consumer: p.num_pending + p.num_ack_pending for p in self.partitions}
+        for m in self.members:
+            if m.num_pending is not None:
+                lags[m.consumer] = m.num_pending + (m.num_ack_pending or 0)
+        return lags
+
+
+async def _look(client: NatsClient, args: argparse.Namespace) -> _GroupStatus:
     entry, members, partitions = await admin.group_status(client, args.stream, args.group)
-    lag = admin.group_lag(members, partitions)
-    # Partition consumers exist once a query has read the group in the partition layout (the
-    # default); the member consumers a move left behind no longer read and stay out of the lag.
-    layout = ConsumerLayout.PARTITION if partitions else ConsumerLayout.MEMBER
-    if args.json:
-        _print_json(
-            {
-                "kind": entry.kind.value,
-                "layout": layout.value,
-                "members": [{**asdict(m), "state": m.state} for m in members],
-                "partitions": [{**asdict(p), "state": p.state} for p in partitions],
-                "lag": lag,
-            }
-        )
-        return 0
-    read = partitions or any(m.num_pending is not None for m in members)
-    shape = f"{layout.value} layout" if read else "no consumers yet (nothing has read it)"
-    print(f"{entry.kind.value} group {entry.group} on {entry.stream}, {shape}")
-    if layout is ConsumerLayout.PARTITION:
+    return _GroupStatus(entry, members, partitions, time.monotonic())
+
+
+def _status_document(status: _GroupStatus) -> dict[str, Any]:
+    return {
+        "kind": status.entry.kind.value,
+        "layout": status.layout.value,
+        "members": [{**asdict(m), "state": m.state} for m in status.members],
+        "partitions": [{**asdict(p), "state": p.state} for p in status.partitions],
+        "lag": status.lag,
+    }
+
+
+def _rate(now: _GroupStatus, before: _GroupStatus, consumer: str | None = None) -> float | None:
+    """How fast the lag (pending plus ack pending) of `consumer`, or in total, changed since
+    `before`, per second; None when it cannot be told."""
+    seconds = now.at - before.at
+    if seconds <= 0:
+        return None
+    if consumer is None:
+        lag_now, lag_before = now.lag["total"], before.lag["total"]
+        change = sum(lag_now.values()) - sum(lag_before.values())
+        return change / seconds
+    current, earlier = now.lags().get(consumer), before.lags().get(consumer)
+    if current is None or earlier is None:
+        return None
+    return (current - earlier) / seconds
+
+
+def _print_status(status: _GroupStatus, before: _GroupStatus | None, title: str = "") -> None:
+    """The status table and total; with `before` (watching) a lag-per-second column and total."""
+    entry = status.entry
+    read = status.partitions or any(m.num_pending is not None for m in status.members)
+    shape = f"{status.layout.value} layout" if read else "no consumers yet (nothing has read it)"
+    print(f"{entry.kind.value} group {entry.group} on {entry.stream}, {shape}{title}")
+    if status.layout is ConsumerLayout.PARTITION:
         header: tuple[str, ...] = ("PARTITION", "MEMBER", "CONSUMER")
-        rows = _partition_rows(entry, partitions)
+        # The member consumers beside it after the partitions, their partitions in the first
+        # column.
+        beside = [(_numbers(m.partitions), m.member, *_member_row(m)[2:]) for m in status.beside]
+        rows = _partition_rows(entry, status.partitions) + beside
     else:
         header = ("MEMBER", "PARTITIONS", "CONSUMER")
-        rows = [
-            (
-                m.member,
-                _numbers(m.partitions),
-                m.consumer,
-                m.state,
-                _count(m.num_pending),
-                _count(m.num_ack_pending),
-                m.last_active or "-",
-            )
-            for m in members
-        ]
-    print(_table((*header, "STATE", "PENDING", "ACK PENDING", "LAST ACTIVE"), rows))
-    total = lag["total"]
-    print(f"total: {total['pending']} pending, {total['ackPending']} ack pending")
-    return 0
+        rows = [_member_row(m) for m in status.members]
+    counts: tuple[str, ...] = ("STATE", "PENDING", "ACK PENDING")
+    if before is not None:
+        rows = [(*row[:-1], _per_second(_rate(status, before, row[2])), row[-1]) for row in rows]
+        counts += ("LAG/S",)
+    print(_table((*header, *counts, "LAST ACTIVE"), rows))
+    total = status.lag["total"]
+    line = f"total: {total['pending']} pending, {total['ackPending']} ack pending"
+    rate = None if before is None else _rate(status, before)
+    if rate is not None:
+        line += f", lag {_per_second(rate)}/s"
+        lag = total["pending"] + total["ackPending"]
+        if rate < 0 and lag:
+            line += f" (caught up in about {lag / -rate:.0f}s at this rate)"
+    print(line)
+    for m in status.beside:
+        if m.state == "holding":
+            print(f"warning: {_holding(m, entry.kind, entry.stream, entry.group)}")
+
+
+def _per_second(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:+.0f}"
+
+
+async def _status(client: NatsClient, args: argparse.Namespace) -> int:
+    if args.count is not None and (args.watch is None or args.count < 1):
+        raise ConfigurationError(
+            f"--count {args.count}: give the number of draws of --watch, 1 or more, with --watch"
+        )
+    if args.watch is None:
+        status = await _look(client, args)
+        if args.json:
+            _print_json(_status_document(status))
+        else:
+            _print_status(status, None)
+        return 0
+    return await _watch(client, args)
+
+
+async def _watch(client: NatsClient, args: argparse.Namespace) -> int:
+    """Redraw the status every `--watch` seconds, `--count` times or until Ctrl-C."""
+    if args.watch <= 0:
+        raise ConfigurationError(
+            f"--watch {args.watch:g}: give the seconds between redraws, more than 0"
+        )
+    clear = sys.stdout.isatty()
+    before: _GroupStatus | None = None
+    frames = 0
+    while True:
+        status = await _look(client, args)
+        frames += 1
+        if args.json:  # one document a line
+            rate = None if before is None else _rate(status, before)
+            print(json.dumps({**_status_document(status), "lagPerSecond": rate}), flush=True)
+        else:
+            if clear:
+                print("\x1b[H\x1b[J", end="")
+            elif before is not None:
+                print()
+            stamp = datetime.now().strftime("%H:%M:%S")
+            title = f"; {stamp}, every {args.watch:g}s (Ctrl-C stops)"
+            _print_status(status, before or status, title)
+            sys.stdout.flush()
+        if args.count and frames >= args.count:
+            return 0
+        before = status
+        await asyncio.sleep(args.watch)
 
 
 async def _step_down(client: NatsClient, args: argparse.Namespace) -> int:
     await admin.step_down(client, _kind(args), args.stream, args.group, args.member)
     print(f"member {args.member} of {args.group} stepped down; the next waiting instance is pinned")
+    return 0
+
+
+async def _member_reset(client: NatsClient, args: argparse.Namespace) -> int:
+    kind = _kind(args)
+    info = await admin.reset_member(
+        client, kind, args.stream, args.group, args.member, force=args.force
+    )
+    start = "the stream's first message" if kind is GroupKind.STATIC else "what it holds"
+    print(
+        f"deleted consumer {info.stream} > {info.consumer} of member {info.member} "
+        f"({info.num_ack_pending} ack pending, {info.num_pending} pending); its next instance "
+        f"creates it anew, reading its partitions from {start}"
+    )
     return 0
 
 
@@ -381,39 +524,69 @@ async def _active(client: NatsClient, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _refuse_beside_partition_layout(
+    client: NatsClient, args: argparse.Namespace, kind: GroupKind
+) -> None:
+    """A member consumer of partitions a nats-spark query reads per partition would deliver
+    again what the query committed, and block its next batch with what it leaves ack-pending."""
+    entry = await load_group(client, args.stream, args.group, kind)
+    consumers = await admin.partition_layout_consumers(client, entry, args.member)
+    if consumers:
+        raise ConfigurationError(
+            f"the partitions of member {args.member!r} of group {args.group!r} are read per "
+            f"partition by a nats-spark query (consumers {', '.join(consumers)} on stream "
+            f"{read_stream(entry)}), and consuming them as a member would read again what it "
+            "read; consume a member the query does not read, or move the query to the member "
+            "layout first (consumerLayout=member), where instances of a member share it by its pin"
+        )
+
+
 async def _consume(client: NatsClient, args: argparse.Namespace) -> int:
     # Imported here: the member runtime is only needed by this command.
     from nats_spark.pcg.member import consume
     from nats_spark.pcg.member_pulls import GroupMessage
 
+    kind = _kind(args)
+    await _refuse_beside_partition_layout(client, args, kind)
     received = 0
-    enough = asyncio.Event()
+    # Done at --count, or failed with what broke the handling of a message: either way what
+    # comes after is handed back (NAK), and `member.stop` gives back what it took beyond.
+    ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def handler(msg: GroupMessage) -> None:
         nonlocal received
-        if enough.is_set():
-            await msg.msg.nak()  # beyond --count: handed back for redelivery at once
+        if ended.done():
+            await msg.msg.nak()
             return
-        text = msg.data.decode("utf-8", "replace")
-        print(f"[{msg.partition}] {msg.subject}: {text}", flush=True)
-        await msg.ack()
+        try:
+            text = msg.data.decode("utf-8", "replace")
+            print(f"[{msg.partition}] {msg.subject}: {text}", flush=True)
+            await msg.ack()
+        except Exception as error:
+            with contextlib.suppress(Exception):  # the connection may be what broke
+                await msg.msg.nak()
+            ended.set_exception(error)
+            return
         received += 1
         if args.count:
             progress_bar(received, args.count, "consumed")
             if received >= args.count:
-                enough.set()
+                ended.set_result(None)
 
-    member = await consume(client, args.stream, args.group, args.member, handler, kind=_kind(args))
-    waiter: asyncio.Future[Any] = asyncio.ensure_future(enough.wait())
+    member = await consume(client, args.stream, args.group, args.member, handler, kind=kind)
     try:
         await asyncio.wait(
-            {waiter, member.done}, timeout=args.timeout, return_when=asyncio.FIRST_COMPLETED
+            {ended, member.done}, timeout=args.timeout, return_when=asyncio.FIRST_COMPLETED
         )
-    finally:
-        waiter.cancel()
+    finally:  # also on Ctrl-C (the command's task is cancelled)
         stopped_by_itself = member.done.done()
         await member.stop()
-    if enough.is_set():
+    if ended.done():
+        if error := ended.exception():
+            raise ConfigurationError(
+                f"stopped after {received} message(s): handling one failed "
+                f"({type(error).__name__}: {error}); it and those taken after it were given back"
+            ) from error
         return 0
     if stopped_by_itself:
         member.done.result()  # raises the member's error, if it ended with one
@@ -543,7 +716,27 @@ def _add_shared_commands(subparsers: Any) -> None:
         aliases=["stepdown", "sd"],
     )
     _group_args(step_down, member=True)
-    _group_args(_command(subparsers, "active", _active, "list the members that are running"))
+    reset = _command(
+        subparsers,
+        "member-reset",
+        _member_reset,
+        "delete a member's consumer (e.g. one a stopped instance left holding messages); its "
+        "next instance creates it anew",
+        aliases=["memberreset"],
+    )
+    _group_args(reset, member=True)
+    reset.add_argument(
+        "--force", action="store_true", help="also while an instance holds its pin or pulls"
+    )
+    _group_args(
+        _command(
+            subparsers,
+            "active",
+            _active,
+            "list the active members (an instance pulls or holds the pin, or messages are "
+            "ack-pending)",
+        )
+    )
     consume = _command(
         subparsers,
         "consume",
@@ -558,6 +751,10 @@ def _add_shared_commands(subparsers: Any) -> None:
     )
 
 
+# The group's partition count (`max_members` in the KV entry, as Go names it).
+_PARTITIONS: dict[str, Any] = {"metavar": "partitions", "type": int, "help": "number of partitions"}
+
+
 def _add_static_commands(subparsers: Any) -> None:
     create = subparsers.add_parser(
         "create", help="create a static consumer group", parents=[connection_flags()]
@@ -567,11 +764,11 @@ def _add_static_commands(subparsers: Any) -> None:
         kinds, "balanced", _create_static, "spread the partitions evenly over the members"
     )
     _group_args(balanced)
-    balanced.add_argument("max_members", metavar="max-members", type=int, help="partitions")
+    balanced.add_argument("max_members", **_PARTITIONS)
     balanced.add_argument("members", nargs="+", metavar="member", help="member names")
     mapped = _command(kinds, "mapped", _create_static, "give each member explicit partitions")
     _group_args(mapped)
-    mapped.add_argument("max_members", metavar="max-members", type=int, help="partitions")
+    mapped.add_argument("max_members", **_PARTITIONS)
     mapped.add_argument(
         "mappings", nargs="+", type=_mapping, metavar="member:p1,p2", help="member mappings"
     )
@@ -587,7 +784,7 @@ def _add_elastic_commands(subparsers: Any) -> None:
     create.epilog = ELASTIC_CREATE_HELP
     create.formatter_class = argparse.RawDescriptionHelpFormatter
     _group_args(create)
-    create.add_argument("max_members", metavar="max-members", type=int, help="partitions")
+    create.add_argument("max_members", **_PARTITIONS)
     create.add_argument("--filter", action="append", help="partitioning subject filter; repeat")
     create.add_argument(
         "--partition-wildcards",
@@ -647,6 +844,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _group_args(status)
     _json_flag(status)
+    status.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=float,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) with the lag's change per second, until Ctrl-C "
+        "(with --json: a document a line)",
+    )
+    status.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N draws")
     for kind, add_commands in (
         (GroupKind.STATIC, _add_static_commands),
         (GroupKind.ELASTIC, _add_elastic_commands),
@@ -685,7 +892,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as done:  # usage error or --help: argparse already printed
         return done.code if isinstance(done.code, int) else 2
     try:
-        return run_sync(_run(settings_from_args(args), args))
+        # On the main thread's own loop: Ctrl-C cancels the command, whose cleanup (a consuming
+        # member gives back what it took, steps down, closes) runs before the exit.
+        return asyncio.run(_run(settings_from_args(args), args))
     except KeyboardInterrupt:
         return 130
     except (NatsSparkError, ValueError) as error:
