@@ -95,6 +95,17 @@ def _group_args(parser: argparse.ArgumentParser, *, member: bool = False) -> Non
         parser.add_argument("member", help="member name")
 
 
+def _member_command(
+    subparsers: Any, name: str, run: Command, help: str, short: str | None = None
+) -> argparse.ArgumentParser:
+    """A command on one member, `member-info` style: its aliases are the name without the dash
+    (Go's) and `short`."""
+    aliases = [name.replace("-", ""), *([short] if short else [])]
+    parser = _command(subparsers, name, run, help, aliases=aliases)
+    _group_args(parser, member=True)
+    return parser
+
+
 def _json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON")
 
@@ -113,32 +124,20 @@ def _add_shared_commands(subparsers: Any) -> None:
         subparsers, "delete", groups.delete, "delete a consumer group", aliases=["rm"]
     )
     _group_args(delete)
-    member_info = _command(
-        subparsers,
-        "member-info",
-        members.member_info,
-        "show one member's state",
-        aliases=["memberinfo", "minfo"],
+    member_info = _member_command(
+        subparsers, "member-info", members.member_info, "show one member's state", "minfo"
     )
-    _group_args(member_info, member=True)
     _json_flag(member_info)
-    step_down = _command(
-        subparsers,
-        "step-down",
-        members.step_down,
-        "unpin a member's running instance",
-        aliases=["stepdown", "sd"],
+    _member_command(
+        subparsers, "step-down", members.step_down, "unpin a member's running instance", "sd"
     )
-    _group_args(step_down, member=True)
-    reset = _command(
+    reset = _member_command(
         subparsers,
         "member-reset",
         members.member_reset,
         "delete a member's consumer (e.g. one a stopped instance left holding messages); its "
         "next instance creates it anew",
-        aliases=["memberreset"],
     )
-    _group_args(reset, member=True)
     reset.add_argument(
         "--force", action="store_true", help="also while an instance holds its pin or pulls"
     )
@@ -169,20 +168,26 @@ def _add_shared_commands(subparsers: Any) -> None:
 _PARTITIONS: dict[str, Any] = {"metavar": "partitions", "type": int, "help": "number of partitions"}
 
 
+def _create_command(subparsers: Any, name: str, run: Command, help: str) -> argparse.ArgumentParser:
+    """A command creating a group: its stream, name and partition count."""
+    parser = _command(subparsers, name, run, help)
+    _group_args(parser)
+    parser.add_argument("max_members", **_PARTITIONS)
+    return parser
+
+
 def _add_static_commands(subparsers: Any) -> None:
     create = subparsers.add_parser(
         "create", help="create a static consumer group", parents=[connection_flags()]
     )
     kinds = create.add_subparsers(dest="mode", required=True, metavar="{balanced,mapped}")
-    balanced = _command(
+    balanced = _create_command(
         kinds, "balanced", groups.create_static, "spread the partitions evenly over the members"
     )
-    _group_args(balanced)
-    balanced.add_argument("max_members", **_PARTITIONS)
     balanced.add_argument("members", nargs="+", metavar="member", help="member names")
-    mapped = _command(kinds, "mapped", groups.create_static, "give each member explicit partitions")
-    _group_args(mapped)
-    mapped.add_argument("max_members", **_PARTITIONS)
+    mapped = _create_command(
+        kinds, "mapped", groups.create_static, "give each member explicit partitions"
+    )
     mapped.add_argument(
         "mappings",
         nargs="+",
@@ -198,13 +203,11 @@ def _add_static_commands(subparsers: Any) -> None:
 
 
 def _add_elastic_commands(subparsers: Any) -> None:
-    create = _command(
+    create = _create_command(
         subparsers, "create", groups.create_elastic, "create an elastic consumer group"
     )
     create.epilog = ELASTIC_CREATE_HELP
     create.formatter_class = argparse.RawDescriptionHelpFormatter
-    _group_args(create)
-    create.add_argument("max_members", **_PARTITIONS)
     create.add_argument("--filter", action="append", help="partitioning subject filter; repeat")
     create.add_argument(
         "--partition-wildcards",
