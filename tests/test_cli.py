@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -17,10 +18,17 @@ import pytest
 from certs import make_pki
 from spark_helpers import (
     api,
+    assert_exactly_once,
+    consumer_info,
     key_for,
     kv,
     make_stream,
+    payloads,
+    publish,
     publish_one,
+    run_query,
+    source,
+    static_group,
     static_stream,
     wait_until,
 )
@@ -33,9 +41,10 @@ from nats_spark.pcg.consumers import (
     ensure_group_consumer,
     member_consumer,
     partition_consumer,
+    read_stream,
 )
 from nats_spark.pcg.partitioning import partition_for
-from nats_spark.pcg.store import GroupKind
+from nats_spark.pcg.store import GroupKind, load_group
 
 
 @pytest.fixture
@@ -96,7 +105,7 @@ def test_static_commands(cli, client, unique):
     ]
     text = ok(cli("static", "info", stream, "h"))
     assert f"Static consumer group h on stream {stream}" in text
-    assert re.search(r"^max members: +2$", text, re.M)
+    assert re.search(r"^partitions: +2$", text, re.M)
     assert re.search(r"^membership: +mapped$", text, re.M)
     assert "MEMBER  PARTITIONS  ACTIVE\na       1           no\nb       0           no\n" in text
 
@@ -118,7 +127,8 @@ def test_static_commands(cli, client, unique):
     assert member == {
         "member": "m1",
         "in_membership": True,
-        "active": False,
+        "active": True,  # no instance pulls, but the message it took is ack-pending
+        "state": "holding",
         "pinned": False,
         "partitions": [0, 1],
         "stream": stream,
@@ -487,3 +497,230 @@ def test_documented_cli_table_matches_the_parser(capsys):
     for path in documented:
         assert main([*path.split(), "--help"]) == 0, path
     capsys.readouterr()
+
+
+# --- Beside a nats-spark query, giving back, resetting a member, watching -----------------------
+
+
+def _cli_process(nats_url: str, *args: str) -> subprocess.Popen:
+    """`python -m nats_spark.cli --server <test server> ...` in a process of its own."""
+    command = [sys.executable, "-m", "nats_spark.cli", "--server", nats_url, *args]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _held_member(client, unique: str, messages: int, size: int) -> str:
+    """A static group g of m1 over a new 2-partition stream holding `messages` of `size` bytes
+    (keys k0...), and m1's consumer with an ack wait far beyond a test: what a next instance
+    gets at once was given back (NAK), not redelivered after its ack wait."""
+    stream = static_stream(client, unique, 2)
+    run_sync(admin.create_static(client.target, stream, "g", 2, ["m1"]))
+    entry = run_sync(admin.static_info(client.target, stream, "g"))
+    held = member_consumer(entry, "m1", {"ack_wait": 120_000_000_000})
+    run_sync(ensure_group_consumer(client.target, held))
+    for i in range(messages):
+        publish_one(client, f"{unique}.k{i}", b"x" * size)
+    return stream
+
+
+def _next_instance_gets(client, stream: str, count: int) -> list[str]:
+    """The subjects a next instance of m1 gets within 2 s."""
+    puller = client.pull_consumer(stream, "g-m1", group=PRIORITY_GROUP)
+    try:
+        result = run_sync(puller.fetch(count, expires=2))
+        return [msg.subject.rsplit(".", 1)[1] for msg in result.messages]
+    finally:
+        run_sync(puller.close())
+
+
+@pytest.mark.parametrize("kind", ["static", "elastic"])
+def test_consume_refuses_a_member_read_per_partition(cli, client, unique, kind):
+    """A member whose partitions a query reads per partition: refused before anything is taken
+    or created; another member of the group consumes."""
+    if kind == "static":
+        stream = static_stream(client, unique, 4)
+        ok(cli("static", "create", "balanced", stream, "g", "4", "m1", "m2"))
+    else:
+        stream = make_stream(client, f"S{unique}", [f"{unique}.>"])
+        ok(cli("elastic", "create", stream, "g", "4", f"--filter={unique}.*"))
+        ok(cli("elastic", "add", stream, "g", "m1", "m2"))
+    entry = run_sync(load_group(client.target, stream, "g"))
+    for p in (0, 1):  # m1's partitions, as a partition-layout query leaves them
+        run_sync(ensure_group_consumer(client.target, partition_consumer(entry, p)))
+    for p in range(4):
+        publish_one(client, f"{unique}.{key_for(p, 4)}", f"p{p}".encode())
+    where = read_stream(entry)
+    names = partition_consumer(entry, 0).name, partition_consumer(entry, 1).name
+    one_line_error(
+        cli(kind, "consume", stream, "g", "m1", "--count", "1", "--timeout", "5"),
+        rf"partitions of member 'm1' of group 'g' are read per partition by a nats-spark query "
+        rf"\(consumers {names[0]}, {names[1]} on stream {where}\).*consumerLayout=member",
+    )
+    assert member_consumer(entry, "m1").name not in api(client).consumer_names(where)
+    out = ok(cli(kind, "consume", stream, "g", "m2", "--count", "2", "--timeout", "20"))
+    assert sorted(line.split()[0] for line in out.splitlines()) == ["[2]", "[3]"]
+
+
+@pytest.mark.spark
+def test_consume_beside_a_spark_query_in_the_partition_layout(
+    spark, cli, client, nats_url, unique, tmp_path
+):
+    """Issue 45's case: a query reads the group per partition; `consume` as one of its members
+    is refused (it read again what the query committed, and left a consumer holding messages
+    that made every later batch fail); the query reads on, every message exactly once."""
+    stream, group = f"SP{unique}", "orders-etl"
+    static_group(client, stream, group, ["m1", "m2"], partitions=4)
+    publish(client, stream, 100)
+    query = lambda: source(spark, nats_url, stream, group, ledgerBucket=f"L{unique}")  # noqa: E731
+    _, error = run_query(query(), tmp_path)
+    assert error is None, error
+    one_line_error(
+        cli("static", "consume", stream, group, "m1", "--count", "3", "--timeout", "10"),
+        "read per partition by a nats-spark query",
+    )
+    assert f"{group}-m1" not in api(client).consumer_names(stream)
+    publish(client, stream, 50, start=100)
+    _, error = run_query(query(), tmp_path)
+    assert error is None, error
+    assert_exactly_once(payloads(spark, str(tmp_path / "out")), 150)
+
+
+def test_consume_gives_back_what_it_holds_on_ctrl_c(nats_url, client, unique):
+    stream = _held_member(client, unique, 300, 4000)
+    process = _cli_process(nats_url, "static", "consume", stream, "g", "m1")
+    try:
+        # Its stdout unread, it blocks printing (a pipe holds 64 KB) with a pulled batch in hand.
+        wait_until(
+            lambda: consumer_info(client, stream, "g-m1")["num_ack_pending"] > 100,
+            30,
+            "the consumer to hold a batch",
+        )
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert (process.returncode, err) == (130, b"")
+    printed = [line.split()[1].rsplit(".", 1)[1][:-1] for line in out.decode().splitlines()]
+    assert printed and len(printed) < 300
+    again = _next_instance_gets(client, stream, 300)
+    assert sorted(printed + again) == sorted(f"k{i}" for i in range(300))
+
+
+def test_consume_gives_back_what_it_holds_when_printing_fails(nats_url, client, unique):
+    """`nats-pcg ... consume | head -1`: the message it could not print and the rest it took
+    go back; one line says so."""
+    stream = _held_member(client, unique, 300, 4000)
+    process = _cli_process(
+        nats_url, "static", "consume", stream, "g", "m1", "--count", "300", "--timeout", "20"
+    )
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        assert process.stdout.readline()
+        process.stdout.close()
+        err = process.stderr.read().decode()
+        process.wait(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1
+    assert err.startswith("nats-pcg: error: stopped after ") and err.count("\n") == 1, err
+    assert "BrokenPipeError" in err and "given back" in err
+    acked = consumer_info(client, stream, "g-m1")["ack_floor"]["stream_seq"]
+    again = _next_instance_gets(client, stream, 300)
+    assert again == [f"k{i}" for i in range(acked, 300)]
+
+
+def test_member_reset_removes_a_member_consumer_no_instance_runs(cli, client, unique):
+    stream = static_stream(client, unique, 2)
+    ok(cli("static", "create", "balanced", stream, "g", "2", "m1"))
+    entry = run_sync(admin.static_info(client.target, stream, "g"))
+    run_sync(ensure_group_consumer(client.target, member_consumer(entry, "m1")))
+    for i in range(3):
+        publish_one(client, f"{unique}.k{i}", b"x")
+    pin_member(client, stream, "g-m1")  # takes one message and holds the pin
+    one_line_error(
+        cli("static", "member-reset", stream, "g", "m1"),
+        rf"consumer {stream} > g-m1 of member 'm1' of group 'g' is in use: an instance holds "
+        r"its pin; stop that instance first, or force the reset \(--force\)",
+    )
+    ok(cli("static", "step-down", stream, "g", "m1"))
+    text = ok(cli("static", "member-info", stream, "g", "m1"))
+    assert re.search(r"^active: +yes$", text, re.M) and re.search(r"^state: +holding$", text, re.M)
+    assert (
+        f"warning: no instance pulls consumer {stream} > g-m1, yet it holds 1 message(s) "
+        "ack-pending" in text
+    )
+    assert f"nats-pcg static member-reset {stream} g m1" in text
+    out = ok(cli("static", "member-reset", stream, "g", "m1"))
+    assert out.startswith(f"deleted consumer {stream} > g-m1 of member m1 (1 ack pending, 2 ")
+    assert "g-m1" not in api(client).consumer_names(stream)
+    one_line_error(cli("static", "memberreset", stream, "g", "m1"), "does not exist; nothing")
+
+    run_sync(ensure_group_consumer(client.target, member_consumer(entry, "m1")))
+    pin_member(client, stream, "g-m1")
+    ok(cli("static", "member-reset", stream, "g", "m1", "--force"))
+    assert "g-m1" not in api(client).consumer_names(stream)
+
+
+def test_status_shows_member_consumers_holding_messages_beside_the_partition_layout(
+    cli, client, unique
+):
+    stream = static_stream(client, unique, 2)
+    ok(cli("static", "create", "balanced", stream, "g", "2", "m1", "m2"))
+    entry = run_sync(admin.static_info(client.target, stream, "g"))
+    for p in (0, 1):
+        run_sync(ensure_group_consumer(client.target, partition_consumer(entry, p)))
+    run_sync(ensure_group_consumer(client.target, member_consumer(entry, "m1")))
+    publish_one(client, f"{unique}.{key_for(0, 2)}", b"x")
+    pin_member(client, stream, "g-m1")  # takes it, as a stray instance beside the query would
+    ok(cli("static", "step-down", stream, "g", "m1"))
+    lines = ok(cli("status", stream, "g")).splitlines()
+    assert lines[0] == f"static group g on {stream}, partition layout"
+    assert [line.split()[:6] for line in lines[2:5]] == [
+        ["0", "m1", "g-partition-0", "idle", "1", "0"],
+        ["1", "m2", "g-partition-1", "idle", "0", "0"],
+        ["0", "m1", "g-m1", "holding", "0", "1"],
+    ]
+    assert lines[5] == "total: 1 pending, 0 ack pending"  # the partition layout's lag
+    assert lines[6].startswith(f"warning: no instance pulls consumer {stream} > g-m1, yet it")
+
+
+def test_status_watch_redraws_with_the_lag_rate(cli, client, nats_url, unique):
+    stream = static_stream(client, unique, 2)
+    ok(cli("static", "create", "balanced", stream, "g", "2", "m1"))
+    entry = run_sync(admin.static_info(client.target, stream, "g"))
+    run_sync(ensure_group_consumer(client.target, member_consumer(entry, "m1")))
+    frames = ok(cli("status", stream, "g", "--watch", "0.05", "--count", "2")).split("\n\n")
+    assert len(frames) == 2
+    for frame in frames:
+        lines = frame.splitlines()
+        assert lines[0].startswith(f"static group g on {stream}, member layout; ")
+        assert lines[0].endswith(", every 0.05s (Ctrl-C stops)")
+        assert lines[1].split()[-3:] == ["LAG/S", "LAST", "ACTIVE"]
+    assert frames[0].splitlines()[2].split()[6] == "-"  # no rate before a second look
+    assert frames[1].splitlines()[2].split()[6] == "+0"
+    assert frames[1].splitlines()[-1] == "total: 0 pending, 0 ack pending, lag +0/s"
+    documents = ok(cli("status", stream, "g", "--watch=0.05", "--count=2", "--json")).splitlines()
+    assert [json.loads(d)["lagPerSecond"] for d in documents] == [None, 0]
+    one_line_error(cli("status", stream, "g", "--watch", "0"), "--watch 0: give the seconds")
+    one_line_error(cli("status", stream, "g", "--count", "2"), "--count 2: give the number")
+
+    # Until Ctrl-C, the lag growing as messages arrive.
+    process = _cli_process(nats_url, "status", stream, "g", "--watch", "0.2")
+    try:
+        assert process.stdout is not None
+        totals = (line.decode() for line in process.stdout if line.startswith(b"total: "))
+        assert next(totals) == "total: 0 pending, 0 ack pending\n"
+        for i in range(20):
+            publish_one(client, f"{unique}.k{i}", b"x")
+        rates = []  # of the lag, up to the draw that shows every message
+        for total in totals:
+            rates += [int(rate) for rate in re.findall(r"lag ([+-]\d+)/s", total)]
+            if total.startswith("total: 20 pending"):
+                break
+        assert max(rates) > 0, rates
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 130
+    finally:
+        if process.poll() is None:
+            process.kill()

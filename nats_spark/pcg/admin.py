@@ -2,9 +2,11 @@
 
 Static groups: create, delete, list, info. Elastic groups: the same plus membership changes and
 member mappings (compare-and-set on the KV revision). Both: active members, member info and
-step-down. Three defects of the Go library are not copied: static delete removes only the
-durables of the group's own members, membership lists keep a stable order, and an elastic member
-counts as active only when its own consumer exists.
+step-down, and resetting a member (deleting its consumer). Four defects of the Go library are not
+copied: static delete removes only the durables of the group's own members, membership lists keep
+a stable order, an elastic member counts as active only when its own consumer exists, and a static
+member counts as active while its consumer holds messages ack-pending (as a partition-layout
+query sees it), not only while pulls wait.
 """
 
 from __future__ import annotations
@@ -73,13 +75,21 @@ class MemberInfo:
 
     @property
     def state(self) -> str:
-        """`pinned` (an instance holds the pin), `waiting` (pulls wait, no pin yet), `idle` (a
-        consumer but no instance pulling) or `no consumer`."""
+        """`consumer_state`'s, or `no consumer`."""
         if self.num_pending is None:
             return "no consumer"
-        if self.pinned:
-            return "pinned"
-        return "waiting" if self.num_waiting else "idle"
+        return consumer_state(self.pinned, self.num_waiting or 0, self.num_ack_pending or 0)
+
+
+def consumer_state(pinned: bool, waiting: int, ack_pending: int) -> str:
+    """`pinned` (an instance holds the pin), `waiting` (pulls wait, no pin yet), `holding` (no
+    instance pulls, but messages taken are neither acked nor redelivered yet: a reader between
+    batches, or one that stopped without acking them) or `idle`."""
+    if pinned:
+        return "pinned"
+    if waiting:
+        return "waiting"
+    return "holding" if ack_pending else "idle"
 
 
 def membership(config: GroupConfig) -> list[str]:
@@ -296,8 +306,13 @@ def _is_active(kind: GroupKind, info: ConsumerInfo | None) -> bool:
         return False
     if kind is GroupKind.ELASTIC:
         return True  # elastic consumers vanish after their inactive threshold
-    # A static durable outlives its members: only waiting pulls or a pin show one is running.
-    return info.num_waiting > 0 or info.pinned_id(PRIORITY_GROUP) is not None
+    # A static durable outlives its members: waiting pulls or a pin show one is running, and
+    # messages ack-pending that one took them (a partition-layout query refuses beside either).
+    return (
+        info.num_waiting > 0
+        or info.pinned_id(PRIORITY_GROUP) is not None
+        or info.num_ack_pending > 0
+    )
 
 
 async def list_active_members(
@@ -353,10 +368,7 @@ class PartitionInfo:
 
     @property
     def state(self) -> str:
-        """`pinned`, `waiting` (pulls wait, no pin yet) or `idle`."""
-        if self.pinned:
-            return "pinned"
-        return "waiting" if self.num_waiting else "idle"
+        return consumer_state(self.pinned, self.num_waiting, self.num_ack_pending)
 
 
 def group_lag(members: list[MemberInfo], partitions: list[PartitionInfo]) -> dict[str, dict]:
@@ -426,3 +438,40 @@ async def step_down(
             f"member {member!r} of {kind.value} group {group!r} has no consumer "
             f"{consumer.name!r} on stream {consumer.stream!r}; start the member first"
         ) from None
+
+
+async def reset_member(
+    client: NatsClient, kind: GroupKind, stream: str, group: str, member: str, force: bool = False
+) -> MemberInfo:
+    """Delete the member's consumer, e.g. one a stopped instance left holding messages
+    ack-pending beside a partition-layout query; returns its state before. Refused while an
+    instance holds its pin or pulls from it, unless `force`. Its next instance creates it anew:
+    a static member then reads its partitions from the stream's first message."""
+    info = await member_info(client, kind, stream, group, member)
+    where = f"consumer {info.stream} > {info.consumer} of member {member!r} of group {group!r}"
+    if info.num_pending is None:
+        raise ConfigurationError(f"{where} does not exist; nothing to reset")
+    if not force and (info.pinned or info.num_waiting):
+        running = "holds its pin" if info.pinned else f"has {info.num_waiting} pull(s) waiting"
+        raise ConfigurationError(
+            f"{where} is in use: an instance {running}; stop that instance first, or force the "
+            "reset (--force)"
+        )
+    with contextlib.suppress(NotFound):  # gone meanwhile: what was asked
+        await client.api.delete_consumer(info.stream, info.consumer)
+    return info
+
+
+async def partition_layout_consumers(
+    client: NatsClient, entry: GroupEntry, member: str
+) -> list[str]:
+    """The partition layout's consumers of `member`'s partitions that exist: a nats-spark query
+    reads those partitions per partition (or did, and goes on from them when it restarts)."""
+    config = entry.config
+    owned = member_partitions(config.members, config.max_members, config.member_mappings, member)
+    names = []
+    for p in owned:
+        consumer = partition_consumer(entry, p)
+        if await consumer_info_or_none(client, consumer) is not None:
+            names.append(consumer.name)
+    return names

@@ -159,8 +159,8 @@ class GroupMember:
         if entry.kind is GroupKind.STATIC and not consumer.filter_subjects:
             raise ConfigurationError(
                 f"member {self.member!r} of static consumer group {self.group!r} gets no "
-                f"partitions: the group lists more members than max_members "
-                f"({entry.config.max_members}); recreate the group with fewer members"
+                f"partitions: the group lists more members than its {entry.config.max_members} "
+                "partitions (max_members); recreate the group with fewer members"
             )
         self._entry = entry
         self._ack_wait = consumer.ack_wait
