@@ -14,8 +14,9 @@ partitions, one input partition per partition) and each trigger (`--triggers`, s
 - per batch (p50 and p95 over the measured batches): Spark's progress phases, and ours from
   `bench/latency_sources.py`'s timed reader: the driver's `latestOffset` (planning; Spark's
   phase of that name is it plus the call to Python) and `partitions` (inside Spark's `addBatch`),
-  the messages the driver's connection sent for them, the tasks (count, p50 and longest), and
-  the requests the server saw while the batch ran (ledger reads and writes, pulls, the rest);
+  the messages the driver's connection sent for them, the tasks (count, p50, longest and their
+  sum: the reads' share of `addBatch` on the cores there are), and the requests the server saw
+  while the batch ran (ledger reads and writes, pulls, the rest; per case also by request);
 - the CPU per measured message by process kind (`bench/common.py`'s ProcessSampler).
 
 Beside them, per rate, the tuned nats-py loop on the same server (pull `--nats-py-batch`, ack
@@ -35,6 +36,7 @@ same partition count. A quick run:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -42,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,9 +119,16 @@ def _until(done: Callable[[], bool], timeout: float, query: Any = None) -> bool:
     return True
 
 
-def _start_query(df: Any, collector: InHand, trigger: float, checkpoint: str) -> Any:
-    writer = df.writeStream.foreachBatch(collector).option("checkpointLocation", checkpoint)
-    return writer.trigger(processingTime=f"{trigger} seconds").start()
+@contextlib.contextmanager
+def _running(df: Any, collector: InHand, trigger: float) -> Iterator[Any]:
+    """A query of `df` into `collector` on a checkpoint of its own, stopped at the end."""
+    with tempfile.TemporaryDirectory(prefix="nats-spark-bench-") as checkpoint:
+        writer = df.writeStream.foreachBatch(collector).option("checkpointLocation", checkpoint)
+        query = writer.trigger(processingTime=f"{trigger} seconds").start()
+        try:
+            yield query
+        finally:
+            query.stop()
 
 
 class Load:
@@ -134,7 +143,7 @@ class Load:
         started = json.loads(self.process.stdout.readline())["started"]  # Python's start is out
         self.measure_from = started + args.warmup
         self.measure_to = started + seconds
-        self.published = 0
+        self.published = self.reached = 0  # the rate reached: below `rate` if it fell behind
 
     def running(self) -> bool:
         return self.process.poll() is None
@@ -150,7 +159,8 @@ class Load:
         out, _ = self.process.communicate()
         if self.process.returncode:
             raise RuntimeError(f"the publisher failed ({self.process.returncode})")
-        self.published = json.loads(out)["published"]
+        ended = json.loads(out)
+        self.published, self.reached = ended["published"], ended["msgs_per_s"]
 
     def measured(self, stored: float) -> bool:
         return self.measure_from <= stored <= self.measure_to
@@ -161,6 +171,7 @@ def _latencies(load: Load, times: list[tuple[float, float, float]]) -> dict[str,
     in hand, committed) per message."""
     measured = [t for t in times if load.measured(t[0])]
     return {
+        "published_msgs_per_s": load.reached,
         "messages": len(measured),
         "in_hand_ms": ms([hand - stored for stored, hand, _ in measured]),
         "committed_ms": ms([done - stored for stored, _, done in measured]),
@@ -228,16 +239,14 @@ def floor_case(spark: Any, partitions: int, args: argparse.Namespace) -> dict[st
     df = spark.readStream.format("latency_floor").option("partitions", partitions)
     df = df.option("rows", args.floor_rows).load()
     collector = InHand(stored=False)
-    with tempfile.TemporaryDirectory(prefix="nats-spark-bench-") as checkpoint:
-        query = _start_query(df, collector, 0, checkpoint)
+    with _running(df, collector, 0) as query:
         _until(lambda: len(collector.batches) >= FLOOR_WARM_BATCHES, 300, query)
         started, before = time.time(), len(collector.batches)
         with ProcessSampler(SAMPLE_EVERY) as sampler:
             _until(lambda: time.time() - started >= args.floor_seconds, args.floor_seconds + 1)
             _until(lambda: len(collector.batches) >= before + 3, 300, query)
             measured = len(collector.batches) - before
-        query.stop()
-        progress = progress_batches(query)
+    progress = progress_batches(query)
     warm = {b: p for b, p in progress.items() if p["started"] >= started}
     details = batch_details(warm, collector.batches, None, None)
     spent = sampler.cpu_seconds()
@@ -267,20 +276,20 @@ def connector_case(
     requests = ServerRequests(client, bucket, stream)
     collector = InHand(stored=True)
     df = reader(spark, url, stream, "g", options, source=TimedNatsPcg.name())
-    with tempfile.TemporaryDirectory(prefix="nats-spark-bench-") as checkpoint:
-        query = _start_query(df, collector, trigger, checkpoint)
+    with _running(df, collector, trigger) as query:
         run_sync(publish(client, stream, PRIME, args.size, args.keys))
         _until(lambda: collector.rows >= PRIME, 300, query)
         run_sync(requests.start())
-        load = Load(url, stream, rate, args)
-        sampler = load.measure()
-        expected = PRIME + load.published
-        kept_up = _until(lambda: collector.rows >= expected, args.drain_seconds, query)
-        last = max(collector.batches)
-        _until(lambda: any(p["batchId"] == last for p in query.recentProgress), 30, query)
-        query.stop()
-        run_sync(requests.stop())
-        progress = progress_batches(query)
+        try:
+            load = Load(url, stream, rate, args)
+            sampler = load.measure()
+            expected = PRIME + load.published
+            kept_up = _until(lambda: collector.rows >= expected, args.drain_seconds, query)
+            last = max(collector.batches)
+            _until(lambda: any(p["batchId"] == last for p in query.recentProgress), 30, query)
+        finally:
+            run_sync(requests.stop())
+    progress = progress_batches(query)
     run_sync(client.api.delete_stream(stream))
     probe = Probe.take(probe_dir)
     times = [
@@ -320,10 +329,13 @@ def _name(case: dict[str, Any]) -> str:
 
 def summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ratios, each naming its case."""
-    by_rate = {r["case"]["rate"]: r for r in results if r["case"]["kind"] == "nats_py"}
-    floors = {r["case"]["partitions"]: r for r in results if r["case"]["kind"] == "spark_floor"}
-    ratios = []
-    for result in (r for r in results if r["case"]["kind"] == "connector"):
+    done = [r for r in results if "error" not in r]
+    by_rate = {r["case"]["rate"]: r for r in done if r["case"]["kind"] == "nats_py"}
+    floors = {r["case"]["partitions"]: r for r in done if r["case"]["kind"] == "spark_floor"}
+    ratios: list[dict[str, Any]] = [
+        {"case": _name(r["case"]), "error": r["error"]} for r in results if "error" in r
+    ]
+    for result in (r for r in done if r["case"]["kind"] == "connector"):
         case = result["case"]
         line: dict[str, Any] = {"case": _name(case), "kept_up": result["kept_up"]}
         nats_py = by_rate.get(case["rate"])
@@ -343,8 +355,6 @@ def main() -> None:
     args = _args()
     rates, partition_counts = _numbers(args.rates, int), _numbers(args.partitions, int)
     triggers = _numbers(args.triggers, float)
-    probe_dir = Path(tempfile.mkdtemp(prefix="nats-spark-latency-probe-"))
-    os.environ[PROBE_DIR] = str(probe_dir)  # before the JVM starts: its Python processes inherit
     started = time.time()
     header = {
         "cpus": psutil.cpu_count(),
@@ -353,7 +363,10 @@ def main() -> None:
         "settings": vars(args),
     }
     results = []
-    with EmbeddedServer() as server:
+    probes = tempfile.TemporaryDirectory(prefix="nats-spark-latency-probe-")
+    with probes, EmbeddedServer() as server:
+        probe_dir = Path(probes.name)
+        os.environ[PROBE_DIR] = probes.name  # before the JVM starts: its processes inherit it
         url = server.url
         header["nats_server"] = ".".join(map(str, server.version))
         emit("latency_settings", header)
@@ -366,18 +379,28 @@ def main() -> None:
             # Warms the JVM up, not reported: a fresh JVM's first queries run several times slower.
             floor_case(spark, min(partition_counts), args)
             floored: set[int] = set()
-            for rate in rates:
-                results.append(nats_py_case(url, client, rate, args))
+
+            def run(case: Callable[..., dict[str, Any]], named: dict[str, Any], *on: Any) -> None:
+                """Run the case `named`, print its figures with its wall time, keep them."""
+                case_started = time.time()
+                try:
+                    figures = case(*on)
+                except Exception as error:  # one case failing (a loaded machine's timeouts)
+                    figures = {"case": named, "error": str(error).splitlines()[0]}
+                results.append({**figures, "wall_seconds": round(time.time() - case_started)})
                 emit("latency_case", results[-1])
+
+            for rate in rates:
+                run(nats_py_case, {"kind": "nats_py", "rate": rate}, url, client, rate, args)
                 for partitions in partition_counts:
                     if partitions not in floored:  # beside the first cases at this count
-                        results.append(floor_case(spark, partitions, args))
-                        emit("latency_case", results[-1])
+                        floor = {"kind": "spark_floor", "partitions": partitions, "trigger": 0}
+                        run(floor_case, floor, spark, partitions, args)
                         floored.add(partitions)
                     for trigger in triggers:
                         case = {"rate": rate, "partitions": partitions, "trigger": trigger}
-                        results.append(connector_case(spark, client, url, case, args, probe_dir))
-                        emit("latency_case", results[-1])
+                        named = {"kind": "connector", **case}
+                        run(connector_case, named, spark, client, url, case, args, probe_dir)
         finally:
             spark.stop()
             run_sync(client.close())

@@ -23,6 +23,7 @@ OURS = (
     "tasks",
     "task_ms_p50",
     "task_ms_max",
+    "task_ms_sum",
 )
 
 
@@ -73,11 +74,11 @@ class InHand:
 
 class ServerRequests:
     """Every JetStream API request and ledger bucket write on the server while started, with the
-    time it was seen, by kind: `kv_read` (a get or a listing of the ledger bucket), `kv_write`
-    (a put or delete of it), `pull` (a pull request of the case's stream) and `js_api` (the
-    rest: stream and consumer infos, the group's configuration), and by what it asked (the API's
-    verb and `ledger`, `stream` or the stream it named). A plain subscription sees them as the
-    server does (no permissions here)."""
+    time it was seen, by kind: `kv_read` (a get, info or listing of the ledger bucket),
+    `kv_write` (a put, delete or purge of it), `pull` (a pull request of the case's stream) and
+    `js_api` (the rest: stream and consumer infos, the group's configuration), and by what it
+    asked (the API's verb and `ledger`, `stream` or the stream it named). A plain subscription
+    sees them as the server does (no permissions here)."""
 
     def __init__(self, client: NatsClient, bucket: str, stream: str) -> None:
         self.client, self.bucket, self.stream = client, bucket, stream
@@ -94,7 +95,8 @@ class ServerRequests:
         names = {f"KV_{self.bucket}": "ledger", self.stream: "stream"}
         named = names.get(tokens[at], tokens[at]) if at < len(tokens) else ""
         if named == "ledger":
-            return "kv_read", f"{verb} ledger"
+            purge = verb in ("STREAM.PURGE", "STREAM.MSG.DELETE")
+            return ("kv_write" if purge else "kv_read"), f"{verb} ledger"
         return ("pull" if verb == "CONSUMER.MSG.NEXT" else "js_api"), f"{verb} {named}".strip()
 
     async def _note(self, msg: Any) -> None:
@@ -230,6 +232,7 @@ def batch_details(
                 "tasks": len(tasks),
                 "task_ms_p50": round(percentile(took, 0.5) * 1000, 1) if took else None,
                 "task_ms_max": round(max(took) * 1000, 1) if took else None,
+                "task_ms_sum": round(sum(took) * 1000, 1),
             }
             if requests is not None:
                 detail["ours"]["server_requests"] = requests.between(started, batch["committed"])
