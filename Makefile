@@ -71,6 +71,13 @@ bench-cases: $(VENV)/.test-installed
 bench-full: $(VENV)/.test-installed
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
+# Latency from the stored timestamp to rows in hand and to the commit, at steady rates over
+# partition counts and triggers, beside a tuned nats-py loop and Spark's own floor (the full grid
+# ~40 min; a quick run: BENCH_ARGS="--rates 500 --partitions 8 --triggers 0 --seconds 20").
+.PHONY: bench-latency
+bench-latency: $(VENV)/.test-installed
+	$(BIN)/python bench/latency.py $(BENCH_ARGS)
+
 # Read throughput over key counts, both layouts, vs nats-py, with server CPU per message (~20 min).
 .PHONY: bench-keys
 bench-keys: $(VENV)/.test-installed

@@ -43,10 +43,16 @@ async def create_group(
 
 
 async def publish(
-    client: NatsClient, stream: str, count: int, size: int, keys: int = KEYS, ids: bool = False
+    client: NatsClient,
+    stream: str,
+    count: int,
+    size: int,
+    keys: int = KEYS,
+    ids: bool = False,
+    rate: float | None = None,
 ) -> float:
     """Publish `count` messages of `size` bytes over `keys` subjects, each confirmed by JetStream
-    (with a message id each when `ids`); returns msgs/s.
+    (with a message id each when `ids`), at most `rate` a second when given; returns msgs/s.
 
     Publishes are pipelined (many in flight, one reply subscription) so setup stays short.
     """
@@ -72,6 +78,9 @@ async def publish(
         await window.acquire()
         headers = {"Nats-Msg-Id": f"bench.{i}"} if ids else None
         await nc.publish(f"{stream}.k{i % keys}", body, reply=f"{inbox}.{i}", headers=headers)
+        # Paced on a schedule (a late sleep is caught up), sleeping a millisecond or more at once.
+        if rate is not None and (ahead := (i + 1) / rate - (time.perf_counter() - start)) > 1e-3:
+            await asyncio.sleep(ahead)
     await asyncio.wait_for(done.wait(), timeout=300)
     elapsed = time.perf_counter() - start
     await sub.unsubscribe()
@@ -80,11 +89,12 @@ async def publish(
 
 class ProcessSampler:
     """Peak RSS and CPU time of this process tree while active, sampled on a thread, by kind:
-    this (driver) process, the JVM, Spark's Python workers, the streaming source's runner and
-    nats-server (psutil reads each process's /proc/<pid>/stat and, for Python processes, its
-    command line). CPU time counts from each process's first sample (or its start, if new;
-    every process's start with `since_start`). A process that ends between samples loses the
-    CPU it spent since the last one: compare runs of two sizes for marginal costs."""
+    this (driver) process, the JVM, Spark's Python workers, the streaming source's runner,
+    nats-server and a latency run's publisher (psutil reads each process's /proc/<pid>/stat
+    and, for Python processes, its command line). CPU time counts from each process's first
+    sample (or its start, if new; every process's start with `since_start`). A process that
+    ends between samples loses the CPU it spent since the last one: compare runs of two sizes
+    for marginal costs."""
 
     def __init__(self, interval: float = 0.2, since_start: bool = False) -> None:
         self.root = psutil.Process()
@@ -105,8 +115,11 @@ class ProcessSampler:
         if name.startswith("nats-server"):
             return "nats_server"
         if name.startswith("python"):
-            if any("streaming_source_runner" in arg for arg in proc.cmdline()):
+            command = proc.cmdline()
+            if any("streaming_source_runner" in arg for arg in command):
                 return "source_runner"
+            if any(arg.endswith("steady_publisher.py") for arg in command):
+                return "publisher"  # bench/steady_publisher.py, the load of a latency run
             return "python_worker"  # Spark's daemon and the workers it forks
         return None
 

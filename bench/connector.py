@@ -3,15 +3,13 @@ with a processingTime trigger under a steady load."""
 
 from __future__ import annotations
 
-import asyncio
-import os
 import tempfile
 import threading
 import time
 from datetime import datetime
 from typing import Any
 
-from bench.common import KEYS, ProcessSampler, percentile
+from bench.common import KEYS, ProcessSampler, percentile, publish
 from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings
 from nats_spark.loop import run_sync
@@ -23,8 +21,15 @@ def spark_session(master: str = "local[2]") -> Any:
     return local_session("nats-spark-bench", master)
 
 
-def reader(spark: Any, url: str, stream: str, group: str, options: dict[str, Any]) -> Any:
-    reader = spark.readStream.format("nats-pcg").option("servers", url)
+def reader(
+    spark: Any,
+    url: str,
+    stream: str,
+    group: str,
+    options: dict[str, Any],
+    source: str = "nats-pcg",
+) -> Any:
+    reader = spark.readStream.format(source).option("servers", url)
     reader = reader.option("stream", stream).option("group", group)
     for key, value in options.items():
         reader = reader.option(key, str(value))
@@ -82,31 +87,20 @@ def available_now(
     }
 
 
-def _publish_steadily(url: str, stream: str, rate: int, seconds: float, size: int) -> None:
-    """Publish `rate` messages/s for `seconds`, in 10 ms slices confirmed by JetStream."""
+def publish_steadily(
+    url: str, stream: str, rate: int, seconds: float, size: int, keys: int = KEYS
+) -> float:
+    """Publish `rate` messages/s for `seconds` over `keys` subjects, each confirmed by
+    JetStream; returns the rate reached."""
 
-    async def run() -> None:
+    async def run() -> float:
         client = await NatsClient.open(ConnectionSettings(servers=(url,)))
         try:
-            body = os.urandom(size)
-            per_slice = max(1, rate // 100)
-            start = time.perf_counter()
-            sent = 0
-            while time.perf_counter() - start < seconds:
-                await asyncio.gather(
-                    *(
-                        client.js.publish(f"{stream}.k{(sent + i) % KEYS}", body)
-                        for i in range(per_slice)
-                    )
-                )
-                sent += per_slice
-                ahead = sent / rate - (time.perf_counter() - start)
-                if ahead > 0:
-                    await asyncio.sleep(ahead)
+            return await publish(client, stream, round(rate * seconds), size, keys, rate=rate)
         finally:
             await client.close()
 
-    run_sync(run())
+    return run_sync(run())
 
 
 def latency(
@@ -126,7 +120,7 @@ def latency(
             reader(spark, url, stream, group, options), checkpoint, processingTime=trigger
         )
         publisher = threading.Thread(
-            target=_publish_steadily, args=(url, stream, rate, seconds, size), daemon=True
+            target=publish_steadily, args=(url, stream, rate, seconds, size), daemon=True
         )
         publisher.start()
         publisher.join()

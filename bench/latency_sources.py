@@ -1,0 +1,112 @@
+"""The two streaming sources `bench/latency.py` runs, in a module Spark's Python processes import
+(the checkout is on their path):
+
+- `nats-pcg-timed`: the connector itself, its reader's planning and tasks timed where they
+  run. The planning calls (`latestOffset` and `partitions`, in the streaming source's runner
+  process) note their milliseconds and the messages the driver's NATS connection sent meanwhile
+  (requests to the JetStream API and the ledger bucket); each task notes when its read started
+  and ended and the rows it gave. One JSON line per call, appended to a file per process in the
+  directory named by `$NATS_SPARK_LATENCY_PROBE` (set before the session starts, so that Spark's
+  processes inherit it); nothing is noted where it is unset.
+- `latency_floor`: Spark's own floor, no NATS: every `latestOffset` is one more than the last,
+  and each batch is `partitions` input partitions of `rows` rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from nats_spark.spark.group_source.source import NatsPcgDataSource, NatsPcgStreamReader
+
+PROBE_DIR = "NATS_SPARK_LATENCY_PROBE"
+
+
+def _note(kind: str, **figures: Any) -> None:
+    folder = os.environ.get(PROBE_DIR)
+    if folder:
+        with open(os.path.join(folder, f"{kind}-{os.getpid()}.jsonl"), "a") as out:
+            out.write(json.dumps(figures) + "\n")
+
+
+class TimedStreamReader(NatsPcgStreamReader):
+    """The connector's stream reader, timed (see the module's docstring)."""
+
+    def _sent(self) -> int:
+        """Messages the driver's connection has sent (0 before it connects)."""
+        client = self._offsets.client if self._offsets is not None else None
+        return client.nc.stats["out_msgs"] if client is not None else 0
+
+    def _timed(self, call: str, gen: int, run: Any, *args: Any) -> Any:
+        started, sent = time.time(), self._sent()
+        result = run(*args)
+        ended = time.time()
+        gen = result["gen"] if call == "latestOffset" else gen
+        _note("driver", call=call, gen=gen, started=started, ended=ended, sent=self._sent() - sent)
+        return result
+
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict[str, Any]:
+        return self._timed("latestOffset", 0, super().latestOffset, start, limit)
+
+    def partitions(self, start: dict, end: dict) -> Any:
+        return self._timed("partitions", end["gen"], super().partitions, start, end)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        started, rows = time.time(), 0
+        try:
+            for batch in super().read(partition):
+                rows += batch.num_rows
+                yield batch
+        finally:
+            gen, slot = getattr(partition, "gen", None), getattr(partition, "slot", None)
+            _note("task", gen=gen, slot=slot, started=started, ended=time.time(), rows=rows)
+
+
+class TimedNatsPcg(NatsPcgDataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "nats-pcg-timed"
+
+    def streamReader(self, schema: Any) -> TimedStreamReader:
+        reader = super().streamReader(schema)
+        assert isinstance(reader, NatsPcgStreamReader)
+        return TimedStreamReader(reader.options, reader.refused)
+
+
+class _FloorReader(DataSourceStreamReader):
+    def __init__(self, partitions: int, rows: int) -> None:
+        self.count, self.rows = partitions, rows
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"at": 0}
+
+    def latestOffset(self) -> dict[str, int]:
+        self.at = getattr(self, "at", 0) + 1
+        return {"at": self.at}
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return [InputPartition(i) for i in range(self.count)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[int, int]]:
+        for row in range(self.rows):
+            yield partition.value, row
+
+    def commit(self, end: dict) -> None:
+        pass
+
+
+class LatencyFloor(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "latency_floor"
+
+    def schema(self) -> str:
+        return "partition INT, row INT"
+
+    def streamReader(self, schema: Any) -> _FloorReader:
+        return _FloorReader(int(self.options["partitions"]), int(self.options["rows"]))
