@@ -85,3 +85,19 @@ def test_a_participant_killed_while_it_sleeps_never_wakes() -> None:
 
     run(sched.loop, world())
     assert woke == []
+
+
+def test_a_consumer_with_max_deliver_loses_messages() -> None:
+    """A delivery past `max_deliver` leaves the consumer for good (nats-server's
+    `hasMaxDeliveries`): the give-backs and the redeliveries after a dead attempt reach it, and a
+    message is lost. Such a consumer must be refused; until it is, the simulation catches it."""
+    problems = run_schedule(32, max_deliver=2).problems
+    assert any(problem.startswith("not in any committed batch") for problem in problems)
+
+
+def test_a_consumer_deleted_and_created_again_emits_again() -> None:
+    """A consumer deleted and created again (DeliverAll) delivers what earlier batches committed
+    and acked: it is emitted again. The source must refuse to read on from such a consumer;
+    until it does, the simulation catches it."""
+    problems = run_schedule(3, recreate_consumer=True).problems
+    assert any(problem.startswith("emitted twice") for problem in problems)
