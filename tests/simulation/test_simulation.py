@@ -37,6 +37,12 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "a driver killed amid a give-back left a message to its ack wait, after newer ones of its "
         "key (the README's second exception, which the check now explains)",
     ),
+    482: (
+        {},
+        "a server restart lost the acks of a committed batch, and a new checkpoint started "
+        "before their redelivery: its give-back skipped the acked entry, and the message came "
+        "back after newer ones of its key (the give-back now NAKs acked entries too)",
+    ),
     39465: (
         {},
         "a give-back read an open entry while a task attempt of the earlier query still recorded "
@@ -46,6 +52,21 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
 }
 
 
+# Seeds of the unit lane's range that break a guarantee on a hole still open (docs/faults.md):
+# left out of the range, and each must still break it (when it passes, the hole is closed: move
+# the seed to CLOSED_HOLES).
+KNOWN_OPEN: dict[int, str] = {
+    676: "ledger entries left behind (4.2+): a task attempt stalled before its create creates "
+    "an entry of a lineage the new checkpoint already gave back (the README's third per-key "
+    "order case)",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(KNOWN_OPEN))
+def test_known_open_holes_still_break(seed: int) -> None:
+    assert run_schedule(seed).problems
+
+
 @pytest.mark.parametrize("seed", sorted(CLOSED_HOLES))
 def test_closed_holes_stay_closed(seed: int) -> None:
     overrides, _ = CLOSED_HOLES[seed]
@@ -53,7 +74,8 @@ def test_closed_holes_stay_closed(seed: int) -> None:
 
 
 def test_every_schedule_keeps_the_guarantees() -> None:
-    failed = [r for r in run_schedules(SEEDS, JOBS) if r.problems]
+    seeds = [seed for seed in SEEDS if seed not in KNOWN_OPEN]
+    failed = [r for r in run_schedules(seeds, JOBS) if r.problems]
     assert not failed, "\n".join(
         f"seed {r.seed} (Spark {r.setup.version}): {r.problems[0]} "
         f"(reproduce: python -m tests.simulation --seed {r.seed})"

@@ -14,7 +14,7 @@ import logging
 import random
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -358,7 +358,7 @@ class Result:
     steps: int
 
 
-def run_schedules(seeds: range, jobs: int, **overrides: Any) -> Iterator[Result]:
+def run_schedules(seeds: Sequence[int], jobs: int, **overrides: Any) -> Iterator[Result]:
     """Run the schedules of `seeds` over `jobs` processes, in seed order; without their traces
     (`run_schedule` of one seed prints it)."""
     chunk = max(1, min(200, len(seeds) // (jobs * 8)))
