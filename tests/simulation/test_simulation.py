@@ -59,6 +59,14 @@ KNOWN_OPEN: dict[int, str] = {
     676: "ledger entries left behind (4.2+): a task attempt stalled before its create creates "
     "an entry of a lineage the new checkpoint already gave back (the README's third per-key "
     "order case)",
+    1494: "key order (4.2+): a retry attempt that took over an entry and then held a "
+    "redelivery of a message the entry names died; the new checkpoint's give-back NAKed the "
+    "entry's older delivery, whose consumer sequence is at or below the ack floor's, which "
+    "nats-server ignores (`processNak`): the message waited out its ack wait behind newer "
+    "ones of its key",
+    1571: "key order (4.0/4.1): a give-back's -NAK named the entry's first delivery of a "
+    "message redelivered since; its consumer sequence was at the ack floor's and nats-server "
+    "ignored it (`processNak`), as in 1494",
 }
 
 
