@@ -31,6 +31,7 @@ DRIVER_LEDGER = "nats_spark.spark.group_source.driver.driver_ledger"
 SLOT_ENTRY = "nats_spark.spark.group_source.task.slot_entry"
 LEDGER_PROTOCOL = "nats_spark.spark.group_source.ledger_protocol"
 SEALED_KEEPER = "nats_spark.spark.group_source.driver.sealed_keeper"
+PULL_POLICY = "nats_spark.spark.group_source.task.pull_policy"
 WORLD = "tests.simulation.world"
 
 
@@ -232,6 +233,19 @@ MUTANTS = (
                 LEDGER_PROTOCOL,
                 "        return Settling.NOT_YET\n    return Settling.PAST\n",
                 "        return Settling.NOT_YET\n    return Settling.NOT_YET\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "stale-pin-ends-the-batch",
+        "a 423 (stale pin id) ends the task's batch instead of a pull for a fresh pin: on "
+        "nats-server a pin lapses unless a pull carries it, and a pull with its old id then gets "
+        "423, so a slot whose tasks start with a lapsed pin would never read again",
+        (
+            Patch(
+                PULL_POLICY,
+                "            return self.pin_retries <= PIN_RETRIES\n",
+                "            return False\n",
             ),
         ),
     ),
