@@ -22,6 +22,8 @@ from tests.simulation.world import Result, run_schedule, run_schedules
 FAULTS = {  # --without <name>: the setup field set to 0
     "lost-answers": "lost_answer",
     "sink-failures": "sink_failure",
+    "server-restarts": "restart_after_acks",
+    "purges": "purges",
 }
 
 

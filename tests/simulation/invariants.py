@@ -1,28 +1,37 @@
-"""What a schedule must keep (DESIGN section 3), checked as it runs and once it is quiet.
+"""What a schedule must keep (the README's guarantees; docs/faults.md says how the simulation
+checks them), checked as it runs and once it is quiet. A query run belongs to the checkpoint it
+started on, and so do its task attempts (a zombie of an earlier checkpoint's run included):
+Spark's outputs are per checkpoint, so each check is too.
 
 - no message in two committed batches of one checkpoint (a query started on a new checkpoint
-  may emit again what an earlier one committed and never acked: Spark's outputs are per
-  checkpoint);
-- once quiet: every message of the stream in a committed batch, none left unacked, and no
-  ledger entry of a lineage the pointer does not name (nothing would ever act on it again);
-- no ack before a batch that emitted the message is committed (its rows are in the sink);
+  may emit again what an earlier one committed and never acked);
+- no ack before a batch of the acking run's checkpoint that emitted the message is committed
+  (its rows are in that checkpoint's sink): a new checkpoint that drops what an earlier one
+  committed and never acked, acking it unemitted, fails, though the earlier sink holds it;
+- once quiet: every message of the stream in a committed batch of the checkpoint whose ack took
+  it off (or, never acked, of the last one), none left unacked; no ledger entry of a lineage the
+  pointer does not name (nothing would ever act on it again), no chunk whose entry is gone, and
+  of the pointer's own lineage only sealed empty entries (an open one would never be acked; an
+  acked one, once the quiet query has looked past the settle time, should have been removed);
 - a batch run again yields the same rows in the same order (per slot) as every earlier run
   whose rows could have reached the sink (all its tasks finished);
 - per key (subject), committed rows follow stream order (README guarantee 4), except in its two
-  cases (`lateness.py`): a task attempt died holding deliveries it had not recorded, or a
-  give-back's driver died between removing entries and giving their deliveries back. Such a
-  break is counted apart (`order_breaks`, by cause in `order_reasons`), any other fails.
+  cases (`lateness.py`): the attempt that held the late message's delivery (the one before the
+  delivery it was emitted from) died before it recorded it, or a give-back's driver died between
+  removing that delivery's entry and giving it back. Such a break is counted apart
+  (`order_breaks`, by cause in `order_reasons`), any other fails.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from tests.simulation.jetstream import Consumer, Stream, deliveries_of
-from tests.simulation.lateness import Attempts, GiveBacks
+from tests.simulation.jetstream import Consumer, Delivery, Stream, deliveries_of
+from tests.simulation.lateness import Attempts, GiveBacks, held_before
+from tests.simulation.scheduler import Participant
 
 Rows = dict[str, list[int]]  # by slot: stream sequences, in the order emitted
 
@@ -32,23 +41,41 @@ class Observed:
     stream: Stream
     key_order: bool  # whether per-key order is promised (not for readers sharing a consumer)
     give_backs: GiveBacks  # the world's give-backs, watched
-    sink: dict[int, Rows] = field(default_factory=dict)  # by batch id: what the sink holds
+    who: Callable[[], Participant | None] = lambda: None  # the participant running now
+    # By checkpoint, in the order they were started (the last is the live one):
+    sinks: list[dict[int, Rows]] = field(default_factory=lambda: [{}])  # by batch id
+    in_sinks: list[dict[int, int]] = field(default_factory=lambda: [{}])  # stream seq -> batch
     runs: dict[int, Rows] = field(default_factory=dict)  # by batch id: its first full run
-    in_sink: dict[int, int] = field(default_factory=dict)  # stream seq -> batch id
-    earlier_sinks: list[dict[int, Rows]] = field(default_factory=list)  # of earlier checkpoints
-    ever_in_sink: set[int] = field(default_factory=set)  # stream seqs, in any checkpoint's sink
+    drivers: dict[Participant, int] = field(default_factory=dict)  # a query run's checkpoint
+    acked_in: dict[int, int] = field(default_factory=dict)  # stream seq -> checkpoint, last ack
     attempts: Attempts = field(default_factory=Attempts)
     problems: list[str] = field(default_factory=list)  # broken guarantees
     order_breaks: list[str] = field(default_factory=list)  # per-key order, the README's case
     order_reasons: Counter[str] = field(default_factory=Counter)  # by what explains them
+
+    @property
+    def sink(self) -> dict[int, Rows]:
+        """What the live checkpoint's sink holds."""
+        return self.sinks[-1]
 
     def problem(self, kind: str, detail: str) -> None:
         self.problems.append(f"{kind}: {detail}")
 
     def new_checkpoint(self) -> None:
         """The next query run starts on a new checkpoint: its batch ids and sink are its own."""
-        self.earlier_sinks.append(self.sink)
-        self.sink, self.runs, self.in_sink = {}, {}, {}
+        self.sinks.append({})
+        self.in_sinks.append({})
+        self.runs = {}
+
+    def query_run(self, driver: Participant) -> None:
+        """`driver` runs the query on the live checkpoint."""
+        self.drivers[driver] = len(self.sinks) - 1
+
+    def _checkpoint_of(self, participant: Participant | None) -> int:
+        """The checkpoint of the query run `participant` is (or is a task attempt of)."""
+        while participant is not None and participant not in self.drivers:
+            participant = participant.parent
+        return len(self.sinks) - 1 if participant is None else self.drivers[participant]
 
     def full_run(self, batch: int, rows: Rows) -> None:
         """Every task of a run of `batch` finished with `rows`: they could reach the sink."""
@@ -62,31 +89,41 @@ class Observed:
         if batch in self.sink:
             return
         self.sink[batch] = rows
+        in_sink = self.in_sinks[-1]
         for seqs in rows.values():
             for seq in seqs:
-                if seq in self.in_sink:
+                if seq in in_sink:
                     self.problem(
-                        "emitted twice", f"message {seq} in batches {self.in_sink[seq]} and {batch}"
+                        "emitted twice", f"message {seq} in batches {in_sink[seq]} and {batch}"
                     )
                 else:
-                    self.in_sink[seq] = batch
-                self.ever_in_sink.add(seq)
+                    in_sink[seq] = batch
 
     def acked(self, consumer: str, seq: int) -> None:
-        if seq not in self.ever_in_sink:
-            self.problem("acked before commit", f"message {seq} of {consumer}")
+        checkpoint = self._checkpoint_of(self.who())
+        self.acked_in[seq] = checkpoint
+        if seq not in self.in_sinks[checkpoint]:
+            self.problem(
+                "acked before commit", f"message {seq} of {consumer} (checkpoint {checkpoint})"
+            )
 
     def check_quiet(self, consumers: list[Consumer]) -> None:
-        missing = [m.seq for m in self.stream.messages if m.seq not in self.ever_in_sink]
+        last = len(self.sinks) - 1
+        missing = [
+            m.seq
+            for m in self.stream.messages
+            if m.seq not in self.in_sinks[self.acked_in.get(m.seq, last)]
+        ]
         if missing:
             self.problem("not in any committed batch", f"messages {missing}")
         for consumer in consumers:
             unacked = sorted(consumer.pending)
-            if unacked or consumer.num_pending():
+            if unacked or consumer.num_pending() or consumer.dropped:
                 self.problem(
                     "left unacked",
                     f"{consumer.name}: ack pending {unacked}, "
-                    f"{consumer.num_pending()} never delivered",
+                    f"{consumer.num_pending()} never delivered, "
+                    f"{consumer.dropped} dropped past max_deliver",
                 )
         if self.key_order:
             self._check_key_order(consumers)
@@ -94,43 +131,86 @@ class Observed:
     def check_ledger_quiet(self, stored: Mapping[str, tuple[bytes, int]]) -> None:
         """`stored`: the ledger bucket's keys and values. An entry of a lineage that neither is
         the pointer's nor is named by it as replaced is never acked, given back or removed; a
-        chunk whose entry is gone, never removed."""
+        chunk whose entry is gone, never removed; an entry of the pointer's own lineage, once
+        the quiet query has looked past the settle time, either held nothing (sealed empty) or
+        was left behind (`live_leftovers`)."""
         named = set[str]()
         for key, (value, _) in stored.items():
             if key.startswith("query."):
                 pointer = json.loads(value)
                 named |= {pointer["lineage"], *pointer.get("replaced", [])}
-        heads = [key for key in stored if not key.startswith("query.") and key.count(".") == 2]
-        left = sorted(key for key in heads if key.split(".")[0] not in named)
+        left = sorted(key for key in _heads(stored) if key.split(".")[0] not in named)
         if left:
             self.problem("ledger entries left behind", ", ".join(left))
+        live = live_leftovers(stored)
+        if live:
+            self.problem("ledger entries of the live lineage left behind", ", ".join(live))
         chunks = [key for key in stored if not key.startswith("query.") and key.count(".") > 2]
         orphans = sorted(key for key in chunks if key.rsplit(".", 2)[0] not in stored)
         if orphans:
             self.problem("ledger chunks left behind (their entry is gone)", ", ".join(orphans))
 
     def _check_key_order(self, consumers: list[Consumer]) -> None:
-        for sink in [*self.earlier_sinks, self.sink]:
-            self._check_key_order_in(sink, consumers)
+        for checkpoint, sink in enumerate(self.sinks):
+            self._check_key_order_in(checkpoint, sink, consumers)
 
-    def _check_key_order_in(self, sink: dict[int, Rows], consumers: list[Consumer]) -> None:
+    def _check_key_order_in(
+        self, checkpoint: int, sink: dict[int, Rows], consumers: list[Consumer]
+    ) -> None:
         last: dict[str, int] = {}
         for batch in sorted(sink):
             for seqs in sink[batch].values():
                 for seq in seqs:
                     key = self.stream.messages[seq - 1].subject
                     if last.get(key, 0) > seq:
-                        self._order_break(seq, key, last[key], batch, consumers)
+                        self._order_break(seq, key, last[key], batch, checkpoint, consumers)
                     last[key] = max(last.get(key, 0), seq)
 
     def _order_break(
-        self, seq: int, key: str, newer: int, batch: int, consumers: list[Consumer]
+        self,
+        seq: int,
+        key: str,
+        newer: int,
+        batch: int,
+        checkpoint: int,
+        consumers: list[Consumer],
     ) -> None:
         detail = f"{key}: message {seq} after {newer} (batch {batch})"
         deliveries = deliveries_of(consumers, self.stream.messages[seq - 1])
-        why = self.attempts.why_late(seq, deliveries) or self.give_backs.why_late(deliveries)
+
+        def emitted(delivery: Delivery) -> bool:
+            """Whether `seq`'s rows in this checkpoint's sink came from `delivery`: the first
+            an attempt of the checkpoint wrote to its entry."""
+            owner = delivery.owner
+            return (
+                owner is not None
+                and seq in self.attempts.writing.get(owner, ())
+                and self._checkpoint_of(owner) == checkpoint
+            )
+
+        held = held_before(deliveries, emitted)
+        why = None
+        if held is not None:
+            why = self.attempts.why_late(seq, held) or self.give_backs.why_late(held)
         if why is None:
             self.problem("key order", f"{detail}, neither of the README's first two cases")
             return
         self.order_breaks.append(f"key order: {detail}")
         self.order_reasons[why] += 1
+
+
+def _heads(stored: Mapping[str, tuple[bytes, int]]) -> list[str]:
+    return [key for key in stored if not key.startswith("query.") and key.count(".") == 2]
+
+
+def live_leftovers(stored: Mapping[str, tuple[bytes, int]]) -> list[str]:
+    """The entries of the pointer's lineage that hold something, with their states: an idle
+    query has acked all it committed, and removes what it acked once the settle time passed."""
+    lineages = [json.loads(v)["lineage"] for k, (v, _) in stored.items() if k.startswith("query.")]
+    left = []
+    for key in sorted(_heads(stored)):
+        if key.split(".")[0] in lineages:
+            head = json.loads(stored[key][0])
+            if head["state"] != "sealed" or head["count"]:
+                left.append(f"{key} ({head['state']}, {head['count']} messages)")
+    return left

@@ -1,14 +1,31 @@
 """A simulated JetStream: one stream, a pull consumer per slot, and the client pieces the
 driver and the tasks use (API requests, pulls, acks published on the connection).
 
-The consumer keeps what nats-server does that the protocol rests on: deliveries in stream order,
-redeliveries first once their ack wait ran out (or once given back: `-NAK`, which a later `+WPI`
-does not undo), at most `max_ack_pending` unacked, acks, `+WPI` and `-NAK` matched by stream
-sequence (whatever delivery's subject they name), an ack floor, and a `pinned_client` priority
-group: a pull with a stale pin id gets 423, one without an id while another is pinned waits and
-gets 408, and the pin is dropped when no pull renewed it for the priority timeout. Waiting pulls
-are served as messages arrive or come due again; a request of a crashed participant or a closed
-pull consumer is not served any more.
+The consumer does what nats-server's does that the protocol rests on (server/consumer.go and
+server/filestore.go; each method names the function it follows), as unkindly:
+- deliveries in stream order, at most `max_ack_pending` unacked; redeliveries first, from a
+  redelivery queue: a delivery joins it when its ack wait runs out on the server's own timer
+  (`checkPending`) or when it is given back (`-NAK`, `processNak`); a `+WPI` restarts the ack
+  wait of a delivery not queued yet, and one queued stays queued (`progressUpdate`);
+- acks, `+WPI` and `-NAK` matched by stream sequence (whatever delivery's subject they name); a
+  `-NAK` whose consumer sequence is at or below the ack floor or past the last delivery is
+  ignored (`processNak`);
+- `max_deliver`: a delivery that expires (or is given back) at its limit leaves the consumer for
+  good, the ack floor moves past it (`hasMaxDeliveries`, `getNextMsg`);
+- a `pinned_client` priority group: a pull with a stale pin id gets 423 (at once while another
+  is pinned, when a message is ready while none is: `processNextMsgRequest`, `nextWaiting`), one
+  without an id while another is pinned waits and gets 408; the pin's timer is reset only by a
+  pull that carries it (`setPinnedTimer`), not by deliveries or acks;
+- a server restart (`setLeader`, `applyState`): the consumer comes back from its stored state,
+  which is written at most every 100 ms (`consumerFileStore.flushLoop`): acks of the last 100 ms
+  are lost, the redelivery queue, the waiting pulls (never answered) and the pin are dropped;
+- a consumer deleted and created again under its name starts over (DeliverAll), knowing nothing
+  of what was delivered or acked; acks on the old deliveries' subjects reach it
+  (`processAckMsg` matches the stream sequence);
+- the stream's first sequence moves (limits, purge): pending deliveries below it leave the
+  consumer (`checkPending`), and reading such a message answers 404 (`NotFound`).
+Waiting pulls are served as messages arrive or come due again; a request of a crashed
+participant or a closed pull consumer is not served any more.
 
 Every call the code under test makes is a scheduling point of its participant, before and after
 its effect (an ack published and then a crash before the flush confirms it, for one).
@@ -17,11 +34,12 @@ its effect (an ack published and then a crash before the flush confirms it, for 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from nats_spark import clock
+from nats_spark.errors import NotFound
 from nats_spark.jetstream.api import StoredMessage
 from nats_spark.jetstream.pull import Deliveries, PullStatus
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
@@ -30,6 +48,9 @@ from tests.simulation.scheduler import Participant, Scheduler
 STREAM = "S"
 GROUP = "PCG"
 NANOS = 1_000_000_000
+
+
+FLUSH_INTERVAL = 0.1  # a consumer's state reaches its store at most this often (`flushLoop`)
 
 
 @dataclass
@@ -45,12 +66,14 @@ class Delivery:
     consumer_seq: int
     due: float  # when its ack wait runs out
     owner: Participant | None = None  # whose pull request it went to
-    given_back: bool = False  # `-NAK`: queued for redelivery, whatever `+WPI` follows
+    given_back: bool = False  # `-NAK` taken: queued for redelivery, whatever `+WPI` follows
+    queued: float | None = None  # when it joined the redelivery queue (expired or given back)
 
 
 class Stream:
     def __init__(self) -> None:
         self.messages: list[Message] = []
+        self.first_seq = 1  # the messages before it were removed (limits, purge)
 
     @property
     def last_seq(self) -> int:
@@ -59,6 +82,9 @@ class Stream:
     def publish(self, subject: str, now: float) -> int:
         self.messages.append(Message(len(self.messages) + 1, subject, now))
         return len(self.messages)
+
+    def stored(self) -> list[Message]:
+        return self.messages[self.first_seq - 1 :]
 
 
 @dataclass(eq=False)
@@ -73,11 +99,17 @@ class PullRequest:
     served: int = 0
     status: PullStatus | None = None  # set when the server ended it
     closed: bool = False
+    dropped: bool = False  # the server restarted: it is never answered
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     def live(self) -> bool:
         owner = self.owner
-        return self.status is None and not self.closed and not (owner is not None and owner.dead)
+        return (
+            self.status is None
+            and not self.closed
+            and not self.dropped
+            and not (owner is not None and owner.dead)
+        )
 
 
 class Consumer:
@@ -91,23 +123,31 @@ class Consumer:
         ack_wait: float,
         max_ack_pending: int,
         pinning: bool = True,
+        max_deliver: int = 0,
     ):
         self.name = name
         self.prefix = prefix
         self.stream = stream
         self.ack_wait = ack_wait
         self.max_ack_pending = max_ack_pending
-        self.next_seq = 1  # the stream sequence new deliveries look from
-        self.delivered_seq = 0
+        self.max_deliver = max_deliver  # 0: no limit
+        self.pinning = pinning  # a `pinned_client` group (else `overflow`: no pins)
+        self.pins = 0
+        self.deliveries: dict[int, list[Delivery]] = {}  # by stream seq, in delivery order
+        self.dropped: list[int] = []  # stream seqs that left it past `max_deliver`
+        self.start_over()
+
+    def start_over(self) -> None:
+        """As created (DeliverAll): nothing delivered, acked or pinned."""
+        self.next_seq = self.stream.first_seq  # the stream sequence new deliveries look from
+        self.delivered_seq = self.stream.first_seq - 1
         self.consumer_seq = 0
         self.pending: dict[int, Delivery] = {}
         self.acked: set[int] = set()
-        self.pinning = pinning  # a `pinned_client` group (else `overflow`: no pins)
+        self.unflushed: list[tuple[float, int, Delivery]] = []  # acks not in the store yet
         self.pinned: str | None = None
         self.pin_renewed = 0.0
-        self.pins = 0
         self.waiting: list[PullRequest] = []
-        self.deliveries: dict[int, list[Delivery]] = {}  # by stream seq, in delivery order
 
     @property
     def priority_timeout(self) -> float:
@@ -117,13 +157,20 @@ class Consumer:
         return message.subject.startswith(self.prefix)
 
     def num_pending(self) -> int:
-        return sum(1 for m in self.stream.messages[self.next_seq - 1 :] if self.mine(m))
+        first = max(self.next_seq, self.stream.first_seq)
+        return sum(1 for m in self.stream.messages[first - 1 :] if self.mine(m))
 
     def ack_floor(self) -> int:
         return min(self.pending) - 1 if self.pending else self.delivered_seq
 
+    def ack_floor_delivery(self) -> int:
+        """The ack floor's consumer sequence: below every pending delivery."""
+        return (
+            min((d.consumer_seq for d in self.pending.values()), default=self.consumer_seq + 1) - 1
+        )
+
     def info(self, now: float) -> dict[str, Any]:
-        self._expire_pin(now)
+        self.expire(now)
         return {
             "num_pending": self.num_pending(),
             "num_ack_pending": len(self.pending),
@@ -133,42 +180,74 @@ class Consumer:
             "config": {
                 "ack_wait": int(self.ack_wait * NANOS),
                 "max_ack_pending": self.max_ack_pending,
+                "max_deliver": self.max_deliver or -1,
             },
             "priority_groups": [{"group": GROUP, "pinned_client_id": self.pinned or ""}],
         }
 
-    def _expire_pin(self, now: float) -> None:
+    def expire(self, now: float) -> None:
+        """What the server's own timers did by `now` (`checkPending`, the pin's timer): each
+        delivery whose ack wait ran out joined the redelivery queue, or left the consumer at its
+        `max_deliver`; deliveries of removed messages left it; the pin lapsed."""
         if self.pinned is not None and now - self.pin_renewed > self.priority_timeout:
             self.pinned = None
+        for seq, delivery in list(self.pending.items()):
+            if seq < self.stream.first_seq:
+                del self.pending[seq]
+            elif delivery.queued is None and delivery.due <= now:
+                if self._at_max_deliver(seq, delivery):
+                    continue
+                delivery.queued = delivery.due
+
+    def _at_max_deliver(self, seq: int, delivery: Delivery) -> bool:
+        """`hasMaxDeliveries`: a delivery that comes due at the limit leaves for good."""
+        if not self.max_deliver or delivery.delivered < self.max_deliver:
+            return False
+        del self.pending[seq]
+        self.dropped.append(seq)
+        return True
 
     def request(self, request: PullRequest, now: float) -> None:
-        """A pull request arrives."""
-        self._expire_pin(now)
-        if self.pinned is not None and request.pin_id not in (None, self.pinned):
-            request.status = PullStatus.PIN_MISMATCH
-            request.arrived.set()
-            return
+        """A pull request arrives (`processNextMsgRequest`): one carrying the pin resets its
+        timer; one carrying another pin gets 423."""
+        self.expire(now)
+        if self.pinned is not None:
+            if request.pin_id == self.pinned:
+                self.pin_renewed = now
+            elif request.pin_id is not None:
+                self._end(request, PullStatus.PIN_MISMATCH)
+                return
         self.waiting.append(request)
         self.serve(now)
 
+    def _end(self, request: PullRequest, status: PullStatus) -> None:
+        request.status = status
+        request.arrived.set()
+
     def serve(self, now: float) -> None:
         """Serve the waiting requests in order: redeliveries first, then new messages."""
-        self._expire_pin(now)
+        self.expire(now)
         for request in list(self.waiting):
             if not request.live():
                 self.waiting.remove(request)
                 continue
-            if self.pinned is not None and request.pin_id != self.pinned:
-                continue  # waits, as a pull without the pin does, until it expires
-            while request.served < request.batch:
+            if self.pinning and self.pinned is None and request.pin_id and self._ready():
+                # `nextWaiting`: no pin, and a request with an id: an old one
+                self.waiting.remove(request)
+                self._end(request, PullStatus.PIN_MISMATCH)
+                continue
+            # A pull without the pin while another holds it is passed over (`nextWaiting`),
+            # and ends as any other when it expires or, no-wait, at once (`processWaiting`).
+            served = self.pinned is None or request.pin_id == self.pinned
+            while served and request.served < request.batch:
                 found = self._next(now)
                 if found is None:
                     break
-                if self.pinned is None and self.pinning:
+                if self.pinned is None and self.pinning:  # `assignNewPinId`
                     self.pins += 1
                     self.pinned = f"pin-{self.name[-1]}-{self.pins}"
+                    self.pin_renewed = now
                     request.pin_id = self.pinned
-                self.pin_renewed = now
                 found[1].owner = request.owner
                 request.delivered.append(found)
                 request.served += 1
@@ -184,14 +263,31 @@ class Consumer:
                 self.waiting.remove(request)
                 request.arrived.set()
 
+    def _queue(self) -> list[int]:
+        """The redelivery queue, in the order it was filled."""
+        queued = [(d.queued, seq) for seq, d in self.pending.items() if d.queued is not None]
+        return [seq for _, seq in sorted(queued)]
+
+    def _ready(self) -> bool:
+        """Whether a message would be delivered now."""
+        if self._queue():
+            return True
+        if len(self.pending) >= self.max_ack_pending:
+            return False
+        first = max(self.next_seq, self.stream.first_seq)
+        return any(self.mine(m) for m in self.stream.messages[first - 1 :])
+
     def _next(self, now: float) -> tuple[Message, Delivery] | None:
-        for seq in sorted(self.pending):
+        """`getNextMsg`."""
+        for seq in self._queue():
             delivery = self.pending[seq]
-            if delivery.given_back or delivery.due <= now:
-                return self._deliver(self.stream.messages[seq - 1], delivery.delivered + 1, now)
+            if self._at_max_deliver(seq, delivery):
+                continue
+            return self._deliver(self.stream.messages[seq - 1], delivery.delivered + 1, now)
         if len(self.pending) >= self.max_ack_pending:
             return None
-        for message in self.stream.messages[self.next_seq - 1 :]:
+        first = max(self.next_seq, self.stream.first_seq)
+        for message in self.stream.messages[first - 1 :]:
             self.next_seq = message.seq + 1
             if self.mine(message):
                 self.delivered_seq = message.seq
@@ -205,24 +301,53 @@ class Consumer:
         self.deliveries.setdefault(message.seq, []).append(delivery)
         return message, delivery
 
-    def ack(self, seq: int) -> bool:
-        """Whether the ack took a pending message off."""
-        if self.pending.pop(seq, None) is None:
+    def ack(self, seq: int, now: float) -> bool:
+        """Whether the ack took a pending message off (`processAckMsg`)."""
+        self.expire(now)
+        delivery = self.pending.pop(seq, None)
+        if delivery is None:
             return False
         self.acked.add(seq)
+        self.unflushed = [a for a in self.unflushed if a[0] > now - FLUSH_INTERVAL]
+        self.unflushed.append((now, seq, delivery))
         return True
 
     def in_progress(self, seq: int, now: float) -> None:
-        """`+WPI`: the ack wait starts over (a delivery given back stays queued for redelivery,
-        as nats-server's `progressUpdate` leaves its redelivery queue alone)."""
+        """`+WPI` (`progressUpdate`): the ack wait starts over; a delivery already on the
+        redelivery queue (its wait ran out, or given back) stays there and is redelivered."""
+        self.expire(now)
         if seq in self.pending:
             self.pending[seq].due = now + self.ack_wait
 
-    def give_back(self, seq: int, now: float) -> None:
-        """`-NAK`: redelivered at the next pull, before new messages."""
-        if seq in self.pending:
-            self.pending[seq].due = now
-            self.pending[seq].given_back = True
+    def give_back(self, seq: int, consumer_seq: int, now: float) -> None:
+        """`-NAK` (`processNak`): redelivered at the next pull, before new messages; ignored
+        outside the consumer's window (a delivery at or below the ack floor, or one it never
+        made) and for a message not pending."""
+        self.expire(now)
+        if consumer_seq <= self.ack_floor_delivery() or consumer_seq > self.consumer_seq:
+            return
+        delivery = self.pending.get(seq)
+        if delivery is None:
+            return
+        delivery.given_back = True
+        if delivery.queued is None:
+            delivery.queued = now
+
+    def restart(self, now: float) -> None:
+        """The server restarted (`setLeader`, `applyState`): back from the store, which missed
+        the acks of the last `FLUSH_INTERVAL`; no redelivery queue, no waiting pull (none is
+        answered), no pin."""
+        for at, seq, delivery in self.unflushed:
+            if at > now - FLUSH_INTERVAL:
+                self.pending[seq] = delivery
+                self.acked.discard(seq)
+        self.unflushed = []
+        for delivery in self.pending.values():
+            delivery.queued = None
+        for request in self.waiting:
+            request.dropped = True
+        self.waiting = []
+        self.pinned = None
 
     def events(self) -> list[float]:
         """When serving may change: a waiting pull expires, or a message comes due for one."""
@@ -258,6 +383,7 @@ class Server:
         self.stream = stream
         self.consumers = {c.name: c for c in consumers}
         self.on_ack: list[Any] = []
+        self.after_acks: Callable[[], None] = lambda: None  # a round of acks was taken
 
     def now(self) -> float:
         return self.sched.now
@@ -275,22 +401,38 @@ class Server:
             self.serve()
 
     def publish_commands(self, command: bytes) -> None:
-        lines = command.split(b"\r\n")
+        lines, acked = command.split(b"\r\n"), False
         for header, body in zip(lines[0::2], lines[1::2], strict=False):
             if not header.startswith(b"PUB "):
                 continue
             tokens = header.split(b" ")[1].split(b".")
             consumer = self.consumers[tokens[3].decode()]
-            seq = int(tokens[5])
+            seq, now = int(tokens[5]), self.now()
             if body == b"+ACK":
-                if consumer.ack(seq):
+                if consumer.ack(seq, now):
+                    acked = True
                     for hear in self.on_ack:
                         hear(consumer.name, seq)
             elif body == b"+WPI":
-                consumer.in_progress(seq, self.now())
+                consumer.in_progress(seq, now)
             elif body == b"-NAK":
-                consumer.give_back(seq, self.now())
+                consumer.give_back(seq, int(tokens[6]), now)
         self.serve()
+        if acked:
+            self.after_acks()
+
+    def restart(self) -> None:
+        """A restart (or a leader change): every consumer comes back from its store."""
+        for consumer in self.consumers.values():
+            consumer.restart(self.now())
+
+    def purge_acked(self) -> int:
+        """Remove the messages every consumer has acked (a purge through the lowest ack floor,
+        as an operator or a work-queue stream's retention would); the new first sequence."""
+        floor = min(c.ack_floor() for c in self.consumers.values())
+        self.stream.first_seq = max(self.stream.first_seq, floor + 1)
+        self.serve()
+        return self.stream.first_seq
 
 
 class SimNc:
@@ -317,8 +459,9 @@ class SimApi:
 
     async def stream_info(self, stream: str) -> StreamInfo:
         await self.client.sched.point("stream info")
-        last = self.client.server.stream.last_seq
-        return StreamInfo({"state": {"first_seq": 1, "last_seq": last}, "config": {}})
+        stream = self.client.server.stream
+        state = {"first_seq": stream.first_seq, "last_seq": stream.last_seq}
+        return StreamInfo({"state": state, "config": {}})
 
     async def consumer_info(self, stream: str, consumer: str) -> ConsumerInfo:
         server = self.client.server
@@ -327,7 +470,10 @@ class SimApi:
 
     async def get_message(self, stream: str, seq: int) -> StoredMessage:
         await self.client.sched.point(f"get message {seq}")
-        message = self.client.server.stream.messages[seq - 1]  # the stream never drops any
+        stored = self.client.server.stream
+        if seq < stored.first_seq:  # removed (limits, purge)
+            raise NotFound(f"$JS.API.STREAM.MSG.GET.{stream}", 404, 10037, "no message found")
+        message = stored.messages[seq - 1]
         return StoredMessage(message.subject, seq, b"", None, _rfc3339(message.time))
 
 

@@ -30,6 +30,8 @@ OFFSET_READER = "nats_spark.spark.group_source.driver.offset_reader"
 DRIVER_LEDGER = "nats_spark.spark.group_source.driver.driver_ledger"
 SLOT_ENTRY = "nats_spark.spark.group_source.task.slot_entry"
 LEDGER_PROTOCOL = "nats_spark.spark.group_source.ledger_protocol"
+SEALED_KEEPER = "nats_spark.spark.group_source.driver.sealed_keeper"
+PULL_POLICY = "nats_spark.spark.group_source.task.pull_policy"
 WORLD = "tests.simulation.world"
 
 
@@ -204,6 +206,58 @@ MUTANTS = (
                 "        dedupe = self.ledger.dedupe_spans(end.gen, same_stream) "
                 "if task.limit else ()\n",
                 "        dedupe = ()\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "acked-forgotten-at-once",
+        "the settle horizon skipped: an acked entry is forgotten at the next planning, and with "
+        "it the dedupe of its messages, though a server restart can lose its acks (those of "
+        "the last 100 ms) and redeliver them (issue 45: seeds 0-299 passed it while the "
+        "simulated server never restarted)",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "    if not head.count:\n        return Settling.NOW\n",
+                "    if not head.count or head.state is EntryState.ACKED:\n"
+                "        return Settling.NOW\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "acked-entries-kept",
+        "acked entries never settle: the ledger keeps every batch's entry of the live lineage "
+        "(what the protocol no longer needs it must remove itself)",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "        return Settling.NOT_YET\n    return Settling.PAST\n",
+                "        return Settling.NOT_YET\n    return Settling.NOT_YET\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "stale-pin-ends-the-batch",
+        "a 423 (stale pin id) ends the task's batch instead of a pull for a fresh pin: on "
+        "nats-server a pin lapses unless a pull carries it, and a pull with its old id then gets "
+        "423, so a slot whose tasks start with a lapsed pin would never read again",
+        (
+            Patch(
+                PULL_POLICY,
+                "            return self.pin_retries <= PIN_RETRIES\n",
+                "            return False\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "sealed-kept-only-once-due",
+        "the sealed keeper restarts an entry's ack wait only once it has run out: a late "
+        "`+WPI` rescues nothing on nats-server (the delivery is on its redelivery queue)",
+        (
+            Patch(
+                SEALED_KEEPER,
+                "        return started + self.wait - (now + self.wait / _LOOKS) < self.left\n",
+                "        return started + self.wait < now\n",
             ),
         ),
     ),

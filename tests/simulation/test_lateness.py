@@ -1,6 +1,6 @@
-"""The simulation's classifier of per-key order breaks (`lateness.py`): only a delivery that an
-attempt which died held unrecorded, or whose entry a give-back removed before its driver died,
-and that nobody gave back, explains a late message."""
+"""The simulation's classifier of per-key order breaks (`lateness.py`): only the delivery just
+before the one a late message was emitted from, when an attempt which died held it unrecorded,
+or a give-back removed its entry before its driver died, and nobody gave it back, explains it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from nats_spark.spark.group_source.ledger_protocol import LedgerConflict
 from tests.memory_bucket import MemoryBucket
 from tests.simulation.jetstream import Delivery, Stream
-from tests.simulation.lateness import Attempts, GiveBacks
+from tests.simulation.lateness import REQUEUED, Attempts, GiveBacks, held_before
 from tests.simulation.scheduler import Crashed, Lost, Participant
 
 pytestmark = pytest.mark.unit
@@ -33,7 +33,7 @@ def attempt(loop: asyncio.AbstractEventLoop, driver: Participant | None = None) 
 
 def late(attempts: Attempts, held: Delivery) -> str | None:
     """Why SEQ came late, `held` being its delivery before the one emitted."""
-    return attempts.why_late(SEQ, [held, Delivery(2, 2, 0.0)])
+    return attempts.why_late(SEQ, held)
 
 
 def test_an_unrecorded_delivery_of_a_crashed_attempt_explains(
@@ -69,17 +69,31 @@ def test_a_recorded_given_back_or_finished_delivery_explains_nothing(
     crashed.dead = True
     finished.finished.set_result([SEQ])
     failed.finished.set_exception(TimeoutError())
-    assert late(attempts, Delivery(1, 1, 0.0, owner=crashed, given_back=True)) is None
+    assert late(attempts, Delivery(1, 1, 0.0, owner=crashed, given_back=True)) == REQUEUED
     assert late(attempts, Delivery(1, 1, 0.0, owner=finished)) is None
     assert late(attempts, Delivery(1, 1, 0.0, owner=failed)) is None
     attempts.recorded[crashed] = {SEQ}
     assert late(attempts, Delivery(1, 1, 0.0, owner=crashed)) is None
 
 
-def test_the_emitted_delivery_itself_explains_nothing(loop: asyncio.AbstractEventLoop) -> None:
-    crashed = attempt(loop)
+def test_only_the_delivery_before_the_emitted_one_can_explain(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """A crashed attempt's unrecorded delivery explains a break only when it is the delivery
+    just before the one emitted: an earlier one came back and was taken again before (issue 45:
+    any dead attempt's earlier delivery was taken as the explanation)."""
+    crashed, finished, emitting = attempt(loop), attempt(loop), attempt(loop)
     crashed.dead = True
-    assert Attempts().why_late(SEQ, [Delivery(1, 1, 0.0, owner=crashed)]) is None
+    finished.finished.set_result([])
+    first = Delivery(1, 1, 0.0, owner=crashed)
+    second = Delivery(2, 2, 0.0, owner=finished)
+    emitted = Delivery(3, 3, 0.0, owner=emitting)
+    deliveries = [first, second, emitted]
+    held = held_before(deliveries, lambda d: d is emitted)
+    assert held is second
+    assert Attempts().why_late(SEQ, held) is None
+    assert held_before([first, emitted], lambda d: d is emitted) is first
+    assert held_before([emitted], lambda d: d is emitted) is None  # emitted from its first
 
 
 def test_a_give_back_whose_driver_died_after_the_removal_explains(
@@ -89,12 +103,11 @@ def test_a_give_back_whose_driver_died_after_the_removal_explains(
     give_backs = GiveBacks(None, store, Stream(), [])  # type: ignore[arg-type]  # no scheduling
     held = Delivery(1, 1, 0.0)
     give_backs.removing[driver] = [("lineage.1.partition-0", [held])]
-    deliveries = [held, Delivery(2, 2, 0.0)]
-    assert give_backs.why_late(deliveries) is None  # alive: its -NAKs are still to come
+    assert give_backs.why_late(held) is None  # alive: its -NAKs are still to come
     driver.dead = True
-    assert "give-back" in (give_backs.why_late(deliveries) or "")
+    assert "give-back" in (give_backs.why_late(held) or "")
     store.values["lineage.1.partition-0"] = (b"{}", 1)  # it died before the removal took effect
-    assert give_backs.why_late(deliveries) is None
+    assert give_backs.why_late(held) is None
     del store.values["lineage.1.partition-0"]
     held.given_back = True  # a later give-back sent the -NAK
-    assert give_backs.why_late(deliveries) is None
+    assert give_backs.why_late(held) is None

@@ -14,7 +14,7 @@ import logging
 import random
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -28,8 +28,16 @@ from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task import slot_history
 from nats_spark.spark.group_source.task.partition_reader import SlotReader, slot_batches
 from tests.memory_bucket import MemoryBucket
-from tests.simulation.invariants import Observed
-from tests.simulation.jetstream import GROUP, STREAM, Consumer, Server, SimClient, Stream
+from tests.simulation.invariants import Observed, live_leftovers
+from tests.simulation.jetstream import (
+    FLUSH_INTERVAL,
+    GROUP,
+    STREAM,
+    Consumer,
+    Server,
+    SimClient,
+    Stream,
+)
 from tests.simulation.lateness import GiveBacks
 from tests.simulation.scheduler import Chaos, Crashed, Scheduler, run
 from tests.simulation.spark import AVAILABLE_NOW, PROCESSING, V40, V42, Checkpoint, Query
@@ -56,6 +64,12 @@ class Setup:
     shared: bool  # both slots read one overflow consumer (siblings), not a partition each
     new_checkpoint: float = 0.0  # chance a query run starts on a new checkpoint
     chaos_waits: float = 8.0  # how long the chaotic phase lasts, in ack waits
+    # The server's faults (drawn apart, `draw_hostility`, so the draws above stay the seed's):
+    restart_after_acks: float = 0.0  # chance a server restart follows a round of acks
+    purges: bool = False  # an operator purges what every consumer acked, now and then
+    # Settings the source must refuse or survive, never drawn (a run's override):
+    max_deliver: int = 0  # the consumers' max_deliver (0: none)
+    recreate_consumer: bool = False  # a consumer is deleted and created again (DeliverAll)
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -79,6 +93,16 @@ class Setup:
             trigger_interval=rng.choice((1.0, 3.0, 10.0)),
             shared=rng.random() < 0.25,
         )
+
+
+def draw_hostility(rng: random.Random) -> dict[str, Any]:
+    """The server's faults of a seed: restarts that lose the acks of the last 100 ms (targeted:
+    one may follow a round of acks, within that window) and purges that move the stream's
+    first sequence."""
+    return {
+        "restart_after_acks": rng.choice((0.0, 0.0, 0.02, 0.1)),
+        "purges": rng.random() < 0.3,
+    }
 
 
 class SimBucket:
@@ -141,12 +165,15 @@ class World:
     bucket: MemoryBucket = field(default_factory=MemoryBucket)
     quiet: bool = False
     side: random.Random = field(default_factory=random.Random)  # draws apart from the schedule's
+    faults: random.Random = field(default_factory=random.Random)  # the server's faults, apart
 
     def __post_init__(self) -> None:
         setup = self.setup
         waits, capacity = setup.ack_wait, setup.max_ack_pending
         if setup.shared:  # a plain priority-group consumer read by two slots
-            self.consumers = [Consumer("c", "S.", self.stream, waits, capacity, pinning=False)]
+            self.consumers = [
+                Consumer("c", "S.", self.stream, waits, capacity, False, setup.max_deliver)
+            ]
             self.slots = [
                 Slot(f"c#{i}", STREAM, "c", GROUP, "overflow", None, False, readers=SLOTS)
                 for i in range(SLOTS)
@@ -154,7 +181,15 @@ class World:
             target = {"consumer": "c", "numPartitions": str(SLOTS)}
         else:  # a partitioned group's partitions, a consumer each
             self.consumers = [
-                Consumer(f"g-partition-{p}", f"S.p{p}.", self.stream, waits, capacity)
+                Consumer(
+                    f"g-partition-{p}",
+                    f"S.p{p}.",
+                    self.stream,
+                    waits,
+                    capacity,
+                    True,
+                    setup.max_deliver,
+                )
                 for p in range(SLOTS)
             ]
             self.slots = [
@@ -163,10 +198,13 @@ class World:
             ]
             target = {"group": "g", "ackWait": str(setup.ack_wait)}
         self.server = Server(self.sched, self.consumers, self.stream)
+        self.server.after_acks = self._maybe_restart
+        self.restarts = 3  # at most, per schedule
         self.observed = Observed(
             self.stream,
             key_order=not setup.shared,
             give_backs=GiveBacks(self.sched, self.bucket, self.stream, self.consumers),
+            who=self.sched.current,
         )
         self.server.on_ack.append(self.observed.acked)
         self.server.on_ack.append(lambda consumer, seq: self.sched.note(f"acks {seq}"))
@@ -191,6 +229,34 @@ class World:
             return False
         self.sched.note(f"the answer to the write of {key} is lost (it was retried)")
         return True
+
+    def _maybe_restart(self) -> None:
+        """After a round of acks: maybe a server restart within the window its store misses."""
+        if self.quiet or not self.restarts or self.faults.random() >= self.setup.restart_after_acks:
+            return
+        self.restarts -= 1
+        delay = self.faults.uniform(0.0, 1.5 * FLUSH_INTERVAL)
+        self.sched.loop.call_later(delay, self._restart)
+
+    def _restart(self) -> None:
+        self.sched.note("the server restarts: acks of the last 100 ms, the pins lost")
+        self.server.restart()
+
+    async def operate(self) -> None:
+        """An operator's doings in the chaotic phase: purges of what every consumer acked, and
+        a consumer deleted and created again."""
+        setup, sched = self.setup, self.sched
+        recreate_at = self.faults.uniform(0.2, 0.8) * setup.chaos_waits * setup.ack_wait
+        while not self.quiet:
+            await sched.sleep(self.faults.uniform(0.5, 2.0) * setup.ack_wait)
+            if setup.purges and not self.quiet:
+                first = self.server.purge_acked()
+                sched.note(f"purge: the stream's first sequence is {first}")
+            if setup.recreate_consumer and sched.now >= recreate_at:
+                consumer = self.consumers[0]
+                sched.note(f"consumer {consumer.name} deleted and created again (DeliverAll)")
+                consumer.start_over()
+                recreate_at = float("inf")
 
     def bucket_view(self) -> SimBucket:
         return SimBucket(self.bucket, self.sched)
@@ -231,6 +297,8 @@ class World:
         ticking = asyncio.Event()
         server = asyncio.ensure_future(self.server.run(ticking))
         publishing = asyncio.ensure_future(self.publish(setup.messages, chaos_time * 0.7))
+        if setup.purges or setup.recreate_consumer:
+            asyncio.ensure_future(self.operate())
         runs = 0
         while sched.now < chaos_time or not publishing.done():
             runs += 1
@@ -256,6 +324,7 @@ class World:
     ) -> None:
         query = Query(self, self.setup.version, trigger, stop_at)
         participant = self.sched.spawn(f"driver#{number}", "driver", self._drive(query, quiet))
+        self.observed.query_run(participant)
         self.sched.note(f"query run {number}: Spark {self.setup.version}, {trigger}")
         with contextlib.suppress(Crashed):
             await participant.finished
@@ -266,12 +335,14 @@ class World:
         return await query.run()
 
     async def _stop_when_idle(self, query: Query) -> None:
-        """Stop the last run once it has been idle a while with nothing left to ack."""
+        """Stop the last run once it has been idle a while with nothing left to ack, and its
+        ledger holds nothing of its lineage that it should remove (its driver removes what it
+        acked once the consumers' ack floors have held past it `SETTLE_SECONDS`)."""
         limit = self.sched.now + 30 * self.setup.ack_wait
         while self.sched.now < limit:
             await self.sched.sleep(1.0)
             drained = all(not c.pending and not c.num_pending() for c in self.consumers)
-            if query.idle >= 2 and drained:
+            if query.idle >= 2 and drained and not live_leftovers(self.bucket.values):
                 break
         query.stop_at = self.sched.now
 
@@ -287,7 +358,7 @@ class Result:
     steps: int
 
 
-def run_schedules(seeds: range, jobs: int, **overrides: Any) -> Iterator[Result]:
+def run_schedules(seeds: Sequence[int], jobs: int, **overrides: Any) -> Iterator[Result]:
     """Run the schedules of `seeds` over `jobs` processes, in seed order; without their traces
     (`run_schedule` of one seed prints it)."""
     chunk = max(1, min(200, len(seeds) // (jobs * 8)))
@@ -310,10 +381,15 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
     rng = random.Random(seed)
     # New checkpoints are drawn apart, so a seed's schedule without them stays what it was.
     side = random.Random(f"new checkpoints {seed}")
-    drawn = {"new_checkpoint": side.choice((0.0, 0.0, 0.0, 0.3)), **overrides}
+    faults = random.Random(f"server faults {seed}")  # likewise the server's faults
+    drawn = {
+        "new_checkpoint": side.choice((0.0, 0.0, 0.0, 0.3)),
+        **draw_hostility(faults),
+        **overrides,
+    }
     setup = replace(Setup.draw(rng), **drawn)
     sched = Scheduler(rng, replace(setup.chaos), setup.ack_wait, verbose=verbose)
-    world = World(setup, sched, side=side)
+    world = World(setup, sched, side=side, faults=faults)
     previous_seen, previous_uuid4 = slot_history._seen, uuid.uuid4
     give_back = ledger_protocol.give_back
     ledger_protocol.give_back = world.observed.give_backs.watch(give_back)

@@ -389,11 +389,14 @@ async def remove_settled(
 
 async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, str]]) -> int:
     """Any state -> given back: remove the entries `keys` of an earlier checkpoint and NAK what
-    they hold (read first: once removed, nothing names those deliveries); returns how many."""
+    they hold (read first: once removed, nothing names those deliveries); returns how many.
+    Acked entries too: a server restart loses the acks its consumer store had not written yet
+    (the last 100 ms), and the server ignores the NAK of a message no longer pending, so only
+    what came back is given back, at once, ahead of newer messages of its key."""
     held: list[EntryDeliveries] = []
     for gen, slot in keys:
         head = await _taken_from_its_attempt(ledger, gen, slot)
-        if head is not None and head.state is not EntryState.ACKED:
+        if head is not None:
             held.append(await read_deliveries(ledger, head))
     for gen, slot in keys:
         await ledger.delete_entry(gen, slot)

@@ -47,6 +47,19 @@ def kv() -> MemoryBucket:
 
 
 @pytest.fixture
+def given_back(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The ack commands the ledger protocol sends (NAKs of give-backs, acks), as sent."""
+    sent: list[bytes] = []
+
+    async def send(nc: object, commands: list[bytes], count: int) -> int:
+        sent.extend(commands)
+        return count
+
+    monkeypatch.setattr(ledger_protocol, "send_acks", send)
+    return sent
+
+
+@pytest.fixture
 def lineage() -> str:
     """A lineage of its own per test: workers keep what they read of entries by lineage."""
     return uuid.uuid4().hex
@@ -413,20 +426,13 @@ def test_the_sealed_keeper_reads_an_entry_only_once_its_wait_may_be_due(
 
 
 def test_a_checkpoints_first_batch_gives_back_an_entry_created_after_its_driver_adopted(
-    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+    kv: MemoryBucket, lineage: str, given_back: list[bytes]
 ) -> None:
     """Spark 4.0/4.1 plan a new checkpoint's first batch (gen 3) in the stored lineage; its
     earlier gens are an earlier query's. A task attempt of that query that creates its gen-2
     entry after the new driver adopted the lineage (and before the fence) is given back too:
     else its messages would stay held, their redeliveries dropped as emitted. One that creates
     it after the fence finds it."""
-    given_back: list[bytes] = []
-
-    async def send(nc: object, commands: list[bytes], count: int) -> int:
-        given_back.extend(commands)
-        return count
-
-    monkeypatch.setattr(ledger_protocol, "send_acks", send)
     sealed(kv, lineage, 1, [1, 2])
     ledger = driver(kv)
     run_sync(ledger.adopt(SourceOffset(lineage, 3)))
@@ -442,18 +448,12 @@ def test_a_checkpoints_first_batch_gives_back_an_entry_created_after_its_driver_
 
 
 def test_a_give_back_takes_the_entry_from_an_attempt_still_recording_in_it(
-    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch, given_back: list[bytes]
 ) -> None:
     """A task attempt of the earlier query records in its OPEN entry while a new checkpoint's
     driver gives the entry back. Had it recorded after the give-back read what to NAK, that
     delivery would be removed un-NAKed and wait out its ack wait behind newer messages of its
     key; the give-back takes the entry first, so that write fails (found by seed 39465)."""
-    given_back: list[bytes] = []
-
-    async def send(nc: object, commands: list[bytes], count: int) -> int:
-        given_back.extend(commands)
-        return count
-
     zombie = claimed(kv, input_partition(lineage))
     take(zombie, [1, 2])
     read = ledger_protocol.read_deliveries
@@ -464,10 +464,26 @@ def test_a_give_back_takes_the_entry_from_an_attempt_still_recording_in_it(
             recorded_meanwhile.extend((await recording(zombie, [3], 1))[0])
         return await read(ledger, head)
 
-    monkeypatch.setattr(ledger_protocol, "send_acks", send)
     monkeypatch.setattr(ledger_protocol, "read_deliveries", zombie_records_meanwhile)
     run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), [(1, "m1")]))
     assert recorded_meanwhile == []
+    assert b"".join(given_back).count(b"-NAK") == 2
+    assert run_sync(Ledger(kv, lineage).heads()) == []
+
+
+def test_a_give_back_gives_back_an_acked_entry_too(
+    kv: MemoryBucket, lineage: str, given_back: list[bytes]
+) -> None:
+    """A server restart loses the acks its consumer store had not written (the last 100 ms):
+    the messages of an ACKED entry come back after their ack wait. A new checkpoint that gave
+    back only unacked entries read newer messages of their keys first (found by seed 482 once
+    the simulated server restarted); it NAKs an acked entry's deliveries too, which the server
+    ignores for what is no longer pending."""
+    sealed(kv, lineage, 1, [1, 2])
+    run_sync(ledger_protocol.ack(CLIENT, Ledger(kv, lineage), 1, "m1", "S"))
+    assert stored(kv, lineage, 1)[0].state is EntryState.ACKED
+    given_back.clear()  # the acks
+    run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), [(1, "m1")]))
     assert b"".join(given_back).count(b"-NAK") == 2
     assert run_sync(Ledger(kv, lineage).heads()) == []
 

@@ -1,0 +1,90 @@
+"""The simulation's checks themselves (`invariants.py`): each is per checkpoint, and the live
+lineage's leftovers count."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from tests.simulation.invariants import Observed, live_leftovers
+from tests.simulation.jetstream import Stream
+from tests.simulation.lateness import GiveBacks
+from tests.simulation.scheduler import Participant
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def observed(stream: Stream, running: list[Participant]) -> Observed:
+    give_backs = GiveBacks(None, None, stream, [])  # type: ignore[arg-type]  # not asked here
+    return Observed(stream, True, give_backs, who=lambda: running[0])
+
+
+def test_a_new_checkpoint_that_acks_what_an_earlier_one_committed_fails(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Spark's outputs are per checkpoint: what an earlier query committed and never acked, a
+    new checkpoint must emit before it acks it (issue 45: the check took the union of the
+    checkpoints' sinks, so such a drop passed)."""
+    stream = Stream()
+    stream.publish("S.p0.k0", 0.0)
+    first = Participant("driver#1", "driver", loop.create_future())
+    second = Participant("driver#2", "driver", loop.create_future())
+    running = [first]
+    checks = observed(stream, running)
+    checks.query_run(first)
+    checks.sink_write(1, {"partition-0": [1]})
+    checks.new_checkpoint()
+    checks.query_run(second)
+    running[0] = Participant("b0/partition-0#0", "task", loop.create_future(), second)
+    checks.acked("g-partition-0", 1)
+    assert checks.problems == ["acked before commit: message 1 of g-partition-0 (checkpoint 1)"]
+    checks.problems.clear()
+    running[0] = Participant("b1/partition-0#0", "task", loop.create_future(), first)
+    checks.acked("g-partition-0", 1)  # a zombie of the first query acks what it committed
+    assert checks.problems == []
+
+
+def test_loss_is_checked_in_the_checkpoint_that_acked(loop: asyncio.AbstractEventLoop) -> None:
+    stream = Stream()
+    stream.publish("S.p0.k0", 0.0)
+    stream.publish("S.p0.k0", 0.0)
+    driver = Participant("driver#1", "driver", loop.create_future())
+    checks = observed(stream, [driver])
+    checks.query_run(driver)
+    checks.sink_write(0, {"partition-0": [1, 2]})
+    checks.new_checkpoint()
+    checks.sink_write(0, {"partition-0": [2]})
+    checks.acked("g-partition-0", 1)  # by the first checkpoint's driver, which committed it
+    checks.check_quiet([])
+    assert checks.problems == []
+    checks.acked_in.pop(1)  # never acked: the live checkpoint must hold it
+    checks.check_quiet([])
+    assert checks.problems == ["not in any committed batch: messages [1]"]
+
+
+def head(state: str, count: int) -> tuple[bytes, int]:
+    return json.dumps({"state": state, "count": count}).encode(), 1
+
+
+def test_leftovers_of_the_live_lineage_count() -> None:
+    stored = {
+        "query.S.g": (json.dumps({"lineage": "live", "replaced": ["old"]}).encode(), 1),
+        "live.1.partition-0": head("acked", 2),
+        "live.2.partition-0": head("open", 0),
+        "live.3.partition-0": head("sealed", 0),
+        "old.1.partition-0": head("acked", 1),
+    }
+    assert live_leftovers(stored) == [
+        "live.1.partition-0 (acked, 2 messages)",
+        "live.2.partition-0 (open, 0 messages)",
+    ]
