@@ -183,6 +183,20 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "ledger-keeps-max-age",
+        "issue 45 hole 1: the ledger bucket kept the max age it was made with (7 days by the "
+        "previous release, or an operator's shorter one), which applies to every key by its "
+        "last write: a query paused longer lost its pointer and the entries of its last "
+        "committed batch, whose unacked messages came back and were emitted again",
+        (
+            Patch(
+                DRIVER_LEDGER,
+                "            await keep_entries(self.kv)\n",
+                "            pass  # the bucket keeps its max age\n",
+            ),
+        ),
+    ),
+    Mutant(
         "acks-uncommitted-at-stop",
         "an ack before commit: the driver at stop acks every batch it planned, not only the "
         "committed ones (the guarantee the ledger exists for; never shipped)",

@@ -230,7 +230,7 @@ async def record(
     except LedgerConflict:
         # Taken over or removed meanwhile: no head names these chunks now, nor will (a head
         # adopts only the chunks its predecessor named). Under a removed entry nothing else
-        # would remove them before the bucket's max age.
+        # would remove them.
         found = await read_head(ledger, gen, slot)
         named = set(found[0].chunks) if found else set()
         await ledger.remove_chunks(key for key in keys if key not in named)
