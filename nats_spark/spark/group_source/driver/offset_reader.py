@@ -324,6 +324,8 @@ class OffsetReader:
             if plan.limit > 0 and name not in emptied and not self._moved(name)
         ]
         gone = await self.ledger.missing(committed.gen, created)
+        if not gone:
+            return
         client = await self._connect()
         unsafe = []
         for name in gone:  # what no delivery is pending of can come back no more
