@@ -71,7 +71,10 @@ log = logging.getLogger(__name__)
 
 _KEY_TOKEN = re.compile(r"^[-_=a-zA-Z0-9]+$")
 LEDGER_FORMAT = 2
-READABLE_FORMATS = (1, 2)  # 1: chunks of reply subjects, heads without `prefix`
+READABLE_FORMATS = (1, 2)
+# Lineages given back that a target's pointer keeps: a task attempt of one that creates its
+# entry after the give-back finds its lineage here, and removes the entry (`Pointer.retired`).
+RETIRED_KEPT = 16  # 1: chunks of reply subjects, heads without `prefix`
 T = TypeVar("T")
 StoredValue = KeyValue.Entry  # a key's value and revision, as nats-py reads it
 
@@ -322,15 +325,18 @@ def pointer_key(stream: str, target: str) -> str:
 class Pointer:
     """A target's newest lineage and gen, the pins its slots last held, the newest gen of the
     lineage with an entry removed as settled (a task attempt of that gen or an older one is a
-    zombie of a committed batch and must not create its entry again), and the lineages of
+    zombie of a committed batch and must not create its entry again), the lineages of
     earlier checkpoints' queries that the next batch planned gives back (kept here until then,
-    so that a driver killed before that batch does not forget them)."""
+    so that a driver killed before that batch does not forget them), and the newest
+    `RETIRED_KEPT` lineages given back (a task attempt of one that outlived the give-back and
+    creates an entry removes it: with no max age on the bucket, nothing else would)."""
 
     lineage: str
     gen: int
     pins: dict[str, str] = field(default_factory=dict)
     settled: int = 0
     replaced: list[str] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)
 
 
 async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
@@ -346,6 +352,7 @@ async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
         data.get("pins", {}),
         int(data.get("settled", 0)),
         list(data.get("replaced", [])),
+        list(data.get("retired", [])),
     )
 
 

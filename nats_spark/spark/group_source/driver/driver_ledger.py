@@ -19,6 +19,7 @@ from nats_spark.errors import NatsSparkError
 from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.ledger import (
+    RETIRED_KEPT,
     Bucket,
     Ledger,
     Pointer,
@@ -57,6 +58,7 @@ class DriverLedger:
         self.last_query_pins: frozenset[str] = frozenset()  # pins of this target's last query
         # Lineages of earlier checkpoints' queries on this target (`give_back_replaced`).
         self.replaced: tuple[str, ...] = ()
+        self.retired: tuple[str, ...] = ()  # lineages given back (`Pointer.retired`)
         self.kept = False  # whether the bucket is known to keep entries (no max age)
 
     def attach(self, kv: Bucket) -> None:
@@ -93,6 +95,7 @@ class DriverLedger:
         if pointer is not None:  # a lineage the pointer names, other than ours, is replaced
             named = (pointer.lineage, *pointer.replaced)
             self.replaced = tuple(dict.fromkeys(n for n in named if n != offset.lineage))
+            self.retired = tuple(n for n in pointer.retired if n != offset.lineage)
         self.ledger = Ledger(self.kv, offset.lineage)
         self.head_gen = offset.gen
         self.settled = 0
@@ -104,6 +107,8 @@ class DriverLedger:
             (gen, slot): DriverEntry(gen, slot) for gen, slot in await self.ledger.heads()
         }
         await self.load_heads(self.entries.values())
+        if pointer is not None and offset.lineage in pointer.retired:
+            await self.save_pointer()  # a checkpoint given back, run again: its tasks may write
         return True
 
     def forget_lineage(self) -> None:
@@ -184,7 +189,12 @@ class DriverLedger:
         assert self.ledger is not None and self.kv is not None
         pins = dict(sorted(self.pins.items()))
         pointer = Pointer(
-            self.ledger.lineage, self.head_gen, pins, self.settled, list(self.replaced)
+            self.ledger.lineage,
+            self.head_gen,
+            pins,
+            self.settled,
+            list(self.replaced),
+            list(self.retired),
         )
         await write_pointer(self.kv, self.pointer_key, pointer)
 
@@ -284,8 +294,14 @@ class DriverLedger:
     async def give_back_replaced(self, client: NatsClient) -> None:
         """Give back the entries of the lineages this one replaced (earlier checkpoints'
         queries'); the pointer names them until it is next saved, so a driver killed before
-        that gives them back again (there is nothing left to give then)."""
+        that gives them back again (there is nothing left to give then). Retired first, like
+        settled entries are fenced: an attempt of such a lineage that creates its entry after the
+        listing finds its lineage retired, and removes it."""
         assert self.kv is not None
+        if self.replaced:
+            kept = (*self.replaced, *(r for r in self.retired if r not in self.replaced))
+            self.retired = kept[:RETIRED_KEPT]
+            await self.save_pointer()
         for lineage in self.replaced:
             ledger = Ledger(self.kv, lineage)
             keys = await ledger.heads()
