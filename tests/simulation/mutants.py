@@ -197,6 +197,20 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "given-back-zombie-entry-left",
+        "a task attempt of a query replaced by one on a new checkpoint, stalled before its "
+        "create, created its entry after the give-back: nothing removed it (before, the "
+        "bucket's max age did, after 7 days), and what it took waited out its ack wait behind "
+        "newer messages of its keys (no fence of retired lineages)",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "    elif ledger.lineage in pointer.retired:\n",
+                "    elif False:\n",
+            ),
+        ),
+    ),
+    Mutant(
         "acks-uncommitted-at-stop",
         "an ack before commit: the driver at stop acks every batch it planned, not only the "
         "committed ones (the guarantee the ledger exists for; never shipped)",

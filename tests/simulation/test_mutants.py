@@ -19,6 +19,7 @@ RARE = {
     "siblings-lateness-from-take": (1959, 8791),  # of 0-9999, in worlds with a shared consumer
     "give-back-under-a-recording-attempt": (39465,),  # of 0-59999
     "zombie-chunks-left": (503, 615, 649),  # the first of 0-1999 (5 in all)
+    "given-back-zombie-entry-left": (44773,),  # of 0-59999
 }
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.
 UNCAUGHT: dict[str, str] = {}
