@@ -11,6 +11,11 @@ can be created again. The ledger never deletes or purges keys through KV (those 
 which `create` would write over), so neither is here. tests/spark/group_source/test_ledger_bucket.py
 runs the same contract against a real bucket.
 
+A bucket may have a max age (`expire_after`, seconds; 0: none), as a bucket made by the previous
+release (7 days) or by an operator has: as in nats-server, a key is gone once its last write is
+that old (history 1: its one message), whatever the key, the pointer included. Time is
+`nats_spark.clock`'s (the simulation's virtual time there).
+
 A fault, for the simulation (tests/simulation): `lost_answer` makes a compare-and-set write that
 took effect answer as a conflict, as the retry of a write whose answer was lost does.
 """
@@ -22,32 +27,52 @@ from collections.abc import Callable
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from nats_spark import clock
 from nats_spark.spark.group_source.ledger import Ledger
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 
 
 class MemoryBucket:
-    def __init__(self, name: str = "ledger") -> None:
+    def __init__(self, name: str = "ledger", expire_after: float = 0.0) -> None:
         self.name = name
         self.last_seq = 0  # of the bucket's stream: the newest revision handed out
         self.values: dict[str, tuple[bytes, int]] = {}  # by key: value and revision
+        self.expire_after = expire_after  # the bucket's max age
+        self.written: dict[str, float] = {}  # by key: when it was last written
         self.reads = 0  # `get` calls, for tests of what a reader reads again
         self.lost_answer: Callable[[str], bool] | None = None  # per key written: answer lost?
 
+    def expire(self) -> None:
+        """Forget the keys whose last write is the max age old (the server's expiry)."""
+        if not self.expire_after:
+            return
+        oldest = clock.monotonic() - self.expire_after
+        for key in [k for k, when in self.written.items() if when <= oldest]:
+            del self.values[key], self.written[key]
+
+    async def max_age(self) -> float:
+        return self.expire_after
+
+    async def clear_max_age(self) -> None:
+        self.expire_after = 0.0
+
     async def get(self, key: str) -> KeyValue.Entry:
         self.reads += 1
+        self.expire()
         if key not in self.values:
             raise KeyNotFoundError
         value, revision = self.values[key]
         return KeyValue.Entry(self.name, key, value, revision, None, None, None)
 
     async def create(self, key: str, value: bytes) -> int:
+        self.expire()
         if key in self.values:
             raise KeyWrongLastSequenceError(description=_wrong(self.values[key][1]))
         return self._checked_write(key, value)
 
     async def update(self, key: str, value: bytes, last: int) -> int:
+        self.expire()
         revision = self.values[key][1] if key in self.values else 0
         if revision != last:
             raise KeyWrongLastSequenceError(description=_wrong(revision))
@@ -58,9 +83,10 @@ class MemoryBucket:
 
     async def remove(self, key: str) -> None:
         for stored in [k for k in self.values if k == key or k.startswith(f"{key}.")]:
-            del self.values[stored]
+            del self.values[stored], self.written[stored]
 
     async def keys_matching(self, pattern: str) -> list[str]:
+        self.expire()
         wanted = pattern.split(".")
         return [
             key
@@ -78,6 +104,7 @@ class MemoryBucket:
     def _write(self, key: str, value: bytes) -> int:
         self.last_seq += 1
         self.values[key] = (value, self.last_seq)
+        self.written[key] = clock.monotonic()
         return self.last_seq
 
 

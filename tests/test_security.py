@@ -36,6 +36,7 @@ from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.acks import publish_acks
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
+from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.entry_deliveries import decode_chunk
 from nats_spark.spark.group_source.options import parse_options
 
@@ -381,6 +382,39 @@ def test_user_without_ledger_purge_permission(
         close(admin)
     line = message.splitlines()[0]
     assert f"$JS.API.STREAM.PURGE.KV_{LEDGER}" in line and "permission" in line, line
+
+
+def test_user_who_may_not_remove_the_ledgers_max_age(tmp_path: Path) -> None:
+    """A ledger bucket made with a max age (by the previous release: 7 days) loses it when a
+    driver opens it; a user without `$JS.API.STREAM.UPDATE.KV_<bucket>` (docs/security.md's
+    list) is refused in one line naming the bucket, its max age and the fix, before any
+    consumer is made or message taken."""
+    stream = f"AGED{TAG}"
+    users = [
+        {"user": "admin", "password": ADMIN_PASSWORD},
+        {"user": "lean", "password": "lean-pw", "permissions": connector_permissions(stream)},
+    ]
+    server = start_server(tmp_path / "server", {"authorization": {"users": users}})
+    admin = open_blocking(ConnectionSettings((server.url,), "admin", ADMIN_PASSWORD))
+    options = {"servers": server.url, "stream": stream, "group": "g"}
+    reader = OffsetReader(parse_options({**options, "user": "lean", "password": "lean-pw"}))
+    try:
+        static_group(admin, stream, "g", ["m1"], partitions=2)
+        publish(admin, stream, 10)
+        run_sync(admin.js.create_key_value(bucket=LEDGER, history=1, ttl=7 * 24 * 3600))
+        with pytest.raises(ConfigurationError) as refused:
+            run_sync(reader.initial_offset())
+        assert Blocking(admin.api).consumer_names(stream) == []
+        assert run_sync(admin.api.stream_info(f"KV_{LEDGER}")).max_age == 7 * 24 * 3600
+    finally:
+        run_sync(reader.close())
+        close(admin)
+        server.cleanup()
+    line = str(refused.value)
+    assert "\n" not in line
+    assert f"bucket '{LEDGER}' has a max age of 604800 s" in line, line
+    assert f"$JS.API.STREAM.UPDATE.KV_{LEDGER}" in line, line
+    assert line.endswith(f"nats stream edit KV_{LEDGER} --max-age=0"), line
 
 
 # Secrets

@@ -96,6 +96,11 @@ class StreamInfo(dict[str, Any]):
         return bool(self.config.get("allow_atomic"))
 
     @property
+    def max_age(self) -> float:
+        """Seconds (0: messages never expire by age)."""
+        return float(self.config.get("max_age", 0)) / NANOS
+
+    @property
     def duplicate_window(self) -> float:
         """Seconds (0: the server's default applies)."""
         return float(self.config.get("duplicate_window", 0)) / NANOS

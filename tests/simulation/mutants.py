@@ -185,6 +185,34 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "ledger-keeps-max-age",
+        "issue 45 hole 1: the ledger bucket kept the max age it was made with (7 days by the "
+        "previous release, or an operator's shorter one), which applies to every key by its "
+        "last write: a query paused longer lost its pointer and the entries of its last "
+        "committed batch, whose unacked messages came back and were emitted again",
+        (
+            Patch(
+                DRIVER_LEDGER,
+                "            await keep_entries(self.kv)\n",
+                "            pass  # the bucket keeps its max age\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "given-back-zombie-entry-left",
+        "a task attempt of a query replaced by one on a new checkpoint, stalled before its "
+        "create, created its entry after the give-back: nothing removed it (before, the "
+        "bucket's max age did, after 7 days), and what it took waited out its ack wait behind "
+        "newer messages of its keys (no fence of retired lineages)",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "    elif ledger.lineage in pointer.retired:\n",
+                "    elif False:\n",
+            ),
+        ),
+    ),
+    Mutant(
         "acks-uncommitted-at-stop",
         "an ack before commit: the driver at stop acks every batch it planned, not only the "
         "committed ones (the guarantee the ledger exists for; never shipped)",

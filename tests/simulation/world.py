@@ -139,6 +139,15 @@ class SimBucket:
     def keys_matching(self, pattern: str) -> Awaitable[list[str]]:
         return self._call(f"kv keys {pattern}", lambda: self.store.keys_matching(pattern))
 
+    # The bucket's configuration: looked at and changed once, by a driver's first adopt, before
+    # it writes; no scheduling point, so the schedules are those of a bucket without max age.
+
+    def max_age(self) -> Awaitable[float]:
+        return self.store.max_age()
+
+    def clear_max_age(self) -> Awaitable[None]:
+        return self.store.clear_max_age()
+
 
 class Target:
     """The group's slots, fixed: a partition per slot, each with its own consumer."""
@@ -218,6 +227,9 @@ class World:
             }
         )
         self.bucket.lost_answer = self._lost_answer
+        # Made with a max age (an operator's, or the previous release's 7 days made short),
+        # which the first driver removes: while it stayed, keys would expire mid-run.
+        self.bucket.expire_after = setup.ack_wait
         self.trigger_interval = setup.trigger_interval
 
     @property

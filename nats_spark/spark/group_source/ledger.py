@@ -29,13 +29,20 @@ which are format 1). A release that changes what they hold raises the number, re
 it knows and refuses newer ones with one line, since a misread entry would ack the wrong messages.
 
 Settled entries are removed with a stream purge by subject, which leaves no purge marker behind
-(a KV purge keeps one per key for the bucket's max age).
+(a KV purge keeps one per key).
+
+The bucket has no max age: a max age applies to every key by its last write, the pointer and the
+sealed entries of a stopped query included, which a restart needs however long the query was
+stopped. The protocol removes what it no longer needs itself. A bucket made with a max age (by
+the previous release, 7 days, or by an operator) loses it when a driver opens it
+(`keep_entries`).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -60,10 +67,14 @@ from nats_spark.spark.group_source.entry_deliveries import (
     encode_chunk,
 )
 
+log = logging.getLogger(__name__)
+
 _KEY_TOKEN = re.compile(r"^[-_=a-zA-Z0-9]+$")
-LEDGER_MAX_AGE = 7 * 24 * 3600.0
 LEDGER_FORMAT = 2
-READABLE_FORMATS = (1, 2)  # 1: chunks of reply subjects, heads without `prefix`
+READABLE_FORMATS = (1, 2)
+# Lineages given back that a target's pointer keeps: a task attempt of one that creates its
+# entry after the give-back finds its lineage here, and removes the entry (`Pointer.retired`).
+RETIRED_KEPT = 16  # 1: chunks of reply subjects, heads without `prefix`
 T = TypeVar("T")
 StoredValue = KeyValue.Entry  # a key's value and revision, as nats-py reads it
 
@@ -116,6 +127,14 @@ class Bucket(Protocol):
 
     async def keys_matching(self, pattern: str) -> list[str]: ...
 
+    async def max_age(self) -> float:
+        """Seconds after its last write that the server removes a key (0: never)."""
+        ...
+
+    async def clear_max_age(self) -> None:
+        """Remove the bucket's max age: its keys stay until removed."""
+        ...
+
 
 class LedgerBucket:
     """The ledger's KV bucket, its calls retried while the bucket's stream has no leader.
@@ -162,13 +181,22 @@ class LedgerBucket:
 
     async def remove(self, key: str) -> None:
         """Remove `key` and every key below it (`<key>.>`) from the bucket's stream, leaving
-        nothing behind (a KV purge would leave a marker per key for the bucket's max age)."""
+        nothing behind (a KV purge would leave a marker per key)."""
         stream = f"KV_{self.name}"
         for subject in (f"$KV.{self.name}.{key}", f"$KV.{self.name}.{key}.>"):
             await self.client.api.request(f"STREAM.PURGE.{stream}", {"filter": subject})
 
     async def keys_matching(self, pattern: str) -> list[str]:
         return await self.client.api.kv_keys(self.name, pattern)
+
+    async def max_age(self) -> float:
+        return (await self.client.api.stream_info(f"KV_{self.name}")).max_age
+
+    async def clear_max_age(self) -> None:
+        """A stream update of the bucket's stream (nats-server allows changing a stream's max
+        age; the rest of its configuration is sent back as it is)."""
+        info = await self.client.api.stream_info(f"KV_{self.name}")
+        await self.client.api.update_stream({**info.config, "max_age": 0})
 
 
 class _Leaderless(NatsSparkError):
@@ -201,9 +229,7 @@ class Ledger:
             except BucketNotFoundError:
                 if not create:
                     raise _missing(name) from None
-            return await client.js.create_key_value(
-                bucket=name, history=1, ttl=LEDGER_MAX_AGE, replicas=replicas
-            )
+            return await client.js.create_key_value(bucket=name, history=1, replicas=replicas)
 
         kv = await retrying(
             open_or_create, f"opening ack ledger bucket {name!r}", client.settings.retry_timeout
@@ -271,6 +297,26 @@ class Ledger:
             await self.kv.remove(key)
 
 
+async def keep_entries(kv: Bucket) -> None:
+    """Before a driver plans on the bucket: remove its max age, which would expire the entries
+    and the pointer of a query stopped longer than it (a restart would emit the messages of its
+    last committed batch again); refuse, with the fix, where the user may not."""
+    age = await kv.max_age()
+    if not age:
+        return
+    try:
+        await kv.clear_max_age()
+    except NatsSparkError as error:
+        stream = f"KV_{kv.name}"
+        raise ConfigurationError(
+            f"ack ledger bucket {kv.name!r} has a max age of {age:g} s, which would expire "
+            f"entries a stopped query needs to restart exactly once, and removing it failed "
+            f"({error}); allow the user to publish to $JS.API.STREAM.UPDATE.{stream}, or "
+            f"remove it: nats stream edit {stream} --max-age=0"
+        ) from None
+    log.info("ack ledger bucket %r: removed its max age of %g s", kv.name, age)
+
+
 def pointer_key(stream: str, target: str) -> str:
     return f"query.{key_token(stream)}.{key_token(target)}"
 
@@ -279,15 +325,18 @@ def pointer_key(stream: str, target: str) -> str:
 class Pointer:
     """A target's newest lineage and gen, the pins its slots last held, the newest gen of the
     lineage with an entry removed as settled (a task attempt of that gen or an older one is a
-    zombie of a committed batch and must not create its entry again), and the lineages of
+    zombie of a committed batch and must not create its entry again), the lineages of
     earlier checkpoints' queries that the next batch planned gives back (kept here until then,
-    so that a driver killed before that batch does not forget them)."""
+    so that a driver killed before that batch does not forget them), and the newest
+    `RETIRED_KEPT` lineages given back (a task attempt of one that outlived the give-back and
+    creates an entry removes it: with no max age on the bucket, nothing else would)."""
 
     lineage: str
     gen: int
     pins: dict[str, str] = field(default_factory=dict)
     settled: int = 0
     replaced: list[str] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)
 
 
 async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
@@ -303,6 +352,7 @@ async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
         data.get("pins", {}),
         int(data.get("settled", 0)),
         list(data.get("replaced", [])),
+        list(data.get("retired", [])),
     )
 
 

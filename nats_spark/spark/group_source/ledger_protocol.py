@@ -160,16 +160,23 @@ async def create(ledger: Ledger, gen: int, slot: str, head: EntryHead) -> int | 
 
 
 async def fence(ledger: Ledger, pointer_key: str, gen: int, slot: str) -> None:
-    """After `create`: fail when the batch's entries were settled (the driver fences before it
-    removes, so a create after the removal finds the fence). This attempt outlived its committed
-    batch; what it took would be acked as committed: the entry goes again."""
+    """After `create`: fail when the batch's entries were settled, or its lineage's given back
+    (the driver fences before it removes, so a create after the removal finds the fence). This
+    attempt outlived its committed batch, whose messages would be acked as committed, or its
+    query, whose entry nothing would remove: the entry goes again."""
     pointer = await read_pointer(ledger.kv, pointer_key)
-    if pointer and pointer.lineage == ledger.lineage and pointer.settled >= gen:
-        await ledger.delete_entry(gen, slot)
-        raise LedgerConflict(
-            f"ledger entry {ledger.head_key(gen, slot)}: its batch was committed and settled; "
-            "this task attempt outlived it"
-        )
+    if pointer is None:
+        return
+    if pointer.lineage == ledger.lineage and pointer.settled >= gen:
+        outlived = "its batch was committed and settled"
+    elif ledger.lineage in pointer.retired:
+        outlived = "its query was replaced by one on a new checkpoint, which gave it back"
+    else:
+        return
+    await ledger.delete_entry(gen, slot)
+    raise LedgerConflict(
+        f"ledger entry {ledger.head_key(gen, slot)}: {outlived}; this task attempt outlived it"
+    )
 
 
 def take_over(previous: EntryHead, pin: str | None) -> EntryHead:
@@ -230,7 +237,7 @@ async def record(
     except LedgerConflict:
         # Taken over or removed meanwhile: no head names these chunks now, nor will (a head
         # adopts only the chunks its predecessor named). Under a removed entry nothing else
-        # would remove them before the bucket's max age.
+        # would remove them.
         found = await read_head(ledger, gen, slot)
         named = set(found[0].chunks) if found else set()
         await ledger.remove_chunks(key for key in keys if key not in named)

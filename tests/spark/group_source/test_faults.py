@@ -53,6 +53,7 @@ from nats_spark.pcg.partitioning import elastic_stream_name
 from nats_spark.pcg.store import load_group
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.group_source import ledger_protocol
+from nats_spark.spark.group_source.driver.driver_ledger import EntriesLost
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
@@ -252,6 +253,96 @@ def test_ledger_bucket_stays_flat_over_many_batches(server, own, unique, monkeyp
     assert sorted(rows) == list(range(1, 30 * per_batch + 1))
     assert after_30[:2] <= after_10[:2], f"the bucket grew: {after_10} -> {after_30}"
     assert after_30[2] <= 4 * 2 * per_batch, f"{after_30[2]} bytes left in the bucket"
+
+
+def killed(reader: OffsetReader) -> None:
+    """`reader`'s driver killed -9: its keeper and connection end, nothing is acked at stop."""
+    if reader.keeping is not None:
+        keeper, keeping = reader.keeping
+
+        async def stopped() -> None:
+            keeper.stop()
+            await keeping
+
+        run_sync(stopped())
+    assert reader.client is not None
+    run_sync(reader.client.close())
+
+
+def committed_then_killed(
+    own: Blocking[NatsClient], stream: str, options: dict[str, str]
+) -> SourceOffset:
+    """A query's batch of 20 messages, committed by Spark, then its driver killed before any
+    task of a next batch acked it; returns the batch's offset."""
+    static_group(own, stream, "g", ["m1"], partitions=1)
+    reader = OffsetReader(parse_options(options))
+    first = run_sync(reader.initial_offset())
+    publish(own, stream, 20)
+    end = run_sync(reader.latest_offset(first, None))
+    rows = [seq for p in run_sync(reader.partitions(first, end)) for seq in seqs_of(read_slot(p))]
+    assert rows == list(range(1, 21))
+    killed(reader)
+    return end
+
+
+def restarted_batch(options: dict[str, str], committed: SourceOffset) -> list[int]:
+    """A restarted query's next batch after `committed` (its acks, then what it reads)."""
+    reader = OffsetReader(parse_options(options))
+    try:
+        end = run_sync(reader.latest_offset(committed, None))
+        assert end != committed, "the restart planned no batch"
+        rows = [
+            seq
+            for p in run_sync(reader.partitions(committed, end))
+            for seq in seqs_of(read_slot(p))
+        ]
+        run_sync(reader.commit(end))  # Spark's commit log: the driver acks it at stop
+        return rows
+    finally:
+        run_sync(reader.close())
+
+
+def test_a_bucket_made_with_a_max_age_keeps_a_paused_querys_entries(server, own, unique):
+    """A ledger bucket made with a max age (the previous release's 7 days, an operator's: 2 s
+    here) applies it to every key by its last write. The driver removes it when it opens the
+    bucket: a query killed after a committed batch, before its acks, and restarted after more
+    than that age acks the batch and reads on, instead of emitting the batch again."""
+    stream, bucket = f"MA{unique}", f"L{unique}"
+    run_sync(own.js.create_key_value(bucket=bucket, history=1, ttl=2))
+    options = {"servers": server.url, "stream": stream, "group": "g", "ackWait": "1s"}
+    options["ledgerBucket"] = bucket
+    committed = committed_then_killed(own, stream, options)
+    time.sleep(3)  # past the bucket's max age, and the batch's ack wait
+    publish(own, stream, 5, start=20)
+    again = restarted_batch(options, committed)
+    assert again == list(range(21, 26)), f"{len(again) - 5} messages of the batch emitted again"
+    assert run_sync(own.api.stream_info(f"KV_{bucket}")).max_age == 0
+    wait_until(lambda: unacked(own, stream, "g") == 0, 10, "every message acked")
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_entries_removed_while_the_query_is_stopped(server, own, unique, caplog, fail_on_data_loss):
+    """The ledger's entries removed by someone else while a killed query's last committed batch
+    is unacked (its bucket purged, as `nats kv purge` of each key or a recreated bucket leave
+    it): the restart stops before any message is taken, naming the batch and the way on; with
+    failOnDataLoss=false it goes on at-least-once, with a warning."""
+    stream, bucket = f"RM{unique}", f"L{unique}"
+    options = {"servers": server.url, "stream": stream, "group": "g", "ackWait": "1s"}
+    options |= {"ledgerBucket": bucket, "failOnDataLoss": str(fail_on_data_loss).lower()}
+    committed = committed_then_killed(own, stream, options)
+    run_sync(own.api.request(f"STREAM.PURGE.KV_{bucket}", {}))
+    # The pointer named the killed query's pin as its own: gone, the restart would stand by
+    # until the pin times out.
+    run_sync(own.api.unpin(stream, "g-partition-0", PRIORITY_GROUP))
+    publish(own, stream, 5, start=20)
+    lost = f"lost the entries of committed batch {committed.gen} of partition-0 .*=false"
+    if fail_on_data_loss:
+        with pytest.raises(EntriesLost, match=lost):
+            restarted_batch(options, committed)
+        assert unacked(own, stream, "g") == 25  # nothing taken, nothing acked
+    else:
+        assert set(restarted_batch(options, committed)) >= set(range(21, 26))
+        assert "going on at-least-once" in caplog.text
 
 
 def test_initial_offset_stays_in_one_lineage(server, own, unique):

@@ -532,6 +532,37 @@ def test_an_attempt_that_outlived_its_settled_batch_cannot_create_its_entry_agai
     assert claimed(kv, input_partition(other, gen=1)).head.state is EntryState.OPEN
 
 
+def test_an_attempt_of_a_given_back_lineage_cannot_create_its_entry_after_the_give_back(
+    kv: MemoryBucket, lineage: str
+) -> None:
+    """A task attempt of a query replaced by one on a new checkpoint resumes after the new query
+    gave the old lineage back: the pointer keeps that lineage as retired, and the entry the
+    attempt creates goes again before it takes anything (with no max age on the bucket,
+    nothing else would remove it). A retired lineage run again (its checkpoint restarted) is
+    no longer retired once its driver adopts it."""
+    newer = uuid.uuid4().hex
+    run_sync(write_pointer(kv, "query.S.g", Pointer(newer, 1, retired=[lineage])))
+    zombie = attempt(kv, input_partition(lineage, gen=2))
+    with pytest.raises(LedgerConflict, match="replaced by one on a new checkpoint"):
+        run_sync(zombie.claim())
+    assert run_sync(Ledger(kv, lineage).heads()) == []
+    again = driver(kv)
+    run_sync(again.adopt(SourceOffset(lineage, 2)))
+    pointer = run_sync(read_pointer(kv, "query.S.g"))
+    assert pointer is not None and pointer.retired == [] and pointer.replaced == [newer]
+    assert claimed(kv, input_partition(lineage, gen=3)).head.state is EntryState.OPEN
+
+
+def test_a_give_back_retires_the_replaced_lineages_first(kv: MemoryBucket, lineage: str) -> None:
+    older = uuid.uuid4().hex
+    run_sync(write_pointer(kv, "query.S.g", Pointer(older, 4)))
+    ledger = driver(kv)
+    run_sync(ledger.adopt(SourceOffset(lineage, 0)))
+    run_sync(ledger.give_back_replaced(None))  # type: ignore[arg-type]
+    pointer = run_sync(read_pointer(kv, "query.S.g"))
+    assert pointer is not None and pointer.retired == [older]
+
+
 def test_acks_at_stop_cover_the_committed_batches_only(
     kv: MemoryBucket, lineage: str, published_acks: list[bytes]
 ) -> None:

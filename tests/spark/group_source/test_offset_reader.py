@@ -13,9 +13,12 @@ import pytest
 from memory_bucket import MemoryBucket, attempt
 from nats.js.errors import NoKeysError
 
+from nats_spark import clock
+from nats_spark.errors import ConfigurationError, NatsSparkError
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source import ledger_protocol
+from nats_spark.spark.group_source.driver.driver_ledger import EntriesLost
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.driver.targets import Held, Slot
@@ -378,3 +381,72 @@ def test_a_new_checkpoint_whose_driver_died_before_its_first_batch_still_gives_b
     assert run_sync(read_head(first.ledger.ledger, 1, "partition-0")) is None  # type: ignore[arg-type]
     for reader in (first, dies_early, restarted):
         run_sync(reader.close())
+
+
+def test_a_bucket_with_a_max_age_loses_it_before_anything_is_planned() -> None:
+    """A max age expires every key by its last write (the in-memory bucket as nats-server): the
+    driver's first call removes it, before any key is written."""
+    server, kv = Server(), MemoryBucket(expire_after=60.0)
+    now = [1000.0]
+    previous = clock.use(lambda: now[0])
+    try:
+        run_sync(kv.put("old", b"1"))
+        now[0] += 60
+        assert run_sync(kv.keys_matching("*")) == []  # expired by its last write's age
+        reader = driver_of(server, kv)
+        run_sync(reader.initial_offset())
+        assert kv.expire_after == 0.0
+        now[0] += 3600
+        assert run_sync(kv.keys_matching("query.*.*")) == ["query.S.g"]  # kept
+    finally:
+        clock.use(previous)
+
+
+def test_a_bucket_whose_max_age_may_not_be_removed_is_refused_with_the_fix() -> None:
+    class Locked(MemoryBucket):
+        async def clear_max_age(self) -> None:
+            raise NatsSparkError("permission denied to publish $JS.API.STREAM.UPDATE.KV_ledger")
+
+    kv = Locked(expire_after=7 * 24 * 3600.0)
+    reader = driver_of(Server(), kv)
+    with pytest.raises(ConfigurationError) as refused:
+        run_sync(reader.initial_offset())
+    message = str(refused.value)
+    assert "\n" not in message and "max age of 604800 s" in message
+    assert message.endswith("nats stream edit KV_ledger --max-age=0")
+    assert kv.values == {}  # nothing written, nothing planned
+
+
+def lost_after_a_committed_batch(
+    driver: tuple[OffsetReader, Server, MemoryBucket], ack_pending: int
+) -> tuple[OffsetReader, SourceOffset, SourceOffset]:
+    """Batch 1 committed, its driver killed before the acks, the bucket emptied (expired, purged
+    or recreated), the driver restarted: the restart's next batch, planned."""
+    first, server, kv = driver
+    start = run_sync(first.initial_offset())
+    server.show(SLOTS[0], pending=10)
+    one = run_sync(first.latest_offset(start, None))
+    [task] = run_sync(first.partitions(start, one))
+    run_task(kv, task, list(range(1, 11)), pin="pin-0")  # committed; then the driver is killed
+    kv.values.clear()
+    kv.written.clear()
+    server.show(SLOTS[0], pending=5, ack_pending=ack_pending)  # the pin timed out
+    restarted = driver_of(server, kv)
+    return restarted, one, run_sync(restarted.latest_offset(one, None))
+
+
+def test_a_committed_batchs_lost_entries_stop_the_restart(
+    driver: tuple[OffsetReader, Server, MemoryBucket],
+) -> None:
+    restarted, one, two = lost_after_a_committed_batch(driver, ack_pending=10)
+    with pytest.raises(EntriesLost, match="lost the entries of committed batch 1 of partition-0"):
+        run_sync(restarted.partitions(one, two))
+
+
+def test_a_committed_batchs_lost_entries_cost_nothing_once_nothing_is_pending(
+    driver: tuple[OffsetReader, Server, MemoryBucket],
+) -> None:
+    """A query stopped after its acks went out: no message of the batch can come back."""
+    restarted, one, two = lost_after_a_committed_batch(driver, ack_pending=0)
+    run_sync(restarted.partitions(one, two))
+    run_sync(restarted.close())

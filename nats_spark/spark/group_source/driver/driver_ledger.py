@@ -15,12 +15,15 @@ from dataclasses import dataclass
 
 from nats_spark import clock
 from nats_spark.client import NatsClient
+from nats_spark.errors import NatsSparkError
 from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.ledger import (
+    RETIRED_KEPT,
     Bucket,
     Ledger,
     Pointer,
+    keep_entries,
     read_pointer,
     write_pointer,
 )
@@ -55,6 +58,8 @@ class DriverLedger:
         self.last_query_pins: frozenset[str] = frozenset()  # pins of this target's last query
         # Lineages of earlier checkpoints' queries on this target (`give_back_replaced`).
         self.replaced: tuple[str, ...] = ()
+        self.retired: tuple[str, ...] = ()  # lineages given back (`Pointer.retired`)
+        self.kept = False  # whether the bucket is known to keep entries (no max age)
 
     def attach(self, kv: Bucket) -> None:
         """Use `kv` (a new connection's handle on the bucket)."""
@@ -70,6 +75,9 @@ class DriverLedger:
         """Take the lineage of `offset` (or of the stored pointer) and load its entries; False
         when it was adopted already."""
         assert self.kv is not None
+        if not self.kept:  # before anything is planned or taken
+            await keep_entries(self.kv)
+            self.kept = True
         if offset is not None and self.lineage == offset.lineage:
             self.head_gen = max(self.head_gen, offset.gen)
             return False
@@ -87,6 +95,7 @@ class DriverLedger:
         if pointer is not None:  # a lineage the pointer names, other than ours, is replaced
             named = (pointer.lineage, *pointer.replaced)
             self.replaced = tuple(dict.fromkeys(n for n in named if n != offset.lineage))
+            self.retired = tuple(n for n in pointer.retired if n != offset.lineage)
         self.ledger = Ledger(self.kv, offset.lineage)
         self.head_gen = offset.gen
         self.settled = 0
@@ -98,6 +107,8 @@ class DriverLedger:
             (gen, slot): DriverEntry(gen, slot) for gen, slot in await self.ledger.heads()
         }
         await self.load_heads(self.entries.values())
+        if pointer is not None and offset.lineage in pointer.retired:
+            await self.save_pointer()  # a checkpoint given back, run again: its tasks may write
         return True
 
     def forget_lineage(self) -> None:
@@ -178,7 +189,12 @@ class DriverLedger:
         assert self.ledger is not None and self.kv is not None
         pins = dict(sorted(self.pins.items()))
         pointer = Pointer(
-            self.ledger.lineage, self.head_gen, pins, self.settled, list(self.replaced)
+            self.ledger.lineage,
+            self.head_gen,
+            pins,
+            self.settled,
+            list(self.replaced),
+            list(self.retired),
         )
         await write_pointer(self.kv, self.pointer_key, pointer)
 
@@ -239,6 +255,26 @@ class DriverLedger:
         self.settled = gen
         await self.save_pointer()
 
+    async def missing(self, gen: int, slots: Iterable[str]) -> list[str]:
+        """Of `slots`, whose tasks of committed batch `gen` created their entries, those whose
+        entry is gone though the protocol kept it (`gen` is past the settled fence): expired by
+        a max age, removed by someone else, or the bucket recreated. Reads only heads not
+        loaded yet (at a restart, or once per entry)."""
+        assert self.ledger is not None
+        if gen <= self.settled:
+            return []
+        gone = []
+        for slot in slots:
+            entry = self.entries.get((gen, slot))
+            if entry is not None and entry.head is not None:
+                continue
+            found = await protocol.read_head(self.ledger, gen, slot)
+            if found is None:
+                gone.append(slot)
+            else:
+                self.loaded(self.entries.setdefault((gen, slot), DriverEntry(gen, slot)), found[0])
+        return gone
+
     async def disown_before(self, client: NatsClient, gen: int) -> None:
         """Give back the entries of this lineage's gens before `gen`, a checkpoint's first
         batch: an earlier checkpoint's, never emitted by this query. Fenced first, like settled
@@ -258,8 +294,14 @@ class DriverLedger:
     async def give_back_replaced(self, client: NatsClient) -> None:
         """Give back the entries of the lineages this one replaced (earlier checkpoints'
         queries'); the pointer names them until it is next saved, so a driver killed before
-        that gives them back again (there is nothing left to give then)."""
+        that gives them back again (there is nothing left to give then). Retired first, like
+        settled entries are fenced: an attempt of such a lineage that creates its entry after the
+        listing finds its lineage retired, and removes it."""
         assert self.kv is not None
+        if self.replaced:
+            kept = (*self.replaced, *(r for r in self.retired if r not in self.replaced))
+            self.retired = kept[:RETIRED_KEPT]
+            await self.save_pointer()
         for lineage in self.replaced:
             ledger = Ledger(self.kv, lineage)
             keys = await ledger.heads()
@@ -284,6 +326,19 @@ class DriverLedger:
         if count:
             log.info("acked %d messages of batches up to gen %d", count, gen)
         return count
+
+
+class EntriesLost(NatsSparkError):
+    """Ledger entries of a committed batch, which dedupe its redeliveries, are gone."""
+
+
+def entries_lost(bucket: str, gen: int, slots: list[str]) -> EntriesLost:
+    return EntriesLost(
+        f"ack ledger bucket {bucket!r} lost the entries of committed batch {gen} of "
+        f"{', '.join(sorted(slots))} (expired by a max age, deleted, or the bucket recreated) "
+        "while messages are still unacked: those of that batch would be emitted a second "
+        "time; set failOnDataLoss=false to go on at-least-once"
+    )
 
 
 def _given_back(count: int) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound, stream_missing
 from nats_spark.jetstream.replies import StreamInfo
-from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger
+from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger, entries_lost
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.driver.planner import (
     ConsumerSeen,
@@ -63,6 +63,7 @@ class OffsetReader:
         self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
         self.committed = 0  # newest gen of the adopted lineage known committed (acked at stop)
         self.keeping: tuple[SealedKeeper, asyncio.Future[None]] | None = None
+        self.emptied: tuple[int, frozenset[str]] = (0, frozenset())  # a batch's slots with no task
 
     def _committed(self, offset: SourceOffset) -> None:
         """`offset`'s batch is committed (Spark plans a batch after it, or says so)."""
@@ -287,21 +288,56 @@ class OffsetReader:
         # restarted reader before it learns the logged batch) has nothing committed in `end`'s.
         committed = start.gen if start.lineage == end.lineage else 0
         await self.ledger.load_missing_heads()
+        if committed:
+            await self._check_kept(start)
         due = self.ledger.acks_due(committed)
         moved: dict[str, int | None] = {}
         for name in end.slots:
-            state = self.states.get(name)
-            if self.resolved and (state is None or not state.readable):
+            if self._moved(name):
                 head = self.ledger.head_of(end.gen, name)
                 moved[name] = None if head is None else head.count
         known = {name: slot for name in {*end.slots, *due} if (slot := self._known_slot(name))}
         plan = plan_tasks(end.slots, due, moved, known)
+        self.emptied = (end.gen, frozenset(plan.emptied))
         for name in plan.emptied:
             log.info("batch %d: slot %s is no longer read and took nothing", end.gen, name)
         for name in plan.driver_acks:  # a slot of a reader count the query no longer has
             await self.ledger.ack_through(await self._connect(), committed, name)
         self.ledger.expect(end.gen, [task.slot for task in plan.tasks if task.slot in end.slots])
         return [self._input_partition(known[task.slot], end, task) for task in plan.tasks]
+
+    def _moved(self, name: str) -> bool:
+        """Whether slot `name` is of a layout the query has since left (not read now)."""
+        state = self.states.get(name)
+        return self.resolved and (state is None or not state.readable)
+
+    async def _check_kept(self, committed: SourceOffset) -> None:
+        """Stop when entries of the `committed` batch that the protocol kept are gone (expired,
+        removed by someone else, the bucket recreated) while their messages may still be
+        unacked: their redeliveries would be emitted a second time. Every task of the batch
+        that could take messages created its entry; not one that had no task (a slot of a
+        layout left since: emptied)."""
+        emptied = self.emptied[1] if self.emptied[0] == committed.gen else frozenset()
+        created = [
+            name
+            for name, plan in committed.slots.items()
+            if plan.limit > 0 and name not in emptied and not self._moved(name)
+        ]
+        gone = await self.ledger.missing(committed.gen, created)
+        if not gone:
+            return
+        client = await self._connect()
+        unsafe = []
+        for name in gone:  # what no delivery is pending of can come back no more
+            slot = self._known_slot(name)
+            if slot is None or (await self._look(client, slot)).ack_pending:
+                unsafe.append(name)
+        if not unsafe:
+            return
+        lost = entries_lost(self.options.ledger_bucket, committed.gen, unsafe)
+        if self.reading.fail_on_data_loss:
+            raise lost
+        log.warning("%s; going on at-least-once (failOnDataLoss=false)", lost)
 
     async def _disown_earlier(self, start: SourceOffset, first: SourceOffset) -> None:
         """What an earlier checkpoint's query took is not this one's to dedupe or ack: the
