@@ -12,6 +12,10 @@ import pytest
 from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.loop import run_sync
+from nats_spark.pcg.config import ElasticConfig, PartitioningFilter, StaticConfig
+from nats_spark.pcg.consumers import member_consumer, partition_consumer
+from nats_spark.pcg.kinds import GroupKind
+from nats_spark.pcg.store import GroupEntry
 from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers, check_config
 from nats_spark.spark.group_source.driver.consumer_target import ConsumerTarget
 from nats_spark.spark.group_source.driver.slots import Held
@@ -66,6 +70,21 @@ def test_configs_that_lose_messages_are_refused_with_their_fix(
 )
 def test_unlimited_deliveries_pass_backoff_only_times_them(config: dict[str, Any]) -> None:
     check_config("S", "C", {"ack_policy": "explicit", **config})
+
+
+def test_the_consumers_the_source_creates_pass() -> None:
+    """Both layouts of both kinds, with the template the source's options make."""
+    template = {"ack_wait": 30 * 10**9, "max_ack_pending": 100_000}
+    elastic = ElasticConfig(2, [PartitioningFilter("S.*", [1])]).with_members_added(["m1"])
+    for entry in (
+        GroupEntry(GroupKind.STATIC, "S", "g", StaticConfig(2, members=["m1"]), 1),
+        GroupEntry(GroupKind.ELASTIC, "S", "g", elastic, 1),
+    ):
+        for consumer in (
+            member_consumer(entry, "m1", template),
+            partition_consumer(entry, 0, template),
+        ):
+            check_config(consumer.stream, consumer.name, consumer.config)
 
 
 def test_a_consumer_created_again_is_told_from_the_one_read() -> None:
