@@ -19,6 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.targets import Held, Slot
@@ -163,6 +164,10 @@ class Target:
 
     def slot_named(self, name: str) -> Slot:
         return next(slot for slot in self.slots if slot.name == name)
+
+    def look(self, slot: Slot, info: ConsumerInfo) -> None:
+        """The world's consumers keep their config and identity (the checks of a consumer's
+        config and recreation are tested in tests/spark/group_source/test_consumer_checks.py)."""
 
 
 @dataclass

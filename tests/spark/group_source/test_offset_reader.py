@@ -80,6 +80,9 @@ class Target:
     def slot_named(self, name: str) -> Slot:
         return next(slot for slot in SLOTS if slot.name == name)
 
+    def look(self, slot: Slot, info: ConsumerInfo) -> None:
+        """The test's consumers keep their config and identity (see test_consumer_checks)."""
+
 
 def driver_of(server: Server, kv: MemoryBucket) -> OffsetReader:
     """A driver (as a query's start or restart makes one) connected to `server` and `kv`."""

@@ -296,6 +296,8 @@ QUERY_ERRORS = [
     ("overflow", {"priority_groups": ["a", "b"]}, {}, "set the priorityGroup option"),
     ("overflow", {"ack_policy": "all"}, {}, "needs explicit acks"),
     ("overflow", {"ack_policy": "none"}, {}, "needs explicit acks"),
+    ("overflow", {"max_deliver": 2}, {}, "has max_deliver=2: .* --max-deliver=-1"),
+    ("pinned_client", {"headers_only": True}, {}, "has headers_only: .* --no-headers-only"),
 ]
 
 
@@ -379,3 +381,56 @@ def test_num_partitions_readers_hold_what_they_took(spark, client, nats_url, uni
     assert got == [], f"another client got {got} before their batch committed"
     assert max(redelivered) == 0, f"{max(redelivered)} messages came back before their commit"
     assert_exactly_once(sink.values, messages)
+
+
+def edit_while_running(
+    spark: Any, client: Any, nats_url: str, unique: str, tmp_path: Any, edit: Any
+) -> tuple[str, list[int]]:
+    """A query over a plain consumer reads 30 messages; `edit(stream, name)` changes the consumer
+    between triggers and 10 more are published: the query's error and what it emitted."""
+    stream, name = f"E{unique}", "c"
+    make_stream(client, stream, storage="memory")
+    make_consumer(client, stream, name, "pinned_client", group=GROUP)
+    publish(client, stream, 30)
+    sink = Sink()
+    df = source(spark, nats_url, stream, consumer=name)
+    query = foreach_batches(df, sink, tmp_path / "cp", report_idle=True)
+    try:
+        wait_until(lambda: len(sink.values) >= 30 or query.exception(), 60, "30 rows")
+        wait_until(lambda: acked(client, stream, name), 30, "the batch acked")
+        wait_for_triggers(query, 2, datetime.now(UTC), "to see the acks")
+        edit(stream, name)
+        publish(client, stream, 10, start=30)
+        wait_until(lambda: query.exception() is not None, 30, "the query to stop")
+        return str(query.exception()), sink.values
+    finally:
+        query.stop()
+
+
+def test_max_deliver_set_while_running_stops_the_next_batch(
+    spark, client, nats_url, unique, tmp_path
+):
+    def set_max_deliver(stream: str, name: str) -> None:
+        config = consumer_info(client, stream, name)["config"]
+        run_sync(client.api.create_consumer(stream, name, {**config, "max_deliver": 2}, "update"))
+
+    error, values = edit_while_running(spark, client, nats_url, unique, tmp_path, set_max_deliver)
+    assert "consumer 'c' on stream" in error and "has max_deliver=2" in error, error
+    assert_exactly_once(values, 30)
+
+
+def test_consumer_created_again_between_triggers_is_not_read_again(
+    spark, client, nats_url, unique, tmp_path
+):
+    """Someone deletes the consumer and creates it again from the start (DeliverAll) between two
+    triggers: the query stops with where to start it instead of emitting the 30 again."""
+
+    def recreate(stream: str, name: str) -> None:
+        run_sync(client.api.delete_consumer(stream, name))
+        make_consumer(client, stream, name, "pinned_client", group=GROUP)
+
+    error, values = edit_while_running(spark, client, nats_url, unique, tmp_path, recreate)
+    # Seen gone (planning between the two calls) or seen anew: either way it says where to start.
+    assert "consumer 'c' on stream" in error, error
+    assert "was deleted" in error and "--deliver 31" in error, error
+    assert_exactly_once(values, 30)

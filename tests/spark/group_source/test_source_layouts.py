@@ -4,6 +4,7 @@ the refusal to mix them with running Go-layout members, and moving a group betwe
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -11,8 +12,10 @@ from typing import Any
 import pytest
 from spark_helpers import (
     REPORTS_LAG,
+    Collector,
     assert_exactly_once,
     consumers_of,
+    drained,
     elastic_group,
     foreach_batches,
     payloads,
@@ -354,3 +357,76 @@ def test_adopted_consumer_with_a_small_max_ack_pending_is_reported(
     if REPORTS_LAG:
         report = json.loads(batches[0]["sources"][0]["latestOffset"])
         assert "allows 2 unacked messages" in report["members"]["partition-0"]["warning"]
+
+
+@pytest.mark.parametrize("layout", ["member", "partition"])
+def test_adopted_consumer_with_max_deliver_is_refused_before_anything_is_taken(
+    spark, client, nats_url, unique, tmp_path, layout
+):
+    """A Go member's consumer (or a partition consumer someone made) with MaxDeliver: a message
+    delivered that many times leaves it for good, and the source's give-backs and dead attempts
+    redeliver, so the query refuses it with the setting and its fix, and takes nothing."""
+    stream, group = f"MX{unique}", "g"
+    static_group(client, stream, group, ["m1"], partitions=1)
+    entry = run_sync(load_group(client.target, stream, group))
+    limited = {"max_deliver": 2}
+    if layout == "member":
+        consumer = member_consumer(entry, "m1", limited)
+    else:
+        consumer = partition_consumer(entry, 0, limited)
+    run_sync(ensure_group_consumer(client.target, consumer))
+    publish(client, stream, 5)
+    _, error = run_query(source(spark, nats_url, stream, group, consumerLayout=layout), tmp_path)
+    assert error is not None
+    assert f"consumer '{consumer.name}' on stream '{stream}' has max_deliver=2" in str(
+        error
+    ) and f"nats consumer edit {stream} {consumer.name} --max-deliver=-1" in str(error), error
+    state = run_sync(client.api.consumer_info(stream, consumer.name))
+    assert state.delivered_seq == 0 and state.num_pending == 5, "a message was taken"
+
+
+def test_static_member_consumer_deleted_while_running_stops_and_resumes_exactly(
+    spark, client, nats_url, unique, tmp_path
+):
+    """In the member layout a deleted static member consumer is not recreated from the start (it
+    would read its partitions again): the query stops with one line naming where to start, and a
+    restart with that startingPosition reads on, every message once."""
+    stream, group = f"MD{unique}", "g"
+    static_group(client, stream, group, ["m1"], partitions=2)
+    publish(client, stream, 50)
+    sink = Collector()
+    df = source(spark, nats_url, stream, group, consumerLayout="member", ledgerBucket=f"L{unique}")
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    try:
+        drained(query, client, stream, group, sink, 50)
+        [consumer] = consumers_of(client, stream, group, "m1")
+        run_sync(client.api.delete_consumer(consumer.stream, consumer.name))
+        publish(client, stream, 10, start=50)
+        wait_until(lambda: query.exception() is not None, 30, "the query to stop")
+        error = str(query.exception())
+    finally:
+        query.stop()
+    assert (
+        f"member consumer '{consumer.name}' of static group '{group}' on stream '{stream}' was "
+        "deleted while the query ran; a new one would read the member's partitions again"
+    ) in error, error
+    # Right after the last ack the query saw (what it saw acked later is in its ledger).
+    start = re.search(r"restart the query with startingPosition=(sequence:\d+)", error)
+    assert start is not None, error
+    assert_exactly_once(sink.values, 50)
+    publish(client, stream, 10, start=60)
+    df = source(
+        spark,
+        nats_url,
+        stream,
+        group,
+        consumerLayout="member",
+        ledgerBucket=f"L{unique}",
+        startingPosition=start.group(1),
+    )
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    try:
+        drained(query, client, stream, group, sink, 70)
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 70)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound
+from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.pcg.kinds import ConsumerLayout
+from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
 from nats_spark.spark.group_source.driver.slots import Held, Slot
 from nats_spark.spark.group_source.options import SourceOptions
 
@@ -19,6 +21,7 @@ class ConsumerTarget:
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self.slots: list[Slot] | None = None
+        self.seen = SeenConsumers()
 
     async def resolve(self, client: NatsClient, held: Held) -> list[Slot]:
         if self.slots is not None:
@@ -37,12 +40,7 @@ class ConsumerTarget:
             raise ConfigurationError(
                 f"consumer {name!r} is a push consumer; the source reads pull consumers only"
             )
-        if config.get("ack_policy", "explicit") != "explicit":
-            raise ConfigurationError(
-                f"consumer {name!r} has ack policy {config.get('ack_policy')!r}; the source needs "
-                "explicit acks to ack only committed batches: use a consumer with ack_policy "
-                "explicit"
-            )
+        self.seen.record(options.stream, name, info)
         policy = config.get("priority_policy") or "none"
         groups = config.get("priority_groups") or []
         group = options.priority_group
@@ -97,8 +95,21 @@ class ConsumerTarget:
         assert self.slots is not None
         return next(slot for slot in self.slots if slot.name == name)
 
+    def look(self, slot: Slot, info: ConsumerInfo) -> None:
+        """Check the consumer as planning sees it (its config, and that it is still the one
+        the query read)."""
+        self.seen.look(slot.stream, slot.consumer, info, self._how_to_go_on(slot))
+
     async def heal(self, client: NatsClient, slot: Slot) -> None:
         raise ConfigurationError(
             f"consumer {slot.consumer!r} on stream {slot.stream!r} was deleted while the query "
-            "ran; recreate it and restart the query"
+            f"ran; recreate it and restart the query; {self._how_to_go_on(slot)}"
+        )
+
+    def _how_to_go_on(self, slot: Slot) -> str:
+        start = self.seen.next_after_acked(slot.stream, slot.consumer)
+        return (
+            f"to read nothing twice, (re)create it with nats consumer add {slot.stream} "
+            f"{slot.consumer} --deliver {start} (its other settings as before): it starts right "
+            "after the last message the query acked; then restart the query"
         )

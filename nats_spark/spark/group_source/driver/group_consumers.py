@@ -10,6 +10,7 @@ from typing import Any
 from nats_spark.client import NatsClient
 from nats_spark.errors import ErrorCode, JetStreamApiError
 from nats_spark.pcg.consumers import GroupConsumer, ensure_group_consumer
+from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
 
 _OVERLAP_RETRIES = 20
 
@@ -21,21 +22,25 @@ def from_sequence(start_seq: int) -> dict[str, Any] | None:
 
 
 async def ensure(
-    client: NatsClient, consumer: GroupConsumer, deliver: Mapping[str, Any] | None = None
+    client: NatsClient,
+    consumer: GroupConsumer,
+    seen: SeenConsumers,
+    deliver: Mapping[str, Any] | None = None,
 ) -> None:
     """Create a group consumer (delivering from where `deliver` says, when it is new), waiting
     while another consumer (maybe a Go member) still holds overlapping filters on the work-queue
-    stream, as Go members wait for each other."""
+    stream, as Go members wait for each other; then check it (an adopted one keeps its own
+    config) and record it in `seen` as the query's."""
     if deliver:
         consumer = GroupConsumer(consumer.stream, consumer.name, {**consumer.config, **deliver})
-    for attempt in range(_OVERLAP_RETRIES):
+    for _ in range(_OVERLAP_RETRIES - 1):
         try:
-            await ensure_group_consumer(client, consumer)
-            return
+            info = await ensure_group_consumer(client, consumer)
+            break
         except JetStreamApiError as error:
-            if (
-                error.err_code != ErrorCode.FILTER_NOT_UNIQUE_ON_WORK_QUEUE
-                or attempt == _OVERLAP_RETRIES - 1
-            ):
+            if error.err_code != ErrorCode.FILTER_NOT_UNIQUE_ON_WORK_QUEUE:
                 raise
-            await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)
+    else:
+        info = await ensure_group_consumer(client, consumer)
+    seen.record(consumer.stream, consumer.name, info)

@@ -11,6 +11,7 @@ from typing import Any
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound
 from nats_spark.jetstream.api import to_nanos
+from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.pcg.admin import consumer_info_or_none
 from nats_spark.pcg.config import StaticConfig
 from nats_spark.pcg.consumers import (
@@ -23,6 +24,7 @@ from nats_spark.pcg.consumers import (
 from nats_spark.pcg.kinds import ConsumerLayout, GroupKind
 from nats_spark.pcg.partitioning import member_partitions, partition_owner
 from nats_spark.pcg.store import GroupEntry, load_group
+from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
 from nats_spark.spark.group_source.driver.group_consumers import ensure
 from nats_spark.spark.group_source.driver.layouts import GroupLayouts
 from nats_spark.spark.group_source.driver.slots import Held, Slot
@@ -64,7 +66,8 @@ class GroupTarget:
             "ack_wait": to_nanos(options.ack_wait),
             "max_ack_pending": options.max_ack_pending,
         }
-        self.layouts = GroupLayouts(options.consumer_layout, template)
+        self.seen = SeenConsumers()
+        self.layouts = GroupLayouts(options.consumer_layout, template, self.seen)
 
     @property
     def layout(self) -> ConsumerLayout | None:
@@ -155,18 +158,17 @@ class GroupTarget:
         """A new consumer starts at `startingPosition`; an existing one keeps its position (as
         a Kafka group's committed offsets win over `startingOffsets`)."""
         position = self.options.starting_position
-        if position is None:
-            await ensure(client, consumer)
-        elif await consumer_info_or_none(client, consumer) is None:
-            await ensure(client, consumer, position.deliver)
-        else:
+        deliver = None
+        if position is not None and await consumer_info_or_none(client, consumer) is None:
+            deliver = position.deliver
+        elif position is not None:
             log.info(
                 "startingPosition=%s not applied to %s > %s: it exists and keeps its position",
                 position.text,
                 consumer.stream,
                 consumer.name,
             )
-            await ensure(client, consumer)
+        await ensure(client, consumer, self.seen, deliver)
 
     def _no_members(self, entry: GroupEntry, first: bool) -> str:
         """A group without members to read fails at start; one that loses them while the query
@@ -210,18 +212,49 @@ class GroupTarget:
             return self._slot(name, partition_consumer(entry, p), partition_owner(entry.config, p))
         return self._slot(name, member_consumer(entry, name), name)
 
+    def look(self, slot: Slot, info: ConsumerInfo) -> None:
+        """Check a consumer as planning sees it: its config, and for a static group that it is
+        still the one the query read (an elastic group's work-queue stream holds just what was
+        not acked, so a new consumer there reads nothing twice)."""
+        recreated = None
+        if self.kind is GroupKind.STATIC:
+            start = self.seen.next_after_acked(slot.stream, slot.consumer)
+            recreated = (
+                f"to read nothing twice, delete it (nats consumer rm {slot.stream} "
+                f"{slot.consumer}) and {_restart_at(start)}"
+            )
+        self.seen.look(slot.stream, slot.consumer, info, recreated)
+
     async def heal(self, client: NatsClient, slot: Slot) -> None:
         """Recreate a consumer that vanished: elastic ones (members' expire when inactive; a
-        work-queue stream keeps what was not acked). A static partition consumer is not: a new
-        one would read its partition from the start again."""
+        work-queue stream keeps what was not acked). A static group's consumer is not: a new
+        one would read its partitions from the start again."""
         consumer = self.consumers[slot.name]
-        if self.kind is GroupKind.STATIC and self.layout is ConsumerLayout.PARTITION:
+        if self.kind is GroupKind.STATIC:
             # Deleting the group deletes its consumers: say the group is gone (load_group's error).
             await load_group(client, self.options.stream, self.options.group or "", self.kind)
+            start = self.seen.next_after_acked(consumer.stream, consumer.name)
+            if self.layout is ConsumerLayout.PARTITION:
+                raise ConfigurationError(
+                    f"partition consumer {consumer.name!r} on stream {consumer.stream!r} was "
+                    "deleted while the query ran; a new one would read its partition again from "
+                    "the start: delete and recreate the group to start over, then restart the "
+                    f"query; or, to read nothing twice, {_restart_at(start)}"
+                )
             raise ConfigurationError(
-                f"partition consumer {consumer.name!r} on stream {consumer.stream!r} was deleted "
-                "while the query ran; a new one would read its partition again from the start: "
-                "delete and recreate the group to start over, then restart the query"
+                f"member consumer {consumer.name!r} of static group {self.options.group!r} on "
+                f"stream {consumer.stream!r} was deleted while the query ran; a new one would "
+                f"read the member's partitions again from the start: to read nothing twice, "
+                f"{_restart_at(start)}; or delete and recreate the group to start over"
             )
         log.info("recreating consumer %s > %s", consumer.stream, consumer.name)
-        await ensure(client, consumer)
+        await ensure(client, consumer, self.seen)
+
+
+def _restart_at(start: int) -> str:
+    """How a static group's deleted consumer comes back exactly: created by the query right
+    after the last message it acked (`SeenConsumers.next_after_acked`)."""
+    return (
+        f"restart the query with startingPosition=sequence:{start}, so it creates the consumer "
+        "right after the last message it acked (the option applies only to consumers it creates)"
+    )

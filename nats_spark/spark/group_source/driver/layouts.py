@@ -22,6 +22,7 @@ from nats_spark.pcg.consumers import (
 )
 from nats_spark.pcg.kinds import ConsumerLayout, GroupKind
 from nats_spark.pcg.store import GroupEntry
+from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
 from nats_spark.spark.group_source.driver.group_consumers import ensure, from_sequence
 from nats_spark.spark.group_source.driver.slots import Held
 
@@ -37,11 +38,15 @@ _MEMBER_LAYOUT_COST = (
 class GroupLayouts:
     """A query's layout of one group: `choice` is the option's (None: auto), `wanted` the one
     it reads the group in once chosen, `layout` the one it reads now (they differ while
-    moving); `template` the config overrides of the consumers it creates."""
+    moving); `template` the config overrides of the consumers it creates, `seen` where it
+    records them."""
 
-    def __init__(self, choice: ConsumerLayout | None, template: dict[str, Any]) -> None:
+    def __init__(
+        self, choice: ConsumerLayout | None, template: dict[str, Any], seen: SeenConsumers
+    ) -> None:
         self.choice = choice
         self.template = template
+        self.seen = seen
         self.wanted: ConsumerLayout | None = None
         self.layout: ConsumerLayout | None = None
 
@@ -161,7 +166,8 @@ class GroupLayouts:
             log.info(
                 "group %s: partition %d moves to its own consumer at %d", entry.group, p, start
             )
-            await ensure(client, partition_consumer(entry, p, template), from_sequence(start))
+            consumer = partition_consumer(entry, p, template)
+            await ensure(client, consumer, self.seen, from_sequence(start))
         self.layout = ConsumerLayout.PARTITION
 
     async def _to_members(
@@ -203,7 +209,7 @@ class GroupLayouts:
                 name = partition_consumer_name(entry, p)
                 await client.api.delete_consumer(consumer.stream, name)
             log.info("group %s: member %s moves to its consumer at %d", entry.group, member, start)
-            await ensure(client, consumer, from_sequence(start))
+            await ensure(client, consumer, self.seen, from_sequence(start))
         self.layout = ConsumerLayout.MEMBER
 
     async def _check_caught_up(

@@ -252,7 +252,8 @@ class OffsetReader:
         )
 
     async def _look(self, client: NatsClient, slot: Slot) -> ConsumerSeen:
-        """What `slot`'s consumer shows now (a vanished one is healed first, where it may be)."""
+        """What `slot`'s consumer shows now (a vanished one is healed first, where it may be),
+        checked by the target (its config, and that it was not created again since)."""
         try:
             info = await client.api.consumer_info(slot.stream, slot.consumer)
         except NotFound as error:
@@ -260,6 +261,7 @@ class OffsetReader:
                 raise self._stream_gone(slot.stream) from None
             await self.target.heal(client, slot)
             info = await client.api.consumer_info(slot.stream, slot.consumer)
+        self.target.look(slot, info)
         return ConsumerSeen(
             pending=info.num_pending,
             ack_pending=info.num_ack_pending,

@@ -1,0 +1,153 @@
+"""What each consumer a query reads must stay, without a server: configs under which messages could
+be lost are refused with the setting and its fix, and a consumer created again under the same name
+is told from the one the query read (by its creation time)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from nats_spark.errors import ConfigurationError
+from nats_spark.jetstream.replies import ConsumerInfo
+from nats_spark.loop import run_sync
+from nats_spark.pcg.config import ElasticConfig, PartitioningFilter, StaticConfig
+from nats_spark.pcg.consumers import member_consumer, partition_consumer
+from nats_spark.pcg.kinds import GroupKind
+from nats_spark.pcg.store import GroupEntry
+from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers, check_config
+from nats_spark.spark.group_source.driver.consumer_target import ConsumerTarget
+from nats_spark.spark.group_source.driver.slots import Held
+from nats_spark.spark.group_source.options import parse_options
+
+pytestmark = pytest.mark.unit
+
+CREATED = "2026-11-28T19:00:00.123456789Z"
+
+
+def info(created: str = CREATED, floor: int = 0, **config: Any) -> ConsumerInfo:
+    return ConsumerInfo(
+        {
+            "stream_name": "S",
+            "name": "C",
+            "created": created,
+            "ack_floor": {"stream_seq": floor},
+            "config": {"ack_policy": "explicit", **config},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "error"),
+    [
+        (
+            {"max_deliver": 2},
+            "consumer 'C' on stream 'S' has max_deliver=2: a message delivered that many times "
+            "leaves the consumer unread",
+        ),
+        ({"max_deliver": 1, "backoff": [10**9]}, "nats consumer edit S C --max-deliver=-1"),
+        ({"headers_only": True}, "nats consumer edit S C --no-headers-only"),
+        ({"ack_policy": "all"}, "has ack policy 'all'; the source needs explicit acks"),
+        ({"ack_policy": "none"}, "use a consumer with ack_policy explicit"),
+    ],
+)
+def test_configs_that_lose_messages_are_refused_with_their_fix(
+    config: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=error):
+        check_config("S", "C", {"ack_policy": "explicit", **config})
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {"max_deliver": -1},
+        {"max_deliver": 0},
+        {"max_deliver": -1, "backoff": [10**9, 5 * 10**9]},
+    ],
+)
+def test_unlimited_deliveries_pass_backoff_only_times_them(config: dict[str, Any]) -> None:
+    check_config("S", "C", {"ack_policy": "explicit", **config})
+
+
+def test_the_consumers_the_source_creates_pass() -> None:
+    """Both layouts of both kinds, with the template the source's options make."""
+    template = {"ack_wait": 30 * 10**9, "max_ack_pending": 100_000}
+    elastic = ElasticConfig(2, [PartitioningFilter("S.*", [1])]).with_members_added(["m1"])
+    for entry in (
+        GroupEntry(GroupKind.STATIC, "S", "g", StaticConfig(2, members=["m1"]), 1),
+        GroupEntry(GroupKind.ELASTIC, "S", "g", elastic, 1),
+    ):
+        for consumer in (
+            member_consumer(entry, "m1", template),
+            partition_consumer(entry, 0, template),
+        ):
+            check_config(consumer.stream, consumer.name, consumer.config)
+
+
+def test_a_consumer_created_again_is_told_from_the_one_read() -> None:
+    seen = SeenConsumers()
+    seen.record("S", "C", info(floor=41))
+    seen.look("S", "C", info(floor=57), "go on so")  # the same consumer, further on
+    assert seen.next_after_acked("S", "C") == 58
+    with pytest.raises(ConfigurationError) as error:
+        seen.look("S", "C", info(created="2026-11-28T19:05:00Z"), "go on so")
+    assert str(error.value) == (
+        "consumer 'C' on stream 'S' was deleted and created again while the query ran (created "
+        f"{CREATED}, now 2026-11-28T19:05:00Z): the new one delivers again what the query "
+        "already committed; go on so"
+    )
+    assert seen.next_after_acked("S", "C") == 58, "the refused consumer is not taken"
+
+
+def test_where_a_new_consumer_is_exact_it_is_taken() -> None:
+    seen = SeenConsumers()
+    seen.record("S", "C", info(floor=9))
+    seen.look("S", "C", info(created="2026-11-28T19:05:00Z", floor=3), None)
+    assert seen.next_after_acked("S", "C") == 4
+    assert seen.next_after_acked("S", "other") == 1, "never seen: from the start"
+
+
+def test_an_edit_while_the_query_runs_is_refused_at_the_next_look() -> None:
+    seen = SeenConsumers()
+    seen.record("S", "C", info())
+    with pytest.raises(ConfigurationError, match="has max_deliver=3"):
+        seen.look("S", "C", info(max_deliver=3), "go on so")
+
+
+class Api:
+    def __init__(self, shown: ConsumerInfo) -> None:
+        self.shown = shown
+
+    async def consumer_info(self, stream: str, consumer: str) -> ConsumerInfo:
+        return self.shown
+
+
+def plain_target(shown: ConsumerInfo) -> tuple[ConsumerTarget, Any]:
+    options = parse_options({"servers": "nats://127.0.0.1:1", "stream": "S", "consumer": "C"})
+    return ConsumerTarget(options), SimpleNamespace(api=Api(shown))
+
+
+def test_plain_consumer_with_max_deliver_is_refused_when_resolved() -> None:
+    target, client = plain_target(info(max_deliver=2))
+    with pytest.raises(ConfigurationError, match="--max-deliver=-1"):
+        run_sync(target.resolve(client, Held()))
+
+
+def test_plain_consumer_deleted_or_created_again_says_where_to_start() -> None:
+    target, client = plain_target(info(floor=120))
+    [slot] = run_sync(target.resolve(client, Held()))
+    fix = (
+        "to read nothing twice, (re)create it with nats consumer add S C --deliver 121 (its other "
+        "settings as before): it starts right after the last message the query acked; then "
+        "restart the query"
+    )
+    with pytest.raises(ConfigurationError) as error:
+        target.look(slot, info(created="2026-11-28T19:05:00Z"))
+    assert str(error.value).endswith(fix)
+    with pytest.raises(ConfigurationError) as error:
+        run_sync(target.heal(client, slot))
+    assert str(error.value).startswith("consumer 'C' on stream 'S' was deleted while the query ran")
+    assert str(error.value).endswith(fix)
