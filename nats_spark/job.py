@@ -189,6 +189,15 @@ def start_query(spark: Any, job: dict[str, str], options: dict[str, str]) -> Any
     return writer.start()
 
 
+def log_level_given() -> bool:
+    """Whether spark-submit's `--conf` or spark-defaults.conf set `spark.log.level` (the conf of
+    the launcher's JVM, which this starts or, under spark-submit, joins)."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    return SparkConf().contains("spark.log.level")
+
+
 def launcher_sets_master() -> bool:
     """Whether spark-submit or PYSPARK_SUBMIT_ARGS already chose the master (then keep it)."""
     submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
@@ -233,11 +242,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     builder = SparkSession.builder.appName(job.get("app-name", "nats-spark-job"))
     if job.get("master") or not launcher_sets_master():
         builder = builder.master(job.get("master", "local[2]"))
+    if not log_level_given():  # Spark's INFO lines (hundreds a start) would bury the job's own
+        builder = builder.config("spark.log.level", "WARN")
     spark = builder.getOrCreate()
     shown = {k: ("***" if k.lower() in SECRET_OPTIONS else v) for k, v in options.items()}
     shown["servers"] = parse_options(options).connection.described()  # URLs may hold passwords
     log.info("starting query on %s with options %s", options.get("stream"), shown)
-    query = start_query(spark, job, options)
+    try:
+        query = start_query(spark, job, options)
+    except Exception as refused:  # load() checks the servers, stream and group: it fails there
+        print(f"nats_spark.job: query failed: {failure_line(refused)}", file=sys.stderr)
+        return 1
     deadline = time.monotonic() + float(job["timeout"]) if job.get("timeout") else None
     last_batch = -1
     error: Exception | None = None

@@ -44,7 +44,14 @@ class NatsPcgDataSource(DataSource):
     def name(cls) -> str:
         return "nats-pcg"
 
+    @one_line_errors
     def schema(self) -> str:
+        """Spark asks at load() (without a schema of the user's): the target is checked here,
+        so a wrong server, stream or group fails there, not when the query starts."""
+        from nats_spark.loop import run_sync
+        from nats_spark.spark.group_source.driver.preflight import check_target
+
+        run_sync(check_target(self.parsed))
         return SCHEMA_DDL
 
     @one_line_errors
