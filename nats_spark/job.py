@@ -155,17 +155,17 @@ def start_query(spark: Any, job: dict[str, str], options: dict[str, str]) -> Any
 
     from nats_spark.spark.group_source.source import NatsPcgDataSource
     from nats_spark.spark.nats_format import NatsDataSource
-    from nats_spark.spark.registration import register_source
+    from nats_spark.spark.registration import ensure_registered
 
     # Spark registers `pyspark_*` modules by itself only where pkgutil can see them (not through
     # a plain editable install's import hook).
-    register_source(spark, NatsPcgDataSource)
+    ensure_registered(spark, NatsPcgDataSource)
     reader = spark.readStream.format(NatsPcgDataSource.name())
     for key, value in options.items():
         reader = reader.option(key, value)
     rows = reader.load()
     if job.get("format") == "nats":
-        register_source(spark, NatsDataSource)
+        ensure_registered(spark, NatsDataSource)
         subject = concat(lit(job["sink-prefix"] + "."), col("subject")).alias("subject")
         writer = rows.select(subject, "data", "headers").writeStream.format(NatsDataSource.name())
         for key, value in options.items():  # the same server and credentials
@@ -242,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     builder = SparkSession.builder.appName(job.get("app-name", "nats-spark-job"))
     if job.get("master") or not launcher_sets_master():
         builder = builder.master(job.get("master", "local[2]"))
-    if not log_level_given():  # Spark's INFO lines (hundreds a start) would bury the job's own
+    if not log_level_given():  # under spark-submit Spark's INFO would bury the job's own lines
         builder = builder.config("spark.log.level", "WARN")
     spark = builder.getOrCreate()
     shown = {k: ("***" if k.lower() in SECRET_OPTIONS else v) for k, v in options.items()}

@@ -15,9 +15,12 @@ import re
 import shutil
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nats_spark.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from pyspark.sql.datasource import DataSource
 
 # What a worker that loaded nats-spark answers to a source without options.
 _LOADED_REFUSAL = "option servers is required"
@@ -36,6 +39,8 @@ def _no_replacement_warning(spark: Any) -> Iterator[None]:
     log; Spark Connect logs it on its server, if at all)."""
     try:
         log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+        context = log4j.LogManager.getContext(False)
+        configured = context.getConfiguration().getLoggers().containsKey(_DATA_SOURCE_MANAGER)
         before = log4j.LogManager.getLogger(_DATA_SOURCE_MANAGER).getLevel()
         log4j.core.config.Configurator.setLevel(_DATA_SOURCE_MANAGER, log4j.Level.ERROR)
     except Exception:
@@ -44,7 +49,11 @@ def _no_replacement_warning(spark: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        log4j.core.config.Configurator.setLevel(_DATA_SOURCE_MANAGER, before)
+        if configured:
+            log4j.core.config.Configurator.setLevel(_DATA_SOURCE_MANAGER, before)
+        else:  # back to the level it inherits
+            context.getConfiguration().removeLogger(_DATA_SOURCE_MANAGER)
+            context.updateLoggers()
 
 
 def register_source(spark: Any, source: type) -> None:
@@ -56,6 +65,19 @@ def register_source(spark: Any, source: type) -> None:
     except Exception as error:
         if "DATA_SOURCE_ALREADY_EXISTS" not in str(error):
             raise
+
+
+def ensure_registered(spark: Any, source: type[DataSource]) -> None:
+    """Register `source` unless the session resolves its name already (Spark found it by itself):
+    a session started for a query copies its registrations, and Spark warns of each one that
+    replaces a format it found (4.2+), at every query start."""
+    try:
+        manager = spark._jsparkSession.sessionState().dataSourceManager()
+        known = bool(manager.dataSourceExists(source.name()))
+    except Exception:  # Spark Connect: the server's session, not this one's to ask
+        known = False
+    if not known:
+        register_source(spark, source)
 
 
 def register_formats(spark: Any) -> None:
