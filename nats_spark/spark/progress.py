@@ -114,8 +114,9 @@ def plot_run(
     rates.legend(loc="upper right")
     rates.grid(alpha=0.3)
     lag_at = [seconds(sample.at) for sample in lag]
-    lags.plot(lag_at, [s.pending for s in lag], marker="o", label="pending (not delivered)")
-    lags.plot(lag_at, [s.ack_pending for s in lag], marker="s", label="ack pending (not acked)")
+    dots = {"marker": "o", "markersize": 3}
+    lags.plot(lag_at, [s.pending for s in lag], **dots, label="pending (not delivered)")
+    lags.plot(lag_at, [s.ack_pending for s in lag], **dots, label="ack pending (not acked)")
     where = "reported by the batches" if reported else "on the server"
     lags.set_ylabel(f"lag, messages\n({where})")
     lags.set_xlabel("seconds since the start")
