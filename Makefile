@@ -15,7 +15,7 @@ $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.server-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[spark,server]'
+	$(BIN)/pip install -q -e '.[spark,server,plot]'
 	touch $@
 
 # The fast lane: lint, format, types and the tests marked `unit` (no nats-server, no Spark; a unit

@@ -1,5 +1,6 @@
 """What our modules cost the Python processes Spark starts to look a format up, create the
-source and plan its read (none of which connects): CPU seconds, in fresh interpreters, of
+source and plan its read (none of which connects, but for nats-pcg's `schema()` at load(),
+which checks the target on the server and is left out here): CPU seconds, in fresh interpreters, of
 importing both `pyspark_*` modules, making a `nats-pcg` and a `nats` source, their stream
 readers and pickling their `read`, after pyspark's own worker modules (imported there before
 ours); with `--compare DIR`, alternately with the code of another checkout (e.g. `git archive`

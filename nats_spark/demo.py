@@ -19,6 +19,8 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from nats_spark.client import NatsClient
@@ -28,6 +30,7 @@ from nats_spark.pcg import admin
 from nats_spark.pcg.kinds import GroupKind
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.local_session import local_session
+from nats_spark.spark.progress import LagSample
 
 GROUP = "demo"
 MEMBERS = ["m1", "m2", "m3"]
@@ -120,6 +123,15 @@ class Publisher(threading.Thread):
             self.join()
 
 
+@dataclass
+class Run:
+    """What `watch` saw: each batch's progress by batch id (the query's recent progress keeps
+    the last 100 only) and the group's lag on the server, sampled a few times a second."""
+
+    batches: dict[int, Any] = field(default_factory=dict)
+    lag: list[LagSample] = field(default_factory=list)
+
+
 def watch(
     query: Any,
     publisher: Publisher,
@@ -127,20 +139,21 @@ def watch(
     stream: str,
     timeout: float,
     interrupted: threading.Event,
-) -> None:
+) -> Run:
     """Print the lag about once a second until every message is read and acked (or the query
     fails, `timeout` passes or the user interrupts)."""
     print(LAG_COLUMNS.format("time", "published", "rows", "pending", "ack pending"))
-    batches: dict[int, int] = {}  # rows by batch id (recent progress keeps the last 100 only)
+    seen = Run()
     began = time.monotonic()
     shown = -1.0
     while (elapsed := time.monotonic() - began) < timeout and query.exception() is None:
         if interrupted.is_set():
-            return
+            return seen
         lag = unacked(client, stream)
+        seen.lag.append(LagSample(datetime.now(UTC), lag["pending"], lag["ackPending"]))
         # From progress, not a count of the table: no Spark job beside the query's.
-        batches.update((p["batchId"], p["numInputRows"]) for p in query.recentProgress)
-        rows = sum(batches.values())
+        seen.batches.update((p["batchId"], p) for p in query.recentProgress)
+        rows = sum(p["numInputRows"] for p in seen.batches.values())
         done = not publisher.is_alive() and rows >= publisher.total
         settled = done and lag["pending"] + lag["ackPending"] == 0
         if settled or elapsed - shown >= 1.0:
@@ -156,8 +169,25 @@ def watch(
             )
             shown = elapsed
         if settled:
-            return
+            return seen
         interrupted.wait(0.25)
+    return seen
+
+
+def save_plot(seen: Run, path: str) -> None:
+    """The run's input rate and lag as a PNG at `path` (with the `plot` extra's matplotlib)."""
+    from nats_spark.spark.progress import batch_points, plot_run, png
+
+    try:
+        figure = plot_run(
+            batch_points(seen.batches.values()), seen.lag, title="make demo: nats-pcg query"
+        )
+    except ImportError:
+        print("\n(no plot: pip install 'nats-spark[plot]' for matplotlib)")
+        return
+    with open(path, "wb") as out:
+        out.write(png(figure))
+    print(f"\nlag and input rate over the run: {path}")
 
 
 def summary(spark: Any, published: int, left: dict[str, int], error: Any) -> bool:
@@ -253,13 +283,15 @@ def run(args: argparse.Namespace) -> int:
         publisher = Publisher(client, stream, args.messages, args.seconds)
         publisher.start()
         stack.callback(publisher.finish)
-        watch(query, publisher, client, stream, args.timeout, interrupted)
+        seen = watch(query, publisher, client, stream, args.timeout, interrupted)
         publisher.finish()
         stop_between_batches(query)
         if interrupted.is_set():
             print("\ninterrupted: stopping the query, Spark (and the embedded server)")
             return 130
         healthy = summary(spark, publisher.published, unacked(client, stream), query.exception())
+        if args.plot:
+            save_plot(seen, args.plot)
     return 0 if healthy else 1
 
 
@@ -269,6 +301,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--seconds", type=float, default=10.0, help="publishing time")
     parser.add_argument("--timeout", type=float, default=120.0, help="give up after this long")
+    parser.add_argument(
+        "--plot",
+        default="nats-pcg-demo.png",
+        help="PNG of the lag and input rate over the run (default %(default)s; '' for none)",
+    )
     args = parser.parse_args(argv)
     try:
         return run(args)

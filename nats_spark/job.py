@@ -155,17 +155,17 @@ def start_query(spark: Any, job: dict[str, str], options: dict[str, str]) -> Any
 
     from nats_spark.spark.group_source.source import NatsPcgDataSource
     from nats_spark.spark.nats_format import NatsDataSource
-    from nats_spark.spark.registration import register_source
+    from nats_spark.spark.registration import ensure_registered
 
     # Spark registers `pyspark_*` modules by itself only where pkgutil can see them (not through
     # a plain editable install's import hook).
-    register_source(spark, NatsPcgDataSource)
+    ensure_registered(spark, NatsPcgDataSource)
     reader = spark.readStream.format(NatsPcgDataSource.name())
     for key, value in options.items():
         reader = reader.option(key, value)
     rows = reader.load()
     if job.get("format") == "nats":
-        register_source(spark, NatsDataSource)
+        ensure_registered(spark, NatsDataSource)
         subject = concat(lit(job["sink-prefix"] + "."), col("subject")).alias("subject")
         writer = rows.select(subject, "data", "headers").writeStream.format(NatsDataSource.name())
         for key, value in options.items():  # the same server and credentials
@@ -187,6 +187,15 @@ def start_query(spark: Any, job: dict[str, str], options: dict[str, str]) -> Any
         millis = round(parse_duration("trigger", trigger) * 1000)
         writer = writer.trigger(processingTime=f"{millis} milliseconds")
     return writer.start()
+
+
+def log_level_given() -> bool:
+    """Whether spark-submit's `--conf` or spark-defaults.conf set `spark.log.level` (the conf of
+    the launcher's JVM, which this starts or, under spark-submit, joins)."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    return SparkConf().contains("spark.log.level")
 
 
 def launcher_sets_master() -> bool:
@@ -233,11 +242,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     builder = SparkSession.builder.appName(job.get("app-name", "nats-spark-job"))
     if job.get("master") or not launcher_sets_master():
         builder = builder.master(job.get("master", "local[2]"))
+    if not log_level_given():  # under spark-submit Spark's INFO would bury the job's own lines
+        builder = builder.config("spark.log.level", "WARN")
     spark = builder.getOrCreate()
     shown = {k: ("***" if k.lower() in SECRET_OPTIONS else v) for k, v in options.items()}
     shown["servers"] = parse_options(options).connection.described()  # URLs may hold passwords
     log.info("starting query on %s with options %s", options.get("stream"), shown)
-    query = start_query(spark, job, options)
+    try:
+        query = start_query(spark, job, options)
+    except Exception as refused:  # load() checks the servers, stream and group: it fails there
+        print(f"nats_spark.job: query failed: {failure_line(refused)}", file=sys.stderr)
+        return 1
     deadline = time.monotonic() + float(job["timeout"]) if job.get("timeout") else None
     last_batch = -1
     error: Exception | None = None

@@ -145,6 +145,10 @@ def test_demo_reads_and_acks_everything_and_leaves_nothing_behind(tmp_path: Path
     assert len(per_partition) == 6 and sum(per_partition) == MESSAGES, _tail(output)
     errors = [line for line in output.splitlines() if ERROR_LINE.search(line)]
     assert not errors, "\n".join(errors)
+    # The picture of the run, in the working directory: a PNG of a readable size.
+    plot = tmp_path / "nats-pcg-demo.png"
+    assert f"lag and input rate over the run: {plot.name}" in output, _tail(output)
+    assert plot.read_bytes().startswith(b"\x89PNG") and plot.stat().st_size > 10_000
 
 
 def test_ctrl_c_stops_the_query_and_spark_before_the_server(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -187,6 +188,29 @@ def test_spark_submit_available_now_exactly_once(runs: Runs, client) -> None:
     assert_exactly_once(row_payloads(rows), 400)
     assert {row["member"] for row in rows} == {"m1", "m2"}
     assert settled(client, runs.streams["submit"], "g")
+
+
+@pytest.mark.parametrize("run", ["submit", "config"])
+def test_a_normal_run_shows_the_jobs_lines_not_sparks_info(runs: Runs, run: str) -> None:
+    """By default the job's own lines (its options, a line per batch) are what it prints:
+    Spark's log starts at WARN (its INFO is hundreds of lines a start), and registering the
+    formats warns of nothing."""
+    launched = getattr(runs, run)
+    code, out, err = launched.wait(JOB_SECONDS)
+    assert code == 0, launched.tail()
+    lines = (out + err).splitlines()
+    # Under spark-submit the Spark context logs its version, OS and Java at INFO before it reads
+    # spark.log.level (which spark-submit's JVM knows only from there on): those three stay.
+    first = r"SparkContext: (Running Spark version|OS info|Java version) "
+    spark_info = [
+        line
+        for line in lines
+        if re.search(r"^\S+ \S+ INFO (?!nats_spark)", line) and not re.search(first, line)
+    ]
+    assert spark_info == [], spark_info[:5]
+    assert not [line for line in lines if "replaced a statically registered" in line]
+    assert any(re.search(r"nats_spark.job: starting query on", line) for line in lines), lines
+    assert any(line.startswith("batch 0: ") for line in lines), lines
 
 
 def test_python_module_with_config_file_and_example_group(runs: Runs, client) -> None:

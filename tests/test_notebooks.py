@@ -137,6 +137,25 @@ def printed(notebook: Any) -> str:
     )
 
 
+def images(notebook: Any) -> list[str]:
+    """The PNG images the cells displayed (base64)."""
+    return [
+        output["data"]["image/png"]
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.get("outputs", [])
+        if output.output_type == "display_data" and "image/png" in output.get("data", {})
+    ]
+
+
+def assert_quiet(notebook: Any) -> None:
+    """No console progress bar over the cells' output, and no Java trace (ipykernel shows what
+    the JVM writes to its stderr in the cell that runs)."""
+    text = printed(notebook)
+    assert "[Stage " not in text, text
+    assert "\tat " not in text and "Exception" not in text, text
+
+
 def line_json(text: str, label: str) -> Any:
     match = re.search(rf"^{re.escape(label)}: (.*)$", text, re.MULTILINE)
     assert match, f"no '{label}:' line in the output:\n{text}"
@@ -155,7 +174,10 @@ def test_committed_without_outputs(name: str) -> None:
 
 @pytest.mark.compat
 def test_quickstart_with_its_own_server(runs: Runs) -> None:
-    text = printed(runs.quickstart.result(300))
+    notebook = runs.quickstart.result(300)
+    text = printed(notebook)
+    assert_quiet(notebook)
+    assert len(images(notebook)) == 1 and line_json(text, "plotted batches") >= 1
     per_member = line_json(text, "rows per member")
     assert set(per_member) == {"m1", "m2"} and all(per_member.values())
     assert sum(per_member.values()) == 1000
@@ -184,6 +206,8 @@ def test_quickstart_with_its_own_server(runs: Runs) -> None:
 @pytest.mark.compat
 def test_databricks_notebook_outside_databricks_with_auth(runs: Runs) -> None:
     notebook = runs.databricks.result(300)
+    assert_quiet(notebook)
+    assert len(images(notebook)) == 1
     install = next(c for c in notebook.cells if c.cell_type == "code" and "%pip" in c.source)
     assert install.execution_count is None and not install.outputs  # skipped outside Databricks
     text = printed(notebook)

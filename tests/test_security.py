@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -351,8 +351,12 @@ def test_user_without_consumer_create_permission(
     try:
         static_group(admin, NOAPI_STREAM, "g", ["m1"], partitions=2)
         publish(admin, NOAPI_STREAM, 10)
-        df = source(spark, auth_server.url, NOAPI_STREAM, "g", user="noapi", password="noapi-pw")
-        message = failure_text(df, tmp_path)
+        message = failure_text(
+            lambda: source(
+                spark, auth_server.url, NOAPI_STREAM, "g", user="noapi", password="noapi-pw"
+            ),
+            tmp_path,
+        )
         assert Blocking(admin.api).consumer_names(NOAPI_STREAM) == []
     finally:
         close(admin)
@@ -373,10 +377,12 @@ def test_user_without_ledger_purge_permission(
     try:
         static_group(admin, NOPURGE_STREAM, "g", ["m1"], partitions=2)
         publish(admin, NOPURGE_STREAM, 10)
-        df = source(
-            spark, auth_server.url, NOPURGE_STREAM, "g", user="nopurge", password="nopurge-pw"
+        message = failure_text(
+            lambda: source(
+                spark, auth_server.url, NOPURGE_STREAM, "g", user="nopurge", password="nopurge-pw"
+            ),
+            tmp_path,
         )
-        message = failure_text(df, tmp_path)
         assert Blocking(admin.api).consumer_names(NOPURGE_STREAM) == []
     finally:
         close(admin)
@@ -499,10 +505,16 @@ def ledger_text(client: Blocking[NatsClient], writes: list[tuple[str, bytes]]) -
     return "\n".join(lines)
 
 
-def failure_text(df: Any, directory: Path) -> str:
-    """Everything the failure of running `df` says: message and stack trace."""
-    _, error = run_query(df, directory)
-    assert error is not None, "the query did not fail"
+def failure_text(load: Callable[[], Any], directory: Path) -> str:
+    """Everything the failure of loading and running `load()`'s rows says: message and stack
+    trace (load() checks the target on the server: what it can check fails there)."""
+    try:
+        df = load()
+    except Exception as refused:
+        error: Any = refused
+    else:
+        _, error = run_query(df, directory)
+        assert error is not None, "the query did not fail"
     return f"{error}\n{getattr(error, '_stackTrace', '')}"
 
 
@@ -536,7 +548,9 @@ def test_secrets_never_leak(
         try:
             refused = refusal(source_settings(servers=server.url, **wrong))
             assert "refused the credentials" in refused
-            failed = failure_text(source(spark, server.url, stream, "g", **wrong), tmp_path / "bad")
+            failed = failure_text(
+                lambda: source(spark, server.url, stream, "g", **wrong), tmp_path / "bad"
+            )
             assert "refused the credentials" in failed
 
             query, error = run_query(source(spark, server.url, stream, "g", **auth), tmp_path)

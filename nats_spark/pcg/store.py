@@ -95,6 +95,7 @@ async def load_group(
         raise GroupNotFound(
             f"consumer group {group!r} on stream {stream!r} not found in KV bucket {where}; "
             "create it first (nats-pcg static|elastic create ...) or check stream and group"
+            f"{await _groups_there(client, stream)}"
         )
     if len(found) > 1:
         raise ConfigurationError(
@@ -102,6 +103,20 @@ async def load_group(
             "group; set groupType to static or elastic"
         )
     return found[0]
+
+
+async def _groups_there(client: NatsClient, stream: str) -> str:
+    """The groups `stream` has, of both kinds, for the error that names a missing one."""
+    try:
+        named = [
+            f"{name} ({kind.value})"
+            for kind in GroupKind
+            for name in await list_groups(client, kind, stream)
+        ]
+    except Exception:  # a user who may read a group but not list a bucket: the error without
+        return ""
+    listed = f"groups on {stream!r}: {', '.join(named)}" if named else f"{stream!r} has no groups"
+    return f" ({listed})"
 
 
 def _unanswered(error: BaseException) -> bool:

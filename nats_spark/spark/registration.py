@@ -9,26 +9,75 @@ registered source fail on load() with a worker traceback ending in "No module na
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import sys
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from nats_spark.errors import ConfigurationError
 
+if TYPE_CHECKING:
+    from pyspark.sql.datasource import DataSource
+
+# What a worker that loaded nats-spark answers to a source without options.
+_LOADED_REFUSAL = "option servers is required"
 # The last `SomeError: text` line of a worker's traceback: what went wrong in the worker.
 _WORKER_ERROR = re.compile(r"^(\w+(?:Error|Exception): .+)$", re.MULTILINE)
+
+
+# Logs a warning when a registration replaces the format Spark found by itself (4.2+), which
+# is what registering by hand is for.
+_DATA_SOURCE_MANAGER = "org.apache.spark.sql.execution.datasources.DataSourceManager"
+
+
+@contextlib.contextmanager
+def _no_replacement_warning(spark: Any) -> Iterator[None]:
+    """Spark's warning of a replaced format held back while registering (a classic session's
+    log; Spark Connect logs it on its server, if at all)."""
+    try:
+        log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+        context = log4j.LogManager.getContext(False)
+        configured = context.getConfiguration().getLoggers().containsKey(_DATA_SOURCE_MANAGER)
+        before = log4j.LogManager.getLogger(_DATA_SOURCE_MANAGER).getLevel()
+        log4j.core.config.Configurator.setLevel(_DATA_SOURCE_MANAGER, log4j.Level.ERROR)
+    except Exception:
+        yield
+        return
+    try:
+        yield
+    finally:
+        if configured:
+            log4j.core.config.Configurator.setLevel(_DATA_SOURCE_MANAGER, before)
+        else:  # back to the level it inherits
+            context.getConfiguration().removeLogger(_DATA_SOURCE_MANAGER)
+            context.updateLoggers()
 
 
 def register_source(spark: Any, source: type) -> None:
     """Register `source` with `spark`; a source registered already is fine (Spark 4.0/4.1 refuse
     to register a name twice, later versions replace it)."""
     try:
-        spark.dataSource.register(source)
+        with _no_replacement_warning(spark):
+            spark.dataSource.register(source)
     except Exception as error:
         if "DATA_SOURCE_ALREADY_EXISTS" not in str(error):
             raise
+
+
+def ensure_registered(spark: Any, source: type[DataSource]) -> None:
+    """Register `source` unless the session resolves its name already (Spark found it by itself):
+    a session started for a query copies its registrations, and Spark warns of each one that
+    replaces a format it found (4.2+), at every query start."""
+    try:
+        manager = spark._jsparkSession.sessionState().dataSourceManager()
+        known = bool(manager.dataSourceExists(source.name()))
+    except Exception:  # Spark Connect: the server's session, not this one's to ask
+        known = False
+    if not known:
+        register_source(spark, source)
 
 
 def register_formats(spark: Any) -> None:
@@ -41,12 +90,12 @@ def register_formats(spark: Any) -> None:
     for source in (NatsPcgDataSource, NatsDataSource):
         register_source(spark, source)
     try:
-        # Options that parse, for a source that is never started: load() makes the source in a
-        # worker (no connection yet), `.schema` makes Spark Connect do so too.
-        reader = spark.readStream.format(NatsPcgDataSource.name())
-        _ = reader.options(servers="nats://127.0.0.1:4222", stream="S", group="G").load().schema
+        # load() makes the source in a worker (`.schema` makes Spark Connect do so too), which
+        # refuses a source without options: that refusal is the worker's nats-spark speaking.
+        _ = spark.readStream.format(NatsPcgDataSource.name()).load().schema
     except Exception as error:
-        raise ConfigurationError(_unloadable(spark, str(error))) from None
+        if _LOADED_REFUSAL not in str(error):
+            raise ConfigurationError(_unloadable(spark, str(error))) from None
 
 
 def worker_python(spark: Any) -> str:

@@ -14,8 +14,16 @@ from typing import Any
 from nats_spark.connection import ConnectionSettings, parse_servers, with_credentials
 from nats_spark.errors import ConfigurationError
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+# A duration is one or more `<number><unit>` parts: `500ms`, `30s`, `2m`, `1h`, or as Spark
+# writes intervals (trigger intervals, watermarks): `30 seconds`, `1 minute 30 seconds`,
+# `interval 5 minutes`; a bare number is seconds.
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)\s*")
+_UNIT_SECONDS = {
+    **dict.fromkeys(("ms", "msec", "msecs", "millisecond", "milliseconds"), 0.001),
+    **dict.fromkeys(("", "s", "sec", "secs", "second", "seconds"), 1.0),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60.0),
+    **dict.fromkeys(("h", "hour", "hours"), 3600.0),
+}
 _NAME = re.compile(r"^[^\s.*>/\\]{1,255}$")
 
 # Canonical option names with a one-line description (the README tables mirror these).
@@ -42,14 +50,29 @@ SECRET_OPTIONS = frozenset({"token", "password"})
 DEFAULT_MAX_TRIGGER_DELAY = 900.0  # 15 minutes, as Kafka's maxTriggerDelay
 
 
+def _seconds(text: str) -> float | None:
+    """The seconds `text` writes (see `_DURATION_PART`); None when it is no duration."""
+    rest = text.strip().lower().removeprefix("interval").strip()
+    if not rest or not re.fullmatch(f"(?:{_DURATION_PART.pattern})+", rest):
+        return None
+    parts = _DURATION_PART.findall(rest)
+    seconds = 0.0
+    for number, unit in parts:
+        if unit not in _UNIT_SECONDS or (not unit and len(parts) > 1):
+            return None
+        seconds += float(number) * _UNIT_SECONDS[unit]
+    return seconds
+
+
 def parse_duration(name: str, text: str) -> float:
-    """Seconds from `500ms`, `30s`, `2m`, `1h` or a bare number of seconds."""
-    match = _DURATION.match(text)
-    if not match:
+    """Seconds from `500ms`, `30s`, `2m`, `1h`, a bare number of seconds, or a Spark interval
+    such as `30 seconds` or `1 minute`."""
+    seconds = _seconds(text)
+    if seconds is None:
         raise ConfigurationError(
-            f"option {name}={text!r} is not a duration; use e.g. 500ms, 30s or 2m"
+            f"option {name}={text!r} is not a duration; use e.g. 500ms, 30s or 2m "
+            "(or as Spark writes intervals: 30 seconds, 1 minute)"
         )
-    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
     if seconds <= 0:
         raise ConfigurationError(f"option {name} must be positive, got {text!r}")
     return seconds
@@ -121,12 +144,46 @@ def parse_starting_position(text: str, option: str = "startingPosition") -> Star
     )
 
 
+# Options of Spark's Kafka source and sink (in lower case, as Spark passes them) and the options
+# of ours that do their job; a format names those it knows. Kafka's `failOnDataLoss`,
+# `includeHeaders` and `maxTriggerDelay` are ours too.
+_KAFKA_OPTIONS: dict[str, tuple[str, ...]] = {
+    "kafka.bootstrap.servers": ("servers",),
+    "subscribe": ("stream", "group", "consumer", "subjects"),
+    "subscribepattern": ("stream", "group", "consumer", "subjects"),
+    "assign": ("stream", "group", "consumer", "members", "subjects"),
+    "topic": ("subject", "stream"),
+    "kafka.group.id": ("group", "consumer"),
+    "groupidprefix": ("group", "consumer"),
+    "startingoffsets": ("startingPosition",),
+    "startingtimestamp": ("startingPosition",),
+    "startingoffsetsbytimestamp": ("startingPosition",),
+    "endingoffsets": ("endingPosition",),
+    "endingtimestamp": ("endingPosition",),
+    "maxoffsetspertrigger": ("maxMessagesPerTrigger",),
+    "minoffsetspertrigger": ("minMessagesPerTrigger",),
+    "minpartitions": ("numPartitions",),
+    "kafka.security.protocol": ("creds", "user", "token", "tlsCaCert"),
+}
+
+
 def _unknown_option(key: str, canonical: Mapping[str, str]) -> str:
-    """The error for an option no format knows, naming the nearest known one. `key` is as Spark
-    passes it: in lower case (its option maps ignore case), whatever the user typed."""
-    nearest = difflib.get_close_matches(key.lower(), canonical, n=1)
+    """The error for an option no format knows, naming the nearest known one or, for a Kafka
+    option, the ones of ours that do its job. `key` is as Spark passes it: in lower case (its
+    option maps ignore case), whatever the user typed."""
+    lowered = key.lower()
+    ours = [canonical[o.lower()] for o in _KAFKA_OPTIONS.get(lowered, ()) if o.lower() in canonical]
+    if not ours and lowered.startswith(("kafka.sasl.", "kafka.ssl.")):
+        ours = [canonical[o.lower()] for o in _KAFKA_OPTIONS["kafka.security.protocol"]]
+    if ours:
+        return f"unknown option {key!r} (a Kafka option); use {_either(ours)}"
+    nearest = difflib.get_close_matches(lowered, canonical, n=1)
     guess = f"did you mean {canonical[nearest[0]]}? " if nearest else ""
     return f"unknown option {key!r}; {guess}known options: {', '.join(canonical.values())}"
+
+
+def _either(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 class OptionValues:

@@ -25,6 +25,17 @@ def failure(query) -> str:
     return first
 
 
+def load_failure(load) -> str:
+    """What `load()` raises for a target it checked on the server: at most two lines (Spark's
+    SQLSTATE on the second), its first ending in the connector's line, which names the fix."""
+    with pytest.raises(Exception) as caught:
+        load()
+    message = str(caught.value)
+    lines = message.splitlines()
+    assert len(lines) <= 2 and "nats_spark." in lines[0] and "Traceback" not in message, message
+    return lines[0]
+
+
 def start(df, tmp_path):
     return (
         df.writeStream.format("memory")
@@ -55,41 +66,78 @@ def test_bad_options_fail_at_load(spark, nats_url, options, message):
         reader.load()
 
 
-def test_missing_stream(spark, nats_url, unique, tmp_path):
-    text = failure(start(source(spark, nats_url, f"NO{unique}", "g"), tmp_path))
-    assert f"stream 'NO{unique}' does not exist" in text
+# A wrong server, stream, group or consumer fails at load(), which checks the target on the
+# server (reading only), before a query starts.
 
 
-def test_missing_group_takes_nothing(spark, client, nats_url, unique, tmp_path):
+def test_missing_stream(spark, nats_url, unique):
+    text = load_failure(lambda: source(spark, nats_url, f"NO{unique}", "g"))
+    assert f"stream 'NO{unique}' does not exist" in text and "fix the stream option" in text
+
+
+def test_missing_group_takes_nothing_and_lists_the_groups(spark, client, nats_url, unique):
     stream = f"G{unique}"
     static_group(client, stream, "g", ["m1"], partitions=2)
+    run_sync(admin.create_static(client.target, stream, "h", 2, members=["m1"]))
     publish(client, stream, 10)
-    text = failure(start(source(spark, nats_url, stream, "other"), tmp_path))
+    text = load_failure(lambda: source(spark, nats_url, stream, "other"))
     assert "consumer group 'other' on stream" in text and "not found" in text
-    state = run_sync(client.api.stream_info(stream))["state"]
-    assert state["messages"] == 10 and state["consumer_count"] == 0
+    assert text.endswith(f"(groups on '{stream}': g (static), h (static))"), text
+    assert run_sync(client.api.stream_info(stream))["state"]["messages"] == 10
+    consumers = run_sync(client.api.consumer_names(stream))
+    assert consumers == [], consumers  # nothing created, nothing pulled
 
 
-def test_members_not_in_group(spark, client, nats_url, unique, tmp_path):
+def test_missing_group_on_a_stream_without_groups(spark, client, nats_url, unique):
+    stream = f"NG{unique}"
+    run_sync(client.api.create_stream({"name": stream, "subjects": [f"{stream}.*"]}))
+    text = load_failure(lambda: source(spark, nats_url, stream, "g"))
+    assert text.endswith(f"('{stream}' has no groups)"), text
+
+
+def test_missing_consumer(spark, client, nats_url, unique):
+    stream = f"NC{unique}"
+    run_sync(client.api.create_stream({"name": stream, "subjects": [f"{stream}.*"]}))
+    text = load_failure(lambda: source(spark, nats_url, stream, consumer="c"))
+    assert f"consumer 'c' does not exist on stream '{stream}'; create it first" in text, text
+
+
+def test_members_not_in_group(spark, client, nats_url, unique):
     stream = f"M{unique}"
     static_group(client, stream, "g", ["m1"], partitions=2)
-    text = failure(start(source(spark, nats_url, stream, "g", members="m1,m9"), tmp_path))
-    assert "members m9 are not in group 'g'" in text
+    text = load_failure(lambda: source(spark, nats_url, stream, "g", members="m1,m9"))
+    assert "members m9 are not in group 'g'" in text and "fix the members option" in text
 
 
-def test_unreachable_server(spark, tmp_path):
+def test_unreachable_server(spark):
     with EmbeddedServer() as server:
         url = server.url
-    text = failure(start(source(spark, url, "S", "g"), tmp_path))
+    text = load_failure(lambda: source(spark, url, "S", "g"))
     assert "cannot connect to NATS at" in text and "check the URL" in text
 
 
-def test_wrong_credentials(spark, tmp_path):
+def test_wrong_credentials(spark):
     with EmbeddedServer(extra_args=["--user", "app", "--pass", "right-secret-123"]) as server:
-        df = source(spark, server.url, "S", "g", user="app", password="wrong-secret-456")
-        text = failure(start(df, tmp_path))
+        text = load_failure(
+            lambda: source(spark, server.url, "S", "g", user="app", password="wrong-secret-456")
+        )
     assert "refused the credentials" in text
     assert "wrong-secret-456" not in text and "right-secret-123" not in text
+
+
+def test_spark_intervals_are_durations(spark, client, nats_url, unique, tmp_path):
+    """The README writes Spark intervals as "5 seconds": so may the options."""
+    stream = f"IV{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=2)
+    df = source(spark, nats_url, stream, "g", ackWait="45 seconds", fetchTimeout="500 milliseconds")
+    query = start(df, tmp_path)
+    query.awaitTermination(60)
+    assert query.exception() is None
+    infos = [
+        run_sync(client.api.consumer_info(stream, c))
+        for c in run_sync(client.api.consumer_names(stream))
+    ]
+    assert infos and {info.ack_wait for info in infos} == {45.0}, infos
 
 
 def running_query(spark, url, stream, tmp_path):

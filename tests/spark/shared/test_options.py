@@ -269,6 +269,8 @@ GROUP_CASES: list[tuple[Overrides, str]] = [
     ({"ackWait": "0s"}, "option ackWait must be positive"),
     ({"ackWait": "-3s"}, "option ackWait='-3s' is not a duration"),
     ({"ackWait": "5 days"}, "is not a duration"),
+    ({"ackWait": "30 parsecs"}, "(or as Spark writes intervals: 30 seconds, 1 minute)"),
+    ({"ackWait": "1 2"}, "is not a duration"),
     ({"maxAckPending": "0"}, "option maxAckPending=0 is out of range; use a number at least 1"),
     ({"maxAckPending": "1e3"}, "option maxAckPending='1e3' is not a whole number"),
     ({"maxMessagesPerTrigger": "0"}, "option maxMessagesPerTrigger=0 is out of range"),
@@ -287,6 +289,15 @@ GROUP_CASES: list[tuple[Overrides, str]] = [
     ({"fetchTimeout": "1 week"}, "option fetchTimeout='1 week' is not a duration"),
     ({"includeHeaders": "maybe"}, "option includeHeaders='maybe' is not a boolean; use true"),
     ({"failOnDataLoss": "2"}, "option failOnDataLoss='2' is not a boolean"),
+    # Spark's Kafka options name the ones of ours that do their job.
+    ({"kafka.bootstrap.servers": "h:9092"}, "unknown option 'kafka.bootstrap.servers' (a Kafka"),
+    ({"kafka.bootstrap.servers": "h:9092"}, "option); use servers"),
+    ({"subscribe": "orders"}, "unknown option 'subscribe' (a Kafka option); use stream, group or"),
+    ({"startingOffsets": "earliest"}, "(a Kafka option); use startingPosition"),
+    ({"maxOffsetsPerTrigger": "9"}, "(a Kafka option); use maxMessagesPerTrigger"),
+    ({"minOffsetsPerTrigger": "9"}, "(a Kafka option); use minMessagesPerTrigger"),
+    ({"kafka.group.id": "g"}, "(a Kafka option); use group or consumer"),
+    ({"kafka.sasl.mechanism": "PLAIN"}, "(a Kafka option); use creds, user, token or tlsCaCert"),
     ({"ledgerBucket": "my.ledger"}, "option ledgerBucket='my.ledger' is not a valid NATS name"),
     ({"password": "p"}, "password given without user; set user as well"),
     ({"user": "u", "token": "t"}, "both token and user given; use one way to authenticate"),
@@ -355,6 +366,9 @@ READ_CASES: list[tuple[str, Overrides, str]] = [
     ("nats", {"readPath": "fast"}, "readPath='fast' is not valid; use auto, consumer, direct"),
     ("nats", {"numPartitions": "0"}, "numPartitions=0 is out of range"),
     ("nats", {"includeHeaders": "maybe"}, "includeHeaders='maybe' is not a boolean"),
+    ("nats", {"subscribe": "orders"}, "'subscribe' (a Kafka option); use stream or subjects"),
+    ("nats", {"endingOffsets": "latest"}, "(a Kafka option); use endingPosition"),
+    ("sink", {"topic": "orders"}, "'topic' (a Kafka option); use subject or stream"),
 ]
 BAD_INPUT: list[tuple[str, Overrides, str]] = [
     *(("nats-pcg", overrides, text) for overrides, text in GROUP_CASES),
@@ -379,6 +393,33 @@ def test_bad_input_is_one_line_naming_the_problem(
     message = str(caught.value)
     assert expected in message
     assert "\n" not in message and len(message) < 600
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30 seconds", 30.0),
+        ("1 minute", 60.0),
+        ("500 milliseconds", 0.5),
+        ("2s", 2.0),
+        ("500ms", 0.5),
+        ("1.5h", 5400.0),
+        ("1 minute 30 seconds", 90.0),
+        ("1m30s", 90.0),
+        ("interval 2 minutes", 120.0),
+        ("10 secs", 10.0),
+        ("7", 7.0),
+    ],
+)
+def test_durations_are_also_spark_interval_strings(text: str, seconds: float) -> None:
+    """As Spark writes trigger intervals and watermarks, wherever an option is a duration."""
+    assert parse_options({**BASE, "ackWait": text}).ack_wait == seconds
+    assert parse_options({**BASE, "fetchTimeout": text}).fetch_timeout == seconds
+    assert (
+        parse_read_options({**STREAM, "connectTimeout": text}, False).connection.connect_timeout
+        == seconds
+    )
+    assert parse_sink_options({**SINK, "publishTimeout": text}).publish_timeout == seconds
 
 
 def test_every_group_source_option_has_a_bad_case() -> None:

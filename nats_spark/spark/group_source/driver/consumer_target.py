@@ -23,6 +23,11 @@ class ConsumerTarget:
         self.slots: list[Slot] | None = None
         self.seen = SeenConsumers()
 
+    async def check(self, client: NatsClient) -> None:
+        """The consumer exists and fits the options (reads only: the source never changes a
+        plain consumer); the source checks its target with it at load()."""
+        await self.resolve(client, Held())
+
     async def resolve(self, client: NatsClient, held: Held) -> list[Slot]:
         if self.slots is not None:
             return self.slots

@@ -85,8 +85,9 @@ class GroupTarget:
                 "and recreate the group and restart the query"
             )
 
-    async def resolve(self, client: NatsClient, held: Held) -> list[Slot]:
-        """Reload the group config, settle the layout and make sure every consumer matches."""
+    async def check(self, client: NatsClient) -> GroupEntry:
+        """The group's config, checked against the options and the stream; reads only, so the
+        source also checks its target with it at load(), before a query starts."""
         options = self.options
         entry = await load_group(client, options.stream, options.group or "", self.kind)
         self._check_unchanged(entry)
@@ -104,15 +105,23 @@ class GroupTarget:
                     "subjects as '<partition>.<subject>', so no member filter matches; add a "
                     "subject transform such as {{partition(N,1)}}.<subject> to the stream"
                 )
-        self.kind = entry.kind
         names = _member_names(entry.config)
-        wanted = list(options.members) if options.members else names
-        missing = [m for m in wanted if m not in names]
+        missing = [m for m in options.members or () if m not in names]
         if missing and (self.entry is None or entry.kind is GroupKind.STATIC):
             raise ConfigurationError(
                 f"members {', '.join(missing)} are not in group {entry.group!r} (members: "
                 f"{', '.join(names) or 'none'}); fix the members option or add them to the group"
             )
+        return entry
+
+    async def resolve(self, client: NatsClient, held: Held) -> list[Slot]:
+        """Reload the group config, settle the layout and make sure every consumer matches."""
+        options = self.options
+        entry = await self.check(client)
+        self.kind = entry.kind
+        names = _member_names(entry.config)
+        wanted = list(options.members) if options.members else names
+        missing = [m for m in wanted if m not in names]
         if missing:
             log.warning("members %s left group %s; they are no longer read", missing, entry.group)
         config = entry.config
