@@ -170,8 +170,7 @@ async def slot_batches(reader: SlotReader) -> AsyncGenerator[pa.RecordBatch, Non
             async for batch in batches:
                 yield batch
         await reader.seal()
-    if reader.replay.lost:
-        log.warning("slot %s lost %d messages to retention", partition.slot, reader.replay.lost)
+    reader.replay.skipped()
     log.debug(
         "slot %s of batch %d: %d rows (%d replayed), %d redeliveries of earlier batches dropped",
         partition.slot,
