@@ -141,6 +141,11 @@ class Consumer:
         if self.pinned is not None and now - self.pin_renewed > self.priority_timeout:
             self.pinned = None
 
+    def unpin(self, now: float) -> None:
+        """`$JS.API.CONSUMER.UNPIN`: the next waiting pull is pinned afresh."""
+        self.pinned = None
+        self.serve(now)
+
     def request(self, request: PullRequest, now: float) -> None:
         """A pull request arrives."""
         self._expire_pin(now)
@@ -324,6 +329,11 @@ class SimApi:
         server = self.client.server
         await self.client.sched.point(f"consumer info {consumer}")
         return ConsumerInfo(server.consumers[consumer].info(server.now()))
+
+    async def unpin(self, stream: str, consumer: str, group: str) -> None:
+        server = self.client.server
+        await self.client.sched.point(f"unpin {consumer}")
+        server.consumers[consumer].unpin(server.now())
 
     async def get_message(self, stream: str, seq: int) -> StoredMessage:
         await self.client.sched.point(f"get message {seq}")

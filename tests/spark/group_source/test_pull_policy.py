@@ -82,6 +82,16 @@ def test_an_empty_pull_is_followed_by_one_wait(status: PullStatus) -> None:
     assert not slot.ended(status, 0, new=False, got_any=False)  # waited already: done
 
 
+@pytest.mark.parametrize(("redelivery_wait", "expires"), [(30.0, 30.0), (1.0, TIMEOUT)])
+def test_an_available_now_run_waits_longer_for_redeliveries(
+    redelivery_wait: float, expires: float
+) -> None:
+    slot = SlotPullPolicy(BATCH, TIMEOUT, redelivery_wait)
+    assert slot.next(1000) == no_wait()  # what is ready first
+    assert slot.ended(PullStatus.NO_MESSAGES, 0, new=False, got_any=False)
+    assert slot.next(1000) == PullPlan(BATCH, expires, PULL_MAX_BYTES, whole=True)
+
+
 @pytest.mark.parametrize("status", EMPTY)
 def test_an_empty_pull_ends_a_batch_that_took_messages(status: PullStatus) -> None:
     assert not policy().ended(status, 0, new=False, got_any=True)

@@ -91,7 +91,9 @@ class SlotReader:
         )
         pulls = SlotPulls(
             consumer,
-            SlotPullPolicy(reading.fetch_batch_size, reading.fetch_timeout),
+            SlotPullPolicy(
+                reading.fetch_batch_size, reading.fetch_timeout, partition.redelivery_wait
+            ),
             reading.thresholds,
             partition.limit - self.entry.head.count,
             bool(partition.siblings),
