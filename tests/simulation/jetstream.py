@@ -46,6 +46,7 @@ class Delivery:
     due: float  # when its ack wait runs out
     owner: Participant | None = None  # whose pull request it went to
     given_back: bool = False  # `-NAK`: queued for redelivery, whatever `+WPI` follows
+    given_back_by: Participant | None = None  # who sent the `-NAK`
 
 
 class Stream:
@@ -223,11 +224,12 @@ class Consumer:
         if seq in self.pending:
             self.pending[seq].due = now + self.ack_wait
 
-    def give_back(self, seq: int, now: float) -> None:
-        """`-NAK`: redelivered at the next pull, before new messages."""
+    def give_back(self, seq: int, now: float, by: Participant | None) -> None:
+        """`-NAK` (sent by `by`): redelivered at the next pull, before new messages."""
         if seq in self.pending:
             self.pending[seq].due = now
             self.pending[seq].given_back = True
+            self.pending[seq].given_back_by = by
 
     def events(self) -> list[float]:
         """When serving may change: a waiting pull expires, or a message comes due for one."""
@@ -279,7 +281,7 @@ class Server:
             await self.sched.sleep(min(min(events, default=now + 5.0) - now, 5.0) + 0.001)
             self.serve()
 
-    def publish_commands(self, command: bytes) -> None:
+    def publish_commands(self, command: bytes, sender: Participant | None = None) -> None:
         lines = command.split(b"\r\n")
         for header, body in zip(lines[0::2], lines[1::2], strict=False):
             if not header.startswith(b"PUB "):
@@ -294,7 +296,7 @@ class Server:
             elif body == b"+WPI":
                 consumer.in_progress(seq, self.now())
             elif body == b"-NAK":
-                consumer.give_back(seq, self.now())
+                consumer.give_back(seq, self.now(), sender)
         self.serve()
 
 
@@ -307,7 +309,7 @@ class SimNc:
 
     async def _send_command(self, command: bytes) -> None:
         await self.client.sched.point("publish acks")
-        self.client.server.publish_commands(command)
+        self.client.server.publish_commands(command, self.client.sched.current())
 
     async def _flush_pending(self, force_flush: bool = False) -> None:
         return None

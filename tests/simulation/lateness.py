@@ -13,7 +13,10 @@ slot's next pulls took newer messages of its key:
 - a query on a new checkpoint gives back what the earlier query's entries hold: it removes the
   entries, then sends `-NAK` for their deliveries, and its driver died between the two
   (`GiveBacks`).
-A delivery given back (`-NAK`) comes back at once, ahead of newer messages: it explains nothing.
+A delivery given back (`-NAK`) by a driver comes back at once, ahead of newer messages: it
+explains nothing. One given back by the attempt that held it unrecorded, as it closed or failed
+mid-batch, comes back at once too, but its retry may have taken newer ones meanwhile: the first
+case.
 """
 
 from __future__ import annotations
@@ -59,8 +62,10 @@ class Attempts:
         unrecorded (how that attempt ended), or None when no delivery was."""
         for delivery in deliveries[:-1]:  # each one was followed by a redelivery
             owner = delivery.owner
-            if owner is None or owner.kind != "task" or delivery.given_back:
+            if owner is None or owner.kind != "task":
                 continue
+            if delivery.given_back and delivery.given_back_by is not owner:
+                continue  # given back by a driver: at once, ahead of newer messages
             if seq in self.recorded.get(owner, ()):
                 continue
             ended = self._ended(owner)
