@@ -68,6 +68,7 @@ class Delivery:
     owner: Participant | None = None  # whose pull request it went to
     given_back: bool = False  # `-NAK` taken: queued for redelivery, whatever `+WPI` follows
     queued: float | None = None  # when it joined the redelivery queue (expired or given back)
+    given_back_by: Participant | None = None  # who sent the `-NAK`
 
 
 class Stream:
@@ -207,6 +208,11 @@ class Consumer:
         self.dropped.append(seq)
         return True
 
+    def unpin(self, now: float) -> None:
+        """`$JS.API.CONSUMER.UNPIN`: the next waiting pull is pinned afresh."""
+        self.pinned = None
+        self.serve(now)
+
     def request(self, request: PullRequest, now: float) -> None:
         """A pull request arrives (`processNextMsgRequest`): one carrying the pin resets its
         timer; one carrying another pin gets 423."""
@@ -319,8 +325,8 @@ class Consumer:
         if seq in self.pending:
             self.pending[seq].due = now + self.ack_wait
 
-    def give_back(self, seq: int, consumer_seq: int, now: float) -> None:
-        """`-NAK` (`processNak`): redelivered at the next pull, before new messages; ignored
+    def give_back(self, seq: int, consumer_seq: int, now: float, by: Participant | None) -> None:
+        """`-NAK` (`processNak`, sent by `by`): redelivered at the next pull, before new messages; ignored
         outside the consumer's window (a delivery at or below the ack floor, or one it never
         made) and for a message not pending."""
         self.expire(now)
@@ -330,6 +336,7 @@ class Consumer:
         if delivery is None:
             return
         delivery.given_back = True
+        delivery.given_back_by = by
         if delivery.queued is None:
             delivery.queued = now
 
@@ -400,7 +407,7 @@ class Server:
             await self.sched.sleep(min(min(events, default=now + 5.0) - now, 5.0) + 0.001)
             self.serve()
 
-    def publish_commands(self, command: bytes) -> None:
+    def publish_commands(self, command: bytes, sender: Participant | None = None) -> None:
         lines, acked = command.split(b"\r\n"), False
         for header, body in zip(lines[0::2], lines[1::2], strict=False):
             if not header.startswith(b"PUB "):
@@ -416,7 +423,7 @@ class Server:
             elif body == b"+WPI":
                 consumer.in_progress(seq, now)
             elif body == b"-NAK":
-                consumer.give_back(seq, int(tokens[6]), now)
+                consumer.give_back(seq, int(tokens[6]), now, sender)
         self.serve()
         if acked:
             self.after_acks()
@@ -444,7 +451,7 @@ class SimNc:
 
     async def _send_command(self, command: bytes) -> None:
         await self.client.sched.point("publish acks")
-        self.client.server.publish_commands(command)
+        self.client.server.publish_commands(command, self.client.sched.current())
 
     async def _flush_pending(self, force_flush: bool = False) -> None:
         return None
@@ -467,6 +474,11 @@ class SimApi:
         server = self.client.server
         await self.client.sched.point(f"consumer info {consumer}")
         return ConsumerInfo(server.consumers[consumer].info(server.now()))
+
+    async def unpin(self, stream: str, consumer: str, group: str) -> None:
+        server = self.client.server
+        await self.client.sched.point(f"unpin {consumer}")
+        server.consumers[consumer].unpin(server.now())
 
     async def get_message(self, stream: str, seq: int) -> StoredMessage:
         await self.client.sched.point(f"get message {seq}")

@@ -15,7 +15,10 @@ again, before the break.
 - a query on a new checkpoint gives back what the earlier query's entries hold: it removes the
   entries, then sends `-NAK` for their deliveries, and its driver died between the two
   (`GiveBacks`).
-A delivery given back (`-NAK`) comes back at once, ahead of newer messages: it explains nothing.
+A delivery given back (`-NAK`) by a driver comes back at once, ahead of newer messages: it
+explains nothing. One given back by the attempt that held it unrecorded, as it closed or failed
+mid-batch, comes back at once too, but its retry may have taken newer ones meanwhile: the first
+case.
 """
 
 from __future__ import annotations
@@ -72,9 +75,9 @@ class Attempts:
         """How `held`, the delivery of `seq` before the one it was emitted from, was left to its
         ack wait by the attempt that held it unrecorded (how that attempt ended), or None when
         it was not."""
-        if held.given_back:
-            return REQUEUED
         owner = held.owner
+        if held.given_back and (owner is None or held.given_back_by is not owner):
+            return REQUEUED  # given back by a driver: at once, ahead of newer messages
         if owner is None or owner.kind != "task":
             return None
         if seq in self.recorded.get(owner, ()):

@@ -50,3 +50,6 @@ class SlotPartition(InputPartition):
     ack_wait: float = 30.0  # the consumer's: what this task takes must not come back meanwhile
     # the highest stream sequence the `dedupe` entries hold: above it no delivery is theirs
     dedupe_through: int = UNBOUNDED
+    # seconds a pull that finds nothing ready may wait for redeliveries: an availableNow run's
+    # wait for what the consumer holds beyond the query's ledger (`SlotState.others_due`)
+    redelivery_wait: float = 0.0

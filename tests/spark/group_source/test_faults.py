@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from spark_helpers import (
     seqs,
     seqs_of,
     source,
+    source_runners,
     static_group,
     unacked,
     wait_until,
@@ -790,39 +792,100 @@ def test_ledger_bucket_deleted_while_running(spark, client, nats_url, unique, tm
 # --- Retention removes messages before commit --------------------------------------------------
 
 
+def sink_fails_after(sink: Collector, batch: int, action: Callable[[], None]) -> None:
+    """`action` runs once `batch`'s rows are read, then the sink fails: the batch stays logged,
+    not committed, and its messages held by its sealed entries."""
+
+    def act_then_fail(rows: list[int]) -> None:
+        action()
+        raise RuntimeError("sink failed after the messages went")
+
+    sink.after_read[batch] = act_then_fail
+
+
 @pytest.mark.compat
 @pytest.mark.parametrize("fail_on_data_loss", [True, False])
 def test_messages_removed_before_commit(
     spark, client, nats_url, unique, tmp_path, fail_on_data_loss
 ):
+    """The stream is purged between a batch and its re-run (the sink failed). With
+    failOnDataLoss the query stops with the line and, restarted with failOnDataLoss=false, goes
+    on past the batch; the rest is read exactly once and acked."""
     stream = f"DL{unique}"
     static_group(client, stream, "g", ["m1"], partitions=2)
     publish(client, stream, 200)
     sink = Collector()
-
-    def purge_then_fail(rows: list[int]) -> None:
-        run_sync(client.api.request(f"STREAM.PURGE.{stream}", {}))
-        raise RuntimeError("sink failed after the purge")
-
-    sink.after_read[0] = purge_then_fail
+    sink_fails_after(sink, 0, lambda: run_sync(client.api.request(f"STREAM.PURGE.{stream}", {})))
     options = {"ledgerBucket": f"L{unique}", "failOnDataLoss": str(fail_on_data_loss).lower()}
     df = source(spark, nats_url, stream, "g", **options)
-    assert "sink failed after the purge" in failure(foreach_batches(df, sink, tmp_path / "cp"))
+    assert "sink failed after the messages went" in failure(
+        foreach_batches(df, sink, tmp_path / "cp")
+    )
     publish(client, stream, 100, start=200)
     # The restart re-runs batch 0, whose messages the stream no longer holds.
-    query = foreach_batches(df, sink, tmp_path / "cp")
     if fail_on_data_loss:
-        text = failure(query)
-        assert "removed (retention or purge) before its batch was committed" in text, text
-        assert "failOnDataLoss=false" in text
-        assert sink.values == []
-        return
+        stopped_on_the_loss(foreach_batches(df, sink, tmp_path / "cp"), stream, sink)
+        df = source(spark, nats_url, stream, "g", **{**options, "failOnDataLoss": "false"})
+    query = foreach_batches(df, sink, tmp_path / "cp")
     try:
         drained(query, client, stream, "g", sink, 100)
     finally:
         query.stop()
     assert sink.batches[0] == [], "lost messages must be skipped, not invented"
     assert_exactly_once([v - 200 for v in sink.values], 100)
+
+
+@pytest.mark.compat
+def test_messages_acked_by_another_client_before_the_rerun(
+    spark, client, settings, nats_url, unique, tmp_path
+):
+    """On a work-queue stream (an elastic group) another instance of the member acks what a
+    batch took once the stopped query's pin and ack wait ran out: the ack removes the messages.
+    The query's restart stops with the line naming the loss; restarted with
+    failOnDataLoss=false it goes on past the batch, and the rest is read exactly once."""
+    stream, group = f"WQ{unique}", "eg"
+    elastic_group(client, stream, group, ["a"], partitions=2)
+    publish(client, stream, 100)
+    sink = Collector()
+    sink_fails_after(sink, 0, lambda: None)
+    options = {"ledgerBucket": f"L{unique}", "ackWait": "2s"}
+    df = source(spark, nats_url, stream, group, **options)
+    assert "sink failed after the messages went" in failure(
+        foreach_batches(df, sink, tmp_path / "cp")
+    )
+    wait_until(lambda: not source_runners(), 90, "the query's driver side to stop")
+    others = [
+        OtherInstance(settings, c.stream, c.name) for c in consumers_of(client, stream, group, "a")
+    ]
+    for other in others:
+        other.thread.start()
+    try:
+        wait_until(lambda: sum(len(o.received) for o in others) >= 100, 60, "the other's acks")
+    finally:
+        for other in others:
+            other.stop()
+    publish(client, stream, 50, start=100)
+    stopped_on_the_loss(foreach_batches(df, sink, tmp_path / "cp"), stream, sink)
+    df = source(spark, nats_url, stream, group, **options, failOnDataLoss="false")
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    try:
+        drained(query, client, stream, group, sink, 50)
+    finally:
+        query.stop()
+    assert sink.batches[0] == []
+    assert_exactly_once([v - 100 for v in sink.values], 50)
+
+
+def stopped_on_the_loss(query: Any, stream: str, sink: Collector) -> None:
+    """`query`, re-running a batch whose messages are gone, stops with one line naming what was
+    lost and how to go on; nothing of the batch is committed."""
+    text = failure(query)
+    line = failure_line(text)
+    assert f"of stream {stream}" in line and "before its batch was committed" in line, text
+    assert re.search(r"\d+ of the \d+ messages slot \S+ took in batch \d+ are gone", line), line
+    assert re.search(r"\(sequences \d+[-,;]", line), line
+    assert "restart the query with failOnDataLoss=false to re-run it without them" in line, line
+    assert sink.values == []
 
 
 # --- Driver kill -9 ---------------------------------------------------------------------------

@@ -107,7 +107,16 @@ def test_available_now_ends_at_its_sequence_and_skips_redeliveries() -> None:
     done = replace(state(pending=3, delivered_seq=900), end_seq=900)
     assert plan_slot(OPTIONS, done) == ("done", None)
     going = replace(state(pending=3, ack_pending=7, delivered_seq=899), end_seq=900)
-    assert plan(going) == SlotPlan(3, 3)  # the 7 ack-pending may come back too late for the run
+    assert plan(going) == SlotPlan(3, 3)  # the run's wait for the 7 ack-pending is over
+
+
+def test_available_now_waits_for_what_others_hold_while_its_wait_lasts() -> None:
+    """Ack-pending beyond `ours` (an earlier query's, a killed attempt's) is read while the
+    run's wait for it lasts, also past the run's end sequence; then the slot is done."""
+    held = replace(state(ack_pending=7, delivered_seq=900), end_seq=900, ours=2)
+    assert plan(replace(held, others_due=12.0)) == SlotPlan(5, 0)
+    assert plan_slot(OPTIONS, held) == ("done", None)
+    assert plan_slot(OPTIONS, replace(held, ours=7, others_due=12.0)) == ("done", None)
 
 
 def test_capacity_per_partition_cap_and_parallel_readers() -> None:

@@ -82,6 +82,18 @@ def test_an_empty_pull_is_followed_by_one_wait(status: PullStatus) -> None:
     assert not slot.ended(status, 0, new=False, got_any=False)  # waited already: done
 
 
+@pytest.mark.parametrize(("redelivery_wait", "expires"), [(30.0, 30.0), (1.0, TIMEOUT)])
+def test_an_available_now_run_waits_longer_for_redeliveries(
+    redelivery_wait: float, expires: float
+) -> None:
+    slot = SlotPullPolicy(BATCH, TIMEOUT, redelivery_wait)
+    first = slot.next(1000)
+    assert first is not None and first.expires is None  # what is ready first
+    assert slot.ended(PullStatus.NO_MESSAGES, 0, new=False, got_any=False)
+    waiting = slot.next(1000)
+    assert waiting is not None and waiting.expires == expires
+
+
 @pytest.mark.parametrize("status", EMPTY)
 def test_an_empty_pull_ends_a_batch_that_took_messages(status: PullStatus) -> None:
     assert not policy().ended(status, 0, new=False, got_any=True)

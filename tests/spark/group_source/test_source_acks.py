@@ -39,7 +39,7 @@ from nats_spark.server import EmbeddedServer
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.ledger import Ledger
-from nats_spark.spark.group_source.ledger_protocol import read_head
+from nats_spark.spark.group_source.ledger_protocol import read_deliveries, read_head
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.task.partition_reader import read_slot
 
@@ -263,6 +263,36 @@ def test_a_new_checkpoint_gives_back_what_a_stopped_attempt_left_open(client, na
     finally:
         run_sync(old.close())
         run_sync(new.close())
+
+
+def test_a_task_closed_mid_batch_gives_back_what_it_did_not_record(client, nats_url, unique):
+    """A task attempt pulling in twos is closed after its first rows (Spark stops reading it):
+    it lets its ledger write in flight finish and NAKs what it pulled and did not record: only
+    what its entry holds stays with it (a minute's ack wait), the rest is another reader's at
+    once."""
+    stream, name = f"CLOSED{unique}", "shared"
+    make_stream(client, stream, storage="memory")
+    make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(60))
+    publish(client, stream, 20)
+    options = {"servers": nats_url, "stream": stream, "consumer": name, "fetchBatchSize": "2"}
+    reader = OffsetReader(parse_options({**options, "ledgerBucket": f"L{unique}"}))
+    other = puller(client, stream, name, GROUP)
+    try:
+        start = run_sync(reader.initial_offset())
+        [partition] = run_sync(
+            reader.partitions(start, run_sync(reader.latest_offset(start, None)))
+        )
+        rows = read_slot(partition)
+        assert seqs(next(rows)) == [1, 2]
+        rows.close()
+        ledger = Ledger(reader.ledger.kv, partition.lineage)
+        head, _ = run_sync(read_head(ledger, partition.gen, partition.slot))
+        recorded = run_sync(read_deliveries(ledger, head)).stream_seq
+        rest = [int(m.data.decode()) + 1 for m in other.fetch(20, expires=2).messages]
+        assert sorted(recorded + rest) == list(range(1, 21))
+    finally:
+        run_sync(reader.close())
+        run_sync(other.target.close())
 
 
 @pytest.mark.compat

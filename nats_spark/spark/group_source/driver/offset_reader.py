@@ -17,6 +17,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound, stream_missing
 from nats_spark.jetstream.replies import StreamInfo
@@ -44,6 +45,10 @@ from nats_spark.spark.shared.pacing import TriggerPacing
 
 log = logging.getLogger(__name__)
 
+# Seconds an availableNow run waits, beyond a consumer's ack wait from its start, for what the
+# consumer holds beyond this query's ledger (redeliveries arrive a little after the wait runs out).
+REDELIVERY_GRACE = 2.0
+
 
 class OffsetReader:
     """Plans batches and acks them once Spark has committed them."""
@@ -60,6 +65,9 @@ class OffsetReader:
         self.states: dict[str, SlotState] = {}  # every slot resolved, also ones since dropped
         self.resolved = False  # whether the target was resolved since this reader started
         self.available_now = False  # an availableNow run: its slots end at their `end_seq`
+        # by slot, in an availableNow run: since when (`clock.monotonic`) its consumer shows
+        # ack-pending messages beyond this query's ledger, until it shows none
+        self.others_since: dict[str, float] = {}
         self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
         self.committed = 0  # newest gen of the adopted lineage known committed (acked at stop)
         self.keeping: tuple[SealedKeeper, asyncio.Future[None]] | None = None
@@ -194,13 +202,28 @@ class OffsetReader:
             seen = await self._look(client, slot)
             if self.ledger.entries and slot.stream not in first_seqs:  # else none to settle
                 first_seqs[slot.stream] = (await self._stream_info(client, slot.stream)).first_seq
+            ours = unacked_by_consumer(slots, unacked, slot)
             self.states[slot.name] = self.states[slot.name].revised(
                 seen=seen,
                 own_pin=self.ledger.pins.get(slot.name),
-                ours=unacked_by_consumer(slots, unacked, slot),
+                ours=ours,
                 acked_first=acked_first.get(slot.name, 0),
+                others_due=self._others_due(slot.name, seen, ours),
             )
         await self.ledger.settle(horizons(self.states.values(), first_seqs), self.committed)
+
+    def _others_due(self, name: str, seen: ConsumerSeen, ours: int) -> float:
+        """An availableNow run's seconds left to wait for what slot `name`'s consumer holds
+        beyond this query's ledger (`ours`): an earlier query's deliveries (given back at the
+        first batch, they come at once) or a killed attempt's unrecorded ones (back once their
+        ack wait runs out: at most an ack wait after they were first seen). A live client that
+        holds them longer is waited for no longer than that."""
+        if not self.available_now or seen.ack_pending <= ours:
+            self.others_since.pop(name, None)
+            return 0.0
+        now = clock.monotonic()
+        since = self.others_since.setdefault(name, now)
+        return max(since + seen.ack_wait + REDELIVERY_GRACE - now, 0.0)
 
     def _logged(
         self, before: dict[str, SlotState], after: dict[str, SlotState]
@@ -371,6 +394,8 @@ class OffsetReader:
         ]
         dedupe = self.ledger.dedupe_spans(end.gen, same_stream) if task.limit else ()
         seen = states[name].seen if name in states else None
+        state = states.get(name)
+        waits = state is not None and seen is not None and seen.ack_pending > state.ours
         return SlotPartition(
             reading=self.reading,
             pointer_key=self.ledger.pointer_key,
@@ -389,6 +414,7 @@ class OffsetReader:
             dedupe_through=self.ledger.highest_seq(dedupe),
             ack_wait=options.ack_wait if seen is None else seen.ack_wait,
             siblings=siblings(states, end.slots, slot),
+            redelivery_wait=state.others_due if waits and state is not None else 0.0,
         )
 
     async def ack_through(self, gen: int) -> int:
@@ -427,5 +453,28 @@ class OffsetReader:
                     await self.ack_through(self.committed)
                 except Exception as error:  # the next start acks them: stop must still finish
                     log.warning("acks at stop failed (the next start sends them): %s", error)
+            await self._release_pins(self.client)
             await self.client.close()
             self.client = None
+
+    async def _release_pins(self, client: NatsClient) -> None:
+        """At stop: unpin the slots whose pin the server still gives this query, so that who
+        reads them next (this query restarted, one on a new checkpoint, another instance of
+        the member) need not wait out the priority timeout. A pin the server gives another
+        instance is left alone; a restart that still names the released pin is refused it
+        once (423) and asks for a new one."""
+        try:
+            if self.ledger.lineage is not None:
+                await self.ledger.load_unacked_heads()  # the pins the last batch's tasks took
+            for name, pin in sorted(self.ledger.pins.items()):
+                state = self.states.get(name)
+                group = None if state is None else state.slot.priority_group
+                if state is None or group is None:
+                    continue
+                slot = state.slot
+                info = await client.api.consumer_info(slot.stream, slot.consumer)
+                if info.pinned_id(group) == pin:
+                    await client.api.unpin(slot.stream, slot.consumer, group)
+                    log.info("%s: released the pin of %s > %s", name, slot.stream, slot.consumer)
+        except Exception as error:  # the pins then time out (priority_timeout): stop finishes
+            log.warning("releasing the pins at stop failed: %s", error)

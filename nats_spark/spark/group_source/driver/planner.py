@@ -44,6 +44,9 @@ class SlotState:
     acked_first: int = 0  # of `ours`, what the slot's next task acks before it pulls (committed)
     readable: bool = True  # the target's last resolve gave it to read
     end_seq: int | None = None  # an availableNow run's end: the stream's last sequence then
+    # an availableNow run: seconds left of its wait for what the consumer holds beyond `ours`
+    # (an earlier query's or a killed attempt's deliveries come back within the ack wait)
+    others_due: float = 0.0
     status: str = "idle"  # for progress: pinned, active, idle, standby, below threshold, done
     warning: str | None = None  # for progress: why its batches stay small
     planned: int = 0  # what the batch planned last may take from it
@@ -123,9 +126,10 @@ def plan_slot(options: SourceOptions, state: SlotState) -> tuple[str, SlotPlan |
         return "below threshold", None
     others = max(seen.ack_pending - ours, 0)
     if state.end_seq is not None:
-        if seen.delivered_seq >= state.end_seq:
+        if state.others_due <= 0:
+            others = 0  # redeliveries that come after the run's wait for them are the next's
+        if seen.delivered_seq >= state.end_seq and not others:
             return "done", None
-        others = 0  # redeliveries may come too late for this run
     work = seen.pending + others
     capacity = seen.max_ack_pending
     if capacity and capacity > 0:

@@ -23,7 +23,14 @@ import pyarrow as pa
 
 from nats_spark import clock
 from nats_spark.client import NatsClient, shared_client
-from nats_spark.jetstream.acks import RESTART_AFTER, SHORT_ACK_WAIT, InProgressKeeper
+from nats_spark.jetstream.acks import (
+    NAK,
+    RESTART_AFTER,
+    SHORT_ACK_WAIT,
+    InProgressKeeper,
+    publish_acks,
+)
+from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task.acceptance import Acceptance
@@ -91,7 +98,9 @@ class SlotReader:
         )
         pulls = SlotPulls(
             consumer,
-            SlotPullPolicy(reading.fetch_batch_size, reading.fetch_timeout),
+            SlotPullPolicy(
+                reading.fetch_batch_size, reading.fetch_timeout, partition.redelivery_wait
+            ),
             reading.thresholds,
             partition.limit - self.entry.head.count,
             bool(partition.siblings),
@@ -101,6 +110,7 @@ class SlotReader:
         )
         recorder = Recorder(self.entry, self.keeper, consumer)
         keeping = asyncio.ensure_future(self.keeper.run())
+        finished = False
         try:
             async with contextlib.aclosing(pulls.chunks()) as chunks:
                 async for chunk, sent in chunks:  # pull, a request's deliveries whole
@@ -116,11 +126,37 @@ class SlotReader:
                         yield rows  # emit
             if (rows := await recorder.last()) is not None:
                 yield rows
+            finished = True
         finally:
             self.keeper.stop()  # never cancelled: it may be inside a flush
             await keeping
-            recorder.cancel()
+            if not finished:
+                await self.give_back_unrecorded(recorder, consumer)
             await consumer.close()
+
+    async def give_back_unrecorded(self, recorder: Recorder, consumer: PullConsumer) -> None:
+        """Closed or failed mid-batch: NAK what this attempt pulled and did not record, so that
+        it comes back at once instead of after its ack wait. The write in flight is let finish
+        (what it records is the entry's: a later attempt replays it, or a new checkpoint gives
+        it back); what requests still out deliver within `fetchTimeout` is given back too."""
+        try:
+            recorded = await recorder.settle()
+            unrecorded = [r for s, r in self.keeper.held.items() if s not in recorded]
+            late = await consumer.settle(self.partition.reading.fetch_timeout)
+            taken = self.entry.taken
+            seqs = late.numbers[1] if late else []
+            unrecorded += [r for s, r in zip(seqs, late.replies, strict=True) if s not in taken]
+            if unrecorded:
+                await publish_acks(self.client.nc, unrecorded, kind=NAK)
+                log.info(
+                    "slot %s: gave back %d unrecorded messages",
+                    self.partition.slot,
+                    len(unrecorded),
+                )
+        except Exception as error:  # they come back after their ack wait
+            log.debug(
+                "slot %s: giving back unrecorded messages failed: %s", self.partition.slot, error
+            )
 
     async def seal(self) -> None:
         """Seal the entry. Its messages then wait for the next batch's task to ack them, and the
@@ -170,8 +206,7 @@ async def slot_batches(reader: SlotReader) -> AsyncGenerator[pa.RecordBatch, Non
             async for batch in batches:
                 yield batch
         await reader.seal()
-    if reader.replay.lost:
-        log.warning("slot %s lost %d messages to retention", partition.slot, reader.replay.lost)
+    reader.replay.skipped()
     log.debug(
         "slot %s of batch %d: %d rows (%d replayed), %d redeliveries of earlier batches dropped",
         partition.slot,

@@ -2,7 +2,8 @@
 stop, or fail. Pure: `SlotPulls` does the pulling and hands this the outcomes.
 
 The first pull does not wait: what is ready is taken at once. A pull that ends empty (404 or 408)
-is followed by one that waits once, for redeliveries or for a pin to free up; after that, or
+is followed by one that waits once (`fetchTimeout`, or an availableNow run's wait for
+redeliveries, the longer), for redeliveries or for a pin to free up; after that, or
 once this task has taken anything, an empty pull ends the batch. A lost pin (423) is asked for
 again a few times; other interruptions (leadership change, server shutdown, a missed heartbeat)
 are retried a few times; pulls that bring back only what the batch holds already (a stall past
@@ -30,9 +31,12 @@ def complete(status: PullStatus) -> bool:
 class SlotPullPolicy:
     """The decisions of one slot's pull loop, and the little state they need."""
 
-    def __init__(self, fetch_batch_size: int, fetch_timeout: float) -> None:
+    def __init__(
+        self, fetch_batch_size: int, fetch_timeout: float, redelivery_wait: float = 0.0
+    ) -> None:
         self.fetch_batch_size = fetch_batch_size
         self.fetch_timeout = fetch_timeout
+        self.redelivery_wait = redelivery_wait  # the waiting pull's least wait
         # A pull's deliveries become one record batch whole: the record batch's bounds cap it,
         # which bounds what a worker holds at a time.
         self.max_bytes = BATCH_BYTES
@@ -44,7 +48,8 @@ class SlotPullPolicy:
 
     def next(self, want: int) -> PullPlan | None:
         """The next pull, for at most `want` more messages; None when none is wanted."""
-        return self._plan(want, self.fetch_timeout if self.wait else None)
+        wait = max(self.fetch_timeout, self.redelivery_wait)
+        return self._plan(want, wait if self.wait else None)
 
     def early(self, want: int) -> PullPlan | None:
         """The pull sent while the last one's deliveries are processed (it was served in full,

@@ -10,6 +10,7 @@ the slot has taken all it will.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pyarrow as pa
@@ -171,6 +172,7 @@ class Recorder:
         self.keeper = keeper
         self.consumer = consumer  # its pin goes into the entry
         self.writing: asyncio.Future[pa.RecordBatch] | None = None
+        self.recorded: set[int] = set()  # stream sequences its writes recorded
 
     async def record(self, columns: SlotColumns, replies: list[bytes]) -> pa.RecordBatch | None:
         """Start recording `columns`; returns the rows of the write before, once it is done."""
@@ -183,13 +185,18 @@ class Recorder:
         writing, self.writing = self.writing, None
         return await writing if writing else None
 
-    def cancel(self) -> None:
-        if self.writing:
-            self.writing.cancel()
+    async def settle(self) -> set[int]:
+        """Let the write in flight finish (or fail); the stream sequences recorded."""
+        writing, self.writing = self.writing, None
+        if writing is not None:
+            with contextlib.suppress(Exception):
+                await writing
+        return self.recorded
 
     async def _write(
         self, columns: SlotColumns, replies: list[bytes], pin: str | None
     ) -> pa.RecordBatch:
         batch, dropped = await self.entry.record(columns, replies, pin, self.keeper.renewed)
         self.keeper.release(dropped)  # they come back to a slot
+        self.recorded.update(columns.stream_seq)
         return batch

@@ -1,0 +1,122 @@
+"""availableNow reads every message available when it starts: also what an earlier query (on
+another checkpoint) or a killed task attempt of this one held unrecorded or unacked."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from spark_helpers import (
+    SPARK_VERSION,
+    Collector,
+    assert_exactly_once,
+    publish,
+    python_workers,
+    reading,
+    source,
+    source_runners,
+    static_group,
+    unacked,
+    wait_until,
+)
+
+pytestmark = pytest.mark.spark
+
+SPARK_MASTER = "local[2,3]"  # task retries, as on a cluster
+
+
+def start_available_now(df: Any, sink: Collector, checkpoint: Any) -> Any:
+    """Start `df` into `sink` (foreachBatch) with Trigger.AvailableNow."""
+    writer = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
+    return writer.trigger(availableNow=True).start()
+
+
+def ended(query: Any, timeout: float = 180) -> None:
+    """Wait for an availableNow run to end by itself."""
+    try:
+        assert query.awaitTermination(timeout), "the availableNow run did not end"
+    finally:
+        query.stop()
+
+
+def available_now(df: Any, sink: Collector, checkpoint: Any) -> None:
+    """Run `df` into `sink` with Trigger.AvailableNow until it ends."""
+    ended(start_available_now(df, sink, checkpoint))
+
+
+def kill_python_workers() -> None:
+    """SIGKILL the Python workers the pyspark daemon forked (the tasks' readers die mid-way,
+    as on a lost executor; Spark retries them)."""
+    workers = set(python_workers())
+    for pid in workers:
+        try:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue  # ended meanwhile
+        if parent in workers:
+            os.kill(pid, signal.SIGKILL)
+
+
+def failing_run(df: Any, checkpoint: Any) -> None:
+    """A query whose first batch with rows fails in its sink after its tasks took them (logged,
+    never committed), left stopped with its messages held."""
+
+    def sink(batch: Any, batch_id: int) -> None:
+        if batch.count():
+            raise RuntimeError("the sink is down")
+
+    query = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
+    query = query.trigger(processingTime="200 milliseconds").start()
+    try:
+        wait_until(lambda: query.exception() is not None, 120, "the old query to fail")
+    finally:
+        query.stop()
+    wait_until(lambda: not source_runners(), 90, "the old query's driver side to stop")
+
+
+@pytest.mark.compat
+def test_available_now_on_a_new_checkpoint_reads_what_an_old_query_held(
+    spark, client, nats_url, unique, tmp_path
+):
+    """A query's batch fails in its sink after its tasks took all 100 messages, and the query
+    stops. An availableNow run on a new checkpoint reads all of them (on Spark 4.0/4.1, whose
+    one batch gives them back, the run after it does), without waiting for the old pins."""
+    stream = f"AN{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=2)
+    publish(client, stream, 100)
+    df = source(spark, nats_url, stream, "g", ledgerBucket=f"L{unique}")
+    failing_run(df, tmp_path / "old")
+    assert unacked(client, stream, "g") == 100
+    sink = Collector()
+    available_now(df, sink, tmp_path / "new")
+    if SPARK_VERSION < (4, 2):  # one batch, which gives them back: the next run reads them
+        assert sink.values == []
+        available_now(df, sink, tmp_path / "new")
+    assert_exactly_once(sink.values, 100)
+
+
+@pytest.mark.compat
+@pytest.mark.skipif(
+    SPARK_VERSION < (4, 2), reason="Spark 4.0/4.1 run availableNow as one batch (README)"
+)
+def test_available_now_waits_for_what_a_killed_task_held(spark, client, nats_url, unique, tmp_path):
+    """The run's Python workers are killed while its tasks pull (pulls of 5, so that some are
+    in flight): what they took and had not recorded comes back only once its ack wait (30 s)
+    runs out, while the retries read on. The run waits for it (its consumers show it
+    ack-pending beyond what the ledger holds) and ends with every message read once."""
+    stream = f"AK{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=2)
+    publish(client, stream, 1500)
+    sink = Collector()
+    df = source(spark, nats_url, stream, "g", fetchBatchSize=5, ledgerBucket=f"L{unique}")
+    query = start_available_now(df, sink, tmp_path / "cp")
+    try:
+        reading(client, stream, "g", "m1")
+        kill_python_workers()
+    finally:
+        ended(query)
+    assert_exactly_once(sink.values, 1500)
+    assert unacked(client, stream, "g") == 0
