@@ -45,6 +45,11 @@ class ConsumerInfo(dict[str, Any]):
         return int((self.get("delivered") or {}).get("stream_seq", 0))
 
     @property
+    def delivered_consumer_seq(self) -> int:
+        """The consumer sequence of the last delivery."""
+        return int((self.get("delivered") or {}).get("consumer_seq", 0))
+
+    @property
     def last_active(self) -> str | None:
         """When the consumer last delivered a message (RFC 3339), if ever."""
         return (self.get("delivered") or {}).get("last_active")

@@ -177,7 +177,7 @@ class Consumer:
             "num_ack_pending": len(self.pending),
             "num_waiting": sum(1 for r in self.waiting if r.live()),
             "ack_floor": {"stream_seq": self.ack_floor()},
-            "delivered": {"stream_seq": self.delivered_seq},
+            "delivered": {"stream_seq": self.delivered_seq, "consumer_seq": self.consumer_seq},
             "config": {
                 "ack_wait": int(self.ack_wait * NANOS),
                 "max_ack_pending": self.max_ack_pending,
@@ -326,9 +326,9 @@ class Consumer:
             self.pending[seq].due = now + self.ack_wait
 
     def give_back(self, seq: int, consumer_seq: int, now: float, by: Participant | None) -> None:
-        """`-NAK` (`processNak`, sent by `by`): redelivered at the next pull, before new messages; ignored
-        outside the consumer's window (a delivery at or below the ack floor, or one it never
-        made) and for a message not pending."""
+        """`-NAK` (`processNak`, sent by `by`): redelivered at the next pull, before new
+        messages; ignored outside the consumer's window (a delivery at or below the ack floor, or
+        one it never made) and for a message not pending."""
         self.expire(now)
         if consumer_seq <= self.ack_floor_delivery() or consumer_seq > self.consumer_seq:
             return

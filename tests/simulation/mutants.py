@@ -213,6 +213,20 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "give-back-naks-the-recorded-delivery",
+        "a new checkpoint's give-back NAKed the delivery its entry recorded: when the message "
+        "had been delivered again and the ack floor had passed that delivery, the server "
+        "ignored the NAK (`processNak`) and the message waited out its ack wait behind newer "
+        "messages of its key (seeds 1494, 1571, 3433, 3992 on the schedules of 2026-11-28)",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "    last = info.delivered_consumer_seq\n",
+                "    return deliveries\n    last = info.delivered_consumer_seq\n",
+            ),
+        ),
+    ),
+    Mutant(
         "acks-uncommitted-at-stop",
         "an ack before commit: the driver at stop acks every batch it planned, not only the "
         "committed ones (the guarantee the ledger exists for; never shipped)",

@@ -43,6 +43,20 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "before their redelivery: its give-back skipped the acked entry, and the message came "
         "back after newer ones of its key (the give-back now NAKs acked entries too)",
     ),
+    676: (
+        {},
+        "a task attempt of a replaced query, stalled before its create, created an entry of a "
+        "lineage the new checkpoint had already given back, which stayed (4.2+; the pointer now "
+        "keeps the lineages given back, and such an attempt removes its entry and stops)",
+    ),
+    1494: (
+        {},
+        "a give-back's -NAK named an entry's older delivery of a message delivered again "
+        "since, at or below the ack floor's consumer sequence, which nats-server ignores "
+        "(`processNak`): the message waited out its ack wait behind newer ones of its key (the "
+        "give-back now NAKs with the consumer's last delivery's sequence; 1571, 3433 and 3992 "
+        "likewise, on the schedules of 2026-11-28)",
+    ),
     39465: (
         {},
         "a give-back read an open entry while a task attempt of the earlier query still recorded "
@@ -55,19 +69,7 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
 # Seeds of the unit lane's range that break a guarantee on a hole still open (docs/faults.md):
 # left out of the range, and each must still break it (when it passes, the hole is closed: move
 # the seed to CLOSED_HOLES).
-KNOWN_OPEN: dict[int, str] = {
-    676: "ledger entries left behind (4.2+): a task attempt stalled before its create creates "
-    "an entry of a lineage the new checkpoint already gave back (the README's third per-key "
-    "order case)",
-    1494: "key order (4.2+): a retry attempt that took over an entry and then held a "
-    "redelivery of a message the entry names died; the new checkpoint's give-back NAKed the "
-    "entry's older delivery, whose consumer sequence is at or below the ack floor's, which "
-    "nats-server ignores (`processNak`): the message waited out its ack wait behind newer "
-    "ones of its key",
-    1571: "key order (4.0/4.1): a give-back's -NAK named the entry's first delivery of a "
-    "message redelivered since; its consumer sequence was at the ack floor's and nats-server "
-    "ignored it (`processNak`), as in 1494",
-}
+KNOWN_OPEN: dict[int, str] = {}
 
 
 @pytest.mark.parametrize("seed", sorted(KNOWN_OPEN))
@@ -121,13 +123,20 @@ def test_a_consumer_with_max_deliver_loses_messages() -> None:
     """A delivery past `max_deliver` leaves the consumer for good (nats-server's
     `hasMaxDeliveries`): the give-backs and the redeliveries after a dead attempt reach it, and a
     message is lost. Such a consumer must be refused; until it is, the simulation catches it."""
-    problems = run_schedule(32, max_deliver=2).problems
-    assert any(problem.startswith("not in any committed batch") for problem in problems)
+    assert _some_seed_breaks("dropped past max_deliver", max_deliver=2)
 
 
 def test_a_consumer_deleted_and_created_again_emits_again() -> None:
     """A consumer deleted and created again (DeliverAll) delivers what earlier batches committed
     and acked: it is emitted again. The source must refuse to read on from such a consumer;
     until it does, the simulation catches it."""
-    problems = run_schedule(3, recreate_consumer=True).problems
-    assert any(problem.startswith("emitted twice") for problem in problems)
+    assert _some_seed_breaks("emitted twice", recreate_consumer=True)
+
+
+def _some_seed_breaks(problem: str, **overrides: object) -> int | None:
+    """The first of seeds 0-99 whose schedule, with `overrides`, has `problem` (schedules move
+    with every change to the code they run, so no one seed is pinned)."""
+    for seed in range(100):
+        if any(problem in found for found in run_schedule(seed, **overrides).problems):
+            return seed
+    return None

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
 from nats_spark.client import NatsClient
-from nats_spark.errors import PERMISSIONS_DOC, ConfigurationError, NatsSparkError
+from nats_spark.errors import PERMISSIONS_DOC, ConfigurationError, NatsSparkError, NotFound
 from nats_spark.jetstream.acks import NAK, send_acks
 from nats_spark.spark.group_source.entry_deliveries import (
     EntryDeliveries,
@@ -409,8 +409,30 @@ async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, st
         await ledger.delete_entry(gen, slot)
     returned = 0
     for deliveries in held:
-        returned += await send_acks(client.nc, deliveries.ack_commands(NAK), len(deliveries))
+        current = await _as_last_delivered(client, deliveries)
+        if current is not None:
+            returned += await send_acks(client.nc, current.ack_commands(NAK), len(current))
     return returned
+
+
+async def _as_last_delivered(
+    client: NatsClient, deliveries: EntryDeliveries
+) -> EntryDeliveries | None:
+    """`deliveries` with the consumer sequence of the consumer's last delivery, or None when
+    the consumer is gone. The server looks a `-NAK`'s message up by its stream sequence, but
+    ignores one whose consumer sequence is at or below the ack floor's (`processNak`): an entry
+    names the delivery it recorded, which the ack floor may have passed since the message was
+    delivered again, and the message would then wait out its ack wait behind newer ones of its
+    key. The last delivery's sequence is inside the window whenever anything is pending."""
+    stream, consumer = (token.decode() for token in deliveries.prefix.split(b".")[-2:])
+    try:
+        info = await client.api.consumer_info(stream, consumer)
+    except NotFound:
+        return None
+    last = info.delivered_consumer_seq
+    return EntryDeliveries(
+        deliveries.prefix, deliveries.stream_seq, [last] * len(deliveries), deliveries.delivered
+    )
 
 
 async def _taken_from_its_attempt(ledger: Ledger, gen: int, slot: str) -> EntryHead | None:

@@ -18,6 +18,7 @@ from nats_spark import clock
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream import acks
+from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger
@@ -124,7 +125,14 @@ def sealed(kv: MemoryBucket, lineage: str, gen: int, seqs: list[int], slot: str 
     run_sync(entry.seal())
 
 
-CLIENT: Any = SimpleNamespace(nc=None, denied=[])
+LAST_DELIVERED = 40  # the consumer sequence of the consumer's last delivery, as CLIENT says
+
+
+async def _consumer_info(stream: str, consumer: str) -> ConsumerInfo:
+    return ConsumerInfo({"delivered": {"stream_seq": 9, "consumer_seq": LAST_DELIVERED}})
+
+
+CLIENT: Any = SimpleNamespace(nc=None, denied=[], api=SimpleNamespace(consumer_info=_consumer_info))
 
 
 # SlotEntry
@@ -468,6 +476,24 @@ def test_a_give_back_takes_the_entry_from_an_attempt_still_recording_in_it(
     run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), [(1, "m1")]))
     assert recorded_meanwhile == []
     assert b"".join(given_back).count(b"-NAK") == 2
+
+
+def test_a_give_back_naks_with_the_consumers_last_delivery(
+    kv: MemoryBucket, lineage: str, given_back: list[bytes]
+) -> None:
+    """An entry names the delivery it recorded; the message may have been delivered again since
+    and the ack floor passed that delivery, and nats-server ignores a -NAK whose consumer
+    sequence is at or below the ack floor's (`processNak`; it finds the message by its stream
+    sequence). So the give-back NAKs with the consumer's last delivery's sequence, inside the
+    window whenever anything is pending (seeds 1494, 1571, 3433 and 3992 of the simulation,
+    whose server ignores such a NAK, broke key order before)."""
+    sealed(kv, lineage, 1, [1, 2])
+    run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), [(1, "m1")]))
+    subjects = [line for line in b"".join(given_back).split(b"\r\n") if line.startswith(b"PUB ")]
+    assert [subject.split(b" ")[1].split(b".")[5:7] for subject in subjects] == [
+        [b"1", b"%d" % LAST_DELIVERED],
+        [b"2", b"%d" % LAST_DELIVERED],
+    ]
     assert run_sync(Ledger(kv, lineage).heads()) == []
 
 
