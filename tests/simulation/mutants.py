@@ -156,6 +156,35 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "take-over-unfenced",
+        "hole 4 of issue 45: an attempt that outlived its settled batch created the entry again, "
+        "the create's answer was lost, and its retry took the entry over as an earlier "
+        "attempt's without the fence: an open entry of the live lineage, never sealed, acked "
+        "nor settled",
+        (
+            Patch(
+                SLOT_ENTRY,
+                "            # took effect: whoever created it, it passes the fence as a create "
+                "does.\n"
+                "            await protocol.fence(ledger, self.partition.pointer_key, gen, slot)\n",
+                "",
+            ),
+        ),
+    ),
+    Mutant(
+        "speculative-copy-takes-over",
+        "hole 5 of issue 45: under spark.speculation a task's copy took the entry over from the "
+        "live attempt beside it, which failed; its retry took it from the copy in turn, until "
+        "spark.task.maxFailures failed the query",
+        (
+            Patch(
+                SLOT_ENTRY,
+                "                found = await protocol.await_holder(ledger, gen, slot, found)\n",
+                "                pass\n",
+            ),
+        ),
+    ),
+    Mutant(
         "give-back-under-a-recording-attempt",
         "a give-back read an open entry without taking it from the earlier query's task attempt "
         "still recording in it: what that attempt recorded after the read was removed un-NAKed "

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.kv import KeyValue
 from spark_helpers import (
     Collector,
     OtherInstance,
@@ -56,7 +58,13 @@ from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
-from nats_spark.spark.group_source.ledger import Ledger, pointer_key, read_pointer
+from nats_spark.spark.group_source.ledger import (
+    Ledger,
+    Pointer,
+    pointer_key,
+    read_pointer,
+    write_pointer,
+)
 from nats_spark.spark.group_source.ledger_protocol import (
     EntryState,
     LedgerConflict,
@@ -66,9 +74,13 @@ from nats_spark.spark.group_source.ledger_protocol import (
 )
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from nats_spark.spark.group_source.task.partition_reader import SlotReader, read_slot
+from nats_spark.spark.group_source.task.partition_reader import (
+    SlotReader,
+    read_slot,
+    slot_batches,
+)
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.usefixtures("short_holds")]
 
 SPARK_MASTER = "local[2,3]"  # task retries, as on a cluster
 DRIVER = Path(__file__).with_name("fault_driver.py")
@@ -322,6 +334,72 @@ def test_zombie_attempt_cannot_record_after_its_retry_took_over(client, settings
     assert head.state is EntryState.SEALED and recorded_by_retry == rows
     slot.ack(1)
     wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
+
+
+def test_an_outlived_attempt_whose_create_answer_is_lost_is_fenced(
+    client, settings, unique, monkeypatch
+):
+    """Hole 4 of issue 45, on a real bucket: a task attempt of batch 1 (settled: the pointer
+    fences it) creates its entry again and the create's answer is lost (a timeout after the
+    server stored it). The retried create finds the key (nats-py's "wrong last sequence"), the
+    attempt reads its own open head: it is fenced as a create is, and the entry goes."""
+    slot = Slot(client, settings, unique)
+    partition = slot.partition(1, limit=10)
+    run_sync(write_pointer(slot.ledger.kv, partition.pointer_key, Pointer(slot.lineage, 3, [], 1)))
+    create, lost = KeyValue.create, []
+
+    async def answer_lost(kv: KeyValue, key: str, value: bytes, **kwargs: Any) -> int:
+        revision = await create(kv, key, value, **kwargs)
+        if key == slot.ledger.head_key(1, "m1") and not lost:
+            lost.append(revision)
+            raise NatsTimeout
+        return revision
+
+    monkeypatch.setattr(KeyValue, "create", answer_lost)
+    zombie = slot_task(partition)
+    with pytest.raises(LedgerConflict, match="outlived"):
+        run_sync(zombie.begin())
+    assert lost, "the create's answer was not lost"
+    assert run_sync(slot.ledger.heads()) == []
+
+
+def test_a_speculative_copy_waits_for_the_attempt_beside_it_and_replays_it(
+    client, settings, unique
+):
+    """Hole 5 of issue 45: spark.speculation runs a copy of a slow task beside it (not in local
+    mode: Spark's scheduler starts speculation only off it), here two readers of one slot at
+    once. The first takes what there is and waits for more (its fetch timeout, longer than a
+    hold): its holds keep the head moving, so the copy waits for the seal instead of taking
+    the entry over (which failed the first attempt, a failure toward spark.task.maxFailures),
+    then replays it: both give the same rows."""
+    slot = Slot(client, settings, unique)
+    partition = slot.partition(1, limit=20)
+    publish(client, slot.stream, 10)
+    first = slot_task(partition)
+    run_sync(first.begin())
+    pulls = first.pull_record_batches()
+    first_rows = seqs(run_sync(pulls.__anext__()))  # then it waits, holding the entry
+
+    async def copy_beside() -> asyncio.Future[list[int]]:
+        copy = slot_task(partition)
+        batches = asyncio.ensure_future(collect(slot_batches(copy)))
+        await asyncio.sleep(ledger_protocol.HOLD_SECONDS * 3)
+        assert not batches.done(), "the copy did not wait for the attempt beside it"
+        return batches
+
+    copying = run_sync(copy_beside())
+    first_rows += rest(pulls)
+    run_sync(first.seal())
+    copy_rows = [seq for batch in run_sync(asyncio.wait_for(copying, 30)) for seq in seqs(batch)]
+    assert first_rows == copy_rows == list(range(1, 11))
+    head, recorded = slot.entry(1)
+    assert head.state is EntryState.SEALED and recorded == first_rows
+    slot.ack(1)
+    wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
+
+
+async def collect(batches: Any) -> list[Any]:
+    return [batch async for batch in batches]
 
 
 def test_ack_wait_expires_within_and_between_batches(client, settings, unique):

@@ -5,6 +5,7 @@ stop)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import uuid
@@ -36,7 +37,7 @@ from nats_spark.spark.group_source.task.columns import SlotColumns
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from nats_spark.spark.group_source.task.slot_history import SlotHistory
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("short_holds")]
 
 PREFIX = b"$JS.ACK.S.c1"
 
@@ -149,6 +150,37 @@ def test_a_retry_takes_an_open_entry_over_and_the_zombie_is_fenced(
     run_sync(retry.seal())
     head, seqs = stored(kv, lineage, 1)
     assert (head.state, seqs) == (EntryState.SEALED, [1, 2, 3])
+
+
+def test_a_copy_beside_a_live_attempt_waits_for_its_seal_and_replays_it(
+    kv: MemoryBucket, lineage: str
+) -> None:
+    """Hole 5 of issue 45: Spark's speculation runs a copy of a slow task beside it. The copy
+    took the entry over and the first attempt failed (then the copy, taken over by the next
+    retry): failures that count toward spark.task.maxFailures. It now waits while the first
+    attempt's head moves (records, or renewals while it waits for messages) and replays what
+    it sealed: the same rows, whichever attempt Spark keeps."""
+    first = claimed(kv, input_partition(lineage))
+    take(first, [1, 2])
+
+    async def side_by_side() -> SlotEntry:
+        holding = asyncio.ensure_future(first.hold())
+        copy = attempt(kv, input_partition(lineage))
+        claiming = asyncio.ensure_future(copy.claim())
+        for seq in (3, 4):
+            await asyncio.sleep(ledger_protocol.HOLD_SECONDS * 0.6)
+            await recording(first, [seq], 1)
+        await asyncio.sleep(ledger_protocol.HOLD_SECONDS * 2)  # idle: its hold renews the head
+        assert not claiming.done()
+        await first.end_hold(holding)
+        await first.seal()
+        await claiming
+        return copy
+
+    copy = run_sync(side_by_side())
+    assert copy.fixed and copy.replay.stream_seq == [1, 2, 3, 4]
+    head, seqs = stored(kv, lineage, 1)
+    assert (head.state, head.attempt, seqs) == (EntryState.SEALED, first.head.attempt, [1, 2, 3, 4])
 
 
 def test_a_zombie_that_records_after_its_entry_was_removed_leaves_no_chunk(
@@ -514,6 +546,21 @@ def test_an_attempt_that_outlived_its_settled_batch_cannot_create_its_entry_agai
     assert claimed(kv, input_partition(lineage, gen=2)).head.state is EntryState.OPEN
     other = uuid.uuid4().hex  # the fence is of the pointer's lineage only
     assert claimed(kv, input_partition(other, gen=1)).head.state is EntryState.OPEN
+
+
+def test_an_attempt_that_outlived_its_settled_batch_is_fenced_when_its_create_answer_is_lost(
+    kv: MemoryBucket, lineage: str
+) -> None:
+    """Hole 4 of issue 45: the zombie's create took effect but its answer was lost; its retry
+    found the key ("wrong last sequence"), read the open head, took it over as an earlier
+    attempt's and went on without the fence: an open entry of a settled batch, in the live
+    lineage, that no batch seals, acks or settles. A take-over passes the fence too."""
+    run_sync(write_pointer(kv, "query.S.g", Pointer(lineage, 3, settled=1)))
+    kv.lost_answer = lambda key: key == f"{lineage}.1.m1"
+    zombie = attempt(kv, input_partition(lineage, gen=1))
+    with pytest.raises(LedgerConflict, match="outlived"):
+        run_sync(zombie.claim())
+    assert run_sync(Ledger(kv, lineage).heads()) == []
 
 
 def test_acks_at_stop_cover_the_committed_batches_only(
