@@ -219,7 +219,6 @@ class Query:
                 else:
                     for other in running.values():
                         sched.kill(other, at="another attempt of its task succeeded")
-                        other.finished.exception()  # retrieved: its end is known
                     await sched.point("task result")
                     return rows
                 failures += 1
@@ -243,6 +242,8 @@ class Query:
             self.world.task(partition),
             parent=sched.current(),
         )
+        # Its end is known even when this task is gone before it looks (its driver died).
+        task.finished.add_done_callback(lambda done: done.cancelled() or done.exception())
         running[task.finished] = task
 
 

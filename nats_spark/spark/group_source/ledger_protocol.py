@@ -188,18 +188,23 @@ async def fence(ledger: Ledger, pointer_key: str, gen: int, slot: str) -> None:
 
 async def await_holder(
     ledger: Ledger, gen: int, slot: str, found: tuple[EntryHead, int]
-) -> tuple[EntryHead, int] | None:
+) -> tuple[EntryHead, int]:
     """`found`, an OPEN head of another attempt, read again until it is sealed (its holder is
     alive: replay it), or until it has not changed for `HOLD_SECONDS` (its holder died: take it
-    over); None when it was removed meanwhile. A head written by a release without holds
-    stands still: taken over after the wait."""
+    over). A head written by a release without holds stands still: taken over after the wait.
+    `LedgerConflict` when the entry is removed meanwhile: only the driver removes one (settled,
+    or given back to a new checkpoint's query), and this attempt must not create it again."""
     head, revision = found
     still_since = clock.monotonic()
     while not content_fixed(head) and clock.monotonic() - still_since < HOLD_SECONDS:
         await asyncio.sleep(HOLD_POLL)
         again = await read_head(ledger, gen, slot)
         if again is None:
-            return None
+            raise LedgerConflict(
+                f"ledger entry {ledger.head_key(gen, slot)} was removed (settled, or given back "
+                "to a query on a new checkpoint) while this task attempt waited for the "
+                "attempt holding it"
+            )
         if again[1] != revision:
             still_since = clock.monotonic()
         head, revision = again

@@ -68,8 +68,6 @@ class SlotEntry:
                 continue  # another attempt created it first: read it
             if found[0].attempt != self.head.attempt:  # else its own create, answer lost
                 found = await protocol.await_holder(ledger, gen, slot, found)
-                if found is None:
-                    continue  # removed meanwhile (settled, or given back): create it again
             previous, revision = found
             self.replay = await protocol.read_deliveries(ledger, previous)
             self.taken = set(self.replay.stream_seq)
