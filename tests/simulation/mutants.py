@@ -172,19 +172,6 @@ MUTANTS = (
         ),
     ),
     Mutant(
-        "speculative-copy-takes-over",
-        "hole 5 of issue 45: under spark.speculation a task's copy took the entry over from the "
-        "live attempt beside it, which failed; its retry took it from the copy in turn, until "
-        "spark.task.maxFailures failed the query",
-        (
-            Patch(
-                SLOT_ENTRY,
-                "                found = await protocol.await_holder(ledger, gen, slot, found)\n",
-                "                pass\n",
-            ),
-        ),
-    ),
-    Mutant(
         "give-back-under-a-recording-attempt",
         "a give-back read an open entry without taking it from the earlier query's task attempt "
         "still recording in it: what that attempt recorded after the read was removed un-NAKed "

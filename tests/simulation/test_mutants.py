@@ -14,21 +14,17 @@ pytestmark = pytest.mark.unit
 # Mutants that few seeds catch (none, or one late, in the unit lane's range): the unit lane runs
 # these seeds of a longer range, found by `python -m tests.simulation.mutants --only NAME
 # --seeds 0-20000 --first 3` (again when the schedules change).
-RARE: dict[str, tuple[int, ...]] = {}
+RARE = {
+    "zombie-recreates-settled": (5500, 5886, 16529),
+    "siblings-lateness-from-take": (1959, 8791),  # of 0-9999, in worlds with a shared consumer
+    "give-back-under-a-recording-attempt": (39465,),  # of 0-59999
+    "zombie-chunks-left": (503, 615, 649),  # the first of 0-1999 (5 in all)
+}
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.
-_RESEARCH = (
-    "the holds of issue 45's hole 5 changed the schedules (a task attempt's head renewals, a "
-    "retry's wait before it takes an entry over): seeds {} no longer catch it; search again "
-    "with --seeds 0-20000 --first 3"
-)
 UNCAUGHT: dict[str, str] = {
-    "zombie-recreates-settled": _RESEARCH.format("5500, 5886, 16529"),
-    "siblings-lateness-from-take": _RESEARCH.format("1959, 8791 (shared worlds)"),
-    "give-back-under-a-recording-attempt": _RESEARCH.format("39465"),
-    "zombie-chunks-left": _RESEARCH.format("503, 615, 649"),
     "take-over-unfenced": (
         "hole 4 of issue 45 needs a zombie of a settled batch whose create's answer is lost; "
-        "no seed of 0-1999 found yet (test_ledger_entries and test_faults show it)"
+        "no seed of 0-1999 catches it (test_ledger_entries and test_faults show the hole)"
     ),
 }
 

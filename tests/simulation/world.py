@@ -55,7 +55,6 @@ class Setup:
     trigger_interval: float  # of processingTime runs: how often an idle query looks again
     shared: bool  # both slots read one overflow consumer (siblings), not a partition each
     new_checkpoint: float = 0.0  # chance a query run starts on a new checkpoint
-    speculation: float = 0.0  # spark.speculation: a task's copy after this many seconds (0: off)
     chaos_waits: float = 8.0  # how long the chaotic phase lasts, in ack waits
 
     @classmethod
@@ -310,15 +309,9 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
     follow, so the schedule is the same up to where the change matters), e.g. lost_answer=0
     to see whether lost compare-and-set answers are what breaks it."""
     rng = random.Random(seed)
-    # New checkpoints and speculation are drawn apart, so a seed's schedule without them stays
-    # what it was.
+    # New checkpoints are drawn apart, so a seed's schedule without them stays what it was.
     side = random.Random(f"new checkpoints {seed}")
-    speculation = random.Random(f"speculation {seed}").choice((0.0, 0.0, 0.1, 0.5))
-    drawn = {
-        "new_checkpoint": side.choice((0.0, 0.0, 0.0, 0.3)),
-        "speculation": speculation,
-        **overrides,
-    }
+    drawn = {"new_checkpoint": side.choice((0.0, 0.0, 0.0, 0.3)), **overrides}
     setup = replace(Setup.draw(rng), **drawn)
     sched = Scheduler(rng, replace(setup.chaos), setup.ack_wait, verbose=verbose)
     world = World(setup, sched, side=side)

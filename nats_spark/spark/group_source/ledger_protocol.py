@@ -15,10 +15,7 @@ absent
 OPEN (recording)
     Moved out by the attempt recording it: `seal` (to SEALED); or by a later attempt of the
     same task after this one died mid-way: `take_over` (still OPEN, under the new attempt,
-    which keeps what was recorded and goes on), then `fence`. The holder rewrites its head at
-    least every `HOLD_RENEWAL`; another attempt (Spark's speculative copy, or a retry beside a
-    zombie) takes the entry over only once its head has stood still for `HOLD_SECONDS`
-    (`await_holder`), and until then waits for the seal and replays the sealed entry.
+    which keeps what was recorded and goes on), then `fence`.
     The driver concludes: its messages are the query's own, unacked (`unacked`: capacity, not
     another client's); never ack it (a committed batch has no open entry) nor settle it; for
     dedupe, its batch emitted nothing of it yet (`emitted`).
@@ -52,7 +49,6 @@ after its answer was lost.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import uuid
@@ -60,7 +56,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
-from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.errors import PERMISSIONS_DOC, ConfigurationError, NatsSparkError
 from nats_spark.jetstream.acks import NAK, send_acks
@@ -82,12 +77,6 @@ log = logging.getLogger(__name__)
 # after the acks can take it back and redeliver. An entry is forgotten (and with it the dedupe
 # of its messages) only once the floor has held this long.
 SETTLE_SECONDS = 10.0
-# An attempt holding an OPEN entry rewrites its head when it has not written it for
-# HOLD_RENEWAL; another attempt of the task that finds the head unchanged for HOLD_SECONDS takes
-# the holder for dead. Only the waiter's own clock measures it (no clocks compared across hosts).
-HOLD_SECONDS = 15.0
-HOLD_RENEWAL = HOLD_SECONDS / 3
-HOLD_POLL = 1.0  # how often a waiting attempt reads the head
 # Heads are written at every record, seal and ack: one encoder, not one built per `json.dumps`.
 _HEAD_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
@@ -184,31 +173,6 @@ async def fence(ledger: Ledger, pointer_key: str, gen: int, slot: str) -> None:
             f"ledger entry {ledger.head_key(gen, slot)}: its batch was committed and settled; "
             "this task attempt outlived it"
         )
-
-
-async def await_holder(
-    ledger: Ledger, gen: int, slot: str, found: tuple[EntryHead, int]
-) -> tuple[EntryHead, int]:
-    """`found`, an OPEN head of another attempt, read again until it is sealed (its holder is
-    alive: replay it), or until it has not changed for `HOLD_SECONDS` (its holder died: take it
-    over). A head written by a release without holds stands still: taken over after the wait.
-    `LedgerConflict` when the entry is removed meanwhile: only the driver removes one (settled,
-    or given back to a new checkpoint's query), and this attempt must not create it again."""
-    head, revision = found
-    still_since = clock.monotonic()
-    while not content_fixed(head) and clock.monotonic() - still_since < HOLD_SECONDS:
-        await asyncio.sleep(HOLD_POLL)
-        again = await read_head(ledger, gen, slot)
-        if again is None:
-            raise LedgerConflict(
-                f"ledger entry {ledger.head_key(gen, slot)} was removed (settled, or given back "
-                "to a query on a new checkpoint) while this task attempt waited for the "
-                "attempt holding it"
-            )
-        if again[1] != revision:
-            still_since = clock.monotonic()
-        head, revision = again
-    return head, revision
 
 
 def take_over(previous: EntryHead, pin: str | None) -> EntryHead:

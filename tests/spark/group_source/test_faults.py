@@ -74,13 +74,9 @@ from nats_spark.spark.group_source.ledger_protocol import (
 )
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from nats_spark.spark.group_source.task.partition_reader import (
-    SlotReader,
-    read_slot,
-    slot_batches,
-)
+from nats_spark.spark.group_source.task.partition_reader import SlotReader, read_slot
 
-pytestmark = [pytest.mark.spark, pytest.mark.usefixtures("short_holds")]
+pytestmark = pytest.mark.spark
 
 SPARK_MASTER = "local[2,3]"  # task retries, as on a cluster
 DRIVER = Path(__file__).with_name("fault_driver.py")
@@ -361,45 +357,6 @@ def test_an_outlived_attempt_whose_create_answer_is_lost_is_fenced(
         run_sync(zombie.begin())
     assert lost, "the create's answer was not lost"
     assert run_sync(slot.ledger.heads()) == []
-
-
-def test_a_speculative_copy_waits_for_the_attempt_beside_it_and_replays_it(
-    client, settings, unique
-):
-    """Hole 5 of issue 45: spark.speculation runs a copy of a slow task beside it (not in local
-    mode: Spark's scheduler starts speculation only off it), here two readers of one slot at
-    once. The first takes what there is and waits for more (its fetch timeout, longer than a
-    hold): its holds keep the head moving, so the copy waits for the seal instead of taking
-    the entry over (which failed the first attempt, a failure toward spark.task.maxFailures),
-    then replays it: both give the same rows."""
-    slot = Slot(client, settings, unique)
-    partition = slot.partition(1, limit=20)
-    publish(client, slot.stream, 10)
-    first = slot_task(partition)
-    run_sync(first.begin())
-    pulls = first.pull_record_batches()
-    first_rows = seqs(run_sync(pulls.__anext__()))  # then it waits, holding the entry
-
-    async def copy_beside() -> asyncio.Future[list[int]]:
-        copy = slot_task(partition)
-        batches = asyncio.ensure_future(collect(slot_batches(copy)))
-        await asyncio.sleep(ledger_protocol.HOLD_SECONDS * 3)
-        assert not batches.done(), "the copy did not wait for the attempt beside it"
-        return batches
-
-    copying = run_sync(copy_beside())
-    first_rows += rest(pulls)
-    run_sync(first.seal())
-    copy_rows = [seq for batch in run_sync(asyncio.wait_for(copying, 30)) for seq in seqs(batch)]
-    assert first_rows == copy_rows == list(range(1, 11))
-    head, recorded = slot.entry(1)
-    assert head.state is EntryState.SEALED and recorded == first_rows
-    slot.ack(1)
-    wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
-
-
-async def collect(batches: Any) -> list[Any]:
-    return [batch async for batch in batches]
 
 
 def test_ack_wait_expires_within_and_between_batches(client, settings, unique):

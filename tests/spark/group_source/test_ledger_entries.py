@@ -5,7 +5,6 @@ stop)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 import uuid
@@ -37,7 +36,7 @@ from nats_spark.spark.group_source.task.columns import SlotColumns
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from nats_spark.spark.group_source.task.slot_history import SlotHistory
 
-pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("short_holds")]
+pytestmark = pytest.mark.unit
 
 PREFIX = b"$JS.ACK.S.c1"
 
@@ -150,37 +149,6 @@ def test_a_retry_takes_an_open_entry_over_and_the_zombie_is_fenced(
     run_sync(retry.seal())
     head, seqs = stored(kv, lineage, 1)
     assert (head.state, seqs) == (EntryState.SEALED, [1, 2, 3])
-
-
-def test_a_copy_beside_a_live_attempt_waits_for_its_seal_and_replays_it(
-    kv: MemoryBucket, lineage: str
-) -> None:
-    """Hole 5 of issue 45: Spark's speculation runs a copy of a slow task beside it. The copy
-    took the entry over and the first attempt failed (then the copy, taken over by the next
-    retry): failures that count toward spark.task.maxFailures. It now waits while the first
-    attempt's head moves (records, or renewals while it waits for messages) and replays what
-    it sealed: the same rows, whichever attempt Spark keeps."""
-    first = claimed(kv, input_partition(lineage))
-    take(first, [1, 2])
-
-    async def side_by_side() -> SlotEntry:
-        holding = asyncio.ensure_future(first.hold())
-        copy = attempt(kv, input_partition(lineage))
-        claiming = asyncio.ensure_future(copy.claim())
-        for seq in (3, 4):
-            await asyncio.sleep(ledger_protocol.HOLD_SECONDS * 0.6)
-            await recording(first, [seq], 1)
-        await asyncio.sleep(ledger_protocol.HOLD_SECONDS * 2)  # idle: its hold renews the head
-        assert not claiming.done()
-        await first.end_hold(holding)
-        await first.seal()
-        await claiming
-        return copy
-
-    copy = run_sync(side_by_side())
-    assert copy.fixed and copy.replay.stream_seq == [1, 2, 3, 4]
-    head, seqs = stored(kv, lineage, 1)
-    assert (head.state, head.attempt, seqs) == (EntryState.SEALED, first.head.attempt, [1, 2, 3, 4])
 
 
 def test_a_zombie_that_records_after_its_entry_was_removed_leaves_no_chunk(

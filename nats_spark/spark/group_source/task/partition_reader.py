@@ -101,7 +101,6 @@ class SlotReader:
         )
         recorder = Recorder(self.entry, self.keeper, consumer)
         keeping = asyncio.ensure_future(self.keeper.run())
-        holding = asyncio.ensure_future(self.entry.hold())
         try:
             async with contextlib.aclosing(pulls.chunks()) as chunks:
                 async for chunk, sent in chunks:  # pull, a request's deliveries whole
@@ -118,7 +117,6 @@ class SlotReader:
             if (rows := await recorder.last()) is not None:
                 yield rows
         finally:
-            await self.entry.end_hold(holding)
             self.keeper.stop()  # never cancelled: it may be inside a flush
             await keeping
             recorder.cancel()

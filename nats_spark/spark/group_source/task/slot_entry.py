@@ -10,7 +10,6 @@ the slot has taken all it will.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import pyarrow as pa
@@ -40,8 +39,6 @@ class SlotEntry:
         self.taken: set[int] = set()  # stream sequences recorded (or replayed) by this slot
         self.fixed = False  # found sealed: exactly `replay`, nothing more
         self.ledger: Ledger | None = None
-        self.writing = asyncio.Lock()  # head writes one at a time: each on the last's revision
-        self.written = clock.monotonic()  # when this attempt last wrote its head
 
     async def open_ledger(self) -> Ledger:
         if self.ledger is None:
@@ -52,8 +49,7 @@ class SlotEntry:
         return self.ledger
 
     async def claim(self) -> None:
-        """Create the entry, take over an open one whose holder died, or find it sealed (at
-        once, or once the live attempt holding it seals it)."""
+        """Create the entry, take over an open one, or find it sealed."""
         ledger = await self.open_ledger()
         gen, slot = self.partition.gen, self.partition.slot
         while True:
@@ -66,8 +62,6 @@ class SlotEntry:
                     self.head.pin = self.partition.pin_id
                     return
                 continue  # another attempt created it first: read it
-            if found[0].attempt != self.head.attempt:  # else its own create, answer lost
-                found = await protocol.await_holder(ledger, gen, slot, found)
             previous, revision = found
             self.replay = await protocol.read_deliveries(ledger, previous)
             self.taken = set(self.replay.stream_seq)
@@ -160,45 +154,14 @@ class SlotEntry:
         """Record `taken` as the chunks that follow `chunks`."""
         assert self.ledger is not None
         gen, slot = self.partition.gen, self.partition.slot
-        async with self.writing:
-            self.revision = await protocol.record(
-                self.ledger, gen, slot, self.head, self.revision, chunks, taken, pin
-            )
-            self.written = clock.monotonic()
+        self.revision = await protocol.record(
+            self.ledger, gen, slot, self.head, self.revision, chunks, taken, pin
+        )
 
     async def seal(self) -> None:
         assert self.ledger is not None
         gen, slot = self.partition.gen, self.partition.slot
-        async with self.writing:
-            self.revision = await protocol.seal(self.ledger, gen, slot, self.head, self.revision)
-
-    async def hold(self) -> None:
-        """While the attempt pulls (cancelled after): rewrite the head as it is whenever it has
-        not been written for `HOLD_RENEWAL`, so that another attempt of the task (a speculative
-        copy) sees this one alive and waits for the seal instead of taking the entry over. Ends
-        when the entry was taken from it (its next record fails)."""
-        assert self.ledger is not None
-        gen, slot = self.partition.gen, self.partition.slot
-        while True:
-            await asyncio.sleep(self.written + protocol.HOLD_RENEWAL - clock.monotonic())
-            async with self.writing:
-                if clock.monotonic() - self.written < protocol.HOLD_RENEWAL:
-                    continue  # a record wrote it meanwhile
-                try:
-                    self.revision = await protocol.write_head(
-                        self.ledger, gen, slot, self.head, self.revision
-                    )
-                except LedgerConflict:
-                    return
-                self.written = clock.monotonic()
-
-    async def end_hold(self, holding: asyncio.Future[None]) -> None:
-        """Stop `holding` (`hold`'s task) between its writes: one cut short could leave this
-        attempt a revision behind its head's, and its seal would then fail."""
-        async with self.writing:
-            holding.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await holding
+        self.revision = await protocol.seal(self.ledger, gen, slot, self.head, self.revision)
 
 
 class Recorder:
