@@ -164,10 +164,8 @@ MUTANTS = (
         (
             Patch(
                 SLOT_ENTRY,
-                "            # took effect: whoever created it, it passes the fence as a create "
-                "does.\n"
-                "            await protocol.fence(ledger, self.partition.pointer_key, gen, slot)\n",
-                "",
+                "            if own:  # it passes the fence as a create does\n",
+                "            if False:\n",
             ),
         ),
     ),

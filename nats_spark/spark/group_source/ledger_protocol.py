@@ -15,7 +15,8 @@ absent
 OPEN (recording)
     Moved out by the attempt recording it: `seal` (to SEALED); or by a later attempt of the
     same task after this one died mid-way: `take_over` (still OPEN, under the new attempt,
-    which keeps what was recorded and goes on), then `fence`.
+    which keeps what was recorded and goes on), then `fence` when it is the attempt's own create
+    whose answer was lost.
     The driver concludes: its messages are the query's own, unacked (`unacked`: capacity, not
     another client's); never ack it (a committed batch has no open entry) nor settle it; for
     dedupe, its batch emitted nothing of it yet (`emitted`).
@@ -164,8 +165,8 @@ async def fence(ledger: Ledger, pointer_key: str, gen: int, slot: str) -> None:
     """After `create` or `take_over`: fail when the batch's entries were settled (the driver
     fences before it removes, so a create after the removal finds the fence). This attempt
     outlived its committed batch; what it took would be acked as committed: the entry goes
-    again. A take-over passes it too: the open entry it finds may be its own create, whose
-    answer was lost (the retry finds the key), and a committed batch has no open entry."""
+    again. So does a take-over of the attempt's own create, whose answer was lost (the retry
+    finds the key, and the attempt its own open head)."""
     pointer = await read_pointer(ledger.kv, pointer_key)
     if pointer and pointer.lineage == ledger.lineage and pointer.settled >= gen:
         await ledger.delete_entry(gen, slot)
