@@ -150,6 +150,24 @@ class Observed:
         if orphans:
             self.problem("ledger chunks left behind (their entry is gone)", ", ".join(orphans))
 
+    def check_live_lineage(self, stored: Mapping[str, tuple[bytes, int]], committed: int) -> None:
+        """Once the last run stopped with gen `committed` committed: no entry of the pointer's
+        lineage is left OPEN (a committed batch has none, and no attempt of one will seal it: a
+        restart counts its messages as the query's own for good, and never acks nor settles
+        it), nor SEALED past `committed` (no batch will replay or ack it)."""
+        pointers = [json.loads(value) for key, (value, _) in stored.items() if key[:6] == "query."]
+        live = pointers[0]["lineage"] if pointers else None
+        left = []
+        for key, (value, _) in stored.items():
+            lineage, _, rest = key.partition(".")
+            if lineage != live or rest.count(".") != 1:
+                continue
+            state = json.loads(value)["state"]
+            if state == "open" or (state == "sealed" and int(rest.split(".")[0]) > committed):
+                left.append(f"{key} ({state})")
+        if left:
+            self.problem("ledger entries of the live lineage left behind", ", ".join(sorted(left)))
+
     def _check_key_order(self, consumers: list[Consumer]) -> None:
         for checkpoint, sink in enumerate(self.sinks):
             self._check_key_order_in(checkpoint, sink, consumers)

@@ -158,6 +158,20 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "take-over-unfenced",
+        "hole 4 of issue 45: an attempt that outlived its settled batch created the entry again, "
+        "the create's answer was lost, and its retry took the entry over as an earlier "
+        "attempt's without the fence: an open entry of the live lineage, never sealed, acked "
+        "nor settled",
+        (
+            Patch(
+                SLOT_ENTRY,
+                "            if own:  # it passes the fence as a create does\n",
+                "            if False:\n",
+            ),
+        ),
+    ),
+    Mutant(
         "give-back-under-a-recording-attempt",
         "a give-back read an open entry without taking it from the earlier query's task attempt "
         "still recording in it: what that attempt recorded after the read was removed un-NAKed "

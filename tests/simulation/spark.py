@@ -54,6 +54,10 @@ class Checkpoint:
     offsets: dict[int, str] = field(default_factory=dict)  # batch id -> offset JSON
     commits: set[int] = field(default_factory=set)
 
+    def committed_gen(self) -> int:
+        """The gen of the newest committed batch (0: none)."""
+        return _offset(self.offsets[max(self.commits)]).gen if self.commits else 0
+
 
 def _json(offset: SourceOffset) -> str:
     return _OFFSET_ENCODER.encode(offset.to_json())

@@ -335,6 +335,7 @@ class World:
         await server
         self.observed.check_quiet(self.consumers)
         self.observed.check_ledger_quiet(self.bucket.values)
+        self.observed.check_live_lineage(self.bucket.values, self.checkpoint.committed_gen())
 
     async def run_query(
         self, number: int, trigger: str, stop_at: float, quiet: bool = False

@@ -7,14 +7,16 @@ An entry is what one slot took in one batch, (lineage, gen, slot): a head and ch
 deliveries. To record is to write deliveries to the entry before their rows leave the task.
 
 absent
-    Moved out by a task attempt of the batch: `create` (to OPEN), then `fence`.
+    Moved out by a task attempt of the batch: `create` (to OPEN), then `fence` (a create
+    whose answer was lost is retried, finds the key, and goes on as a take-over, fenced too).
     The driver concludes: nothing taken yet. It never takes a listing's silence for absence:
     it expects the entries of the batches it plans (`DriverLedger.expect`) and lists heads from
     the bucket stream's subject index, which does not come back short.
 OPEN (recording)
     Moved out by the attempt recording it: `seal` (to SEALED); or by a later attempt of the
     same task after this one died mid-way: `take_over` (still OPEN, under the new attempt,
-    which keeps what was recorded and goes on).
+    which keeps what was recorded and goes on), then `fence` when it is the attempt's own create
+    whose answer was lost.
     The driver concludes: its messages are the query's own, unacked (`unacked`: capacity, not
     another client's); never ack it (a committed batch has no open entry) nor settle it; for
     dedupe, its batch emitted nothing of it yet (`emitted`).
@@ -160,10 +162,12 @@ async def create(ledger: Ledger, gen: int, slot: str, head: EntryHead) -> int | 
 
 
 async def fence(ledger: Ledger, pointer_key: str, gen: int, slot: str) -> None:
-    """After `create`: fail when the batch's entries were settled, or its lineage's given back
-    (the driver fences before it removes, so a create after the removal finds the fence). This
-    attempt outlived its committed batch, whose messages would be acked as committed, or its
-    query, whose entry nothing would remove: the entry goes again."""
+    """After `create` or `take_over`: fail when the batch's entries were settled, or its
+    lineage's given back (the driver fences before it removes, so a create after the removal
+    finds the fence). This attempt outlived its committed batch, whose messages would be acked
+    as committed, or its query, whose entry nothing would remove: the entry goes again. So does
+    a take-over of the attempt's own create, whose answer was lost (the retry finds the key,
+    and the attempt its own open head)."""
     pointer = await read_pointer(ledger.kv, pointer_key)
     if pointer is None:
         return

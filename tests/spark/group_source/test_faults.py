@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.kv import KeyValue
 from spark_helpers import (
     Collector,
     OtherInstance,
@@ -59,7 +61,13 @@ from nats_spark.spark.group_source.driver.driver_ledger import EntriesLost
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
-from nats_spark.spark.group_source.ledger import Ledger, pointer_key, read_pointer
+from nats_spark.spark.group_source.ledger import (
+    Ledger,
+    Pointer,
+    pointer_key,
+    read_pointer,
+    write_pointer,
+)
 from nats_spark.spark.group_source.ledger_protocol import (
     EntryState,
     LedgerConflict,
@@ -415,6 +423,33 @@ def test_zombie_attempt_cannot_record_after_its_retry_took_over(client, settings
     assert head.state is EntryState.SEALED and recorded_by_retry == rows
     slot.ack(1)
     wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
+
+
+def test_an_outlived_attempt_whose_create_answer_is_lost_is_fenced(
+    client, settings, unique, monkeypatch
+):
+    """Hole 4 of issue 45, on a real bucket: a task attempt of batch 1 (settled: the pointer
+    fences it) creates its entry again and the create's answer is lost (a timeout after the
+    server stored it). The retried create finds the key (nats-py's "wrong last sequence"), the
+    attempt reads its own open head: it is fenced as a create is, and the entry goes."""
+    slot = Slot(client, settings, unique)
+    partition = slot.partition(1, limit=10)
+    run_sync(write_pointer(slot.ledger.kv, partition.pointer_key, Pointer(slot.lineage, 3, [], 1)))
+    create, lost = KeyValue.create, []
+
+    async def answer_lost(kv: KeyValue, key: str, value: bytes, **kwargs: Any) -> int:
+        revision = await create(kv, key, value, **kwargs)
+        if key == slot.ledger.head_key(1, "m1") and not lost:
+            lost.append(revision)
+            raise NatsTimeout
+        return revision
+
+    monkeypatch.setattr(KeyValue, "create", answer_lost)
+    zombie = slot_task(partition)
+    with pytest.raises(LedgerConflict, match="outlived"):
+        run_sync(zombie.begin())
+    assert lost, "the create's answer was not lost"
+    assert run_sync(slot.ledger.heads()) == []
 
 
 def test_ack_wait_expires_within_and_between_batches(client, settings, unique):

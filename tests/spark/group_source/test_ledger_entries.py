@@ -589,6 +589,21 @@ def test_a_give_back_retires_the_replaced_lineages_first(kv: MemoryBucket, linea
     assert pointer is not None and pointer.retired == [older]
 
 
+def test_an_attempt_that_outlived_its_settled_batch_is_fenced_when_its_create_answer_is_lost(
+    kv: MemoryBucket, lineage: str
+) -> None:
+    """Hole 4 of issue 45: the zombie's create took effect but its answer was lost; its retry
+    found the key ("wrong last sequence"), read the open head, took it over as an earlier
+    attempt's and went on without the fence: an open entry of a settled batch, in the live
+    lineage, that no batch seals, acks or settles. A take-over passes the fence too."""
+    run_sync(write_pointer(kv, "query.S.g", Pointer(lineage, 3, settled=1)))
+    kv.lost_answer = lambda key: key == f"{lineage}.1.m1"
+    zombie = attempt(kv, input_partition(lineage, gen=1))
+    with pytest.raises(LedgerConflict, match="outlived"):
+        run_sync(zombie.claim())
+    assert run_sync(Ledger(kv, lineage).heads()) == []
+
+
 def test_acks_at_stop_cover_the_committed_batches_only(
     kv: MemoryBucket, lineage: str, published_acks: list[bytes]
 ) -> None:

@@ -70,12 +70,16 @@ class SlotEntry:
                 self.fixed = True
                 self.head = previous
                 return
-            # An earlier attempt died mid-way: adopt what it took, then go on pulling.
+            # An earlier attempt died mid-way: adopt what it took, then go on pulling. Or the
+            # entry is this attempt's own create, whose answer was lost after it took effect.
+            own = previous.attempt == self.head.attempt
             self.head = protocol.take_over(previous, self.partition.pin_id)
             try:
                 self.revision = await protocol.write_head(ledger, gen, slot, self.head, revision)
             except LedgerConflict:
                 continue  # the attempt it takes over wrote meanwhile (a zombie): read it again
+            if own:  # it passes the fence as a create does
+                await protocol.fence(ledger, self.partition.pointer_key, gen, slot)
             # The attempt that died may have recorded without looking at its siblings' records.
             siblings = self.partition.siblings
             twice = await self.drop_taken_twice(set(self.taken)) if siblings else set()
