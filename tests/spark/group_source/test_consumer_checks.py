@@ -102,6 +102,18 @@ def test_a_consumer_created_again_is_told_from_the_one_read() -> None:
     assert seen.next_after_acked("S", "C") == 58, "the refused consumer is not taken"
 
 
+def test_an_earlier_created_time_is_the_same_consumer() -> None:
+    """The reply to a create that updated an existing consumer may name the update's time; its
+    info then names the time it was made (seen on a restart from an older release's store).
+    Only a later time is a consumer created again."""
+    seen = SeenConsumers()
+    seen.record("S", "C", info(created="2026-11-28T21:14:43.287753916Z"))
+    seen.look("S", "C", info(created="2026-11-25T09:57:28.627967491Z", floor=5), "go on so")
+    assert seen.next_after_acked("S", "C") == 6
+    with pytest.raises(ConfigurationError, match="deleted and created again"):
+        seen.look("S", "C", info(created="2026-11-25T09:57:29.1Z"), "go on so")
+
+
 def test_where_a_new_consumer_is_exact_it_is_taken() -> None:
     seen = SeenConsumers()
     seen.record("S", "C", info(floor=9))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from nats_spark.errors import ConfigurationError
@@ -64,7 +65,7 @@ class SeenConsumers:
         created again since it was last seen (None: a new one is exact, take it)."""
         before = self.sightings.get((stream, name))
         created = info.get("created") or ""
-        if recreation is not None and before is not None and before.created != created:
+        if recreation is not None and before is not None and _later(created, before.created):
             raise ConfigurationError(
                 f"consumer {name!r} on stream {stream!r} was deleted and created again while "
                 f"the query ran (created {before.created}, now {created}): the new one delivers "
@@ -78,3 +79,12 @@ class SeenConsumers:
         the query took after it is in the ledger, which drops its redeliveries."""
         before = self.sightings.get((stream, name))
         return (before.ack_floor if before else 0) + 1
+
+
+def _later(created: str, seen: str) -> bool:
+    """Whether a consumer's `created` is later than the one seen: it was created again since.
+    Only later: the reply to a create that updated an existing consumer may name the update's
+    time, which the consumer's info then does not (seen after a restart from an older store)."""
+    if not created or not seen:
+        return False
+    return datetime.fromisoformat(created) > datetime.fromisoformat(seen)
