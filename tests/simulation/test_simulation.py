@@ -57,6 +57,13 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "give-back now NAKs with the consumer's last delivery's sequence; 1571, 3433 and 3992 "
         "likewise, on the schedules of 2026-11-28)",
     ),
+    3433: (
+        {},
+        "a give-back's -NAK named an entry's older delivery, at or below the ack floor's "
+        "consumer sequence, which nats-server ignores: key order broke (the give-back now NAKs "
+        "with the consumer's last delivery's sequence; the mutant "
+        "give-back-naks-the-recorded-delivery breaks it again)",
+    ),
     39465: (
         {},
         "a give-back read an open entry while a task attempt of the earlier query still recorded "
