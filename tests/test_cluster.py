@@ -110,6 +110,8 @@ def test_job_on_standalone_cluster_reads_each_member_on_its_own_executor(
             # Plan batch 0 only once both executors are there, so each member gets one
             # (the ratio counts against spark.cores.max: unset, it is met at once).
             "--conf",
+            "spark.log.level=INFO",  # the task lines read below (the job's default is WARN)
+            "--conf",
             "spark.cores.max=2",
             "--conf",
             "spark.scheduler.minRegisteredResourcesRatio=1.0",

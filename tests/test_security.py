@@ -59,6 +59,7 @@ def connector_permissions(stream: str, leave_out: str = "") -> dict[str, Any]:
         f"$JS.API.CONSUMER.CREATE.{stream}.>",
         f"$JS.API.CONSUMER.INFO.{stream}.>",
         f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
+        f"$JS.API.CONSUMER.UNPIN.{stream}.>",  # releases its pins at stop
         f"$JS.ACK.{stream}.>",
         f"$JS.API.STREAM.INFO.{kv_static}",
         "$JS.API.STREAM.INFO.KV_elastic-consumer-groups",  # groupType=auto looks in both
