@@ -458,17 +458,25 @@ def world(mutant: Mutant) -> dict[str, bool]:
     return {"shared": True} if mutant.shared else {}
 
 
+# The third-party modules the world imports, none of which imports a module a mutant patches:
+# the fresh processes fork from a server that imported them once, instead of each importing
+# them again (about 0.5 s of CPU per mutant, most of what a mutant caught early costs).
+PRELOADED = ("numpy", "pyarrow", "pyarrow.compute", "pyspark.sql", "nats")
+
+
 def hunt(
     searches: Sequence[tuple[Mutant, Sequence[int]]], jobs: int, first: int | None = None
 ) -> Iterator[Found]:
     """Search each mutant over its seeds (its `first` failures, or all) in fresh processes
-    (spawned, so nothing of the patched code is imported before its patches), in order; a
-    mutant's seeds are split in contiguous parts when there are more processes than mutants. A
-    failing seed that fails unmutated too is left out (and searched past)."""
+    (forked from a server that imported only `PRELOADED`, so nothing of the patched code is
+    imported before its patches), in order; a mutant's seeds are split in contiguous parts when
+    there are more processes than mutants. A failing seed that fails unmutated too is left out
+    (and searched past)."""
     count = max(1, math.ceil(jobs / len(searches)))
     unmutated = Unmutated()
-    spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=spawn, max_tasks_per_child=1) as pool:
+    fresh = multiprocessing.get_context("forkserver")
+    fresh.set_forkserver_preload(list(PRELOADED))
+    with ProcessPoolExecutor(jobs, mp_context=fresh, max_tasks_per_child=1) as pool:
         runs = []
         for mutant, seeds in searches:
             size = max(1, math.ceil(len(seeds) / count))

@@ -379,7 +379,9 @@ class Result:
 def run_schedules(seeds: Sequence[int], jobs: int, **overrides: Any) -> Iterator[Result]:
     """Run the schedules of `seeds` over `jobs` processes, in seed order; without their traces
     (`run_schedule` of one seed prints it)."""
-    chunk = max(1, min(200, len(seeds) // (jobs * 8)))
+    # Small chunks (a second or so of schedules each): with big ones, a worker that finished
+    # its last chunk idled while another ran most of one (up to 5 s of the unit lane's range).
+    chunk = max(1, min(25, len(seeds) // (jobs * 8)))
     # A worker's full collections skip what it inherited from its parent (gc.freeze): they
     # would walk every object of the forked process (a test run's, all its imports) each time.
     with ProcessPoolExecutor(jobs, initializer=gc.freeze) as pool:
