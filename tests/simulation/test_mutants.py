@@ -4,6 +4,8 @@ failing seed; `make mutants` counts them over a range."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from tests.simulation.mutants import BY_NAME, MUTANTS, hunt, misfits, summary
@@ -23,6 +25,17 @@ RARE = {
     "sealed-kept-only-once-due": (1117, 9216),  # of 0-12000
     "give-back-naks-the-recorded-delivery": (3433, 7289),  # of 0-12000
 }
+# The first seed of the unit lane's range that catches each mutant most seeds catch only after
+# dozens (on the schedules of 2026-11-28): searched first, then the rest of the range, so the
+# verdict is the range's and a change of the schedules only makes the search longer again (then
+# take the new first seeds from `make mutants`).
+FIRST_CATCHING = {
+    "short-key-listing": 62,
+    "latest-seen-taken-as-committed": 4,
+    "initial-offset-new-lineage": 32,
+    "new-checkpoint-takes-earlier-batch": 32,
+    "replaced-lineage-forgotten": 83,
+}
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.
 UNCAUGHT: dict[str, str] = {
     "give-back-under-a-recording-attempt": "seed 39465 of 0-59999 caught it until the simulated "
@@ -40,11 +53,19 @@ UNCAUGHT: dict[str, str] = {
 
 def test_every_mutant_fits_its_code() -> None:
     assert not misfits()
-    assert set(RARE) | set(UNCAUGHT) <= set(BY_NAME)
+    assert set(RARE) | set(FIRST_CATCHING) | set(UNCAUGHT) <= set(BY_NAME)
+    assert all(seed in SEEDS for seed in FIRST_CATCHING.values())
+
+
+def seeds_to_search(name: str) -> Sequence[int]:
+    if name in RARE:
+        return RARE[name]
+    first = FIRST_CATCHING.get(name)
+    return SEEDS if first is None else (first, *(seed for seed in SEEDS if seed != first))
 
 
 def test_every_mutant_is_caught() -> None:
-    searches = [(m, RARE.get(m.name, SEEDS)) for m in MUTANTS if m.name not in UNCAUGHT]
+    searches = [(m, seeds_to_search(m.name)) for m in MUTANTS if m.name not in UNCAUGHT]
     survived = [found for found in hunt(searches, JOBS, first=1) if not found.failures]
     assert not survived, "\n".join(
         summary(found)
