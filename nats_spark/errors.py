@@ -6,9 +6,9 @@ import json
 from enum import IntEnum
 from typing import Any
 
-# Where an error points to documentation: a page of the nats-spark source tree (the docs/ folder
-# of its repository and source distribution), as an installed package carries no docs.
-PERMISSIONS_DOC = "every subject a query needs: docs/security.md#nats-permissions in nats-spark"
+# Where an error points to the list of permissions a query needs: a command of the installed
+# package (`nats_spark.permissions`), as the wheel carries no docs/ pages.
+PERMISSIONS_DOC = "every subject a query needs: python -m nats_spark.permissions <stream>"
 
 
 class NatsSparkError(Exception):

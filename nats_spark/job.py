@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 
 from nats_spark.errors import ConfigurationError
 from nats_spark.spark.group_source.options import parse_options
+from nats_spark.spark.registration import missing_on_workers
 from nats_spark.spark.shared.options import CONNECTION_OPTIONS, SECRET_OPTIONS, parse_duration
 
 log = logging.getLogger("nats_spark.job")
@@ -208,8 +209,12 @@ def launcher_sets_master() -> bool:
     )
 
 
-def failure_line(error: Exception) -> str:
-    """One line for a failed query: the connector's own error if it raised one, else Spark's."""
+def failure_line(error: Exception, spark: Any = None) -> str:
+    """One line for a failed query: that Spark's Python workers lack nats-spark (`spark`'s),
+    the connector's own error if it raised one, else Spark's."""
+    missing = missing_on_workers(spark, error) if spark is not None else None
+    if missing:
+        return missing
     text = str(error)
     match = _SOURCE_ERROR.search(text)
     return match.group(1).strip() if match else text.strip().splitlines()[0]
@@ -251,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         query = start_query(spark, job, options)
     except Exception as refused:  # load() checks the servers, stream and group: it fails there
-        print(f"nats_spark.job: query failed: {failure_line(refused)}", file=sys.stderr)
+        print(f"nats_spark.job: query failed: {failure_line(refused, spark)}", file=sys.stderr)
         return 1
     deadline = time.monotonic() + float(job["timeout"]) if job.get("timeout") else None
     last_batch = -1
@@ -268,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report_batches(query, last_batch)
     error = error or query.exception()  # it may have failed between two waits
     if error is not None:
-        print(f"nats_spark.job: query failed: {failure_line(error)}", file=sys.stderr)
+        print(f"nats_spark.job: query failed: {failure_line(error, spark)}", file=sys.stderr)
         return 1
     return 0
 

@@ -251,6 +251,41 @@ def test_failing_query_ends_with_one_line_and_code_1(runs: Runs) -> None:
 COMPLETE = ["--stream", "S", "--group", "g", "--output", "o", "--checkpoint", "c"]
 
 
+def test_workers_without_the_package_fail_in_one_line_naming_their_python(
+    tmp_path: Path, client, nats_url: str, unique: str
+) -> None:
+    """PYSPARK_PYTHON names a fresh virtualenv without nats-spark (as `python3` from PATH is
+    outside the job's): the job says so in one line naming that interpreter and what to set,
+    not with the workers' traceback (Spark brings its own pyspark to them).
+    PYSPARK_DRIVER_PYTHON is left unset, as by a user: Spark looks formats up with it before
+    PYSPARK_PYTHON (and runs those it found there), which would hide the workers' Python."""
+    stream = f"BARE{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=1)
+    publish(client, stream, 5)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True
+    )
+    bare = tmp_path / "bare" / "bin" / "python"
+    without_driver_python = {k: v for k, v in spark_env().items() if k != "PYSPARK_DRIVER_PYTHON"}
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "nats_spark.job", "--servers", nats_url, "--stream", stream),
+            *("--group", "g", "--output", "o", "--checkpoint", "c", "--trigger", "availableNow"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**without_driver_python, "PYSPARK_PYTHON": str(bare)},
+        cwd=tmp_path,
+        timeout=240,
+    )
+    assert done.returncode == 1, done.stderr
+    ours = [line for line in done.stderr.splitlines() if line.startswith("nats_spark.job:")]
+    assert len(ours) == 1, done.stderr
+    assert "query failed: Spark's Python workers cannot load nats-spark" in ours[0], ours
+    assert f"they run {bare}; set PYSPARK_PYTHON" in ours[0] and sys.executable in ours[0], ours
+    assert "Traceback" not in done.stderr and "\tat " not in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -67,19 +67,27 @@ def kernel_name() -> str:
 
 
 def execute(name: str, kernel: str, cwd: Path, **env: str) -> Any:
-    """Run every cell of notebooks/<name> (failing on the first error); the executed notebook."""
+    """Run every cell of notebooks/<name> (failing on the first error); the executed notebook.
+    What the kernel and its Spark JVM write to stderr, up to the kernel's end (where
+    `jupyter-execute` shows it to the user), goes to <cwd>/<name>.stderr."""
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
     base = {k: v for k, v in spark_env().items() if k not in NOTEBOOK_ENV}
     client = nbclient.NotebookClient(
         notebook, kernel_name=kernel, timeout=240, resources={"metadata": {"path": str(cwd)}}
     )
-    return client.execute(env={**base, **env})
+    with open(cwd / f"{name}.stderr", "w") as stderr:
+        return client.execute(env={**base, **env}, stderr=stderr)
+
+
+def kernel_stderr(cwd: Path, name: str) -> str:
+    return (cwd / f"{name}.stderr").read_text()
 
 
 @dataclass
 class Runs:
     quickstart: Future
     databricks: Future
+    tmp: Path  # where the notebooks ran
     client: Any  # a blocking client of the databricks notebook's server
     password: str
     out: Path
@@ -121,7 +129,7 @@ def runs(tmp_path_factory) -> Iterator[Runs]:
                 NATS_SPARK_GROUP="orders",
                 NATS_SPARK_OUTPUT=str(tmp / "orders"),
             )
-            yield Runs(quickstart, databricks, client, password, tmp / "orders")
+            yield Runs(quickstart, databricks, tmp, client, password, tmp / "orders")
             wait([quickstart, databricks])  # before the server stops
         finally:
             run_sync(client.target.close())
@@ -201,6 +209,10 @@ def test_quickstart_with_its_own_server(runs: Runs) -> None:
     port = int(re.search(r"NATS server: nats://127\.0\.0\.1:(\d+)", text).group(1))
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), 2):
         pass  # the last cell stopped the server
+    # The last cell ended Spark's JVM, which removed its temporary folders before the kernel
+    # stopped; killed amid that by the kernel's shutdown, it printed a Java trace there.
+    stderr = kernel_stderr(runs.tmp, "quickstart.ipynb")
+    assert "Cannot run program" not in stderr and "\tat " not in stderr, stderr
 
 
 @pytest.mark.compat

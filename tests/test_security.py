@@ -35,6 +35,7 @@ from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.acks import publish_acks
 from nats_spark.loop import Blocking, run_sync
+from nats_spark.permissions import publish_allowed
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.entry_deliveries import decode_chunk
@@ -50,32 +51,9 @@ LEDGER = "nats-spark-ledger"
 
 
 def connector_permissions(stream: str, leave_out: str = "") -> dict[str, Any]:
-    """The least a user needs to read a static group on `stream` (docs/security.md's list),
-    except the subjects starting with `leave_out`."""
-    kv_ledger, kv_static = f"KV_{LEDGER}", "KV_static-consumer-groups"
-    allow = [
-        f"$JS.API.STREAM.INFO.{stream}",
-        f"$JS.API.STREAM.MSG.GET.{stream}",  # replay of a re-run batch
-        f"$JS.API.CONSUMER.CREATE.{stream}.>",
-        f"$JS.API.CONSUMER.INFO.{stream}.>",
-        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
-        f"$JS.API.CONSUMER.UNPIN.{stream}.>",  # releases its pins at stop
-        f"$JS.ACK.{stream}.>",
-        f"$JS.API.STREAM.INFO.{kv_static}",
-        "$JS.API.STREAM.INFO.KV_elastic-consumer-groups",  # groupType=auto looks in both
-        # KV reads: direct gets when the bucket allows them (Go and the nats CLI make such
-        # buckets), else message gets.
-        f"$JS.API.STREAM.MSG.GET.{kv_static}",
-        f"$JS.API.DIRECT.GET.{kv_static}.>",
-        f"$JS.API.STREAM.INFO.{kv_ledger}",
-        f"$JS.API.STREAM.CREATE.{kv_ledger}",  # first query only
-        f"$JS.API.STREAM.MSG.GET.{kv_ledger}",
-        f"$JS.API.DIRECT.GET.{kv_ledger}.>",
-        f"$JS.API.CONSUMER.CREATE.{kv_ledger}",  # listing the ledger's keys
-        f"$JS.API.CONSUMER.INFO.{kv_ledger}.>",
-        f"$JS.API.STREAM.PURGE.{kv_ledger}",  # removes settled entries
-        f"$KV.{LEDGER}.>",
-    ]
+    """The least a user needs to read a static group on `stream` (`nats_spark.permissions`, the
+    list docs/security.md shows), except the subjects starting with `leave_out`."""
+    allow = [subject for subject, _ in publish_allowed(stream, LEDGER)]
     if leave_out:
         allow = [subject for subject in allow if not subject.startswith(leave_out)]
     return {"publish": {"allow": allow}, "subscribe": {"allow": ["_INBOX.>"]}}
@@ -341,7 +319,7 @@ def test_user_without_ack_permission(
     assert error is not None, f"denied acks went unnoticed: {states}"
     message = str(error)
     assert f"allow the user to publish to $JS.ACK.{NOACK_STREAM}.>" in message, message
-    assert "docs/security.md#nats-permissions" in message, message
+    assert "python -m nats_spark.permissions <stream>" in message, message
 
 
 @pytest.mark.spark
@@ -365,7 +343,7 @@ def test_user_without_consumer_create_permission(
     assert "nats_spark." in line, message
     create = f"$JS.API.CONSUMER.CREATE.{NOAPI_STREAM}.g-partition-0"
     assert f"permission denied to publish {create}; allow the user to publish to it" in line, line
-    assert "docs/security.md#nats-permissions" in line, line
+    assert "python -m nats_spark.permissions <stream>" in line, line
 
 
 @pytest.mark.spark

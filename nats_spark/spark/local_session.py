@@ -34,3 +34,24 @@ def local_session(app_name: str, master: str = "local[2]") -> Any:
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def stop_spark(spark: Any, timeout: float = 60.0) -> None:
+    """Stop `spark` and end the JVM this Python process started for it, waiting while the JVM's
+    shutdown hook deletes Spark's temporary folders. A Jupyter kernel needs this before it
+    stops: at shutdown ipykernel sends SIGTERM to its child processes again and again (10 ms,
+    30 ms, 100 ms ... apart), which caught the `rm` that hook runs ('Cannot run program "rm"',
+    a 30-line Java trace under the last cell) and left the folders behind. A JVM this process
+    did not start (spark-submit's, Databricks', Spark Connect's server) is left running."""
+    from pyspark import SparkContext
+
+    spark.stop()
+    gateway = SparkContext._gateway
+    process = getattr(gateway, "proc", None)
+    if gateway is None or process is None or process.stdin is None:
+        return
+    gateway.shutdown()
+    process.stdin.close()  # Spark's gateway server exits when its stdin ends
+    process.wait(timeout)
+    SparkContext._gateway = None  # a new session starts a new JVM
+    SparkContext._jvm = None

@@ -41,17 +41,26 @@ class NatsDataSource(DataSource):
         from nats_spark.spark.sink.publisher import new_write_id
         from nats_spark.spark.sink.writers import NatsWriter, prepare_write
 
-        options, columns = prepare_write(self.options, schema)
+        options, columns = prepare_write(self.options, schema, streaming=False)
         return NatsWriter(options, columns, new_write_id())
 
     @one_line_errors
     def streamWriter(self, schema: Any, overwrite: bool) -> NatsStreamWriter:
         from nats_spark.spark.sink.writers import NatsStreamWriter, prepare_write
 
-        options, columns = prepare_write(self.options, schema)
+        options, columns = prepare_write(self.options, schema, streaming=True)
         return NatsStreamWriter(options, columns)
 
+    @one_line_errors
     def schema(self) -> str:
+        """Spark asks at a read's load() (without a schema of the user's; writes never ask): the
+        options, the servers and the stream are checked here, so a mistake fails there, not
+        when the read runs or the query starts. Which options apply to batch or streaming reads
+        only is checked when Spark asks for the reader, as load() does not say which it is."""
+        from nats_spark.spark.shared.load_check import check_at_load
+
+        options = parse_read_options(self.options, streaming=None)
+        check_at_load(options.connection, options.stream)
         return SCHEMA_DDL
 
     @one_line_errors

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 # What a worker that loaded nats-spark answers to a source without options.
 _LOADED_REFUSAL = "option servers is required"
+# What a worker without nats-spark says: of a registered format, of a format looked up.
+_NOT_IMPORTED = "No module named 'nats_spark'"
+_NOT_FOUND = "DATA_SOURCE_NOT_FOUND"
+_FORMATS = ("nats-pcg", "nats")
 # The last `SomeError: text` line of a worker's traceback: what went wrong in the worker.
 _WORKER_ERROR = re.compile(r"^(\w+(?:Error|Exception): .+)$", re.MULTILINE)
 
@@ -96,6 +100,18 @@ def register_formats(spark: Any) -> None:
     except Exception as error:
         if _LOADED_REFUSAL not in str(error):
             raise ConfigurationError(_unloadable(spark, str(error))) from None
+
+
+def missing_on_workers(spark: Any, error: BaseException) -> str | None:
+    """The one line for a failure of load() that says Spark's Python workers lack nats-spark
+    (a registered format's worker: "No module named 'nats_spark'"; a format Spark looked up in
+    them: DATA_SOURCE_NOT_FOUND, 190 lines of a Java trace); None for other failures."""
+    text = str(error)
+    if _NOT_IMPORTED in text:
+        return _unloadable(spark, text)
+    if _NOT_FOUND in text and any(f": {name}." in text for name in _FORMATS):
+        return _unloadable(spark, f"{_NOT_FOUND}: Spark did not find the format in them")
+    return None
 
 
 def worker_python(spark: Any) -> str:

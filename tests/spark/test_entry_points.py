@@ -27,13 +27,14 @@ HEAVY = (
 
 
 def test_looking_the_formats_up_imports_neither_half():
-    """Making the sources, as Spark's lookup and create processes do (nats-pcg's `schema()`,
-    which Spark calls at load(), checks the target on the server: that connects, on purpose)."""
+    """Making the sources, as Spark's lookup and create processes do (both formats' `schema()`,
+    which Spark calls at a read's load(), checks the target on the server: that connects, on
+    purpose)."""
     probe = (
         "import json, sys, pyspark_nats, pyspark_nats_pcg\n"
         "d = pyspark_nats_pcg.DefaultSource({'servers': 'nats://127.0.0.1:1', 'stream': 'S', "
         "'group': 'g'})\n"
-        "pyspark_nats.DefaultSource({}).schema()\n"
+        "pyspark_nats.DefaultSource({})\n"
         f"print(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))"
     )
     loaded = subprocess.run(

@@ -47,15 +47,10 @@ class NatsPcgDataSource(DataSource):
     @one_line_errors
     def schema(self) -> str:
         """Spark asks at load() (without a schema of the user's): the target is checked here,
-        so a wrong server, stream or group fails there, not when the query starts. On a loop of
-        its own, closed again: Spark reuses this worker process, and with the process's loop
-        thread (`run_sync`) left running in it the query's Python runner failed to connect back
-        (`make demo`, every run)."""
-        import asyncio
-
+        so a wrong server, stream or group fails there, not when the query starts."""
         from nats_spark.spark.group_source.driver.preflight import check_target
 
-        asyncio.run(check_target(self.parsed))
+        check_target(self.parsed)
         return SCHEMA_DDL
 
     @one_line_errors

@@ -85,7 +85,9 @@ def first_check(options: SinkOptions) -> bool:
     return True
 
 
-async def check_target(client: NatsClient, options: SinkOptions, say: bool = True) -> SinkOptions:
+async def check_target(
+    client: NatsClient, options: SinkOptions, say: bool = True, streaming: bool = True
+) -> SinkOptions:
     """Before anything is published: the stream exists, the subject option lands in it, and its
     duplicate window (what bounds exactly once) is said (`say`; else at debug level). Returns
     the options with the atomic batch size settled: atomic batches where the stream allows
@@ -99,20 +101,33 @@ async def check_target(client: NatsClient, options: SinkOptions, say: bool = Tru
             raise stream_missing(options.stream, options.connection.described()) from None
         streams = [info["config"]]
         atomic = _atomic_batch(options, info, say)
-        window = info.duplicate_window
-        level = logging.WARNING if window < _WINDOW_WARNING else logging.INFO
-        log.log(
-            level if say else logging.DEBUG,
-            "stream %s drops repeated message ids within %gs: a batch re-run later than that "
-            "after its first attempt (a restart after a longer outage) is stored twice; "
-            "raise the stream's duplicate_window to cover your longest outage",
-            options.stream,
-            window,
-        )
+        _say_window(options.stream, info.duplicate_window, say, streaming)
     if options.subject is not None:
         capture = SubjectCapture(streams or await _target_streams(client, options))
         _check_subject(capture, options, options.subject)
     return replace(options, atomic_batch=atomic)
+
+
+def _say_window(stream: str, window: float, say: bool, streaming: bool) -> None:
+    """A short duplicate window is a warning for a streaming write only: a restart re-runs its
+    last batch with the same message ids, maybe after a longer outage. A batch write's ids are
+    its own job's (a second save() is a new write), repeated only by its tasks' retries."""
+    if say and streaming and window < _WINDOW_WARNING:
+        log.warning(
+            "nats sink warning: stream %s drops repeated message ids within %gs only "
+            "(duplicate_window), so a batch a restart re-runs later than that is stored twice; "
+            "set it to your longest outage: nats stream edit %s --dupe-window 1h",
+            stream,
+            window,
+            stream,
+        )
+        return
+    log.log(
+        logging.INFO if say else logging.DEBUG,
+        "stream %s drops repeated message ids within %gs",
+        stream,
+        window,
+    )
 
 
 def _atomic_batch(options: SinkOptions, info: StreamInfo, say: bool) -> int:

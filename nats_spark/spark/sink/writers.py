@@ -27,16 +27,19 @@ from nats_spark.spark.sink.publisher import (
 )
 
 
-def prepare_write(raw: Mapping[str, str], schema: Any) -> tuple[SinkOptions, SinkColumns]:
+def prepare_write(
+    raw: Mapping[str, str], schema: Any, streaming: bool
+) -> tuple[SinkOptions, SinkColumns]:
     """Options, columns and the target checked on the driver, before any task publishes."""
     options = parse_sink_options(raw)
     columns = sink_columns(schema, options)
-    say = first_check(options)
+    # A streaming write's writer is made again for every micro-batch: it says things once.
+    say = first_check(options) if streaming else True
 
     async def check() -> SinkOptions:
         client = await NatsClient.open(options.connection)
         try:
-            return await check_target(client, options, say)
+            return await check_target(client, options, say, streaming)
         finally:
             await client.close()
 

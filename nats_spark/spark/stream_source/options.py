@@ -73,14 +73,17 @@ def _position_order(start: StartingPosition, end: StartingPosition) -> None:
             )
 
 
-def parse_read_options(raw: Mapping[str, str], streaming: bool) -> ReadOptions:
-    """Validate the options of `spark.read.format("nats")` / `readStream.format("nats")`."""
+def parse_read_options(raw: Mapping[str, str], streaming: bool | None) -> ReadOptions:
+    """Validate the options of `spark.read.format("nats")` / `readStream.format("nats")`;
+    `streaming` None (at load(), which does not say) leaves out the check of the options that
+    apply to batch or streaming reads only."""
     values = OptionValues(raw, READ_OPTIONS)
     take = values.take
     stream = check_name("stream", values.required("stream", "the name of the stream to read"))
     streaming_only = ("maxMessagesPerTrigger", "minMessagesPerTrigger", "maxTriggerDelay")
     for name in ("endingPosition", *streaming_only):
-        if take(name) is not None and (name in streaming_only) != streaming:
+        given = take(name) is not None
+        if given and streaming is not None and (name in streaming_only) != streaming:
             where = "streaming reads (readStream)" if streaming else "batch reads (read)"
             raise option_not_applicable(name, where)
     subjects: tuple[str, ...] = ()

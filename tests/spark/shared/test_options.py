@@ -154,6 +154,17 @@ def test_trigger_pacing_options() -> None:
     assert read.min_messages_per_trigger == 5
 
 
+def test_load_leaves_the_batch_or_streaming_only_options_to_the_reader() -> None:
+    """At load() (streaming=None) Spark does not say which read it is: the options of one kind
+    only pass there and are refused when Spark asks for that kind's reader."""
+    both = {**STREAM, "endingPosition": "sequence:5", "maxMessagesPerTrigger": "10"}
+    assert parse_read_options(both, streaming=None).ending_position is not None
+    with pytest.raises(ConfigurationError, match="maxMessagesPerTrigger does not apply to batch"):
+        parse_read_options(both, streaming=False)
+    with pytest.raises(ConfigurationError, match="endingPosition does not apply to streaming"):
+        parse_read_options(both, streaming=True)
+
+
 def test_pacing_holds_back_until_enough_or_the_delay() -> None:
     now = [100.0]
     pacing = TriggerPacing(10, 60.0, clock=lambda: now[0])

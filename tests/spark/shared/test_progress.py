@@ -73,3 +73,21 @@ def test_the_picture_is_a_png_of_both_panels(reported: bool) -> None:
     ]
     assert ("reported by the batches" if reported else "on the server") in lag.get_ylabel()
     assert png(figure).startswith(b"\x89PNG")
+
+
+@pytest.mark.compat
+def test_only_spark_4_2_on_asks_a_python_source_for_its_report() -> None:
+    """docs/architecture.md's reason there is no lag in progress on Spark 4.0/4.1: their
+    Python stream runner answers initialOffset, latestOffset, partitions and commit only."""
+    from pyspark.sql.streaming import python_streaming_source_runner as runner
+    from spark_helpers import REPORTS_LAG
+
+    calls = {name for name in vars(runner) if name.endswith("_FUNC_ID")}
+    assert ("REPORT_LATEST_OFFSET_FUNC_ID" in calls) == REPORTS_LAG, calls
+    if not REPORTS_LAG:
+        assert calls == {
+            "INITIAL_OFFSET_FUNC_ID",
+            "LATEST_OFFSET_FUNC_ID",
+            "PARTITIONS_FUNC_ID",
+            "COMMIT_FUNC_ID",
+        }, calls

@@ -1,7 +1,7 @@
-"""The driver of test_sink.py's output test: a streaming write to stream T (short duplicate
-window) whose rows from value 5 on go to a subject no stream captures, on a Spark with task
-retries as on a cluster (`local[2,4]`) and Spark's default WARN logging; prints the error the
-query ends with after `QUERY FAILED:`.
+"""The driver of test_sink.py's output test: a batch write of one probe row to stream T (short
+duplicate window), then a streaming write to T whose rows from value 5 on go to a subject no
+stream captures, on a Spark with task retries as on a cluster (`local[2,4]`) and Spark's default
+WARN logging; prints the error the query ends with after `QUERY FAILED:`.
 
     python sink_refusal_driver.py URL STREAM CHECKPOINT
 """
@@ -23,6 +23,8 @@ def main(url: str, stream: str, checkpoint: str) -> None:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
+    probe = spark.createDataFrame([(f"{stream}.probe", "")], "subject STRING, data STRING")
+    probe.write.format("nats").mode("append").option("servers", url).save()
     rows = spark.readStream.format("rate").option("rowsPerSecond", 10).load()
     subject = when(col("value") < 5, f"{stream}.ok").otherwise("nowhere.b")
     query = (

@@ -15,6 +15,7 @@ import pytest
 from pyspark.sql import functions as F
 from spark_helpers import SPARK_VERSION, check_trigger_pacing
 
+from chaos.proxy import free_port
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
 from nats_spark.jetstream.pull import header_values
@@ -208,6 +209,28 @@ def test_bad_options_fail_with_one_line(spark, nats_url, options, message):
         reader.load().collect()
     lines = [line for line in str(error.value).splitlines() if message in line]
     assert lines, f"{message!r} not in {str(error.value)[:500]}"
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["read", "readStream"])
+def test_a_wrong_server_stream_or_option_fails_at_load(spark, nats_url, unique, streaming):
+    """load() checks the options, connects and looks the stream up (as format nats-pcg does):
+    a mistake fails there in at most two lines (Spark's SQLSTATE on the second), the first
+    ending in the connector's line naming the fix, before an action or a query."""
+    port = free_port()  # nobody listens on it
+    cases = [
+        ({"stream": f"NO{unique}"}, f"stream 'NO{unique}' does not exist on {nats_url}"),
+        ({"servers": f"nats://127.0.0.1:{port}", "stream": "S"}, "no server answered"),
+        ({"stream": "S", "startingPosition": "soon"}, "option startingPosition='soon' is not"),
+    ]
+    for options, message in cases:
+        reader = (spark.readStream if streaming else spark.read).format("nats")
+        for key, value in {"servers": nats_url, **options}.items():
+            reader = reader.option(key, value)
+        with pytest.raises(Exception) as caught:  # noqa: B017 - Spark wraps it in its own types
+            reader.load()
+        text = str(caught.value)
+        lines = text.splitlines()
+        assert len(lines) <= 2 and "nats_spark." in lines[0] and message in lines[0], text
 
 
 def run_available_now(spark: Any, url: str, stream: str, directory: Any, **options: Any) -> Any:
