@@ -29,7 +29,13 @@ check: $(VENV)/.test-installed
 # The rest, after check, on the newest Spark, then the tests marked `compat` on the older Sparks
 # users run (test-compat). Two workers, a test module each at a time (each worker starts its own
 # nats-server and Spark sessions): the suite waits on servers and JVMs more than it computes.
-test: check test-main test-compat
+# The compat venvs install (on a fresh clone mostly downloading and building each pyspark) while
+# check and the main lane run, then their lanes run.
+test: $(VENV)/.test-installed
+	@$(MAKE) --no-print-directory compat-venvs > .compat-venvs.log 2>&1 & installing=$$!; \
+	$(MAKE) --no-print-directory check test-main; tested=$$?; \
+	wait $$installing || { cat .compat-venvs.log; exit 1; }; \
+	[ $$tested -eq 0 ] && $(MAKE) --no-print-directory test-compat
 
 test-main: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not unit"
@@ -43,7 +49,7 @@ demo: $(VENV)/.server-installed
 # recovery, exactly once and the notebooks; a test without Spark runs the same code on any.
 COMPAT_SPARKS := 4.0 4.1
 COMPAT_RUNS := $(addprefix test-spark,$(COMPAT_SPARKS))
-.PHONY: $(COMPAT_RUNS)
+.PHONY: $(COMPAT_RUNS) compat-venvs
 
 .venv-spark%/.test-installed: pyproject.toml
 	$(PYTHON) -m venv .venv-spark$*
@@ -52,6 +58,8 @@ COMPAT_RUNS := $(addprefix test-spark,$(COMPAT_SPARKS))
 	touch $@
 
 test-compat: $(COMPAT_RUNS)
+
+compat-venvs: $(addsuffix /.test-installed,$(addprefix .venv-spark,$(COMPAT_SPARKS)))
 
 $(COMPAT_RUNS): test-spark%: .venv-spark%/.test-installed
 	.venv-spark$*/bin/python -c 'import pyspark; print("pyspark", pyspark.__version__)'

@@ -25,7 +25,9 @@ from spark_helpers import (
 from nats_spark.client import NatsClient
 from nats_spark.loop import Blocking
 
-pytestmark = [pytest.mark.spark, pytest.mark.compat]
+# Not `compat`: the older Sparks' driver kills run at fixed points of a batch
+# (test_faults.test_driver_killed_at_fixed_points); this one, at timed points, on the newest.
+pytestmark = [pytest.mark.spark]
 
 
 def assert_nothing_acked_early(
