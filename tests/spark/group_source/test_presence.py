@@ -19,6 +19,7 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     """Refreshes and staleness in tenths of seconds: the verdicts, not the figures, are tested."""
     monkeypatch.setattr(presence, "REFRESH_SECONDS", 0.2)
     monkeypatch.setattr(presence, "STALE_SECONDS", 1.0)
+    monkeypatch.setattr(presence, "SWEEP_SECONDS", 0.5)
 
 
 def test_live_respected_killed_released_stopped_gone(
@@ -49,8 +50,8 @@ def test_live_respected_killed_released_stopped_gone(
 def test_a_new_driver_removes_a_dead_one_s_stale_record(
     client: Blocking[NatsClient], unique: str
 ) -> None:
-    """Records of drivers that died, on a target no query reads with a pin any more, go when
-    the next driver on the target starts after they went stale."""
+    """Records of drivers that died go when a driver of the target finds them stale: at its
+    start, and while it runs (a driver killed after it started)."""
 
     async def scenario() -> None:
         nc = client.target
@@ -64,6 +65,10 @@ def test_a_new_driver_removes_a_dead_one_s_stale_record(
         await newcomer.start()
         assert sorted(await kv.keys_matching("query.S.*.live.*")) == sorted(
             ["query.S.g.live.fresh", "query.S.other.live.dead2", newcomer.key]
+        )
+        await asyncio.sleep(2.5)  # time under test: fresh goes stale; the running one sweeps
+        assert sorted(await kv.keys_matching("query.S.*.live.*")) == sorted(
+            ["query.S.other.live.dead2", newcomer.key]
         )
         await newcomer.stop()
 

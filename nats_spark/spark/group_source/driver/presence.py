@@ -9,7 +9,8 @@ than `STALE_SECONDS` ago, by the clock of the server that stored it (compared wi
 just now, so that no two machines' clocks meet), is a dead driver's; its pins may be released at
 once instead of waiting out the priority timeout. No record (a query of the previous release, or
 one that stopped and released its pins) proves nothing: its pins are waited out, as before.
-Records of dead drivers are removed by the next driver on the target that finds them.
+Records of dead drivers are removed by a driver of the target that finds them stale (at its
+start and every `SWEEP_SECONDS`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from datetime import datetime
 
 from nats_spark import clock
 from nats_spark.client import NatsClient
+from nats_spark.errors import NatsSparkError
 from nats_spark.spark.group_source.ledger import Bucket
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,7 @@ REFRESH_SECONDS = 2.0  # between a live driver's writes of its record
 # A record not written for this long is a dead driver's: a live one's loop would have to stall
 # five refreshes in a row to look dead.
 STALE_SECONDS = 10.0
+SWEEP_SECONDS = 60.0  # between a running driver's looks for dead drivers' records to remove
 
 
 class Presence:
@@ -48,6 +51,7 @@ class Presence:
         self.dead: set[str] = set()  # drivers whose record was found stale (and removed)
         self.fresh: dict[str, float] = {}  # by driver: when (monotonic) its record was fresh
         self.running: asyncio.Future[None] | None = None
+        self.swept = 0.0  # when (monotonic) the records of dead drivers were last looked for
 
     @property
     def key(self) -> str:
@@ -58,10 +62,18 @@ class Presence:
         drivers of this target that died."""
         await self.kv_of().put(self.key, b"")
         self.running = asyncio.ensure_future(self._refresh())
-        for key in await self.kv_of().keys_matching(f"{self.prefix}.*"):
-            driver = key.rsplit(".", 1)[1]
-            if driver != self.driver:
-                await self.is_dead(driver)
+        await self._sweep()
+
+    async def _sweep(self) -> None:
+        """Remove the records of this target's drivers that went stale."""
+        self.swept = clock.monotonic()
+        try:
+            for key in await self.kv_of().keys_matching(f"{self.prefix}.*"):
+                driver = key.rsplit(".", 1)[1]
+                if driver != self.driver:
+                    await self.is_dead(driver)
+        except NatsSparkError as error:  # left for a later sweep: this driver reads on
+            log.warning("removing dead queries' presence records failed: %s", error)
 
     async def _refresh(self) -> None:
         while not self.stopping.is_set():
@@ -73,6 +85,8 @@ class Presence:
                 await self.kv_of().put(self.key, b"")
             except Exception as error:  # a failed write is retried at the next refresh
                 log.warning("writing the query's presence record failed: %s", error)
+            if clock.monotonic() - self.swept > SWEEP_SECONDS:  # a driver killed since
+                await self._sweep()
 
     async def stop(self) -> None:
         """At stop: no more writes, and the record removed."""
