@@ -155,8 +155,8 @@ def test_available_now_does_not_wait_out_a_killed_query_s_pin(
     """A query (its own process) reads m1 and holds its pin (the priority timeout is its ack
     wait, 60 s) when its whole process group is killed with kill -9: it never releases the pin.
     An availableNow run on a new checkpoint finds the dead query's presence record stale and
-    releases the pin at once: it reads the 100 messages published since, well within the pin
-    timeout (before: it stood by and ended with none)."""
+    releases the pin: it reads the 100 messages published since and ends before the pin would
+    have timed out (before: it stood by and ended with none)."""
     stream = f"AP{unique}"
     static_group(client, stream, "g", ["m1"], partitions=1)
     publish(client, stream, 100)
@@ -172,11 +172,11 @@ def test_available_now_does_not_wait_out_a_killed_query_s_pin(
         assert not unpinned(client, stream, "g")
     finally:
         kill_group(job)
+    killed = time.monotonic()  # the pin times out 60 s after the old query's last pull, or sooner
     publish(client, stream, 100, start=100)
     sink = Collector()
-    started = time.monotonic()
     df = source(spark, nats_url, stream, "g", ackWait="60s")
     available_now(df, sink, tmp_path / "new")
-    took = time.monotonic() - started
-    assert sorted(sink.values) == list(range(100, 200)), f"read {len(sink.values)} in {took:.0f} s"
-    assert took < 40, f"the run took {took:.0f} s: it waited out the pin"
+    took = time.monotonic() - killed
+    assert sorted(sink.values) == list(range(100, 200)), f"read {len(sink.values)}"
+    assert took < 55, f"the run ended {took:.0f} s after the kill: it waited out the pin"
