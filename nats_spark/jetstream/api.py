@@ -182,6 +182,15 @@ class JetStreamApi:
         """Drop the current pin of `group`, so the server pins the next waiting pull."""
         await self.request(f"CONSUMER.UNPIN.{stream}.{consumer}", {"group": group})
 
+    async def last_message(self, stream: str, subject: str) -> StoredMessage | None:
+        """The newest message of `stream` on `subject` (None: there is none), with the time the
+        stream stored it: a KV key's last write by the server's clock."""
+        try:
+            answer = await self.request(f"STREAM.MSG.GET.{stream}", {"last_by_subj": subject})
+        except NotFound:
+            return None
+        return _stored(answer["message"])
+
     async def get_message(
         self,
         stream: str,
@@ -197,11 +206,15 @@ class JetStreamApi:
         if next_by_subject is not None:
             body["next_by_subj"] = next_by_subject
         answer = await self.request(f"STREAM.MSG.GET.{stream}", body)
-        msg = answer["message"]
-        return StoredMessage(
-            subject=msg["subject"],
-            seq=msg["seq"],
-            data=base64.b64decode(msg.get("data") or ""),
-            headers=base64.b64decode(msg["hdrs"]) if msg.get("hdrs") else None,
-            time=msg["time"],
-        )
+        return _stored(answer["message"])
+
+
+def _stored(msg: dict[str, Any]) -> StoredMessage:
+    """A `STREAM.MSG.GET` answer's message."""
+    return StoredMessage(
+        subject=msg["subject"],
+        seq=msg["seq"],
+        data=base64.b64decode(msg.get("data") or ""),
+        headers=base64.b64decode(msg["hdrs"]) if msg.get("hdrs") else None,
+        time=msg["time"],
+    )

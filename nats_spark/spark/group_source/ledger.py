@@ -17,7 +17,10 @@ concludes from it is `ledger_protocol`, the only reader and writer of heads. Key
   driver on Spark 4.0/4.1 (whose `latestOffset` gets no start offset) can go on numbering, the
   pins the query's slots hold, so a restarted query resumes them instead of standing by, and
   the newest gen whose entries the driver removed as settled (written before it removes them),
-  which fences a task attempt of a committed batch that outlived it
+  which fences a task attempt of a committed batch that outlived it, and the driver that wrote
+  it
+- `query.<stream>.<target>.live.<driver>`: a running driver's presence record, written every
+  few seconds and removed at stop (`driver.presence`): a stale one is a dead driver's
 
 An ack subject is rebuilt from the prefix and the numbers (nats-server reads only the delivery
 count, stream and consumer sequence of an ack subject, and matches explicit acks by stream
@@ -329,7 +332,8 @@ class Pointer:
     earlier checkpoints' queries that the next batch planned gives back (kept here until then,
     so that a driver killed before that batch does not forget them), and the newest
     `RETIRED_KEPT` lineages given back (a task attempt of one that outlived the give-back and
-    creates an entry removes it: with no max age on the bucket, nothing else would)."""
+    creates an entry removes it: with no max age on the bucket, nothing else would), and the
+    driver that wrote it, whose presence record tells whether its pins are a live query's."""
 
     lineage: str
     gen: int
@@ -337,6 +341,7 @@ class Pointer:
     settled: int = 0
     replaced: list[str] = field(default_factory=list)
     retired: list[str] = field(default_factory=list)
+    driver: str | None = None  # the driver that wrote it (`presence`); None: an older release's
 
 
 async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
@@ -353,6 +358,7 @@ async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
         int(data.get("settled", 0)),
         list(data.get("replaced", [])),
         list(data.get("retired", [])),
+        data.get("driver"),
     )
 
 

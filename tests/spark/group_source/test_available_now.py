@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,19 +14,39 @@ from spark_helpers import (
     SPARK_VERSION,
     Collector,
     assert_exactly_once,
+    batches_logged,
+    kill_group,
     publish,
     python_workers,
     reading,
     source,
     source_runners,
+    start_job,
     static_group,
     unacked,
+    unpinned,
     wait_until,
 )
+
+from nats_spark.loop import run_sync
+from nats_spark.spark.group_source.ledger import Ledger, pointer_key, read_pointer
+from nats_spark.spark.group_source.options import SourceOptions
 
 pytestmark = pytest.mark.spark
 
 SPARK_MASTER = "local[2,3]"  # task retries, as on a cluster
+
+
+def pins_named(client: Any, stream: str) -> bool:
+    """Whether the pointer of group `g` of `stream` in the default ledger bucket names a pin
+    (a driver learns its tasks' pins when it plans its next batch)."""
+
+    async def named() -> bool:
+        kv = await Ledger.bucket(client.target, SourceOptions.ledger_bucket, create=False)
+        pointer = await read_pointer(kv, pointer_key(stream, "g"))
+        return pointer is not None and bool(pointer.pins)
+
+    return run_sync(named())
 
 
 def start_available_now(df: Any, sink: Collector, checkpoint: Any) -> Any:
@@ -120,3 +141,42 @@ def test_available_now_waits_for_what_a_killed_task_held(spark, client, nats_url
         ended(query)
     assert_exactly_once(sink.values, 1500)
     assert unacked(client, stream, "g") == 0
+
+
+@pytest.mark.compat
+@pytest.mark.skipif(
+    SPARK_VERSION < (4, 2),
+    reason="Spark 4.0/4.1 plan a new checkpoint's first batch in the stored lineage, whose pins "
+    "they resume (README)",
+)
+def test_available_now_does_not_wait_out_a_killed_query_s_pin(
+    spark, client, nats_url, unique, tmp_path
+):
+    """A query (its own process) reads m1 and holds its pin (the priority timeout is its ack
+    wait, 60 s) when its whole process group is killed with kill -9: it never releases the pin.
+    An availableNow run on a new checkpoint finds the dead query's presence record stale and
+    releases the pin: it reads the 100 messages published since and ends before the pin would
+    have timed out (before: it stood by and ended with none)."""
+    stream = f"AP{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=1)
+    publish(client, stream, 100)
+    out, log = tmp_path / "out", tmp_path / "job.log"
+    job = start_job(nats_url, stream, out, tmp_path / "old", log, "ackWait=60s")
+    try:
+        wait_until(lambda: batches_logged(log) >= 1, 180, "the old query's first batch")
+        wait_until(
+            lambda: pins_named(client, stream) and unacked(client, stream, "g") == 0,
+            60,
+            "the old query to ack its batch and its pointer to name its pin",
+        )
+        assert not unpinned(client, stream, "g")
+    finally:
+        kill_group(job)
+    killed = time.monotonic()  # the pin times out 60 s after the old query's last pull, or sooner
+    publish(client, stream, 100, start=100)
+    sink = Collector()
+    df = source(spark, nats_url, stream, "g", ackWait="60s")
+    available_now(df, sink, tmp_path / "new")
+    took = time.monotonic() - killed
+    assert sorted(sink.values) == list(range(100, 200)), f"read {len(sink.values)}"
+    assert took < 55, f"the run ended {took:.0f} s after the kill: it waited out the pin"

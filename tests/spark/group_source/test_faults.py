@@ -1051,3 +1051,44 @@ def ledger_story(kv: Any, checkpoint: Path, pointer_lineage: str, files: dict[st
         rows = json.loads(text)
         lines.append(f"{name}: {len(rows)} rows {sorted(rows)[:3]}..")
     return "\n".join(lines)
+
+
+def test_first_sequence_moves_under_a_kept_batch(client, nats_url, unique, tmp_path):
+    """Batch 0 (100 messages) is committed and its driver killed before the acks: its entry is
+    kept (sealed, acks due). The stream's max_msgs then drops the batch's first 50 messages while
+    they are pending, and a purge later drops everything read. The restarted query acks what is
+    left of batch 0, reads the rest once, settles batch 0's entry once nothing can come back (the
+    first sequence is past it, or the ack floor), neither stops nor re-reads, and keeps reading
+    after the purge."""
+    stream = f"FS{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=1)
+    driver = Driver(nats_url, stream, tmp_path)
+    publish(client, stream, 100)
+
+    def gens() -> list[int]:
+        kv = run_sync(Ledger.bucket(client.target, "nats-spark-ledger", create=False))
+        pointer = run_sync(read_pointer(kv, pointer_key(stream, "g")))
+        assert pointer is not None
+        return [gen for gen, _ in run_sync(Ledger(kv, pointer.lineage).heads())]
+
+    try:
+        driver.start("after_commit_log", trigger="once")
+        driver.killed()
+        assert sorted(driver.values()) == list(range(100))
+        assert gens() == [1], "batch 0's entry is kept for its acks"
+        config = run_sync(client.api.stream_info(stream)).config
+        run_sync(client.api.update_stream({**config, "max_msgs": 120}))
+        publish(client, stream, 70, start=100)
+        assert run_sync(client.api.stream_info(stream)).first_seq == 51
+        driver.start("never")
+        wait_until(lambda: len(driver.values()) >= 170, 180, "170 rows after the restart")
+        wait_until(lambda: unacked(client, stream, "g") == 0, 60, "every message acked")
+        wait_until(lambda: 1 not in gens(), 120, "batch 0's entry settled")
+        run_sync(client.api.request(f"STREAM.PURGE.{stream}", {}))
+        publish(client, stream, 30, start=170)
+        wait_until(lambda: len(driver.values()) >= 200, 120, "the rows after the purge")
+        wait_until(lambda: unacked(client, stream, "g") == 0, 60, "every message acked")
+        assert driver.process is not None and driver.process.poll() is None, "the query stopped"
+    finally:
+        driver.stop()
+    assert_exactly_once(driver.values(), 200)

@@ -56,6 +56,8 @@ class DriverLedger:
         self.pins: dict[str, str] = {}  # by slot: the pin its newest entry (or pointer) holds
         self.settled = 0  # newest gen with an entry removed as settled (`Pointer.settled`)
         self.last_query_pins: frozenset[str] = frozenset()  # pins of this target's last query
+        self.last_query_driver: str | None = None  # the driver that wrote them (None: unknown)
+        self.driver: str | None = None  # this driver's id (`Presence`), named in the pointer
         # Lineages of earlier checkpoints' queries on this target (`give_back_replaced`).
         self.replaced: tuple[str, ...] = ()
         self.retired: tuple[str, ...] = ()  # lineages given back (`Pointer.retired`)
@@ -86,6 +88,7 @@ class DriverLedger:
         pointer = await read_pointer(self.kv, self.pointer_key)
         if pointer is not None:  # pins of this target's last query: ours, not another client's
             self.last_query_pins = frozenset(pointer.pins.values())
+            self.last_query_driver = pointer.driver
         if offset is None:
             if self.ledger is not None:
                 return False
@@ -195,6 +198,7 @@ class DriverLedger:
             self.settled,
             list(self.replaced),
             list(self.retired),
+            self.driver,
         )
         await write_pointer(self.kv, self.pointer_key, pointer)
 

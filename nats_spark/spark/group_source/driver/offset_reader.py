@@ -36,9 +36,10 @@ from nats_spark.spark.group_source.driver.planner import (
     slots_report,
     unacked_by_consumer,
 )
+from nats_spark.spark.group_source.driver.presence import Presence
 from nats_spark.spark.group_source.driver.sealed_keeper import SealedKeeper
 from nats_spark.spark.group_source.driver.targets import Held, Slot, target_for
-from nats_spark.spark.group_source.ledger import Ledger, pointer_key
+from nats_spark.spark.group_source.ledger import Bucket, Ledger, pointer_key
 from nats_spark.spark.group_source.options import SourceOptions
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.shared.pacing import TriggerPacing
@@ -71,6 +72,7 @@ class OffsetReader:
         self.pacing = TriggerPacing(options.min_messages_per_trigger, options.max_trigger_delay)
         self.committed = 0  # newest gen of the adopted lineage known committed (acked at stop)
         self.keeping: tuple[SealedKeeper, asyncio.Future[None]] | None = None
+        self.presence: Presence | None = None  # started once connected
         self.emptied: tuple[int, frozenset[str]] = (0, frozenset())  # a batch's slots with no task
 
     def _committed(self, offset: SourceOffset) -> None:
@@ -100,6 +102,10 @@ class OffsetReader:
             await kv.remove(f"{self.ledger.pointer_key}.removal-check")
             self.ledger.attach(kv)
             self.client = client
+            if self.presence is None:
+                self.presence = Presence(self._client, self._kv, self.ledger.pointer_key)
+                self.ledger.driver = self.presence.driver
+                await self.presence.start()
         return self.client
 
     async def _resolve(self) -> list[Slot]:
@@ -200,6 +206,8 @@ class OffsetReader:
         slots = {name: state.slot for name, state in self.states.items()}
         for slot in resolved:
             seen = await self._look(client, slot)
+            if await self._release_dead_pin(client, slot, seen):
+                seen = await self._look(client, slot)
             if self.ledger.entries and slot.stream not in first_seqs:  # else none to settle
                 first_seqs[slot.stream] = (await self._stream_info(client, slot.stream)).first_seq
             ours = unacked_by_consumer(slots, unacked, slot)
@@ -211,6 +219,33 @@ class OffsetReader:
                 others_due=self._others_due(slot.name, seen, ours),
             )
         await self.ledger.settle(horizons(self.states.values(), first_seqs), self.committed)
+
+    async def _release_dead_pin(self, client: NatsClient, slot: Slot, seen: ConsumerSeen) -> bool:
+        """Unpin `slot`'s consumer when the server gives its pin to the target's last query
+        (another checkpoint's) and that query's driver is dead (`Presence`: killed, it never
+        released its pins), so this query need not wait out the priority timeout. A live one's
+        pin is left alone: this query stands by, as a Go member would. An availableNow run, which
+        would end without the slot's messages, waits until the record says which it is."""
+        pin, owner, presence = seen.pinned, self.ledger.last_query_driver, self.presence
+        if (
+            pin is None
+            or slot.priority_group is None
+            or pin == self.ledger.pins.get(slot.name)
+            or pin not in self.ledger.last_query_pins
+            or presence is None
+            or owner is None
+            or owner == presence.driver
+            or not await presence.is_dead(owner, until_sure=self.available_now)
+        ):
+            return False
+        await client.api.unpin(slot.stream, slot.consumer, slot.priority_group)
+        log.info(
+            "%s: released the pin of %s > %s, held by a query that is gone",
+            slot.name,
+            slot.stream,
+            slot.consumer,
+        )
+        return True
 
     def _others_due(self, name: str, seen: ConsumerSeen, ours: int) -> float:
         """An availableNow run's seconds left to wait for what slot `name`'s consumer holds
@@ -261,6 +296,10 @@ class OffsetReader:
     def _client(self) -> NatsClient:
         assert self.client is not None
         return self.client
+
+    def _kv(self) -> Bucket:
+        assert self.ledger.kv is not None
+        return self.ledger.kv
 
     async def _stream_info(self, client: NatsClient, stream: str) -> StreamInfo:
         try:
@@ -454,6 +493,12 @@ class OffsetReader:
                 except Exception as error:  # the next start acks them: stop must still finish
                     log.warning("acks at stop failed (the next start sends them): %s", error)
             await self._release_pins(self.client)
+            if self.presence is not None:
+                try:
+                    await self.presence.stop()
+                except Exception as error:  # the next driver on the target removes it
+                    log.warning("removing the query's presence record failed: %s", error)
+                self.presence = None
             await self.client.close()
             self.client = None
 
