@@ -241,6 +241,20 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "give-back-fails-on-an-empty-entry",
+        "a new checkpoint's give-back asked the consumer of an entry that took nothing (no "
+        "delivery names it) and failed, after it had removed the entries and before it NAKed "
+        "a message: they came after newer messages of their keys (seeds 1132 and 4307)",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "        if not deliveries:  # an entry created that took nothing yet: no consumer "
+                "to ask\n            continue\n",
+                "",
+            ),
+        ),
+    ),
+    Mutant(
         "acks-uncommitted-at-stop",
         "an ack before commit: the driver at stop acks every batch it planned, not only the "
         "committed ones (the guarantee the ledger exists for; never shipped)",

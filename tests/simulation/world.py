@@ -355,10 +355,15 @@ class World:
     async def _stop_when_idle(self, query: Query) -> None:
         """Stop the last run once it has been idle a while with nothing left to ack, and its
         ledger holds nothing of its lineage that it should remove (its driver removes what it
-        acked once the consumers' ack floors have held past it `SETTLE_SECONDS`)."""
-        limit = self.sched.now + 30 * self.setup.ack_wait
-        while self.sched.now < limit:
+        acked once the consumers' ack floors have held past it `SETTLE_SECONDS`). It gets 30
+        ack waits from its last planned batch (a slow drain's last batch, with a long trigger
+        interval, needs two triggers past the settle time), and 120 from its start at most."""
+        wait = 30 * self.setup.ack_wait
+        limit, last = self.sched.now + 4 * wait, self.sched.now + wait
+        while self.sched.now < min(limit, last):
             await self.sched.sleep(1.0)
+            if not query.idle:  # planning batches still
+                last = self.sched.now + wait
             drained = all(not c.pending and not c.num_pending() for c in self.consumers)
             if query.idle >= 2 and drained and not live_leftovers(self.bucket.values):
                 break
