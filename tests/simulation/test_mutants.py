@@ -23,6 +23,9 @@ RARE = {
     "sealed-kept-only-once-due": (1117, 9216),  # of 0-12000
     "give-back-naks-the-recorded-delivery": (3433, 7289),  # of 0-12000
     "give-back-fails-on-an-empty-entry": (1132, 4307),  # 1132 the only one of 0-1999
+    # In worlds with the operator's edit (`Mutant.edit`), the first of 0-99:
+    "max-deliver-unchecked": (11, 12),
+    "recreated-consumer-unchecked": (3, 6),
 }
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.
 UNCAUGHT: dict[str, str] = {
