@@ -107,6 +107,18 @@ class Observed:
                 "acked before commit", f"message {seq} of {consumer} (checkpoint {checkpoint})"
             )
 
+    def refused(self, why: str, consumers: list[Consumer], recreated: bool) -> None:
+        """The source refused to read on (the schedule ends there: the operator must act): only
+        under a consumer with `max_deliver`, before anything was taken, or once a consumer was
+        created again; what was committed before stays checked (emitted twice, acked before
+        commit)."""
+        if any(consumer.max_deliver for consumer in consumers):
+            taken = [c.name for c in consumers if c.deliveries]
+            if taken:
+                self.problem("taken before the refusal", f"{', '.join(taken)}: {why}")
+        elif not recreated:
+            self.problem("refused with no cause", why)
+
     def check_quiet(self, consumers: list[Consumer]) -> None:
         last = len(self.sinks) - 1
         missing = [

@@ -136,10 +136,11 @@ class Consumer:
         self.pins = 0
         self.deliveries: dict[int, list[Delivery]] = {}  # by stream seq, in delivery order
         self.dropped: list[int] = []  # stream seqs that left it past `max_deliver`
-        self.start_over()
+        self.start_over(0.0)
 
-    def start_over(self) -> None:
-        """As created (DeliverAll): nothing delivered, acked or pinned."""
+    def start_over(self, now: float) -> None:
+        """As created at `now` (DeliverAll): nothing delivered, acked or pinned."""
+        self.created = now
         self.next_seq = self.stream.first_seq  # the stream sequence new deliveries look from
         self.delivered_seq = self.stream.first_seq - 1
         self.consumer_seq = 0
@@ -173,17 +174,26 @@ class Consumer:
     def info(self, now: float) -> dict[str, Any]:
         self.expire(now)
         return {
+            **self.identity(),
             "num_pending": self.num_pending(),
             "num_ack_pending": len(self.pending),
             "num_waiting": sum(1 for r in self.waiting if r.live()),
-            "ack_floor": {"stream_seq": self.ack_floor()},
             "delivered": {"stream_seq": self.delivered_seq, "consumer_seq": self.consumer_seq},
+            "priority_groups": [{"group": GROUP, "pinned_client_id": self.pinned or ""}],
+        }
+
+    def identity(self) -> dict[str, Any]:
+        """What a target checks when it resolves (its config, when it was created), as the
+        consumer's info has it."""
+        return {
+            "created": _rfc3339(self.created),
+            "ack_floor": {"stream_seq": self.ack_floor()},
             "config": {
+                "ack_policy": "explicit",
                 "ack_wait": int(self.ack_wait * NANOS),
                 "max_ack_pending": self.max_ack_pending,
                 "max_deliver": self.max_deliver or -1,
             },
-            "priority_groups": [{"group": GROUP, "pinned_client_id": self.pinned or ""}],
         }
 
     def expire(self, now: float) -> None:

@@ -32,6 +32,7 @@ SLOT_ENTRY = "nats_spark.spark.group_source.task.slot_entry"
 LEDGER_PROTOCOL = "nats_spark.spark.group_source.ledger_protocol"
 SEALED_KEEPER = "nats_spark.spark.group_source.driver.sealed_keeper"
 PULL_POLICY = "nats_spark.spark.group_source.task.pull_policy"
+CONSUMER_CHECKS = "nats_spark.spark.group_source.driver.consumer_checks"
 WORLD = "tests.simulation.world"
 
 
@@ -48,6 +49,8 @@ class Mutant:
     hole: str  # the hole it reopens, and the commit that closed it
     patches: tuple[Patch, ...]
     shared: bool = False  # its hole needs siblings: every world has a shared consumer
+    # an operator's edit every world of its schedules has (Setup's fields: max_deliver, ...)
+    edit: tuple[tuple[str, object], ...] = ()
 
 
 MUTANTS = (
@@ -239,6 +242,41 @@ MUTANTS = (
                 "    return deliveries\n    last = info.delivered_consumer_seq\n",
             ),
         ),
+    ),
+    Mutant(
+        "give-back-fails-on-an-empty-entry",
+        "a new checkpoint's give-back asked the consumer of an entry that took nothing (no "
+        "delivery names it) and failed, after it had removed the entries and before it NAKed "
+        "a message: they came after newer messages of their keys (seeds 1132 and 4307)",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "        if not deliveries:  # an entry created that took nothing yet: no consumer "
+                "to ask\n            continue\n",
+                "",
+            ),
+        ),
+    ),
+    Mutant(
+        "max-deliver-unchecked",
+        "a consumer with max_deliver was read: a message given back or redelivered that many "
+        "times left it unread (the source refuses such a consumer before it takes anything)",
+        (Patch(CONSUMER_CHECKS, "    if max_deliver > 0:\n", "    if False:\n"),),
+        edit=(("max_deliver", 2),),
+    ),
+    Mutant(
+        "recreated-consumer-unchecked",
+        "a consumer deleted and created again while the query ran was read on: it delivered "
+        "again from its start what the query had committed and settled (the source refuses to "
+        "read on once it sees the consumer's later creation time)",
+        (
+            Patch(
+                CONSUMER_CHECKS,
+                "    if recreation is not None and before is not None and _later(",
+                "    if False and _later(",
+            ),
+        ),
+        edit=(("recreate_consumer", True),),
     ),
     Mutant(
         "acks-uncommitted-at-stop",
@@ -442,10 +480,10 @@ class Unmutated:
     never installs one): such a seed catches nothing."""
 
     def __init__(self) -> None:
-        self.known: dict[tuple[int, bool], bool] = {}
+        self.known: dict[tuple[int, str], bool] = {}
 
     def fails(self, seed: int, mutant: Mutant) -> bool:
-        key = (seed, mutant.shared)
+        key = (seed, repr(world(mutant)))
         if key not in self.known:
             from tests.simulation.world import run_schedule
 
@@ -453,9 +491,9 @@ class Unmutated:
         return self.known[key]
 
 
-def world(mutant: Mutant) -> dict[str, bool]:
+def world(mutant: Mutant) -> dict[str, object]:
     """What the mutant's schedules run under, beyond what their seeds draw."""
-    return {"shared": True} if mutant.shared else {}
+    return {"shared": True, **dict(mutant.edit)} if mutant.shared else dict(mutant.edit)
 
 
 # The third-party modules the world imports, none of which imports a module a mutant patches:

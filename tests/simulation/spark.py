@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from nats_spark.errors import ConfigurationError
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.slot_partition import SlotPartition
@@ -82,6 +83,7 @@ class Query:
     stop_at: float  # virtual time after which the query is stopped between batches
     idle: int = 0  # triggers in a row that planned no batch
     stopping: bool = False  # a stop interrupted a batch
+    refusal: str | None = None  # the source's ConfigurationError that failed the run
 
     async def run(self) -> str:
         world = self.world
@@ -154,6 +156,8 @@ class Query:
         try:
             return await call
         except Exception as error:
+            if isinstance(error, ConfigurationError):
+                self.refusal = str(error)
             raise QueryFailed(f"the source raised {type(error).__name__}: {error}") from error
 
     async def _batch(

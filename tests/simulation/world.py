@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.spark.group_source import ledger_protocol
+from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.targets import Held, Slot
 from nats_spark.spark.group_source.ledger import Ledger
@@ -40,7 +41,7 @@ from tests.simulation.jetstream import (
     Stream,
 )
 from tests.simulation.lateness import GiveBacks
-from tests.simulation.scheduler import Chaos, Crashed, Scheduler, run
+from tests.simulation.scheduler import Chaos, Crashed, Participant, Scheduler, run
 from tests.simulation.spark import AVAILABLE_NOW, PROCESSING, V40, V42, Checkpoint, Query
 
 _T = TypeVar("_T")
@@ -151,23 +152,34 @@ class SimBucket:
 
 
 class Target:
-    """The group's slots, fixed: a partition per slot, each with its own consumer."""
+    """The group's slots, fixed: a partition per slot, each with its own consumer, or a plain
+    consumer read by every slot; its consumers checked as the source's targets check them
+    (`SeenConsumers`: refused under `max_deliver`, and once created again while a query ran)."""
 
     layout = None
     warning = None
 
-    def __init__(self, slots: list[Slot]) -> None:
+    def __init__(self, slots: list[Slot], consumers: list[Consumer]) -> None:
         self.slots = slots
+        self.consumers = {consumer.name: consumer for consumer in consumers}
+        self.seen = SeenConsumers()
 
     async def resolve(self, client: Any, held: Held) -> list[Slot]:
+        """Checks each consumer once per driver, as a target's first resolve does with its
+        info (read here without a scheduling point, so the schedules stay what they were)."""
+        for name, consumer in self.consumers.items():
+            if (STREAM, name) not in self.seen.sightings:
+                self.seen.record(STREAM, name, ConsumerInfo(consumer.identity()))
         return self.slots
 
     def slot_named(self, name: str) -> Slot:
         return next(slot for slot in self.slots if slot.name == name)
 
     def look(self, slot: Slot, info: ConsumerInfo) -> None:
-        """The world's consumers keep their config and identity (the checks of a consumer's
-        config and recreation are tested in tests/spark/group_source/test_consumer_checks.py)."""
+        self.seen.look(slot.stream, slot.consumer, info, RECREATED)
+
+
+RECREATED = "recreate it to start after what the query acked, then restart the query"
 
 
 @dataclass
@@ -214,6 +226,8 @@ class World:
         self.server = Server(self.sched, self.consumers, self.stream)
         self.server.after_acks = self._maybe_restart
         self.restarts = 3  # at most, per schedule
+        self.recreated = False  # whether the operator deleted a consumer and created it again
+        self.driver: Participant | None = None  # the last query run's
         self.observed = Observed(
             self.stream,
             key_order=not setup.shared,
@@ -261,7 +275,8 @@ class World:
 
     async def operate(self) -> None:
         """An operator's doings in the chaotic phase: purges of what every consumer acked, and
-        a consumer deleted and created again."""
+        a consumer deleted and created again while a query runs (the source refuses to read on
+        once its driver sees it; one made while no driver runs it cannot tell: open)."""
         setup, sched = self.setup, self.sched
         recreate_at = self.faults.uniform(0.2, 0.8) * setup.chaos_waits * setup.ack_wait
         while not self.quiet:
@@ -269,11 +284,15 @@ class World:
             if setup.purges and not self.quiet:
                 first = self.server.purge_acked()
                 sched.note(f"purge: the stream's first sequence is {first}")
-            if setup.recreate_consumer and sched.now >= recreate_at:
+            if setup.recreate_consumer and sched.now >= recreate_at and self._query_runs():
                 consumer = self.consumers[0]
                 sched.note(f"consumer {consumer.name} deleted and created again (DeliverAll)")
-                consumer.start_over()
+                consumer.start_over(sched.now)
+                self.recreated = True
                 recreate_at = float("inf")
+
+    def _query_runs(self) -> bool:
+        return self.driver is not None and not self.driver.finished.done()
 
     def bucket_view(self) -> SimBucket:
         return SimBucket(self.bucket, self.sched)
@@ -282,7 +301,7 @@ class World:
         reader = OffsetReader(self.options)
         reader.client = SimClient(self.sched, self.server)  # type: ignore[assignment]
         reader.ledger.attach(self.bucket_view())
-        reader.target = Target(self.slots)  # type: ignore[assignment]
+        reader.target = Target(self.slots, self.consumers)  # type: ignore[assignment]
         return reader
 
     async def task(self, partition: SlotPartition) -> list[int]:
@@ -325,12 +344,14 @@ class World:
                 sched.note("a new checkpoint: the next run starts without offsets")
             trigger = sched.rng.choice((PROCESSING, PROCESSING, AVAILABLE_NOW))
             stop_at = sched.now + sched.rng.uniform(0.5, 4) * setup.ack_wait
-            await self.run_query(runs, trigger, stop_at)
+            if await self.run_query(runs, trigger, stop_at):
+                return
             await sched.sleep(sched.rng.uniform(0, setup.ack_wait))
         self.quiet = True
         sched.chaos.enabled = False
         sched.note("quiet: no more faults; the query runs until the stream is idle")
-        await self.run_query(runs + 1, PROCESSING, float("inf"), quiet=True)
+        if await self.run_query(runs + 1, PROCESSING, float("inf"), quiet=True):
+            return
         ticking.set()
         await server
         self.observed.check_quiet(self.consumers)
@@ -339,13 +360,19 @@ class World:
 
     async def run_query(
         self, number: int, trigger: str, stop_at: float, quiet: bool = False
-    ) -> None:
+    ) -> bool:
+        """Run the query once; whether the source refused to read on (the schedule ends)."""
         query = Query(self, self.setup.version, trigger, stop_at)
         participant = self.sched.spawn(f"driver#{number}", "driver", self._drive(query, quiet))
+        self.driver = participant
         self.observed.query_run(participant)
         self.sched.note(f"query run {number}: Spark {self.setup.version}, {trigger}")
         with contextlib.suppress(Crashed):
             await participant.finished
+        if query.refusal is None:
+            return False
+        self.observed.refused(query.refusal, self.consumers, self.recreated)
+        return True
 
     async def _drive(self, query: Query, quiet: bool) -> str:
         if quiet:
@@ -355,10 +382,15 @@ class World:
     async def _stop_when_idle(self, query: Query) -> None:
         """Stop the last run once it has been idle a while with nothing left to ack, and its
         ledger holds nothing of its lineage that it should remove (its driver removes what it
-        acked once the consumers' ack floors have held past it `SETTLE_SECONDS`)."""
-        limit = self.sched.now + 30 * self.setup.ack_wait
-        while self.sched.now < limit:
+        acked once the consumers' ack floors have held past it `SETTLE_SECONDS`). It gets 30
+        ack waits from its last planned batch (a slow drain's last batch, with a long trigger
+        interval, needs two triggers past the settle time), and 120 from its start at most."""
+        wait = 30 * self.setup.ack_wait
+        limit, last = self.sched.now + 4 * wait, self.sched.now + wait
+        while self.sched.now < min(limit, last):
             await self.sched.sleep(1.0)
+            if not query.idle:  # planning batches still
+                last = self.sched.now + wait
             drained = all(not c.pending and not c.num_pending() for c in self.consumers)
             if query.idle >= 2 and drained and not live_leftovers(self.bucket.values):
                 break

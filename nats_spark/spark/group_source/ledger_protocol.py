@@ -413,6 +413,8 @@ async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, st
         await ledger.delete_entry(gen, slot)
     returned = 0
     for deliveries in held:
+        if not deliveries:  # an entry created that took nothing yet: no consumer to ask
+            continue
         current = await _as_last_delivered(client, deliveries)
         if current is not None:
             returned += await send_acks(client.nc, current.ack_commands(NAK), len(current))

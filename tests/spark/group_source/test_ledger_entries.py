@@ -497,6 +497,21 @@ def test_a_give_back_naks_with_the_consumers_last_delivery(
     assert run_sync(Ledger(kv, lineage).heads()) == []
 
 
+def test_a_give_back_naks_past_an_entry_that_took_nothing(
+    kv: MemoryBucket, lineage: str, given_back: list[bytes]
+) -> None:
+    """An earlier query's task attempt created its entry and died before it took anything: the
+    give-back NAKs the other entries' messages all the same. It once failed on the empty entry,
+    after it had removed the entries and before it NAKed a message (they waited out their ack
+    wait behind newer ones of their keys: seed 1132 of the simulation)."""
+    claimed(kv, input_partition(lineage, slot="m0"))
+    sealed(kv, lineage, 1, [1, 2])
+    keys = [(1, "m0"), (1, "m1")]
+    assert run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), keys)) == 2
+    assert b"".join(given_back).count(b"-NAK") == 2
+    assert run_sync(Ledger(kv, lineage).heads()) == []
+
+
 def test_a_give_back_gives_back_an_acked_entry_too(
     kv: MemoryBucket, lineage: str, given_back: list[bytes]
 ) -> None:

@@ -31,7 +31,7 @@ from spark_helpers import (
     wait_until,
 )
 
-from nats_spark.client import NatsClient, close_shared_clients, open_blocking
+from nats_spark.client import NatsClient, close_shared_clients, open_blocking, shared_client
 from nats_spark.connection import ConnectionSettings
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.loop import Blocking, run_sync
@@ -42,6 +42,7 @@ from nats_spark.spark.group_source.ledger import Ledger
 from nats_spark.spark.group_source.ledger_protocol import read_deliveries, read_head
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.task.partition_reader import read_slot
+from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 
 pytestmark = pytest.mark.spark
 
@@ -260,6 +261,51 @@ def test_a_new_checkpoint_gives_back_what_a_stopped_attempt_left_open(client, na
                 break
         assert taken == list(range(1, 11))
         assert run_sync(Ledger(new.ledger.kv, partition.lineage).heads()) == []
+    finally:
+        run_sync(old.close())
+        run_sync(new.close())
+
+
+def test_a_new_checkpoint_gives_back_past_an_entry_that_took_nothing(client, nats_url, unique):
+    """Of an earlier query's batch, one task attempt took messages and was stopped, another
+    created its entry and died before it took any. The new checkpoint's give-back NAKs what the
+    first holds all the same: they come back at once, and its batches read them in order. It
+    failed on the empty entry once, after it had removed both and before it NAKed a message
+    (the simulation's seeds 1132 and 4307). Driven through the offset reader as Spark 4.2+
+    calls it."""
+    stream, name = f"EMPTY{unique}", "shared"
+    make_stream(client, stream, storage="memory")
+    make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(60))
+    publish(client, stream, 10)
+    options = parse_options(
+        {
+            "servers": nats_url,
+            "stream": stream,
+            "consumer": name,
+            "numPartitions": "2",
+            "ledgerBucket": f"L{unique}",
+            "maxMessagesPerPartition": "4",
+        }
+    )
+    old, new = OffsetReader(options), OffsetReader(options)
+    try:
+        start = run_sync(old.initial_offset())
+        took, empty = run_sync(old.partitions(start, run_sync(old.latest_offset(start, None))))
+        rows = read_slot(took)
+        assert seqs(next(rows))  # held for a minute from now
+        rows.close()  # Spark stopped the task: the entry stays open
+        run_sync(SlotEntry(shared_client(empty.reading.connection), empty).claim())
+        start = run_sync(new.initial_offset())  # no offsets: a new lineage replaces the old
+        taken: list[int] = []
+        for _ in range(4):  # its batches, until they have read all
+            end = run_sync(new.latest_offset(start, None))
+            for part in run_sync(new.partitions(start, end)):
+                taken += seqs_of(read_slot(part))
+            start = end
+            if len(taken) >= 10:
+                break
+        assert sorted(taken) == list(range(1, 11))
+        assert run_sync(Ledger(new.ledger.kv, took.lineage).heads()) == []
     finally:
         run_sync(old.close())
         run_sync(new.close())
