@@ -22,7 +22,7 @@ def publish_allowed(stream: str, ledger: str = DEFAULT_LEDGER) -> list[tuple[str
         (f"$JS.API.CONSUMER.CREATE.{stream}.>", ""),
         (f"$JS.API.CONSUMER.INFO.{stream}.>", ""),
         (f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>", ""),
-        (f"$JS.API.CONSUMER.UNPIN.{stream}.>", "releases its pins at stop"),
+        (f"$JS.API.CONSUMER.UNPIN.{stream}.>", "releases its own pins at stop, a dead query's"),
         (f"$JS.ACK.{stream}.>", ""),
         (f"$JS.API.STREAM.INFO.{_STATIC}", ""),
         (f"$JS.API.STREAM.INFO.{_ELASTIC}", "groupType=auto looks in both"),
