@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from types import CodeType, ModuleType
+from typing import Any
 
 OFFSET_READER = "nats_spark.spark.group_source.driver.offset_reader"
 DRIVER_LEDGER = "nats_spark.spark.group_source.driver.driver_ledger"
@@ -32,7 +33,11 @@ SLOT_ENTRY = "nats_spark.spark.group_source.task.slot_entry"
 LEDGER_PROTOCOL = "nats_spark.spark.group_source.ledger_protocol"
 SEALED_KEEPER = "nats_spark.spark.group_source.driver.sealed_keeper"
 PULL_POLICY = "nats_spark.spark.group_source.task.pull_policy"
+PARTITION_READER = "nats_spark.spark.group_source.task.partition_reader"
 WORLD = "tests.simulation.world"
+# spark.speculation's wait in the worlds that turn it on (`Setup.speculation`): nearly every task
+# attempt gets a copy beside it.
+SPECULATION = 0.1
 
 
 @dataclass(frozen=True)
@@ -48,9 +53,24 @@ class Mutant:
     hole: str  # the hole it reopens, and the commit that closed it
     patches: tuple[Patch, ...]
     shared: bool = False  # its hole needs siblings: every world has a shared consumer
+    speculation: bool = False  # its hole needs spark.speculation: every world has it on
 
 
 MUTANTS = (
+    Mutant(
+        "overtaken-attempt-fails",
+        "hole 5 of issue 45: an attempt whose entry another attempt took over while it was "
+        "alive (Spark's speculative copy) failed at its next head write, a failure toward "
+        "spark.task.maxFailures: a slow slot could be speculated until the query failed",
+        (
+            Patch(
+                PARTITION_READER,
+                "        except TakenOver:",
+                "        except NotImplementedError:",
+            ),
+        ),
+        speculation=True,
+    ),
     Mutant(
         "short-key-listing",
         "hole 1: the driver listed its lineage's entries with nats-py's kv.keys(), which can "
@@ -442,10 +462,10 @@ class Unmutated:
     never installs one): such a seed catches nothing."""
 
     def __init__(self) -> None:
-        self.known: dict[tuple[int, bool], bool] = {}
+        self.known: dict[tuple[int, bool, bool], bool] = {}
 
     def fails(self, seed: int, mutant: Mutant) -> bool:
-        key = (seed, mutant.shared)
+        key = (seed, mutant.shared, mutant.speculation)
         if key not in self.known:
             from tests.simulation.world import run_schedule
 
@@ -453,9 +473,10 @@ class Unmutated:
         return self.known[key]
 
 
-def world(mutant: Mutant) -> dict[str, bool]:
+def world(mutant: Mutant) -> dict[str, Any]:
     """What the mutant's schedules run under, beyond what their seeds draw."""
-    return {"shared": True} if mutant.shared else {}
+    under: dict[str, Any] = {"shared": True} if mutant.shared else {}
+    return under | ({"speculation": SPECULATION} if mutant.speculation else {})
 
 
 def hunt(

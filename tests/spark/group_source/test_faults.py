@@ -77,7 +77,11 @@ from nats_spark.spark.group_source.ledger_protocol import (
 )
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from nats_spark.spark.group_source.task.partition_reader import SlotReader, read_slot
+from nats_spark.spark.group_source.task.partition_reader import (
+    SlotReader,
+    read_slot,
+    slot_batches,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -423,6 +427,47 @@ def test_zombie_attempt_cannot_record_after_its_retry_took_over(client, settings
     assert head.state is EntryState.SEALED and recorded_by_retry == rows
     slot.ack(1)
     wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
+
+
+def test_an_attempt_whose_entry_a_copy_takes_over_ends_with_the_sealed_entry(
+    client, settings, unique
+):
+    """Issue 45, hole 5: spark.speculation runs a copy of a slow task beside it (Spark never
+    speculates in local mode, so two readers of one slot stand for it). The copy takes the
+    entry over while the first attempt is mid-batch; the first one's next write finds that: it
+    gives back what it took unrecorded, waits for the copy's seal and hands out the rest of the
+    sealed entry, instead of failing (a failure toward spark.task.maxFailures). Both attempts
+    hand out the sealed entry's rows; what neither recorded comes back to the next batch."""
+    slot = Slot(client, settings, unique)
+    first_batch = slot.partition(1, limit=60)
+    partition = replace(first_batch, reading=replace(first_batch.reading, fetch_batch_size=5))
+    publish(client, slot.stream, 10)
+    first_attempt = slot_task(partition)
+    first = slot_batches(first_attempt)
+    first_rows = seqs(run_sync(anext(first)))  # 1-5 handed out, 6-10 being recorded
+    copy = slot_batches(slot_task(partition))
+    copy_rows = seqs(run_sync(anext(copy)))  # took the entry over: replays what it holds
+    publish(client, slot.stream, 50, start=10)
+
+    async def beside() -> tuple[list[Any], list[Any]]:
+        return await asyncio.gather(collect(first), collect(copy))
+
+    first_rest, copy_rest = run_sync(beside())
+    first_rows += seqs_of(iter(first_rest))
+    copy_rows += seqs_of(iter(copy_rest))
+    head, recorded = slot.entry(1)
+    assert head.state is EntryState.SEALED
+    assert first_rows == copy_rows == recorded and len(set(recorded)) == len(recorded)
+    assert recorded[:5] == [1, 2, 3, 4, 5] and first_attempt.entry.overtaken
+    slot.ack(1)
+    wait_until(lambda: unacked(client, slot.stream, "g") == 60 - len(recorded), 10, "acked")
+    next_batch = slot_task(slot.partition(2, 60, pin=head.pin, committed=(1,)))
+    rest_rows = seqs_of(iter(run_sync(collect(slot_batches(next_batch)))))
+    assert_exactly_once([s - 1 for s in recorded + rest_rows], 60)
+
+
+async def collect(batches: Any) -> list[Any]:
+    return [batch async for batch in batches]
 
 
 def test_an_outlived_attempt_whose_create_answer_is_lost_is_fenced(

@@ -22,6 +22,7 @@ from collections.abc import AsyncGenerator, Iterator
 import pyarrow as pa
 
 from nats_spark import clock
+from nats_spark.arrays import int_array
 from nats_spark.client import NatsClient, shared_client
 from nats_spark.jetstream.acks import (
     NAK,
@@ -32,6 +33,7 @@ from nats_spark.jetstream.acks import (
 )
 from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.loop import run_sync
+from nats_spark.spark.group_source.ledger_protocol import TakenOver
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task.acceptance import Acceptance
 from nats_spark.spark.group_source.task.columns import SlotColumns
@@ -202,10 +204,17 @@ async def slot_batches(reader: SlotReader) -> AsyncGenerator[pa.RecordBatch, Non
     async for batch in reader.replay.record_batches(reader.entry.replay):
         yield batch
     if reader.pulling:
-        async with contextlib.aclosing(reader.pull_record_batches()) as batches:
-            async for batch in batches:
+        emitted = [int_array(reader.entry.replay.stream_seq)]  # read on a take-over only
+        try:
+            async with contextlib.aclosing(reader.pull_record_batches()) as batches:
+                async for batch in batches:
+                    emitted.append(batch.column("stream_seq"))
+                    yield batch
+            await reader.seal()
+        except TakenOver:  # alive beside the attempt that took the entry over: end as it does
+            rest = await reader.entry.sealed_rest(pa.concat_arrays(emitted).to_pylist())
+            async for batch in reader.replay.record_batches(rest):
                 yield batch
-        await reader.seal()
     reader.replay.skipped()
     log.debug(
         "slot %s of batch %d: %d rows (%d replayed), %d redeliveries of earlier batches dropped",

@@ -4,7 +4,8 @@ A task claims the entry first: it creates it, takes over an open one (an earlier
 mid-way), or finds it sealed (the batch's content is fixed: it replays exactly that). Deliveries
 are written to the entry before their rows leave the task; slots sharing a consumer (siblings)
 check each other's entries so that no message is emitted by two of them. The entry is sealed when
-the slot has taken all it will.
+the slot has taken all it will. An attempt whose entry another attempt takes over while it is
+alive (a speculative copy beside it) waits for the seal and ends with the sealed content too.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class SlotEntry:
         self.replay = EntryDeliveries()  # what an earlier attempt recorded, to emit again
         self.taken: set[int] = set()  # stream sequences recorded (or replayed) by this slot
         self.fixed = False  # found sealed: exactly `replay`, nothing more
+        self.overtaken = False  # another attempt took the entry over and sealed it
         self.ledger: Ledger | None = None
 
     async def open_ledger(self) -> Ledger:
@@ -92,6 +94,41 @@ class SlotEntry:
                 self.head.format = LEDGER_FORMAT
                 await self._write([], self.replay, self.head.pin)
             return
+
+    async def sealed_rest(self, emitted: list[int]) -> EntryDeliveries:
+        """After `TakenOver`: the rest of the entry as the attempt that took it over seals it,
+        past `emitted` (the stream sequences of the rows this attempt handed out, in order), so
+        that both attempts hand out the same rows. `LedgerConflict` when the sealed entry does
+        not start with `emitted` (the take-over dropped some: `drop_taken_twice`), when it is
+        removed, or when its head stands still for `quiet_limit`."""
+        ledger = await self.open_ledger()
+        gen, slot = self.partition.gen, self.partition.slot
+        head = await protocol.await_sealed(ledger, gen, slot, self.quiet_limit)
+        sealed = await protocol.read_deliveries(ledger, head)
+        if sealed.stream_seq[: len(emitted)] != emitted:
+            raise LedgerConflict(
+                f"ledger entry {ledger.head_key(gen, slot)} was taken over by another task "
+                "attempt, which sealed it without some of the rows this attempt handed out"
+            )
+        self.head, self.fixed, self.overtaken = head, True, True
+        log.info(
+            "slot %s: another task attempt took the ledger entry over and sealed it; this "
+            "attempt hands out the rest of it (%d of %d rows)",
+            slot,
+            len(sealed) - len(emitted),
+            len(sealed),
+        )
+        return sealed.part(len(emitted), len(sealed))
+
+    @property
+    def quiet_limit(self) -> float:
+        """How long the head of a live holder may stand still: a holder writes it at every
+        record, and between two at most waits out a pull (`fetchTimeout`, or an availableNow
+        run's wait for redeliveries) and the late deliveries' settle (half an ack wait); the
+        rest of two ack waits covers retried pulls and a stall (past its ack wait a holder
+        loses what it holds anyway)."""
+        partition = self.partition
+        return 2 * partition.ack_wait + partition.reading.fetch_timeout + partition.redelivery_wait
 
     async def recorded_by_siblings(self) -> set[int]:
         """Every stream sequence the sibling slots have recorded in this batch, read now."""
