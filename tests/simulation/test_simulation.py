@@ -81,9 +81,6 @@ KNOWN_OPEN: dict[int, str] = {
     1132: "key order (4.0/4.1): a server restart lost the acks of a committed batch (its last "
     "100 ms) among three new checkpoints in a row; messages 4 and 6 of one key came back to the "
     "newest checkpoint after message 8 of that key (not yet analysed)",
-    1964: "ledger entries of the live lineage left behind (4.0/4.1): the last batch's entries, "
-    "acked, were not removed before the quiet run's limit (30 ack waits) ended it: the idle "
-    "query's planning did not settle them (not yet analysed; a restart removes them)",
 }
 
 

@@ -1,7 +1,9 @@
 """The ack ledger entry of one slot of one batch, as the task reading the slot keeps it.
 
 A task claims the entry first: it creates it, takes over an open one (an earlier attempt died
-mid-way), or finds it sealed (the batch's content is fixed: it replays exactly that). Deliveries
+mid-way, or gave it up), or finds it sealed (the batch's content is fixed: it replays exactly
+that); an open one whose holder is alive (it keeps its head fresh while it pulls) it stands by
+for until it is sealed, released or quiet. Deliveries
 are written to the entry before their rows leave the task; slots sharing a consumer (siblings)
 check each other's entries so that no message is emitted by two of them. The entry is sealed when
 the slot has taken all it will. An attempt whose entry another attempt takes over while it is
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -24,7 +27,7 @@ from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
 from nats_spark.spark.group_source.ledger import LEDGER_FORMAT, Ledger
-from nats_spark.spark.group_source.ledger_protocol import EntryHead, LedgerConflict
+from nats_spark.spark.group_source.ledger_protocol import EntryHead, EntryState, LedgerConflict
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task.columns import SlotColumns
 
@@ -42,6 +45,8 @@ class SlotEntry:
         self.fixed = False  # found sealed: exactly `replay`, nothing more
         self.overtaken = False  # another attempt took the entry over and sealed it
         self.ledger: Ledger | None = None
+        self.writing = asyncio.Lock()  # head writes one at a time: each on the last's revision
+        self.written = clock.monotonic()  # when this attempt last wrote its head
 
     async def open_ledger(self) -> Ledger:
         if self.ledger is None:
@@ -52,7 +57,8 @@ class SlotEntry:
         return self.ledger
 
     async def claim(self) -> None:
-        """Create the entry, take over an open one, or find it sealed."""
+        """Create the entry, take over an open one whose holder died or released it, or find it
+        sealed (at once, or once the live attempt holding it seals it)."""
         ledger = await self.open_ledger()
         gen, slot = self.partition.gen, self.partition.slot
         while True:
@@ -65,6 +71,8 @@ class SlotEntry:
                     self.head.pin = self.partition.pin_id
                     return
                 continue  # another attempt created it first: read it
+            if held_by_another(found[0], self.head.attempt):
+                found = await protocol.await_holder(ledger, gen, slot, protocol.HOLD_QUIET)
             previous, revision = found
             self.replay = await protocol.read_deliveries(ledger, previous)
             self.taken = set(self.replay.stream_seq)
@@ -193,14 +201,66 @@ class SlotEntry:
         """Record `taken` as the chunks that follow `chunks`."""
         assert self.ledger is not None
         gen, slot = self.partition.gen, self.partition.slot
-        self.revision = await protocol.record(
-            self.ledger, gen, slot, self.head, self.revision, chunks, taken, pin
-        )
+        async with self.writing:
+            self.revision = await protocol.record(
+                self.ledger, gen, slot, self.head, self.revision, chunks, taken, pin
+            )
+            self.written = clock.monotonic()
 
     async def seal(self) -> None:
         assert self.ledger is not None
         gen, slot = self.partition.gen, self.partition.slot
-        self.revision = await protocol.seal(self.ledger, gen, slot, self.head, self.revision)
+        async with self.writing:
+            self.revision = await protocol.seal(self.ledger, gen, slot, self.head, self.revision)
+
+    async def hold(self, busy: Callable[[], bool]) -> None:
+        """While the attempt pulls (cancelled by `end_hold`): write the head as it is when it
+        has not been written for `HOLD_RENEWAL`, so that another attempt of the task (a
+        speculative copy, a retry beside a zombie) stands by instead of taking the entry over.
+        Only while `busy`: between the steps of its pulls, each of bounded length, not while
+        its rows wait for Spark to take them (a holder that never goes on must go quiet: its
+        renewals alone would keep another attempt standing by for good). Ends when the entry
+        was taken from it."""
+        assert self.ledger is not None
+        gen, slot = self.partition.gen, self.partition.slot
+        while True:
+            await asyncio.sleep(protocol.HOLD_RENEWAL / 2)
+            if clock.monotonic() - self.written < protocol.HOLD_RENEWAL or not busy():
+                continue
+            async with self.writing:
+                try:
+                    self.revision = await protocol.write_head(
+                        self.ledger, gen, slot, self.head, self.revision
+                    )
+                except LedgerConflict:
+                    return  # its next record finds that
+                self.written = clock.monotonic()
+
+    async def end_hold(self, holding: asyncio.Future[None]) -> None:
+        """Stop `holding` (`hold`'s task) between its writes: one cut short could leave this
+        attempt a revision behind its head's, and its seal would then fail."""
+        async with self.writing:
+            holding.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await holding
+
+    async def release(self) -> None:
+        """The attempt ends without sealing the entry it holds (it failed, or Spark closed it):
+        mark it released, so that a retry takes it over at once."""
+        if self.ledger is None or self.fixed or self.head.state is not EntryState.OPEN:
+            return
+        gen, slot = self.partition.gen, self.partition.slot
+        try:
+            async with self.writing:
+                await protocol.release(self.ledger, gen, slot, self.head, self.revision)
+        except Exception as error:  # a retry then waits for the head to go quiet
+            log.debug("slot %s: releasing its ledger entry failed: %s", slot, error)
+
+
+def held_by_another(head: EntryHead, attempt: str) -> bool:
+    """Whether `head` is an OPEN entry another attempt holds, not given up: stand by for it.
+    (An OPEN head of `attempt` itself is its own create, whose answer was lost.)"""
+    return not protocol.content_fixed(head) and head.attempt != attempt and not head.released
 
 
 class Recorder:
