@@ -151,6 +151,17 @@ def client(settings: ConnectionSettings) -> Iterator[Blocking[NatsClient]]:
 
 
 @pytest.fixture
+def short_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In this process, a task attempt that finds another's open entry stands by for a tenth of
+    a second of standing still (not `HOLD_QUIET`) before it takes the entry over."""
+    from nats_spark.spark.group_source import ledger_protocol
+
+    monkeypatch.setattr(ledger_protocol, "HOLD_QUIET", 0.1)
+    monkeypatch.setattr(ledger_protocol, "HOLD_RENEWAL", 0.03)
+    monkeypatch.setattr(ledger_protocol, "HOLD_POLL", (0.01, 0.02))
+
+
+@pytest.fixture
 def unique() -> str:
     """A short unique token for stream and consumer names, so tests never collide."""
     return uuid.uuid4().hex[:8]

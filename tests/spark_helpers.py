@@ -696,6 +696,11 @@ class Slot:
         head, _ = run_sync(read_head(self.ledger, gen, "m1"))
         return head, run_sync(read_deliveries(self.ledger, head)).stream_seq
 
+    def ledger_head(self, gen: int) -> Any:
+        """The ledger head of batch `gen`, None while there is none."""
+        found = run_sync(read_head(self.ledger, gen, "m1"))
+        return found and found[0]
+
     def ack(self, *gens: int, slot: str = "m1") -> None:
         """What the next batch's task does first: ack the committed entries of `gens`."""
         for gen in gens:

@@ -2,6 +2,7 @@
 
     python -m tests.simulation --seeds 0-100000 [--jobs 2]   # a range; prints each failing seed
     python -m tests.simulation --seed 1234 [--verbose]       # one, with its schedule
+    python -m tests.simulation --seeds 0-2000 --speculation 0.1  # spark.speculation on
 
 A failing seed is reproduced by the second form; --verbose prints every scheduling point too.
 --spark and --without change what the seed drew (the same draws follow), to see what a failure
@@ -59,8 +60,15 @@ def main() -> int:
     parser.add_argument(
         "--chaos-waits", type=float, help="how long the chaotic phase lasts, in ack waits"
     )
+    parser.add_argument(
+        "--speculation",
+        type=float,
+        help="spark.speculation on: a copy of a task attempt running this many seconds",
+    )
     args = parser.parse_args()
     overrides: dict[str, Any] = {FAULTS[name]: 0.0 for name in args.without}
+    if args.speculation is not None:
+        overrides["speculation"] = args.speculation
     if args.chaos_waits is not None:
         overrides["chaos_waits"] = args.chaos_waits
     if args.spark:

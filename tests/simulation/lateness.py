@@ -9,7 +9,9 @@ message was emitted from (`held_before`) can explain it: an earlier one came bac
 again, before the break.
 - a task attempt took the delivery and died (crashed with its executor, killed with its driver,
   or a zombie: lost by Spark, or running on until a later attempt took its entry over or a
-  query on a new checkpoint gave it back) before it recorded it in its ledger entry
+  query on a new checkpoint gave it back; one alive beside the attempt that took its entry
+  over, a speculative copy, then hands out the sealed entry) before it recorded it in its
+  ledger entry
   (`Attempts`: what each attempt recorded; the consumers keep which attempt each delivery went
   to);
 - a query on a new checkpoint gives back what the earlier query's entries hold: it removes the
@@ -51,10 +53,12 @@ class Attempts:
         # Stream seqs of its deliveries it wrote or began to write to its entry (a write may
         # land and its answer never come): one of these may be what its batch emitted.
         self.writing: dict[Participant, set[int]] = {}
+        self.entries: dict[Participant, SlotEntry] = {}
 
     def watch(self, attempt: Participant, entry: SlotEntry) -> None:
         """Count what `entry` adopts at its claim, and what its writes record once they are
         answered, as recorded by `attempt`. No scheduling point is added."""
+        self.entries[attempt] = entry
         recorded = self.recorded.setdefault(attempt, set())
         began = self.writing.setdefault(attempt, set())
         claim, write = entry.claim, entry._write
@@ -98,6 +102,9 @@ class Attempts:
         finished = attempt.finished
         if finished.done() and isinstance(finished.exception(), LedgerConflict):
             return "lost its entry (a zombie: to its retry, or to a new checkpoint's give-back)"
+        entry = self.entries.get(attempt)
+        if entry is not None and entry.overtaken:
+            return "lost its entry to another attempt while alive, and handed out its seal"
         return None
 
 

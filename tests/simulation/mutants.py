@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from types import CodeType, ModuleType
+from typing import Any
 
 OFFSET_READER = "nats_spark.spark.group_source.driver.offset_reader"
 DRIVER_LEDGER = "nats_spark.spark.group_source.driver.driver_ledger"
@@ -33,7 +34,11 @@ LEDGER_PROTOCOL = "nats_spark.spark.group_source.ledger_protocol"
 SEALED_KEEPER = "nats_spark.spark.group_source.driver.sealed_keeper"
 PULL_POLICY = "nats_spark.spark.group_source.task.pull_policy"
 CONSUMER_CHECKS = "nats_spark.spark.group_source.driver.consumer_checks"
+PARTITION_READER = "nats_spark.spark.group_source.task.partition_reader"
 WORLD = "tests.simulation.world"
+# spark.speculation's wait in the worlds that turn it on (`Setup.speculation`): nearly every task
+# attempt gets a copy beside it.
+SPECULATION = 0.1
 
 
 @dataclass(frozen=True)
@@ -51,9 +56,24 @@ class Mutant:
     shared: bool = False  # its hole needs siblings: every world has a shared consumer
     # an operator's edit every world of its schedules has (Setup's fields: max_deliver, ...)
     edit: tuple[tuple[str, object], ...] = ()
+    speculation: bool = False  # its hole needs spark.speculation: every world has it on
 
 
 MUTANTS = (
+    Mutant(
+        "overtaken-attempt-fails",
+        "hole 5 of issue 45: an attempt whose entry another attempt took over while it was "
+        "alive (Spark's speculative copy) failed at its next head write, a failure toward "
+        "spark.task.maxFailures: a slow slot could be speculated until the query failed",
+        (
+            Patch(
+                PARTITION_READER,
+                "        except TakenOver:",
+                "        except NotImplementedError:",
+            ),
+        ),
+        speculation=True,
+    ),
     Mutant(
         "short-key-listing",
         "hole 1: the driver listed its lineage's entries with nats-py's kv.keys(), which can "
@@ -491,9 +511,11 @@ class Unmutated:
         return self.known[key]
 
 
-def world(mutant: Mutant) -> dict[str, object]:
+def world(mutant: Mutant) -> dict[str, Any]:
     """What the mutant's schedules run under, beyond what their seeds draw."""
-    return {"shared": True, **dict(mutant.edit)} if mutant.shared else dict(mutant.edit)
+    under: dict[str, Any] = {"shared": True} if mutant.shared else {}
+    under |= dict(mutant.edit)
+    return under | ({"speculation": SPECULATION} if mutant.speculation else {})
 
 
 # The third-party modules the world imports, none of which imports a module a mutant patches:

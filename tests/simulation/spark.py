@@ -17,8 +17,9 @@ source):
   that (one batch); each trigger still calls the source's `latestOffset()` for progress
   (`reportLatestOffset`), and `initialOffset()` while nothing is committed.
 - the sink writes a batch, then the commit log records it. A task attempt that fails or is lost
-  is retried (four attempts); a failed batch fails the query, and Spark stops the source. A
-  query may also be stopped while a batch runs: the source is stopped, tasks run on a while.
+  is retried (four attempts); under spark.speculation a copy runs beside a slow attempt. A
+  failed batch fails the query, and Spark stops the source. A query may also be stopped while
+  a batch runs: the source is stopped, tasks run on a while.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from nats_spark.errors import ConfigurationError
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from tests.simulation.scheduler import Crashed, Lost
+from tests.simulation.scheduler import Crashed, Lost, Participant
 
 if TYPE_CHECKING:
     from tests.simulation.world import World
@@ -189,28 +190,65 @@ class Query:
         world.sched.note(f"commit log {batch}")
 
     async def _task(self, batch: int, partition: SlotPartition) -> list[int]:
+        """A task's attempts: a new one when none runs. Under speculation
+        (`Setup.speculation`: seconds), an attempt that has run that long without an end gets
+        a copy beside it (one at a time, as TaskSetManager does); the first to succeed gives
+        the rows and the others are killed; each attempt that fails or is lost counts, and the
+        fourth fails the query, even while another attempt runs."""
         sched = self.world.sched
-        for attempt in range(TASK_ATTEMPTS):
-            await sched.point(f"start task {partition.slot} of batch {batch}")
-            if self.stopping:
-                raise QueryFailed("stopped")
-            task = sched.spawn(
-                f"b{batch}/{partition.slot}#{attempt}",
-                "task",
-                self.world.task(partition),
-                parent=sched.current(),
+        running: dict[asyncio.Future[list[int]], Participant] = {}
+        failures = 0
+        speculation = self.world.setup.speculation or None
+        while True:
+            if not running:
+                await sched.point(f"start task {partition.slot} of batch {batch}")
+                if self.stopping:
+                    raise QueryFailed("stopped")
+                self._attempt(batch, partition, running, failures)
+            copy_after = speculation if len(running) == 1 else None
+            done, _ = await asyncio.wait(
+                running, timeout=copy_after, return_when=asyncio.FIRST_COMPLETED
             )
-            try:
-                rows: list[int] = await task.finished
-            except (Crashed, Lost):
-                await sched.point("task attempt gone")
+            if not done:
+                sched.note(f"speculation: a copy of task {partition.slot} of batch {batch}")
+                self._attempt(batch, partition, running, failures)
                 continue
-            except Exception as error:
-                await sched.point(f"task attempt failed: {type(error).__name__}")
-                continue
-            await sched.point("task result")
-            return rows
-        raise QueryFailed(f"task {partition.slot} of batch {batch} failed {TASK_ATTEMPTS} times")
+            for finished in done:
+                running.pop(finished)
+                try:
+                    rows: list[int] = finished.result()
+                except (Crashed, Lost):
+                    await sched.point("task attempt gone")
+                except Exception as error:
+                    await sched.point(f"task attempt failed: {type(error).__name__}")
+                else:
+                    for other in running.values():
+                        sched.kill(other, at="another attempt of its task succeeded")
+                    await sched.point("task result")
+                    return rows
+                failures += 1
+                if failures >= TASK_ATTEMPTS:
+                    raise QueryFailed(
+                        f"task {partition.slot} of batch {batch} failed {TASK_ATTEMPTS} times"
+                    )
+
+    def _attempt(
+        self,
+        batch: int,
+        partition: SlotPartition,
+        running: dict[asyncio.Future[list[int]], Participant],
+        failures: int,
+    ) -> None:
+        sched = self.world.sched
+        task = sched.spawn(
+            f"b{batch}/{partition.slot}#{failures + len(running)}",
+            "task",
+            self.world.task(partition),
+            parent=sched.current(),
+        )
+        # Its end is known even when this task is gone before it looks (its driver died).
+        task.finished.add_done_callback(lambda done: done.cancelled() or done.exception())
+        running[task.finished] = task
 
 
 def _slots(offset: SourceOffset) -> str:

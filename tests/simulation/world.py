@@ -65,6 +65,7 @@ class Setup:
     trigger_interval: float  # of processingTime runs: how often an idle query looks again
     shared: bool  # both slots read one overflow consumer (siblings), not a partition each
     new_checkpoint: float = 0.0  # chance a query run starts on a new checkpoint
+    speculation: float = 0.0  # spark.speculation: a task's copy after this many seconds (0: off)
     chaos_waits: float = 8.0  # how long the chaotic phase lasts, in ack waits
     # The server's faults (drawn apart, `draw_hostility`, so the draws above stay the seed's):
     restart_after_acks: float = 0.0  # chance a server restart follows a round of acks
@@ -313,9 +314,13 @@ class World:
         assert attempt is not None  # a task attempt's participant
         self.observed.attempts.watch(attempt, reader.entry)
         rows: list[int] = []
-        async for batch in slot_batches(reader):
-            rows += batch.column("stream_seq").to_pylist()
-            await self.sched.point("rows handed to Spark")
+        try:
+            async for batch in slot_batches(reader):
+                rows += batch.column("stream_seq").to_pylist()
+                await self.sched.point("rows handed to Spark")
+        except ledger_protocol.TakenOver as error:  # alive, it ends with the sealed entry instead
+            self.observed.problem("an attempt failed as another took its entry over", str(error))
+            raise
         return rows
 
     async def publish(self, count: int, over: float) -> None:

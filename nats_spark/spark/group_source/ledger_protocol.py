@@ -14,9 +14,17 @@ absent
     the bucket stream's subject index, which does not come back short.
 OPEN (recording)
     Moved out by the attempt recording it: `seal` (to SEALED); or by a later attempt of the
-    same task after this one died mid-way: `take_over` (still OPEN, under the new attempt,
-    which keeps what was recorded and goes on), then `fence` when it is the attempt's own create
-    whose answer was lost.
+    same task after this one died mid-way or gave it up: `take_over` (still OPEN, under the new
+    attempt, which keeps what was recorded and goes on), then `fence` when it is the attempt's
+    own create whose answer was lost. The holder writes its head at least every
+    `HOLD_RENEWAL` while it pulls (`SlotEntry.hold`), and marks it `released` when it fails or
+    is closed before it seals (`release`). Another attempt (Spark's speculative copy, a retry
+    beside a zombie) that finds it OPEN, not released and not its own stands by
+    (`await_holder`): it replays the entry once sealed, and takes it over once released or
+    once the head has stood still for `HOLD_QUIET` (the holder was killed -9, or stalls). A
+    holder taken over while alive finds it at its next head write (`TakenOver`): it gives back
+    what it took and did not record, waits for the seal (`await_sealed`) and hands out the
+    rest of the sealed entry, so that both attempts end with its rows.
     The driver concludes: its messages are the query's own, unacked (`unacked`: capacity, not
     another client's); never ack it (a committed batch has no open entry) nor settle it; for
     dedupe, its batch emitted nothing of it yet (`emitted`).
@@ -44,12 +52,15 @@ settled (removed)
     The driver concludes: forgotten, neither acked nor deduped.
 
 An attempt writes the head by compare-and-set on its revision (`write_head`): one that finds it
-written by another attempt stops (`LedgerConflict`), unless the write it finds is its own, retried
-after its answer was lost.
+written by another attempt records no more (`TakenOver`), unless the write it finds is its own,
+retried after its answer was lost; it stops (`LedgerConflict`) unless the entry is then sealed
+starting with what it handed out.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -57,6 +68,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
+from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.errors import PERMISSIONS_DOC, ConfigurationError, NatsSparkError, NotFound
 from nats_spark.jetstream.acks import NAK, send_acks
@@ -78,6 +90,15 @@ log = logging.getLogger(__name__)
 # after the acks can take it back and redeliver. An entry is forgotten (and with it the dedupe
 # of its messages) only once the floor has held this long.
 SETTLE_SECONDS = 10.0
+# An attempt holding an OPEN entry writes its head at least every HOLD_RENEWAL while it pulls
+# (`SlotEntry.hold`); another attempt that finds the head of a live holder stands by (for the
+# seal, or for the holder to release it or go quiet) and takes it for dead once the head has
+# stood still for HOLD_QUIET, measured on its own clock (no clocks compared across hosts).
+HOLD_RENEWAL = 1.0
+HOLD_QUIET = 5 * HOLD_RENEWAL
+# How often an attempt waiting for another's entry reads its head: the first wait, doubling up
+# to the last.
+HOLD_POLL = (0.05, 1.0)
 # Heads are written at every record, seal and ack: one encoder, not one built per `json.dumps`.
 _HEAD_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
@@ -92,6 +113,12 @@ class LedgerConflict(NatsSparkError):
     """Another attempt of the same task took the entry over; this attempt must stop."""
 
 
+class TakenOver(LedgerConflict):
+    """A head write found the head written by another attempt since (it took the entry over),
+    or found it removed. The attempt may still end with the entry's sealed content
+    (`await_sealed`)."""
+
+
 @dataclass
 class EntryHead:
     state: EntryState = EntryState.OPEN
@@ -102,6 +129,7 @@ class EntryHead:
     pin: str | None = None
     prefix: str | None = None  # of the deliveries' ack subjects (format 2)
     format: int = LEDGER_FORMAT  # how its chunks are stored
+    released: bool = False  # OPEN, and its holder gave it up: take it over at once
 
     def to_bytes(self) -> bytes:
         # Its fields in order (what `asdict` gives, without copying them first: heads are
@@ -184,8 +212,8 @@ async def fence(ledger: Ledger, pointer_key: str, gen: int, slot: str) -> None:
 
 
 def take_over(previous: EntryHead, pin: str | None) -> EntryHead:
-    """OPEN -> OPEN under a new attempt: what an attempt that died mid-way recorded, adopted by
-    the next one (written with `write_head` on `previous`'s revision)."""
+    """OPEN -> OPEN under a new attempt: what an attempt that died mid-way (or released it)
+    recorded, adopted by the next one (written with `write_head` on `previous`'s revision)."""
     return EntryHead(
         chunks=previous.chunks,
         count=previous.count,
@@ -202,6 +230,55 @@ def content_fixed(head: EntryHead) -> bool:
     return head.state is not EntryState.OPEN
 
 
+async def await_holder(ledger: Ledger, gen: int, slot: str, quiet: float) -> tuple[EntryHead, int]:
+    """The head of an OPEN entry another attempt holds, read again and again until its content
+    is fixed, the holder releases it, or it has stood still for `quiet` seconds (its holder
+    died, or stalls): whichever comes first, with its revision. `LedgerConflict` when the entry
+    is removed meanwhile (settled, or given back to a query on a new checkpoint): the waiting
+    attempt outlived it, and must not create it again."""
+    poll, moved, seen = HOLD_POLL[0], clock.monotonic(), -1
+    while True:
+        found = await read_head(ledger, gen, slot)
+        if found is None:
+            raise LedgerConflict(
+                f"ledger entry {ledger.head_key(gen, slot)} was removed (settled, or given back "
+                "to a query on a new checkpoint) while this task attempt waited for the attempt "
+                "holding it"
+            )
+        head, revision = found
+        if content_fixed(head) or head.released:
+            return found
+        if revision != seen:
+            moved, seen = clock.monotonic(), revision
+        elif clock.monotonic() - moved > quiet:
+            return found
+        await asyncio.sleep(poll)
+        poll = min(poll * 2, HOLD_POLL[1])
+
+
+async def await_sealed(ledger: Ledger, gen: int, slot: str, quiet: float) -> EntryHead:
+    """The head once its content is fixed, awaited by an attempt that another one took the
+    entry from (`TakenOver`) while it was alive: it ends with the sealed content too.
+    `LedgerConflict` when the entry is removed, released, or its head stands still for
+    `quiet`."""
+    head, _ = await await_holder(ledger, gen, slot, quiet)
+    if not content_fixed(head):
+        raise LedgerConflict(
+            f"ledger entry {ledger.head_key(gen, slot)} was taken over by another task attempt, "
+            f"which {'released it' if head.released else 'stood still'} before sealing it"
+        )
+    return head
+
+
+async def release(ledger: Ledger, gen: int, slot: str, head: EntryHead, revision: int) -> None:
+    """OPEN -> OPEN, released: the holder fails (or is closed) before it seals; another attempt
+    takes the entry over at once instead of standing by. Nothing when it is no longer the
+    holder's."""
+    head.released = True
+    with contextlib.suppress(LedgerConflict):
+        await write_head(ledger, gen, slot, head, revision)
+
+
 async def write_head(ledger: Ledger, gen: int, slot: str, head: EntryHead, revision: int) -> int:
     """Compare-and-set the head on `revision`; `LedgerConflict` when someone else wrote it
     since."""
@@ -211,7 +288,7 @@ async def write_head(ledger: Ledger, gen: int, slot: str, head: EntryHead, revis
     found = await read_head(ledger, gen, slot)
     if found is not None and found[0] == head:
         return found[1]  # our own write, retried after its answer was lost
-    raise LedgerConflict(
+    raise TakenOver(
         f"ledger entry {ledger.head_key(gen, slot)} was taken over by another task attempt"
     )
 

@@ -77,7 +77,11 @@ from nats_spark.spark.group_source.ledger_protocol import (
 )
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from nats_spark.spark.group_source.task.partition_reader import SlotReader, read_slot
+from nats_spark.spark.group_source.task.partition_reader import (
+    SlotReader,
+    read_slot,
+    slot_batches,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -392,7 +396,9 @@ def rest(pulls: Any) -> list[int]:
             return rows
 
 
-def test_zombie_attempt_cannot_record_after_its_retry_took_over(client, settings, unique):
+def test_zombie_attempt_cannot_record_after_its_retry_took_over(
+    client, settings, unique, short_holds
+):
     """Attempt A records messages, its retry B takes the entry over: A's next record and its seal
     fail, B emits A's recorded messages once, and what A took without recording comes back."""
     slot = Slot(client, settings, unique)
@@ -423,6 +429,79 @@ def test_zombie_attempt_cannot_record_after_its_retry_took_over(client, settings
     assert head.state is EntryState.SEALED and recorded_by_retry == rows
     slot.ack(1)
     wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
+
+
+def test_an_attempt_whose_entry_a_copy_takes_over_ends_with_the_sealed_entry(
+    client, settings, unique, short_holds
+):
+    """Issue 45, hole 5: spark.speculation runs a copy of a slow task beside it (Spark never
+    speculates in local mode, so two readers of one slot stand for it). The copy takes the
+    entry over while the first attempt is mid-batch; the first one's next write finds that: it
+    gives back what it took unrecorded, waits for the copy's seal and hands out the rest of the
+    sealed entry, instead of failing (a failure toward spark.task.maxFailures). Both attempts
+    hand out the sealed entry's rows; what neither recorded comes back to the next batch."""
+    slot = Slot(client, settings, unique)
+    first_batch = slot.partition(1, limit=60)
+    partition = replace(first_batch, reading=replace(first_batch.reading, fetch_batch_size=5))
+    publish(client, slot.stream, 10)
+    first_attempt = slot_task(partition)
+    first = slot_batches(first_attempt)
+    first_rows = seqs(run_sync(anext(first)))  # 1-5 handed out, 6-10 being recorded
+    copy = slot_batches(slot_task(partition))
+    copy_rows = seqs(run_sync(anext(copy)))  # took the entry over: replays what it holds
+    publish(client, slot.stream, 50, start=10)
+
+    async def beside() -> tuple[list[Any], list[Any]]:
+        return await asyncio.gather(collect(first), collect(copy))
+
+    first_rest, copy_rest = run_sync(beside())
+    first_rows += seqs_of(iter(first_rest))
+    copy_rows += seqs_of(iter(copy_rest))
+    head, recorded = slot.entry(1)
+    assert head.state is EntryState.SEALED
+    assert first_rows == copy_rows == recorded and len(set(recorded)) == len(recorded)
+    assert recorded[:5] == [1, 2, 3, 4, 5] and first_attempt.entry.overtaken
+    slot.ack(1)
+    wait_until(lambda: unacked(client, slot.stream, "g") == 60 - len(recorded), 10, "acked")
+    next_batch = slot_task(slot.partition(2, 60, pin=head.pin, committed=(1,)))
+    rest_rows = seqs_of(iter(run_sync(collect(slot_batches(next_batch)))))
+    assert_exactly_once([s - 1 for s in recorded + rest_rows], 60)
+
+
+def test_a_copy_stands_by_while_the_attempt_beside_it_pulls(client, settings, unique, short_holds):
+    """Issue 45, hole 5, where per-key order holds too: the first attempt waits in its pull for
+    messages (fetchTimeout 3 s, many times HOLD_QUIET here) and keeps its head fresh meanwhile,
+    so a copy started beside it stands by instead of taking the entry over (which would leave
+    what the first one took unrecorded until it gave it back); once the first one seals, the
+    copy replays the sealed entry: both hand out the same rows."""
+    slot = Slot(client, settings, unique)
+    partition = slot.partition(1, limit=20)
+    first_attempt, copy_attempt = slot_task(partition), slot_task(partition)
+    first = run_sync(started(slot_batches(first_attempt)))
+    wait_until(lambda: slot.ledger_head(1) is not None, 10, "the first attempt's entry")
+    copy = run_sync(started(slot_batches(copy_attempt)))
+    time.sleep(ledger_protocol.HOLD_QUIET * 5)  # the first attempt waits in its pull meanwhile
+    publish(client, slot.stream, 10)
+    first_rows, copy_rows = (seqs_of(iter(run_sync(ended(batches)))) for batches in (first, copy))
+    assert first_rows == copy_rows == list(range(1, 11))
+    assert copy_attempt.entry.fixed and not first_attempt.entry.overtaken
+    head, recorded = slot.entry(1)
+    assert head.state is EntryState.SEALED and head.attempt == first_attempt.entry.head.attempt
+    slot.ack(1)
+    wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
+
+
+async def started(batches: Any) -> asyncio.Future[list[Any]]:
+    """`batches` collected in the background (on the shared loop, between `run_sync` calls)."""
+    return asyncio.ensure_future(collect(batches))
+
+
+async def ended(collecting: asyncio.Future[list[Any]]) -> list[Any]:
+    return await collecting
+
+
+async def collect(batches: Any) -> list[Any]:
+    return [batch async for batch in batches]
 
 
 def test_an_outlived_attempt_whose_create_answer_is_lost_is_fenced(

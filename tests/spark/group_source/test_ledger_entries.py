@@ -5,6 +5,7 @@ stop)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import uuid
@@ -37,7 +38,7 @@ from nats_spark.spark.group_source.task.columns import SlotColumns
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from nats_spark.spark.group_source.task.slot_history import SlotHistory
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("short_holds")]
 
 PREFIX = b"$JS.ACK.S.c1"
 
@@ -230,6 +231,43 @@ def test_a_retry_reads_again_when_the_zombie_records_while_it_takes_over(
         take(zombie, [4])
     take(retry, [5])
     assert stored(kv, lineage, 1)[1] == [1, 2, 3, 5]
+
+
+def test_a_retry_stands_by_for_a_live_holder_and_replays_its_seal(
+    kv: MemoryBucket, lineage: str
+) -> None:
+    """Issue 45, hole 5: an attempt that finds another's OPEN entry moving (a speculative copy
+    beside a live attempt) does not take it over: it waits for the seal and replays it."""
+    holder = claimed(kv, input_partition(lineage))
+    take(holder, [1, 2])
+    copy = attempt(kv, input_partition(lineage))
+
+    async def beside() -> None:
+        claiming = asyncio.ensure_future(copy.claim())
+        for seq in range(3, 8):  # the holder goes on: its head moves
+            await asyncio.sleep(ledger_protocol.HOLD_QUIET / 2)
+            await recording(holder, [seq], 1)
+        await holder.seal()
+        await claiming
+
+    run_sync(beside())
+    assert copy.fixed and copy.replay.stream_seq == [1, 2, 3, 4, 5, 6, 7]
+    assert stored(kv, lineage, 1)[0].attempt == holder.head.attempt
+
+
+def test_a_released_entry_is_taken_over_at_once(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attempt that fails (or is closed) before it seals releases its entry: its retry takes
+    it over without standing by; one killed -9 leaves it to stand still for HOLD_QUIET."""
+    monkeypatch.setattr(ledger_protocol, "HOLD_QUIET", 60.0)
+    failed = claimed(kv, input_partition(lineage))
+    take(failed, [1, 2])
+    run_sync(failed.release())
+    retry = attempt(kv, input_partition(lineage))
+    run_sync(asyncio.wait_for(retry.claim(), 5))
+    assert not retry.fixed and retry.replay.stream_seq == [1, 2]
+    assert stored(kv, lineage, 1)[0].attempt == retry.head.attempt
 
 
 def test_a_first_attempt_that_loses_the_create_takes_the_winner_over(

@@ -22,6 +22,7 @@ from collections.abc import AsyncGenerator, Iterator
 import pyarrow as pa
 
 from nats_spark import clock
+from nats_spark.arrays import int_array
 from nats_spark.client import NatsClient, shared_client
 from nats_spark.jetstream.acks import (
     NAK,
@@ -32,6 +33,7 @@ from nats_spark.jetstream.acks import (
 )
 from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.loop import run_sync
+from nats_spark.spark.group_source.ledger_protocol import TakenOver
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task.acceptance import Acceptance
 from nats_spark.spark.group_source.task.columns import SlotColumns
@@ -58,6 +60,7 @@ class SlotReader:
         self.acceptance: Acceptance | None = None  # made by `begin`, for a slot that pulls
         self.pulling = partition.limit > 0
         self.started = clock.monotonic()  # before any delivery this attempt holds
+        self.handing_out = False  # its rows wait for Spark to take them
 
     async def begin(self) -> None:
         """Ack what committed batches left, then claim the ledger entry: create it, take over
@@ -110,6 +113,7 @@ class SlotReader:
         )
         recorder = Recorder(self.entry, self.keeper, consumer)
         keeping = asyncio.ensure_future(self.keeper.run())
+        holding = asyncio.ensure_future(self.entry.hold(lambda: not self.handing_out))
         finished = False
         try:
             async with contextlib.aclosing(pulls.chunks()) as chunks:
@@ -128,11 +132,30 @@ class SlotReader:
                 yield rows
             finished = True
         finally:
+            await self.entry.end_hold(holding)
             self.keeper.stop()  # never cancelled: it may be inside a flush
             await keeping
             if not finished:
                 await self.give_back_unrecorded(recorder, consumer)
             await consumer.close()
+
+    async def pulled_and_sealed(self) -> AsyncGenerator[pa.RecordBatch, None]:
+        """Pull, record and hand out, then seal. An attempt whose entry another attempt took
+        over meanwhile (it is alive beside it: a speculative copy) hands out the rest of the
+        sealed entry instead: both end with its rows, whichever Spark keeps."""
+        emitted = [int_array(self.entry.replay.stream_seq)]  # read on a take-over only
+        try:
+            async with contextlib.aclosing(self.pull_record_batches()) as batches:
+                async for batch in batches:
+                    emitted.append(batch.column("stream_seq"))
+                    self.handing_out = True  # no renewals while Spark has not taken them
+                    yield batch
+                    self.handing_out = False
+            await self.seal()
+        except TakenOver:
+            rest = await self.entry.sealed_rest(pa.concat_arrays(emitted).to_pylist())
+            async for batch in self.replay.record_batches(rest):
+                yield batch
 
     async def give_back_unrecorded(self, recorder: Recorder, consumer: PullConsumer) -> None:
         """Closed or failed mid-batch: NAK what this attempt pulled and did not record, so that
@@ -196,16 +219,21 @@ async def _next(batches: AsyncGenerator[pa.RecordBatch, None]) -> pa.RecordBatch
 
 async def slot_batches(reader: SlotReader) -> AsyncGenerator[pa.RecordBatch, None]:
     """The task's steps: ack and claim, replay what the ledger holds, pull (a first attempt),
-    seal. Async, so that the simulation (tests/simulation) runs them on its own loop."""
+    seal. Async, so that the simulation (tests/simulation) runs them on its own loop. An
+    attempt that ends without sealing the entry it holds releases it (a retry takes it over at
+    once); one killed -9 leaves it to go quiet."""
     partition = reader.partition
     await reader.begin()
-    async for batch in reader.replay.record_batches(reader.entry.replay):
-        yield batch
-    if reader.pulling:
-        async with contextlib.aclosing(reader.pull_record_batches()) as batches:
-            async for batch in batches:
-                yield batch
-        await reader.seal()
+    try:
+        async for batch in reader.replay.record_batches(reader.entry.replay):
+            yield batch
+        if reader.pulling:
+            async with contextlib.aclosing(reader.pulled_and_sealed()) as batches:
+                async for batch in batches:
+                    yield batch
+    except BaseException:
+        await reader.entry.release()
+        raise
     reader.replay.skipped()
     log.debug(
         "slot %s of batch %d: %d rows (%d replayed), %d redeliveries of earlier batches dropped",

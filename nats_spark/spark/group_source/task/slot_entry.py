@@ -1,10 +1,13 @@
 """The ack ledger entry of one slot of one batch, as the task reading the slot keeps it.
 
 A task claims the entry first: it creates it, takes over an open one (an earlier attempt died
-mid-way), or finds it sealed (the batch's content is fixed: it replays exactly that). Deliveries
+mid-way, or gave it up), or finds it sealed (the batch's content is fixed: it replays exactly
+that); an open one whose holder is alive (it keeps its head fresh while it pulls) it stands by
+for until it is sealed, released or quiet. Deliveries
 are written to the entry before their rows leave the task; slots sharing a consumer (siblings)
 check each other's entries so that no message is emitted by two of them. The entry is sealed when
-the slot has taken all it will.
+the slot has taken all it will. An attempt whose entry another attempt takes over while it is
+alive (a speculative copy beside it) waits for the seal and ends with the sealed content too.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -23,7 +27,7 @@ from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
 from nats_spark.spark.group_source.ledger import LEDGER_FORMAT, Ledger
-from nats_spark.spark.group_source.ledger_protocol import EntryHead, LedgerConflict
+from nats_spark.spark.group_source.ledger_protocol import EntryHead, EntryState, LedgerConflict
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task.columns import SlotColumns
 
@@ -39,7 +43,10 @@ class SlotEntry:
         self.replay = EntryDeliveries()  # what an earlier attempt recorded, to emit again
         self.taken: set[int] = set()  # stream sequences recorded (or replayed) by this slot
         self.fixed = False  # found sealed: exactly `replay`, nothing more
+        self.overtaken = False  # another attempt took the entry over and sealed it
         self.ledger: Ledger | None = None
+        self.writing = asyncio.Lock()  # head writes one at a time: each on the last's revision
+        self.written = clock.monotonic()  # when this attempt last wrote its head
 
     async def open_ledger(self) -> Ledger:
         if self.ledger is None:
@@ -50,7 +57,8 @@ class SlotEntry:
         return self.ledger
 
     async def claim(self) -> None:
-        """Create the entry, take over an open one, or find it sealed."""
+        """Create the entry, take over an open one whose holder died or released it, or find it
+        sealed (at once, or once the live attempt holding it seals it)."""
         ledger = await self.open_ledger()
         gen, slot = self.partition.gen, self.partition.slot
         while True:
@@ -63,6 +71,8 @@ class SlotEntry:
                     self.head.pin = self.partition.pin_id
                     return
                 continue  # another attempt created it first: read it
+            if held_by_another(found[0], self.head.attempt):
+                found = await protocol.await_holder(ledger, gen, slot, protocol.HOLD_QUIET)
             previous, revision = found
             self.replay = await protocol.read_deliveries(ledger, previous)
             self.taken = set(self.replay.stream_seq)
@@ -92,6 +102,41 @@ class SlotEntry:
                 self.head.format = LEDGER_FORMAT
                 await self._write([], self.replay, self.head.pin)
             return
+
+    async def sealed_rest(self, emitted: list[int]) -> EntryDeliveries:
+        """After `TakenOver`: the rest of the entry as the attempt that took it over seals it,
+        past `emitted` (the stream sequences of the rows this attempt handed out, in order), so
+        that both attempts hand out the same rows. `LedgerConflict` when the sealed entry does
+        not start with `emitted` (the take-over dropped some: `drop_taken_twice`), when it is
+        removed, or when its head stands still for `quiet_limit`."""
+        ledger = await self.open_ledger()
+        gen, slot = self.partition.gen, self.partition.slot
+        head = await protocol.await_sealed(ledger, gen, slot, self.quiet_limit)
+        sealed = await protocol.read_deliveries(ledger, head)
+        if sealed.stream_seq[: len(emitted)] != emitted:
+            raise LedgerConflict(
+                f"ledger entry {ledger.head_key(gen, slot)} was taken over by another task "
+                "attempt, which sealed it without some of the rows this attempt handed out"
+            )
+        self.head, self.fixed, self.overtaken = head, True, True
+        log.info(
+            "slot %s: another task attempt took the ledger entry over and sealed it; this "
+            "attempt hands out the rest of it (%d of %d rows)",
+            slot,
+            len(sealed) - len(emitted),
+            len(sealed),
+        )
+        return sealed.part(len(emitted), len(sealed))
+
+    @property
+    def quiet_limit(self) -> float:
+        """How long the head of a live holder may stand still: a holder writes it at every
+        record, and between two at most waits out a pull (`fetchTimeout`, or an availableNow
+        run's wait for redeliveries) and the late deliveries' settle (half an ack wait); the
+        rest of two ack waits covers retried pulls and a stall (past its ack wait a holder
+        loses what it holds anyway)."""
+        partition = self.partition
+        return 2 * partition.ack_wait + partition.reading.fetch_timeout + partition.redelivery_wait
 
     async def recorded_by_siblings(self) -> set[int]:
         """Every stream sequence the sibling slots have recorded in this batch, read now."""
@@ -156,14 +201,66 @@ class SlotEntry:
         """Record `taken` as the chunks that follow `chunks`."""
         assert self.ledger is not None
         gen, slot = self.partition.gen, self.partition.slot
-        self.revision = await protocol.record(
-            self.ledger, gen, slot, self.head, self.revision, chunks, taken, pin
-        )
+        async with self.writing:
+            self.revision = await protocol.record(
+                self.ledger, gen, slot, self.head, self.revision, chunks, taken, pin
+            )
+            self.written = clock.monotonic()
 
     async def seal(self) -> None:
         assert self.ledger is not None
         gen, slot = self.partition.gen, self.partition.slot
-        self.revision = await protocol.seal(self.ledger, gen, slot, self.head, self.revision)
+        async with self.writing:
+            self.revision = await protocol.seal(self.ledger, gen, slot, self.head, self.revision)
+
+    async def hold(self, busy: Callable[[], bool]) -> None:
+        """While the attempt pulls (cancelled by `end_hold`): write the head as it is when it
+        has not been written for `HOLD_RENEWAL`, so that another attempt of the task (a
+        speculative copy, a retry beside a zombie) stands by instead of taking the entry over.
+        Only while `busy`: between the steps of its pulls, each of bounded length, not while
+        its rows wait for Spark to take them (a holder that never goes on must go quiet: its
+        renewals alone would keep another attempt standing by for good). Ends when the entry
+        was taken from it."""
+        assert self.ledger is not None
+        gen, slot = self.partition.gen, self.partition.slot
+        while True:
+            await asyncio.sleep(protocol.HOLD_RENEWAL / 2)
+            if clock.monotonic() - self.written < protocol.HOLD_RENEWAL or not busy():
+                continue
+            async with self.writing:
+                try:
+                    self.revision = await protocol.write_head(
+                        self.ledger, gen, slot, self.head, self.revision
+                    )
+                except LedgerConflict:
+                    return  # its next record finds that
+                self.written = clock.monotonic()
+
+    async def end_hold(self, holding: asyncio.Future[None]) -> None:
+        """Stop `holding` (`hold`'s task) between its writes: one cut short could leave this
+        attempt a revision behind its head's, and its seal would then fail."""
+        async with self.writing:
+            holding.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await holding
+
+    async def release(self) -> None:
+        """The attempt ends without sealing the entry it holds (it failed, or Spark closed it):
+        mark it released, so that a retry takes it over at once."""
+        if self.ledger is None or self.fixed or self.head.state is not EntryState.OPEN:
+            return
+        gen, slot = self.partition.gen, self.partition.slot
+        try:
+            async with self.writing:
+                await protocol.release(self.ledger, gen, slot, self.head, self.revision)
+        except Exception as error:  # a retry then waits for the head to go quiet
+            log.debug("slot %s: releasing its ledger entry failed: %s", slot, error)
+
+
+def held_by_another(head: EntryHead, attempt: str) -> bool:
+    """Whether `head` is an OPEN entry another attempt holds, not given up: stand by for it.
+    (An OPEN head of `attempt` itself is its own create, whose answer was lost.)"""
+    return not protocol.content_fixed(head) and head.attempt != attempt and not head.released
 
 
 class Recorder:
