@@ -20,8 +20,8 @@ RARE = {
     # The seeds of the merged schedules of 2026-11-28 (stop 45): the server following
     # nats-server, the ledger without max age, the fence after one's own create, availableNow.
     "give-back-fails-on-an-empty-entry": (1132, 4307),  # 1132 the only one of 0-1999
-    # In worlds with the operator's edit (`Mutant.edit`), the first of 0-99:
-    "max-deliver-unchecked": (11, 12),
+    # In worlds with the operator's edit (`Mutant.edit`), the first of 0-300 after the stand-by:
+    "max-deliver-unchecked": (32, 81),
     "recreated-consumer-unchecked": (3, 6),
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
