@@ -32,6 +32,7 @@ SLOT_ENTRY = "nats_spark.spark.group_source.task.slot_entry"
 LEDGER_PROTOCOL = "nats_spark.spark.group_source.ledger_protocol"
 SEALED_KEEPER = "nats_spark.spark.group_source.driver.sealed_keeper"
 PULL_POLICY = "nats_spark.spark.group_source.task.pull_policy"
+PARTITION_READER = "nats_spark.spark.group_source.task.partition_reader"
 WORLD = "tests.simulation.world"
 
 
@@ -48,6 +49,7 @@ class Mutant:
     hole: str  # the hole it reopens, and the commit that closed it
     patches: tuple[Patch, ...]
     shared: bool = False  # its hole needs siblings: every world has a shared consumer
+    packed: bool = False  # its hole needs packed slots: every world packs its slots in one task
 
 
 MUTANTS = (
@@ -317,6 +319,20 @@ MUTANTS = (
             ),
         ),
     ),
+    Mutant(
+        "packed-slots-out-of-order",
+        "a task of packed slots emits each slot's rows whole, but not in the packed order (the "
+        "last slot running first): the order a re-run must keep (the nats sink's ids are "
+        "batch/partition/row) is no longer the one the offset fixes",
+        (
+            Patch(
+                PARTITION_READER,
+                "            emitting = ahead[0]\n",
+                "            emitting = ahead[-1]\n",
+            ),
+        ),
+        packed=True,
+    ),
 )
 BY_NAME = {mutant.name: mutant for mutant in MUTANTS}
 
@@ -442,10 +458,10 @@ class Unmutated:
     never installs one): such a seed catches nothing."""
 
     def __init__(self) -> None:
-        self.known: dict[tuple[int, bool], bool] = {}
+        self.known: dict[tuple[int, bool, bool], bool] = {}
 
     def fails(self, seed: int, mutant: Mutant) -> bool:
-        key = (seed, mutant.shared)
+        key = (seed, mutant.shared, mutant.packed)
         if key not in self.known:
             from tests.simulation.world import run_schedule
 
@@ -455,7 +471,10 @@ class Unmutated:
 
 def world(mutant: Mutant) -> dict[str, bool]:
     """What the mutant's schedules run under, beyond what their seeds draw."""
-    return {"shared": True} if mutant.shared else {}
+    return {
+        **({"shared": True} if mutant.shared else {}),
+        **({"packed": True} if mutant.packed else {}),
+    }
 
 
 def hunt(

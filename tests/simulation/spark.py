@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
-from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from tests.simulation.scheduler import Crashed, Lost
 
 if TYPE_CHECKING:
@@ -160,10 +160,13 @@ class Query:
         self, reader: OffsetReader, batch: int, start: SourceOffset, end: SourceOffset
     ) -> None:
         world = self.world
-        partitions = await self._call(reader.partitions(start, end))
+        partitions = await self._call(reader.input_partitions(start, end))
         world.sched.note(
             f"batch {batch} (gen {start.gen}->{end.gen}): "
-            + ", ".join(f"{p.slot} limit {p.limit} acks {list(p.committed)}" for p in partitions)
+            + ", ".join(
+                "+".join(f"{s.slot} limit {s.limit} acks {list(s.committed)}" for s in _slots_of(p))
+                for p in partitions
+            )
         )
         running = asyncio.gather(*(self._task(batch, p) for p in partitions))
         if world.sched.rng.random() < world.sink_failure / 2:  # stopped while its tasks run
@@ -173,7 +176,13 @@ class Query:
                 running.add_done_callback(lambda done: done.cancelled() or done.exception())
                 raise QueryFailed(f"the query was stopped during batch {batch}")
         results = await running
-        rows = {p.slot: r for p, r in zip(partitions, results, strict=True) if r}
+        # by slot, or by packed task's index: a re-run must emit the same rows, in the same
+        # order, in the same input partition (the nats sink's ids are batch/partition/row)
+        rows = {
+            f"task {i}" if isinstance(p, PackedSlots) else p.slot: r
+            for i, (p, r) in enumerate(zip(partitions, results, strict=True))
+            if r
+        }
         world.observed.full_run(batch, rows)
         await world.sched.point(f"sink writes batch {batch}")
         if world.sched.rng.random() < world.sink_failure:
@@ -184,14 +193,14 @@ class Query:
         world.checkpoint.commits.add(batch)
         world.sched.note(f"commit log {batch}")
 
-    async def _task(self, batch: int, partition: SlotPartition) -> list[int]:
-        sched = self.world.sched
+    async def _task(self, batch: int, partition: SlotPartition | PackedSlots) -> list[int]:
+        sched, name = self.world.sched, _name(partition)
         for attempt in range(TASK_ATTEMPTS):
-            await sched.point(f"start task {partition.slot} of batch {batch}")
+            await sched.point(f"start task {name} of batch {batch}")
             if self.stopping:
                 raise QueryFailed("stopped")
             task = sched.spawn(
-                f"b{batch}/{partition.slot}#{attempt}",
+                f"b{batch}/{name}#{attempt}",
                 "task",
                 self.world.task(partition),
                 parent=sched.current(),
@@ -206,7 +215,16 @@ class Query:
                 continue
             await sched.point("task result")
             return rows
-        raise QueryFailed(f"task {partition.slot} of batch {batch} failed {TASK_ATTEMPTS} times")
+        raise QueryFailed(f"task {name} of batch {batch} failed {TASK_ATTEMPTS} times")
+
+
+def _slots_of(partition: SlotPartition | PackedSlots) -> tuple[SlotPartition, ...]:
+    return partition.slots if isinstance(partition, PackedSlots) else (partition,)
+
+
+def _name(partition: SlotPartition | PackedSlots) -> str:
+    """A task's name: its slot's, or its packed slots' joined."""
+    return "+".join(slot.slot for slot in _slots_of(partition))
 
 
 def _slots(offset: SourceOffset) -> str:
