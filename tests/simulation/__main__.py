@@ -58,6 +58,9 @@ def main() -> int:
         help="per-key order breaks of the README's first two cases fail too",
     )
     parser.add_argument(
+        "--packed", action="store_true", help="both slots read by one task (maxTasksPerBatch=1)"
+    )
+    parser.add_argument(
         "--chaos-waits", type=float, help="how long the chaotic phase lasts, in ack waits"
     )
     parser.add_argument(
@@ -73,6 +76,8 @@ def main() -> int:
         overrides["chaos_waits"] = args.chaos_waits
     if args.spark:
         overrides["version"] = args.spark
+    if args.packed:
+        overrides["packed"] = True
     if args.seed is not None:
         result = run_schedule(args.seed, verbose=args.verbose, **overrides)
         if not args.verbose:

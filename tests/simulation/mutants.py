@@ -57,6 +57,7 @@ class Mutant:
     # an operator's edit every world of its schedules has (Setup's fields: max_deliver, ...)
     edit: tuple[tuple[str, object], ...] = ()
     speculation: bool = False  # its hole needs spark.speculation: every world has it on
+    packed: bool = False  # its hole needs packed slots: every world packs its slots in one task
 
 
 MUTANTS = (
@@ -375,6 +376,20 @@ MUTANTS = (
             ),
         ),
     ),
+    Mutant(
+        "packed-slots-out-of-order",
+        "a task of packed slots emits each slot's rows whole, but not in the packed order (the "
+        "last slot running first): the order a re-run must keep (the nats sink's ids are "
+        "batch/partition/row) is no longer the one the offset fixes",
+        (
+            Patch(
+                PARTITION_READER,
+                "            emitting = ahead[0]\n",
+                "            emitting = ahead[-1]\n",
+            ),
+        ),
+        packed=True,
+    ),
 )
 BY_NAME = {mutant.name: mutant for mutant in MUTANTS}
 
@@ -515,6 +530,7 @@ def world(mutant: Mutant) -> dict[str, Any]:
     """What the mutant's schedules run under, beyond what their seeds draw."""
     under: dict[str, Any] = {"shared": True} if mutant.shared else {}
     under |= dict(mutant.edit)
+    under |= {"packed": True} if mutant.packed else {}
     return under | ({"speculation": SPECULATION} if mutant.speculation else {})
 
 

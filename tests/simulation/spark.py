@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from nats_spark.errors import ConfigurationError
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
-from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from tests.simulation.scheduler import Crashed, Lost, Participant
 
 if TYPE_CHECKING:
@@ -165,10 +165,13 @@ class Query:
         self, reader: OffsetReader, batch: int, start: SourceOffset, end: SourceOffset
     ) -> None:
         world = self.world
-        partitions = await self._call(reader.partitions(start, end))
+        partitions = await self._call(reader.input_partitions(start, end))
         world.sched.note(
             f"batch {batch} (gen {start.gen}->{end.gen}): "
-            + ", ".join(f"{p.slot} limit {p.limit} acks {list(p.committed)}" for p in partitions)
+            + ", ".join(
+                "+".join(f"{s.slot} limit {s.limit} acks {list(s.committed)}" for s in _slots_of(p))
+                for p in partitions
+            )
         )
         running = asyncio.gather(*(self._task(batch, p) for p in partitions))
         if world.sched.rng.random() < world.sink_failure / 2:  # stopped while its tasks run
@@ -178,7 +181,13 @@ class Query:
                 running.add_done_callback(lambda done: done.cancelled() or done.exception())
                 raise QueryFailed(f"the query was stopped during batch {batch}")
         results = await running
-        rows = {p.slot: r for p, r in zip(partitions, results, strict=True) if r}
+        # by slot, or by packed task's index: a re-run must emit the same rows, in the same
+        # order, in the same input partition (the nats sink's ids are batch/partition/row)
+        rows = {
+            f"task {i}" if isinstance(p, PackedSlots) else p.slot: r
+            for i, (p, r) in enumerate(zip(partitions, results, strict=True))
+            if r
+        }
         world.observed.full_run(batch, rows)
         await world.sched.point(f"sink writes batch {batch}")
         if world.sched.rng.random() < world.sink_failure:
@@ -189,19 +198,19 @@ class Query:
         world.checkpoint.commits.add(batch)
         world.sched.note(f"commit log {batch}")
 
-    async def _task(self, batch: int, partition: SlotPartition) -> list[int]:
+    async def _task(self, batch: int, partition: SlotPartition | PackedSlots) -> list[int]:
         """A task's attempts: a new one when none runs. Under speculation
         (`Setup.speculation`: seconds), an attempt that has run that long without an end gets
         a copy beside it (one at a time, as TaskSetManager does); the first to succeed gives
         the rows and the others are killed; each attempt that fails or is lost counts, and the
         fourth fails the query, even while another attempt runs."""
-        sched = self.world.sched
+        sched, name = self.world.sched, _name(partition)
         running: dict[asyncio.Future[list[int]], Participant] = {}
         failures = 0
         speculation = self.world.setup.speculation or None
         while True:
             if not running:
-                await sched.point(f"start task {partition.slot} of batch {batch}")
+                await sched.point(f"start task {name} of batch {batch}")
                 if self.stopping:
                     raise QueryFailed("stopped")
                 self._attempt(batch, partition, running, failures)
@@ -210,7 +219,7 @@ class Query:
                 running, timeout=copy_after, return_when=asyncio.FIRST_COMPLETED
             )
             if not done:
-                sched.note(f"speculation: a copy of task {partition.slot} of batch {batch}")
+                sched.note(f"speculation: a copy of task {name} of batch {batch}")
                 self._attempt(batch, partition, running, failures)
                 continue
             for finished in done:
@@ -228,20 +237,18 @@ class Query:
                     return rows
                 failures += 1
                 if failures >= TASK_ATTEMPTS:
-                    raise QueryFailed(
-                        f"task {partition.slot} of batch {batch} failed {TASK_ATTEMPTS} times"
-                    )
+                    raise QueryFailed(f"task {name} of batch {batch} failed {TASK_ATTEMPTS} times")
 
     def _attempt(
         self,
         batch: int,
-        partition: SlotPartition,
+        partition: SlotPartition | PackedSlots,
         running: dict[asyncio.Future[list[int]], Participant],
         failures: int,
     ) -> None:
         sched = self.world.sched
         task = sched.spawn(
-            f"b{batch}/{partition.slot}#{failures + len(running)}",
+            f"b{batch}/{_name(partition)}#{failures + len(running)}",
             "task",
             self.world.task(partition),
             parent=sched.current(),
@@ -249,6 +256,15 @@ class Query:
         # Its end is known even when this task is gone before it looks (its driver died).
         task.finished.add_done_callback(lambda done: done.cancelled() or done.exception())
         running[task.finished] = task
+
+
+def _slots_of(partition: SlotPartition | PackedSlots) -> tuple[SlotPartition, ...]:
+    return partition.slots if isinstance(partition, PackedSlots) else (partition,)
+
+
+def _name(partition: SlotPartition | PackedSlots) -> str:
+    """A task's name: its slot's, or its packed slots' joined."""
+    return "+".join(slot.slot for slot in _slots_of(partition))
 
 
 def _slots(offset: SourceOffset) -> str:

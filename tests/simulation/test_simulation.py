@@ -140,6 +140,20 @@ def test_speculation_keeps_the_guarantees() -> None:
     )
 
 
+# Seeds run with both slots packed into one task (`make simulate ARGS=--packed` for more): its
+# attempts claim, record and seal each slot's entry, and die with all of them.
+PACKED_SEEDS = range(0, 200)
+
+
+def test_packed_schedules_keep_the_guarantees() -> None:
+    failed = [r for r in run_schedules(PACKED_SEEDS, JOBS, packed=True) if r.problems]
+    assert not failed, "\n".join(
+        f"seed {r.seed} (Spark {r.setup.version}, packed): {r.problems[0]} "
+        f"(reproduce: python -m tests.simulation --packed --seed {r.seed})"
+        for r in failed
+    )
+
+
 def test_a_seed_replays_the_same_schedule() -> None:
     first, again = run_schedule(7, verbose=False), run_schedule(7, verbose=False)
     assert first.trace == again.trace and first.steps == again.steps > 0

@@ -14,10 +14,12 @@ import logging
 import random
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
+
+import pyarrow as pa
 
 from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.spark.group_source import ledger_protocol
@@ -26,9 +28,13 @@ from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.targets import Held, Slot
 from nats_spark.spark.group_source.ledger import Ledger
 from nats_spark.spark.group_source.options import parse_options
-from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from nats_spark.spark.group_source.task import slot_history
-from nats_spark.spark.group_source.task.partition_reader import SlotReader, slot_batches
+from nats_spark.spark.group_source.task.partition_reader import (
+    SlotReader,
+    packed_batches,
+    slot_batches,
+)
 from tests.memory_bucket import MemoryBucket
 from tests.simulation.invariants import Observed, live_leftovers
 from tests.simulation.jetstream import (
@@ -64,6 +70,7 @@ class Setup:
     sink_failure: float
     trigger_interval: float  # of processingTime runs: how often an idle query looks again
     shared: bool  # both slots read one overflow consumer (siblings), not a partition each
+    packed: bool = False  # a run's override: both slots read by one task (maxTasksPerBatch=1)
     new_checkpoint: float = 0.0  # chance a query run starts on a new checkpoint
     speculation: float = 0.0  # spark.speculation: a task's copy after this many seconds (0: off)
     chaos_waits: float = 8.0  # how long the chaotic phase lasts, in ack waits
@@ -244,6 +251,7 @@ class World:
                 **target,
                 "maxMessagesPerPartition": str(setup.per_batch),
                 "fetchBatchSize": str(setup.fetch_batch),
+                **({"maxTasksPerBatch": "1"} if setup.packed else {}),
             }
         )
         self.bucket.lost_answer = self._lost_answer
@@ -305,17 +313,32 @@ class World:
         reader.target = Target(self.slots, self.consumers)  # type: ignore[assignment]
         return reader
 
-    async def task(self, partition: SlotPartition) -> list[int]:
-        """One task attempt of a slot: Spark's `read`, its rows' stream sequences."""
+    async def task(self, partition: SlotPartition | PackedSlots) -> list[int]:
+        """One task attempt (of a slot, or of packed slots): Spark's `read`, its rows' stream
+        sequences. A packed task's rows must leave slot by slot, in its slots' order."""
         client = SimClient(self.sched, self.server)
-        reader = SlotReader(partition, client=client)  # type: ignore[arg-type]
-        reader.entry.ledger = Ledger(self.bucket_view(), partition.lineage)
         attempt = self.sched.current()
         assert attempt is not None  # a task attempt's participant
-        self.observed.attempts.watch(attempt, reader.entry)
+        slots = partition.slots if isinstance(partition, PackedSlots) else (partition,)
+        readers = [SlotReader(slot, client=client) for slot in slots]  # type: ignore[arg-type]
+        for reader in readers:
+            reader.entry.ledger = Ledger(self.bucket_view(), reader.partition.lineage)
+            self.observed.attempts.watch(attempt, reader.entry)
+        batches = (
+            packed_batches(readers)
+            if isinstance(partition, PackedSlots)
+            else _named(readers[0].partition.slot, slot_batches(readers[0]))
+        )
         rows: list[int] = []
+        order = [slot.slot for slot in slots]
+        at = 0
         try:
-            async for batch in slot_batches(reader):
+            async for slot, batch in batches:
+                if order.index(slot) < at:
+                    self.observed.problem(
+                        "packed rows out of order", f"rows of {slot} after those of {order[at]}"
+                    )
+                at = max(at, order.index(slot))
                 rows += batch.column("stream_seq").to_pylist()
                 await self.sched.point("rows handed to Spark")
         except ledger_protocol.TakenOver as error:  # alive, it ends with the sealed entry instead
@@ -400,6 +423,13 @@ class World:
             if query.idle >= 2 and drained and not live_leftovers(self.bucket.values):
                 break
         query.stop_at = self.sched.now
+
+
+async def _named(
+    slot: str, batches: AsyncIterator[pa.RecordBatch]
+) -> AsyncIterator[tuple[str, pa.RecordBatch]]:
+    async for batch in batches:
+        yield slot, batch
 
 
 @dataclass

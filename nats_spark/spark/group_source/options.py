@@ -41,6 +41,7 @@ KNOWN_OPTIONS: dict[str, str] = {
     "minMessagesPerTrigger": "hold a micro-batch back until this many messages are available",
     "maxTriggerDelay": "longest hold for minMessagesPerTrigger (default 15m)",
     "maxMessagesPerPartition": "cap on messages per partition per micro-batch",
+    "maxTasksPerBatch": "read the partitions in at most this many Spark tasks per micro-batch",
     "fetchBatchSize": "messages per pull request (default 4096)",
     "fetchTimeout": "how long a pull waits for messages (default 1s)",
     "includeHeaders": "true | false (default true)",
@@ -77,6 +78,7 @@ class SourceOptions:
     min_messages_per_trigger: int | None = None
     max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY
     max_messages_per_partition: int | None = None
+    max_tasks_per_batch: int | None = None  # None: a task per partition (slot)
     fetch_batch_size: int = 4096
     fetch_timeout: float = 1.0
     include_headers: bool = True
@@ -183,6 +185,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         min_messages_per_trigger=least,
         max_trigger_delay=delay,
         max_messages_per_partition=optional_int("maxMessagesPerPartition"),
+        max_tasks_per_batch=optional_int("maxTasksPerBatch", 1, 100_000),
         fetch_batch_size=optional_int("fetchBatchSize", 1, 100_000)
         or SourceOptions.fetch_batch_size,
         fetch_timeout=duration("fetchTimeout", SourceOptions.fetch_timeout),

@@ -1,4 +1,5 @@
-"""What the driver hands a task for one slot of one batch (the group source's input partition)."""
+"""What the driver hands a task: one slot of one batch (the group source's input partition), or
+several slots packed into one (`PackedSlots`)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,11 @@ class SlotPartition(InputPartition):
     # seconds a pull that finds nothing ready may wait for redeliveries: an availableNow run's
     # wait for what the consumer holds beyond the query's ledger (`SlotState.others_due`)
     redelivery_wait: float = 0.0
+
+
+@dataclass(frozen=True)
+class PackedSlots(InputPartition):
+    """Several slots of one batch read by one task, their rows emitted slot by slot in this
+    order (`driver/slot_packing`); each slot keeps its own ledger entry and attempt."""
+
+    slots: tuple[SlotPartition, ...]

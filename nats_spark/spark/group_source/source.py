@@ -121,16 +121,21 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @one_line_errors
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         return wait(
-            self.offsets.partitions(SourceOffset.from_json(start), SourceOffset.from_json(end))
+            self.offsets.input_partitions(
+                SourceOffset.from_json(start), SourceOffset.from_json(end)
+            )
         )
 
     @one_line_errors
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from nats_spark.spark.group_source.slot_partition import SlotPartition
-        from nats_spark.spark.group_source.task.partition_reader import read_slot
+        from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
+        from nats_spark.spark.group_source.task.partition_reader import read_packed, read_slot
 
-        assert isinstance(partition, SlotPartition)
-        yield from read_slot(partition)
+        if isinstance(partition, PackedSlots):
+            yield from read_packed(partition)
+        else:
+            assert isinstance(partition, SlotPartition)
+            yield from read_slot(partition)
 
     @one_line_errors
     def commit(self, end: dict) -> None:

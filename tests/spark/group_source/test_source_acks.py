@@ -342,14 +342,17 @@ def test_a_task_closed_mid_batch_gives_back_what_it_did_not_record(client, nats_
 
 
 @pytest.mark.compat
-def test_restart_from_a_previous_release_checkpoint(spark, tmp_path):
+@pytest.mark.parametrize("packing", [{}, {"maxTasksPerBatch": 2}], ids=["", "packed"])
+def test_restart_from_a_previous_release_checkpoint(spark, tmp_path, packing):
     """A checkpoint, sink files and JetStream store left by the previous release (a81f2fb,
     ledger format 1) after two kill -9s: batch 0 committed (its acks sent by the next run), batch
     1 logged and written to the sink but not committed. This release re-runs batch 1 from its
     format-1 entries (the same rows in the same order), acks them, and reads on: every message
     once, none left unacked; and it removes the bucket's 7-day max age. Once the fixture's ledger
     is older than that, the server has expired it when it starts, before any client: then the
-    query stops with the data-loss error (its committed batch 0 is unacked), never a duplicate."""
+    query stops with the data-loss error (its committed batch 0 is unacked), never a duplicate.
+    Restarted with `maxTasksPerBatch`, the logged batch (whose offset has no packing) re-runs a
+    task per slot as it ran, and the batches after it are packed."""
     with tarfile.open(PREVIOUS_RELEASE) as tar:
         tar.extractall(tmp_path, filter="data")
         ledger = tar.getmember("jetstream/jetstream/$G/streams/KV_nats-spark-ledger/msgs/1.blk")
@@ -363,7 +366,9 @@ def test_restart_from_a_previous_release_checkpoint(spark, tmp_path):
         client = open_blocking(ConnectionSettings(servers=(server.url,)))
         publish(client, "PREV", 50, start=250)
         sink = Collector()
-        query = foreach_batches(source(spark, server.url, "PREV", "g"), sink, tmp_path / "cp")
+        query = foreach_batches(
+            source(spark, server.url, "PREV", "g", **packing), sink, tmp_path / "cp"
+        )
         try:
             if expired:
                 wait_until(query.exception, 120, "the data-loss error")

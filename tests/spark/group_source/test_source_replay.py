@@ -17,9 +17,12 @@ from spark_helpers import (
 pytestmark = [pytest.mark.spark, pytest.mark.compat]
 
 SPARK_MASTER = "local[2,3]"  # two cores, up to three attempts per task
+# a task per partition (the default), or the 4 partitions packed into tasks that each read several
+PACKINGS = pytest.mark.parametrize("packing", [{}, {"maxTasksPerBatch": 2}], ids=["", "packed"])
 
 
-def test_failed_task_is_retried_exactly_once(spark, client, nats_url, unique, tmp_path):
+@PACKINGS
+def test_failed_task_is_retried_exactly_once(spark, client, nats_url, unique, tmp_path, packing):
     from pyspark import TaskContext
     from pyspark.sql.functions import col, udf
 
@@ -30,7 +33,8 @@ def test_failed_task_is_retried_exactly_once(spark, client, nats_url, unique, tm
 
     @udf("long")
     def fail_first_attempt(seq, member):
-        # The first attempt of m1's task dies after its reader has taken and recorded messages.
+        # The first attempt of m1's task dies after its reader has taken and recorded messages
+        # (packed, with it the other slots of its task, wherever they are).
         if member == "m1" and TaskContext.get().attemptNumber() == 0:
             Path(str(marker)).touch()
             raise RuntimeError("injected task failure")
@@ -41,7 +45,7 @@ def test_failed_task_is_retried_exactly_once(spark, client, nats_url, unique, tm
     def collect(batch, batch_id):
         seen.extend(int(r.data.decode()) for r in batch.select("data").collect())
 
-    df = source(spark, nats_url, stream, "g", fetchBatchSize=20)
+    df = source(spark, nats_url, stream, "g", fetchBatchSize=20, **packing)
     query = (
         df.withColumn("stream_seq", fail_first_attempt(col("stream_seq"), col("member")))
         .writeStream.foreachBatch(collect)
@@ -59,22 +63,33 @@ def test_failed_task_is_retried_exactly_once(spark, client, nats_url, unique, tm
     assert_exactly_once(seen, 400)
 
 
-def test_rerun_of_a_logged_batch_replays_the_same_rows(spark, client, nats_url, unique, tmp_path):
+@pytest.mark.parametrize("packing", [{}, {"maxTasksPerBatch": 1}], ids=["", "packed"])
+def test_rerun_of_a_logged_batch_replays_the_same_rows(
+    spark, client, nats_url, unique, tmp_path, packing
+):
+    """Packed into one task, the re-run emits the same rows in the same order (the nats sink's
+    ids are batch/partition/row)."""
     stream = f"D{unique}"
     static_group(client, stream, "g", ["m1", "m2"], partitions=4)
     publish(client, stream, 300)
     attempts: dict[int, list[list[tuple[str, int]]]] = {}
     fail = [True]
 
+    tasks: set[int] = set()  # the input partitions batches had
+
     def record(batch, batch_id):
-        rows = [(r.member, r.stream_seq) for r in batch.select("member", "stream_seq").collect()]
+        from pyspark.sql.functions import spark_partition_id
+
+        read = batch.select("member", "stream_seq", spark_partition_id().alias("task")).collect()
+        rows = [(r.member, r.stream_seq) for r in read]
+        tasks.update(r.task for r in read)
         attempts.setdefault(batch_id, []).append(rows)
         if fail[0]:
             raise RuntimeError("sink failed after the batch was read")
 
     def run():
         return (
-            source(spark, nats_url, stream, "g", maxMessagesPerTrigger=120)
+            source(spark, nats_url, stream, "g", maxMessagesPerTrigger=120, **packing)
             .writeStream.foreachBatch(record)
             .option("checkpointLocation", str(tmp_path / "cp"))
             .trigger(processingTime="200 milliseconds")
@@ -99,5 +114,10 @@ def test_rerun_of_a_logged_batch_replays_the_same_rows(spark, client, nats_url, 
     for member in ("m1", "m2"):
         assert [s for m, s in again if m == member] == [s for m, s in first if m == member]
     assert sorted(again) == sorted(first)
+    if packing:
+        assert again == first
+        assert tasks == {0}
+    else:
+        assert len(tasks) == 4
     every = [s for batch_id, tries in attempts.items() for m, s in tries[-1]]
     assert_exactly_once([s - 1 for s in every], 350)

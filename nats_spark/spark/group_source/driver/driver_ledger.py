@@ -181,10 +181,10 @@ class DriverLedger:
         entry = self.entries.get((gen, slot))
         return None if entry is None else entry.head
 
-    async def new_offset(self, slots: dict[str, SlotPlan]) -> SourceOffset:
+    async def new_offset(self, slots: dict[str, SlotPlan], tasks: int = 0) -> SourceOffset:
         assert self.ledger is not None
         self.head_gen += 1
-        offset = SourceOffset(self.ledger.lineage, self.head_gen, slots)
+        offset = SourceOffset(self.ledger.lineage, self.head_gen, slots, tasks)
         await self.save_pointer()
         return offset
 

@@ -38,10 +38,11 @@ from nats_spark.spark.group_source.driver.planner import (
 )
 from nats_spark.spark.group_source.driver.presence import Presence
 from nats_spark.spark.group_source.driver.sealed_keeper import SealedKeeper
+from nats_spark.spark.group_source.driver.slot_packing import packed
 from nats_spark.spark.group_source.driver.targets import Held, Slot, target_for
 from nats_spark.spark.group_source.ledger import Bucket, Ledger, pointer_key
 from nats_spark.spark.group_source.options import SourceOptions
-from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from nats_spark.spark.shared.pacing import TriggerPacing
 
 log = logging.getLogger(__name__)
@@ -189,7 +190,8 @@ class OffsetReader:
             if planned.slots:
                 self.pacing.batch_planned()
             self.ledger.expect(self.ledger.head_gen + 1, planned.slots)
-            self.current = await self.ledger.new_offset(planned.slots)
+            tasks = self.options.max_tasks_per_batch or 0
+            self.current = await self.ledger.new_offset(planned.slots, tasks)
         else:
             self.current = base
             if self.ledger.pins != pins_before:
@@ -369,6 +371,14 @@ class OffsetReader:
             await self.ledger.ack_through(await self._connect(), committed, name)
         self.ledger.expect(end.gen, [task.slot for task in plan.tasks if task.slot in end.slots])
         return [self._input_partition(known[task.slot], end, task) for task in plan.tasks]
+
+    async def input_partitions(
+        self, start: SourceOffset, end: SourceOffset
+    ) -> list[SlotPartition] | list[PackedSlots]:
+        """What Spark gets: a partition per slot (`partitions`), or with `end.tasks` set, the
+        slots packed into that many tasks at most (`slot_packing`)."""
+        slots = await self.partitions(start, end)
+        return packed(end, slots) if end.tasks else slots
 
     def _moved(self, name: str) -> bool:
         """Whether slot `name` is of a layout the query has since left (not read now)."""

@@ -32,11 +32,14 @@ class SlotPlan:
 @dataclass(frozen=True)
 class SourceOffset:
     """A batch: its lineage and gen, and what each of its slots may take (stored under
-    `members`, the name checkpoints have always had)."""
+    `members`, the name checkpoints have always had). `tasks`: how many input partitions the
+    batch's slots are packed into (`slot_packing`), fixed here so that a re-run packs the same
+    way; 0 (absent, as in every offset before packing): one input partition per slot."""
 
     lineage: str
     gen: int
     slots: dict[str, SlotPlan] = field(default_factory=dict)
+    tasks: int = 0
 
     @classmethod
     def initial(cls) -> SourceOffset:
@@ -49,6 +52,7 @@ class SourceOffset:
             "lineage": self.lineage,
             "gen": self.gen,
             "members": {name: plan.to_json() for name, plan in sorted(self.slots.items())},
+            **({"tasks": self.tasks} if self.tasks else {}),
         }
 
     @classmethod
@@ -60,4 +64,4 @@ class SourceOffset:
             name: SlotPlan(plan["limit"], plan.get("pending", 0))
             for name, plan in data.get("members", {}).items()
         }
-        return cls(data["lineage"], int(data["gen"]), slots)
+        return cls(data["lineage"], int(data["gen"]), slots, int(data.get("tasks", 0)))

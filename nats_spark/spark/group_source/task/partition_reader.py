@@ -10,6 +10,10 @@ pulling). A first attempt pulls, through a short pipeline:
 
 every message recorded in the entry before its row leaves the task, while `InProgressKeeper`
 keeps what the task holds from redelivery. The task then seals the entry.
+
+A task of packed slots (`PackedSlots`) runs each slot's steps as above, on one connection and
+one opening of the ledger bucket; a few slots run ahead of the one emitting, their record
+batches queued (a few per slot), so that rows still leave slot by slot in the packed order.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -33,8 +37,9 @@ from nats_spark.jetstream.acks import (
 )
 from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.loop import run_sync
+from nats_spark.spark.group_source.ledger import Ledger
 from nats_spark.spark.group_source.ledger_protocol import TakenOver
-from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from nats_spark.spark.group_source.task.acceptance import Acceptance
 from nats_spark.spark.group_source.task.columns import SlotColumns
 from nats_spark.spark.group_source.task.pull_policy import SlotPullPolicy
@@ -202,10 +207,40 @@ class SlotReader:
         return self.acceptance.redundant if self.acceptance else 0
 
 
+# Slots of a packed task running at a time (the one emitting and those ahead of it), and the
+# record batches (each at most `BATCH_BYTES`) a slot ahead may queue before its pulls wait.
+SLOTS_AT_ONCE = 4
+QUEUED_BATCHES = 2
+
+
 def read_slot(partition: SlotPartition) -> Iterator[pa.RecordBatch]:
     """The rows of one slot of one batch (what `DataSourceStreamReader.read` returns)."""
     freeze_imports()
-    batches = slot_batches(SlotReader(partition, shared_client(partition.reading.connection)))
+    return _drive(slot_batches(SlotReader(partition, shared_client(partition.reading.connection))))
+
+
+def read_packed(packed: PackedSlots) -> Iterator[pa.RecordBatch]:
+    """The rows of a task's packed slots of one batch, slot by slot."""
+    freeze_imports()
+    if not packed.slots:
+        return iter(())
+    return _drive(packed_task(packed, shared_client(packed.slots[0].reading.connection)))
+
+
+async def packed_task(
+    packed: PackedSlots, client: NatsClient
+) -> AsyncGenerator[pa.RecordBatch, None]:
+    """A packed task: one connection and one opening of the ledger bucket for all its slots."""
+    kv = await Ledger.bucket(client, packed.slots[0].reading.ledger_bucket, create=False)
+    readers = [SlotReader(partition, client) for partition in packed.slots]
+    for reader in readers:
+        reader.entry.ledger = Ledger(kv, reader.partition.lineage)
+    async with contextlib.aclosing(packed_batches(readers)) as batches:
+        async for _, batch in batches:
+            yield batch
+
+
+def _drive(batches: AsyncGenerator[pa.RecordBatch, None]) -> Iterator[pa.RecordBatch]:
     try:
         while (batch := run_sync(_next(batches))) is not None:
             yield batch
@@ -243,3 +278,53 @@ async def slot_batches(reader: SlotReader) -> AsyncGenerator[pa.RecordBatch, Non
         len(reader.entry.replay),
         reader.redundant,
     )
+
+
+async def packed_batches(
+    readers: Sequence[SlotReader],
+) -> AsyncGenerator[tuple[str, pa.RecordBatch], None]:
+    """The record batches of `readers`' slots (`slot_batches` each) with their slot's name, one
+    slot's after the other's in their order; up to `SLOTS_AT_ONCE` slots run at a time, the
+    ones ahead queueing what they read. When the task ends early or one slot fails, the slots
+    still running are cancelled (their steps give back what they hold, as a task stopped by
+    Spark does)."""
+    ahead: list[_SlotAhead] = []
+    try:
+        for index in range(len(readers)):
+            while len(ahead) < SLOTS_AT_ONCE and index + len(ahead) < len(readers):
+                ahead.append(_SlotAhead(readers[index + len(ahead)]))
+            emitting = ahead[0]
+            async for batch in emitting.batches():
+                yield emitting.slot, batch
+            ahead.remove(emitting)
+    finally:
+        for slot in ahead:
+            slot.running.cancel()
+        await asyncio.gather(*(slot.running for slot in ahead), return_exceptions=True)
+
+
+class _SlotAhead:
+    """One slot's steps running on their own, their record batches queued for the task."""
+
+    def __init__(self, reader: SlotReader) -> None:
+        self.slot = reader.partition.slot
+        self.queue: asyncio.Queue[pa.RecordBatch | BaseException | None] = asyncio.Queue(
+            QUEUED_BATCHES
+        )
+        self.running = asyncio.ensure_future(self._run(reader))
+
+    async def _run(self, reader: SlotReader) -> None:
+        try:
+            async with contextlib.aclosing(slot_batches(reader)) as batches:
+                async for batch in batches:
+                    await self.queue.put(batch)
+        except Exception as error:  # the task fails with it, when this slot's turn comes
+            await self.queue.put(error)
+        else:
+            await self.queue.put(None)
+
+    async def batches(self) -> AsyncGenerator[pa.RecordBatch, None]:
+        while (item := await self.queue.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
