@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -16,8 +17,25 @@ from tests.simulation.world import Result, run_schedule, run_schedules
 
 pytestmark = pytest.mark.unit
 
-SEEDS = range(0, 2000)
 JOBS = len(os.sched_getaffinity(0))  # schedules are pure Python: one process per core
+
+
+@dataclass(frozen=True)
+class Share:
+    """Seeds of the three kinds of worlds: drawn (as a user's), with spark.speculation on (a copy
+    beside nearly every task attempt), and with both slots packed into one task."""
+
+    drawn: range
+    speculation: range
+    packed: range
+
+
+# `make test` explores seeds 0-1999 of the drawn worlds (the range every mutant must be caught
+# in), 0-39 under speculation and 0-199 packed: `make check` runs the first share, within its
+# minute; the main lane runs the rest (test_exploration.py). `make simulate` runs longer ranges.
+SEEDS = range(0, 2000)
+CHECK = Share(drawn=range(0, 400), speculation=range(0, 10), packed=range(0, 40))
+EXPLORED = Share(drawn=range(400, 2000), speculation=range(10, 40), packed=range(40, 200))
 
 # Seeds of a longer range that found a hole since closed (with what they ran under): each must
 # keep every guarantee. A change of the schedules makes them other schedules; the holes found
@@ -110,48 +128,34 @@ def test_closed_holes_stay_closed(seed: int) -> None:
     assert not run_schedule(seed, **overrides).problems
 
 
-def test_every_schedule_keeps_the_guarantees() -> None:
-    seeds = [seed for seed in SEEDS if seed not in KNOWN_OPEN]
-    failed = [r for r in run_schedules(seeds, JOBS) if r.problems]
+def assert_schedules_keep_the_guarantees(seeds: Iterable[int], **overrides: Any) -> None:
+    """Every schedule of `seeds` (under `overrides` of what they draw) keeps every guarantee."""
+    runs = run_schedules([seed for seed in seeds if seed not in KNOWN_OPEN], JOBS, **overrides)
+    flags = "".join(
+        f" --{name}" if value is True else f" --{name} {value}" for name, value in overrides.items()
+    )
+    failed = [r for r in runs if r.problems]
     assert not failed, "\n".join(
-        f"seed {r.seed} (Spark {r.setup.version}): {r.problems[0]} "
-        f"(reproduce: python -m tests.simulation --seed {r.seed})"
+        f"seed {r.seed} (Spark {r.setup.version}{flags}): {r.problems[0]} "
+        f"(reproduce: python -m tests.simulation --seed {r.seed}{flags})"
         for r in failed
     )
 
 
-# Seeds run with spark.speculation on (a copy beside nearly every task attempt): a few, as the
-# unit lane's range runs without it; `make simulate` runs more (--speculation).
-SPECULATION_SEEDS = range(0, 40)
+def test_every_schedule_keeps_the_guarantees() -> None:
+    assert_schedules_keep_the_guarantees(CHECK.drawn)
 
 
 def test_speculation_keeps_the_guarantees() -> None:
     """Issue 45, hole 5: two live attempts of one task at once; no attempt fails because the
     other took its entry over, and whichever Spark keeps, the guarantees hold."""
-    failed = [
-        r
-        for r in run_schedules(SPECULATION_SEEDS, JOBS, speculation=SPECULATION)
-        if r.problems and r.seed not in KNOWN_OPEN
-    ]
-    assert not failed, "\n".join(
-        f"seed {r.seed} (Spark {r.setup.version}): {r.problems[0]} (reproduce: python -m "
-        f"tests.simulation --seed {r.seed} --speculation {SPECULATION})"
-        for r in failed
-    )
-
-
-# Seeds run with both slots packed into one task (`make simulate ARGS=--packed` for more): its
-# attempts claim, record and seal each slot's entry, and die with all of them.
-PACKED_SEEDS = range(0, 200)
+    assert_schedules_keep_the_guarantees(CHECK.speculation, speculation=SPECULATION)
 
 
 def test_packed_schedules_keep_the_guarantees() -> None:
-    failed = [r for r in run_schedules(PACKED_SEEDS, JOBS, packed=True) if r.problems]
-    assert not failed, "\n".join(
-        f"seed {r.seed} (Spark {r.setup.version}, packed): {r.problems[0]} "
-        f"(reproduce: python -m tests.simulation --packed --seed {r.seed})"
-        for r in failed
-    )
+    """Both slots packed into one task: its attempts claim, record and seal each slot's entry,
+    and die with all of them."""
+    assert_schedules_keep_the_guarantees(CHECK.packed, packed=True)
 
 
 def test_a_seed_replays_the_same_schedule() -> None:

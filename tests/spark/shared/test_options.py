@@ -287,6 +287,7 @@ GROUP_CASES: list[tuple[Overrides, str]] = [
     ({"maxMessagesPerTrigger": "0"}, "option maxMessagesPerTrigger=0 is out of range"),
     ({"maxMessagesPerTrigger": "lots"}, "is not a whole number"),
     ({"maxMessagesPerPartition": "-5"}, "option maxMessagesPerPartition=-5 is out of range"),
+    ({"maxTasksPerBatch": "0"}, "option maxTasksPerBatch=0 is out of range"),
     ({"minMessagesPerTrigger": "none"}, "option minMessagesPerTrigger='none' is not a whole"),
     (
         {"minMessagesPerTrigger": "50", "maxMessagesPerTrigger": "10"},

@@ -1,0 +1,22 @@
+"""The rest of the ack-ledger simulation's explored range, in the main lane: `make check` runs
+the first share of each kind of world (test_simulation.py) and stays within its minute."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.simulation.mutants import SPECULATION
+from tests.simulation.test_simulation import EXPLORED, assert_schedules_keep_the_guarantees
+
+
+@pytest.mark.timeout(900)  # beside the other worker's Spark tests on two cores
+def test_every_schedule_keeps_the_guarantees() -> None:
+    assert_schedules_keep_the_guarantees(EXPLORED.drawn)
+
+
+def test_speculation_keeps_the_guarantees() -> None:
+    assert_schedules_keep_the_guarantees(EXPLORED.speculation, speculation=SPECULATION)
+
+
+def test_packed_schedules_keep_the_guarantees() -> None:
+    assert_schedules_keep_the_guarantees(EXPLORED.packed, packed=True)
