@@ -385,6 +385,61 @@ def test_adopted_consumer_with_max_deliver_is_refused_before_anything_is_taken(
     assert state.delivered_seq == 0 and state.num_pending == 5, "a message was taken"
 
 
+def test_static_member_consumer_created_again_while_stopped_is_refused_at_restart(
+    spark, client, nats_url, unique, tmp_path
+):
+    """A static member consumer deleted and created again (DeliverAll, as a Go member heals
+    itself) while no query runs would deliver the member's partitions again from the start: the
+    restarted query knows the one it read from its ledger's pointer and stops with one line
+    before emitting anything; deleted again and restarted with the startingPosition it names,
+    the query reads on, every message once."""
+    stream, group = f"MR{unique}", "g"
+    static_group(client, stream, group, ["m1"], partitions=2)
+    publish(client, stream, 30)
+    sink = Collector()
+    df = source(spark, nats_url, stream, group, consumerLayout="member", ledgerBucket=f"L{unique}")
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    try:
+        drained(query, client, stream, group, sink, 30)
+    finally:
+        query.stop()
+    [consumer] = consumers_of(client, stream, group, "m1")
+    config = run_sync(client.api.consumer_info(stream, consumer.name)).config
+    run_sync(client.api.delete_consumer(stream, consumer.name))
+    run_sync(client.api.create_consumer(stream, consumer.name, config))
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    try:
+        stopped = lambda: query.exception() is not None or len(sink.values) > 30  # noqa: E731
+        wait_until(stopped, 60, "the query to stop")
+        error = str(query.exception())
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 30)
+    assert (
+        f"consumer '{consumer.name}' on stream '{stream}' was deleted and created again while "
+        "the query was stopped"
+    ) in error, error
+    start = re.search(r"restart the query with startingPosition=(sequence:\d+)", error)
+    assert start is not None, error
+    run_sync(client.api.delete_consumer(stream, consumer.name))
+    publish(client, stream, 10, start=30)
+    df = source(
+        spark,
+        nats_url,
+        stream,
+        group,
+        consumerLayout="member",
+        ledgerBucket=f"L{unique}",
+        startingPosition=start.group(1),
+    )
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    try:
+        drained(query, client, stream, group, sink, 40)
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 40)
+
+
 def test_static_member_consumer_deleted_while_running_stops_and_resumes_exactly(
     spark, client, nats_url, unique, tmp_path
 ):
