@@ -300,6 +300,20 @@ MUTANTS = (
         edit=(("recreate_consumer", True),),
     ),
     Mutant(
+        "remembered-consumers-forgotten",
+        "a restarted driver took the consumers as it found them: one deleted and created again "
+        "after the last look of the run before delivered again from its start what the query "
+        "had committed (the pointer keeps each consumer's creation time across runs)",
+        (
+            Patch(
+                DRIVER_LEDGER,
+                "        remembered = pointer.consumers if pointer",
+                "        remembered = {} if pointer",
+            ),
+        ),
+        edit=(("recreate_consumer", True),),
+    ),
+    Mutant(
         "acks-uncommitted-at-stop",
         "an ack before commit: the driver at stop acks every batch it planned, not only the "
         "committed ones (the guarantee the ledger exists for; never shipped)",

@@ -202,13 +202,15 @@ def test_a_consumer_created_again_while_the_query_runs_is_refused() -> None:
     assert refused is not None and not refused.problems
 
 
-def test_a_consumer_created_again_unseen_by_the_query_emits_again() -> None:
-    """Open: a consumer deleted and created again where no driver looks at it before the query
-    stops (the run ends first, or its driver dies) is taken by the next run as it finds it, and
-    read from its start again: the source keeps no consumer's creation time across runs."""
-    assert _first_seed(
-        lambda r: any("emitted twice" in p for p in r.problems), recreate_consumer=True
+def test_a_consumer_created_again_unseen_by_the_query_is_refused_by_the_next_run() -> None:
+    """A consumer deleted and created again where no driver looks at it before the query stops
+    (the run ends first, or its driver dies) is told apart by the next run's driver from the
+    consumers its pointer keeps as last seen: refused before it emits anything twice; the mutant
+    remembered-consumers-forgotten shows what it would emit again."""
+    refused = _first_seed(
+        lambda r: _refused(r, "created again while the query was stopped"), recreate_consumer=True
     )
+    assert refused is not None and not refused.problems
 
 
 def _refused(result: Result, why: str) -> bool:

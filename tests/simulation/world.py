@@ -177,7 +177,8 @@ class Target:
         info (read here without a scheduling point, so the schedules stay what they were)."""
         for name, consumer in self.consumers.items():
             if (STREAM, name) not in self.seen.sightings:
-                self.seen.record(STREAM, name, ConsumerInfo(consumer.identity()))
+                info = ConsumerInfo(consumer.identity())
+                self.seen.record(STREAM, name, info, placed=False)
         return self.slots
 
     def slot_named(self, name: str) -> Slot:
@@ -311,6 +312,7 @@ class World:
         reader.client = SimClient(self.sched, self.server)  # type: ignore[assignment]
         reader.ledger.attach(self.bucket_view())
         reader.target = Target(self.slots, self.consumers)  # type: ignore[assignment]
+        reader.ledger.seen = reader.target.seen  # kept in the pointer, as the source's target's
         return reader
 
     async def task(self, partition: SlotPartition | PackedSlots) -> list[int]:

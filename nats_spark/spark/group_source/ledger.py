@@ -17,8 +17,9 @@ concludes from it is `ledger_protocol`, the only reader and writer of heads. Key
   driver on Spark 4.0/4.1 (whose `latestOffset` gets no start offset) can go on numbering, the
   pins the query's slots hold, so a restarted query resumes them instead of standing by, and
   the newest gen whose entries the driver removed as settled (written before it removes them),
-  which fences a task attempt of a committed batch that outlived it, and the driver that wrote
-  it
+  which fences a task attempt of a committed batch that outlived it, the driver that wrote it,
+  and each consumer the query reads as its driver last saw it (created, ack floor), so a restarted
+  driver tells a consumer created again while no query ran from the one the query read
 - `query.<stream>.<target>.live.<driver>`: a running driver's presence record, written every
   few seconds and removed at stop (`driver.presence`): a stale one is a dead driver's
 
@@ -333,7 +334,9 @@ class Pointer:
     so that a driver killed before that batch does not forget them), and the newest
     `RETIRED_KEPT` lineages given back (a task attempt of one that outlived the give-back and
     creates an entry removes it: with no max age on the bucket, nothing else would), and the
-    driver that wrote it, whose presence record tells whether its pins are a live query's."""
+    driver that wrote it, whose presence record tells whether its pins are a live query's, and
+    by stream and name the [created, ack floor] of each consumer the query reads, as its driver
+    last saw them (`SeenConsumers.stored`; absent in an older release's pointer)."""
 
     lineage: str
     gen: int
@@ -342,6 +345,7 @@ class Pointer:
     replaced: list[str] = field(default_factory=list)
     retired: list[str] = field(default_factory=list)
     driver: str | None = None  # the driver that wrote it (`presence`); None: an older release's
+    consumers: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
 
 async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
@@ -359,6 +363,7 @@ async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
         list(data.get("replaced", [])),
         list(data.get("retired", [])),
         data.get("driver"),
+        data.get("consumers", {}),
     )
 
 

@@ -122,6 +122,28 @@ def test_where_a_new_consumer_is_exact_it_is_taken() -> None:
     assert seen.next_after_acked("S", "other") == 1, "never seen: from the start"
 
 
+def test_a_consumer_created_again_while_stopped_is_told_from_the_one_remembered() -> None:
+    """A restarted driver remembers the consumers as the last one saw them (the pointer's):
+    one found created again since is refused at its first look, with where to start; one
+    the query created itself where it chose (the fix: `startingPosition`) is taken."""
+    seen = SeenConsumers()
+    seen.remember({"S": {"C": [CREATED, 41]}})
+    seen.record("S", "C", info(created="2026-11-28T19:05:00Z"), placed=False)
+    assert seen.next_after_acked("S", "C") == 42
+    assert seen.stored() == {"S": {"C": [CREATED, 41]}}, "still to be checked"
+    with pytest.raises(ConfigurationError) as error:
+        seen.look("S", "C", info(created="2026-11-28T19:05:00Z"), "go on so")
+    assert "was deleted and created again while the query was stopped (created " in str(error.value)
+    assert seen.stored() == {"S": {"C": [CREATED, 41]}}, "refused: still the one remembered"
+    seen.record("S", "C", info(created="2026-11-28T19:06:00Z", floor=41))
+    seen.look("S", "C", info(created="2026-11-28T19:06:00Z", floor=45), "go on so")
+    assert seen.stored() == {"S": {"C": ["2026-11-28T19:06:00Z", 45]}}
+    unchanged = SeenConsumers()
+    unchanged.remember({"S": {"C": [CREATED, 41]}})
+    unchanged.look("S", "C", info(floor=50), "go on so")
+    assert unchanged.next_after_acked("S", "C") == 51
+
+
 def test_an_edit_while_the_query_runs_is_refused_at_the_next_look() -> None:
     seen = SeenConsumers()
     seen.record("S", "C", info())

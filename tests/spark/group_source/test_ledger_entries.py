@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from types import SimpleNamespace
@@ -364,6 +365,32 @@ def test_the_pointer_hands_lineage_gen_and_pins_to_a_restarted_driver(kv: Memory
     assert (restarted.lineage, restarted.head_gen) == (first.lineage, 1)
     assert restarted.pins == {"m1": "pin-1"}
     assert restarted.last_query_pins == {"pin-1"}
+
+
+def test_the_pointer_hands_the_consumers_as_last_seen_to_the_lineages_next_driver(
+    kv: MemoryBucket,
+) -> None:
+    """Each consumer's creation time and ack floor outlive the driver (one record each, rewritten
+    with the pointer); a driver of another lineage (a new checkpoint) does not take them, nor
+    does one reading a pointer written before they were kept."""
+    first = driver(kv)
+    assert run_sync(first.adopt(None))
+    seen = {"S": {"C": ["2026-11-28T19:00:00Z", 41]}}
+    first.seen.remember(seen)
+    run_sync(first.new_offset({"m1": SlotPlan(5)}))
+    run_sync(first.new_offset({"m1": SlotPlan(5)}))
+    pointer = run_sync(read_pointer(kv, "query.S.g"))
+    assert pointer is not None and pointer.consumers == seen
+    restarted = driver(kv)
+    assert run_sync(restarted.adopt(None))
+    assert restarted.seen.stored() == seen
+    assert restarted.seen.next_after_acked("S", "C") == 42
+    other = driver(kv)
+    assert run_sync(other.adopt(SourceOffset.initial()))
+    assert other.seen.stored() == {}
+    older = {k: v for k, v in vars(pointer).items() if k != "consumers"}
+    run_sync(kv.put("query.S.g", json.dumps({"format": 2, **older}).encode()))
+    assert run_sync(driver(kv).adopt(None))
 
 
 def test_heads_tell_pins_unacked_and_sealed_entries(kv: MemoryBucket, lineage: str) -> None:

@@ -385,6 +385,89 @@ def test_adopted_consumer_with_max_deliver_is_refused_before_anything_is_taken(
     assert state.delivered_seq == 0 and state.num_pending == 5, "a message was taken"
 
 
+def test_static_member_consumer_created_again_while_stopped_is_refused_at_restart(
+    spark, client, nats_url, unique, tmp_path
+):
+    """A static member consumer deleted and created again (DeliverAll, as a Go member heals
+    itself) while no query runs would deliver the member's partitions again from the start: the
+    restarted query knows the one it read from its ledger's pointer and stops with one line
+    before emitting anything (its ledger, whose entries settled, no longer drops them); deleted
+    again and restarted with the startingPosition it names, the query reads on, every message
+    once."""
+    stream, group, bucket = f"MR{unique}", "g", f"L{unique}"
+    static_group(client, stream, group, ["m1"], partitions=2)
+    publish(client, stream, 30)
+    sink = Collector()
+    df = source(spark, nats_url, stream, group, consumerLayout="member", ledgerBucket=bucket)
+    query = foreach_batches(df, sink, tmp_path / "cp")
+
+    def entries_settled() -> bool:
+        keys = run_sync(client.api.kv_keys(bucket, ">"))
+        return not [key for key in keys if not key.startswith("query.")]
+
+    try:
+        drained(query, client, stream, group, sink, 30)
+        wait_until(entries_settled, 60, "the settled entries removed")
+    finally:
+        query.stop()
+    [consumer] = consumers_of(client, stream, group, "m1")
+    config = run_sync(client.api.consumer_info(stream, consumer.name)).config
+    run_sync(client.api.delete_consumer(stream, consumer.name))
+    run_sync(client.api.create_consumer(stream, consumer.name, config))
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    try:
+        stopped = lambda: query.exception() is not None or len(sink.values) > 30  # noqa: E731
+        wait_until(stopped, 60, "the query to stop")
+        error = str(query.exception())
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, 30)
+    assert (
+        f"consumer '{consumer.name}' on stream '{stream}' was deleted and created again while "
+        "the query was stopped"
+    ) in error, error
+    run_sync(client.api.delete_consumer(stream, consumer.name))
+    publish(client, stream, 10, start=30)
+    checkpoint = tmp_path / "cp"
+    restarted_where_named(
+        spark, client, nats_url, stream, group, bucket, error, sink, checkpoint, 40
+    )
+
+
+def restarted_where_named(
+    spark: Any,
+    client: Any,
+    nats_url: str,
+    stream: str,
+    group: str,
+    bucket: str,
+    error: str,
+    sink: Collector,
+    checkpoint: Any,
+    total: int,
+) -> None:
+    """The member-layout query on `checkpoint` restarted with the startingPosition its
+    `error` names (right after the last ack the query saw; what it saw acked later is in its
+    ledger) reads on: `total` rows, every message once."""
+    start = re.search(r"restart the query with startingPosition=(sequence:\d+)", error)
+    assert start is not None, error
+    df = source(
+        spark,
+        nats_url,
+        stream,
+        group,
+        consumerLayout="member",
+        ledgerBucket=bucket,
+        startingPosition=start.group(1),
+    )
+    query = foreach_batches(df, sink, checkpoint)
+    try:
+        drained(query, client, stream, group, sink, total)
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, total)
+
+
 def test_static_member_consumer_deleted_while_running_stops_and_resumes_exactly(
     spark, client, nats_url, unique, tmp_path
 ):
@@ -410,23 +493,9 @@ def test_static_member_consumer_deleted_while_running_stops_and_resumes_exactly(
         f"member consumer '{consumer.name}' of static group '{group}' on stream '{stream}' was "
         "deleted while the query ran; a new one would read the member's partitions again"
     ) in error, error
-    # Right after the last ack the query saw (what it saw acked later is in its ledger).
-    start = re.search(r"restart the query with startingPosition=(sequence:\d+)", error)
-    assert start is not None, error
     assert_exactly_once(sink.values, 50)
     publish(client, stream, 10, start=60)
-    df = source(
-        spark,
-        nats_url,
-        stream,
-        group,
-        consumerLayout="member",
-        ledgerBucket=f"L{unique}",
-        startingPosition=start.group(1),
+    bucket, checkpoint = f"L{unique}", tmp_path / "cp"
+    restarted_where_named(
+        spark, client, nats_url, stream, group, bucket, error, sink, checkpoint, 70
     )
-    query = foreach_batches(df, sink, tmp_path / "cp")
-    try:
-        drained(query, client, stream, group, sink, 70)
-    finally:
-        query.stop()
-    assert_exactly_once(sink.values, 70)

@@ -4,7 +4,7 @@ planning (an edit or a recreation while the query runs stops it before its next 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -50,26 +50,53 @@ class SeenConsumers:
     """The consumers a query reads as it last saw them, by (stream, name). A consumer created
     again since (deleted, then created by someone, or by a Go member healing itself) has the same
     name but delivers from its own start: what the old one delivered and the query committed
-    comes again. Where the ledger's dedupe no longer holds those, they would be emitted twice."""
+    comes again. Where the ledger's dedupe no longer holds those, they would be emitted twice.
+
+    The sightings outlive the driver in the ledger's pointer (`stored`, `remember`), so a
+    consumer created again while no query ran is told apart by the next run as well."""
 
     def __init__(self) -> None:
         self.sightings: dict[tuple[str, str], Sighting] = {}
+        # As the query's previous driver last saw them, until this one has looked at them.
+        self.remembered: dict[tuple[str, str], Sighting] = {}
 
-    def record(self, stream: str, name: str, info: ConsumerInfo) -> None:
-        """A consumer the query found or (re)created itself: checked, and its identity kept."""
+    def remember(self, stored: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
+        """Take the sightings a previous driver of the query `stored` (the pointer's)."""
+        self.remembered = {
+            (stream, name): Sighting(str(created), int(floor))
+            for stream, names in stored.items()
+            for name, (created, floor) in names.items()
+        }
+
+    def stored(self) -> dict[str, dict[str, list[Any]]]:
+        """By stream and name: [created, ack floor] of each consumer, as the pointer keeps them
+        (a remembered one not looked at yet as it was remembered: it is still to be checked)."""
+        kept: dict[str, dict[str, list[Any]]] = {}
+        for (stream, name), sighting in {**self.sightings, **self.remembered}.items():
+            kept.setdefault(stream, {})[name] = [sighting.created, sighting.ack_floor]
+        return kept
+
+    def record(self, stream: str, name: str, info: ConsumerInfo, placed: bool = True) -> None:
+        """A consumer the query found or (re)created itself: checked, and its identity kept.
+        `placed`: the query created it where it chose (not one it found or took as it is), so
+        a remembered sighting no longer applies."""
         check_config(stream, name, info.config)
+        if placed:
+            self.remembered.pop((stream, name), None)
         self.sightings[stream, name] = Sighting(info.get("created") or "", info.ack_floor_seq)
 
     def look(self, stream: str, name: str, info: ConsumerInfo, recreation: str | None) -> None:
         """Check a consumer seen at planning and keep it; `recreation`: how to go on when it was
         created again since it was last seen (None: a new one is exact, take it)."""
-        before = self.sightings.get((stream, name))
+        remembered = self.remembered.get((stream, name))
+        before = remembered or self.sightings.get((stream, name))
         created = info.get("created") or ""
         if recreation is not None and before is not None and _later(created, before.created):
+            when = "while the query was stopped" if remembered else "while the query ran"
             raise ConfigurationError(
-                f"consumer {name!r} on stream {stream!r} was deleted and created again while "
-                f"the query ran (created {before.created}, now {created}): the new one delivers "
-                f"again what the query already committed; {recreation}"
+                f"consumer {name!r} on stream {stream!r} was deleted and created again {when} "
+                f"(created {before.created}, now {created}): the new one delivers again what "
+                f"the query already committed; {recreation}"
             )
         self.record(stream, name, info)
 
@@ -77,7 +104,7 @@ class SeenConsumers:
         """The stream sequence right after everything the consumer had acked when last seen: a
         new consumer starting there reads nothing the query committed and settled, and what
         the query took after it is in the ledger, which drops its redeliveries."""
-        before = self.sightings.get((stream, name))
+        before = self.remembered.get((stream, name)) or self.sightings.get((stream, name))
         return (before.ack_floor if before else 0) + 1
 
 

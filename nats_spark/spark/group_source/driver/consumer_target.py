@@ -45,7 +45,7 @@ class ConsumerTarget:
             raise ConfigurationError(
                 f"consumer {name!r} is a push consumer; the source reads pull consumers only"
             )
-        self.seen.record(options.stream, name, info)
+        self.seen.record(options.stream, name, info, placed=False)
         policy = config.get("priority_policy") or "none"
         groups = config.get("priority_groups") or []
         group = options.priority_group

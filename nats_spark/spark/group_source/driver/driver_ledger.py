@@ -17,6 +17,7 @@ from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.errors import NatsSparkError
 from nats_spark.spark.group_source import ledger_protocol as protocol
+from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.ledger import (
     RETIRED_KEPT,
@@ -46,8 +47,10 @@ class DriverEntry:
 class DriverLedger:
     """The ledger entries of one query lineage, as the driver plans, replays and acks them."""
 
-    def __init__(self, stream: str, pointer_key: str) -> None:
+    def __init__(self, stream: str, pointer_key: str, seen: SeenConsumers | None = None) -> None:
         self.stream = stream
+        # The target's consumers as seen: kept in the pointer, for the lineage's next driver.
+        self.seen = seen or SeenConsumers()
         self.pointer_key = pointer_key
         self.kv: Bucket | None = None
         self.ledger: Ledger | None = None  # None until a lineage is adopted
@@ -106,6 +109,9 @@ class DriverLedger:
             self.head_gen = max(self.head_gen, pointer.gen)
             self.pins = dict(pointer.pins)
             self.settled = pointer.settled
+        # The lineage's consumers as its last driver saw them: checked as this one first looks.
+        remembered = pointer.consumers if pointer and pointer.lineage == offset.lineage else {}
+        self.seen.remember(remembered)
         self.entries = {
             (gen, slot): DriverEntry(gen, slot) for gen, slot in await self.ledger.heads()
         }
@@ -199,6 +205,7 @@ class DriverLedger:
             list(self.replaced),
             list(self.retired),
             self.driver,
+            self.seen.stored(),
         )
         await write_pointer(self.kv, self.pointer_key, pointer)
 

@@ -26,11 +26,13 @@ async def ensure(
     consumer: GroupConsumer,
     seen: SeenConsumers,
     deliver: Mapping[str, Any] | None = None,
+    placed: bool = True,
 ) -> None:
     """Create a group consumer (delivering from where `deliver` says, when it is new), waiting
     while another consumer (maybe a Go member) still holds overlapping filters on the work-queue
     stream, as Go members wait for each other; then check it (an adopted one keeps its own
-    config) and record it in `seen` as the query's."""
+    config) and record it in `seen` as the query's (`placed`: the query creates it where it
+    chose, as opposed to taking one it may find as it is, `SeenConsumers.record`)."""
     if deliver:
         consumer = GroupConsumer(consumer.stream, consumer.name, {**consumer.config, **deliver})
     for _ in range(_OVERLAP_RETRIES - 1):
@@ -43,4 +45,4 @@ async def ensure(
         await asyncio.sleep(0.5)
     else:
         info = await ensure_group_consumer(client, consumer)
-    seen.record(consumer.stream, consumer.name, info)
+    seen.record(consumer.stream, consumer.name, info, placed)

@@ -177,7 +177,7 @@ class GroupTarget:
                 consumer.stream,
                 consumer.name,
             )
-        await ensure(client, consumer, self.seen, deliver)
+        await ensure(client, consumer, self.seen, deliver, placed=deliver is not None)
 
     def _no_members(self, entry: GroupEntry, first: bool) -> str:
         """A group without members to read fails at start; one that loses them while the query

@@ -61,7 +61,9 @@ class OffsetReader:
         self.target = target_for(options)
         self.client: NatsClient | None = None
         self.ledger = DriverLedger(
-            options.stream, pointer_key(options.stream, options.group or options.consumer or "")
+            options.stream,
+            pointer_key(options.stream, options.group or options.consumer or ""),
+            self.target.seen,
         )
         self.current: SourceOffset | None = None  # the last offset returned to Spark
         self.states: dict[str, SlotState] = {}  # every slot resolved, also ones since dropped
