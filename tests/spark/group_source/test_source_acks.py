@@ -40,7 +40,7 @@ from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.ledger import Ledger
 from nats_spark.spark.group_source.ledger_protocol import read_deliveries, read_head
-from nats_spark.spark.group_source.options import parse_options
+from nats_spark.spark.group_source.options import SourceOptions, parse_options
 from nats_spark.spark.group_source.task.partition_reader import read_slot
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 
@@ -223,25 +223,48 @@ def test_far_off_trigger_keeps_committed_messages_from_coming_back(client, nats_
         run_sync(other.target.close())
 
 
+def ten_held_a_minute(
+    client: Blocking[NatsClient], url: str, stream: str, bucket: str, partitions: int = 1
+) -> SourceOptions:
+    """Options of a query reading 4 messages a slot from a plain consumer (a minute's ack
+    wait) of a new stream holding 10."""
+    make_stream(client, stream, storage="memory")
+    make_consumer(client, stream, "shared", "overflow", group=GROUP, ack_wait=to_nanos(60))
+    publish(client, stream, 10)
+    return parse_options(
+        {
+            "servers": url,
+            "stream": stream,
+            "consumer": "shared",
+            "numPartitions": str(partitions),
+            "ledgerBucket": bucket,
+            "maxMessagesPerPartition": "4",
+        }
+    )
+
+
+def read_batches_until(reader: OffsetReader, start: SourceOffset, count: int) -> list[int]:
+    """The stream sequences the reader's batches from `start` read, until `count` (at most 4
+    batches), as Spark 4.2+ calls it."""
+    taken: list[int] = []
+    for _ in range(4):
+        end = run_sync(reader.latest_offset(start, None))
+        for part in run_sync(reader.partitions(start, end)):
+            taken += seqs_of(read_slot(part))
+        start = end
+        if len(taken) >= count:
+            break
+    return taken
+
+
 def test_a_new_checkpoint_gives_back_what_a_stopped_attempt_left_open(client, nats_url, unique):
     """A task attempt stopped mid-batch leaves its ledger entry open and its messages held (a
     minute's ack wait). A query on a new checkpoint takes the entry from that attempt (were it
     still recording, its next write would fail), NAKs what it holds and removes it: the
     messages come back at once, and its first batch reads them all, in order. Driven through
     the offset reader as Spark 4.2+ calls it."""
-    stream, name = f"OPEN{unique}", "shared"
-    make_stream(client, stream, storage="memory")
-    make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(60))
-    publish(client, stream, 10)
-    options = parse_options(
-        {
-            "servers": nats_url,
-            "stream": stream,
-            "consumer": name,
-            "ledgerBucket": f"L{unique}",
-            "maxMessagesPerPartition": "4",
-        }
-    )
+    stream = f"OPEN{unique}"
+    options = ten_held_a_minute(client, nats_url, stream, f"L{unique}")
     old, new = OffsetReader(options), OffsetReader(options)
     try:
         start = run_sync(old.initial_offset())
@@ -249,16 +272,9 @@ def test_a_new_checkpoint_gives_back_what_a_stopped_attempt_left_open(client, na
         rows = read_slot(partition)
         assert seqs(next(rows)) == [1, 2, 3, 4]
         rows.close()  # Spark stopped the task: the entry stays open
-        assert consumer_info(client, stream, name)["num_ack_pending"] == 4
+        assert consumer_info(client, stream, "shared")["num_ack_pending"] == 4
         start = run_sync(new.initial_offset())  # no offsets: a new lineage replaces the old
-        taken: list[int] = []
-        for _ in range(4):  # its batches, until they have read all
-            end = run_sync(new.latest_offset(start, None))
-            for part in run_sync(new.partitions(start, end)):
-                taken += seqs_of(read_slot(part))
-            start = end
-            if len(taken) >= 10:
-                break
+        taken = read_batches_until(new, start, 10)
         assert taken == list(range(1, 11))
         assert run_sync(Ledger(new.ledger.kv, partition.lineage).heads()) == []
     finally:
@@ -273,20 +289,7 @@ def test_a_new_checkpoint_gives_back_past_an_entry_that_took_nothing(client, nat
     failed on the empty entry once, after it had removed both and before it NAKed a message
     (the simulation's seeds 1132 and 4307). Driven through the offset reader as Spark 4.2+
     calls it."""
-    stream, name = f"EMPTY{unique}", "shared"
-    make_stream(client, stream, storage="memory")
-    make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(60))
-    publish(client, stream, 10)
-    options = parse_options(
-        {
-            "servers": nats_url,
-            "stream": stream,
-            "consumer": name,
-            "numPartitions": "2",
-            "ledgerBucket": f"L{unique}",
-            "maxMessagesPerPartition": "4",
-        }
-    )
+    options = ten_held_a_minute(client, nats_url, f"EMPTY{unique}", f"L{unique}", 2)
     old, new = OffsetReader(options), OffsetReader(options)
     try:
         start = run_sync(old.initial_offset())
@@ -296,14 +299,7 @@ def test_a_new_checkpoint_gives_back_past_an_entry_that_took_nothing(client, nat
         rows.close()  # Spark stopped the task: the entry stays open
         run_sync(SlotEntry(shared_client(empty.reading.connection), empty).claim())
         start = run_sync(new.initial_offset())  # no offsets: a new lineage replaces the old
-        taken: list[int] = []
-        for _ in range(4):  # its batches, until they have read all
-            end = run_sync(new.latest_offset(start, None))
-            for part in run_sync(new.partitions(start, end)):
-                taken += seqs_of(read_slot(part))
-            start = end
-            if len(taken) >= 10:
-                break
+        taken = read_batches_until(new, start, 10)
         assert sorted(taken) == list(range(1, 11))
         assert run_sync(Ledger(new.ledger.kv, took.lineage).heads()) == []
     finally:
