@@ -30,7 +30,7 @@ def publish_allowed(stream: str, ledger: str = DEFAULT_LEDGER) -> list[tuple[str
         (f"$JS.API.DIRECT.GET.{_STATIC}.>", "buckets made by Go or the nats CLI"),
         (f"$JS.API.STREAM.INFO.{kv}", ""),
         (f"$JS.API.STREAM.CREATE.{kv}", "first query only"),
-        (f"$JS.API.STREAM.MSG.GET.{kv}", ""),
+        (f"$JS.API.STREAM.MSG.GET.{kv}", "when a presence record was last written"),
         (f"$JS.API.DIRECT.GET.{kv}.>", ""),
         (f"$JS.API.CONSUMER.CREATE.{kv}", "lists the ledger's keys"),
         (f"$JS.API.CONSUMER.INFO.{kv}.>", ""),
