@@ -128,9 +128,12 @@ def test_closed_holes_stay_closed(seed: int) -> None:
     assert not run_schedule(seed, **overrides).problems
 
 
-def assert_schedules_keep_the_guarantees(seeds: Iterable[int], **overrides: Any) -> None:
-    """Every schedule of `seeds` (under `overrides` of what they draw) keeps every guarantee."""
-    runs = run_schedules([seed for seed in seeds if seed not in KNOWN_OPEN], JOBS, **overrides)
+def assert_schedules_keep_the_guarantees(
+    seeds: Iterable[int], jobs: int = JOBS, **overrides: Any
+) -> None:
+    """Every schedule of `seeds` (under `overrides` of what they draw), run in `jobs` processes,
+    keeps every guarantee."""
+    runs = run_schedules([seed for seed in seeds if seed not in KNOWN_OPEN], jobs, **overrides)
     flags = "".join(
         f" --{name}" if value is True else f" --{name} {value}" for name, value in overrides.items()
     )
