@@ -26,6 +26,7 @@ RARE = {
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
     "overtaken-attempt-fails": (72, 262),  # of 0-399
+    "zombie-recreates-settled": (11753,),  # the only one of 0-12000 on the merged schedules
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
 # dozens (on the schedules of 2026-11-28): searched first, then the rest of the range, so the
@@ -45,9 +46,6 @@ _STAND_BY = (
     "0-20000 --first 3"
 )
 UNCAUGHT: dict[str, str] = {
-    "zombie-recreates-settled": "seeds 3065 and 4382 caught it through the give-back that "
-    "failed on an entry that took nothing (fixed 2026-11-29): neither does now; search a long "
-    "range for a new one",
     "sealed-kept-only-once-due": "seeds 1117 and 9216 no longer catch it once the give-back "
     "skips an entry that took nothing and the quiet run's limit counts from its last batch "
     "(9216's catch was that limit's: an acked entry left when it ended); search a long range",
