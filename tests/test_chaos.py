@@ -58,6 +58,7 @@ def test_each_fault_once(tmp_path: Path) -> None:
     assert outcome.unacked == 0, summary
 
 
+@pytest.mark.timeout(600)  # two job restarts; a retry after a killed worker stands by 5 s
 def test_kill_sweep(tmp_path: Path) -> None:
     """Seed 20 kills the job at the commit of a batch (its slots sealed, before Spark's commit
     log), a Python worker killed first, then at a seal of the batch the restarted job re-runs."""
