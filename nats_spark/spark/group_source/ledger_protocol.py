@@ -230,6 +230,13 @@ def content_fixed(head: EntryHead) -> bool:
     return head.state is not EntryState.OPEN
 
 
+def held_by_another(head: EntryHead, attempt: str) -> bool:
+    """Whether `head` is an OPEN entry another attempt holds, not given up: stand by for it
+    (`await_holder`). An OPEN head of `attempt` itself is its own create, whose answer was
+    lost."""
+    return not content_fixed(head) and head.attempt != attempt and not head.released
+
+
 async def await_holder(ledger: Ledger, gen: int, slot: str, quiet: float) -> tuple[EntryHead, int]:
     """The head of an OPEN entry another attempt holds, read again and again until its content
     is fixed, the holder releases it, or it has stood still for `quiet` seconds (its holder

@@ -89,7 +89,7 @@ class SeenConsumers:
         """Check a consumer seen at planning and keep it; `recreation`: how to go on when it was
         created again since it was last seen (None: a new one is exact, take it)."""
         remembered = self.remembered.get((stream, name))
-        before = remembered or self.sightings.get((stream, name))
+        before = self._last_seen(stream, name)
         created = info.get("created") or ""
         if recreation is not None and before is not None and _later(created, before.created):
             when = "while the query was stopped" if remembered else "while the query ran"
@@ -104,8 +104,12 @@ class SeenConsumers:
         """The stream sequence right after everything the consumer had acked when last seen: a
         new consumer starting there reads nothing the query committed and settled, and what
         the query took after it is in the ledger, which drops its redeliveries."""
-        before = self.remembered.get((stream, name)) or self.sightings.get((stream, name))
+        before = self._last_seen(stream, name)
         return (before.ack_floor if before else 0) + 1
+
+    def _last_seen(self, stream: str, name: str) -> Sighting | None:
+        """As the previous driver remembered it until this one looked, else as this one saw it."""
+        return self.remembered.get((stream, name)) or self.sightings.get((stream, name))
 
 
 def _later(created: str, seen: str) -> bool:

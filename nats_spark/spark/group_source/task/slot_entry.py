@@ -71,7 +71,7 @@ class SlotEntry:
                     self.head.pin = self.partition.pin_id
                     return
                 continue  # another attempt created it first: read it
-            if held_by_another(found[0], self.head.attempt):
+            if protocol.held_by_another(found[0], self.head.attempt):
                 found = await protocol.await_holder(ledger, gen, slot, protocol.HOLD_QUIET)
             previous, revision = found
             self.replay = await protocol.read_deliveries(ledger, previous)
@@ -255,12 +255,6 @@ class SlotEntry:
                 await protocol.release(self.ledger, gen, slot, self.head, self.revision)
         except Exception as error:  # a retry then waits for the head to go quiet
             log.debug("slot %s: releasing its ledger entry failed: %s", slot, error)
-
-
-def held_by_another(head: EntryHead, attempt: str) -> bool:
-    """Whether `head` is an OPEN entry another attempt holds, not given up: stand by for it.
-    (An OPEN head of `attempt` itself is its own create, whose answer was lost.)"""
-    return not protocol.content_fixed(head) and head.attempt != attempt and not head.released
 
 
 class Recorder:
