@@ -61,7 +61,7 @@ def publish_to_one_key(client: Blocking[NatsClient], stream: str, start: int, co
     run_sync(send())
 
 
-@pytest.mark.compat
+@pytest.mark.compat("4.0")
 def test_slot_with_nothing_new_still_gets_its_acks(spark, client, nats_url, unique, tmp_path):
     """Both partitions read in a batch; then only one of them gets new messages. The other's
     committed messages are acked by an ack-only task, while the query runs."""
@@ -81,7 +81,7 @@ def test_slot_with_nothing_new_still_gets_its_acks(spark, client, nats_url, uniq
     assert_exactly_once(sink.values, 60)
 
 
-@pytest.mark.compat
+@pytest.mark.compat("4.0")
 def test_a_failed_query_acks_its_committed_batch_at_stop(spark, client, nats_url, unique, tmp_path):
     """Batch 0 is committed; batch 1, whose tasks would ack it, fails in the sink before they
     run. Spark then ends the source's driver process with SIGTERM, and the driver acks batch 0
@@ -131,7 +131,7 @@ def run_until_it_fails(
     wait_until(lambda: not source_runners(), 90, f"{run}'s driver side to stop")
 
 
-@pytest.mark.compat
+@pytest.mark.compat("4.0")
 def test_a_restart_acks_nothing_of_the_logged_batch_it_could_not_commit(
     spark, client, nats_url, unique, tmp_path
 ):

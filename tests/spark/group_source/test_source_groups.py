@@ -102,7 +102,7 @@ def test_next_batch_acks_a_full_consumer_and_reads_on(spark, client, nats_url, u
     assert_acked_but_last_batch(client, stream, group, 50)
 
 
-@pytest.mark.compat
+@pytest.mark.compat("4.0")
 def test_elastic_group_processing_time_leaves_nothing_unacked(
     spark, client, nats_url, unique, tmp_path
 ):
@@ -160,7 +160,7 @@ def test_no_ack_before_commit(spark, client, nats_url, unique, tmp_path):
     assert_exactly_once(seen, 400)
 
 
-@pytest.mark.compat
+@pytest.mark.compat("4.0")
 def test_ack_wait_shorter_than_batch_messages_held_until_commit(
     spark, client, nats_url, unique, tmp_path
 ):

@@ -14,7 +14,7 @@ from spark_helpers import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.spark, pytest.mark.compat]
+pytestmark = [pytest.mark.spark, pytest.mark.compat("4.0")]
 
 SPARK_MASTER = "local[2,3]"  # two cores, up to three attempts per task
 # a task per partition (the default), or the 4 partitions packed into tasks that each read several
