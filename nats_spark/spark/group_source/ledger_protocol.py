@@ -350,6 +350,29 @@ async def ack(
     numbers) and mark it acked; what it acked, or None (missing, open, or acked already). Two
     may ack one entry (a zombie attempt beside its retry, the driver at stop): the server
     ignores the second acks."""
+    due = await ack_due_of(ledger, gen, slot)
+    if due is None:
+        return None
+    await send_entry_acks(client, [due.deliveries], stream)
+    await mark_acked(ledger, due)
+    return due.deliveries
+
+
+@dataclass
+class DueAcks:
+    """A SEALED entry of a committed batch as read for its acks (`ack`'s steps, which a task of
+    packed slots runs for all its slots together: one flush for all their acks)."""
+
+    gen: int
+    slot: str
+    head: EntryHead
+    revision: int
+    deliveries: EntryDeliveries
+
+
+async def ack_due_of(ledger: Ledger, gen: int, slot: str) -> DueAcks | None:
+    """The entry's head and deliveries when its acks are due; None when it is missing, open
+    (logged: a committed batch has none) or acked already."""
     found = await read_head(ledger, gen, slot)
     if found is None:
         return None
@@ -362,17 +385,35 @@ async def ack(
         return None
     if head.state is EntryState.ACKED:
         return None
-    deliveries = await read_deliveries(ledger, head)
+    return DueAcks(gen, slot, head, revision, await read_deliveries(ledger, head))
+
+
+async def send_entry_acks(
+    client: NatsClient, entries: Iterable[EntryDeliveries], stream: str
+) -> None:
+    """Ack the deliveries of `entries` (of one stream) with one flush; fail when the server
+    refused any."""
+    commands: list[bytes] = []
+    count = 0
+    for deliveries in entries:
+        commands += deliveries.ack_commands()
+        count += len(deliveries)
     before = len(client.denied)
-    await send_acks(client.nc, deliveries.ack_commands(), len(deliveries))
+    await send_acks(client.nc, commands, count)
     _refused_acks(client, before, stream)
-    head.state = EntryState.ACKED
+
+
+async def mark_acked(ledger: Ledger, due: DueAcks) -> None:
+    """After its acks went out: the entry is ACKED."""
+    due.head.state = EntryState.ACKED
     try:
-        await write_head(ledger, gen, slot, head, revision)
+        await write_head(ledger, due.gen, due.slot, due.head, due.revision)
     except LedgerConflict:
         # Another attempt (or the driver at stop) marked it first: it can only have acked it.
-        log.debug("ledger entry %s was marked acked by another attempt", ledger.head_key(gen, slot))
-    return deliveries
+        log.debug(
+            "ledger entry %s was marked acked by another attempt",
+            ledger.head_key(due.gen, due.slot),
+        )
 
 
 def _refused_acks(client: NatsClient, before: int, stream: str) -> None:

@@ -37,7 +37,11 @@ from nats_spark.spark.group_source.ledger_protocol import (
 from nats_spark.spark.group_source.slot_partition import SlotPartition, SlotReading
 from nats_spark.spark.group_source.task.columns import SlotColumns
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
-from nats_spark.spark.group_source.task.slot_history import SlotHistory
+from nats_spark.spark.group_source.task.slot_history import (
+    DedupeReads,
+    SlotHistory,
+    ack_committed_together,
+)
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("short_holds")]
 
@@ -315,6 +319,38 @@ def test_a_task_acks_its_committed_entries_once(
     assert len(published_acks) == 2
 
 
+def test_a_task_of_packed_slots_acks_all_their_committed_entries_with_one_flush(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flushes: list[int] = []
+
+    async def send(nc: object, commands: list[bytes], count: int) -> int:
+        flushes.append(count)
+        return count
+
+    monkeypatch.setattr(ledger_protocol, "send_acks", send)
+    sealed(kv, lineage, 1, [1, 2], slot="m1")
+    sealed(kv, lineage, 1, [3], slot="m2")
+    sealed(kv, lineage, 2, [4], slot="m2")
+    sealed(kv, lineage, 1, [5], slot="m3")
+    reads_before = kv.reads
+    partitions = [
+        input_partition(lineage, 3, "m1", committed=(1,)),
+        input_partition(lineage, 3, "m2", committed=(1, 2)),
+        input_partition(lineage, 3, "m3", committed=()),  # nothing due
+    ]
+    histories = [SlotHistory(CLIENT, Ledger(kv, lineage), p) for p in partitions]
+    run_sync(ack_committed_together(CLIENT, histories))
+    assert flushes == [4]  # the four messages of the three due entries, in one flush
+    assert kv.reads - reads_before == 6  # a head and a chunk per due entry, as alone
+    # each slot's own step finds them acked: nothing read or sent again
+    assert [run_sync(h.ack_committed()) for h in histories] == [0, 0, 0]
+    assert flushes == [4] and kv.reads - reads_before == 6
+    for slot, gen in (("m1", 1), ("m2", 1), ("m2", 2)):
+        assert stored(kv, lineage, gen, slot)[0].state is EntryState.ACKED
+    assert stored(kv, lineage, 1, "m3")[0].state is EntryState.SEALED  # not this batch's due
+
+
 def test_refused_acks_fail_and_stay_due(
     kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -343,6 +379,28 @@ def test_dedupe_holds_earlier_batches_and_reads_a_sealed_entry_once(
     reads = kv.reads
     assert run_sync(SlotHistory(CLIENT, Ledger(kv, lineage), p).dedupe()) == {1, 2, 5}
     assert kv.reads - reads == 1  # the open gen 4 is looked at again
+
+
+def test_a_task_of_packed_slots_reads_the_entries_they_dedupe_against_once(
+    kv: MemoryBucket, lineage: str
+) -> None:
+    sealed(kv, lineage, 1, [1, 2], slot="m1")
+    sealed(kv, lineage, 1, [3], slot="m2")
+    spans = (("m1", 1, 1), ("m2", 1, 1))
+    partitions = [input_partition(lineage, 2, slot, dedupe=spans) for slot in ("m1", "m2", "m3")]
+    histories = [SlotHistory(CLIENT, Ledger(kv, lineage), p) for p in partitions]
+    shared = DedupeReads(histories)
+    for history in histories:
+        history.shared = shared
+    reads = kv.reads
+
+    async def all_slots_at_once() -> list[set[int]]:
+        return list(await asyncio.gather(*(h.dedupe() for h in histories)))
+
+    assert run_sync(all_slots_at_once()) == [{1, 2, 3}] * 3
+    assert kv.reads - reads == 4  # a head and a chunk of each entry, once for the three slots
+    assert run_sync(histories[0].dedupe()) == {1, 2, 3}
+    assert kv.reads - reads == 4
 
 
 # DriverLedger

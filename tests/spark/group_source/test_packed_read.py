@@ -3,10 +3,14 @@ every slot's rows once, and the next batch's ack-only tasks ack them all."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from spark_helpers import publish, static_group, unacked, wait_until
 
 from nats_spark.loop import run_sync
+from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
+from nats_spark.spark.group_source.ledger import LedgerBucket
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import PackedSlots
 from nats_spark.spark.group_source.task.partition_reader import read_packed
@@ -36,3 +40,74 @@ def test_a_packed_task_reads_its_slots_slot_by_slot(client, nats_url, unique):
         wait_until(lambda: unacked(client, stream, "g") == 0, 30, "acks")
     finally:
         run_sync(reader.close())
+
+
+class LedgerCalls:
+    """The ledger bucket's requests while `on`, by what they ask: `get head`, `update chunk`..."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.on = False
+        self.counts: Counter[str] = Counter()
+        for name in ("get", "create", "update", "put"):
+            monkeypatch.setattr(
+                LedgerBucket, name, self._counted(name, getattr(LedgerBucket, name))
+            )
+        send = ledger_protocol.send_acks
+
+        async def counted_send(nc, commands, count):
+            if self.on and commands:
+                self.counts["ack flush"] += 1
+            return await send(nc, commands, count)
+
+        monkeypatch.setattr(ledger_protocol, "send_acks", counted_send)
+
+    def _counted(self, name, call):
+        async def counted(bucket, key, *args, **kwargs):
+            if self.on:
+                kind = (
+                    "pointer" if key.startswith("query.") else ("head", "chunk")[key.count(".") > 2]
+                )
+                self.counts[f"{name} {kind}"] += 1
+            return await call(bucket, key, *args, **kwargs)
+
+        return counted
+
+
+def test_a_packed_task_does_its_slots_ledger_work_together(client, nats_url, unique, monkeypatch):
+    """8 slots in 2 tasks over 4 batches of a backlog, each slot taking 20 a batch: a slot's next
+    messages come before what other slots took last batch, so every slot dedupes against the
+    earlier entries. A task acks its slots' committed entries with one flush and reads the
+    entries they dedupe against once for them all."""
+    stream = f"PACKOPS{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=8)
+    publish(client, stream, 1600)
+    options = {
+        "servers": nats_url,
+        "stream": stream,
+        "group": "g",
+        "maxTasksPerBatch": "2",
+        "maxMessagesPerPartition": "20",
+        "ledgerBucket": f"L{unique}",
+    }
+    reader = OffsetReader(parse_options(options))
+    calls = LedgerCalls(monkeypatch)
+    slot_batches = tasks_run = 0
+    try:
+        end = run_sync(reader.initial_offset())
+        for _ in range(4):
+            start, end = end, run_sync(reader.latest_offset(end, None))
+            tasks = run_sync(reader.input_partitions(start, end))
+            calls.on = True
+            rows = sum(len(b) for task in tasks for b in read_packed(task))
+            calls.on = False
+            assert rows == sum(plan.limit for plan in end.slots.values())
+            slot_batches += len(end.slots)
+            tasks_run += len(tasks)
+            run_sync(reader.commit(end))
+    finally:
+        run_sync(reader.close())
+    assert calls.counts["ack flush"] <= tasks_run  # a slot's acks each, before
+    gets = sum(count for what, count in calls.counts.items() if what.startswith("get"))
+    # a slot acks (a head and a chunk) and claims (a head and the pointer); the earlier entries
+    # are read once per task (5.75 a slot, before)
+    assert gets / slot_batches < 5, calls.counts

@@ -11,9 +11,11 @@ pulling). A first attempt pulls, through a short pipeline:
 every message recorded in the entry before its row leaves the task, while `InProgressKeeper`
 keeps what the task holds from redelivery. The task then seals the entry.
 
-A task of packed slots (`PackedSlots`) runs each slot's steps as above, on one connection and
-one opening of the ledger bucket; a few slots run ahead of the one emitting, their record
-batches queued (a few per slot), so that rows still leave slot by slot in the packed order.
+A task of packed slots (`PackedSlots`) first acks what the committed batches left to all its
+slots together (one flush), and reads what they dedupe against once for them all, then runs
+each slot's steps as above, on one connection and one opening of the ledger bucket; a few slots
+run ahead of the one emitting, their record batches queued (a few per slot), so that rows still
+leave slot by slot in the packed order.
 """
 
 from __future__ import annotations
@@ -45,7 +47,11 @@ from nats_spark.spark.group_source.task.columns import SlotColumns
 from nats_spark.spark.group_source.task.pull_policy import SlotPullPolicy
 from nats_spark.spark.group_source.task.replay import Replay
 from nats_spark.spark.group_source.task.slot_entry import Recorder, SlotEntry
-from nats_spark.spark.group_source.task.slot_history import SlotHistory
+from nats_spark.spark.group_source.task.slot_history import (
+    DedupeReads,
+    SlotHistory,
+    ack_committed_together,
+)
 from nats_spark.spark.group_source.task.slot_pulls import SlotPulls
 from nats_spark.spark.shared.worker_gc import freeze_imports
 
@@ -66,13 +72,14 @@ class SlotReader:
         self.pulling = partition.limit > 0
         self.started = clock.monotonic()  # before any delivery this attempt holds
         self.handing_out = False  # its rows wait for Spark to take them
+        self._history: SlotHistory | None = None
 
     async def begin(self) -> None:
         """Ack what committed batches left, then claim the ledger entry: create it, take over
         an open one, or replay a sealed one. An ack-only partition (`limit` 0) stops there."""
         partition = self.partition
-        history = SlotHistory(self.client, await self.entry.open_ledger(), partition)
-        await history.ack_committed()
+        history = await self.history()
+        await history.ack_committed()  # done already in a task of packed slots
         if not self.pulling:
             return
         await self.entry.claim()
@@ -87,6 +94,11 @@ class SlotReader:
             partition.dedupe_through,
             bool(partition.siblings),
         )
+
+    async def history(self) -> SlotHistory:
+        if self._history is None:
+            self._history = SlotHistory(self.client, await self.entry.open_ledger(), self.partition)
+        return self._history
 
     async def pull_record_batches(self) -> AsyncGenerator[pa.RecordBatch, None]:
         """Record batches pulled from NATS, each recorded before it leaves.
@@ -284,11 +296,18 @@ async def packed_batches(
     readers: Sequence[SlotReader],
 ) -> AsyncGenerator[tuple[str, pa.RecordBatch], None]:
     """The record batches of `readers`' slots (`slot_batches` each) with their slot's name, one
-    slot's after the other's in their order; up to `SLOTS_AT_ONCE` slots run at a time, the
-    ones ahead queueing what they read. When the task ends early or one slot fails, the slots
-    still running are cancelled (their steps give back what they hold, as a task stopped by
-    Spark does)."""
+    slot's after the other's in their order, once the committed batches' acks of all of them
+    went out together (the earlier entries they dedupe against are read once for them all:
+    `DedupeReads`); up to `SLOTS_AT_ONCE` slots run at a time, the ones ahead queueing what
+    they read. When the task ends early or one slot fails, the slots still running are
+    cancelled (their steps give back what they hold, as a task stopped by Spark does)."""
     ahead: list[_SlotAhead] = []
+    if readers:
+        histories = [await reader.history() for reader in readers]
+        await ack_committed_together(readers[0].client, histories)
+        shared = DedupeReads(histories)
+        for history in histories:
+            history.shared = shared
     try:
         for index in range(len(readers)):
             while len(ahead) < SLOTS_AT_ONCE and index + len(ahead) < len(readers):

@@ -9,13 +9,19 @@ same messages again, which the server ignores.
 The dedupe set (the stream sequences that entries of earlier batches hold until they are settled)
 is kept per worker process and brought up to date from the entries a partition names, reading
 only entries it has not seen: sealed entries never change.
+
+A task of packed slots does both for all its slots at once: their committed entries acked
+with one flush before any pulls, the entries they dedupe against read concurrently when the
+first of them needs them (`DedupeReads`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 from nats_spark.client import NatsClient
 from nats_spark.spark.group_source import ledger_protocol as protocol
@@ -24,6 +30,8 @@ from nats_spark.spark.group_source.slot_partition import SlotPartition
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+_AT_ONCE = 64  # ledger reads a task of packed slots keeps in flight
 _KEPT_ENTRIES = 4096  # entries' sequences a worker keeps between tasks
 
 
@@ -52,22 +60,37 @@ class SlotHistory:
         self.client = client
         self.ledger = ledger
         self.partition = partition
+        self.acked = False  # its committed entries are acked (by `ack_committed`, or together)
+        self.shared: DedupeReads | None = None  # in a task of packed slots
 
     async def ack_committed(self) -> int:
-        """Ack this slot's committed entries that are not acked yet; returns the count."""
+        """Ack this slot's committed entries that are not acked yet (once: a task of packed
+        slots acks them for all its slots first, `ack_committed_together`); returns the
+        count."""
+        if self.acked:
+            return 0
         count, slot, stream = 0, self.partition.slot, self.partition.stream
         for gen in self.partition.committed:
             acked = await protocol.ack(self.client, self.ledger, gen, slot, stream)
             if acked is not None:
-                _seen.put(self._key(gen, slot), tuple(acked.stream_seq))
+                self.note_acked(gen, acked.stream_seq)
                 count += len(acked)
+        self.acked = True
+        self.log_acked(count)
+        return count
+
+    def note_acked(self, gen: int, stream_seq: list[int]) -> None:
+        _seen.put(self._key(gen, self.partition.slot), tuple(stream_seq))
+
+    def log_acked(self, count: int) -> None:
         if count:
             log.info("slot %s acked %d messages of committed batches", self.partition.slot, count)
-        return count
 
     async def dedupe(self) -> set[int]:
         """Stream sequences of what earlier batches emitted and are not settled yet: a
         redelivery of one of them is acked and dropped."""
+        if self.shared is not None:
+            await self.shared.read()  # its packed task's slots' entries, read for them all
         seqs: set[int] = set()
         for gen, slot in self._named():
             seqs.update(await self._seqs(gen, slot))
@@ -88,5 +111,69 @@ class SlotHistory:
             _seen.put(key, seqs)
         return seqs
 
+    def _known(self, gen: int, slot: str) -> bool:
+        return _seen.get(self._key(gen, slot)) is not None
+
     def _key(self, gen: int, slot: str) -> tuple[str, str, int, str]:
         return self.ledger.kv.name, self.ledger.lineage, gen, slot
+
+
+async def ack_committed_together(client: NatsClient, histories: Sequence[SlotHistory]) -> None:
+    """`ack_committed` for the slots of one task at once (they read one stream): their due
+    entries read concurrently, their acks sent with one flush, their heads marked concurrently.
+    The same ledger operations, in the round trips of one slot."""
+    due = [(history, gen) for history in histories for gen in history.partition.committed]
+    found = await _all(
+        protocol.ack_due_of(history.ledger, gen, history.partition.slot) for history, gen in due
+    )
+    read = [(history, entry) for (history, _), entry in zip(due, found, strict=True) if entry]
+    if read:
+        stream = histories[0].partition.stream
+        await protocol.send_entry_acks(client, (entry.deliveries for _, entry in read), stream)
+        await _all(protocol.mark_acked(history.ledger, entry) for history, entry in read)
+    for history in histories:
+        mine = [entry for owner, entry in read if owner is history]
+        for entry in mine:
+            history.note_acked(entry.gen, entry.deliveries.stream_seq)
+        history.acked = True
+        history.log_acked(sum(len(entry.deliveries) for entry in mine))
+
+
+class DedupeReads:
+    """The earlier batches' entries that the slots of one packed task dedupe against, read for
+    all of them at once, concurrently, when the first of them needs them (`SlotHistory.dedupe`):
+    each would read them one after the other, and the slots running at once would each read
+    all of them (a slot planned before another finds sequences below the other's last batch:
+    nearly every batch on a stream of several slots)."""
+
+    def __init__(self, histories: Sequence[SlotHistory]) -> None:
+        self.histories = histories
+        self.reading: asyncio.Future[None] | None = None
+
+    async def read(self) -> None:
+        if self.reading is None:
+            self.reading = asyncio.ensure_future(self._read())
+        await asyncio.shield(self.reading)  # a slot cancelled meanwhile leaves it to the others
+
+    async def _read(self) -> None:
+        named = {
+            (gen, slot): history
+            for history in self.histories
+            if history.partition.limit
+            for gen, slot in history._named()
+        }
+        unread = [(gen, slot, h) for (gen, slot), h in named.items() if not h._known(gen, slot)]
+        await _all(history._seqs(gen, slot) for gen, slot, history in unread)
+
+
+async def _all(steps: Iterable[Awaitable[T]]) -> list[T]:
+    """The results of `steps`, `_AT_ONCE` at a time; the first failure once all have ended
+    (none left running on the task's loop)."""
+    pending = list(steps)
+    results: list[T | BaseException] = []
+    for start in range(0, len(pending), _AT_ONCE):
+        results += await asyncio.gather(*pending[start : start + _AT_ONCE], return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results  # type: ignore[return-value]  # no exceptions among them
