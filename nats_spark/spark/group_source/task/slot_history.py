@@ -14,44 +14,31 @@ only entries it has not seen: sealed entries never change.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Iterator
 
 from nats_spark.client import NatsClient
 from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.ledger import Ledger
+from nats_spark.spark.group_source.runtime import PROCESS, EntryKey, SeenEntries
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 
 log = logging.getLogger(__name__)
-
-_KEPT_ENTRIES = 4096  # entries' sequences a worker keeps between tasks
-
-
-class _SeenEntries:
-    """The stream sequences of settled-or-sealed entries this process has read, by entry."""
-
-    def __init__(self) -> None:
-        self.entries: OrderedDict[tuple[str, str, int, str], tuple[int, ...]] = OrderedDict()
-
-    def get(self, key: tuple[str, str, int, str]) -> tuple[int, ...] | None:
-        return self.entries.get(key)
-
-    def put(self, key: tuple[str, str, int, str], seqs: tuple[int, ...]) -> None:
-        self.entries[key] = seqs
-        while len(self.entries) > _KEPT_ENTRIES:
-            self.entries.popitem(last=False)
-
-
-_seen = _SeenEntries()
 
 
 class SlotHistory:
     """The committed batches before a slot's batch, as its task sees them."""
 
-    def __init__(self, client: NatsClient, ledger: Ledger, partition: SlotPartition) -> None:
+    def __init__(
+        self,
+        client: NatsClient,
+        ledger: Ledger,
+        partition: SlotPartition,
+        seen: SeenEntries = PROCESS.seen_entries,
+    ) -> None:
         self.client = client
         self.ledger = ledger
         self.partition = partition
+        self.seen = seen  # the worker process's (`Runtime.seen_entries`)
 
     async def ack_committed(self) -> int:
         """Ack this slot's committed entries that are not acked yet; returns the count."""
@@ -59,7 +46,7 @@ class SlotHistory:
         for gen in self.partition.committed:
             acked = await protocol.ack(self.client, self.ledger, gen, slot, stream)
             if acked is not None:
-                _seen.put(self._key(gen, slot), tuple(acked.stream_seq))
+                self.seen.put(self._key(gen, slot), tuple(acked.stream_seq))
                 count += len(acked)
         if count:
             log.info("slot %s acked %d messages of committed batches", self.partition.slot, count)
@@ -80,13 +67,13 @@ class SlotHistory:
 
     async def _seqs(self, gen: int, slot: str) -> tuple[int, ...]:
         key = self._key(gen, slot)
-        seqs = _seen.get(key)
+        seqs = self.seen.get(key)
         if seqs is None:
             seqs = await protocol.emitted(self.ledger, gen, slot)
             if seqs is None:
                 return ()  # open: it emitted nothing yet (read again if named)
-            _seen.put(key, seqs)
+            self.seen.put(key, seqs)
         return seqs
 
-    def _key(self, gen: int, slot: str) -> tuple[str, str, int, str]:
+    def _key(self, gen: int, slot: str) -> EntryKey:
         return self.ledger.kv.name, self.ledger.lineage, gen, slot
