@@ -129,10 +129,10 @@ class RoutingParser(Parser):
             return  # the rest of a large message is still on its way
         self.wanted = 0
         view = bytes(buf)
-        pos, end = 0, len(view)
-        routes, filled, find = self.routes, set[RawInbox](), view.find
+        pos, end, find = 0, len(view), view.find
+        routes, filled = self.routes, set[RawInbox]()
         # Where the last message's subscription goes: a pull's messages come in a row.
-        sid_seen, inbox, handler = b"", None, None
+        sid_seen, columns, handler = b"", None, None
         try:
             while pos < end:
                 # A line ends at its first CRLF; finding one byte is quicker than two.
@@ -140,8 +140,7 @@ class RoutingParser(Parser):
                 if eol < pos or view[eol] != 13:
                     eol = find(b"\r\n", pos)
                 if eol < 0:
-                    if end - pos > MAX_CONTROL_LINE_SIZE:
-                        raise ProtocolError("nats: maximum control line exceeded")
+                    _check_line_length(end - pos)
                     return
                 line = view[pos:eol]
                 args = line.split()
@@ -153,14 +152,13 @@ class RoutingParser(Parser):
                 elif words == 5 and args[0] == b"MSG":
                     _, subject, sid, reply, size = args
                     header_size = b""
+                elif (fields := _message_fields(args)) is not None:
+                    subject, sid, reply, header_size, size = fields
                 else:
-                    op = args[0].upper() if args else b""
-                    if op != b"MSG" and op != b"HMSG":
-                        pos = eol + 2
-                        await self._control(op, line.lstrip()[len(op) :].strip())
-                        sid_seen = b""
-                        continue
-                    subject, sid, reply, header_size, size = _message_fields(args, op == b"HMSG")
+                    pos = eol + 2
+                    await self._control(line)
+                    sid_seen = b""
+                    continue
                 start = eol + 2
                 stop = start + int(size)
                 if stop + 2 > end:
@@ -170,15 +168,10 @@ class RoutingParser(Parser):
                 headers = view[start:payload_start] or None
                 pos = stop + 2
                 if sid != sid_seen:
-                    sid_seen, route = sid, routes.get(int(sid))
-                    if isinstance(route, RawInbox):
-                        inbox, handler = route, None
-                        filled.add(inbox)
-                        add_subject, add_reply = inbox.subjects.append, inbox.replies.append
-                        add_data, add_headers = inbox.data.append, inbox.headers.append
-                    else:
-                        inbox, handler = None, route
-                if inbox is not None:
+                    sid_seen = sid
+                    columns, handler = _route(routes.get(int(sid)), filled)
+                if columns is not None:
+                    add_subject, add_reply, add_data, add_headers = columns
                     add_subject(subject)
                     add_reply(reply)
                     add_data(view[payload_start:stop])
@@ -194,7 +187,10 @@ class RoutingParser(Parser):
             for filled_inbox in filled:
                 filled_inbox.arrived()
 
-    async def _control(self, op: bytes, argument: bytes) -> None:
+    async def _control(self, line: bytes) -> None:
+        words = line.split(None, 1)
+        op = words[0].upper() if words else b""
+        argument = line.lstrip()[len(op) :].strip()
         if op == b"PING":
             await self.nc._process_ping()
         elif op == b"PONG":
@@ -209,10 +205,41 @@ class RoutingParser(Parser):
             raise ProtocolError("nats: unknown protocol")
 
 
-def _message_fields(args: list[bytes], headed: bool) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+def _check_line_length(unparsed: int) -> None:
+    """A line without its end yet may be no longer than nats-py allows."""
+    if unparsed > MAX_CONTROL_LINE_SIZE:
+        raise ProtocolError("nats: maximum control line exceeded")
+
+
+_Add = Callable[[bytes], None]
+# An inbox's appends: of subjects, replies, data and headers.
+Columns = tuple[_Add, _Add, _Add, Callable[[bytes | None], None]]
+
+
+def _route(
+    route: RawHandler | RawInbox | None, filled: set[RawInbox]
+) -> tuple[Columns | None, RawHandler | None]:
+    """Where a subscription's messages go: an inbox's columns (the appends of subject, reply,
+    data and headers; the inbox noted in `filled`), or a handler, or (both None) nats-py."""
+    if isinstance(route, RawInbox):
+        filled.add(route)
+        return (
+            route.subjects.append,
+            route.replies.append,
+            route.data.append,
+            route.headers.append,
+        ), None
+    return None, route
+
+
+def _message_fields(args: list[bytes]) -> tuple[bytes, bytes, bytes, bytes, bytes] | None:
     """The subject, sid, reply (b"" if none), header size (b"" in a MSG) and size in a message's
     control line split in words: `MSG <subject> <sid> [reply] <size>`, `HMSG <subject> <sid>
-    [reply] <header size> <size>`."""
+    [reply] <header size> <size>`; None for a line of another operation."""
+    op = args[0].upper() if args else b""
+    if op != b"MSG" and op != b"HMSG":
+        return None
+    headed = op == b"HMSG"
     if len(args) != 5 + headed and len(args) != 4 + headed:
         raise ProtocolError("nats: malformed MSG")
     reply = args[3] if len(args) == 5 + headed else b""

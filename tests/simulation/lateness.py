@@ -25,13 +25,14 @@ case.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
 from nats_spark.spark.group_source.ledger import Ledger
 from nats_spark.spark.group_source.ledger_protocol import LedgerConflict
+from nats_spark.spark.group_source.runtime import GiveBack
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from tests.memory_bucket import MemoryBucket
 from tests.simulation.jetstream import Consumer, Delivery, Stream, deliveries_of
@@ -43,8 +44,6 @@ from tests.simulation.scheduler import Participant, Scheduler
 # (seed 767). Not one of the README's cases yet: counted apart (`order_reasons`, printed by
 # `make simulate`) until the README states it or the source avoids it.
 REQUEUED = "OPEN: given back, yet redelivered after newer messages of its key"
-
-GiveBack = Callable[[Any, Ledger, list[tuple[int, str]]], Awaitable[int]]
 
 
 class Attempts:
@@ -124,7 +123,8 @@ class GiveBacks:
         self.removing: dict[Participant, list[tuple[str, list[Delivery]]]] = {}
 
     def watch(self, give_back: GiveBack) -> GiveBack:
-        """`ledger_protocol.give_back`, noting what each removal leaves named by nothing."""
+        """`give_back` (the driver's, `Runtime.give_back`), noting what each removal leaves named
+        by nothing."""
 
         async def watched(client: Any, ledger: Ledger, keys: list[tuple[int, str]]) -> int:
             driver = self.sched.current()

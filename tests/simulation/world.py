@@ -28,8 +28,8 @@ from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.targets import Held, Slot
 from nats_spark.spark.group_source.ledger import Ledger
 from nats_spark.spark.group_source.options import parse_options
+from nats_spark.spark.group_source.runtime import Runtime, SeenEntries
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
-from nats_spark.spark.group_source.task import slot_history
 from nats_spark.spark.group_source.task.partition_reader import (
     SlotReader,
     packed_batches,
@@ -201,6 +201,7 @@ class World:
     quiet: bool = False
     side: random.Random = field(default_factory=random.Random)  # draws apart from the schedule's
     faults: random.Random = field(default_factory=random.Random)  # the server's faults, apart
+    ids: random.Random = field(default_factory=random.Random)  # lineages', drivers', attempts'
 
     def __post_init__(self) -> None:
         setup = self.setup
@@ -242,6 +243,13 @@ class World:
             key_order=not setup.shared,
             give_backs=GiveBacks(self.sched, self.bucket, self.stream, self.consumers),
             who=self.sched.current,
+        )
+        # What the source takes from its process, this world's own: ids the same on every run
+        # of the seed, a worker's memory of entries, a give-back the invariants watch.
+        self.runtime = Runtime(
+            new_id=lambda: uuid.UUID(int=self.ids.getrandbits(128), version=4).hex,
+            seen_entries=SeenEntries(),
+            give_back=self.observed.give_backs.watch(ledger_protocol.give_back),
         )
         self.server.on_ack.append(self.observed.acked)
         self.server.on_ack.append(lambda consumer, seq: self.sched.note(f"acks {seq}"))
@@ -308,7 +316,7 @@ class World:
         return SimBucket(self.bucket, self.sched)
 
     def new_driver(self) -> OffsetReader:
-        reader = OffsetReader(self.options)
+        reader = OffsetReader(self.options, self.runtime)
         reader.client = SimClient(self.sched, self.server)  # type: ignore[assignment]
         reader.ledger.attach(self.bucket_view())
         reader.target = Target(self.slots, self.consumers)  # type: ignore[assignment]
@@ -322,7 +330,10 @@ class World:
         attempt = self.sched.current()
         assert attempt is not None  # a task attempt's participant
         slots = partition.slots if isinstance(partition, PackedSlots) else (partition,)
-        readers = [SlotReader(slot, client=client) for slot in slots]  # type: ignore[arg-type]
+        readers = [
+            SlotReader(slot, client, self.runtime)  # type: ignore[arg-type]
+            for slot in slots
+        ]
         for reader in readers:
             reader.entry.ledger = Ledger(self.bucket_view(), reader.partition.lineage)
             self.observed.attempts.watch(attempt, reader.entry)
@@ -478,13 +489,7 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
     }
     setup = replace(Setup.draw(rng), **drawn)
     sched = Scheduler(rng, replace(setup.chaos), setup.ack_wait, verbose=verbose)
-    world = World(setup, sched, side=side, faults=faults)
-    previous_seen, previous_uuid4 = slot_history._seen, uuid.uuid4
-    give_back = ledger_protocol.give_back
-    ledger_protocol.give_back = world.observed.give_backs.watch(give_back)
-    slot_history._seen = slot_history._SeenEntries()  # a worker process of this world's own
-    ids = random.Random(seed)  # lineages and attempt ids, the same on every run of the seed
-    uuid.uuid4 = lambda: uuid.UUID(int=ids.getrandbits(128), version=4)
+    world = World(setup, sched, side=side, faults=faults, ids=random.Random(seed))
     logger = logging.getLogger("nats_spark")
     previous_level = logger.level
     logger.setLevel(logging.DEBUG if verbose else logging.CRITICAL)
@@ -493,8 +498,6 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
     except Exception as error:  # the harness or the code under test broke the schedule
         world.observed.problem("schedule failed", f"{type(error).__name__}: {error}")
     finally:
-        slot_history._seen, uuid.uuid4 = previous_seen, previous_uuid4
-        ledger_protocol.give_back = give_back
         logger.setLevel(previous_level)
     observed = world.observed
     return Result(

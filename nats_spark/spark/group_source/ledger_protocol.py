@@ -211,10 +211,11 @@ async def fence(ledger: Ledger, pointer_key: str, gen: int, slot: str) -> None:
     )
 
 
-def take_over(previous: EntryHead, pin: str | None) -> EntryHead:
+def take_over(previous: EntryHead, pin: str | None, attempt: str) -> EntryHead:
     """OPEN -> OPEN under a new attempt: what an attempt that died mid-way (or released it)
     recorded, adopted by the next one (written with `write_head` on `previous`'s revision)."""
     return EntryHead(
+        attempt=attempt,
         chunks=previous.chunks,
         count=previous.count,
         max_seq=previous.max_seq,

@@ -127,67 +127,36 @@ def _auto_or(option: str, text: str | None, choices: tuple[Choice, ...]) -> Choi
 def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     """Validate `raw` (case-insensitive keys, string values) into `SourceOptions`."""
     values = OptionValues(raw, KNOWN_OPTIONS)
-    take, optional_int, duration, flag = (
-        values.take,
-        values.optional_int,
-        values.duration,
-        values.flag,
-    )
-    if take("servers") is None:
-        raise ConfigurationError("option servers is required; set it to e.g. nats://host:4222")
-    stream = values.required("stream", "the stream's name")
-    group, consumer = take("group"), take("consumer")
-    if (group is None) == (consumer is None):
-        raise ConfigurationError(
-            "set exactly one of the options group (a partitioned consumer group) and consumer "
-            "(a plain priority-group consumer)"
-        )
+    take, number, duration, flag = values.take, values.int_or, values.duration, values.flag
+    stream, group, consumer = _what_is_read(values)
     group_type = _auto_or("groupType", take("groupType"), (GroupKind.STATIC, GroupKind.ELASTIC))
-    group_only = (
-        "groupType",
-        "members",
-        "consumerLayout",
-        "startingPosition",
-        "ackWait",
-        "maxAckPending",
-    )
-    consumer_only = ("priorityGroup", "minPending", "minAckPending", "priority", "numPartitions")
-    for name in group_only if consumer else consumer_only if group else ():
-        if take(name) is not None:
-            raise option_not_applicable(name, "consumer reads" if consumer else "group reads")
+    _refuse_the_other_reads_options(values, consumer is not None)
     layouts = (ConsumerLayout.PARTITION, ConsumerLayout.MEMBER)
     consumer_layout = _auto_or("consumerLayout", take("consumerLayout"), layouts)
     most, least, delay = values.trigger_sizes()
-    members = None
-    if (text := take("members")) is not None:
-        members = tuple(check_name("members", m.strip()) for m in text.split(",") if m.strip())
-        if not members:
-            raise ConfigurationError("option members is empty; list member names or omit it")
+    members = _members(take("members"))
     return SourceOptions(
         connection=values.connection(f"nats-spark {stream}/{group or consumer}"),
         stream=check_name("stream", stream),
-        group=check_name("group", group) if group else None,
+        group=_name_or_none("group", group),
         group_type=group_type,
         members=members,
         consumer_layout=consumer_layout,
-        starting_position=None
-        if (position := take("startingPosition")) is None
-        else parse_starting_position(position),
-        consumer=check_name("consumer", consumer) if consumer else None,
+        starting_position=_starting_position(take("startingPosition")),
+        consumer=_name_or_none("consumer", consumer),
         priority_group=take("priorityGroup"),
-        min_pending=optional_int("minPending") or SourceOptions.min_pending,
-        min_ack_pending=optional_int("minAckPending") or SourceOptions.min_ack_pending,
-        priority=optional_int("priority", 0, 9),
-        num_partitions=optional_int("numPartitions", 1, 1024) or SourceOptions.num_partitions,
+        min_pending=number("minPending", SourceOptions.min_pending),
+        min_ack_pending=number("minAckPending", SourceOptions.min_ack_pending),
+        priority=values.optional_int("priority", 0, 9),
+        num_partitions=number("numPartitions", SourceOptions.num_partitions, 1, 1024),
         ack_wait=duration("ackWait", SourceOptions.ack_wait),
-        max_ack_pending=optional_int("maxAckPending") or SourceOptions.max_ack_pending,
+        max_ack_pending=number("maxAckPending", SourceOptions.max_ack_pending),
         max_messages_per_trigger=most,
         min_messages_per_trigger=least,
         max_trigger_delay=delay,
-        max_messages_per_partition=optional_int("maxMessagesPerPartition"),
-        max_tasks_per_batch=optional_int("maxTasksPerBatch", 1, 100_000),
-        fetch_batch_size=optional_int("fetchBatchSize", 1, 100_000)
-        or SourceOptions.fetch_batch_size,
+        max_messages_per_partition=values.optional_int("maxMessagesPerPartition"),
+        max_tasks_per_batch=values.optional_int("maxTasksPerBatch", 1, 100_000),
+        fetch_batch_size=number("fetchBatchSize", SourceOptions.fetch_batch_size, 1, 100_000),
         fetch_timeout=duration("fetchTimeout", SourceOptions.fetch_timeout),
         include_headers=flag("includeHeaders", SourceOptions.include_headers),
         ledger_bucket=check_name(
@@ -195,3 +164,52 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         ),
         fail_on_data_loss=flag("failOnDataLoss", SourceOptions.fail_on_data_loss),
     )
+
+
+def _what_is_read(values: OptionValues) -> tuple[str, str | None, str | None]:
+    """The stream, and the group or the consumer read from it (exactly one)."""
+    if values.take("servers") is None:
+        raise ConfigurationError("option servers is required; set it to e.g. nats://host:4222")
+    stream = values.required("stream", "the stream's name")
+    group, consumer = values.take("group"), values.take("consumer")
+    if (group is None) == (consumer is None):
+        raise ConfigurationError(
+            "set exactly one of the options group (a partitioned consumer group) and consumer "
+            "(a plain priority-group consumer)"
+        )
+    return stream, group, consumer
+
+
+_GROUP_ONLY = (
+    "groupType",
+    "members",
+    "consumerLayout",
+    "startingPosition",
+    "ackWait",
+    "maxAckPending",
+)
+_CONSUMER_ONLY = ("priorityGroup", "minPending", "minAckPending", "priority", "numPartitions")
+
+
+def _refuse_the_other_reads_options(values: OptionValues, consumer_read: bool) -> None:
+    """Options of group reads on a consumer read, or the other way round, are refused."""
+    for name in _GROUP_ONLY if consumer_read else _CONSUMER_ONLY:
+        if values.take(name) is not None:
+            raise option_not_applicable(name, "consumer reads" if consumer_read else "group reads")
+
+
+def _members(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    members = tuple(check_name("members", m.strip()) for m in text.split(",") if m.strip())
+    if not members:
+        raise ConfigurationError("option members is empty; list member names or omit it")
+    return members
+
+
+def _name_or_none(option: str, name: str | None) -> str | None:
+    return check_name(option, name) if name else None
+
+
+def _starting_position(text: str | None) -> StartingPosition | None:
+    return None if text is None else parse_starting_position(text)

@@ -216,6 +216,11 @@ class OptionValues:
         text = self.take(name)
         return None if text is None else parse_int(name, text, low, high)
 
+    def int_or(self, name: str, default: int, low: int = 1, high: int | None = None) -> int:
+        """The whole number, `default` when absent."""
+        number = self.optional_int(name, low, high)
+        return default if number is None else number
+
     def duration(self, name: str, default: float) -> float:
         text = self.take(name)
         return default if text is None else parse_duration(name, text)

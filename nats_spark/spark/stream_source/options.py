@@ -117,6 +117,5 @@ def parse_read_options(raw: Mapping[str, str], streaming: bool | None) -> ReadOp
         max_trigger_delay=delay,
         include_headers=values.flag("includeHeaders", ReadOptions.include_headers),
         read_path=read_path,
-        fetch_batch_size=values.optional_int("fetchBatchSize", 1, 100_000)
-        or ReadOptions.fetch_batch_size,
+        fetch_batch_size=values.int_or("fetchBatchSize", ReadOptions.fetch_batch_size, 1, 100_000),
     )

@@ -202,7 +202,8 @@ def test_a_zombie_leaves_the_chunks_a_retry_adopted(kv: MemoryBucket, lineage: s
         if written != key:
             return False
         previous = ledger_protocol.EntryHead.from_bytes(kv.values[key][0], key)
-        kv.values[key] = (ledger_protocol.take_over(previous, "pin-2").to_bytes(), kv.last_seq)
+        retry = ledger_protocol.take_over(previous, "pin-2", "retry")
+        kv.values[key] = (retry.to_bytes(), kv.last_seq)
         return True
 
     kv.lost_answer = retry_takes_over
@@ -444,7 +445,7 @@ def test_the_pointer_hands_the_consumers_as_last_seen_to_the_lineages_next_drive
     assert restarted.seen.stored() == seen
     assert restarted.seen.next_after_acked("S", "C") == 42
     other = driver(kv)
-    assert run_sync(other.adopt(SourceOffset.initial()))
+    assert run_sync(other.adopt(SourceOffset.initial(uuid.uuid4().hex)))
     assert other.seen.stored() == {}
     older = {k: v for k, v in vars(pointer).items() if k != "consumers"}
     run_sync(kv.put("query.S.g", json.dumps({"format": 2, **older}).encode()))

@@ -29,42 +29,69 @@ class ConsumerTarget:
         await self.resolve(client, Held())
 
     async def resolve(self, client: NatsClient, held: Held) -> list[Slot]:
-        if self.slots is not None:
-            return self.slots
-        options = self.options
-        name = options.consumer or ""
+        """The consumer, checked against the options once, as `numPartitions` slots."""
+        if self.slots is None:
+            options, name = self.options, self.options.consumer or ""
+            info = await self._pull_consumer(client)
+            self.seen.record(options.stream, name, info, placed=False)
+            group = self._priority_group(info.config.get("priority_groups") or [])
+            policy = info.config.get("priority_policy") or "none"
+            self._check_policy(policy)
+            count = options.num_partitions
+            self.slots = [
+                Slot(
+                    name if count == 1 else f"{name}#{i}",
+                    options.stream,
+                    name,
+                    group,
+                    policy,
+                    None,
+                    partitioned=False,
+                    readers=count,
+                )
+                for i in range(count)
+            ]
+        return self.slots
+
+    async def _pull_consumer(self, client: NatsClient) -> ConsumerInfo:
+        stream, name = self.options.stream, self.options.consumer or ""
         try:
-            info = await client.api.consumer_info(options.stream, name)
+            info = await client.api.consumer_info(stream, name)
         except NotFound:
             raise ConfigurationError(
-                f"consumer {name!r} does not exist on stream {options.stream!r}; create it "
+                f"consumer {name!r} does not exist on stream {stream!r}; create it "
                 "first (the source never creates or changes a plain consumer)"
             ) from None
-        config = info.config
-        if config.get("deliver_subject"):
+        if info.config.get("deliver_subject"):
             raise ConfigurationError(
                 f"consumer {name!r} is a push consumer; the source reads pull consumers only"
             )
-        self.seen.record(options.stream, name, info, placed=False)
-        policy = config.get("priority_policy") or "none"
-        groups = config.get("priority_groups") or []
-        group = options.priority_group
+        return info
+
+    def _priority_group(self, groups: list[str]) -> str | None:
+        """The consumer's priority group to read: the option's, else its only one."""
+        name, group = self.options.consumer, self.options.priority_group
         if group is None and len(groups) > 1:
             raise ConfigurationError(
                 f"consumer {name!r} has several priority groups {groups}; set the priorityGroup "
                 "option to the one to read"
             )
         if group is None and groups:
-            group = groups[0]
+            return groups[0]
         if groups and group not in groups:
             raise ConfigurationError(
                 f"priority group {group!r} is not one of consumer {name!r}'s groups {groups}; "
                 "fix the priorityGroup option"
             )
-        if not groups and options.priority_group:
+        if not groups and group:
             raise ConfigurationError(
                 f"consumer {name!r} has no priority groups; drop the priorityGroup option"
             )
+        return group
+
+    def _check_policy(self, policy: str) -> None:
+        """The options that need a priority policy are given only with it."""
+        options, name = self.options, self.options.consumer
         if (options.min_pending or options.min_ack_pending) and policy != "overflow":
             raise ConfigurationError(
                 f"minPending/minAckPending need an overflow consumer, but {name!r} has policy "
@@ -80,21 +107,6 @@ class ConsumerTarget:
                 f"consumer {name!r} is pinned_client: only one client may pull at a time, so "
                 "numPartitions must be 1"
             )
-        count = options.num_partitions
-        self.slots = [
-            Slot(
-                name if count == 1 else f"{name}#{i}",
-                options.stream,
-                name,
-                group,
-                policy,
-                None,
-                partitioned=False,
-                readers=count,
-            )
-            for i in range(count)
-        ]
-        return self.slots
 
     def slot_named(self, name: str) -> Slot:
         assert self.slots is not None

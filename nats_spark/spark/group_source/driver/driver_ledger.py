@@ -29,6 +29,7 @@ from nats_spark.spark.group_source.ledger import (
     write_pointer,
 )
 from nats_spark.spark.group_source.ledger_protocol import EntryHead, Horizon, Settling
+from nats_spark.spark.group_source.runtime import PROCESS, Runtime
 from nats_spark.spark.group_source.slot_partition import UNBOUNDED
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,15 @@ class DriverEntry:
 class DriverLedger:
     """The ledger entries of one query lineage, as the driver plans, replays and acks them."""
 
-    def __init__(self, stream: str, pointer_key: str, seen: SeenConsumers | None = None) -> None:
+    def __init__(
+        self,
+        stream: str,
+        pointer_key: str,
+        seen: SeenConsumers | None = None,
+        runtime: Runtime = PROCESS,
+    ) -> None:
         self.stream = stream
+        self.runtime = runtime  # new lineages' ids, and the give-back
         # The target's consumers as seen: kept in the pointer, for the lineage's next driver.
         self.seen = seen or SeenConsumers()
         self.pointer_key = pointer_key
@@ -96,7 +104,9 @@ class DriverLedger:
             if self.ledger is not None:
                 return False
             offset = (
-                SourceOffset(pointer.lineage, pointer.gen) if pointer else SourceOffset.initial()
+                SourceOffset(pointer.lineage, pointer.gen)
+                if pointer
+                else SourceOffset.initial(self.runtime.new_id())
             )
         if pointer is not None:  # a lineage the pointer names, other than ours, is replaced
             named = (pointer.lineage, *pointer.replaced)
@@ -298,7 +308,7 @@ class DriverLedger:
             await self._fence(gen - 1)
         earlier = [(g, slot) for g, slot in await self.ledger.heads() if g < gen]
         if earlier:
-            _given_back(await protocol.give_back(client, self.ledger, earlier))
+            _given_back(await self.runtime.give_back(client, self.ledger, earlier))
         for key in [key for key in self.entries if key[0] < gen]:
             del self.entries[key]
 
@@ -317,7 +327,7 @@ class DriverLedger:
             ledger = Ledger(self.kv, lineage)
             keys = await ledger.heads()
             if keys:
-                _given_back(await protocol.give_back(client, ledger, keys))
+                _given_back(await self.runtime.give_back(client, ledger, keys))
         self.replaced = ()
 
     async def ack_through(self, client: NatsClient, gen: int, only: str | None = None) -> int:

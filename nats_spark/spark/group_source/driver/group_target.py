@@ -46,6 +46,24 @@ def _can_hold_partition_tokens(stream_config: dict[str, Any]) -> bool:
     return False
 
 
+def _consumers(
+    entry: GroupEntry,
+    layout: ConsumerLayout,
+    owned: dict[str, list[int]],
+    template: dict[str, Any],
+) -> tuple[dict[str, GroupConsumer], dict[str, str]]:
+    """The consumers `layout` reads `owned` with, and the member each reads for, by slot name."""
+    if layout is ConsumerLayout.MEMBER:
+        return {m: member_consumer(entry, m, template) for m in owned}, {m: m for m in owned}
+    desired, owners = {}, {}
+    for member, partitions in owned.items():
+        for p in partitions:
+            slot = f"{PARTITION_PREFIX}{p}"
+            desired[slot] = partition_consumer(entry, p, template)
+            owners[slot] = member
+    return desired, owners
+
+
 def _member_names(config: Any) -> list[str]:
     if config.member_mappings:
         return [m.member for m in config.member_mappings]
@@ -116,16 +134,31 @@ class GroupTarget:
 
     async def resolve(self, client: NatsClient, held: Held) -> list[Slot]:
         """Reload the group config, settle the layout and make sure every consumer matches."""
-        options = self.options
         entry = await self.check(client)
         self.kind = entry.kind
+        owned = self._owned(entry)
+        self.warning = None if owned else self._no_members(entry, first=self.entry is None)
+        self.entry = entry
+        layout = await self.layouts.settle(client, entry, owned, held)
+        desired, owners = _consumers(entry, layout, owned, self.layouts.template)
+        await self._drop_changed(client, entry, desired)
+        for name, consumer in desired.items():
+            if name not in self.consumers:
+                await self._create_or_adopt(client, consumer)
+                self.consumers[name] = consumer
+        return [self._slot(name, consumer, owners[name]) for name, consumer in desired.items()]
+
+    def _owned(self, entry: GroupEntry) -> dict[str, list[int]]:
+        """The partitions of each member read, by member: the `members` option's (all when not
+        given) that are in the group and own partitions (members gone, or beyond max_members,
+        have none)."""
         names = _member_names(entry.config)
-        wanted = list(options.members) if options.members else names
+        wanted = list(self.options.members) if self.options.members else names
         missing = [m for m in wanted if m not in names]
         if missing:
             log.warning("members %s left group %s; they are no longer read", missing, entry.group)
         config = entry.config
-        owned = {
+        return {
             member: partitions
             for member in wanted
             if member not in missing
@@ -134,21 +167,12 @@ class GroupTarget:
                     config.members, config.max_members, config.member_mappings, member
                 )
             )
-        }  # members gone, or beyond max_members, have no partitions to read
-        self.warning = None if owned else self._no_members(entry, first=self.entry is None)
-        self.entry = entry
-        layout = await self.layouts.settle(client, entry, owned, held)
-        template = self.layouts.template
-        if layout is ConsumerLayout.MEMBER:
-            desired = {m: member_consumer(entry, m, template) for m in owned}
-            owners = {m: m for m in owned}
-        else:
-            desired, owners = {}, {}
-            for member, partitions in owned.items():
-                for p in partitions:
-                    slot = f"{PARTITION_PREFIX}{p}"
-                    desired[slot] = partition_consumer(entry, p, template)
-                    owners[slot] = member
+        }
+
+    async def _drop_changed(
+        self, client: NatsClient, entry: GroupEntry, desired: dict[str, GroupConsumer]
+    ) -> None:
+        """Forget the consumers no longer read as they were; an elastic group's are deleted."""
         for name in [n for n, c in self.consumers.items() if desired.get(n) != c]:
             old = self.consumers.pop(name)
             if entry.kind is GroupKind.ELASTIC:
@@ -157,11 +181,6 @@ class GroupTarget:
                 log.info("no longer read: deleting consumer %s > %s", old.stream, old.name)
                 with contextlib.suppress(NotFound):
                     await client.api.delete_consumer(old.stream, old.name)
-        for name, consumer in desired.items():
-            if name not in self.consumers:
-                await self._create_or_adopt(client, consumer)
-                self.consumers[name] = consumer
-        return [self._slot(name, consumer, owners[name]) for name, consumer in desired.items()]
 
     async def _create_or_adopt(self, client: NatsClient, consumer: GroupConsumer) -> None:
         """A new consumer starts at `startingPosition`; an existing one keeps its position (as

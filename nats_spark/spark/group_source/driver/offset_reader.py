@@ -42,6 +42,7 @@ from nats_spark.spark.group_source.driver.slot_packing import packed
 from nats_spark.spark.group_source.driver.targets import Held, Slot, target_for
 from nats_spark.spark.group_source.ledger import Bucket, Ledger, pointer_key
 from nats_spark.spark.group_source.options import SourceOptions
+from nats_spark.spark.group_source.runtime import PROCESS, Runtime
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from nats_spark.spark.shared.pacing import TriggerPacing
 
@@ -55,8 +56,9 @@ REDELIVERY_GRACE = 2.0
 class OffsetReader:
     """Plans batches and acks them once Spark has committed them."""
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, runtime: Runtime = PROCESS) -> None:
         self.options = options
+        self.runtime = runtime
         self.reading = options.reading
         self.target = target_for(options)
         self.client: NatsClient | None = None
@@ -64,6 +66,7 @@ class OffsetReader:
             options.stream,
             pointer_key(options.stream, options.group or options.consumer or ""),
             self.target.seen,
+            runtime,
         )
         self.current: SourceOffset | None = None  # the last offset returned to Spark
         self.states: dict[str, SlotState] = {}  # every slot resolved, also ones since dropped
@@ -106,7 +109,9 @@ class OffsetReader:
             self.ledger.attach(kv)
             self.client = client
             if self.presence is None:
-                self.presence = Presence(self._client, self._kv, self.ledger.pointer_key)
+                self.presence = Presence(
+                    self._client, self._kv, self.ledger.pointer_key, self.runtime.new_id
+                )
                 self.ledger.driver = self.presence.driver
                 await self.presence.start()
         return self.client
@@ -153,7 +158,7 @@ class OffsetReader:
         await self._connect()
         if self.current is not None and self.current.lineage == self.ledger.lineage:
             return SourceOffset(self.current.lineage, 0)
-        offset = SourceOffset.initial()
+        offset = SourceOffset.initial(self.runtime.new_id())
         log.info("%s: new query lineage %s", self.options.target, offset.lineage)
         self.ledger.forget_lineage()
         await self._adopt(offset)

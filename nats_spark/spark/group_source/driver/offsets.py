@@ -8,7 +8,6 @@ same names, which is what makes a re-run of a logged batch replay exactly.
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,8 +41,8 @@ class SourceOffset:
     tasks: int = 0
 
     @classmethod
-    def initial(cls) -> SourceOffset:
-        return cls(lineage=uuid.uuid4().hex, gen=0)
+    def initial(cls, lineage: str) -> SourceOffset:
+        return cls(lineage=lineage, gen=0)
 
     def to_json(self) -> dict[str, Any]:
         """The dict Spark stores (it serializes with sorted keys and compares the strings)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import Callable
 from datetime import datetime
 
@@ -26,6 +25,7 @@ from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.errors import NatsSparkError
 from nats_spark.spark.group_source.ledger import Bucket
+from nats_spark.spark.group_source.runtime import PROCESS
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +40,17 @@ class Presence:
     """This driver's record, and the verdicts on other drivers' records of the same target."""
 
     def __init__(
-        self, client_of: Callable[[], NatsClient], kv_of: Callable[[], Bucket], pointer_key: str
+        self,
+        client_of: Callable[[], NatsClient],
+        kv_of: Callable[[], Bucket],
+        pointer_key: str,
+        new_id: Callable[[], str] = PROCESS.new_id,
     ) -> None:
         # The driver may replace its connection, and with it the bucket's handle.
         self.client_of = client_of
         self.kv_of = kv_of
         self.prefix = f"{pointer_key}.live"
-        self.driver = uuid.uuid4().hex[:12]
+        self.driver = new_id()[:12]
         self.stopping = asyncio.Event()
         self.dead: set[str] = set()  # drivers whose record was found stale (and removed)
         self.fresh: dict[str, float] = {}  # by driver: when (monotonic) its record was fresh

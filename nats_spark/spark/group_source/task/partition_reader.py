@@ -41,6 +41,7 @@ from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source.ledger import Ledger
 from nats_spark.spark.group_source.ledger_protocol import TakenOver
+from nats_spark.spark.group_source.runtime import PROCESS, Runtime
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from nats_spark.spark.group_source.task.acceptance import Acceptance
 from nats_spark.spark.group_source.task.columns import SlotColumns
@@ -62,10 +63,13 @@ class SlotReader:
     """One slot's task, on `client`. Its collaborators are made here, once, and handed to each
     step."""
 
-    def __init__(self, partition: SlotPartition, client: NatsClient) -> None:
+    def __init__(
+        self, partition: SlotPartition, client: NatsClient, runtime: Runtime = PROCESS
+    ) -> None:
         self.partition = partition
         self.client = client
-        self.entry = SlotEntry(self.client, partition)
+        self.runtime = runtime
+        self.entry = SlotEntry(self.client, partition, runtime.new_id)
         self.keeper = InProgressKeeper(self.client.nc, partition.ack_wait, f"slot {partition.slot}")
         self.replay = Replay(self.client, partition)
         self.acceptance: Acceptance | None = None  # made by `begin`, for a slot that pulls
@@ -97,7 +101,9 @@ class SlotReader:
 
     async def history(self) -> SlotHistory:
         if self._history is None:
-            self._history = SlotHistory(self.client, await self.entry.open_ledger(), self.partition)
+            ledger = await self.entry.open_ledger()
+            seen = self.runtime.seen_entries
+            self._history = SlotHistory(self.client, ledger, self.partition, seen)
         return self._history
 
     async def pull_record_batches(self) -> AsyncGenerator[pa.RecordBatch, None]:

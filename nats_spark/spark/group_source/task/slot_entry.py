@@ -28,6 +28,7 @@ from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
 from nats_spark.spark.group_source.ledger import LEDGER_FORMAT, Ledger
 from nats_spark.spark.group_source.ledger_protocol import EntryHead, EntryState, LedgerConflict
+from nats_spark.spark.group_source.runtime import PROCESS
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task.columns import SlotColumns
 
@@ -35,10 +36,16 @@ log = logging.getLogger(__name__)
 
 
 class SlotEntry:
-    def __init__(self, client: NatsClient, partition: SlotPartition) -> None:
+    def __init__(
+        self,
+        client: NatsClient,
+        partition: SlotPartition,
+        new_id: Callable[[], str] = PROCESS.new_id,
+    ) -> None:
         self.client = client
         self.partition = partition
-        self.head = EntryHead()
+        self.new_id = new_id  # of this attempt, and of each take-over
+        self.head = EntryHead(attempt=new_id()[:12])
         self.revision = 0
         self.replay = EntryDeliveries()  # what an earlier attempt recorded, to emit again
         self.taken: set[int] = set()  # stream sequences recorded (or replayed) by this slot
@@ -83,7 +90,7 @@ class SlotEntry:
             # An earlier attempt died mid-way: adopt what it took, then go on pulling. Or the
             # entry is this attempt's own create, whose answer was lost after it took effect.
             own = previous.attempt == self.head.attempt
-            self.head = protocol.take_over(previous, self.partition.pin_id)
+            self.head = protocol.take_over(previous, self.partition.pin_id, self.new_id()[:12])
             try:
                 self.revision = await protocol.write_head(ledger, gen, slot, self.head, revision)
             except LedgerConflict:

@@ -19,47 +19,35 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 from nats_spark.client import NatsClient
 from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.ledger import Ledger
+from nats_spark.spark.group_source.runtime import PROCESS, EntryKey, SeenEntries
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _AT_ONCE = 64  # ledger reads a task of packed slots keeps in flight
-_KEPT_ENTRIES = 4096  # entries' sequences a worker keeps between tasks
-
-
-class _SeenEntries:
-    """The stream sequences of settled-or-sealed entries this process has read, by entry."""
-
-    def __init__(self) -> None:
-        self.entries: OrderedDict[tuple[str, str, int, str], tuple[int, ...]] = OrderedDict()
-
-    def get(self, key: tuple[str, str, int, str]) -> tuple[int, ...] | None:
-        return self.entries.get(key)
-
-    def put(self, key: tuple[str, str, int, str], seqs: tuple[int, ...]) -> None:
-        self.entries[key] = seqs
-        while len(self.entries) > _KEPT_ENTRIES:
-            self.entries.popitem(last=False)
-
-
-_seen = _SeenEntries()
 
 
 class SlotHistory:
     """The committed batches before a slot's batch, as its task sees them."""
 
-    def __init__(self, client: NatsClient, ledger: Ledger, partition: SlotPartition) -> None:
+    def __init__(
+        self,
+        client: NatsClient,
+        ledger: Ledger,
+        partition: SlotPartition,
+        seen: SeenEntries = PROCESS.seen_entries,
+    ) -> None:
         self.client = client
         self.ledger = ledger
         self.partition = partition
+        self.seen = seen  # the worker process's (`Runtime.seen_entries`)
         self.acked = False  # its committed entries are acked (by `ack_committed`, or together)
         self.shared: DedupeReads | None = None  # in a task of packed slots
 
@@ -80,7 +68,7 @@ class SlotHistory:
         return count
 
     def note_acked(self, gen: int, stream_seq: list[int]) -> None:
-        _seen.put(self._key(gen, self.partition.slot), tuple(stream_seq))
+        self.seen.put(self._key(gen, self.partition.slot), tuple(stream_seq))
 
     def log_acked(self, count: int) -> None:
         if count:
@@ -103,18 +91,18 @@ class SlotHistory:
 
     async def _seqs(self, gen: int, slot: str) -> tuple[int, ...]:
         key = self._key(gen, slot)
-        seqs = _seen.get(key)
+        seqs = self.seen.get(key)
         if seqs is None:
             seqs = await protocol.emitted(self.ledger, gen, slot)
             if seqs is None:
                 return ()  # open: it emitted nothing yet (read again if named)
-            _seen.put(key, seqs)
+            self.seen.put(key, seqs)
         return seqs
 
     def _known(self, gen: int, slot: str) -> bool:
-        return _seen.get(self._key(gen, slot)) is not None
+        return self.seen.get(self._key(gen, slot)) is not None
 
-    def _key(self, gen: int, slot: str) -> tuple[str, str, int, str]:
+    def _key(self, gen: int, slot: str) -> EntryKey:
         return self.ledger.kv.name, self.ledger.lineage, gen, slot
 
 
