@@ -35,6 +35,7 @@ SEALED_KEEPER = "nats_spark.spark.group_source.driver.sealed_keeper"
 PULL_POLICY = "nats_spark.spark.group_source.task.pull_policy"
 CONSUMER_CHECKS = "nats_spark.spark.group_source.driver.consumer_checks"
 PARTITION_READER = "nats_spark.spark.group_source.task.partition_reader"
+ACCEPTANCE = "nats_spark.spark.group_source.task.acceptance"
 WORLD = "tests.simulation.world"
 # spark.speculation's wait in the worlds that turn it on (`Setup.speculation`): nearly every task
 # attempt gets a copy beside it.
@@ -295,6 +296,21 @@ MUTANTS = (
                 CONSUMER_CHECKS,
                 "    if recreation is not None and before is not None and _later(",
                 "    if False and _later(",
+            ),
+        ),
+        edit=(("recreate_consumer", True),),
+    ),
+    Mutant(
+        "recreated-consumer-unchecked-in-flight",
+        "a batch planned before its consumer was deleted and created again read the new one: "
+        "it emitted what the new one delivered again from its start, which earlier batches had "
+        "committed and settled, before the next planning refused (a task now stops at a "
+        "delivery at or below the ack floor the driver saw that no batch holds)",
+        (
+            Patch(
+                ACCEPTANCE,
+                "        if sighting is not None and low <= sighting.ack_floor:",
+                "        if False:",
             ),
         ),
         edit=(("recreate_consumer", True),),

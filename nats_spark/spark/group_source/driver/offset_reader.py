@@ -42,7 +42,11 @@ from nats_spark.spark.group_source.driver.slot_packing import packed
 from nats_spark.spark.group_source.driver.targets import Held, Slot, target_for
 from nats_spark.spark.group_source.ledger import Bucket, Ledger, pointer_key
 from nats_spark.spark.group_source.options import SourceOptions
-from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
+from nats_spark.spark.group_source.slot_partition import (
+    ConsumerSighting,
+    PackedSlots,
+    SlotPartition,
+)
 from nats_spark.spark.shared.pacing import TriggerPacing
 
 log = logging.getLogger(__name__)
@@ -466,7 +470,20 @@ class OffsetReader:
             ack_wait=options.ack_wait if seen is None else seen.ack_wait,
             siblings=siblings(states, end.slots, slot),
             redelivery_wait=state.others_due if waits and state is not None else 0.0,
+            consumer_sighting=self._sighting(slot) if task.limit else None,
         )
+
+    def _sighting(self, slot: Slot) -> ConsumerSighting | None:
+        """What `slot`'s task checks its deliveries against to tell a consumer deleted and
+        created again while the batch is read (the driver tells it only at the next planning,
+        after the batch emitted what the new consumer delivered again)."""
+        recreation = self.target.recreation(slot)
+        if recreation is None:
+            return None
+        seen = self.target.seen.last_seen(slot.stream, slot.consumer)
+        if seen is None:
+            return None
+        return ConsumerSighting(seen.ack_floor, seen.delivered, recreation)
 
     async def ack_through(self, gen: int) -> int:
         """Ack every sealed entry of batches up to `gen` (all committed by Spark); returns count."""

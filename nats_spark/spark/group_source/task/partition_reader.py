@@ -86,6 +86,7 @@ class SlotReader:
             self.client.nc,
             partition.dedupe_through,
             bool(partition.siblings),
+            partition.consumer_sighting,
         )
 
     async def pull_record_batches(self) -> AsyncGenerator[pa.RecordBatch, None]:
