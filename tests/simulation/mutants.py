@@ -294,8 +294,8 @@ MUTANTS = (
         (
             Patch(
                 CONSUMER_CHECKS,
-                "    if recreation is not None and before is not None and _later(",
-                "    if False and _later(",
+                "    if recreation is not None and before is not None and created_later(",
+                "    if False and created_later(",
             ),
         ),
         edit=(("recreate_consumer", True),),

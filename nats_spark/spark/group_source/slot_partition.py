@@ -33,11 +33,12 @@ class ConsumerSighting:
     they were deleted and created again (a static group's, a plain one): everything through
     stream sequence `ack_floor` was acked, so the consumer delivers none of it again, and each
     delivery has a consumer sequence above `delivered`; a new one (DeliverAll) starts over with
-    both. `recreation`: how to go on then."""
+    both; it was created at `created` (RFC 3339). `recreation`: how to go on then."""
 
     ack_floor: int
     delivered: int
     recreation: str
+    created: str = ""
 
 
 @dataclass(frozen=True)

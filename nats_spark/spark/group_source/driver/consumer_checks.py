@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from nats_spark.errors import ConfigurationError, consumer_created_again
-from nats_spark.jetstream.replies import ConsumerInfo
+from nats_spark.jetstream.replies import ConsumerInfo, created_later
 
 
 def check_config(stream: str, name: str, config: Mapping[str, Any]) -> None:
@@ -94,7 +93,7 @@ class SeenConsumers:
         remembered = self.remembered.get((stream, name))
         before = self.last_seen(stream, name)
         created = info.get("created") or ""
-        if recreation is not None and before is not None and _later(created, before.created):
+        if recreation is not None and before is not None and created_later(created, before.created):
             when = "while the query was stopped" if remembered else "while the query ran"
             evidence = f"created {before.created}, now {created}"
             raise consumer_created_again(stream, name, when, evidence, recreation)
@@ -110,12 +109,3 @@ class SeenConsumers:
     def last_seen(self, stream: str, name: str) -> Sighting | None:
         """As the previous driver remembered it until this one looked, else as this one saw it."""
         return self.remembered.get((stream, name)) or self.sightings.get((stream, name))
-
-
-def _later(created: str, seen: str) -> bool:
-    """Whether a consumer's `created` is later than the one seen: it was created again since.
-    Only later: the reply to a create that updated an existing consumer may name the update's
-    time, which the consumer's info then does not (seen after a restart from an older store)."""
-    if not created or not seen:
-        return False
-    return datetime.fromisoformat(created) > datetime.fromisoformat(seen)

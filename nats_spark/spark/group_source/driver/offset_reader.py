@@ -483,7 +483,7 @@ class OffsetReader:
         seen = self.target.seen.last_seen(slot.stream, slot.consumer)
         if seen is None:
             return None
-        return ConsumerSighting(seen.ack_floor, seen.delivered, recreation)
+        return ConsumerSighting(seen.ack_floor, seen.delivered, recreation, seen.created)
 
     async def ack_through(self, gen: int) -> int:
         """Ack every sealed entry of batches up to `gen` (all committed by Spark); returns count."""
