@@ -316,6 +316,22 @@ MUTANTS = (
         edit=(("recreate_consumer", True),),
     ),
     Mutant(
+        "siblings-seal-under-a-new-consumer",
+        "slots sharing a consumer sealed without looking at it: one deleted and created again "
+        "while the old one had delivered nothing at planning delivered a slot, as first "
+        "deliveries, what a sibling took in the batch before, and the batch emitted it twice (a "
+        "slot with siblings now checks the consumer's creation time before it seals)",
+        (
+            Patch(
+                PARTITION_READER,
+                "        if not partition.siblings or sighting is None or not sighting.created:",
+                "        if True:",
+            ),
+        ),
+        shared=True,
+        edit=(("recreate_consumer", True),),
+    ),
+    Mutant(
         "remembered-consumers-forgotten",
         "a restarted driver took the consumers as it found them: one deleted and created again "
         "after the last look of the run before delivered again from its start what the query "
