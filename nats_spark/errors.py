@@ -32,6 +32,18 @@ def option_not_applicable(name: str, where: str) -> ConfigurationError:
     return ConfigurationError(f"option {name} does not apply to {where}; drop it")
 
 
+def consumer_created_again(
+    stream: str, name: str, when: str, evidence: str, recreation: str
+) -> ConfigurationError:
+    """A consumer a query reads was deleted and created again `when` (seen by `evidence`): it
+    starts over, delivering what the query committed; `recreation`: how to go on. Told by the
+    driver (a later creation time) and by a task (a delivery the consumer had acked)."""
+    return ConfigurationError(
+        f"consumer {name!r} on stream {stream!r} was deleted and created again {when} "
+        f"({evidence}): the new one delivers again what the query already committed; {recreation}"
+    )
+
+
 def foreign_checkpoint(offset: Any, reader: str) -> ConfigurationError:
     """A checkpoint offset `reader` did not write (another source, format or version)."""
     return ConfigurationError(

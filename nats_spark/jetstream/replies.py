@@ -7,6 +7,7 @@ or print it keep doing so), with typed properties for what the connector reads.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 NANOS = 1_000_000_000
@@ -109,3 +110,13 @@ class StreamInfo(dict[str, Any]):
     def duplicate_window(self) -> float:
         """Seconds (0: the server's default applies)."""
         return float(self.config.get("duplicate_window", 0)) / NANOS
+
+
+def created_later(created: str, seen: str) -> bool:
+    """Whether a consumer's `created` (RFC 3339) is later than the one seen: it was deleted and
+    created again since. Only later: the reply to a create that updated an existing consumer may
+    name the update's time, which the consumer's info then does not (seen after a restart from
+    an older store)."""
+    if not created or not seen:
+        return False
+    return datetime.fromisoformat(created) > datetime.fromisoformat(seen)

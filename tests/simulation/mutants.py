@@ -35,6 +35,7 @@ SEALED_KEEPER = "nats_spark.spark.group_source.driver.sealed_keeper"
 PULL_POLICY = "nats_spark.spark.group_source.task.pull_policy"
 CONSUMER_CHECKS = "nats_spark.spark.group_source.driver.consumer_checks"
 PARTITION_READER = "nats_spark.spark.group_source.task.partition_reader"
+ACCEPTANCE = "nats_spark.spark.group_source.task.acceptance"
 WORLD = "tests.simulation.world"
 # spark.speculation's wait in the worlds that turn it on (`Setup.speculation`): nearly every task
 # attempt gets a copy beside it.
@@ -293,10 +294,41 @@ MUTANTS = (
         (
             Patch(
                 CONSUMER_CHECKS,
-                "    if recreation is not None and before is not None and _later(",
-                "    if False and _later(",
+                "    if recreation is not None and before is not None and created_later(",
+                "    if False and created_later(",
             ),
         ),
+        edit=(("recreate_consumer", True),),
+    ),
+    Mutant(
+        "recreated-consumer-unchecked-in-flight",
+        "a batch planned before its consumer was deleted and created again read the new one: "
+        "it emitted what the new one delivered again from its start, which earlier batches had "
+        "committed and settled, before the next planning refused (a task now stops at a "
+        "delivery at or below the ack floor the driver saw that no batch holds)",
+        (
+            Patch(
+                ACCEPTANCE,
+                "        if sighting is not None and low <= sighting.ack_floor:",
+                "        if False:",
+            ),
+        ),
+        edit=(("recreate_consumer", True),),
+    ),
+    Mutant(
+        "siblings-seal-under-a-new-consumer",
+        "slots sharing a consumer sealed without looking at it: one deleted and created again "
+        "while the old one had delivered nothing at planning delivered a slot, as first "
+        "deliveries, what a sibling took in the batch before, and the batch emitted it twice (a "
+        "slot with siblings now checks the consumer's creation time before it seals)",
+        (
+            Patch(
+                PARTITION_READER,
+                "        if not partition.siblings or sighting is None or not sighting.created:",
+                "        if True:",
+            ),
+        ),
+        shared=True,
         edit=(("recreate_consumer", True),),
     ),
     Mutant(

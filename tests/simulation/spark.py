@@ -207,6 +207,7 @@ class Query:
         sched, name = self.world.sched, _name(partition)
         running: dict[asyncio.Future[list[int]], Participant] = {}
         failures = 0
+        failed: BaseException | None = None  # the last attempt's error
         speculation = self.world.setup.speculation or None
         while True:
             if not running:
@@ -228,8 +229,10 @@ class Query:
                     rows: list[int] = finished.result()
                 except (Crashed, Lost):
                     await sched.point("task attempt gone")
+                    failed = None
                 except Exception as error:
                     await sched.point(f"task attempt failed: {type(error).__name__}")
+                    failed = error
                 else:
                     for other in running.values():
                         sched.kill(other, at="another attempt of its task succeeded")
@@ -237,7 +240,11 @@ class Query:
                     return rows
                 failures += 1
                 if failures >= TASK_ATTEMPTS:
-                    raise QueryFailed(f"task {name} of batch {batch} failed {TASK_ATTEMPTS} times")
+                    why = f"task {name} of batch {batch} failed {TASK_ATTEMPTS} times"
+                    if isinstance(failed, ConfigurationError):  # the query fails with the last
+                        self.refusal = str(failed)
+                        why += f": {failed}"
+                    raise QueryFailed(why)
 
     def _attempt(
         self,

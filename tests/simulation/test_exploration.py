@@ -8,7 +8,11 @@ from __future__ import annotations
 import pytest
 
 from tests.simulation.mutants import SPECULATION
-from tests.simulation.test_simulation import EXPLORED, assert_schedules_keep_the_guarantees
+from tests.simulation.test_simulation import (
+    EXPLORED,
+    RECREATED_EXPLORED,
+    assert_schedules_keep_the_guarantees,
+)
 
 
 @pytest.mark.timeout(900)  # beside the other worker's Spark tests on two cores
@@ -22,3 +26,7 @@ def test_speculation_keeps_the_guarantees() -> None:
 
 def test_packed_schedules_keep_the_guarantees() -> None:
     assert_schedules_keep_the_guarantees(EXPLORED.packed, jobs=1, packed=True)
+
+
+def test_schedules_with_a_consumer_created_again_keep_the_guarantees() -> None:
+    assert_schedules_keep_the_guarantees(RECREATED_EXPLORED, jobs=1, recreate_consumer=True)

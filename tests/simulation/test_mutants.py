@@ -23,6 +23,8 @@ RARE = {
     # In worlds with the operator's edit (`Mutant.edit`), the first of 0-300 after the stand-by:
     "max-deliver-unchecked": (32, 81),
     "recreated-consumer-unchecked": (3, 6),
+    "recreated-consumer-unchecked-in-flight": (35, 143),  # 3 of 0-1999: 35, 143, 164
+    "siblings-seal-under-a-new-consumer": (111, 127),  # 3 of 0-199: 111, 127, 173
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
     "overtaken-attempt-fails": (72, 262),  # of 0-399

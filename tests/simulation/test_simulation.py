@@ -36,6 +36,10 @@ class Share:
 SEEDS = range(0, 2000)
 CHECK = Share(drawn=range(0, 300), speculation=range(0, 10), packed=range(0, 40))
 EXPLORED = Share(drawn=range(300, 2000), speculation=range(10, 40), packed=range(40, 200))
+# Worlds whose consumer an operator deletes and creates again while a query runs
+# (`recreate_consumer`; each ends at the source's refusal): the first share here, the rest in
+# the main lane.
+RECREATED_CHECK, RECREATED_EXPLORED = range(0, 40), range(40, 400)
 
 # Seeds of a longer range that found a hole since closed (with what they ran under): each must
 # keep every guarantee. A change of the schedules makes them other schedules; the holes found
@@ -102,6 +106,12 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "the quiet run (4.0/4.1, a trigger every 10 s) drained slowly and its limit of 30 ack "
         "waits from its start ended it one trigger before its last batch's acked entries "
         "settled (the harness's own limit: it now counts from the last planned batch)",
+    ),
+    35: (
+        {"recreate_consumer": True},
+        "a batch planned before its consumer was deleted and created again read the new one "
+        "and emitted what it delivered again from its start (the next planning refused, too "
+        "late)",
     ),
     4307: (
         {},
@@ -216,14 +226,35 @@ def test_a_consumer_created_again_unseen_by_the_query_is_refused_by_the_next_run
     assert refused is not None and not refused.problems
 
 
+def test_a_consumer_created_again_while_a_batch_reads_it_is_refused_by_its_task() -> None:
+    """A batch planned before its consumer was deleted and created again reads the new one,
+    which delivers from its start again: the task stops at the first delivery at or below the
+    ack floor the driver saw that no batch holds (`Acceptance`), before it takes anything of
+    the new consumer; the mutant recreated-consumer-unchecked-in-flight shows what the batch
+    would emit again (seed 35 did, before the next planning refused)."""
+    stopped = _first_seed(
+        lambda r: any("while a batch read it" in line for line in r.trace),
+        known=35,
+        recreate_consumer=True,
+    )
+    assert stopped is not None and not stopped.problems
+
+
+def test_schedules_with_a_consumer_created_again_keep_the_guarantees() -> None:
+    assert_schedules_keep_the_guarantees(RECREATED_CHECK, recreate_consumer=True)
+
+
 def _refused(result: Result, why: str) -> bool:
     return any("query fails" in line and why in line for line in result.trace)
 
 
-def _first_seed(found: Callable[[Result], bool], **overrides: object) -> Result | None:
+def _first_seed(
+    found: Callable[[Result], bool], known: int | None = None, **overrides: object
+) -> Result | None:
     """The first of seeds 0-99 whose schedule, with `overrides`, is `found` (schedules move
-    with every change to the code they run, so no one seed is pinned)."""
-    for seed in range(100):
+    with every change to the code they run, so no one seed is pinned); the `known` one, found
+    late in the range, is tried first."""
+    for seed in ([known] if known is not None else []) + list(range(100)):
         result = run_schedule(seed, **overrides)
         if found(result):
             return result

@@ -185,7 +185,10 @@ class Target:
         return next(slot for slot in self.slots if slot.name == name)
 
     def look(self, slot: Slot, info: ConsumerInfo) -> None:
-        self.seen.look(slot.stream, slot.consumer, info, RECREATED)
+        self.seen.look(slot.stream, slot.consumer, info, self.recreation(slot))
+
+    def recreation(self, slot: Slot) -> str:
+        return RECREATED
 
 
 RECREATED = "recreate it to start after what the query acked, then restart the query"
@@ -293,8 +296,9 @@ class World:
 
     async def operate(self) -> None:
         """An operator's doings in the chaotic phase: purges of what every consumer acked, and
-        a consumer deleted and created again while a query runs (the source refuses to read on
-        once its driver sees it; one made while no driver runs it cannot tell: open)."""
+        a consumer deleted and created again while a query runs, at any point of it (a batch's
+        task that reads the new one stops, the driver refuses to plan on once it sees it, and a
+        driver that never saw it leaves it to the next run's)."""
         setup, sched = self.setup, self.sched
         recreate_at = self.faults.uniform(0.2, 0.8) * setup.chaos_waits * setup.ack_wait
         while not self.quiet:

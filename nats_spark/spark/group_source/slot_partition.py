@@ -28,6 +28,20 @@ class SlotReading:
 
 
 @dataclass(frozen=True)
+class ConsumerSighting:
+    """A slot's consumer as the driver last saw it, for consumers the query refuses to read once
+    they were deleted and created again (a static group's, a plain one): everything through
+    stream sequence `ack_floor` was acked, so the consumer delivers none of it again, and each
+    delivery has a consumer sequence above `delivered`; a new one (DeliverAll) starts over with
+    both; it was created at `created` (RFC 3339). `recreation`: how to go on then."""
+
+    ack_floor: int
+    delivered: int
+    recreation: str
+    created: str = ""
+
+
+@dataclass(frozen=True)
 class SlotPartition(InputPartition):
     """Everything a task needs: executors get no other state from the driver."""
 
@@ -54,6 +68,8 @@ class SlotPartition(InputPartition):
     # seconds a pull that finds nothing ready may wait for redeliveries: an availableNow run's
     # wait for what the consumer holds beyond the query's ledger (`SlotState.others_due`)
     redelivery_wait: float = 0.0
+    # None: a consumer created again reads nothing twice (an elastic group's), or none seen yet
+    consumer_sighting: ConsumerSighting | None = None
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from nats_spark.jetstream.acks import InProgressKeeper
+from nats_spark.errors import ConfigurationError
+from nats_spark.jetstream.acks import ACK, NAK, InProgressKeeper
 from nats_spark.jetstream.pull import Deliveries
 from nats_spark.loop import run_sync
+from nats_spark.spark.group_source.slot_partition import ConsumerSighting
 from nats_spark.spark.group_source.task import acceptance as module
 from nats_spark.spark.group_source.task.acceptance import Acceptance
 
@@ -31,6 +34,8 @@ class Entry:
         self.taken = taken
         self.siblings = siblings
         self.reads = 0
+        self.delivering_again = False
+        self.partition = SimpleNamespace(stream="S", consumer="C")
 
     async def recorded_by_siblings(self) -> set[int]:
         self.reads += 1
@@ -55,15 +60,21 @@ class History:
 
 
 @pytest.fixture
-def acked(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    sent: list[bytes] = []
+def sent(monkeypatch: pytest.MonkeyPatch) -> dict[bytes, list[bytes]]:
+    """The ack subjects acked and given back (NAKed), as sent."""
+    by_kind: dict[bytes, list[bytes]] = {ACK: [], NAK: []}
 
-    async def publish_acks(nc: Any, replies: list[bytes]) -> int:
-        sent.extend(replies)
+    async def publish_acks(nc: Any, replies: list[bytes], kind: bytes = ACK) -> int:
+        by_kind[kind].extend(replies)
         return len(replies)
 
     monkeypatch.setattr(module, "publish_acks", publish_acks)
-    return sent
+    return by_kind
+
+
+@pytest.fixture
+def acked(sent: dict[bytes, list[bytes]]) -> list[bytes]:
+    return sent[ACK]
 
 
 def acceptance(
@@ -72,6 +83,7 @@ def acceptance(
     emitted: set[int] | None = None,
     below: int = 0,
     siblings: set[int] | None = None,
+    sighting: ConsumerSighting | None = None,
 ) -> tuple[Acceptance, Entry, History]:
     entry = Entry(taken or set(), siblings or set())
     history = History(emitted or set())
@@ -82,6 +94,7 @@ def acceptance(
         None,  # type: ignore[arg-type]
         below,
         siblings is not None,
+        sighting,
     )
     return accept, entry, history
 
@@ -126,3 +139,50 @@ def test_what_a_sibling_recorded_is_skipped_once_a_redelivery_comes(acked):
     got = run_sync(accept.accept(chunk((8, 2), (10, 1))))
     assert got.rows == [1] and entry.reads == 1
     assert entry.taken == {9, 10} and 8 not in accept.keeper.held and not acked
+
+
+RECREATION = "to read nothing twice, recreate it at 11"
+
+
+def test_a_delivery_at_or_below_the_floor_no_batch_holds_stops_the_batch(sent):
+    """A consumer delivers what it acked again only when its server lost the ack (an earlier
+    batch not settled yet holds it: acked and dropped) or when it is a new one (DeliverAll):
+    the batch stops before it takes anything, and gives back what the new one delivered."""
+    accept, entry, _ = acceptance(
+        emitted={9}, below=9, sighting=ConsumerSighting(10, 0, RECREATION)
+    )
+    got = run_sync(accept.accept(chunk((9, 2), (11, 1))))  # a lost ack's redelivery, then new
+    assert got.rows == [1] and sent[ACK] == [chunk((9, 2)).replies[0]]
+    again = chunk((1, 1), (2, 1), (12, 1))
+    with pytest.raises(ConfigurationError) as refused:
+        run_sync(accept.accept(again))
+    assert "'C' on stream 'S' was deleted and created again while a batch read it" in str(
+        refused.value
+    )
+    assert "stream sequence 1 again, at or below its ack floor 10" in str(refused.value)
+    assert str(refused.value).endswith(RECREATION)
+    assert sent[NAK] == again.replies[:2] and len(sent[ACK]) == 1
+    assert entry.taken == {11}, "nothing of the new consumer taken"
+
+
+def test_with_siblings_a_consumer_sequence_seen_before_checks_every_delivery(acked):
+    """A consumer sequence at or below the one the driver saw is a new consumer's: its first
+    deliveries may be of what a sibling took in this batch before, so they are checked against
+    the siblings' records (and at record time, `SlotEntry.record`)."""
+    accept, entry, _ = acceptance(siblings={12}, sighting=ConsumerSighting(0, 20, RECREATION))
+    got = run_sync(accept.accept(chunk((21, 1))))  # consumer sequence 21: the same consumer
+    assert got.rows is None and entry.reads == 0 and not entry.delivering_again
+    got = run_sync(accept.accept(chunk((12, 1), (13, 1))))  # consumer sequences 12, 13
+    assert entry.delivering_again and entry.reads == 1
+    assert got.rows == [1] and entry.taken == {21, 13}
+
+
+def test_with_siblings_a_first_delivery_of_what_a_batch_holds_checks_every_delivery(acked):
+    """A first delivery of a message an earlier batch emitted is a new consumer's too."""
+    accept, entry, _ = acceptance(
+        emitted={3}, below=3, siblings={8}, sighting=ConsumerSighting(0, 0, RECREATION)
+    )
+    run_sync(accept.accept(chunk((3, 1))))
+    assert entry.delivering_again and acked == chunk((3, 1)).replies
+    got = run_sync(accept.accept(chunk((8, 1), (9, 1))))
+    assert got.rows == [1] and entry.taken == {9}

@@ -276,6 +276,15 @@ def test_a_released_entry_is_taken_over_at_once(
     assert stored(kv, lineage, 1)[0].attempt == retry.head.attempt
 
 
+def test_an_attempt_that_never_claimed_its_entry_releases_nothing(
+    kv: MemoryBucket, lineage: str
+) -> None:
+    """An attempt that ends before it claims (an ack-only partition, a failed claim) has no
+    entry to release: a head write on revision 0 would create one, released."""
+    run_sync(attempt(kv, input_partition(lineage)).release())
+    assert run_sync(read_head(Ledger(kv, lineage), 1, "m1")) is None
+
+
 def test_a_first_attempt_that_loses_the_create_takes_the_winner_over(
     kv: MemoryBucket, lineage: str
 ) -> None:

@@ -83,6 +83,9 @@ class Target:
     def look(self, slot: Slot, info: ConsumerInfo) -> None:
         """The test's consumers keep their config and identity (see test_consumer_checks)."""
 
+    def recreation(self, slot: Slot) -> None:
+        """Not checked by the tasks either (see test_acceptance)."""
+
 
 def driver_of(server: Server, kv: MemoryBucket) -> OffsetReader:
     """A driver (as a query's start or restart makes one) connected to `server` and `kv`."""

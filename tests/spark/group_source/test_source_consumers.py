@@ -30,6 +30,9 @@ from nats_spark.jetstream.acks import publish_acks
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.jetstream.pull import PullConsumer, PullStatus
 from nats_spark.loop import Blocking, run_sync
+from nats_spark.spark.group_source.ledger import Ledger, pointer_key, read_pointer
+from nats_spark.spark.group_source.ledger_protocol import read_head
+from nats_spark.spark.group_source.options import SourceOptions
 
 pytestmark = pytest.mark.spark
 
@@ -431,3 +434,56 @@ def test_consumer_created_again_between_triggers_is_not_read_again(
     assert "consumer 'c' on stream" in error, error
     assert "was deleted" in error and "--deliver 31" in error, error
     assert_exactly_once(values, 30)
+
+
+def settled(client: Blocking[NatsClient], stream: str, name: str) -> bool:
+    """The ledger keeps no message of the query's committed batches: nothing dedupes their
+    redeliveries any more (the driver removes an entry once the ack floor held past it)."""
+    kv = run_sync(Ledger.bucket(client.target, SourceOptions.ledger_bucket, create=False))
+    pointer = run_sync(read_pointer(kv, pointer_key(stream, name)))
+    if pointer is None:
+        return False
+    ledger = Ledger(kv, pointer.lineage)
+    heads = [run_sync(read_head(ledger, gen, slot)) for gen, slot in run_sync(ledger.heads())]
+    return all(found is None or found[0].count == 0 for found in heads)
+
+
+def test_consumer_created_again_while_a_batch_reads_it_is_not_read_again(
+    spark, client, nats_url, unique, tmp_path
+):
+    """Someone deletes the consumer and creates it again from the start (DeliverAll) after a
+    batch was planned and before its task pulls (the foreachBatch function does it before it
+    reads the batch): the task stops at the first message the new consumer delivers again, so
+    the batch emits none of the 30 committed and settled before, acks nothing, and the query
+    stops with where to start. Before, the batch emitted them again, and only the next planning
+    stopped the query."""
+    stream, name = f"F{unique}", "c"
+    make_stream(client, stream, storage="memory")
+    make_consumer(client, stream, name, "pinned_client", group=GROUP)
+    publish(client, stream, 30)
+    armed, recreated = threading.Event(), threading.Event()
+
+    class RecreatingSink(Sink):
+        def __call__(self, batch: Any, batch_id: int) -> None:
+            if armed.is_set() and not recreated.is_set():  # planned, not read yet
+                run_sync(client.api.delete_consumer(stream, name))
+                make_consumer(client, stream, name, "pinned_client", group=GROUP)
+                recreated.set()
+            super().__call__(batch, batch_id)
+
+    sink = RecreatingSink()
+    query = foreach_batches(source(spark, nats_url, stream, consumer=name), sink, tmp_path / "cp")
+    try:
+        wait_until(lambda: len(sink.values) >= 30 or query.exception(), 60, "30 rows")
+        wait_until(lambda: settled(client, stream, name), 60, "the 30 settled")
+        armed.set()
+        publish(client, stream, 10, start=30)
+        wait_until(lambda: query.exception() is not None, 60, "the query to stop")
+        error = str(query.exception())
+    finally:
+        query.stop()
+    assert recreated.is_set()
+    assert_exactly_once(sink.values, 30)
+    assert "was deleted and created again while a batch read it" in error, error
+    assert "--deliver 31" in error, error
+    assert consumer_info(client, stream, name)["ack_floor"]["stream_seq"] == 0  # nothing acked

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from nats_spark.errors import ConfigurationError
-from nats_spark.jetstream.replies import ConsumerInfo
+from nats_spark.errors import ConfigurationError, consumer_created_again
+from nats_spark.jetstream.replies import ConsumerInfo, created_later
 
 
 def check_config(stream: str, name: str, config: Mapping[str, Any]) -> None:
@@ -44,6 +43,7 @@ def check_config(stream: str, name: str, config: Mapping[str, Any]) -> None:
 class Sighting:
     created: str  # when the server created the consumer (RFC 3339): its identity
     ack_floor: int  # the stream sequence up to which it had everything acked
+    delivered: int = 0  # the consumer sequence of its last delivery (0: not known)
 
 
 class SeenConsumers:
@@ -83,39 +83,29 @@ class SeenConsumers:
         check_config(stream, name, info.config)
         if placed:
             self.remembered.pop((stream, name), None)
-        self.sightings[stream, name] = Sighting(info.get("created") or "", info.ack_floor_seq)
+        self.sightings[stream, name] = Sighting(
+            info.get("created") or "", info.ack_floor_seq, info.delivered_consumer_seq
+        )
 
     def look(self, stream: str, name: str, info: ConsumerInfo, recreation: str | None) -> None:
         """Check a consumer seen at planning and keep it; `recreation`: how to go on when it was
         created again since it was last seen (None: a new one is exact, take it)."""
         remembered = self.remembered.get((stream, name))
-        before = self._last_seen(stream, name)
+        before = self.last_seen(stream, name)
         created = info.get("created") or ""
-        if recreation is not None and before is not None and _later(created, before.created):
+        if recreation is not None and before is not None and created_later(created, before.created):
             when = "while the query was stopped" if remembered else "while the query ran"
-            raise ConfigurationError(
-                f"consumer {name!r} on stream {stream!r} was deleted and created again {when} "
-                f"(created {before.created}, now {created}): the new one delivers again what "
-                f"the query already committed; {recreation}"
-            )
+            evidence = f"created {before.created}, now {created}"
+            raise consumer_created_again(stream, name, when, evidence, recreation)
         self.record(stream, name, info)
 
     def next_after_acked(self, stream: str, name: str) -> int:
         """The stream sequence right after everything the consumer had acked when last seen: a
         new consumer starting there reads nothing the query committed and settled, and what
         the query took after it is in the ledger, which drops its redeliveries."""
-        before = self._last_seen(stream, name)
+        before = self.last_seen(stream, name)
         return (before.ack_floor if before else 0) + 1
 
-    def _last_seen(self, stream: str, name: str) -> Sighting | None:
+    def last_seen(self, stream: str, name: str) -> Sighting | None:
         """As the previous driver remembered it until this one looked, else as this one saw it."""
         return self.remembered.get((stream, name)) or self.sightings.get((stream, name))
-
-
-def _later(created: str, seen: str) -> bool:
-    """Whether a consumer's `created` is later than the one seen: it was created again since.
-    Only later: the reply to a create that updated an existing consumer may name the update's
-    time, which the consumer's info then does not (seen after a restart from an older store)."""
-    if not created or not seen:
-        return False
-    return datetime.fromisoformat(created) > datetime.fromisoformat(seen)

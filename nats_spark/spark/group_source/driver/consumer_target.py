@@ -115,15 +115,17 @@ class ConsumerTarget:
     def look(self, slot: Slot, info: ConsumerInfo) -> None:
         """Check the consumer as planning sees it (its config, and that it is still the one
         the query read)."""
-        self.seen.look(slot.stream, slot.consumer, info, self._how_to_go_on(slot))
+        self.seen.look(slot.stream, slot.consumer, info, self.recreation(slot))
 
     async def heal(self, client: NatsClient, slot: Slot) -> None:
         raise ConfigurationError(
             f"consumer {slot.consumer!r} on stream {slot.stream!r} was deleted while the query "
-            f"ran; recreate it and restart the query; {self._how_to_go_on(slot)}"
+            f"ran; recreate it and restart the query; {self.recreation(slot)}"
         )
 
-    def _how_to_go_on(self, slot: Slot) -> str:
+    def recreation(self, slot: Slot) -> str:
+        """How to go on when `slot`'s consumer was deleted and created again: the query refuses
+        to read a plain consumer that starts over."""
         start = self.seen.next_after_acked(slot.stream, slot.consumer)
         return (
             f"to read nothing twice, (re)create it with nats consumer add {slot.stream} "

@@ -241,17 +241,21 @@ class GroupTarget:
         return self._slot(name, member_consumer(entry, name), name)
 
     def look(self, slot: Slot, info: ConsumerInfo) -> None:
-        """Check a consumer as planning sees it: its config, and for a static group that it is
-        still the one the query read (an elastic group's work-queue stream holds just what was
-        not acked, so a new consumer there reads nothing twice)."""
-        recreated = None
-        if self.kind is GroupKind.STATIC:
-            start = self.seen.next_after_acked(slot.stream, slot.consumer)
-            recreated = (
-                f"to read nothing twice, delete it (nats consumer rm {slot.stream} "
-                f"{slot.consumer}) and {_restart_at(start)}"
-            )
-        self.seen.look(slot.stream, slot.consumer, info, recreated)
+        """Check a consumer as planning sees it: its config, and that it is still the one the
+        query read (`recreation`)."""
+        self.seen.look(slot.stream, slot.consumer, info, self.recreation(slot))
+
+    def recreation(self, slot: Slot) -> str | None:
+        """How to go on when `slot`'s consumer was deleted and created again: a static group's
+        is refused; None for an elastic group's, whose work-queue stream holds just what was not
+        acked, so a new consumer there reads nothing twice."""
+        if self.kind is not GroupKind.STATIC:
+            return None
+        start = self.seen.next_after_acked(slot.stream, slot.consumer)
+        return (
+            f"to read nothing twice, delete it (nats consumer rm {slot.stream} "
+            f"{slot.consumer}) and {_restart_at(start)}"
+        )
 
     async def heal(self, client: NatsClient, slot: Slot) -> None:
         """Recreate a consumer that vanished: elastic ones (members' expire when inactive; a

@@ -43,7 +43,11 @@ from nats_spark.spark.group_source.driver.targets import Held, Slot, target_for
 from nats_spark.spark.group_source.ledger import Bucket, Ledger, pointer_key
 from nats_spark.spark.group_source.options import SourceOptions
 from nats_spark.spark.group_source.runtime import PROCESS, Runtime
-from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
+from nats_spark.spark.group_source.slot_partition import (
+    ConsumerSighting,
+    PackedSlots,
+    SlotPartition,
+)
 from nats_spark.spark.shared.pacing import TriggerPacing
 
 log = logging.getLogger(__name__)
@@ -471,7 +475,20 @@ class OffsetReader:
             ack_wait=options.ack_wait if seen is None else seen.ack_wait,
             siblings=siblings(states, end.slots, slot),
             redelivery_wait=state.others_due if waits and state is not None else 0.0,
+            consumer_sighting=self._sighting(slot) if task.limit else None,
         )
+
+    def _sighting(self, slot: Slot) -> ConsumerSighting | None:
+        """What `slot`'s task checks its deliveries against to tell a consumer deleted and
+        created again while the batch is read (the driver tells it only at the next planning,
+        after the batch emitted what the new consumer delivered again)."""
+        recreation = self.target.recreation(slot)
+        if recreation is None:
+            return None
+        seen = self.target.seen.last_seen(slot.stream, slot.consumer)
+        if seen is None:
+            return None
+        return ConsumerSighting(seen.ack_floor, seen.delivered, recreation, seen.created)
 
     async def ack_through(self, gen: int) -> int:
         """Ack every sealed entry of batches up to `gen` (all committed by Spark); returns count."""

@@ -6,6 +6,14 @@ A delivery is taken unless
 - an earlier batch, not settled yet, emitted it: it is acked and dropped;
 - a sibling slot (one pulling from the same consumer) recorded it first: the sibling acks it at
   commit.
+A delivery at or below the consumer's ack floor as the driver last saw it (`ConsumerSighting`) that
+neither this batch nor an earlier one holds is of a consumer deleted and created again: the
+batch stops before it takes anything of it (a consumer delivers what it acked only again when
+its server lost the ack, and then an earlier batch not settled yet holds it). With siblings, a
+consumer sequence at or below the one the driver saw, or a first delivery of what a batch holds,
+is of a new consumer too (or of a server that lost state): every delivery after it is checked
+against the siblings' records, as a first delivery may then be of what a sibling took in this
+batch before the recreation.
 What it is checked against is read only when a delivery could be in it: the earlier batches'
 sequences once one is at or below `dedupe_through` (in-order reads never read them), the
 siblings' records once a redelivery comes. `SlotEntry.record` settles the races with siblings.
@@ -17,8 +25,10 @@ from dataclasses import dataclass, field
 
 from nats.aio.client import Client as NATS
 
-from nats_spark.jetstream.acks import InProgressKeeper, publish_acks
+from nats_spark.errors import consumer_created_again
+from nats_spark.jetstream.acks import NAK, InProgressKeeper, publish_acks
 from nats_spark.jetstream.pull import Deliveries
+from nats_spark.spark.group_source.slot_partition import UNBOUNDED, ConsumerSighting
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from nats_spark.spark.group_source.task.slot_history import SlotHistory
 
@@ -44,6 +54,7 @@ class Acceptance:
         nc: NATS,
         dedupe_through: int,
         siblings: bool,
+        sighting: ConsumerSighting | None = None,
     ) -> None:
         self.entry = entry
         self.keeper = keeper
@@ -51,34 +62,70 @@ class Acceptance:
         self.nc = nc
         self.dedupe_through = dedupe_through
         self.siblings = siblings
+        self.sighting = sighting  # the slot's consumer as the driver last saw it
         self.emitted: set[int] | None = None  # `SlotHistory.dedupe`, read when first needed
         self.sibling_seqs: set[int] = set()
         self.redundant = 0  # redeliveries of earlier batches' messages, acked and dropped
 
     async def accept(self, chunk: Deliveries) -> Accepted:
         """Take what `chunk` brings that is new to the batch; ack what earlier batches emitted."""
-        delivered, seqs, _, _ = chunk.numbers
-        if self.siblings and max(delivered, default=0) > 1:
+        delivered, seqs, consumer_seqs, _ = chunk.numbers
+        low = min(seqs, default=UNBOUNDED)
+        if self.emitted is None and self._may_be_earlier(seqs, low):
+            self.emitted = await self.history.dedupe()
+        sighting = self.sighting
+        if sighting is not None and low <= sighting.ack_floor:
+            await self._refuse_acked_again(chunk, seqs, sighting)
+        if self.siblings and sighting is not None and not self.entry.delivering_again:
+            low_delivery = min(consumer_seqs, default=UNBOUNDED)
+            self.entry.delivering_again = low_delivery <= sighting.delivered
+        if self.siblings and (self.entry.delivering_again or max(delivered, default=0) > 1):
             # A redelivery may reach us after a sibling took the message and its ack wait ran
             # out: skipping what the siblings recorded so far is the cheap, usual case.
             self.sibling_seqs |= await self.entry.recorded_by_siblings()
-        if self.emitted is None and self._may_be_earlier(seqs):
-            self.emitted = await self.history.dedupe()
-        accepted, redundant = self._take(chunk, seqs)
+        accepted, redundant = self._take(chunk, delivered, seqs)
         if redundant:
             accepted.acked = len(redundant)
             self.redundant += len(redundant)
             await publish_acks(self.nc, redundant)
         return accepted
 
-    def _may_be_earlier(self, seqs: list[int]) -> bool:
-        """Whether a delivery in `seqs` new to this batch may be an earlier batch's."""
+    def _may_be_earlier(self, seqs: list[int], low: int) -> bool:
+        """Whether a delivery in `seqs` (the lowest `low`) new to this batch may be an earlier
+        batch's."""
         below, taken = self.dedupe_through, self.entry.taken
-        return min(seqs, default=below + 1) <= below and any(
-            seq <= below and seq not in taken for seq in seqs
+        return low <= below and any(seq <= below and seq not in taken for seq in seqs)
+
+    async def _refuse_acked_again(
+        self, chunk: Deliveries, seqs: list[int], sighting: ConsumerSighting
+    ) -> None:
+        """Stop the batch when `chunk` holds a delivery at or below the ack floor of `sighting`
+        that no batch of the query holds (see the module's doc). What it delivered so is given
+        back, not taken: a retry of the task, or a sibling, gets it first and stops too."""
+        if self.emitted is None:
+            self.emitted = await self.history.dedupe()
+        taken, emitted, through = self.entry.taken, self.emitted, sighting.ack_floor
+        again = [
+            (seq, reply)
+            for seq, reply in zip(seqs, chunk.replies, strict=True)
+            if seq <= through and seq not in taken and seq not in emitted
+        ]
+        if not again:
+            return
+        await publish_acks(self.nc, [reply for _, reply in again], kind=NAK)
+        partition = self.entry.partition
+        raise consumer_created_again(
+            partition.stream,
+            partition.consumer,
+            "while a batch read it",
+            f"it delivered stream sequence {again[0][0]} again, at or below its ack floor "
+            f"{through} when the batch was planned",
+            sighting.recreation,
         )
 
-    def _take(self, chunk: Deliveries, seqs: list[int]) -> tuple[Accepted, list[bytes]]:
+    def _take(
+        self, chunk: Deliveries, delivered: list[int], seqs: list[int]
+    ) -> tuple[Accepted, list[bytes]]:
         """The rule (see the module's doc); returns what was taken, and the ack subjects of what
         earlier batches emitted."""
         taken, keeper, replies = self.entry.taken, self.keeper, chunk.replies
@@ -90,6 +137,14 @@ class Acceptance:
             taken |= found  # the usual case: the chunk whole
             keeper.hold(seqs, replies)
             return Accepted(None, replies), []
+        if self.siblings and not self.entry.delivering_again:
+            # A first delivery of what a batch holds: its consumer was created again (the
+            # ledger held what it delivered so far), and a first delivery may now be of what a
+            # sibling took in this batch before.
+            held = again | emitted
+            self.entry.delivering_again = any(
+                count == 1 and seq in held for count, seq in zip(delivered, seqs, strict=True)
+            )
         rows, taken_replies, redundant = list[int](), list[bytes](), list[bytes]()
         for i, (seq, reply) in enumerate(zip(seqs, replies, strict=True)):
             if seq in taken:  # held, or earlier in this chunk

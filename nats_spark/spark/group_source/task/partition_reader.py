@@ -30,6 +30,7 @@ import pyarrow as pa
 from nats_spark import clock
 from nats_spark.arrays import int_array
 from nats_spark.client import NatsClient, shared_client
+from nats_spark.errors import consumer_created_again
 from nats_spark.jetstream.acks import (
     NAK,
     RESTART_AFTER,
@@ -38,6 +39,7 @@ from nats_spark.jetstream.acks import (
     publish_acks,
 )
 from nats_spark.jetstream.pull import PullConsumer
+from nats_spark.jetstream.replies import created_later
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source.ledger import Ledger
 from nats_spark.spark.group_source.ledger_protocol import TakenOver
@@ -97,6 +99,7 @@ class SlotReader:
             self.client.nc,
             partition.dedupe_through,
             bool(partition.siblings),
+            partition.consumer_sighting,
         )
 
     async def history(self) -> SlotHistory:
@@ -217,7 +220,28 @@ class SlotReader:
             or used > self.partition.ack_wait * RESTART_AFTER
         ):
             await self.keeper.renew()
+        await self.check_not_created_again()
         await self.entry.seal()
+
+    async def check_not_created_again(self) -> None:
+        """With siblings, before the seal: the consumer is still the one the driver saw. A new
+        one may have delivered, as first deliveries, what a sibling took in this batch before
+        (nothing tells the slot when the old one had delivered nothing at planning): the attempt
+        fails, so the batch is not committed with it (a retry's take-over drops what a sibling
+        recorded, and checks again). One look at the consumer per slot and batch."""
+        partition, sighting = self.partition, self.partition.consumer_sighting
+        if not partition.siblings or sighting is None or not sighting.created:
+            return
+        info = await self.client.api.consumer_info(partition.stream, partition.consumer)
+        created = info.get("created") or ""
+        if created_later(created, sighting.created):
+            raise consumer_created_again(
+                partition.stream,
+                partition.consumer,
+                "while a batch read it",
+                f"created {sighting.created}, now {created}",
+                sighting.recreation,
+            )
 
     @property
     def redundant(self) -> int:

@@ -51,6 +51,9 @@ class SlotEntry:
         self.taken: set[int] = set()  # stream sequences recorded (or replayed) by this slot
         self.fixed = False  # found sealed: exactly `replay`, nothing more
         self.overtaken = False  # another attempt took the entry over and sealed it
+        # its consumer delivered a first time what a batch holds (`Acceptance`): every delivery
+        # is at risk of being a sibling's too, not only redeliveries
+        self.delivering_again = False
         self.ledger: Ledger | None = None
         self.writing = asyncio.Lock()  # head writes one at a time: each on the last's revision
         self.written = clock.monotonic()  # when this attempt last wrote its head
@@ -189,7 +192,7 @@ class SlotEntry:
             return rows, set()
         # A renewal covers the rows only if it came after they were taken.
         since = renewed if renewed >= columns.last_taken else columns.requested
-        late = clock.monotonic() - since > self.partition.ack_wait / 2
+        late = self.delivering_again or clock.monotonic() - since > self.partition.ack_wait / 2
         at_risk = {
             seq
             for seq, delivered in zip(columns.stream_seq, columns.delivered, strict=True)
@@ -253,8 +256,15 @@ class SlotEntry:
 
     async def release(self) -> None:
         """The attempt ends without sealing the entry it holds (it failed, or Spark closed it):
-        mark it released, so that a retry takes it over at once."""
-        if self.ledger is None or self.fixed or self.head.state is not EntryState.OPEN:
+        mark it released, so that a retry takes it over at once. Not an entry it never claimed
+        (revision 0: an ack-only partition, or a claim that failed): a write on revision 0
+        would create it."""
+        if (
+            self.ledger is None
+            or not self.revision
+            or self.fixed
+            or self.head.state is not EntryState.OPEN
+        ):
             return
         gen, slot = self.partition.gen, self.partition.slot
         try:
