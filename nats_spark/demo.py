@@ -29,7 +29,8 @@ from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.kinds import GroupKind
 from nats_spark.server import EmbeddedServer
-from nats_spark.spark.local_session import local_session
+from nats_spark.spark.failure_lines import failure_line
+from nats_spark.spark.local_session import local_session, stop_between_batches
 from nats_spark.spark.progress import LagSample
 
 GROUP = "demo"
@@ -216,17 +217,8 @@ def summary(spark: Any, published: int, left: dict[str, int], error: Any) -> boo
     print(f"  missing              {missing}")
     print(f"  unacked              {not_acked}")
     if error:
-        print(f"  query failed: {error}")
+        print(f"  query failed: {failure_line(error, spark)}")
     return not (duplicates or missing or not_acked or error)
-
-
-def stop_between_batches(query: Any, within: float = 10.0) -> None:
-    """Stop the query once no batch runs (Spark logs a batch stopped midway as aborted, with
-    errors), or after `within` seconds anyway."""
-    deadline = time.monotonic() + within
-    while query.status["isTriggerActive"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    query.stop()
 
 
 @contextlib.contextmanager

@@ -16,16 +16,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from nats_spark.errors import ConfigurationError
+from nats_spark.errors import ConfigurationError, NatsSparkError
+from nats_spark.spark.failure_lines import failure_line
 from nats_spark.spark.group_source.options import parse_options
-from nats_spark.spark.registration import missing_on_workers
 from nats_spark.spark.shared.options import CONNECTION_OPTIONS, SECRET_OPTIONS, parse_duration
 
 log = logging.getLogger("nats_spark.job")
@@ -63,10 +62,6 @@ def read_config(path: str) -> dict[str, str]:
             raise ConfigurationError(f"{path}:{number}: expected 'key = value', got {line!r}")
         values[key.strip()] = value.strip()
     return values
-
-
-# The connector's own error line inside a failed query's message (a Python traceback's last line).
-_SOURCE_ERROR = re.compile(r"(?:^|\s)nats_spark\.[\w.]+?: (.+)$", re.MULTILINE)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -151,6 +146,15 @@ def settings(argv: Sequence[str] | None) -> tuple[dict[str, str], dict[str, str]
     return job, options
 
 
+def sink_options(job: dict[str, str], options: dict[str, str]) -> dict[str, str]:
+    """The `nats` sink's options (`--format nats`): the source's servers and credentials, and
+    `--sink-stream`."""
+    sink = {key: value for key, value in options.items() if key in CONNECTION_OPTIONS}
+    if job.get("sink-stream"):
+        sink["stream"] = job["sink-stream"]
+    return sink
+
+
 def start_query(spark: Any, job: dict[str, str], options: dict[str, str]) -> Any:
     from pyspark.sql.functions import col, concat, lit
 
@@ -169,11 +173,8 @@ def start_query(spark: Any, job: dict[str, str], options: dict[str, str]) -> Any
         ensure_registered(spark, NatsDataSource)
         subject = concat(lit(job["sink-prefix"] + "."), col("subject")).alias("subject")
         writer = rows.select(subject, "data", "headers").writeStream.format(NatsDataSource.name())
-        for key, value in options.items():  # the same server and credentials
-            if key in CONNECTION_OPTIONS:
-                writer = writer.option(key, value)
-        if job.get("sink-stream"):
-            writer = writer.option("stream", job["sink-stream"])
+        for key, value in sink_options(job, options).items():
+            writer = writer.option(key, value)
     else:
         writer = rows.writeStream.format(job.get("format", "parquet")).option("path", job["output"])
     writer = writer.option("checkpointLocation", job["checkpoint"]).queryName(
@@ -209,17 +210,6 @@ def launcher_sets_master() -> bool:
     )
 
 
-def failure_line(error: Exception, spark: Any = None) -> str:
-    """One line for a failed query: that Spark's Python workers lack nats-spark (`spark`'s),
-    the connector's own error if it raised one, else Spark's."""
-    missing = missing_on_workers(spark, error) if spark is not None else None
-    if missing:
-        return missing
-    text = str(error)
-    match = _SOURCE_ERROR.search(text)
-    return match.group(1).strip() if match else text.strip().splitlines()[0]
-
-
 def report_batches(query: Any, last_batch: int) -> int:
     """Print a line for each batch after `last_batch` that made progress; returns the last one.
     Every recent one, not just the last: a second (e.g. acks-only) batch may follow within the
@@ -237,7 +227,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.setLevel(logging.INFO)
     try:
         job, options = settings(argv)
-    except ConfigurationError as bad:
+        if job.get("format") == "nats":
+            from nats_spark.spark.sink.writers import check_sink
+
+            check_sink(sink_options(job, options))  # Spark would check it at the first batch
+    except NatsSparkError as bad:
         print(f"nats_spark.job: error: {bad}", file=sys.stderr)
         return 1
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

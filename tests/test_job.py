@@ -286,6 +286,32 @@ def test_workers_without_the_package_fail_in_one_line_naming_their_python(
     assert "Traceback" not in done.stderr and "\tat " not in done.stderr, done.stderr
 
 
+def test_a_missing_sink_stream_fails_before_spark_starts(
+    tmp_path: Path, client, nats_url: str, unique: str
+) -> None:
+    """Spark asks a streaming sink nothing before its first micro-batch, which waits for input
+    (none here): the job checks the sink's servers and stream itself, before Spark starts."""
+    stream = f"SI{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=1)
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "nats_spark.job", "--servers", nats_url, "--stream", stream),
+            *("--group", "g", "--format", "nats", "--sink-prefix", "copy"),
+            *("--sink-stream", f"NO{unique}", "--checkpoint", "cp", "--timeout", "30"),
+        ],
+        capture_output=True,
+        text=True,
+        env=spark_env(),
+        cwd=tmp_path,
+        timeout=240,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        f"nats_spark.job: error: stream 'NO{unique}' does not exist on {nats_url}; create it or "
+        "fix the stream option"
+    ], done.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -16,7 +16,6 @@ from typing import Any
 
 import nbclient
 import nbformat
-import pyspark
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from spark_helpers import (
@@ -210,13 +209,14 @@ def test_quickstart_with_its_own_server(runs: Runs) -> None:
     port = int(re.search(r"NATS server: nats://127\.0\.0\.1:(\d+)", text).group(1))
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), 2):
         pass  # the last cell stopped the server
-    # The last cell ended Spark's JVM, which removed its temporary folders before the kernel
-    # stopped; killed amid that by the kernel's shutdown, it printed a Java trace there.
-    # Open on Spark 4.1: the trace still comes there (its JVM still removing its folders when the
-    # kernel's shutdown signal lands); 4.0 and 4.3 end clean.
+    # No Java trace in what the kernel's JVM wrote: the last cell ended the JVM, which removed
+    # its temporary folders before the kernel stopped (killed amid that by the kernel's
+    # shutdown, it printed 'Cannot run program "rm"'); the queries were stopped between batches
+    # (a stop amid a batch's checkpoint write interrupted Hadoop's `readlink`: 'Interrupted
+    # while joining', with Spark 4.1).
     stderr = kernel_stderr(runs.tmp, "quickstart.ipynb")
-    if not pyspark.__version__.startswith("4.1."):
-        assert "Cannot run program" not in stderr and "\tat " not in stderr, stderr
+    assert "Cannot run program" not in stderr, stderr
+    assert "\tat " not in stderr, stderr
 
 
 @pytest.mark.compat

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 _CONFIG = {
@@ -55,3 +56,14 @@ def stop_spark(spark: Any, timeout: float = 60.0) -> None:
     process.wait(timeout)
     SparkContext._gateway = None  # a new session starts a new JVM
     SparkContext._jvm = None
+
+
+def stop_between_batches(query: Any, within: float = 10.0) -> None:
+    """Stop `query` once no batch runs, or after `within` seconds anyway. A stop interrupts the
+    query's thread: Spark logs a batch stopped midway as aborted, with errors, and one stopped
+    while it wrote its checkpoint caught the process Hadoop's local file system starts for a
+    rename (`readlink`), which logged a Java trace ('Interrupted while joining', Spark 4.1)."""
+    deadline = time.monotonic() + within
+    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    query.stop()

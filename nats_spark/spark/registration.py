@@ -110,7 +110,8 @@ def missing_on_workers(spark: Any, error: BaseException) -> str | None:
     if _NOT_IMPORTED in text:
         return _unloadable(spark, text)
     if _NOT_FOUND in text and any(f": {name}." in text for name in _FORMATS):
-        return _unloadable(spark, f"{_NOT_FOUND}: Spark did not find the format in them")
+        cause = f"{_NOT_FOUND}: Spark did not find the format in them"
+        return _unloadable(spark, cause, lookup_python(spark))
     return None
 
 
@@ -122,10 +123,21 @@ def worker_python(spark: Any) -> str:
         return os.environ.get("PYSPARK_PYTHON", "python3")
 
 
-def _unloadable(spark: Any, error: str) -> str:
+def lookup_python(spark: Any) -> str:
+    """The interpreter Spark looked the `pyspark_*` formats up with (once per JVM, at the first
+    data source call): the JVM's PYSPARK_DRIVER_PYTHON, else its PYSPARK_PYTHON, else python3."""
+    try:
+        getenv = spark.sparkContext._jvm.java.lang.System.getenv
+        return str(getenv("PYSPARK_DRIVER_PYTHON") or getenv("PYSPARK_PYTHON") or "python3")
+    except Exception:  # Spark Connect, or no session: what its workers run
+        return worker_python(spark)
+
+
+def _unloadable(spark: Any, error: str, python: str | None = None) -> str:
+    """The line for workers running `python` (default: `worker_python`) without nats-spark."""
     found = _WORKER_ERROR.findall(error)
     cause = found[-1] if found else error.strip().splitlines()[0]
-    python = worker_python(spark)
+    python = python or worker_python(spark)
     if os.sep not in python:
         python = f"{python!r} from PATH ({shutil.which(python) or 'not found here'})"
     return (

@@ -35,7 +35,17 @@ def prepare_write(
     columns = sink_columns(schema, options)
     # A streaming write's writer is made again for every micro-batch: it says things once.
     say = first_check(options) if streaming else True
+    return _checked(options, say, streaming), columns
 
+
+def check_sink(raw: Mapping[str, str]) -> None:
+    """A streaming write's options, servers and target, checked before its query starts, where
+    the package starts it (the job): Spark asks a Python sink nothing before its first
+    micro-batch, which waits for the first input (`prepare_write` checks again then)."""
+    _checked(parse_sink_options(raw), say=False, streaming=True)
+
+
+def _checked(options: SinkOptions, say: bool, streaming: bool) -> SinkOptions:
     async def check() -> SinkOptions:
         client = await NatsClient.open(options.connection)
         try:
@@ -43,7 +53,7 @@ def prepare_write(
         finally:
             await client.close()
 
-    return run_sync(check()), columns
+    return run_sync(check())
 
 
 def _rows_chunks(

@@ -49,13 +49,13 @@ from nats_spark.client import NatsClient, open_blocking, shared_client
 from nats_spark.connection import ConnectionSettings
 from nats_spark.jetstream.acks import send_acks
 from nats_spark.jetstream.api import to_nanos
-from nats_spark.job import failure_line
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_group_consumer, member_consumer
 from nats_spark.pcg.partitioning import elastic_stream_name
 from nats_spark.pcg.store import load_group
 from nats_spark.server import EmbeddedServer
+from nats_spark.spark.failure_lines import failure_line
 from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.driver_ledger import EntriesLost
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader

@@ -27,6 +27,7 @@ from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings
 from nats_spark.jetstream.api import NANOS
 from nats_spark.loop import run_sync
+from nats_spark.spark.failure_lines import SparkFailed, one_line_failures
 
 pytestmark = pytest.mark.spark
 SPARK_MASTER = "local[2,3]"  # a failed task is tried again (up to 3 attempts)
@@ -273,6 +274,29 @@ def test_bad_input_fails_before_anything_is_published(spark, nats_url, frame, op
     df = spark.createDataFrame([], frame)
     with pytest.raises(Exception, match=message):
         writer(df, nats_url, **options).save()
+
+
+def test_a_streaming_write_to_a_missing_stream_fails_at_its_first_batch(
+    spark, nats_url, unique, tmp_path
+):
+    """Spark asks a Python sink nothing at start(): the first micro-batch checks the target
+    before any of its tasks runs, and fails the query; `one_line_failures` raises the line
+    alone."""
+    rows = spark.readStream.format("rate").option("rowsPerSecond", 10).load()
+    query = (
+        rows.selectExpr("'X.y' AS subject", "CAST(value AS STRING) AS data")
+        .writeStream.format("nats")
+        .option("servers", nats_url)
+        .option("stream", f"NO{unique}")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    with pytest.raises(SparkFailed) as failed, one_line_failures(spark):
+        query.awaitTermination(120)
+    assert str(failed.value) == (
+        f"stream 'NO{unique}' does not exist on {nats_url}; create it or fix the stream option"
+    )
+    assert not query.recentProgress  # no batch completed
 
 
 def test_a_row_no_stream_captures_fails_the_write_once_with_one_line(

@@ -20,6 +20,7 @@ from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
 from nats_spark.jetstream.pull import header_values
 from nats_spark.loop import Blocking, run_sync
+from nats_spark.spark.failure_lines import SparkFailed, one_line_failures
 from nats_spark.spark.shared.schema import SCHEMA_DDL
 
 pytestmark = pytest.mark.spark
@@ -231,6 +232,26 @@ def test_a_wrong_server_stream_or_option_fails_at_load(spark, nats_url, unique, 
         text = str(caught.value)
         lines = text.splitlines()
         assert len(lines) <= 2 and "nats_spark." in lines[0] and message in lines[0], text
+
+
+def test_a_query_failure_is_the_connectors_line_first(spark, nats_url, admin, unique, tmp_path):
+    """What only the running query meets (here its stream, deleted after load()) fails it with
+    Spark's prefixes before the connector's line; `one_line_failures` raises that line alone,
+    from awaitTermination() and from query.exception() alike."""
+    name = create(admin, f"GONE{unique}", False)
+    df = spark.readStream.format("nats").option("servers", nats_url).option("stream", name).load()
+    run_sync(admin.api.delete_stream(name))
+    cp = str(tmp_path / "cp")
+    query = df.writeStream.format("noop").option("checkpointLocation", cp).start()
+    line = f"stream {name!r} does not exist on {nats_url}; create it or fix the stream option"
+    with pytest.raises(SparkFailed) as awaited, one_line_failures(spark):
+        query.awaitTermination(120)
+    assert str(awaited.value) == line
+    spark_says = str(awaited.value.spark_error)
+    assert "STREAM_FAILED" in spark_says and not spark_says.startswith(line), spark_says
+    with pytest.raises(SparkFailed) as returned, one_line_failures(spark):
+        raise query.exception()
+    assert str(returned.value) == line
 
 
 def run_available_now(spark: Any, url: str, stream: str, directory: Any, **options: Any) -> Any:
