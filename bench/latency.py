@@ -327,8 +327,16 @@ def _name(case: dict[str, Any]) -> str:
     return f"{case['rate']:,} msg/s, {partitions} partitions, trigger {trigger:g} s"
 
 
-def summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ratios, each naming its case."""
+def input_partitions(partitions: int, options: list[str] | None) -> int:
+    """The input partitions (Spark tasks) of a batch over `partitions` slots: fewer where
+    `maxTasksPerBatch` packs them, the count Spark's floor is measured at."""
+    packed = [int(o.split("=", 1)[1]) for o in options or [] if o.startswith("maxTasksPerBatch=")]
+    return min([partitions, *packed])
+
+
+def summary(results: list[dict[str, Any]], options: list[str] | None) -> list[dict[str, Any]]:
+    """The ratios, each naming its case; a connector's batch beside Spark's floor at as many
+    tasks."""
     done = [r for r in results if "error" not in r]
     by_rate = {r["case"]["rate"]: r for r in done if r["case"]["kind"] == "nats_py"}
     floors = {r["case"]["partitions"]: r for r in done if r["case"]["kind"] == "spark_floor"}
@@ -339,7 +347,8 @@ def summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         case = result["case"]
         line: dict[str, Any] = {"case": _name(case), "kept_up": result["kept_up"]}
         nats_py = by_rate.get(case["rate"])
-        p99, floor = result["in_hand_ms"]["p99"], floors.get(case["partitions"])
+        p99 = result["in_hand_ms"]["p99"]
+        floor = floors.get(input_partitions(case["partitions"], options))
         if nats_py and p99 is not None and nats_py["in_hand_ms"]["p99"]:
             line["p99_in_hand_ms"] = [p99, nats_py["in_hand_ms"]["p99"]]
             line["p99_vs_nats_py"] = round(p99 / nats_py["in_hand_ms"]["p99"], 1)
@@ -377,7 +386,7 @@ def main() -> None:
         spark.dataSource.register(LatencyFloor)
         try:
             # Warms the JVM up, not reported: a fresh JVM's first queries run several times slower.
-            floor_case(spark, min(partition_counts), args)
+            floor_case(spark, input_partitions(min(partition_counts), args.option), args)
             floored: set[int] = set()
 
             def run(case: Callable[..., dict[str, Any]], named: dict[str, Any], *on: Any) -> None:
@@ -393,10 +402,11 @@ def main() -> None:
             for rate in rates:
                 run(nats_py_case, {"kind": "nats_py", "rate": rate}, url, client, rate, args)
                 for partitions in partition_counts:
-                    if partitions not in floored:  # beside the first cases at this count
-                        floor = {"kind": "spark_floor", "partitions": partitions, "trigger": 0}
-                        run(floor_case, floor, spark, partitions, args)
-                        floored.add(partitions)
+                    tasks = input_partitions(partitions, args.option)
+                    if tasks not in floored:  # beside the first cases at this count
+                        floor = {"kind": "spark_floor", "partitions": tasks, "trigger": 0}
+                        run(floor_case, floor, spark, tasks, args)
+                        floored.add(tasks)
                     for trigger in triggers:
                         case = {"rate": rate, "partitions": partitions, "trigger": trigger}
                         named = {"kind": "connector", **case}
@@ -404,7 +414,7 @@ def main() -> None:
         finally:
             spark.stop()
             run_sync(client.close())
-    ratios = summary(results)
+    ratios = summary(results, args.option)
     total = {
         "ratios": ratios,
         "total_seconds": round(time.time() - started),

@@ -63,7 +63,10 @@ class TimedStreamReader(NatsPcgStreamReader):
                 rows += batch.num_rows
                 yield batch
         finally:
-            gen, slot = getattr(partition, "gen", None), getattr(partition, "slot", None)
+            slots = getattr(partition, "slots", None)  # a packed task: its first slot's batch
+            first = slots[0] if slots else partition
+            gen = getattr(first, "gen", None)
+            slot = f"{len(slots)} slots" if slots else getattr(partition, "slot", None)
             _note("task", gen=gen, slot=slot, started=started, ended=time.time(), rows=rows)
 
 
