@@ -767,6 +767,46 @@ def test_format_one_entries_are_replayed_acked_and_migrated(client, settings, un
     wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
 
 
+# --- A query stopped while its task pulls ------------------------------------------------------
+
+
+def test_a_query_stopped_while_its_task_pulls_gives_back_what_it_pulled(
+    spark, client, nats_url, unique, tmp_path
+):
+    """`query.stop()` while the task pulls (pulls of 5, some in flight): Spark interrupts the
+    task, whose attempt gives back what it pulled and had not recorded and releases its entry.
+    Restarted on the same checkpoint, the query reads every message once well before the 60 s
+    ack wait would have brought those messages back, and nothing was acked before a commit."""
+    stream = f"SM{unique}"
+    static_group(client, stream, "g", ["m1"], partitions=1)
+    publish(client, stream, 1500)
+    df = source(
+        spark, nats_url, stream, "g", ackWait="60s", fetchBatchSize=5, ledgerBucket=f"L{unique}"
+    )
+    first = Collector()
+    query = foreach_batches(df, first, tmp_path / "cp")
+    try:
+        reading(client, stream, "g", "m1")
+    finally:
+        query.stop()
+    stopped = time.monotonic()
+    assert 1500 - unacked(client, stream, "g") <= len(first.values)  # acked only if committed
+    second = Collector()
+    query = foreach_batches(df, second, tmp_path / "cp")
+    try:
+        wait_until(
+            lambda: len(first.values) + len(second.values) >= 1500 or query.exception(),
+            50,
+            "every message, before the ack wait runs out",
+        )
+        assert query.exception() is None, query.exception()
+        wait_until(lambda: unacked(client, stream, "g") == 0, 30, "all acked")
+    finally:
+        query.stop()
+    assert time.monotonic() - stopped < 60
+    assert_exactly_once(first.values + second.values, 1500)
+
+
 # --- Pins -------------------------------------------------------------------------------------
 
 
