@@ -364,9 +364,8 @@ MUTANTS = (
         (
             Patch(
                 OFFSET_READER,
-                "        dedupe = self.ledger.dedupe_spans(end.gen, same_stream) "
-                "if task.limit else ()\n",
-                "        dedupe = ()\n",
+                "            self._dedupe(slot.stream, end.gen, dedupes) if task.limit else NO_DEDUPE\n",
+                "            NO_DEDUPE\n",
             ),
         ),
     ),

@@ -80,6 +80,8 @@ class GroupTarget:
         self.entry: GroupEntry | None = None
         self.consumers: dict[str, GroupConsumer] = {}  # by slot name
         self.warning: str | None = None  # why nothing is read (for progress), when so
+        # The consumers of the last `resolve`, with what they were worked out from.
+        self._planned: tuple[Any, tuple[dict[str, GroupConsumer], dict[str, str]]] | None = None
         template = {
             "ack_wait": to_nanos(options.ack_wait),
             "max_ack_pending": options.max_ack_pending,
@@ -140,13 +142,24 @@ class GroupTarget:
         self.warning = None if owned else self._no_members(entry, first=self.entry is None)
         self.entry = entry
         layout = await self.layouts.settle(client, entry, owned, held)
-        desired, owners = _consumers(entry, layout, owned, self.layouts.template)
+        desired, owners = self._consumers_of(entry, layout, owned)
         await self._drop_changed(client, entry, desired)
         for name, consumer in desired.items():
             if name not in self.consumers:
                 await self._create_or_adopt(client, consumer)
                 self.consumers[name] = consumer
         return [self._slot(name, consumer, owners[name]) for name, consumer in desired.items()]
+
+    def _consumers_of(
+        self, entry: GroupEntry, layout: ConsumerLayout, owned: dict[str, list[int]]
+    ) -> tuple[dict[str, GroupConsumer], dict[str, str]]:
+        """`_consumers`, kept while the group's config, the layout and the members read stay
+        the same: worked out at every planning, it grew with the square of the partitions (each
+        partition's filters come from its owner's, all of them)."""
+        key = (entry.kind, entry.stream, entry.group, repr(entry.config), layout, repr(owned))
+        if self._planned is None or self._planned[0] != key:
+            self._planned = (key, _consumers(entry, layout, owned, self.layouts.template))
+        return self._planned[1]
 
     def _owned(self, entry: GroupEntry) -> dict[str, list[int]]:
         """The partitions of each member read, by member: the `members` option's (all when not

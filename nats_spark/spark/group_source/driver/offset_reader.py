@@ -52,6 +52,11 @@ from nats_spark.spark.shared.pacing import TriggerPacing
 
 log = logging.getLogger(__name__)
 
+# A task's earlier entries to drop redeliveries of (slot, first gen, last gen), and the highest
+# stream sequence they hold.
+Dedupe = tuple[tuple[tuple[str, int, int], ...], int]
+NO_DEDUPE: Dedupe = ((), 0)
+
 # Seconds an availableNow run waits, beyond a consumer's ack wait from its start, for what the
 # consumer holds beyond this query's ledger (redeliveries arrive a little after the wait runs out).
 REDELIVERY_GRACE = 2.0
@@ -381,7 +386,8 @@ class OffsetReader:
         for name in plan.driver_acks:  # a slot of a reader count the query no longer has
             await self.ledger.ack_through(await self._connect(), committed, name)
         self.ledger.expect(end.gen, [task.slot for task in plan.tasks if task.slot in end.slots])
-        return [self._input_partition(known[task.slot], end, task) for task in plan.tasks]
+        dedupes: dict[str, Dedupe] = {}
+        return [self._input_partition(known[t.slot], end, t, dedupes) for t in plan.tasks]
 
     async def input_partitions(
         self, start: SourceOffset, end: SourceOffset
@@ -443,16 +449,15 @@ class OffsetReader:
         except StopIteration:
             return None
 
-    def _input_partition(self, slot: Slot, end: SourceOffset, task: SlotTask) -> SlotPartition:
+    def _input_partition(
+        self, slot: Slot, end: SourceOffset, task: SlotTask, dedupes: dict[str, Dedupe]
+    ) -> SlotPartition:
         """The input partition of `slot` in batch `end`: what it may take (0: it only acks),
         what it acks first, and the earlier entries whose redeliveries it drops."""
         options, name, states = self.options, slot.name, self.states
-        same_stream = [
-            other
-            for _, other in self.ledger.entries
-            if other not in states or states[other].slot.stream == slot.stream
-        ]
-        dedupe = self.ledger.dedupe_spans(end.gen, same_stream) if task.limit else ()
+        dedupe, dedupe_through = (
+            self._dedupe(slot.stream, end.gen, dedupes) if task.limit else NO_DEDUPE
+        )
         seen = states[name].seen if name in states else None
         state = states.get(name)
         waits = state is not None and seen is not None and seen.ack_pending > state.ours
@@ -471,12 +476,27 @@ class OffsetReader:
             pin_id=self.ledger.pins.get(name),
             committed=task.acks,
             dedupe=dedupe,
-            dedupe_through=self.ledger.highest_seq(dedupe),
+            dedupe_through=dedupe_through,
             ack_wait=options.ack_wait if seen is None else seen.ack_wait,
             siblings=siblings(states, end.slots, slot),
             redelivery_wait=state.others_due if waits and state is not None else 0.0,
             consumer_sighting=self._sighting(slot) if task.limit else None,
         )
+
+    def _dedupe(self, stream: str, gen: int, dedupes: dict[str, Dedupe]) -> Dedupe:
+        """The earlier entries whose redeliveries a task reading `stream` in batch `gen` drops,
+        and the highest sequence they hold: the same for every slot of the stream, so worked out
+        once a batch (per slot, planning grew with the square of the slots)."""
+        if stream not in dedupes:
+            states = self.states
+            same_stream = {
+                other
+                for _, other in self.ledger.entries
+                if other not in states or states[other].slot.stream == stream
+            }
+            spans = self.ledger.dedupe_spans(gen, same_stream)
+            dedupes[stream] = (spans, self.ledger.highest_seq(spans))
+        return dedupes[stream]
 
     def _sighting(self, slot: Slot) -> ConsumerSighting | None:
         """What `slot`'s task checks its deliveries against to tell a consumer deleted and
