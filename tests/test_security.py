@@ -38,7 +38,7 @@ from nats_spark.loop import Blocking, run_sync
 from nats_spark.permissions import publish_allowed
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
-from nats_spark.spark.group_source.entry_deliveries import decode_chunk
+from nats_spark.spark.group_source.ledger import decode_chunk
 from nats_spark.spark.group_source.options import parse_options
 
 # Unique secrets, so that finding one anywhere can only mean a leak.

@@ -26,7 +26,7 @@ from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.targets import Held, Slot
-from nats_spark.spark.group_source.ledger import Ledger
+from nats_spark.spark.group_source.ledger import Ledger, TakenOver
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.runtime import Runtime, SeenEntries
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
@@ -358,7 +358,7 @@ class World:
                 at = max(at, order.index(slot))
                 rows += batch.column("stream_seq").to_pylist()
                 await self.sched.point("rows handed to Spark")
-        except ledger_protocol.TakenOver as error:  # alive, it ends with the sealed entry instead
+        except TakenOver as error:  # alive, it ends with the sealed entry instead
             self.observed.problem("an attempt failed as another took its entry over", str(error))
             raise
         return rows

@@ -2,5 +2,5 @@
 commit. `driver/` runs on the driver (targets, offsets, the planner, the offset reader, the
 ledger as the driver keeps it); `task/` runs in the tasks that read slots. Here: the format's
 entry points and options (`source.py`, `options.py`) and what both sides share: the input
-partition (`slot_partition.py`) and the ack ledger (`ledger.py`, `ledger_protocol.py`,
-`entry_deliveries.py`)."""
+partition (`slot_partition.py`) and the ack ledger (`ledger.py`: its stored form;
+`ledger_protocol.py`: its states, moves and verdicts)."""

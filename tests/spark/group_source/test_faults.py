@@ -60,21 +60,19 @@ from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.driver_ledger import EntriesLost
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
-from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
 from nats_spark.spark.group_source.ledger import (
+    EntryDeliveries,
+    EntryState,
     Ledger,
+    LedgerConflict,
     Pointer,
     pointer_key,
+    read_deliveries,
+    read_head,
     read_pointer,
     write_pointer,
 )
-from nats_spark.spark.group_source.ledger_protocol import (
-    EntryState,
-    LedgerConflict,
-    ack,
-    read_deliveries,
-    read_head,
-)
+from nats_spark.spark.group_source.ledger_protocol import ack
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task.partition_reader import (

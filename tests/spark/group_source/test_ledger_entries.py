@@ -26,14 +26,18 @@ from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.driver.sealed_keeper import SealedKeeper
-from nats_spark.spark.group_source.ledger import Ledger, Pointer, read_pointer, write_pointer
-from nats_spark.spark.group_source.ledger_protocol import (
+from nats_spark.spark.group_source.ledger import (
+    EntryHead,
     EntryState,
-    Horizon,
+    Ledger,
     LedgerConflict,
+    Pointer,
     read_deliveries,
     read_head,
+    read_pointer,
+    write_pointer,
 )
+from nats_spark.spark.group_source.ledger_protocol import Horizon
 from nats_spark.spark.group_source.slot_partition import SlotPartition, SlotReading
 from nats_spark.spark.group_source.task.columns import SlotColumns
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
@@ -201,7 +205,7 @@ def test_a_zombie_leaves_the_chunks_a_retry_adopted(kv: MemoryBucket, lineage: s
     def retry_takes_over(written: str) -> bool:
         if written != key:
             return False
-        previous = ledger_protocol.EntryHead.from_bytes(kv.values[key][0], key)
+        previous = EntryHead.from_bytes(kv.values[key][0], key)
         retry = ledger_protocol.take_over(previous, "pin-2", "retry")
         kv.values[key] = (retry.to_bytes(), kv.last_seq)
         return True
@@ -597,7 +601,7 @@ def test_a_give_back_takes_the_entry_from_an_attempt_still_recording_in_it(
     key; the give-back takes the entry first, so that write fails (found by seed 39465)."""
     zombie = claimed(kv, input_partition(lineage))
     take(zombie, [1, 2])
-    read = ledger_protocol.read_deliveries
+    read = read_deliveries
     recorded_meanwhile: list[int] = []
 
     async def zombie_records_meanwhile(ledger: Ledger, head: Any) -> Any:

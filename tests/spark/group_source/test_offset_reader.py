@@ -22,7 +22,7 @@ from nats_spark.spark.group_source.driver.driver_ledger import EntriesLost
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.driver.targets import Held, Slot
-from nats_spark.spark.group_source.ledger_protocol import read_head
+from nats_spark.spark.group_source.ledger import read_head
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task.columns import SlotColumns

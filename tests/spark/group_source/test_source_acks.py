@@ -38,8 +38,7 @@ from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
-from nats_spark.spark.group_source.ledger import Ledger
-from nats_spark.spark.group_source.ledger_protocol import read_deliveries, read_head
+from nats_spark.spark.group_source.ledger import Ledger, read_deliveries, read_head
 from nats_spark.spark.group_source.options import SourceOptions, parse_options
 from nats_spark.spark.group_source.task.partition_reader import read_slot
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry

@@ -22,13 +22,15 @@ from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.ledger import (
     RETIRED_KEPT,
     Bucket,
+    EntryHead,
     Ledger,
     Pointer,
     keep_entries,
+    read_head,
     read_pointer,
     write_pointer,
 )
-from nats_spark.spark.group_source.ledger_protocol import EntryHead, Horizon, Settling
+from nats_spark.spark.group_source.ledger_protocol import Horizon, Settling
 from nats_spark.spark.group_source.runtime import PROCESS, Runtime
 from nats_spark.spark.group_source.slot_partition import UNBOUNDED
 
@@ -142,7 +144,7 @@ class DriverLedger:
     async def load_heads(self, entries: Iterable[DriverEntry]) -> None:
         assert self.ledger is not None
         for entry in list(entries):
-            found = await protocol.read_head(self.ledger, entry.gen, entry.slot)
+            found = await read_head(self.ledger, entry.gen, entry.slot)
             if found is None:
                 self.entries.pop((entry.gen, entry.slot), None)
                 continue
@@ -289,7 +291,7 @@ class DriverLedger:
             entry = self.entries.get((gen, slot))
             if entry is not None and entry.head is not None:
                 continue
-            found = await protocol.read_head(self.ledger, gen, slot)
+            found = await read_head(self.ledger, gen, slot)
             if found is None:
                 gone.append(slot)
             else:

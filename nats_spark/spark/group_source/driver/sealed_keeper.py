@@ -34,6 +34,7 @@ from nats_spark.jetstream.acks import (
 )
 from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger
+from nats_spark.spark.group_source.ledger import read_deliveries, read_head
 
 _LOOKS = 12  # looks per ack wait
 _LEFT = 1 / 3  # of the ack wait, what an entry's wait keeps at least at every look
@@ -73,9 +74,9 @@ class SealedKeeper(InProgressKeeper):
             started[key] = since = self.started.get(key, sealed_after)
             if not self._due(since, now):
                 continue
-            found = await protocol.read_head(ledger, *key)
+            found = await read_head(ledger, *key)
             head = None if found is None else found[0]
-            if head is None or head.state is protocol.EntryState.OPEN:
+            if head is None or not protocol.content_fixed(head):
                 started[key] = now - self.wait * RESTART_AFTER  # it seals later, if ever
             elif protocol.known_acked(head):
                 del started[key]
@@ -84,7 +85,7 @@ class SealedKeeper(InProgressKeeper):
                 started[key] = math.inf  # sealed empty: nothing to keep
             else:
                 self.restarting.append(key)
-                deliveries = await protocol.read_deliveries(ledger, head)
+                deliveries = await read_deliveries(ledger, head)
                 commands += deliveries.ack_commands(IN_PROGRESS)
                 count += len(deliveries)
         self.started, self.looked = started, now

@@ -41,8 +41,7 @@ from nats_spark.jetstream.acks import (
 from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.jetstream.replies import created_later
 from nats_spark.loop import run_sync
-from nats_spark.spark.group_source.ledger import Ledger
-from nats_spark.spark.group_source.ledger_protocol import TakenOver
+from nats_spark.spark.group_source.ledger import Ledger, TakenOver
 from nats_spark.spark.group_source.runtime import PROCESS, Runtime
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from nats_spark.spark.group_source.task.acceptance import Acceptance

@@ -12,7 +12,7 @@ import pyarrow as pa
 from nats_spark.client import NatsClient
 from nats_spark.errors import NatsSparkError, NotFound
 from nats_spark.jetstream.api import StoredMessage
-from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
+from nats_spark.spark.group_source.ledger import EntryDeliveries
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task.columns import SlotColumns
 from nats_spark.spark.shared.columns import text_timestamps
