@@ -8,7 +8,7 @@ An entry is what one slot took in one batch, (lineage, gen, slot): a head and ch
 deliveries. To record is to write deliveries to the entry before their rows leave the task.
 
 absent
-    Moved out by a task attempt of the batch: `create` (to OPEN), then `fence` (a create
+    Moved out by a task attempt of the batch: `create` (to OPEN), then `check_fence` (a create
     whose answer was lost is retried, finds the key, and goes on as a take-over, fenced too).
     The driver concludes: nothing taken yet. It never takes a listing's silence for absence:
     it expects the entries of the batches it plans (`DriverLedger.expect`) and lists heads from
@@ -16,7 +16,7 @@ absent
 OPEN (recording)
     Moved out by the attempt recording it: `seal` (to SEALED); or by a later attempt of the
     same task after this one died mid-way or gave it up: `take_over` (still OPEN, under the new
-    attempt, which keeps what was recorded and goes on), then `fence` when it is the attempt's
+    attempt, which keeps what was recorded and goes on), then `check_fence` when it is the attempt's
     own create whose answer was lost. The holder writes its head at least every
     `HOLD_RENEWAL` while it pulls (`SlotEntry.hold`), and marks it `released` when it fails or
     is closed before it seals (`release`). Another attempt (Spark's speculative copy, a retry
@@ -49,7 +49,7 @@ given back (removed)
     their keys, and are read again. Final.
 settled (removed)
     Final. The pointer's `settled` (written before the removal) fences the batch: an attempt
-    that outlived it and creates the entry again removes it and stops (`fence`).
+    that outlived it and creates the entry again removes it and stops (`check_fence`).
     The driver concludes: forgotten, neither acked nor deduped.
 
 An attempt writes the head by compare-and-set on its revision (`write_head`): one that finds it
@@ -116,13 +116,13 @@ async def create(
     return revision
 
 
-async def fence(ledger: Ledger, pointer_key: str, gen: int, slot: str) -> None:
+async def check_fence(ledger: Ledger, pointer_key: str, gen: int, slot: str) -> None:
     """After `create` or `take_over`: fail when the batch's entries were settled, or its
-    lineage's given back (the driver fences before it removes, so a create after the removal
-    finds the fence). This attempt outlived its committed batch, whose messages would be acked
-    as committed, or its query, whose entry nothing would remove: the entry goes again. So does
-    a take-over of the attempt's own create, whose answer was lost (the retry finds the key,
-    and the attempt its own open head)."""
+    lineage's given back (the driver raises the fence before it removes, so a create after the
+    removal finds the fence). This attempt outlived its committed batch, whose messages would be
+    acked as committed, or its query, whose entry nothing would remove: the entry goes again. So
+    does a take-over of the attempt's own create, whose answer was lost (the retry finds the
+    key, and the attempt its own open head)."""
     pointer = await read_pointer(ledger.kv, pointer_key)
     if pointer is None:
         return
@@ -447,16 +447,16 @@ async def remove_settled(
     ledger: Ledger,
     settled: list[tuple[int, str]],
     fenced: int,
-    fence_through: Callable[[int], Awaitable[None]],
+    raise_fence: Callable[[int], Awaitable[None]],
     forget: Callable[[tuple[int, str]], None],
 ) -> None:
-    """ACKED (or empty) -> settled: the fence goes out before the entries (`fence_through`
+    """ACKED (or empty) -> settled: the fence goes out before the entries (`raise_fence`
     writes the pointer's `settled`, when the newest gen is past `fenced`), so a task attempt
     that outlived its committed batch and creates an entry again after its removal finds it;
     `forget` each entry once it is removed."""
     newest = max(gen for gen, _ in settled)
     if newest > fenced:
-        await fence_through(newest)
+        await raise_fence(newest)
     for gen, slot in settled:
         log.debug("forgetting settled ledger entry %s", ledger.head_key(gen, slot))
         await ledger.delete_entry(gen, slot)

@@ -161,7 +161,7 @@ def test_a_retry_of_a_sealed_entry_replays_exactly_it(kv: MemoryBucket, lineage:
         [1, 2, 3],
     )
     retry = claimed(kv, input_partition(lineage))
-    assert retry.fixed and retry.replay.stream_seq == [1, 2, 3]
+    assert retry.fixed and retry.recorded_earlier.stream_seq == [1, 2, 3]
 
 
 def test_a_retry_takes_an_open_entry_over_and_the_zombie_is_fenced(
@@ -170,7 +170,7 @@ def test_a_retry_takes_an_open_entry_over_and_the_zombie_is_fenced(
     zombie = claimed(kv, input_partition(lineage))
     take(zombie, [1, 2])
     retry = claimed(kv, input_partition(lineage))
-    assert not retry.fixed and retry.replay.stream_seq == [1, 2] and retry.taken == {1, 2}
+    assert not retry.fixed and retry.recorded_earlier.stream_seq == [1, 2] and retry.taken == {1, 2}
     assert retry.head.attempt != zombie.head.attempt
     take(retry, [3])
     with pytest.raises(LedgerConflict):
@@ -236,7 +236,9 @@ def test_a_retry_reads_again_when_the_zombie_records_while_it_takes_over(
 
     kv.update = zombie_records_first  # type: ignore[method-assign]
     run_sync(retry.claim())
-    assert retry.replay.stream_seq == [1, 2, 3] and retry.head.attempt != zombie.head.attempt
+    assert (
+        retry.recorded_earlier.stream_seq == [1, 2, 3] and retry.head.attempt != zombie.head.attempt
+    )
     with pytest.raises(LedgerConflict):
         take(zombie, [4])
     take(retry, [5])
@@ -261,7 +263,7 @@ def test_a_retry_stands_by_for_a_live_holder_and_replays_its_seal(
         await claiming
 
     run_sync(beside())
-    assert copy.fixed and copy.replay.stream_seq == [1, 2, 3, 4, 5, 6, 7]
+    assert copy.fixed and copy.recorded_earlier.stream_seq == [1, 2, 3, 4, 5, 6, 7]
     assert stored(kv, lineage, 1)[0].attempt == holder.head.attempt
 
 
@@ -276,7 +278,7 @@ def test_a_released_entry_is_taken_over_at_once(
     run_sync(failed.release())
     retry = attempt(kv, input_partition(lineage))
     run_sync(asyncio.wait_for(retry.claim(), 5))
-    assert not retry.fixed and retry.replay.stream_seq == [1, 2]
+    assert not retry.fixed and retry.recorded_earlier.stream_seq == [1, 2]
     assert stored(kv, lineage, 1)[0].attempt == retry.head.attempt
 
 
@@ -583,7 +585,7 @@ def test_a_checkpoints_first_batch_gives_back_an_entry_created_after_its_driver_
     run_sync(ledger.adopt(SourceOffset(lineage, 3)))
     zombie = claimed(kv, input_partition(lineage, gen=2))
     take(zombie, [3])
-    run_sync(ledger.disown_before(CLIENT, 3))
+    run_sync(ledger.give_back_before(CLIENT, 3))
     assert run_sync(Ledger(kv, lineage).heads()) == []
     assert b"".join(given_back).count(b"-NAK") == 3
     late = attempt(kv, input_partition(lineage, gen=2))
@@ -679,15 +681,17 @@ def test_settled_entries_are_removed_and_leave_nothing(
     run_sync(ledger.adopt(SourceOffset(lineage, 3)))
     run_sync(ledger.ack_through(CLIENT, 1))
     horizons = {"m1": Horizon(ack_floor=3, first_seq=1), "m2": Horizon(0, 1)}
-    run_sync(ledger.settle(horizons, committed=2))
+    run_sync(ledger.forget_settled(horizons, committed=2))
     assert sorted(ledger.entries) == [(1, "m1"), (3, "m1"), (3, "m2")]
     now[0] += ledger_protocol.SETTLE_SECONDS - 1
-    run_sync(ledger.settle({**horizons, "m1": Horizon(2, 1)}, committed=2))  # floor fell back
+    run_sync(
+        ledger.forget_settled({**horizons, "m1": Horizon(2, 1)}, committed=2)
+    )  # floor fell back
     now[0] += 1
-    run_sync(ledger.settle(horizons, committed=2))
+    run_sync(ledger.forget_settled(horizons, committed=2))
     assert (1, "m1") in ledger.entries  # the floor must hold for a while from its last rise
     now[0] += ledger_protocol.SETTLE_SECONDS
-    run_sync(ledger.settle(horizons, committed=2))
+    run_sync(ledger.forget_settled(horizons, committed=2))
     assert sorted(ledger.entries) == [(3, "m1"), (3, "m2")]
     assert not [key for key in kv.values if key.startswith((f"{lineage}.1.", f"{lineage}.2."))]
     pointer = run_sync(read_pointer(kv, ledger.pointer_key))

@@ -43,12 +43,12 @@ _LEFT_SHORT = 2 / 3  # the same under a short ack wait
 
 class SealedKeeper(InProgressKeeper):
     def __init__(
-        self, client_of: Callable[[], NatsClient], ledger: DriverLedger, ack_wait: float
+        self, client_of: Callable[[], NatsClient], driver_ledger: DriverLedger, ack_wait: float
     ) -> None:
         # `InProgressKeeper` runs a round every third of the wait it is given.
         super().__init__(client_of().nc, ack_wait * 3 / _LOOKS, "sealed batches")
         self.client_of = client_of
-        self.ledger = ledger
+        self.driver_ledger = driver_ledger
         self.wait = ack_wait
         self.left = ack_wait * (_LEFT_SHORT if ack_wait < SHORT_ACK_WAIT else _LEFT)
         self.lineage: str | None = None  # whose entries `started` is about
@@ -58,7 +58,7 @@ class SealedKeeper(InProgressKeeper):
         self.restarting: list[tuple[int, str]] = []  # what the round in progress restarts
 
     async def due(self) -> tuple[list[bytes], int]:
-        ledger = self.ledger.ledger
+        ledger = self.driver_ledger.ledger
         if ledger is None:
             return [], 0
         if ledger.lineage != self.lineage:  # its entries are new to this keeper
@@ -68,7 +68,7 @@ class SealedKeeper(InProgressKeeper):
         sealed_after = self.looked - self.wait * RESTART_AFTER  # an entry missing then
         started: dict[tuple[int, str], float] = {}
         self.restarting, commands, count = [], list[bytes](), 0
-        for key, entry in list(self.ledger.entries.items()):
+        for key, entry in list(self.driver_ledger.entries.items()):
             if protocol.known_acked(entry.head):
                 continue
             started[key] = since = self.started.get(key, sealed_after)
@@ -80,7 +80,7 @@ class SealedKeeper(InProgressKeeper):
                 started[key] = now - self.wait * RESTART_AFTER  # it seals later, if ever
             elif protocol.known_acked(head):
                 del started[key]
-                self.ledger.loaded(entry, head)  # nor is it read again, here or by planning
+                self.driver_ledger.loaded(entry, head)  # nor is it read again, here or by planning
             elif not protocol.awaits_acks(head):
                 started[key] = math.inf  # sealed empty: nothing to keep
             else:

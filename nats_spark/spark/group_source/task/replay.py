@@ -29,9 +29,10 @@ class DataLoss(NatsSparkError):
     """Messages of an uncommitted batch were removed from the stream before the batch committed."""
 
 
-class Replay:
-    """Reads recorded deliveries back; `lost` holds the sequences the stream no longer holds
-    (acked by another client on a work-queue or interest stream, purged, or past its limits)."""
+class Replayer:
+    """Reads recorded deliveries back for a replay; `lost` holds the sequences the stream no
+    longer holds (acked by another client on a work-queue or interest stream, purged, or past its
+    limits)."""
 
     def __init__(self, client: NatsClient, partition: SlotPartition) -> None:
         self.client = client

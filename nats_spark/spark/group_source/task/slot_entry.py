@@ -54,9 +54,9 @@ class SlotEntry:
         self.new_id = new_id  # of this attempt, and of each take-over
         self.head = EntryHead(attempt=new_id()[:12])
         self.revision = 0
-        self.replay = EntryDeliveries()  # what an earlier attempt recorded, to emit again
+        self.recorded_earlier = EntryDeliveries()  # by earlier attempts: replayed by this one
         self.taken: set[int] = set()  # stream sequences recorded (or replayed) by this slot
-        self.fixed = False  # found sealed: exactly `replay`, nothing more
+        self.fixed = False  # found sealed: exactly `recorded_earlier`, nothing more
         self.overtaken = False  # another attempt took the entry over and sealed it
         # its consumer delivered a first time what a batch holds (`Acceptance`): every delivery
         # is at risk of being a sibling's too, not only redeliveries
@@ -85,15 +85,15 @@ class SlotEntry:
                     ledger, gen, slot, self.head, self.partition.pin_id
                 )
                 if revision is not None:
-                    await protocol.fence(ledger, self.partition.pointer_key, gen, slot)
+                    await protocol.check_fence(ledger, self.partition.pointer_key, gen, slot)
                     self.revision = revision
                     return
                 continue  # another attempt created it first: read it
             if protocol.held_by_another(found[0], self.head.attempt):
                 found = await protocol.await_holder(ledger, gen, slot, protocol.HOLD_QUIET)
             previous, revision = found
-            self.replay = await read_deliveries(ledger, previous)
-            self.taken = set(self.replay.stream_seq)
+            self.recorded_earlier = await read_deliveries(ledger, previous)
+            self.taken = set(self.recorded_earlier.stream_seq)
             if protocol.content_fixed(previous):
                 self.fixed = True
                 self.head = previous
@@ -107,15 +107,15 @@ class SlotEntry:
             except LedgerConflict:
                 continue  # the attempt it takes over wrote meanwhile (a zombie): read it again
             if own:  # it passes the fence as a create does
-                await protocol.fence(ledger, self.partition.pointer_key, gen, slot)
+                await protocol.check_fence(ledger, self.partition.pointer_key, gen, slot)
             # The attempt that died may have recorded without looking at its siblings' records.
             siblings = self.partition.siblings
             twice = await self.drop_taken_twice(set(self.taken)) if siblings else set()
             if twice or protocol.outdated(previous):
-                self.replay = self.replay.without(twice)
+                self.recorded_earlier = self.recorded_earlier.without(twice)
                 self.taken -= twice
                 self.revision = await protocol.record_anew(
-                    ledger, gen, slot, self.head, self.revision, self.replay
+                    ledger, gen, slot, self.head, self.revision, self.recorded_earlier
                 )
                 self.written = clock.monotonic()
             return
@@ -149,7 +149,7 @@ class SlotEntry:
     def quiet_limit(self) -> float:
         """How long the head of a live holder may stand still: a holder writes it at every
         record, and between two at most waits out a pull (`fetchTimeout`, or an availableNow
-        run's wait for redeliveries) and the late deliveries' settle (half an ack wait); the
+        run's wait for redeliveries) and the collection of late deliveries (half an ack wait); the
         rest of two ack waits covers retried pulls and a stall (past its ack wait a holder
         loses what it holds anyway)."""
         partition = self.partition
@@ -306,7 +306,7 @@ class Recorder:
         writing, self.writing = self.writing, None
         return await writing if writing else None
 
-    async def settle(self) -> set[int]:
+    async def finish(self) -> set[int]:
         """Let the write in flight finish (or fail); the stream sequences recorded."""
         writing, self.writing = self.writing, None
         if writing is not None:
