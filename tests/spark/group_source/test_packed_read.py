@@ -1,4 +1,4 @@
-"""Packed tasks read against a real server, driven through the offset reader as Spark calls it:
+"""Packed tasks read against a real server, driven through the batch coordinator as Spark calls it:
 every slot's rows once, and the next batch's ack-only tasks ack them all."""
 
 from __future__ import annotations

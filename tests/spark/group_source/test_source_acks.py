@@ -189,7 +189,7 @@ def test_far_off_trigger_keeps_committed_messages_from_coming_back(client, nats_
     """A 1.5 s ack wait and a next batch (trigger) 5 s after the first: meanwhile the finished
     batch's messages wait for their acks, which the next batch's task sends. Another reader of
     the overflow consumer must not get them back in between; the next batch acks them. Driven
-    through the offset reader as Spark calls it, so the gap between triggers is exact."""
+    through the batch coordinator as Spark calls it, so the gap between triggers is exact."""
     stream, name = f"FAR{unique}", "shared"
     make_stream(client, stream, storage="memory")
     make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(1.5))
