@@ -34,10 +34,10 @@ from nats_spark.client import (
 from nats_spark.connection import ConnectionSettings  # noqa: E402
 from nats_spark.loop import run_sync  # noqa: E402
 from nats_spark.server import EmbeddedServer  # noqa: E402
-from nats_spark.spark.group_source.driver.offset_reader import OffsetReader  # noqa: E402
+from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator  # noqa: E402
 from nats_spark.spark.group_source.ledger import Ledger  # noqa: E402
 from nats_spark.spark.group_source.options import parse_options  # noqa: E402
-from nats_spark.spark.group_source.task.partition_reader import read_slot  # noqa: E402
+from nats_spark.spark.group_source.task.slot_reader import read_slot  # noqa: E402
 
 
 class LedgerClock:
@@ -118,10 +118,10 @@ def _cpu(pid: int | None) -> float:
     return times.user + times.system
 
 
-def _reader(url: str, stream: str, group: str, options: dict[str, Any]) -> OffsetReader:
+def _reader(url: str, stream: str, group: str, options: dict[str, Any]) -> BatchCoordinator:
     raw = {"servers": url, "stream": stream, "group": group}
     raw.update({k: str(v) for k, v in options.items()})
-    return OffsetReader(parse_options(raw))
+    return BatchCoordinator(parse_options(raw))
 
 
 def read_batch(

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from nats_spark.jetstream.pull import PIN_ID_HEADER, Deliveries  # noqa: E402
 from nats_spark.jetstream.subjects import ack_numbers  # noqa: E402
 from nats_spark.nats_py import RawInbox, RoutingParser  # noqa: E402
-from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries, encode_chunk  # noqa: E402
+from nats_spark.spark.group_source.ledger import EntryDeliveries, encode_chunk  # noqa: E402
 from nats_spark.spark.group_source.task.columns import SlotColumns  # noqa: E402
 
 STREAM, CONSUMER, SID = "STAGES", "STAGES-g-m0", 7

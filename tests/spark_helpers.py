@@ -49,8 +49,8 @@ from nats_spark.pcg.consumers import (
 )
 from nats_spark.pcg.partitioning import member_partitions, partition_for
 from nats_spark.pcg.store import GroupKind, load_group
-from nats_spark.spark.group_source.ledger import Ledger, pointer_key
-from nats_spark.spark.group_source.ledger_protocol import ack, read_deliveries, read_head
+from nats_spark.spark.group_source.ledger import Ledger, pointer_key, read_deliveries, read_head
+from nats_spark.spark.group_source.ledger_protocol import ack
 from nats_spark.spark.group_source.slot_partition import SlotPartition, SlotReading
 
 SPARK_VERSION = tuple(int(part) for part in pyspark.__version__.split(".")[:2])

@@ -37,8 +37,8 @@ from nats_spark.jetstream.acks import publish_acks
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.permissions import publish_allowed
 from nats_spark.server import EmbeddedServer
-from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
-from nats_spark.spark.group_source.entry_deliveries import decode_chunk
+from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
+from nats_spark.spark.group_source.ledger import decode_chunk
 from nats_spark.spark.group_source.options import parse_options
 
 # Unique secrets, so that finding one anywhere can only mean a leak.
@@ -382,7 +382,7 @@ def test_user_who_may_not_remove_the_ledgers_max_age(tmp_path: Path) -> None:
     server = start_server(tmp_path / "server", {"authorization": {"users": users}})
     admin = open_blocking(ConnectionSettings((server.url,), "admin", ADMIN_PASSWORD))
     options = {"servers": server.url, "stream": stream, "group": "g"}
-    reader = OffsetReader(parse_options({**options, "user": "lean", "password": "lean-pw"}))
+    reader = BatchCoordinator(parse_options({**options, "user": "lean", "password": "lean-pw"}))
     try:
         static_group(admin, stream, "g", ["m1"], partitions=2)
         publish(admin, stream, 10)

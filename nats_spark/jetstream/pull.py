@@ -368,14 +368,14 @@ class PullConsumer:
         result.heartbeats = pull.heartbeats
         return result
 
-    async def settle(self, patience: float) -> Deliveries:
+    async def collect_late(self, patience: float) -> Deliveries:
         """What requests given up on (or never iterated) still deliver: the server serves a pull
         until it ends it, whatever the client stopped waiting for. Waits until every request
         has ended (its status came, or it was due and did not come), at most `patience` seconds,
         and returns the deliveries; they are the caller's to take, else they come back only
         after the ack wait."""
         delivered = Deliveries()
-        await self.inbox.settle(patience, delivered)
+        await self.inbox.collect_late(patience, delivered)
         self.note_pin(delivered)
         return delivered
 

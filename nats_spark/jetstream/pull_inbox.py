@@ -104,7 +104,7 @@ class PullInbox:
         finally:
             self._arrived = None
 
-    async def settle(self, patience: float, into: MessageColumns) -> None:
+    async def collect_late(self, patience: float, into: MessageColumns) -> None:
         """Move what the requests still delivers to `into` until every request has ended (its
         status came, or it was due and did not come), for at most `patience` seconds."""
         give_up = time.monotonic() + patience

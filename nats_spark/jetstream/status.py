@@ -3,7 +3,7 @@ message (`NATS/1.0 404 No Messages`), which maps every (code, description) to a 
 
 The texts are nats-server's (consumer.go for pulls, stream.go for direct gets, jetstream.go at
 shutdown); what each kind means to a reader is decided by the reader (`jetstream/pull.py`, the
-direct get of `range_reader.py`, the publisher).
+direct get of `range_read.py`, the publisher).
 """
 
 from __future__ import annotations

@@ -402,11 +402,11 @@ def test_stored_messages_with_status_headers_are_delivered(
     )
 
 
-def test_what_a_request_given_up_on_delivers_is_settled(
+def test_what_a_request_given_up_on_delivers_is_collected(
     client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str, monkeypatch
 ) -> None:
     """The client stops waiting for a pull before the server ends it (a busy server ends it
-    late); messages published then are still delivered to it. `settle` waits for the server's
+    late); messages published then are still delivered to it. `collect_late` waits for the server's
     end of that request and hands them over instead of leaving them unread until the ack wait
     runs out."""
     monkeypatch.setattr(pull_module, "CLIENT_GRACE", -1.5)  # gives up at 0.5 s of 2 s
@@ -419,7 +419,7 @@ def test_what_a_request_given_up_on_delivers_is_settled(
             pass
         for _ in range(3):
             await client.js.publish(f"{stream}.m", b"late")
-        return pull.status, await consumer.settle(patience=10)
+        return pull.status, await consumer.collect_late(patience=10)
 
     status, late = run_sync(scenario())
     assert status is PullStatus.CLIENT_TIMEOUT

@@ -2,11 +2,11 @@
 simulated JetStream, ledger bucket and Spark, under a seeded scheduler (see world.py).
 
 Real, the product's own code as it runs in a query:
-- the driver: `OffsetReader` and all it plans with (`DriverLedger`, the planner, `Presence`,
+- the driver: `BatchCoordinator` and all it plans with (`DriverLedger`, the planner, `Presence`,
   `SealedKeeper`, `SeenConsumers`' consumer checks), the options (`parse_options`);
 - a task: `SlotReader` (`read_slot`'s and `read_packed`'s steps: `slot_batches`,
   `packed_batches`) and all it reads with (`SlotEntry`, `SlotHistory`, `Acceptance`,
-  `Replay`, `SlotPulls`, the in-progress keeper, the record batches' columns);
+  `Replayer`, `SlotPulls`, the in-progress keeper, the record batches' columns);
 - the ledger: `Ledger`, its stored forms and every move of `ledger_protocol`.
 
 Simulated, each a stand-in the product is handed, never a patch of its modules:
@@ -20,7 +20,7 @@ Simulated, each a stand-in the product is handed, never a patch of its modules:
   (or one shared), instead of resolving a group on the server;
 - Spark (spark.py): the checkpoint (offset and commit logs), both call orders of the source's
   methods, tasks with retries, zombies and speculative copies, and the sink;
-- the process (`nats_spark.spark.group_source.runtime.Runtime`, passed to `OffsetReader` and
+- the process (`nats_spark.spark.group_source.runtime.Runtime`, passed to `BatchCoordinator` and
   `SlotReader`): ids drawn from the seed (lineages, drivers, task attempts), a worker's memory
   of entries per world, and the driver's give-back wrapped to note what each removal leaves
   (lateness.py);

@@ -549,7 +549,7 @@ class SimPullConsumer:
         request.arrived.clear()
         return chunk
 
-    async def settle(self, patience: float) -> Deliveries:
+    async def collect_late(self, patience: float) -> Deliveries:
         late = Deliveries()
         for request in self.requests:
             if request.status is None and not request.closed:

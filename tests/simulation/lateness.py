@@ -28,10 +28,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from nats_spark.spark.group_source import ledger_protocol as protocol
-from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
-from nats_spark.spark.group_source.ledger import Ledger
-from nats_spark.spark.group_source.ledger_protocol import LedgerConflict
+from nats_spark.spark.group_source.ledger import (
+    EntryDeliveries,
+    Ledger,
+    LedgerConflict,
+    read_deliveries,
+    read_head,
+)
 from nats_spark.spark.group_source.runtime import GiveBack
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from tests.memory_bucket import MemoryBucket
@@ -149,11 +152,11 @@ class GiveBacks:
     async def _held(self, removing: Ledger, gen: int, slot: str) -> list[Delivery]:
         """The current deliveries of what entry (gen, slot) holds."""
         ledger = Ledger(self.store, removing.lineage)  # type: ignore[arg-type]  # a Bucket
-        found = await protocol.read_head(ledger, gen, slot)
+        found = await read_head(ledger, gen, slot)
         if found is None:
             return []
         held = []
-        for seq in (await protocol.read_deliveries(ledger, found[0])).stream_seq:
+        for seq in (await read_deliveries(ledger, found[0])).stream_seq:
             if deliveries := deliveries_of(self.consumers, self.stream.messages[seq - 1]):
                 held.append(deliveries[-1])
         return held

@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 from types import CodeType, ModuleType
 from typing import Any
 
-OFFSET_READER = "nats_spark.spark.group_source.driver.offset_reader"
+BATCH_COORDINATOR = "nats_spark.spark.group_source.driver.batch_coordinator"
 DRIVER_LEDGER = "nats_spark.spark.group_source.driver.driver_ledger"
 SLOT_ENTRY = "nats_spark.spark.group_source.task.slot_entry"
 LEDGER_PROTOCOL = "nats_spark.spark.group_source.ledger_protocol"
 SEALED_KEEPER = "nats_spark.spark.group_source.driver.sealed_keeper"
 PULL_POLICY = "nats_spark.spark.group_source.task.pull_policy"
 CONSUMER_CHECKS = "nats_spark.spark.group_source.driver.consumer_checks"
-PARTITION_READER = "nats_spark.spark.group_source.task.partition_reader"
+SLOT_READER = "nats_spark.spark.group_source.task.slot_reader"
 ACCEPTANCE = "nats_spark.spark.group_source.task.acceptance"
 WORLD = "tests.simulation.world"
 # spark.speculation's wait in the worlds that turn it on (`Setup.speculation`): nearly every task
@@ -69,7 +69,7 @@ MUTANTS = (
         "spark.task.maxFailures: a slow slot could be speculated until the query failed",
         (
             Patch(
-                PARTITION_READER,
+                SLOT_READER,
                 "        except TakenOver:",
                 "        except NotImplementedError:",
             ),
@@ -105,7 +105,7 @@ MUTANTS = (
         "logged batch is re-run, took that batch as committed and acked it (closed by c98a464)",
         (
             Patch(
-                OFFSET_READER,
+                BATCH_COORDINATOR,
                 "                self.current = end  # the checkpoint's lineage: `initial_offset` "
                 "answers in it\n            return []\n",
                 "                self.current = end  # the checkpoint's lineage: `initial_offset` "
@@ -120,7 +120,7 @@ MUTANTS = (
         "29da650, 9275453)",
         (
             Patch(
-                OFFSET_READER,
+                BATCH_COORDINATOR,
                 "        if self.current is not None and self.current.lineage == "
                 "self.ledger.lineage:\n            return SourceOffset(self.current.lineage, 0)\n",
                 "        started = self.current\n"
@@ -136,7 +136,7 @@ MUTANTS = (
         "unemitted (closed by 70497ce, ed50a48)",
         (
             Patch(
-                OFFSET_READER,
+                BATCH_COORDINATOR,
                 "        if start.lineage == first.lineage and first.gen > 1:\n",
                 "        if False:\n",
             ),
@@ -176,8 +176,8 @@ MUTANTS = (
         (
             Patch(
                 SLOT_ENTRY,
-                "                    await protocol.fence(ledger, self.partition.pointer_key, "
-                "gen, slot)\n",
+                "                    await protocol.check_fence(ledger, "
+                "self.partition.pointer_key, gen, slot)\n",
                 "",
             ),
         ),
@@ -323,7 +323,7 @@ MUTANTS = (
         "slot with siblings now checks the consumer's creation time before it seals)",
         (
             Patch(
-                PARTITION_READER,
+                SLOT_READER,
                 "        if not partition.siblings or sighting is None or not sighting.created:",
                 "        if True:",
             ),
@@ -351,7 +351,7 @@ MUTANTS = (
         "committed ones (the guarantee the ledger exists for; never shipped)",
         (
             Patch(
-                OFFSET_READER,
+                BATCH_COORDINATOR,
                 "                    await self.ack_through(self.committed)\n",
                 "                    await self.ack_through(self.ledger.head_gen)\n",
             ),
@@ -363,9 +363,11 @@ MUTANTS = (
         "gets no dedupe spans (what the ledger's entries are for; never shipped)",
         (
             Patch(
-                OFFSET_READER,
-                "            self._dedupe(slot.stream, end.gen, dedupes) if task.limit else NO_DEDUPE\n",
-                "            NO_DEDUPE\n",
+                BATCH_COORDINATOR,
+                "            self._dedupe(slot.stream, end.gen, dedupes) if task.limit else NO_DEDUPE
+",
+                "            NO_DEDUPE
+",
             ),
         ),
     ),
@@ -428,7 +430,7 @@ MUTANTS = (
         "batch/partition/row) is no longer the one the offset fixes",
         (
             Patch(
-                PARTITION_READER,
+                SLOT_READER,
                 "            emitting = ahead[0]\n",
                 "            emitting = ahead[-1]\n",
             ),

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nats_spark.errors import ConfigurationError
-from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
+from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from tests.simulation.scheduler import Crashed, Lost, Participant
@@ -99,7 +99,7 @@ class Query:
         world.sched.note(f"query ends ({outcome})")
         return outcome
 
-    async def _stream(self, reader: OffsetReader) -> str:
+    async def _stream(self, reader: BatchCoordinator) -> str:
         world, checkpoint = self.world, self.world.checkpoint
         last = max(checkpoint.offsets, default=None)
         wrapped = self.trigger == AVAILABLE_NOW and self.version == V40
@@ -145,11 +145,11 @@ class Query:
             await world.sched.sleep(world.trigger_interval * world.sched.rng.random())
         return "stopped"
 
-    async def _start(self, reader: OffsetReader, batch: int) -> SourceOffset:
+    async def _start(self, reader: BatchCoordinator, batch: int) -> SourceOffset:
         before = self.world.checkpoint.offsets.get(batch - 1)
         return _offset(before) if before else await self._initial(reader)
 
-    async def _initial(self, reader: OffsetReader) -> SourceOffset:
+    async def _initial(self, reader: BatchCoordinator) -> SourceOffset:
         return _through_json(await self._call(reader.initial_offset()))
 
     async def _call(self, call: Any) -> Any:
@@ -162,7 +162,7 @@ class Query:
             raise QueryFailed(f"the source raised {type(error).__name__}: {error}") from error
 
     async def _batch(
-        self, reader: OffsetReader, batch: int, start: SourceOffset, end: SourceOffset
+        self, reader: BatchCoordinator, batch: int, start: SourceOffset, end: SourceOffset
     ) -> None:
         world = self.world
         partitions = await self._call(reader.input_partitions(start, end))

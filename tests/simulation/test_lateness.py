@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from nats_spark.spark.group_source.ledger_protocol import LedgerConflict
+from nats_spark.spark.group_source.ledger import LedgerConflict
 from tests.memory_bucket import MemoryBucket
 from tests.simulation.jetstream import Delivery, Stream
 from tests.simulation.lateness import REQUEUED, Attempts, GiveBacks, held_before

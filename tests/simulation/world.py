@@ -23,14 +23,14 @@ import pyarrow as pa
 
 from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.spark.group_source import ledger_protocol
+from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
 from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
-from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.targets import Held, Slot
-from nats_spark.spark.group_source.ledger import Ledger
+from nats_spark.spark.group_source.ledger import Ledger, TakenOver
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.runtime import Runtime, SeenEntries
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
-from nats_spark.spark.group_source.task.partition_reader import (
+from nats_spark.spark.group_source.task.slot_reader import (
     SlotReader,
     packed_batches,
     slot_batches,
@@ -319,8 +319,8 @@ class World:
     def bucket_view(self) -> SimBucket:
         return SimBucket(self.bucket, self.sched)
 
-    def new_driver(self) -> OffsetReader:
-        reader = OffsetReader(self.options, self.runtime)
+    def new_driver(self) -> BatchCoordinator:
+        reader = BatchCoordinator(self.options, self.runtime)
         reader.client = SimClient(self.sched, self.server)  # type: ignore[assignment]
         reader.ledger.attach(self.bucket_view())
         reader.target = Target(self.slots, self.consumers)  # type: ignore[assignment]
@@ -358,7 +358,7 @@ class World:
                 at = max(at, order.index(slot))
                 rows += batch.column("stream_seq").to_pylist()
                 await self.sched.point("rows handed to Spark")
-        except ledger_protocol.TakenOver as error:  # alive, it ends with the sealed entry instead
+        except TakenOver as error:  # alive, it ends with the sealed entry instead
             self.observed.problem("an attempt failed as another took its entry over", str(error))
             raise
         return rows

@@ -18,8 +18,8 @@ HEAVY = (
     "pyarrow",
     "zstandard",
     "nats_spark.client",
-    "nats_spark.spark.group_source.driver.offset_reader",
-    "nats_spark.spark.group_source.task.partition_reader",
+    "nats_spark.spark.group_source.driver.batch_coordinator",
+    "nats_spark.spark.group_source.task.slot_reader",
     "nats_spark.spark.group_source.ledger",
     "nats_spark.spark.stream_source.stream_range",
     "nats_spark.spark.sink.writers",
@@ -51,10 +51,10 @@ def test_each_half_is_imported_where_it_is_used():
         "from nats_spark.spark.group_source.options import parse_options\n"
         "r = NatsPcgStreamReader(parse_options({'servers': 'nats://127.0.0.1:1', "
         "'stream': 'S', 'group': 'g'}))\n"
-        "before = 'nats_spark.spark.group_source.driver.offset_reader' in sys.modules\n"
+        "before = 'nats_spark.spark.group_source.driver.batch_coordinator' in sys.modules\n"
         "try:\n    r.offsets\nexcept Exception:\n    pass\n"
         "print(json.dumps([before, "
-        "'nats_spark.spark.group_source.driver.offset_reader' in sys.modules]))"
+        "'nats_spark.spark.group_source.driver.batch_coordinator' in sys.modules]))"
     )
     loaded = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True

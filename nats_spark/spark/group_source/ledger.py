@@ -2,8 +2,10 @@
 
 An entry per (lineage, gen, slot): what one slot (one input partition of a batch: a group
 partition, a member, or one reader of a plain consumer) took in one batch. This module is its
-keys and bytes; what an entry's states mean, who moves an entry on and what the driver
-concludes from it is `ledger_protocol`, the only reader and writer of heads. Keys:
+stored form, whole: the keys, a head's bytes (`EntryHead`, read by `read_head` and written by
+compare-and-set in `write_head`), the deliveries its chunks hold (`EntryDeliveries`) and the
+pointer; what an entry's states mean, who moves an entry on and what the driver concludes from
+it is `ledger_protocol`, and nothing else reads or writes a head's fields. Keys:
 
 - `<lineage>.<gen>.<slot>`: the head, JSON (format, state, attempt, chunk keys, count, pin,
   max_seq, prefix: the ack subject up to the delivery count, `$JS.ACK.<stream>.<consumer>` or the
@@ -47,11 +49,19 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import operator
 import re
-from collections.abc import Awaitable, Callable, Iterable
+import sys
+import uuid
+from array import array
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
+from itertools import accumulate, chain, pairwise
 from typing import Any, Protocol, TypeVar
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from nats.errors import NoRespondersError
 from nats.js.errors import (
     BucketNotFoundError,
@@ -62,25 +72,36 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 
 from nats_spark import __version__
+from nats_spark.arrays import int_array, string_scalar
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NatsSparkError, NotFound
+from nats_spark.jetstream.acks import ACK, ack_commands, ack_prefix
 from nats_spark.jetstream.retry import is_transient, retrying
-from nats_spark.spark.group_source.entry_deliveries import (
-    CHUNK_MESSAGES,
-    EntryDeliveries,
-    encode_chunk,
-)
+from nats_spark.jetstream.subjects import ack_numbers
+from nats_spark.spark.shared.columns import BATCH_ROWS
 
 log = logging.getLogger(__name__)
 
 _KEY_TOKEN = re.compile(r"^[-_=a-zA-Z0-9]+$")
 LEDGER_FORMAT = 2
-READABLE_FORMATS = (1, 2)
+READABLE_FORMATS = (1, 2)  # 1: chunks of reply subjects, heads without `prefix`
 # Lineages given back that a target's pointer keeps: a task attempt of one that creates its
 # entry after the give-back finds its lineage here, and removes the entry (`Pointer.retired`).
-RETIRED_KEPT = 16  # 1: chunks of reply subjects, heads without `prefix`
+RETIRED_KEPT = 16
 T = TypeVar("T")
 StoredValue = KeyValue.Entry  # a key's value and revision, as nats-py reads it
+# Heads are written at every record, seal and ack: one encoder, not one built per `json.dumps`.
+_HEAD_ENCODER = json.JSONEncoder(separators=(",", ":"))
+# The ledger stores a task's deliveries in chunks of a record batch's rows (384 KB raw at most,
+# below the 1 MB payload limit).
+CHUNK_MESSAGES = BATCH_ROWS
+_CODEC = pa.Codec("zstd", compression_level=3)  # level 1 barely shortens long repeats
+_COLUMNS = 3  # stream sequence and consumer sequence (as differences), delivery count
+_WORD = 8
+# Deliveries from which `EntryDeliveries.ack_commands` formats with Arrow (about where both ways
+# cost the same); the ack subject's timestamp and pending, which the server does not read.
+ARROW_FROM = 400
+_UNREAD = b"0.0"
 
 
 @functools.lru_cache(maxsize=4096)  # a query's few slot names, on every key it reads or writes
@@ -107,6 +128,162 @@ def readable_format(raw: dict[str, Any], key: str) -> int:
             "start the query with a new checkpoint location"
         )
     return int(found)
+
+
+# An entry's deliveries, and their chunks' bytes (pure: no I/O).
+
+
+@dataclass
+class EntryDeliveries:
+    """Deliveries a ledger entry recorded, in the order they were taken: the numbers of each
+    one's ack subject, and the subject's prefix up to the delivery count (the same for all
+    deliveries of one consumer)."""
+
+    prefix: bytes = b""
+    stream_seq: list[int] = field(default_factory=list)
+    consumer_seq: list[int] = field(default_factory=list)
+    delivered: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.stream_seq)
+
+    def extend(self, other: EntryDeliveries) -> None:
+        if other.prefix and self.prefix and other.prefix != self.prefix:
+            raise ValueError(f"deliveries of {other.prefix!r} added to {self.prefix!r}")
+        self.prefix = self.prefix or other.prefix
+        self.stream_seq += other.stream_seq
+        self.consumer_seq += other.consumer_seq
+        self.delivered += other.delivered
+
+    def without(self, dropped: set[int]) -> EntryDeliveries:
+        """The deliveries whose stream sequence is not in `dropped`."""
+        rows = [i for i, seq in enumerate(self.stream_seq) if seq not in dropped]
+        return EntryDeliveries(
+            self.prefix,
+            [self.stream_seq[i] for i in rows],
+            [self.consumer_seq[i] for i in rows],
+            [self.delivered[i] for i in rows],
+        )
+
+    def part(self, start: int, stop: int) -> EntryDeliveries:
+        return EntryDeliveries(
+            self.prefix,
+            self.stream_seq[start:stop],
+            self.consumer_seq[start:stop],
+            self.delivered[start:stop],
+        )
+
+    def ack_commands(self, kind: bytes = ACK, block: int = 4096) -> list[bytes]:
+        """`ack_commands` for these deliveries (`kind`: or restart their ack wait), their ack
+        subjects rebuilt from the prefix and the numbers the server reads; timestamp and pending
+        are 0, which it does not. Many are formatted by Arrow's string kernels: a block's
+        commands end to end in one buffer, no Python step per delivery; a few in Python, where
+        the kernels' fixed cost (tens of microseconds) is more than the steps."""
+        columns = (self.delivered, self.stream_seq, self.consumer_seq)
+        if len(self) < ARROW_FROM:
+            subjects = [
+                b"%b.%d.%d.%d.%b" % (self.prefix, *numbers, _UNREAD)
+                for numbers in zip(*columns, strict=True)
+            ]
+            return ack_commands(subjects, kind, block)
+        numbers = (int_array(column).cast(pa.string()) for column in columns)
+        head = string_scalar(b"PUB " + self.prefix)
+        tail = string_scalar(_UNREAD + b" 4\r\n%b\r\n" % kind)
+        commands = pc.binary_join_element_wise(head, *numbers, tail, string_scalar(b"."))
+        offsets, data = (memoryview(buffer) for buffer in commands.buffers()[1:])
+        ends = [*range(0, len(commands), block), len(commands)]
+        return [
+            data[offsets.cast("i")[start] : offsets.cast("i")[end]].tobytes()
+            for start, end in pairwise(ends)
+        ]
+
+    @classmethod
+    def from_replies(cls, replies: Sequence[bytes]) -> EntryDeliveries:
+        """From ack reply subjects as the server sent them (one consumer's)."""
+        delivered, stream_seq, consumer_seq, _ = ack_numbers(replies)
+        return cls(ack_prefix(replies[0]) if replies else b"", stream_seq, consumer_seq, delivered)
+
+
+def encode_chunk(found: EntryDeliveries) -> bytes:
+    """A chunk's stored form (format 2): the count, then the columns, zstd-compressed."""
+    columns = array("q", _differences(found.stream_seq))
+    columns += array("q", _differences(found.consumer_seq))
+    columns += array("q", found.delivered)
+    if sys.byteorder == "big":
+        columns.byteswap()
+    return len(found).to_bytes(4, "little") + _CODEC.compress(columns.tobytes(), asbytes=True)
+
+
+def decode_chunk(data: bytes, prefix: bytes) -> EntryDeliveries:
+    count = int.from_bytes(data[:4], "little")
+    if not count:
+        return EntryDeliveries(prefix)
+    columns = array("q")
+    columns.frombytes(_CODEC.decompress(data[4:], count * _COLUMNS * _WORD, asbytes=True))
+    if sys.byteorder == "big":
+        columns.byteswap()
+    return EntryDeliveries(
+        prefix,
+        list(accumulate(columns[:count])),
+        list(accumulate(columns[count : 2 * count])),
+        columns[2 * count :].tolist(),
+    )
+
+
+def _differences(values: list[int]) -> map[int]:
+    return map(operator.sub, values, chain((0,), values))
+
+
+def decode_replies(data: bytes) -> list[bytes]:
+    """A format 1 chunk's reply subjects (releases before format 2 wrote those)."""
+    size = int.from_bytes(data[:4], "little")
+    if not size:
+        return []
+    return _CODEC.decompress(data[4:], size, asbytes=True).split(b"\n")
+
+
+# An entry's head.
+
+
+class EntryState(StrEnum):
+    OPEN = "open"  # a task attempt is (or was) recording
+    SEALED = "sealed"  # the attempt finished: the entry is what the batch emitted
+    ACKED = "acked"  # the batch was committed and its acks published
+
+
+class LedgerConflict(NatsSparkError):
+    """Another attempt of the same task took the entry over; this attempt must stop."""
+
+
+class TakenOver(LedgerConflict):
+    """A head write found the head written by another attempt since (it took the entry over),
+    or found it removed. The attempt may still end with the entry's sealed content
+    (`await_sealed`)."""
+
+
+@dataclass
+class EntryHead:
+    state: EntryState = EntryState.OPEN
+    attempt: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    chunks: list[str] = field(default_factory=list)
+    count: int = 0
+    max_seq: int = 0
+    pin: str | None = None
+    prefix: str | None = None  # of the deliveries' ack subjects (format 2)
+    format: int = LEDGER_FORMAT  # how its chunks are stored
+    released: bool = False  # OPEN, and its holder gave it up: take it over at once
+
+    def to_bytes(self) -> bytes:
+        # Its fields in order (what `asdict` gives, without copying them first: heads are
+        # written at every record, seal and ack).
+        return _HEAD_ENCODER.encode(vars(self)).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, key: str) -> EntryHead:
+        raw = json.loads(data)
+        raw["format"] = readable_format(raw, key)
+        raw["state"] = EntryState(raw["state"])
+        return cls(**raw)
 
 
 class Bucket(Protocol):
@@ -244,7 +421,7 @@ class Ledger:
         return f"{self.lineage}.{gen}.{key_token(slot)}"
 
     async def get_head(self, gen: int, slot: str) -> StoredValue | None:
-        """The stored head of the entry (None: there is none); `ledger_protocol` reads it."""
+        """The stored head of the entry (None: there is none); `read_head` reads it."""
         try:
             return await self.kv.get(self.head_key(gen, slot))
         except KeyNotFoundError:
@@ -299,6 +476,57 @@ class Ledger:
     async def remove_chunks(self, keys: Iterable[str]) -> None:
         for key in keys:
             await self.kv.remove(key)
+
+
+# Reading and writing heads and their deliveries: the one place they are read and written.
+
+
+async def read_head(ledger: Ledger, gen: int, slot: str) -> tuple[EntryHead, int] | None:
+    """The entry's head and its revision; None when there is none."""
+    stored = await ledger.get_head(gen, slot)
+    if stored is None:
+        return None
+    head = EntryHead.from_bytes(stored.value or b"", ledger.head_key(gen, slot))
+    return head, stored.revision or 0
+
+
+async def read_deliveries(ledger: Ledger, head: EntryHead) -> EntryDeliveries:
+    """What the entry of `head` recorded, in the order it was taken."""
+    found = EntryDeliveries((head.prefix or "").encode())
+    for key in head.chunks:
+        found.extend(chunk_deliveries(await ledger.read_chunk(key), head))
+    return found
+
+
+def chunk_deliveries(data: bytes, head: EntryHead) -> EntryDeliveries:
+    """A chunk of `head`'s entry, in the format the head says."""
+    if head.format == 1:
+        return EntryDeliveries.from_replies(decode_replies(data))
+    return decode_chunk(data, (head.prefix or "").encode())
+
+
+async def recorded_in(ledger: Ledger, gen: int, slots: Iterable[str]) -> set[int]:
+    """Every stream sequence the entries of `slots` in batch `gen` have recorded, read now."""
+    recorded: set[int] = set()
+    for slot in slots:
+        found = await read_head(ledger, gen, slot)
+        if found is not None:
+            recorded.update((await read_deliveries(ledger, found[0])).stream_seq)
+    return recorded
+
+
+async def write_head(ledger: Ledger, gen: int, slot: str, head: EntryHead, revision: int) -> int:
+    """Compare-and-set the head on `revision`; `LedgerConflict` when someone else wrote it
+    since."""
+    written = await ledger.update_head(gen, slot, head.to_bytes(), revision)
+    if written is not None:
+        return written
+    found = await read_head(ledger, gen, slot)
+    if found is not None and found[0] == head:
+        return found[1]  # our own write, retried after its answer was lost
+    raise TakenOver(
+        f"ledger entry {ledger.head_key(gen, slot)} was taken over by another task attempt"
+    )
 
 
 async def keep_entries(kv: Bucket) -> None:

@@ -1,13 +1,14 @@
 """The ack ledger's protocol: the states of an entry, who moves an entry out of each, and what
-the driver may conclude from each. Both sides read and write heads only here: the driver
+the driver may conclude from each. Both sides move entries and judge heads only here: the driver
 (`driver_ledger`, `sealed_keeper`) and a slot's task (`slot_entry`, `slot_history`), neither of
-which imports the other's module; `ledger` is the storage (keys, bytes, the pointer).
+which imports the other's module; `ledger` is the stored form (keys, a head's and a chunk's
+bytes, reading heads and writing them by compare-and-set, the pointer).
 
 An entry is what one slot took in one batch, (lineage, gen, slot): a head and chunks of
 deliveries. To record is to write deliveries to the entry before their rows leave the task.
 
 absent
-    Moved out by a task attempt of the batch: `create` (to OPEN), then `fence` (a create
+    Moved out by a task attempt of the batch: `create` (to OPEN), then `check_fence` (a create
     whose answer was lost is retried, finds the key, and goes on as a take-over, fenced too).
     The driver concludes: nothing taken yet. It never takes a listing's silence for absence:
     it expects the entries of the batches it plans (`DriverLedger.expect`) and lists heads from
@@ -15,7 +16,7 @@ absent
 OPEN (recording)
     Moved out by the attempt recording it: `seal` (to SEALED); or by a later attempt of the
     same task after this one died mid-way or gave it up: `take_over` (still OPEN, under the new
-    attempt, which keeps what was recorded and goes on), then `fence` when it is the attempt's
+    attempt, which keeps what was recorded and goes on), then `check_fence` when it is the attempt's
     own create whose answer was lost. The holder writes its head at least every
     `HOLD_RENEWAL` while it pulls (`SlotEntry.hold`), and marks it `released` when it fails or
     is closed before it seals (`release`). Another attempt (Spark's speculative copy, a retry
@@ -48,7 +49,7 @@ given back (removed)
     their keys, and are read again. Final.
 settled (removed)
     Final. The pointer's `settled` (written before the removal) fences the batch: an attempt
-    that outlived it and creates the entry again removes it and stops (`fence`).
+    that outlived it and creates the entry again removes it and stops (`check_fence`).
     The driver concludes: forgotten, neither acked nor deduped.
 
 An attempt writes the head by compare-and-set on its revision (`write_head`): one that finds it
@@ -61,27 +62,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
-from enum import Enum, StrEnum
+from dataclasses import dataclass
+from enum import Enum
 
 from nats_spark import clock
 from nats_spark.client import NatsClient
-from nats_spark.errors import PERMISSIONS_DOC, ConfigurationError, NatsSparkError, NotFound
+from nats_spark.errors import PERMISSIONS_DOC, ConfigurationError, NotFound
 from nats_spark.jetstream.acks import NAK, send_acks
-from nats_spark.spark.group_source.entry_deliveries import (
-    EntryDeliveries,
-    decode_chunk,
-    decode_replies,
-)
 from nats_spark.spark.group_source.ledger import (
     LEDGER_FORMAT,
+    EntryDeliveries,
+    EntryHead,
+    EntryState,
     Ledger,
+    LedgerConflict,
+    read_deliveries,
+    read_head,
     read_pointer,
-    readable_format,
+    write_head,
 )
 
 log = logging.getLogger(__name__)
@@ -99,103 +99,30 @@ HOLD_QUIET = 5 * HOLD_RENEWAL
 # How often an attempt waiting for another's entry reads its head: the first wait, doubling up
 # to the last.
 HOLD_POLL = (0.05, 1.0)
-# Heads are written at every record, seal and ack: one encoder, not one built per `json.dumps`.
-_HEAD_ENCODER = json.JSONEncoder(separators=(",", ":"))
-
-
-class EntryState(StrEnum):
-    OPEN = "open"  # a task attempt is (or was) recording
-    SEALED = "sealed"  # the attempt finished: the entry is what the batch emitted
-    ACKED = "acked"  # the batch was committed and its acks published
-
-
-class LedgerConflict(NatsSparkError):
-    """Another attempt of the same task took the entry over; this attempt must stop."""
-
-
-class TakenOver(LedgerConflict):
-    """A head write found the head written by another attempt since (it took the entry over),
-    or found it removed. The attempt may still end with the entry's sealed content
-    (`await_sealed`)."""
-
-
-@dataclass
-class EntryHead:
-    state: EntryState = EntryState.OPEN
-    attempt: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    chunks: list[str] = field(default_factory=list)
-    count: int = 0
-    max_seq: int = 0
-    pin: str | None = None
-    prefix: str | None = None  # of the deliveries' ack subjects (format 2)
-    format: int = LEDGER_FORMAT  # how its chunks are stored
-    released: bool = False  # OPEN, and its holder gave it up: take it over at once
-
-    def to_bytes(self) -> bytes:
-        # Its fields in order (what `asdict` gives, without copying them first: heads are
-        # written at every record, seal and ack).
-        return _HEAD_ENCODER.encode(vars(self)).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes, key: str) -> EntryHead:
-        raw = json.loads(data)
-        raw["format"] = readable_format(raw, key)
-        raw["state"] = EntryState(raw["state"])
-        return cls(**raw)
-
-
-# Reading: the one place heads and their deliveries are read.
-
-
-async def read_head(ledger: Ledger, gen: int, slot: str) -> tuple[EntryHead, int] | None:
-    """The entry's head and its revision; None when there is none."""
-    stored = await ledger.get_head(gen, slot)
-    if stored is None:
-        return None
-    head = EntryHead.from_bytes(stored.value or b"", ledger.head_key(gen, slot))
-    return head, stored.revision or 0
-
-
-async def read_deliveries(ledger: Ledger, head: EntryHead) -> EntryDeliveries:
-    """What the entry of `head` recorded, in the order it was taken."""
-    found = EntryDeliveries((head.prefix or "").encode())
-    for key in head.chunks:
-        found.extend(chunk_deliveries(await ledger.read_chunk(key), head))
-    return found
-
-
-def chunk_deliveries(data: bytes, head: EntryHead) -> EntryDeliveries:
-    """A chunk of `head`'s entry, in the format the head says."""
-    if head.format == 1:
-        return EntryDeliveries.from_replies(decode_replies(data))
-    return decode_chunk(data, (head.prefix or "").encode())
-
-
-async def recorded_in(ledger: Ledger, gen: int, slots: Iterable[str]) -> set[int]:
-    """Every stream sequence the entries of `slots` in batch `gen` have recorded, read now."""
-    recorded: set[int] = set()
-    for slot in slots:
-        found = await read_head(ledger, gen, slot)
-        if found is not None:
-            recorded.update((await read_deliveries(ledger, found[0])).stream_seq)
-    return recorded
 
 
 # A task attempt's moves: absent -> OPEN (create, or take over), OPEN -> SEALED.
 
 
-async def create(ledger: Ledger, gen: int, slot: str, head: EntryHead) -> int | None:
-    """absent -> OPEN: the head's revision; None when another attempt created it first."""
-    return await ledger.create_head(gen, slot, head.to_bytes())
+async def create(
+    ledger: Ledger, gen: int, slot: str, head: EntryHead, pin: str | None
+) -> int | None:
+    """absent -> OPEN: the head's revision; None when another attempt created it first. The
+    head then holds `pin`, the one the driver handed the slot, which the attempt pulls with
+    (written with its first record)."""
+    revision = await ledger.create_head(gen, slot, head.to_bytes())
+    if revision is not None:
+        head.pin = pin
+    return revision
 
 
-async def fence(ledger: Ledger, pointer_key: str, gen: int, slot: str) -> None:
+async def check_fence(ledger: Ledger, pointer_key: str, gen: int, slot: str) -> None:
     """After `create` or `take_over`: fail when the batch's entries were settled, or its
-    lineage's given back (the driver fences before it removes, so a create after the removal
-    finds the fence). This attempt outlived its committed batch, whose messages would be acked
-    as committed, or its query, whose entry nothing would remove: the entry goes again. So does
-    a take-over of the attempt's own create, whose answer was lost (the retry finds the key,
-    and the attempt its own open head)."""
+    lineage's given back (the driver raises the fence before it removes, so a create after the
+    removal finds the fence). This attempt outlived its committed batch, whose messages would be
+    acked as committed, or its query, whose entry nothing would remove: the entry goes again. So
+    does a take-over of the attempt's own create, whose answer was lost (the retry finds the
+    key, and the attempt its own open head)."""
     pointer = await read_pointer(ledger.kv, pointer_key)
     if pointer is None:
         return
@@ -233,9 +160,20 @@ def content_fixed(head: EntryHead) -> bool:
 
 def held_by_another(head: EntryHead, attempt: str) -> bool:
     """Whether `head` is an OPEN entry another attempt holds, not given up: stand by for it
-    (`await_holder`). An OPEN head of `attempt` itself is its own create, whose answer was
-    lost."""
-    return not content_fixed(head) and head.attempt != attempt and not head.released
+    (`await_holder`)."""
+    return not content_fixed(head) and not own_create(head, attempt) and not head.released
+
+
+def own_create(head: EntryHead, attempt: str) -> bool:
+    """Whether the OPEN `head` is `attempt`'s own create, whose answer was lost: its take-over
+    passes the fence as a create does."""
+    return head.attempt == attempt
+
+
+def outdated(head: EntryHead) -> bool:
+    """Whether the entry's chunks are of an older format than this release writes: a take-over
+    records them anew (`record_anew`), since the chunks of one entry share a format."""
+    return head.format != LEDGER_FORMAT
 
 
 async def await_holder(ledger: Ledger, gen: int, slot: str, quiet: float) -> tuple[EntryHead, int]:
@@ -287,20 +225,6 @@ async def release(ledger: Ledger, gen: int, slot: str, head: EntryHead, revision
         await write_head(ledger, gen, slot, head, revision)
 
 
-async def write_head(ledger: Ledger, gen: int, slot: str, head: EntryHead, revision: int) -> int:
-    """Compare-and-set the head on `revision`; `LedgerConflict` when someone else wrote it
-    since."""
-    written = await ledger.update_head(gen, slot, head.to_bytes(), revision)
-    if written is not None:
-        return written
-    found = await read_head(ledger, gen, slot)
-    if found is not None and found[0] == head:
-        return found[1]  # our own write, retried after its answer was lost
-    raise TakenOver(
-        f"ledger entry {ledger.head_key(gen, slot)} was taken over by another task attempt"
-    )
-
-
 async def record(
     ledger: Ledger,
     gen: int,
@@ -310,10 +234,14 @@ async def record(
     chunks: list[str],
     taken: EntryDeliveries,
     pin: str | None,
+    replacing: int = 0,
 ) -> int:
     """Record `taken` in the OPEN entry: its chunks follow `chunks` (what the head keeps of the
-    chunks written before), then the head is updated to name them; the new revision."""
+    chunks written before), then the head is updated to name them; the new revision.
+    `replacing`: deliveries the head counts past `chunks`, of the write that this one does again
+    (without what a sibling recorded too)."""
     head.chunks = chunks
+    head.count -= replacing
     if taken.prefix:
         head.prefix = taken.prefix.decode()
     keys = await ledger.write_chunks(gen, slot, head.attempt, len(chunks), taken)
@@ -331,6 +259,17 @@ async def record(
         named = set(found[0].chunks) if found else set()
         await ledger.remove_chunks(key for key in keys if key not in named)
         raise
+
+
+async def record_anew(
+    ledger: Ledger, gen: int, slot: str, head: EntryHead, revision: int, taken: EntryDeliveries
+) -> int:
+    """Record `taken` as all the OPEN entry holds, under the attempt that took it over (what it
+    adopted, without what a sibling recorded too), in this release's format (`outdated`); the
+    chunks the head named before go when the entry is removed."""
+    head.count = 0
+    head.format = LEDGER_FORMAT
+    return await record(ledger, gen, slot, head, revision, [], taken, head.pin)
 
 
 async def seal(ledger: Ledger, gen: int, slot: str, head: EntryHead, revision: int) -> int:
@@ -508,16 +447,16 @@ async def remove_settled(
     ledger: Ledger,
     settled: list[tuple[int, str]],
     fenced: int,
-    fence_through: Callable[[int], Awaitable[None]],
+    raise_fence: Callable[[int], Awaitable[None]],
     forget: Callable[[tuple[int, str]], None],
 ) -> None:
-    """ACKED (or empty) -> settled: the fence goes out before the entries (`fence_through`
+    """ACKED (or empty) -> settled: the fence goes out before the entries (`raise_fence`
     writes the pointer's `settled`, when the newest gen is past `fenced`), so a task attempt
     that outlived its committed batch and creates an entry again after its removal finds it;
     `forget` each entry once it is removed."""
     newest = max(gen for gen, _ in settled)
     if newest > fenced:
-        await fence_through(newest)
+        await raise_fence(newest)
     for gen, slot in settled:
         log.debug("forgetting settled ledger entry %s", ledger.head_key(gen, slot))
         await ledger.delete_entry(gen, slot)

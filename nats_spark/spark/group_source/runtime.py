@@ -1,5 +1,5 @@
 """What the source's driver and tasks take from the process they run in, in one object their
-entry points (`OffsetReader`, `SlotReader`) take: new ids (a query lineage, a driver, a task
+entry points (`BatchCoordinator`, `SlotReader`) take: new ids (a query lineage, a driver, a task
 attempt), the worker process's memory of entries' sequences (`SeenEntries`), and the give-back
 of earlier queries' entries. The source runs on `PROCESS`, the process's own; the protocol
 simulation (tests/simulation) passes a `Runtime` of each simulated world's: ids drawn from its

@@ -28,7 +28,7 @@ from nats_spark.spark.shared.stop_signal import stop_on_sigterm
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
+    from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
 
 
 class NatsPcgDataSource(DataSource):
@@ -72,25 +72,25 @@ class NatsPcgDataSource(DataSource):
 
 
 class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Driver calls go to an `OffsetReader` (made on first use, never pickled); `read` runs on
+    """Driver calls go to an `BatchCoordinator` (made on first use, never pickled); `read` runs on
     executors from the partition alone."""
 
     def __init__(self, options: SourceOptions, refused: ConfigurationError | None = None) -> None:
         self.options = options
         self.refused = refused
-        self._offsets: OffsetReader | None = None
+        self._offsets: BatchCoordinator | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options, "refused": None, "_offsets": None}
 
     @property
-    def offsets(self) -> OffsetReader:
+    def offsets(self) -> BatchCoordinator:
         if self.refused is not None:
             raise self.refused
         if self._offsets is None:
-            from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
+            from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
 
-            self._offsets = OffsetReader(self.options)
+            self._offsets = BatchCoordinator(self.options)
             stop_on_sigterm()  # or Spark ends this process without calling `stop`
         return self._offsets
 
@@ -129,7 +129,7 @@ class NatsPcgStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @one_line_errors
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
-        from nats_spark.spark.group_source.task.partition_reader import read_packed, read_slot
+        from nats_spark.spark.group_source.task.slot_reader import read_packed, read_slot
 
         if isinstance(partition, PackedSlots):
             yield from read_packed(partition)

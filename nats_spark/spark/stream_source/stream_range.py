@@ -30,7 +30,7 @@ from nats_spark.spark.shared.failures import one_line_errors
 from nats_spark.spark.shared.options import StartingPosition
 from nats_spark.spark.stream_source.options import ReadOptions
 from nats_spark.spark.stream_source.pushdown import PushedFilters, push_filters, rfc3339
-from nats_spark.spark.stream_source.range_reader import RangePartition, read_range
+from nats_spark.spark.stream_source.range_read import RangePartition, read_range
 
 log = logging.getLogger(__name__)
 

@@ -57,27 +57,25 @@ from nats_spark.pcg.store import load_group
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.failure_lines import failure_line
 from nats_spark.spark.group_source import ledger_protocol
+from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
 from nats_spark.spark.group_source.driver.driver_ledger import EntriesLost
-from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
-from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
 from nats_spark.spark.group_source.ledger import (
+    EntryDeliveries,
+    EntryState,
     Ledger,
+    LedgerConflict,
     Pointer,
     pointer_key,
+    read_deliveries,
+    read_head,
     read_pointer,
     write_pointer,
 )
-from nats_spark.spark.group_source.ledger_protocol import (
-    EntryState,
-    LedgerConflict,
-    ack,
-    read_deliveries,
-    read_head,
-)
+from nats_spark.spark.group_source.ledger_protocol import ack
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import SlotPartition
-from nats_spark.spark.group_source.task.partition_reader import (
+from nats_spark.spark.group_source.task.slot_reader import (
     SlotReader,
     read_slot,
     slot_batches,
@@ -189,7 +187,7 @@ def test_acks_lost_in_a_server_crash_are_not_emitted_again(server, own, unique, 
     stream = f"SC{unique}"
     static_group(own, stream, "g", ["m1"], partitions=1)  # one consumer: rows in stream order
     options = {"servers": server.url, "stream": stream, "group": "g", "ackWait": "1s"}
-    reader = OffsetReader(parse_options({**options, "ledgerBucket": f"L{unique}"}))
+    reader = BatchCoordinator(parse_options({**options, "ledgerBucket": f"L{unique}"}))
 
     def batch(start: SourceOffset) -> tuple[SourceOffset, list[int]]:
         """What one micro-batch does: plan, read every partition; `start` was committed."""
@@ -241,7 +239,7 @@ def test_ledger_bucket_stays_flat_over_many_batches(server, own, unique, monkeyp
     stream, bucket = f"FL{unique}", f"L{unique}"
     static_group(own, stream, "g", ["m1", "m2"], partitions=2)
     options = {"servers": server.url, "stream": stream, "group": "g", "ledgerBucket": bucket}
-    reader = OffsetReader(parse_options(options))
+    reader = BatchCoordinator(parse_options(options))
     per_batch, rows = 500, list[int]()
 
     def bucket_state() -> tuple[int, int, int]:
@@ -270,7 +268,7 @@ def test_ledger_bucket_stays_flat_over_many_batches(server, own, unique, monkeyp
     assert after_30[2] <= 4 * 2 * per_batch, f"{after_30[2]} bytes left in the bucket"
 
 
-def killed(reader: OffsetReader) -> None:
+def killed(reader: BatchCoordinator) -> None:
     """`reader`'s driver killed -9: its keeper and connection end, nothing is acked at stop."""
     if reader.keeping is not None:
         keeper, keeping = reader.keeping
@@ -290,7 +288,7 @@ def committed_then_killed(
     """A query's batch of 20 messages, committed by Spark, then its driver killed before any
     task of a next batch acked it; returns the batch's offset."""
     static_group(own, stream, "g", ["m1"], partitions=1)
-    reader = OffsetReader(parse_options(options))
+    reader = BatchCoordinator(parse_options(options))
     first = run_sync(reader.initial_offset())
     publish(own, stream, 20)
     end = run_sync(reader.latest_offset(first, None))
@@ -302,7 +300,7 @@ def committed_then_killed(
 
 def restarted_batch(options: dict[str, str], committed: SourceOffset) -> list[int]:
     """A restarted query's next batch after `committed` (its acks, then what it reads)."""
-    reader = OffsetReader(parse_options(options))
+    reader = BatchCoordinator(parse_options(options))
     try:
         end = run_sync(reader.latest_offset(committed, None))
         assert end != committed, "the restart planned no batch"
@@ -367,7 +365,7 @@ def test_initial_offset_stays_in_one_lineage(server, own, unique):
     stream = f"IO{unique}"
     static_group(own, stream, "g", ["m1"], partitions=2)
     options = {"servers": server.url, "stream": stream, "group": "g", "ledgerBucket": f"L{unique}"}
-    reader = OffsetReader(parse_options(options))
+    reader = BatchCoordinator(parse_options(options))
     try:
         first = run_sync(reader.initial_offset())
         assert run_sync(reader.initial_offset()) == first
@@ -421,7 +419,7 @@ def test_zombie_attempt_cannot_record_after_its_retry_took_over(
     with pytest.raises(LedgerConflict):
         run_sync(zombie.seal())
 
-    rows = seqs(run_sync(retry.replay.record_batch(retry.entry.replay)))
+    rows = seqs(run_sync(retry.replayer.record_batch(retry.entry.recorded_earlier)))
     assert rows == recorded
     rows += rest(retry.pull_record_batches())  # the zombie's 50 come back after the 1 s ack wait
     run_sync(retry.seal())

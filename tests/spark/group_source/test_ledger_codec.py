@@ -12,14 +12,18 @@ from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream.acks import ACK, IN_PROGRESS, ack_commands, ack_prefix
 from nats_spark.spark.group_source.driver.driver_ledger import DriverEntry, DriverLedger
-from nats_spark.spark.group_source.entry_deliveries import (
+from nats_spark.spark.group_source.ledger import (
     ARROW_FROM,
+    LEDGER_FORMAT,
     EntryDeliveries,
+    EntryHead,
+    EntryState,
+    chunk_deliveries,
     decode_chunk,
     encode_chunk,
+    key_token,
+    name_of,
 )
-from nats_spark.spark.group_source.ledger import LEDGER_FORMAT, key_token, name_of
-from nats_spark.spark.group_source.ledger_protocol import EntryHead, EntryState, chunk_deliveries
 from nats_spark.spark.group_source.slot_partition import UNBOUNDED, SlotPartition, SlotReading
 
 pytestmark = pytest.mark.unit

@@ -26,14 +26,18 @@ from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.driver.sealed_keeper import SealedKeeper
-from nats_spark.spark.group_source.ledger import Ledger, Pointer, read_pointer, write_pointer
-from nats_spark.spark.group_source.ledger_protocol import (
+from nats_spark.spark.group_source.ledger import (
+    EntryHead,
     EntryState,
-    Horizon,
+    Ledger,
     LedgerConflict,
+    Pointer,
     read_deliveries,
     read_head,
+    read_pointer,
+    write_pointer,
 )
+from nats_spark.spark.group_source.ledger_protocol import Horizon
 from nats_spark.spark.group_source.slot_partition import SlotPartition, SlotReading
 from nats_spark.spark.group_source.task.columns import SlotColumns
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
@@ -157,7 +161,7 @@ def test_a_retry_of_a_sealed_entry_replays_exactly_it(kv: MemoryBucket, lineage:
         [1, 2, 3],
     )
     retry = claimed(kv, input_partition(lineage))
-    assert retry.fixed and retry.replay.stream_seq == [1, 2, 3]
+    assert retry.fixed and retry.recorded_earlier.stream_seq == [1, 2, 3]
 
 
 def test_a_retry_takes_an_open_entry_over_and_the_zombie_is_fenced(
@@ -166,7 +170,7 @@ def test_a_retry_takes_an_open_entry_over_and_the_zombie_is_fenced(
     zombie = claimed(kv, input_partition(lineage))
     take(zombie, [1, 2])
     retry = claimed(kv, input_partition(lineage))
-    assert not retry.fixed and retry.replay.stream_seq == [1, 2] and retry.taken == {1, 2}
+    assert not retry.fixed and retry.recorded_earlier.stream_seq == [1, 2] and retry.taken == {1, 2}
     assert retry.head.attempt != zombie.head.attempt
     take(retry, [3])
     with pytest.raises(LedgerConflict):
@@ -201,7 +205,7 @@ def test_a_zombie_leaves_the_chunks_a_retry_adopted(kv: MemoryBucket, lineage: s
     def retry_takes_over(written: str) -> bool:
         if written != key:
             return False
-        previous = ledger_protocol.EntryHead.from_bytes(kv.values[key][0], key)
+        previous = EntryHead.from_bytes(kv.values[key][0], key)
         retry = ledger_protocol.take_over(previous, "pin-2", "retry")
         kv.values[key] = (retry.to_bytes(), kv.last_seq)
         return True
@@ -232,7 +236,9 @@ def test_a_retry_reads_again_when_the_zombie_records_while_it_takes_over(
 
     kv.update = zombie_records_first  # type: ignore[method-assign]
     run_sync(retry.claim())
-    assert retry.replay.stream_seq == [1, 2, 3] and retry.head.attempt != zombie.head.attempt
+    assert (
+        retry.recorded_earlier.stream_seq == [1, 2, 3] and retry.head.attempt != zombie.head.attempt
+    )
     with pytest.raises(LedgerConflict):
         take(zombie, [4])
     take(retry, [5])
@@ -257,7 +263,7 @@ def test_a_retry_stands_by_for_a_live_holder_and_replays_its_seal(
         await claiming
 
     run_sync(beside())
-    assert copy.fixed and copy.replay.stream_seq == [1, 2, 3, 4, 5, 6, 7]
+    assert copy.fixed and copy.recorded_earlier.stream_seq == [1, 2, 3, 4, 5, 6, 7]
     assert stored(kv, lineage, 1)[0].attempt == holder.head.attempt
 
 
@@ -272,7 +278,7 @@ def test_a_released_entry_is_taken_over_at_once(
     run_sync(failed.release())
     retry = attempt(kv, input_partition(lineage))
     run_sync(asyncio.wait_for(retry.claim(), 5))
-    assert not retry.fixed and retry.replay.stream_seq == [1, 2]
+    assert not retry.fixed and retry.recorded_earlier.stream_seq == [1, 2]
     assert stored(kv, lineage, 1)[0].attempt == retry.head.attempt
 
 
@@ -579,7 +585,7 @@ def test_a_checkpoints_first_batch_gives_back_an_entry_created_after_its_driver_
     run_sync(ledger.adopt(SourceOffset(lineage, 3)))
     zombie = claimed(kv, input_partition(lineage, gen=2))
     take(zombie, [3])
-    run_sync(ledger.disown_before(CLIENT, 3))
+    run_sync(ledger.give_back_before(CLIENT, 3))
     assert run_sync(Ledger(kv, lineage).heads()) == []
     assert b"".join(given_back).count(b"-NAK") == 3
     late = attempt(kv, input_partition(lineage, gen=2))
@@ -597,7 +603,7 @@ def test_a_give_back_takes_the_entry_from_an_attempt_still_recording_in_it(
     key; the give-back takes the entry first, so that write fails (found by seed 39465)."""
     zombie = claimed(kv, input_partition(lineage))
     take(zombie, [1, 2])
-    read = ledger_protocol.read_deliveries
+    read = read_deliveries
     recorded_meanwhile: list[int] = []
 
     async def zombie_records_meanwhile(ledger: Ledger, head: Any) -> Any:
@@ -675,15 +681,17 @@ def test_settled_entries_are_removed_and_leave_nothing(
     run_sync(ledger.adopt(SourceOffset(lineage, 3)))
     run_sync(ledger.ack_through(CLIENT, 1))
     horizons = {"m1": Horizon(ack_floor=3, first_seq=1), "m2": Horizon(0, 1)}
-    run_sync(ledger.settle(horizons, committed=2))
+    run_sync(ledger.forget_settled(horizons, committed=2))
     assert sorted(ledger.entries) == [(1, "m1"), (3, "m1"), (3, "m2")]
     now[0] += ledger_protocol.SETTLE_SECONDS - 1
-    run_sync(ledger.settle({**horizons, "m1": Horizon(2, 1)}, committed=2))  # floor fell back
+    run_sync(
+        ledger.forget_settled({**horizons, "m1": Horizon(2, 1)}, committed=2)
+    )  # floor fell back
     now[0] += 1
-    run_sync(ledger.settle(horizons, committed=2))
+    run_sync(ledger.forget_settled(horizons, committed=2))
     assert (1, "m1") in ledger.entries  # the floor must hold for a while from its last rise
     now[0] += ledger_protocol.SETTLE_SECONDS
-    run_sync(ledger.settle(horizons, committed=2))
+    run_sync(ledger.forget_settled(horizons, committed=2))
     assert sorted(ledger.entries) == [(3, "m1"), (3, "m2")]
     assert not [key for key in kv.values if key.startswith((f"{lineage}.1.", f"{lineage}.2."))]
     pointer = run_sync(read_pointer(kv, ledger.pointer_key))

@@ -1,4 +1,4 @@
-"""Packed tasks read against a real server, driven through the offset reader as Spark calls it:
+"""Packed tasks read against a real server, driven through the batch coordinator as Spark calls it:
 every slot's rows once, and the next batch's ack-only tasks ack them all."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from spark_helpers import publish, static_group, unacked, wait_until
 
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source import ledger_protocol
-from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
+from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
 from nats_spark.spark.group_source.ledger import LedgerBucket
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import PackedSlots
-from nats_spark.spark.group_source.task.partition_reader import read_packed
+from nats_spark.spark.group_source.task.slot_reader import read_packed
 
 
 def test_a_packed_task_reads_its_slots_slot_by_slot(client, nats_url, unique):
@@ -21,7 +21,7 @@ def test_a_packed_task_reads_its_slots_slot_by_slot(client, nats_url, unique):
     static_group(client, stream, "g", ["m1", "m2"], partitions=4)
     publish(client, stream, 200)
     options = {"servers": nats_url, "stream": stream, "group": "g", "maxTasksPerBatch": "2"}
-    reader = OffsetReader(parse_options({**options, "ledgerBucket": f"L{unique}"}))
+    reader = BatchCoordinator(parse_options({**options, "ledgerBucket": f"L{unique}"}))
     try:
         start = run_sync(reader.initial_offset())
         end = run_sync(reader.latest_offset(start, None))
@@ -89,7 +89,7 @@ def test_a_packed_task_does_its_slots_ledger_work_together(client, nats_url, uni
         "maxMessagesPerPartition": "20",
         "ledgerBucket": f"L{unique}",
     }
-    reader = OffsetReader(parse_options(options))
+    reader = BatchCoordinator(parse_options(options))
     calls = LedgerCalls(monkeypatch)
     slot_batches = tasks_run = 0
     try:

@@ -13,7 +13,7 @@ from nats_spark.jetstream.api import to_nanos
 from nats_spark.loop import run_sync
 from nats_spark.pcg.consumers import ensure_group_consumer, member_consumer
 from nats_spark.pcg.store import load_group
-from nats_spark.spark.group_source.task.partition_reader import read_slot
+from nats_spark.spark.group_source.task.slot_reader import read_slot
 from nats_spark.spark.shared.columns import BATCH_BYTES, BATCH_ROWS
 
 LARGE = 700_000  # bytes: under nats-server's default max payload (1 MB)

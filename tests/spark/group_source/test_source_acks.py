@@ -36,13 +36,12 @@ from nats_spark.connection import ConnectionSettings
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
-from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
+from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
-from nats_spark.spark.group_source.ledger import Ledger
-from nats_spark.spark.group_source.ledger_protocol import read_deliveries, read_head
+from nats_spark.spark.group_source.ledger import Ledger, read_deliveries, read_head
 from nats_spark.spark.group_source.options import SourceOptions, parse_options
-from nats_spark.spark.group_source.task.partition_reader import read_slot
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
+from nats_spark.spark.group_source.task.slot_reader import read_slot
 
 pytestmark = pytest.mark.spark
 
@@ -190,13 +189,13 @@ def test_far_off_trigger_keeps_committed_messages_from_coming_back(client, nats_
     """A 1.5 s ack wait and a next batch (trigger) 5 s after the first: meanwhile the finished
     batch's messages wait for their acks, which the next batch's task sends. Another reader of
     the overflow consumer must not get them back in between; the next batch acks them. Driven
-    through the offset reader as Spark calls it, so the gap between triggers is exact."""
+    through the batch coordinator as Spark calls it, so the gap between triggers is exact."""
     stream, name = f"FAR{unique}", "shared"
     make_stream(client, stream, storage="memory")
     make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(1.5))
     publish(client, stream, 10)
     options = {"servers": nats_url, "stream": stream, "consumer": name}
-    reader = OffsetReader(parse_options({**options, "ledgerBucket": f"L{unique}"}))
+    reader = BatchCoordinator(parse_options({**options, "ledgerBucket": f"L{unique}"}))
     other = puller(client, stream, name, GROUP)
 
     def batch(start: SourceOffset) -> tuple[SourceOffset, list[int]]:
@@ -243,7 +242,7 @@ def ten_held_a_minute(
     )
 
 
-def read_batches_until(reader: OffsetReader, start: SourceOffset, count: int) -> list[int]:
+def read_batches_until(reader: BatchCoordinator, start: SourceOffset, count: int) -> list[int]:
     """The stream sequences the reader's batches from `start` read, until `count` (at most 4
     batches), as Spark 4.2+ calls it."""
     taken: list[int] = []
@@ -265,7 +264,7 @@ def test_a_new_checkpoint_gives_back_what_a_stopped_attempt_left_open(client, na
     the offset reader as Spark 4.2+ calls it."""
     stream = f"OPEN{unique}"
     options = ten_held_a_minute(client, nats_url, stream, f"L{unique}")
-    old, new = OffsetReader(options), OffsetReader(options)
+    old, new = BatchCoordinator(options), BatchCoordinator(options)
     try:
         start = run_sync(old.initial_offset())
         [partition] = run_sync(old.partitions(start, run_sync(old.latest_offset(start, None))))
@@ -290,7 +289,7 @@ def test_a_new_checkpoint_gives_back_past_an_entry_that_took_nothing(client, nat
     (the simulation's seeds 1132 and 4307). Driven through the offset reader as Spark 4.2+
     calls it."""
     options = ten_held_a_minute(client, nats_url, f"EMPTY{unique}", f"L{unique}", 2)
-    old, new = OffsetReader(options), OffsetReader(options)
+    old, new = BatchCoordinator(options), BatchCoordinator(options)
     try:
         start = run_sync(old.initial_offset())
         took, empty = run_sync(old.partitions(start, run_sync(old.latest_offset(start, None))))
@@ -317,7 +316,7 @@ def test_a_task_closed_mid_batch_gives_back_what_it_did_not_record(client, nats_
     make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(60))
     publish(client, stream, 20)
     options = {"servers": nats_url, "stream": stream, "consumer": name, "fetchBatchSize": "2"}
-    reader = OffsetReader(parse_options({**options, "ledgerBucket": f"L{unique}"}))
+    reader = BatchCoordinator(parse_options({**options, "ledgerBucket": f"L{unique}"}))
     other = puller(client, stream, name, GROUP)
     try:
         start = run_sync(reader.initial_offset())

@@ -30,8 +30,7 @@ from nats_spark.jetstream.acks import publish_acks
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.jetstream.pull import PullConsumer, PullStatus
 from nats_spark.loop import Blocking, run_sync
-from nats_spark.spark.group_source.ledger import Ledger, pointer_key, read_pointer
-from nats_spark.spark.group_source.ledger_protocol import read_head
+from nats_spark.spark.group_source.ledger import Ledger, pointer_key, read_head, read_pointer
 from nats_spark.spark.group_source.options import SourceOptions
 
 pytestmark = pytest.mark.spark

@@ -10,7 +10,7 @@ import pytest
 from nats_spark.errors import ConfigurationError
 from nats_spark.spark.shared.columns import ARROW_SCHEMA
 from nats_spark.spark.stream_source.options import parse_read_options
-from nats_spark.spark.stream_source.range_reader import RangeColumns
+from nats_spark.spark.stream_source.range_read import RangeColumns
 from nats_spark.spark.stream_source.stream_range import (
     MESSAGES_PER_PARTITION,
     StreamRanges,

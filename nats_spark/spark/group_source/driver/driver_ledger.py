@@ -22,13 +22,15 @@ from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.ledger import (
     RETIRED_KEPT,
     Bucket,
+    EntryHead,
     Ledger,
     Pointer,
     keep_entries,
+    read_head,
     read_pointer,
     write_pointer,
 )
-from nats_spark.spark.group_source.ledger_protocol import EntryHead, Horizon, Settling
+from nats_spark.spark.group_source.ledger_protocol import Horizon, Settling
 from nats_spark.spark.group_source.runtime import PROCESS, Runtime
 from nats_spark.spark.group_source.slot_partition import UNBOUNDED
 
@@ -142,7 +144,7 @@ class DriverLedger:
     async def load_heads(self, entries: Iterable[DriverEntry]) -> None:
         assert self.ledger is not None
         for entry in list(entries):
-            found = await protocol.read_head(self.ledger, entry.gen, entry.slot)
+            found = await read_head(self.ledger, entry.gen, entry.slot)
             if found is None:
                 self.entries.pop((entry.gen, entry.slot), None)
                 continue
@@ -250,7 +252,7 @@ class DriverLedger:
                     highest = max(highest, entry.head.max_seq)
         return highest
 
-    async def settle(self, horizons: dict[str, Horizon], committed: int) -> None:
+    async def forget_settled(self, horizons: dict[str, Horizon], committed: int) -> None:
         """Forget the entries that settled (`ledger_protocol.settles`)."""
         assert self.ledger is not None
         settled: list[tuple[int, str]] = []
@@ -268,11 +270,11 @@ class DriverLedger:
                     settled.append(key)
         if settled:
             await protocol.remove_settled(
-                self.ledger, settled, self.settled, self._fence, self.entries.__delitem__
+                self.ledger, settled, self.settled, self._raise_fence, self.entries.__delitem__
             )
 
-    async def _fence(self, gen: int) -> None:
-        """Fence the batches up to `gen` in the pointer (`Pointer.settled`)."""
+    async def _raise_fence(self, gen: int) -> None:
+        """Fence the batches up to `gen` off in the pointer (`Pointer.settled`)."""
         self.settled = gen
         await self.save_pointer()
 
@@ -289,14 +291,14 @@ class DriverLedger:
             entry = self.entries.get((gen, slot))
             if entry is not None and entry.head is not None:
                 continue
-            found = await protocol.read_head(self.ledger, gen, slot)
+            found = await read_head(self.ledger, gen, slot)
             if found is None:
                 gone.append(slot)
             else:
                 self.loaded(self.entries.setdefault((gen, slot), DriverEntry(gen, slot)), found[0])
         return gone
 
-    async def disown_before(self, client: NatsClient, gen: int) -> None:
+    async def give_back_before(self, client: NatsClient, gen: int) -> None:
         """Give back the entries of this lineage's gens before `gen`, a checkpoint's first
         batch: an earlier checkpoint's, never emitted by this query. Fenced first, like settled
         ones, against that query's task attempts still running, and listed after the fence: an
@@ -305,7 +307,7 @@ class DriverLedger:
         and drop their redeliveries as emitted)."""
         assert self.ledger is not None
         if gen - 1 > self.settled:
-            await self._fence(gen - 1)
+            await self._raise_fence(gen - 1)
         earlier = [(g, slot) for g, slot in await self.ledger.heads() if g < gen]
         if earlier:
             _given_back(await self.runtime.give_back(client, self.ledger, earlier))

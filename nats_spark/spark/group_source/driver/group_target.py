@@ -135,13 +135,13 @@ class GroupTarget:
         return entry
 
     async def resolve(self, client: NatsClient, held: Held) -> list[Slot]:
-        """Reload the group config, settle the layout and make sure every consumer matches."""
+        """Reload the group config, enter the layout and make sure every consumer matches."""
         entry = await self.check(client)
         self.kind = entry.kind
         owned = self._owned(entry)
         self.warning = None if owned else self._no_members(entry, first=self.entry is None)
         self.entry = entry
-        layout = await self.layouts.settle(client, entry, owned, held)
+        layout = await self.layouts.enter(client, entry, owned, held)
         desired, owners = self._consumers_of(entry, layout, owned)
         await self._drop_changed(client, entry, desired)
         for name, consumer in desired.items():

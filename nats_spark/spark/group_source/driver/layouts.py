@@ -50,7 +50,7 @@ class GroupLayouts:
         self.wanted: ConsumerLayout | None = None
         self.layout: ConsumerLayout | None = None
 
-    async def settle(
+    async def enter(
         self,
         client: NatsClient,
         entry: GroupEntry,
@@ -59,15 +59,15 @@ class GroupLayouts:
     ) -> ConsumerLayout:
         """Decide the layout on first use and move the group into it once its old consumers
         are quiet; refuse when another client reads the same messages in the other layout."""
-        # Once settled, only the partition layout keeps watching for Go-layout members.
-        settled = self.wanted is not None and self.layout is self.wanted
-        watched = owned if not settled or self.wanted is ConsumerLayout.PARTITION else {}
+        # Once entered, only the partition layout keeps watching for Go-layout members.
+        entered = self.wanted is not None and self.layout is self.wanted
+        watched = owned if not entered or self.wanted is ConsumerLayout.PARTITION else {}
         members = {
             m: await consumer_info_or_none(client, member_consumer(entry, m)) for m in watched
         }
         partitions = {
             p: await consumer_info_or_none(client, partition_consumer(entry, p))
-            for ps in ([] if settled else owned.values())
+            for ps in ([] if entered else owned.values())
             for p in ps
         }
         reading_members = self.layout is ConsumerLayout.MEMBER

@@ -1,7 +1,7 @@
 """The driver's planner: the next batch from what the driver knows of each slot (`SlotState`).
 
-Pure: no I/O and no logging. The offset reader observes (consumer infos, the ledger), calls these
-functions, persists their result and logs what changed; unit tests in
+Pure: no I/O and no logging. The batch coordinator observes (consumer infos, the ledger), calls
+these functions, persists their result and logs what changed; unit tests in
 tests/spark/group_source/test_planner.py hold every planning rule.
 """
 

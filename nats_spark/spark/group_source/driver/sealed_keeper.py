@@ -34,6 +34,7 @@ from nats_spark.jetstream.acks import (
 )
 from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger
+from nats_spark.spark.group_source.ledger import read_deliveries, read_head
 
 _LOOKS = 12  # looks per ack wait
 _LEFT = 1 / 3  # of the ack wait, what an entry's wait keeps at least at every look
@@ -42,12 +43,12 @@ _LEFT_SHORT = 2 / 3  # the same under a short ack wait
 
 class SealedKeeper(InProgressKeeper):
     def __init__(
-        self, client_of: Callable[[], NatsClient], ledger: DriverLedger, ack_wait: float
+        self, client_of: Callable[[], NatsClient], driver_ledger: DriverLedger, ack_wait: float
     ) -> None:
         # `InProgressKeeper` runs a round every third of the wait it is given.
         super().__init__(client_of().nc, ack_wait * 3 / _LOOKS, "sealed batches")
         self.client_of = client_of
-        self.ledger = ledger
+        self.driver_ledger = driver_ledger
         self.wait = ack_wait
         self.left = ack_wait * (_LEFT_SHORT if ack_wait < SHORT_ACK_WAIT else _LEFT)
         self.lineage: str | None = None  # whose entries `started` is about
@@ -57,7 +58,7 @@ class SealedKeeper(InProgressKeeper):
         self.restarting: list[tuple[int, str]] = []  # what the round in progress restarts
 
     async def due(self) -> tuple[list[bytes], int]:
-        ledger = self.ledger.ledger
+        ledger = self.driver_ledger.ledger
         if ledger is None:
             return [], 0
         if ledger.lineage != self.lineage:  # its entries are new to this keeper
@@ -67,24 +68,24 @@ class SealedKeeper(InProgressKeeper):
         sealed_after = self.looked - self.wait * RESTART_AFTER  # an entry missing then
         started: dict[tuple[int, str], float] = {}
         self.restarting, commands, count = [], list[bytes](), 0
-        for key, entry in list(self.ledger.entries.items()):
+        for key, entry in list(self.driver_ledger.entries.items()):
             if protocol.known_acked(entry.head):
                 continue
             started[key] = since = self.started.get(key, sealed_after)
             if not self._due(since, now):
                 continue
-            found = await protocol.read_head(ledger, *key)
+            found = await read_head(ledger, *key)
             head = None if found is None else found[0]
-            if head is None or head.state is protocol.EntryState.OPEN:
+            if head is None or not protocol.content_fixed(head):
                 started[key] = now - self.wait * RESTART_AFTER  # it seals later, if ever
             elif protocol.known_acked(head):
                 del started[key]
-                self.ledger.loaded(entry, head)  # nor is it read again, here or by planning
+                self.driver_ledger.loaded(entry, head)  # nor is it read again, here or by planning
             elif not protocol.awaits_acks(head):
                 started[key] = math.inf  # sealed empty: nothing to keep
             else:
                 self.restarting.append(key)
-                deliveries = await protocol.read_deliveries(ledger, head)
+                deliveries = await read_deliveries(ledger, head)
                 commands += deliveries.ack_commands(IN_PROGRESS)
                 count += len(deliveries)
         self.started, self.looked = started, now

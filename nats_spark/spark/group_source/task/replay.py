@@ -12,7 +12,7 @@ import pyarrow as pa
 from nats_spark.client import NatsClient
 from nats_spark.errors import NatsSparkError, NotFound
 from nats_spark.jetstream.api import StoredMessage
-from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
+from nats_spark.spark.group_source.ledger import EntryDeliveries
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task.columns import SlotColumns
 from nats_spark.spark.shared.columns import text_timestamps
@@ -29,9 +29,10 @@ class DataLoss(NatsSparkError):
     """Messages of an uncommitted batch were removed from the stream before the batch committed."""
 
 
-class Replay:
-    """Reads recorded deliveries back; `lost` holds the sequences the stream no longer holds
-    (acked by another client on a work-queue or interest stream, purged, or past its limits)."""
+class Replayer:
+    """Reads recorded deliveries back for a replay; `lost` holds the sequences the stream no
+    longer holds (acked by another client on a work-queue or interest stream, purged, or past its
+    limits)."""
 
     def __init__(self, client: NatsClient, partition: SlotPartition) -> None:
         self.client = client

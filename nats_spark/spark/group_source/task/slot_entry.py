@@ -25,9 +25,16 @@ from nats_spark.client import NatsClient
 from nats_spark.jetstream.acks import InProgressKeeper, ack_prefix
 from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.spark.group_source import ledger_protocol as protocol
-from nats_spark.spark.group_source.entry_deliveries import EntryDeliveries
-from nats_spark.spark.group_source.ledger import LEDGER_FORMAT, Ledger
-from nats_spark.spark.group_source.ledger_protocol import EntryHead, EntryState, LedgerConflict
+from nats_spark.spark.group_source.ledger import (
+    EntryDeliveries,
+    EntryHead,
+    Ledger,
+    LedgerConflict,
+    read_deliveries,
+    read_head,
+    recorded_in,
+    write_head,
+)
 from nats_spark.spark.group_source.runtime import PROCESS
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task.columns import SlotColumns
@@ -47,9 +54,9 @@ class SlotEntry:
         self.new_id = new_id  # of this attempt, and of each take-over
         self.head = EntryHead(attempt=new_id()[:12])
         self.revision = 0
-        self.replay = EntryDeliveries()  # what an earlier attempt recorded, to emit again
+        self.recorded_earlier = EntryDeliveries()  # by earlier attempts: replayed by this one
         self.taken: set[int] = set()  # stream sequences recorded (or replayed) by this slot
-        self.fixed = False  # found sealed: exactly `replay`, nothing more
+        self.fixed = False  # found sealed: exactly `recorded_earlier`, nothing more
         self.overtaken = False  # another attempt took the entry over and sealed it
         # its consumer delivered a first time what a batch holds (`Acceptance`): every delivery
         # is at risk of being a sibling's too, not only redeliveries
@@ -72,45 +79,45 @@ class SlotEntry:
         ledger = await self.open_ledger()
         gen, slot = self.partition.gen, self.partition.slot
         while True:
-            found = await protocol.read_head(ledger, gen, slot)
+            found = await read_head(ledger, gen, slot)
             if found is None:
-                revision = await protocol.create(ledger, gen, slot, self.head)
+                revision = await protocol.create(
+                    ledger, gen, slot, self.head, self.partition.pin_id
+                )
                 if revision is not None:
-                    await protocol.fence(ledger, self.partition.pointer_key, gen, slot)
+                    await protocol.check_fence(ledger, self.partition.pointer_key, gen, slot)
                     self.revision = revision
-                    self.head.pin = self.partition.pin_id
                     return
                 continue  # another attempt created it first: read it
             if protocol.held_by_another(found[0], self.head.attempt):
                 found = await protocol.await_holder(ledger, gen, slot, protocol.HOLD_QUIET)
             previous, revision = found
-            self.replay = await protocol.read_deliveries(ledger, previous)
-            self.taken = set(self.replay.stream_seq)
+            self.recorded_earlier = await read_deliveries(ledger, previous)
+            self.taken = set(self.recorded_earlier.stream_seq)
             if protocol.content_fixed(previous):
                 self.fixed = True
                 self.head = previous
                 return
             # An earlier attempt died mid-way: adopt what it took, then go on pulling. Or the
             # entry is this attempt's own create, whose answer was lost after it took effect.
-            own = previous.attempt == self.head.attempt
+            own = protocol.own_create(previous, self.head.attempt)
             self.head = protocol.take_over(previous, self.partition.pin_id, self.new_id()[:12])
             try:
-                self.revision = await protocol.write_head(ledger, gen, slot, self.head, revision)
+                self.revision = await write_head(ledger, gen, slot, self.head, revision)
             except LedgerConflict:
                 continue  # the attempt it takes over wrote meanwhile (a zombie): read it again
             if own:  # it passes the fence as a create does
-                await protocol.fence(ledger, self.partition.pointer_key, gen, slot)
+                await protocol.check_fence(ledger, self.partition.pointer_key, gen, slot)
             # The attempt that died may have recorded without looking at its siblings' records.
             siblings = self.partition.siblings
             twice = await self.drop_taken_twice(set(self.taken)) if siblings else set()
-            if twice or previous.format != LEDGER_FORMAT:
-                # Rewritten under this attempt (an older format is migrated: chunks of one
-                # entry share a format); the old chunks go when the entry is removed.
-                self.replay = self.replay.without(twice)
+            if twice or protocol.outdated(previous):
+                self.recorded_earlier = self.recorded_earlier.without(twice)
                 self.taken -= twice
-                self.head.count = 0
-                self.head.format = LEDGER_FORMAT
-                await self._write([], self.replay, self.head.pin)
+                self.revision = await protocol.record_anew(
+                    ledger, gen, slot, self.head, self.revision, self.recorded_earlier
+                )
+                self.written = clock.monotonic()
             return
 
     async def sealed_rest(self, emitted: list[int]) -> EntryDeliveries:
@@ -122,7 +129,7 @@ class SlotEntry:
         ledger = await self.open_ledger()
         gen, slot = self.partition.gen, self.partition.slot
         head = await protocol.await_sealed(ledger, gen, slot, self.quiet_limit)
-        sealed = await protocol.read_deliveries(ledger, head)
+        sealed = await read_deliveries(ledger, head)
         if sealed.stream_seq[: len(emitted)] != emitted:
             raise LedgerConflict(
                 f"ledger entry {ledger.head_key(gen, slot)} was taken over by another task "
@@ -142,7 +149,7 @@ class SlotEntry:
     def quiet_limit(self) -> float:
         """How long the head of a live holder may stand still: a holder writes it at every
         record, and between two at most waits out a pull (`fetchTimeout`, or an availableNow
-        run's wait for redeliveries) and the late deliveries' settle (half an ack wait); the
+        run's wait for redeliveries) and the collection of late deliveries (half an ack wait); the
         rest of two ack waits covers retried pulls and a stall (past its ack wait a holder
         loses what it holds anyway)."""
         partition = self.partition
@@ -151,7 +158,7 @@ class SlotEntry:
     async def recorded_by_siblings(self) -> set[int]:
         """Every stream sequence the sibling slots have recorded in this batch, read now."""
         assert self.ledger is not None
-        return await protocol.recorded_in(self.ledger, self.partition.gen, self.partition.siblings)
+        return await recorded_in(self.ledger, self.partition.gen, self.partition.siblings)
 
     async def drop_taken_twice(self, at_risk: set[int]) -> set[int]:
         """Of `at_risk`, just recorded by this slot, what a sibling recorded too; both drop it
@@ -202,18 +209,20 @@ class SlotEntry:
         if not twice:
             return rows, twice
         kept = int_array(i for i, s in enumerate(columns.stream_seq) if s not in twice)
-        self.head.count -= len(taken)
-        await self._write(chunks, taken.without(twice), pin)
+        await self._write(chunks, taken.without(twice), pin, replacing=len(taken))
         self.taken -= twice
         return rows.take(kept), twice
 
-    async def _write(self, chunks: list[str], taken: EntryDeliveries, pin: str | None) -> None:
-        """Record `taken` as the chunks that follow `chunks`."""
+    async def _write(
+        self, chunks: list[str], taken: EntryDeliveries, pin: str | None, replacing: int = 0
+    ) -> None:
+        """Record `taken` as the chunks that follow `chunks` (in place of `replacing` deliveries
+        recorded after them)."""
         assert self.ledger is not None
         gen, slot = self.partition.gen, self.partition.slot
         async with self.writing:
             self.revision = await protocol.record(
-                self.ledger, gen, slot, self.head, self.revision, chunks, taken, pin
+                self.ledger, gen, slot, self.head, self.revision, chunks, taken, pin, replacing
             )
             self.written = clock.monotonic()
 
@@ -239,7 +248,7 @@ class SlotEntry:
                 continue
             async with self.writing:
                 try:
-                    self.revision = await protocol.write_head(
+                    self.revision = await write_head(
                         self.ledger, gen, slot, self.head, self.revision
                     )
                 except LedgerConflict:
@@ -263,7 +272,7 @@ class SlotEntry:
             self.ledger is None
             or not self.revision
             or self.fixed
-            or self.head.state is not EntryState.OPEN
+            or protocol.content_fixed(self.head)
         ):
             return
         gen, slot = self.partition.gen, self.partition.slot
@@ -297,7 +306,7 @@ class Recorder:
         writing, self.writing = self.writing, None
         return await writing if writing else None
 
-    async def settle(self) -> set[int]:
+    async def finish(self) -> set[int]:
         """Let the write in flight finish (or fail); the stream sequences recorded."""
         writing, self.writing = self.writing, None
         if writing is not None:

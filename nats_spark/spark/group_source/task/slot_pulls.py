@@ -90,7 +90,7 @@ class SlotPulls:
         # Requests given up on may still deliver: take that too (the batch then holds a little
         # more than planned) rather than leave it unread until its ack wait runs out. It may
         # have been sent for a request given up on at any time since the task started.
-        late = await self.consumer.settle(self.ack_wait / 2)
+        late = await self.consumer.collect_late(self.ack_wait / 2)
         if late:
             yield late, self.started
 

@@ -2,7 +2,7 @@
 
 A slot's task first acks what its committed batches emitted (`SlotHistory`) and claims the
 slot's ledger entry (`SlotEntry`). A later attempt of the slot replays what the entry holds
-(`Replay`; sealed: all of it and nothing more, open: what was recorded, then it goes on
+(`Replayer`; sealed: all of it and nothing more, open: what was recorded, then it goes on
 pulling). A first attempt pulls, through a short pipeline:
 
     pull (`SlotPulls`) -> accept (`Acceptance`) -> columns (`SlotColumns`) -> record (`Recorder`)
@@ -41,14 +41,13 @@ from nats_spark.jetstream.acks import (
 from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.jetstream.replies import created_later
 from nats_spark.loop import run_sync
-from nats_spark.spark.group_source.ledger import Ledger
-from nats_spark.spark.group_source.ledger_protocol import TakenOver
+from nats_spark.spark.group_source.ledger import Ledger, TakenOver
 from nats_spark.spark.group_source.runtime import PROCESS, Runtime
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from nats_spark.spark.group_source.task.acceptance import Acceptance
 from nats_spark.spark.group_source.task.columns import SlotColumns
 from nats_spark.spark.group_source.task.pull_policy import SlotPullPolicy
-from nats_spark.spark.group_source.task.replay import Replay
+from nats_spark.spark.group_source.task.replay import Replayer
 from nats_spark.spark.group_source.task.slot_entry import Recorder, SlotEntry
 from nats_spark.spark.group_source.task.slot_history import (
     DedupeReads,
@@ -73,7 +72,7 @@ class SlotReader:
         self.runtime = runtime
         self.entry = SlotEntry(self.client, partition, runtime.new_id)
         self.keeper = InProgressKeeper(self.client.nc, partition.ack_wait, f"slot {partition.slot}")
-        self.replay = Replay(self.client, partition)
+        self.replayer = Replayer(self.client, partition)
         self.acceptance: Acceptance | None = None  # made by `begin`, for a slot that pulls
         self.pulling = partition.limit > 0
         self.started = clock.monotonic()  # before any delivery this attempt holds
@@ -169,7 +168,7 @@ class SlotReader:
         """Pull, record and hand out, then seal. An attempt whose entry another attempt took
         over meanwhile (it is alive beside it: a speculative copy) hands out the rest of the
         sealed entry instead: both end with its rows, whichever Spark keeps."""
-        emitted = [int_array(self.entry.replay.stream_seq)]  # read on a take-over only
+        emitted = [int_array(self.entry.recorded_earlier.stream_seq)]  # read on a take-over only
         try:
             async with contextlib.aclosing(self.pull_record_batches()) as batches:
                 async for batch in batches:
@@ -180,7 +179,7 @@ class SlotReader:
             await self.seal()
         except TakenOver:
             rest = await self.entry.sealed_rest(pa.concat_arrays(emitted).to_pylist())
-            async for batch in self.replay.record_batches(rest):
+            async for batch in self.replayer.record_batches(rest):
                 yield batch
 
     async def give_back_unrecorded(self, recorder: Recorder, consumer: PullConsumer) -> None:
@@ -189,9 +188,9 @@ class SlotReader:
         (what it records is the entry's: a later attempt replays it, or a new checkpoint gives
         it back); what requests still out deliver within `fetchTimeout` is given back too."""
         try:
-            recorded = await recorder.settle()
+            recorded = await recorder.finish()
             unrecorded = [r for s, r in self.keeper.held.items() if s not in recorded]
-            late = await consumer.settle(self.partition.reading.fetch_timeout)
+            late = await consumer.collect_late(self.partition.reading.fetch_timeout)
             taken = self.entry.taken
             seqs = late.numbers[1] if late else []
             unrecorded += [r for s, r in zip(seqs, late.replies, strict=True) if s not in taken]
@@ -302,7 +301,7 @@ async def slot_batches(reader: SlotReader) -> AsyncGenerator[pa.RecordBatch, Non
     partition = reader.partition
     await reader.begin()
     try:
-        async for batch in reader.replay.record_batches(reader.entry.replay):
+        async for batch in reader.replayer.record_batches(reader.entry.recorded_earlier):
             yield batch
         if reader.pulling:
             async with contextlib.aclosing(reader.pulled_and_sealed()) as batches:
@@ -311,13 +310,13 @@ async def slot_batches(reader: SlotReader) -> AsyncGenerator[pa.RecordBatch, Non
     except BaseException:
         await reader.entry.release()
         raise
-    reader.replay.skipped()
+    reader.replayer.skipped()
     log.debug(
         "slot %s of batch %d: %d rows (%d replayed), %d redeliveries of earlier batches dropped",
         partition.slot,
         partition.gen,
         reader.entry.head.count,
-        len(reader.entry.replay),
+        len(reader.entry.recorded_earlier),
         reader.redundant,
     )
 

@@ -1,4 +1,4 @@
-"""The driver's coordinator without a server: `OffsetReader` over an in-memory ledger bucket, a
+"""The driver's coordinator without a server: `BatchCoordinator` over an in-memory ledger bucket, a
 fixed target and consumer infos the test sets, through Spark's calls (latestOffset, partitions,
 commit, progress, stop): batches with messages, an idle slot's acks, a pin held by another
 client, a restarted driver re-planning a logged batch, an availableNow run's end."""
@@ -18,11 +18,11 @@ from nats_spark.errors import ConfigurationError, NatsSparkError
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source import ledger_protocol
+from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
 from nats_spark.spark.group_source.driver.driver_ledger import EntriesLost
-from nats_spark.spark.group_source.driver.offset_reader import OffsetReader
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.driver.targets import Held, Slot
-from nats_spark.spark.group_source.ledger_protocol import read_head
+from nats_spark.spark.group_source.ledger import read_head
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task.columns import SlotColumns
@@ -87,10 +87,10 @@ class Target:
         """Not checked by the tasks either (see test_acceptance)."""
 
 
-def driver_of(server: Server, kv: MemoryBucket) -> OffsetReader:
+def driver_of(server: Server, kv: MemoryBucket) -> BatchCoordinator:
     """A driver (as a query's start or restart makes one) connected to `server` and `kv`."""
     options = parse_options({"servers": "nats://127.0.0.1:1", "stream": "S", "group": "g"})
-    reader = OffsetReader(options)
+    reader = BatchCoordinator(options)
     reader.client = server  # type: ignore[assignment]
     reader.ledger.attach(kv)
     reader.target = Target()  # type: ignore[assignment]
@@ -98,7 +98,7 @@ def driver_of(server: Server, kv: MemoryBucket) -> OffsetReader:
 
 
 @pytest.fixture
-def driver() -> tuple[OffsetReader, Server, MemoryBucket]:
+def driver() -> tuple[BatchCoordinator, Server, MemoryBucket]:
     server, kv = Server(), MemoryBucket()
     for slot in SLOTS:
         server.show(slot)
@@ -118,7 +118,7 @@ def run_task(kv: MemoryBucket, partition: SlotPartition, seqs: list[int], pin: s
 
 
 def test_a_batch_then_an_idle_slots_acks_then_stop(
-    driver: tuple[OffsetReader, Server, MemoryBucket], published_acks: list[bytes]
+    driver: tuple[BatchCoordinator, Server, MemoryBucket], published_acks: list[bytes]
 ) -> None:
     reader, server, kv = driver
     start = run_sync(reader.initial_offset())
@@ -153,7 +153,7 @@ def test_a_batch_then_an_idle_slots_acks_then_stop(
 
 
 def test_another_clients_pin_stands_the_slot_by_and_is_logged_once(
-    driver: tuple[OffsetReader, Server, MemoryBucket], caplog: pytest.LogCaptureFixture
+    driver: tuple[BatchCoordinator, Server, MemoryBucket], caplog: pytest.LogCaptureFixture
 ) -> None:
     reader, server, _ = driver
     start = run_sync(reader.initial_offset())
@@ -170,7 +170,7 @@ def test_another_clients_pin_stands_the_slot_by_and_is_logged_once(
 
 
 def test_a_restarted_driver_plans_a_logged_batch_again_and_numbers_on(
-    driver: tuple[OffsetReader, Server, MemoryBucket],
+    driver: tuple[BatchCoordinator, Server, MemoryBucket],
 ) -> None:
     first, server, kv = driver
     start = run_sync(first.initial_offset())
@@ -201,7 +201,7 @@ def test_a_restarted_driver_plans_a_logged_batch_again_and_numbers_on(
 
 
 def test_an_available_now_run_ends_where_the_stream_ended_at_its_start(
-    driver: tuple[OffsetReader, Server, MemoryBucket],
+    driver: tuple[BatchCoordinator, Server, MemoryBucket],
 ) -> None:
     reader, server, _ = driver
     start = run_sync(reader.initial_offset())
@@ -218,7 +218,7 @@ def test_an_available_now_run_ends_where_the_stream_ended_at_its_start(
 
 
 def test_spark_40_restart_acks_nothing_of_the_logged_uncommitted_batch(
-    driver: tuple[OffsetReader, Server, MemoryBucket], published_acks: list[bytes]
+    driver: tuple[BatchCoordinator, Server, MemoryBucket], published_acks: list[bytes]
 ) -> None:
     """Spark 4.0/4.1 restart a query with `setLatestSeenOffset(latest logged)`, which calls
     `partitions(latest, latest)` before the logged batch is re-run; here the re-run then fails
@@ -247,7 +247,7 @@ def test_spark_40_restart_acks_nothing_of_the_logged_uncommitted_batch(
 
 
 def test_spark_40_next_start_acks_the_last_committed_batch_when_nothing_is_new(
-    driver: tuple[OffsetReader, Server, MemoryBucket], published_acks: list[bytes]
+    driver: tuple[BatchCoordinator, Server, MemoryBucket], published_acks: list[bytes]
 ) -> None:
     """A query on Spark 4.0/4.1 stops after batch 1 committed (Spark never says so: no batch
     follows). Its next start finds nothing new and still acks batch 1, in a batch of its own."""
@@ -274,7 +274,7 @@ def test_spark_40_next_start_acks_the_last_committed_batch_when_nothing_is_new(
 
 
 def first_batch_on_spark_40(
-    reader: OffsetReader, server: Server, kv: MemoryBucket
+    reader: BatchCoordinator, server: Server, kv: MemoryBucket
 ) -> tuple[SourceOffset, SourceOffset]:
     """A new query's batch 0 in Spark 4.0/4.1's order (`latestOffset()` before its start,
     `initialOffset()`), its task taking messages 1-10; returns its start and end."""
@@ -288,7 +288,7 @@ def first_batch_on_spark_40(
 
 
 def test_spark_40_plans_batch_0_before_its_start_in_one_lineage(
-    driver: tuple[OffsetReader, Server, MemoryBucket], published_acks: list[bytes]
+    driver: tuple[BatchCoordinator, Server, MemoryBucket], published_acks: list[bytes]
 ) -> None:
     """Spark 4.0/4.1 ask a new query's source for its latest offset before its initial one (the
     start of batch 0). Both name one lineage: a new one would leave batch 0's entries behind
@@ -314,7 +314,7 @@ class ShortListingBucket(MemoryBucket):
 
 
 def test_a_restarted_driver_acks_entries_a_key_listing_would_miss(
-    driver: tuple[OffsetReader, Server, MemoryBucket],
+    driver: tuple[BatchCoordinator, Server, MemoryBucket],
 ) -> None:
     """A restarted driver learns its lineage's entries from the bucket; a KV key listing can
     come back empty while they exist, and a sealed entry it missed would never be acked (its
@@ -338,7 +338,7 @@ def test_a_restarted_driver_acks_entries_a_key_listing_would_miss(
 
 
 def test_spark_40_asks_initial_offset_after_planning_and_gets_the_same_lineage(
-    driver: tuple[OffsetReader, Server, MemoryBucket], published_acks: list[bytes]
+    driver: tuple[BatchCoordinator, Server, MemoryBucket], published_acks: list[bytes]
 ) -> None:
     """Spark 4.0/4.1 plan a new query's batch 0 with `latestOffset()` before they ask for its
     start, and ask again before every batch until one is committed; a restart before then tells
@@ -358,7 +358,7 @@ def test_spark_40_asks_initial_offset_after_planning_and_gets_the_same_lineage(
 
 
 def test_a_new_checkpoint_whose_driver_died_before_its_first_batch_still_gives_back(
-    driver: tuple[OffsetReader, Server, MemoryBucket], monkeypatch: pytest.MonkeyPatch
+    driver: tuple[BatchCoordinator, Server, MemoryBucket], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Spark 4.2+: a query on a new checkpoint asks `initialOffset` (a new lineage, which the
     pointer then names) and its driver dies before the first batch; restarted, it asks again
@@ -427,8 +427,8 @@ def test_a_bucket_whose_max_age_may_not_be_removed_is_refused_with_the_fix() -> 
 
 
 def lost_after_a_committed_batch(
-    driver: tuple[OffsetReader, Server, MemoryBucket], ack_pending: int
-) -> tuple[OffsetReader, SourceOffset, SourceOffset]:
+    driver: tuple[BatchCoordinator, Server, MemoryBucket], ack_pending: int
+) -> tuple[BatchCoordinator, SourceOffset, SourceOffset]:
     """Batch 1 committed, its driver killed before the acks, the bucket emptied (expired, purged
     or recreated), the driver restarted: the restart's next batch, planned."""
     first, server, kv = driver
@@ -445,7 +445,7 @@ def lost_after_a_committed_batch(
 
 
 def test_a_committed_batchs_lost_entries_stop_the_restart(
-    driver: tuple[OffsetReader, Server, MemoryBucket],
+    driver: tuple[BatchCoordinator, Server, MemoryBucket],
 ) -> None:
     restarted, one, two = lost_after_a_committed_batch(driver, ack_pending=10)
     with pytest.raises(EntriesLost, match="lost the entries of committed batch 1 of partition-0"):
@@ -453,7 +453,7 @@ def test_a_committed_batchs_lost_entries_stop_the_restart(
 
 
 def test_a_committed_batchs_lost_entries_cost_nothing_once_nothing_is_pending(
-    driver: tuple[OffsetReader, Server, MemoryBucket],
+    driver: tuple[BatchCoordinator, Server, MemoryBucket],
 ) -> None:
     """A query stopped after its acks went out: no message of the batch can come back."""
     restarted, one, two = lost_after_a_committed_batch(driver, ack_pending=0)

@@ -1,9 +1,12 @@
-"""Driver side: the coordinator of planning. It observes (the consumers, the ledger's heads),
-hands the pure planner (`planner`) a `SlotState` per slot, persists what it planned (the ledger's
-pointer) and logs what changed. The acks of a committed batch go out from the tasks of the next
-one (each slot acks its own before it pulls; a slot with nothing new gets an ack-only
-partition), and from the driver only at stop: planning and commit cost the same whatever the
-batches held.
+"""Driver side: the coordinator of batches, which the source's driver calls go to. It plans a
+batch (it observes the consumers and the ledger's heads, hands the pure planner (`planner`) a
+`SlotState` per slot, persists what it planned in the ledger's pointer and logs what changed),
+hands out its input partitions, notes its commit and acks at stop. Its place is that of the
+`KafkaOffsetReader` behind Spark's Kafka source, which asks Kafka for the offsets a batch ends
+at; this one also decides what each slot takes. The acks of a committed batch go out from the
+tasks of the next one (each slot acks its own before it pulls; a slot with nothing new gets an
+ack-only partition), and from the driver only at stop: planning and commit cost the same
+whatever the batches held.
 
 Lives in Spark's long-running Python process for the query's driver; all state here is a cache
 of what the consumers, the ledger and the checkpointed offsets hold, so a restarted driver
@@ -62,8 +65,8 @@ NO_DEDUPE: Dedupe = ((), 0)
 REDELIVERY_GRACE = 2.0
 
 
-class OffsetReader:
-    """Plans batches and acks them once Spark has committed them."""
+class BatchCoordinator:
+    """Plans batches, hands out their tasks, and acks them once Spark has committed them."""
 
     def __init__(self, options: SourceOptions, runtime: Runtime = PROCESS) -> None:
         self.options = options
@@ -126,8 +129,9 @@ class OffsetReader:
         return self.client
 
     async def _resolve(self) -> list[Slot]:
-        """What to read now (the target settles its consumers); needs the ledger's heads
-        loaded, which tell this query's own unacked messages from another client's."""
+        """What to read now (the target makes its consumers match its options); needs the
+        ledger's heads loaded, which tell this query's own unacked messages from another
+        client's."""
         client = await self._connect()
         if self.ledger.lineage is not None:
             await self.ledger.load_unacked_heads()
@@ -236,7 +240,7 @@ class OffsetReader:
                 acked_first=acked_first.get(slot.name, 0),
                 others_due=self._others_due(slot.name, seen, ours),
             )
-        await self.ledger.settle(horizons(self.states.values(), first_seqs), self.committed)
+        await self.ledger.forget_settled(horizons(self.states.values(), first_seqs), self.committed)
 
     async def _release_dead_pin(self, client: NatsClient, slot: Slot, seen: ConsumerSeen) -> bool:
         """Unpin `slot`'s consumer when the server gives its pin to the target's last query
@@ -364,7 +368,7 @@ class OffsetReader:
                 self.current = end  # the checkpoint's lineage: `initial_offset` answers in it
             return []
         if start.gen == 0:  # a checkpoint's first batch, or its re-run after a restart
-            await self._disown_earlier(start, end)
+            await self._give_back_earlier(start, end)
         self._committed(start)
         # A batch whose start is of another lineage (Spark 4.0/4.1 can ask `initialOffset` of a
         # restarted reader before it learns the logged batch) has nothing committed in `end`'s.
@@ -430,7 +434,7 @@ class OffsetReader:
             raise lost
         log.warning("%s; going on at-least-once (failOnDataLoss=false)", lost)
 
-    async def _disown_earlier(self, start: SourceOffset, first: SourceOffset) -> None:
+    async def _give_back_earlier(self, start: SourceOffset, first: SourceOffset) -> None:
         """What an earlier checkpoint's query took is not this one's to dedupe or ack: the
         lineages this one replaced (4.2+ ask `initialOffset` first, which replaces the stored
         lineage; the pointer names them until they are given back, should the driver die before
@@ -438,7 +442,7 @@ class OffsetReader:
         before they ask, that lineage's gens before the first batch."""
         client = await self._connect()
         if start.lineage == first.lineage and first.gen > 1:
-            await self.ledger.disown_before(client, first.gen)
+            await self.ledger.give_back_before(client, first.gen)
         await self.ledger.give_back_replaced(client)
 
     def _known_slot(self, name: str) -> Slot | None:
