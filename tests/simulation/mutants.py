@@ -364,10 +364,9 @@ MUTANTS = (
         (
             Patch(
                 BATCH_COORDINATOR,
-                "            self._dedupe(slot.stream, end.gen, dedupes) if task.limit else NO_DEDUPE
-",
-                "            NO_DEDUPE
-",
+                "            self._dedupe(slot.stream, end.gen, dedupes) "
+                "if task.limit else NO_DEDUPE\n",
+                "            NO_DEDUPE\n",
             ),
         ),
     ),

@@ -303,7 +303,9 @@ class World:
         recreate_at = self.faults.uniform(0.2, 0.8) * setup.chaos_waits * setup.ack_wait
         while not self.quiet:
             await sched.sleep(self.faults.uniform(0.5, 2.0) * setup.ack_wait)
-            if setup.purges and not self.quiet:
+            if self.quiet:  # the last run's faults ended while this slept
+                break
+            if setup.purges:
                 first = self.server.purge_acked()
                 sched.note(f"purge: the stream's first sequence is {first}")
             if setup.recreate_consumer and sched.now >= recreate_at and self._query_runs():

@@ -23,7 +23,8 @@ from typing import Any
 from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound, stream_missing
-from nats_spark.jetstream.replies import StreamInfo
+from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
+from nats_spark.requests_at_once import all_results
 from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger, entries_lost
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.driver.planner import (
@@ -226,8 +227,9 @@ class BatchCoordinator:
         unacked = self.ledger.unacked()
         acked_first = self.ledger.committed_unacked(self.committed)
         slots = {name: state.slot for name, state in self.states.items()}
-        for slot in resolved:
-            seen = await self._look(client, slot)
+        infos = await all_results(self._consumer_info(client, slot) for slot in resolved)
+        for slot, info in zip(resolved, infos, strict=True):
+            seen = self._seen(slot, info)
             if await self._release_dead_pin(client, slot, seen):
                 seen = await self._look(client, slot)
             if self.ledger.entries and slot.stream not in first_seqs:  # else none to settle
@@ -336,15 +338,24 @@ class BatchCoordinator:
         )
 
     async def _look(self, client: NatsClient, slot: Slot) -> ConsumerSeen:
-        """What `slot`'s consumer shows now (a vanished one is healed first, where it may be),
-        checked by the target (its config, and that it was not created again since)."""
+        """What `slot`'s consumer shows now."""
+        return self._seen(slot, await self._consumer_info(client, slot))
+
+    async def _consumer_info(self, client: NatsClient, slot: Slot) -> ConsumerInfo:
+        """`slot`'s consumer's info; a vanished one is healed first, where it may be. Planning
+        asks for all slots' at once (a round trip each, one after the other, was most of its
+        time at many slots)."""
         try:
-            info = await client.api.consumer_info(slot.stream, slot.consumer)
+            return await client.api.consumer_info(slot.stream, slot.consumer)
         except NotFound as error:
             if error.stream_missing:
                 raise self._stream_gone(slot.stream) from None
             await self.target.heal(client, slot)
-            info = await client.api.consumer_info(slot.stream, slot.consumer)
+            return await client.api.consumer_info(slot.stream, slot.consumer)
+
+    def _seen(self, slot: Slot, info: ConsumerInfo) -> ConsumerSeen:
+        """`info` checked by the target (its config, and that the consumer was not created
+        again since), as planning uses it."""
         self.target.look(slot, info)
         return ConsumerSeen(
             pending=info.num_pending,

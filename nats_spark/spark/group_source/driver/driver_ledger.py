@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.errors import NatsSparkError
+from nats_spark.requests_at_once import all_results
 from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
@@ -142,9 +143,11 @@ class DriverLedger:
         await self.save_pointer()
 
     async def load_heads(self, entries: Iterable[DriverEntry]) -> None:
-        assert self.ledger is not None
-        for entry in list(entries):
-            found = await read_head(self.ledger, entry.gen, entry.slot)
+        ledger = self.ledger
+        assert ledger is not None
+        entries = list(entries)
+        heads = await all_results(read_head(ledger, e.gen, e.slot) for e in entries)
+        for entry, found in zip(entries, heads, strict=True):
             if found is None:
                 self.entries.pop((entry.gen, entry.slot), None)
                 continue
@@ -283,15 +286,18 @@ class DriverLedger:
         entry is gone though the protocol kept it (`gen` is past the settled fence): expired by
         a max age, removed by someone else, or the bucket recreated. Reads only heads not
         loaded yet (at a restart, or once per entry)."""
-        assert self.ledger is not None
+        ledger = self.ledger
+        assert ledger is not None
         if gen <= self.settled:
             return []
+        unread = [
+            slot
+            for slot in slots
+            if (entry := self.entries.get((gen, slot))) is None or entry.head is None
+        ]
+        heads = await all_results(read_head(ledger, gen, slot) for slot in unread)
         gone = []
-        for slot in slots:
-            entry = self.entries.get((gen, slot))
-            if entry is not None and entry.head is not None:
-                continue
-            found = await read_head(self.ledger, gen, slot)
+        for slot, found in zip(unread, heads, strict=True):
             if found is None:
                 gone.append(slot)
             else:

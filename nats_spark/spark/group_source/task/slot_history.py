@@ -19,19 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Iterable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Iterator, Sequence
 
 from nats_spark.client import NatsClient
+from nats_spark.requests_at_once import all_results
 from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.ledger import Ledger
 from nats_spark.spark.group_source.runtime import PROCESS, EntryKey, SeenEntries
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-_AT_ONCE = 64  # ledger reads a task of packed slots keeps in flight
 
 
 class SlotHistory:
@@ -111,14 +108,14 @@ async def ack_committed_together(client: NatsClient, histories: Sequence[SlotHis
     entries read concurrently, their acks sent with one flush, their heads marked concurrently.
     The same ledger operations, in the round trips of one slot."""
     due = [(history, gen) for history in histories for gen in history.partition.committed]
-    found = await _all(
+    found = await all_results(
         protocol.ack_due_of(history.ledger, gen, history.partition.slot) for history, gen in due
     )
     read = [(history, entry) for (history, _), entry in zip(due, found, strict=True) if entry]
     if read:
         stream = histories[0].partition.stream
         await protocol.send_entry_acks(client, (entry.deliveries for _, entry in read), stream)
-        await _all(protocol.mark_acked(history.ledger, entry) for history, entry in read)
+        await all_results(protocol.mark_acked(history.ledger, entry) for history, entry in read)
     for history in histories:
         mine = [entry for owner, entry in read if owner is history]
         for entry in mine:
@@ -151,17 +148,4 @@ class DedupeReads:
             for gen, slot in history._named()
         }
         unread = [(gen, slot, h) for (gen, slot), h in named.items() if not h._known(gen, slot)]
-        await _all(history._seqs(gen, slot) for gen, slot, history in unread)
-
-
-async def _all(steps: Iterable[Awaitable[T]]) -> list[T]:
-    """The results of `steps`, `_AT_ONCE` at a time; the first failure once all have ended
-    (none left running on the task's loop)."""
-    pending = list(steps)
-    results: list[T | BaseException] = []
-    for start in range(0, len(pending), _AT_ONCE):
-        results += await asyncio.gather(*pending[start : start + _AT_ONCE], return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results  # type: ignore[return-value]  # no exceptions among them
+        await all_results(history._seqs(gen, slot) for gen, slot, history in unread)
