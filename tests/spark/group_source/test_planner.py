@@ -20,6 +20,7 @@ from nats_spark.spark.group_source.driver.planner import (
     plan_batch,
     plan_slot,
     plan_tasks,
+    readers_by_consumer,
     siblings,
     slots_report,
     small_capacity,
@@ -276,8 +277,9 @@ def test_a_slot_planned_before_a_layout_move_takes_only_what_it_recorded() -> No
 def test_siblings_are_the_other_slots_of_the_batch_on_the_same_consumer() -> None:
     a, b, c = plain_slots(3)
     states = by_name(*(SlotState(s) for s in (a, b, c, SLOT)))
-    assert siblings(states, [a.name, b.name, SLOT.name], a) == (b.name,)  # c is not in it
-    assert siblings(states, [a.name, SLOT.name], SLOT) == ()
+    readers = readers_by_consumer(states, [a.name, b.name, SLOT.name])  # c is not planned
+    assert siblings(readers, a) == (b.name,)
+    assert siblings(readers_by_consumer(states, [a.name, SLOT.name]), SLOT) == ()
 
 
 # Progress

@@ -36,6 +36,7 @@ from nats_spark.spark.group_source.driver.planner import (
     lag_report,
     plan_batch,
     plan_tasks,
+    readers_by_consumer,
     siblings,
     slots_report,
     unacked_by_consumer,
@@ -402,7 +403,8 @@ class BatchCoordinator:
             await self.ledger.ack_through(await self._connect(), committed, name)
         self.ledger.expect(end.gen, [task.slot for task in plan.tasks if task.slot in end.slots])
         dedupes: dict[str, Dedupe] = {}
-        return [self._input_partition(known[t.slot], end, t, dedupes) for t in plan.tasks]
+        readers = readers_by_consumer(self.states, end.slots)
+        return [self._input_partition(known[t.slot], end, t, dedupes, readers) for t in plan.tasks]
 
     async def input_partitions(
         self, start: SourceOffset, end: SourceOffset
@@ -465,7 +467,12 @@ class BatchCoordinator:
             return None
 
     def _input_partition(
-        self, slot: Slot, end: SourceOffset, task: SlotTask, dedupes: dict[str, Dedupe]
+        self,
+        slot: Slot,
+        end: SourceOffset,
+        task: SlotTask,
+        dedupes: dict[str, Dedupe],
+        readers: dict[str, tuple[str, ...]],
     ) -> SlotPartition:
         """The input partition of `slot` in batch `end`: what it may take (0: it only acks),
         what it acks first, and the earlier entries whose redeliveries it drops."""
@@ -493,7 +500,7 @@ class BatchCoordinator:
             dedupe=dedupe,
             dedupe_through=dedupe_through,
             ack_wait=options.ack_wait if seen is None else seen.ack_wait,
-            siblings=siblings(states, end.slots, slot),
+            siblings=siblings(readers, slot),
             redelivery_wait=state.others_due if waits and state is not None else 0.0,
             consumer_sighting=self._sighting(slot) if task.limit else None,
         )
