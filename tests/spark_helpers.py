@@ -59,6 +59,7 @@ SPARK_VERSION = tuple(int(part) for part in pyspark.__version__.split(".")[:2])
 # "nothing left behind").
 ACKS_LAST_BATCH = SPARK_VERSION >= (4, 2)
 NO_DATA_PROGRESS = "spark.sql.streaming.noDataProgressEventInterval"
+PROGRESS_KEPT = "spark.sql.streaming.numRecentProgressUpdates"
 # Spark 4.2+ reports reportLatestOffset() (per-member lag and pin status) in progress.
 REPORTS_LAG = SPARK_VERSION >= (4, 2)
 
@@ -343,41 +344,99 @@ def drained(
     wait_until(lambda: unacked(client, stream, group) == 0, 60, "every member acked")
 
 
+class Trigger(NamedTuple):
+    """A trigger of a query as its progress shows it (epoch seconds): when it started, by when
+    the source had answered its latestOffset (where pacing decides), and the rows it read."""
+
+    start: float
+    planned_by: float
+    rows: int
+
+
+def triggers_of(query: Any) -> list[Trigger]:
+    """Every trigger of `query` (started with `report_idle`) in its progress, in order."""
+    found = []
+    for p in query.recentProgress:
+        start = datetime.fromisoformat(p["timestamp"]).timestamp()
+        planned_by = start + p["durationMs"]["latestOffset"] / 1000
+        found.append(Trigger(start, planned_by, p["numInputRows"]))
+    return sorted(found)
+
+
+PACING_SLACK = 0.1  # seconds: clock rounding (progress has milliseconds) and reading the clocks
+SEEN_AFTER = 0.5  # seconds after its publish returned, a message is in the counts the source reads
+
+
+def pacing_problems(
+    triggers: list[Trigger],
+    published: list[tuple[float, int]],
+    started: float,
+    minimum: int,
+    delay: float,
+) -> list[str]:
+    """What `triggers` did against minMessagesPerTrigger=`minimum`, maxTriggerDelay=`delay`
+    (docs/options.md), with the messages `published` ((when the publish had returned, count))
+    into a query started after `started`. A trigger's decision falls between its start and
+    `planned_by`, so each rule is checked against the bounds that make it hold however slowly
+    the triggers run: a batch under the minimum planned within the delay of the previous batch
+    (or the query's start); a trigger that held back at least the minimum; one that held back
+    messages when the delay had surely passed."""
+    problems: list[str] = []
+    read = 0
+    last = (started, triggers[0].planned_by)  # between when the previous batch was planned
+    for trigger in triggers:
+        there = sum(count for at, count in published if at + SEEN_AFTER < trigger.start) - read
+        if trigger.rows:
+            waited = trigger.planned_by - last[0]
+            if trigger.rows < minimum and waited < delay - PACING_SLACK:
+                problems.append(f"a batch of {trigger.rows} went {waited:.1f}s after the last")
+            read += trigger.rows
+            last = (trigger.start, trigger.planned_by)
+        elif there >= minimum:
+            problems.append(f"a trigger held back {there} messages, the minimum {minimum} or more")
+        elif there > 0 and trigger.start - last[1] > delay + PACING_SLACK:
+            waited = trigger.start - last[1]
+            problems.append(f"a trigger held back {there} messages {waited:.1f}s after the last")
+    return problems
+
+
 def check_trigger_pacing(
     df: Any, publish_numbered: Callable[[int, int], None], checkpoint: Any
 ) -> None:
     """`df` read with minMessagesPerTrigger=20, maxTriggerDelay=5s (and messages 0-4 published):
-    5 messages are held back, 20 go at once, 3 more wait out the delay from the previous batch.
+    15 more are published after 5 triggers, 3 more once 20 rows are in, 20 more once those 3
+    are. Every trigger keeps to the options (`pacing_problems`) however long triggers take:
+    the 3 wait out the delay after the batch before them, the 20 go at once after theirs, and,
+    where the query starts within the delay, the 5 are held back until 20 go at once.
     `publish_numbered(start, count)` publishes messages numbered start... ."""
     sink = Collector()
-    started = datetime.now(UTC)
+    started = time.time()
+    published = [(started, 5)]
+    conf = df.sparkSession.conf
+    conf.set(PROGRESS_KEPT, "1000")  # every trigger of the query, not the last 100
     query = foreach_batches(df, sink, checkpoint, report_idle=True)
-    try:
-        wait_for_triggers(query, 5, started, "with 5 messages (within the 5 s delay)")
-        assert sink.values == [], f"a batch of {len(sink.values)} ran under the minimum of 20"
-        publish_numbered(5, 15)
-        wait_until(lambda: len(sink.values) >= 20 or query.exception(), 30, "20 rows")
-        publish_numbered(20, 3)
-        wait_until(lambda: len(sink.values) >= 23 or query.exception(), 30, "23 rows")
+
+    def publish_then_wait(start: int, count: int) -> None:
+        publish_numbered(start, count)
+        published.append((time.time(), count))
+        total = start + count
+        wait_until(lambda: len(sink.values) >= total or query.exception(), 30, f"{total} rows")
         assert query.exception() is None, query.exception()
+
+    try:
+        wait_for_triggers(query, 5, datetime.fromtimestamp(started, UTC), "with 5 messages")
+        publish_then_wait(5, 15)
+        publish_then_wait(20, 3)
+        publish_then_wait(23, 20)
         # Progress is reported once a batch has ended, after its rows reached the sink.
-        rows_reported = lambda: sum(p["numInputRows"] for p in query.recentProgress)  # noqa: E731
-        wait_until(lambda: rows_reported() >= 23, 30, "the progress of the last batch")
-        with_rows = [len(rows) for rows in sink.batches.values() if rows]
-        assert with_rows == [20, 3], with_rows
-        # Triggers start before the source plans their batch: the gap between the two starts
-        # is the delay less the first planning's time, plus at most a trigger interval (0.2 s)
-        # and the latestOffset call that sees the delay out: under a second past the delay.
-        started = {
-            p["numInputRows"]: datetime.fromisoformat(p["timestamp"])
-            for p in query.recentProgress
-            if p["numInputRows"]
-        }
-        waited = (started[3] - started[20]).total_seconds()
-        assert 4.5 <= waited <= 6.0, f"3 messages went {waited:.1f}s after the previous batch"
+        wait_until(lambda: sum(t.rows for t in triggers_of(query)) >= 43, 30, "the last progress")
+        triggers = triggers_of(query)
     finally:
         query.stop()
-    assert_exactly_once(sink.values, 23)
+        conf.unset(PROGRESS_KEPT)
+    assert_exactly_once(sink.values, 43)
+    problems = pacing_problems(triggers, published, started, 20, 5.0)
+    assert problems == [], f"{problems}; published {published}, triggers {triggers}"
 
 
 def format_one_chunk(replies: list[bytes]) -> bytes:

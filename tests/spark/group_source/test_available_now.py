@@ -98,7 +98,7 @@ def failing_run(df: Any, checkpoint: Any) -> None:
     wait_until(lambda: not source_runners(), 90, "the old query's driver side to stop")
 
 
-@pytest.mark.compat
+@pytest.mark.compat("4.0")
 def test_available_now_on_a_new_checkpoint_reads_what_an_old_query_held(
     spark, client, nats_url, unique, tmp_path
 ):

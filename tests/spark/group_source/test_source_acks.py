@@ -150,7 +150,7 @@ def test_a_restart_acks_nothing_of_the_logged_batch_it_could_not_commit(
     assert unacked(client, stream, "g") == 60 - len(committed), "acked before commit"
 
 
-@pytest.mark.compat
+@pytest.mark.compat("4.0")
 def test_a_new_checkpoint_reads_what_the_old_query_left_uncommitted(
     spark, client, nats_url, unique, tmp_path
 ):
@@ -336,7 +336,7 @@ def test_a_task_closed_mid_batch_gives_back_what_it_did_not_record(client, nats_
         run_sync(other.target.close())
 
 
-@pytest.mark.compat
+@pytest.mark.compat("4.0")
 @pytest.mark.parametrize("packing", [{}, {"maxTasksPerBatch": 2}], ids=["", "packed"])
 def test_restart_from_a_previous_release_checkpoint(spark, tmp_path, packing):
     """A checkpoint, sink files and JetStream store left by the previous release (a81f2fb,

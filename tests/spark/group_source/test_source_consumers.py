@@ -347,7 +347,7 @@ def test_num_partitions_readers_hold_what_they_took(spark, client, nats_url, uni
     # two Spark sessions on two cores a look came more than 1 s late under a 1 s ack wait.
     ack_wait = 2.0
     make_consumer(client, stream, name, None, group=GROUP, ack_wait=to_nanos(ack_wait))
-    messages = 8000
+    messages = 2000
     publish(client, stream, messages)
     redelivered: list[int] = []
     other = puller(client, stream, name, None)

@@ -40,7 +40,7 @@ def assert_acked_but_last_batch(client, stream, group, last_batch: int) -> None:
     assert unacked == (0 if ACKS_LAST_BATCH else last_batch)
 
 
-@pytest.mark.compat
+@pytest.mark.compat("4.0")
 def test_static_group_available_now_exactly_once_and_acked(
     spark, client, nats_url, unique, tmp_path
 ):
@@ -80,7 +80,7 @@ def test_static_group_available_now_exactly_once_and_acked(
     assert_acked_but_last_batch(client, stream, group, 300)
 
 
-@pytest.mark.compat
+@pytest.mark.compat("4.0")
 def test_next_batch_acks_a_full_consumer_and_reads_on(spark, client, nats_url, unique, tmp_path):
     """maxAckPending 50 over one partition: each batch takes 50, and the next batch's task acks
     them before it pulls, so the next batch reads on: no batch between them that only acks.
@@ -130,7 +130,7 @@ def test_elastic_group_processing_time_leaves_nothing_unacked(
     assert sum(batch_rows()) == 500 and max(batch_rows()) <= 150, batch_rows()
 
 
-@pytest.mark.compat
+@pytest.mark.compat("4.0")
 def test_no_ack_before_commit(spark, client, nats_url, unique, tmp_path):
     stream, group = f"N{unique}", "g"
     static_group(client, stream, group, ["m1", "m2"], partitions=4)
