@@ -777,7 +777,7 @@ def test_a_query_stopped_while_its_task_pulls_gives_back_what_it_pulled(
     ack wait would have brought those messages back, and nothing was acked before a commit."""
     stream = f"SM{unique}"
     static_group(client, stream, "g", ["m1"], partitions=1)
-    publish(client, stream, 1500)
+    publish(client, stream, 600)
     df = source(
         spark, nats_url, stream, "g", ackWait="60s", fetchBatchSize=5, ledgerBucket=f"L{unique}"
     )
@@ -788,12 +788,12 @@ def test_a_query_stopped_while_its_task_pulls_gives_back_what_it_pulled(
     finally:
         query.stop()
     stopped = time.monotonic()
-    assert 1500 - unacked(client, stream, "g") <= len(first.values)  # acked only if committed
+    assert 600 - unacked(client, stream, "g") <= len(first.values)  # acked only if committed
     second = Collector()
     query = foreach_batches(df, second, tmp_path / "cp")
     try:
         wait_until(
-            lambda: len(first.values) + len(second.values) >= 1500 or query.exception(),
+            lambda: len(first.values) + len(second.values) >= 600 or query.exception(),
             50,
             "every message, before the ack wait runs out",
         )
@@ -802,7 +802,7 @@ def test_a_query_stopped_while_its_task_pulls_gives_back_what_it_pulled(
     finally:
         query.stop()
     assert time.monotonic() - stopped < 60
-    assert_exactly_once(first.values + second.values, 1500)
+    assert_exactly_once(first.values + second.values, 600)
 
 
 # --- Pins -------------------------------------------------------------------------------------
