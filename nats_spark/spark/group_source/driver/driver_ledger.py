@@ -147,18 +147,30 @@ class DriverLedger:
         assert ledger is not None
         entries = list(entries)
         heads = await all_results(read_head(ledger, e.gen, e.slot) for e in entries)
+        newest = self._newest_gens()  # kept as entries go: per head, a walk over all of them
         for entry, found in zip(entries, heads, strict=True):
             if found is None:
                 self.entries.pop((entry.gen, entry.slot), None)
+                if newest.get(entry.slot) == entry.gen:
+                    newest = self._newest_gens()
                 continue
-            self.loaded(entry, found[0])
+            self.loaded(entry, found[0], newest.get(entry.slot, entry.gen))
 
-    def loaded(self, entry: DriverEntry, head: EntryHead) -> None:
+    def _newest_gens(self) -> dict[str, int]:
+        """By slot, the gen of its newest entry."""
+        newest: dict[str, int] = {}
+        for gen, slot in self.entries:
+            newest[slot] = max(gen, newest.get(slot, gen))
+        return newest
+
+    def loaded(self, entry: DriverEntry, head: EntryHead, newest: int | None = None) -> None:
         """`entry`'s head as just read (another reader's too: the `SealedKeeper` hands in the
-        heads it finds acked, which no later read can contradict)."""
+        heads it finds acked, which no later read can contradict); its pin is the slot's when
+        it is the slot's newest entry (`newest`: that entry's gen, when the caller knows it)."""
         entry.head = head
         if head.pin:
-            newest = max((g for g, s in self.entries if s == entry.slot), default=entry.gen)
+            if newest is None:
+                newest = self._newest_gens().get(entry.slot, entry.gen)
             if entry.gen == newest:
                 self.pins[entry.slot] = head.pin
 
