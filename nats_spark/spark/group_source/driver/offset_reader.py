@@ -20,7 +20,8 @@ from typing import Any
 from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound, stream_missing
-from nats_spark.jetstream.replies import StreamInfo
+from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
+from nats_spark.spark.group_source.driver.consumer_checks import NOTHING_KNOWN, Skipped
 from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger, entries_lost
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.driver.planner import (
@@ -205,7 +206,7 @@ class OffsetReader:
             self.current = await self.ledger.new_offset(planned.slots, tasks)
         else:
             self.current = base
-            if self.ledger.pins != pins_before:
+            if self.ledger.pins != pins_before or self.ledger.sightings_moved():
                 await self.ledger.save_pointer()
         self._keep_sealed()
         return self.current
@@ -336,7 +337,7 @@ class OffsetReader:
                 raise self._stream_gone(slot.stream) from None
             await self.target.heal(client, slot)
             info = await client.api.consumer_info(slot.stream, slot.consumer)
-        self.target.look(slot, info)
+        self.target.look(slot, info, await self._skipped(client, slot, info))
         return ConsumerSeen(
             pending=info.num_pending,
             ack_pending=info.num_ack_pending,
@@ -346,6 +347,22 @@ class OffsetReader:
             max_ack_pending=info.max_ack_pending,
             ack_wait=info.ack_wait,
         )
+
+    async def _skipped(self, client: NatsClient, slot: Slot, info: ConsumerInfo) -> Skipped:
+        """What this query knows of the stream sequences `slot`'s consumer skips, when it was
+        created again since it was last seen (`SeenConsumers.skipped`): read from the ledger and
+        the stream only then."""
+        skipped = self.target.seen.skipped(slot.stream, slot.consumer, info)
+        if not skipped or self.target.recreation(slot) is None:
+            return NOTHING_KNOWN
+        slots = [
+            state.slot.name
+            for state in self.states.values()
+            if (state.slot.stream, state.slot.consumer) == (slot.stream, slot.consumer)
+        ]
+        committed = await self.ledger.committed_seqs(slots, skipped, self.committed)
+        first_seq = (await self._stream_info(client, slot.stream)).first_seq
+        return Skipped(committed, first_seq, not self.reading.fail_on_data_loss)
 
     async def partitions(self, start: SourceOffset, end: SourceOffset) -> list[SlotPartition]:
         """The tasks of batch `end`; `start` is committed (Spark plans a batch only after the
@@ -381,7 +398,18 @@ class OffsetReader:
         for name in plan.driver_acks:  # a slot of a reader count the query no longer has
             await self.ledger.ack_through(await self._connect(), committed, name)
         self.ledger.expect(end.gen, [task.slot for task in plan.tasks if task.slot in end.slots])
+        await self._look_remembered([known[task.slot] for task in plan.tasks if task.limit])
         return [self._input_partition(known[task.slot], end, task) for task in plan.tasks]
+
+    async def _look_remembered(self, slots: list[Slot]) -> None:
+        """Look at the consumers of `slots` that this driver has not looked at yet (a batch run
+        again after a restart, planned by the driver before): their tasks check deliveries
+        against the consumer as last seen (`_sighting`), and one created again while the query
+        was stopped is refused, or taken, here first."""
+        remembered = self.target.seen.remembered
+        for slot in slots:
+            if (slot.stream, slot.consumer) in remembered:
+                await self._look(await self._connect(), slot)
 
     async def input_partitions(
         self, start: SourceOffset, end: SourceOffset
