@@ -111,6 +111,10 @@ class DriverLedger:
                 if pointer
                 else SourceOffset.initial(self.runtime.new_id())
             )
+        if pointer is not None and pointer.lineage != offset.lineage:
+            # A pin its tasks took in a batch its driver never planned past (killed first) is
+            # in their entries' heads only.
+            self.last_query_pins |= await _newest_pins(Ledger(self.kv, pointer.lineage))
         if pointer is not None:  # a lineage the pointer names, other than ours, is replaced
             named = (pointer.lineage, *pointer.replaced)
             self.replaced = tuple(dict.fromkeys(n for n in named if n != offset.lineage))
@@ -392,6 +396,20 @@ def entries_lost(bucket: str, gen: int, slots: list[str]) -> EntriesLost:
         "while messages are still unacked: those of that batch would be emitted a second "
         "time; set failOnDataLoss=false to go on at-least-once"
     )
+
+
+async def _newest_pins(ledger: Ledger) -> frozenset[str]:
+    """The pins the newest entry of each slot of `ledger`'s lineage holds (its tasks took them:
+    that lineage's query's own)."""
+    newest: dict[str, int] = {}
+    for gen, slot in await ledger.heads():
+        newest[slot] = max(gen, newest.get(slot, 0))
+    pins: set[str] = set()
+    for slot, gen in newest.items():
+        found = await protocol.read_head(ledger, gen, slot)
+        if found is not None and found[0].pin:
+            pins.add(found[0].pin)
+    return frozenset(pins)
 
 
 def _given_back(count: int) -> None:
