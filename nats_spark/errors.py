@@ -32,15 +32,25 @@ def option_not_applicable(name: str, where: str) -> ConfigurationError:
     return ConfigurationError(f"option {name} does not apply to {where}; drop it")
 
 
+# What a consumer deleted and created again from its start does (`consumer_created_again`).
+CREATED_AGAIN_HARM = "the new one delivers again what the query already committed"
+
+
 def consumer_created_again(
-    stream: str, name: str, when: str, evidence: str, recreation: str
+    stream: str,
+    name: str,
+    when: str,
+    evidence: str,
+    recreation: str,
+    harm: str = CREATED_AGAIN_HARM,
 ) -> ConfigurationError:
-    """A consumer a query reads was deleted and created again `when` (seen by `evidence`): it
-    starts over, delivering what the query committed; `recreation`: how to go on. Told by the
-    driver (a later creation time) and by a task (a delivery the consumer had acked)."""
+    """A consumer a query reads was deleted and created again `when` (seen by `evidence`) and
+    cannot be read on: `harm` says why (by default, it starts over, delivering what the query
+    committed); `recreation`: how to go on. Told by the driver (a later creation time) and by a
+    task (a delivery the consumer had acked)."""
     return ConfigurationError(
         f"consumer {name!r} on stream {stream!r} was deleted and created again {when} "
-        f"({evidence}): the new one delivers again what the query already committed; {recreation}"
+        f"({evidence}): {harm}; {recreation}"
     )
 
 

@@ -629,7 +629,13 @@ def key_for(partition: int, partitions: int) -> str:
 
 
 def start_job(
-    url: str, stream: str, out: Path, checkpoint: Path, log: Path, *options: str
+    url: str,
+    stream: str,
+    out: Path,
+    checkpoint: Path,
+    log: Path,
+    *options: str,
+    trigger: str = "200ms",
 ) -> subprocess.Popen:
     """The streaming job in its own process group, so kill -9 takes its JVM along; `options`
     are more source options, `name=value`."""
@@ -648,7 +654,7 @@ def start_job(
         "--checkpoint",
         str(checkpoint),
         "--trigger",
-        "200ms",
+        trigger,
         "--master",
         "local[2]",
         "--option",

@@ -24,7 +24,11 @@ import pyarrow as pa
 from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
-from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
+from nats_spark.spark.group_source.driver.consumer_checks import (
+    NOTHING_KNOWN,
+    SeenConsumers,
+    Skipped,
+)
 from nats_spark.spark.group_source.driver.targets import Held, Slot
 from nats_spark.spark.group_source.ledger import Ledger, TakenOver
 from nats_spark.spark.group_source.options import parse_options
@@ -184,8 +188,8 @@ class Target:
     def slot_named(self, name: str) -> Slot:
         return next(slot for slot in self.slots if slot.name == name)
 
-    def look(self, slot: Slot, info: ConsumerInfo) -> None:
-        self.seen.look(slot.stream, slot.consumer, info, self.recreation(slot))
+    def look(self, slot: Slot, info: ConsumerInfo, skipped: Skipped = NOTHING_KNOWN) -> None:
+        self.seen.look(slot.stream, slot.consumer, info, self.recreation(slot), skipped)
 
     def recreation(self, slot: Slot) -> str:
         return RECREATED

@@ -408,6 +408,15 @@ def acked_by_next_task(head: EntryHead, gen: int, committed: int) -> bool:
     return gen <= committed and head.state is EntryState.SEALED
 
 
+def holds_committed(head: EntryHead, gen: int, committed: int) -> bool:
+    """Whether the entry holds what a committed batch emitted: acked (only a committed batch's
+    entry is), or sealed in a batch known committed (an entry of a batch not committed yet is
+    replayed only if the batch runs again: a new checkpoint gives it back)."""
+    return head.count > 0 and (
+        head.state is EntryState.ACKED or acked_by_next_task(head, gen, committed)
+    )
+
+
 def awaits_acks(head: EntryHead) -> bool:
     """A finished batch's messages wait for their acks: the `SealedKeeper` keeps them from
     redelivery meanwhile."""

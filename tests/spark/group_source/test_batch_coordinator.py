@@ -19,6 +19,7 @@ from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
+from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers, Skipped
 from nats_spark.spark.group_source.driver.driver_ledger import EntriesLost
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.driver.targets import Held, Slot
@@ -72,6 +73,7 @@ class Target:
 
     def __init__(self) -> None:
         self.held: list[Held] = []
+        self.seen = SeenConsumers()
 
     async def resolve(self, client: Any, held: Held) -> list[Slot]:
         self.held.append(held)
@@ -80,7 +82,7 @@ class Target:
     def slot_named(self, name: str) -> Slot:
         return next(slot for slot in SLOTS if slot.name == name)
 
-    def look(self, slot: Slot, info: ConsumerInfo) -> None:
+    def look(self, slot: Slot, info: ConsumerInfo, skipped: Skipped) -> None:
         """The test's consumers keep their config and identity (see test_consumer_checks)."""
 
     def recreation(self, slot: Slot) -> None:

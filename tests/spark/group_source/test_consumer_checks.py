@@ -16,7 +16,11 @@ from nats_spark.pcg.config import ElasticConfig, PartitioningFilter, StaticConfi
 from nats_spark.pcg.consumers import member_consumer, partition_consumer
 from nats_spark.pcg.kinds import GroupKind
 from nats_spark.pcg.store import GroupEntry
-from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers, check_config
+from nats_spark.spark.group_source.driver.consumer_checks import (
+    SeenConsumers,
+    Skipped,
+    check_config,
+)
 from nats_spark.spark.group_source.driver.consumer_target import ConsumerTarget
 from nats_spark.spark.group_source.driver.slots import Held
 from nats_spark.spark.group_source.options import parse_options
@@ -142,6 +146,73 @@ def test_a_consumer_created_again_while_stopped_is_told_from_the_one_remembered(
     unchanged.remember({"S": {"C": [CREATED, 41]}})
     unchanged.look("S", "C", info(floor=50), "go on so")
     assert unchanged.next_after_acked("S", "C") == 51
+
+
+LATER = "2026-11-28T19:05:00Z"
+
+
+def created_again(floor: int, policy: str = "by_start_sequence") -> ConsumerInfo:
+    """The consumer created again, its ack floor `floor` (the sequence before its start when it
+    has acked nothing)."""
+    return info(LATER, floor, deliver_policy=policy, opt_start_seq=floor + 1)
+
+
+def remembered(floor: int) -> SeenConsumers:
+    seen = SeenConsumers()
+    seen.remember({"S": {"C": [CREATED, floor]}})
+    return seen
+
+
+def test_a_consumer_created_again_right_after_the_floor_is_read_on_and_kept() -> None:
+    """Created again starting right after the floor the query saw (`nats consumer add
+    --deliver 31` after 30 acked): it delivers nothing the query read and skips nothing it did
+    not, so it is taken, and later looks take it as the one read."""
+    seen = remembered(30)
+    assert seen.skipped("S", "C", created_again(30)) == range(31, 31)
+    seen.look("S", "C", created_again(30), "go on so")
+    assert seen.stored() == {"S": {"C": [LATER, 30]}}
+    seen.look("S", "C", info(LATER, 40), "go on so")
+    assert seen.next_after_acked("S", "C") == 41
+    assert seen.skipped("S", "C", info(LATER, 40)) == range(0), "not created again"
+
+
+def test_a_consumer_created_again_at_or_before_the_floor_is_refused() -> None:
+    for policy in ("by_start_sequence", "all", "by_start_time"):
+        seen = remembered(30)
+        with pytest.raises(ConfigurationError) as error:
+            seen.look("S", "C", created_again(29, policy), "go on so")
+        assert str(error.value) == (
+            "consumer 'C' on stream 'S' was deleted and created again while the query was "
+            f"stopped (created {CREATED}, now {LATER}): the new one delivers again what the query "
+            "already committed; go on so"
+        )
+        assert seen.stored() == {"S": {"C": [CREATED, 30]}}, "refused: not taken"
+
+
+def test_a_consumer_created_again_past_the_floor_is_read_on_only_past_what_was_committed() -> None:
+    """Between the floor seen and the new consumer's, every sequence must be one the query
+    committed (the ledger's: acked, or sealed in a committed batch), or the new one skips it."""
+    seen = remembered(30)
+    with pytest.raises(ConfigurationError, match="starts past stream sequence 34, which the query"):
+        seen.look("S", "C", created_again(35), "go on so", Skipped({31, 32, 33}))
+    seen.look("S", "C", created_again(35), "go on so", Skipped(set(range(31, 36))))
+    assert seen.next_after_acked("S", "C") == 36
+
+
+def test_what_a_consumer_created_again_skips_that_the_stream_lost_is_data_loss() -> None:
+    seen = remembered(30)
+    gone = Skipped({31}, first_seq=40)
+    with pytest.raises(ConfigurationError, match="32, which the query never read, is gone"):
+        seen.look("S", "C", created_again(39), "go on so", gone)
+    seen.look("S", "C", created_again(39), "go on so", Skipped({31}, 40, lost_ok=True))
+    with pytest.raises(ConfigurationError, match="starts past stream sequence 40"):
+        remembered(30).look("S", "C", created_again(41), "go on", Skipped((), 40, lost_ok=True))
+
+
+@pytest.mark.parametrize("policy", ["new", "last", "last_per_subject"])
+def test_a_consumer_created_again_whose_start_may_move_is_refused(policy: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"its deliver policy {policy} lets the server"):
+        remembered(30).look("S", "C", created_again(30, policy), "go on so")
 
 
 def test_an_edit_while_the_query_runs_is_refused_at_the_next_look() -> None:

@@ -441,6 +441,26 @@ def test_the_pointer_hands_lineage_gen_and_pins_to_a_restarted_driver(kv: Memory
     assert restarted.last_query_pins == {"pin-1"}
 
 
+def test_a_pin_only_the_last_query_s_entries_hold_is_its_own_for_a_new_checkpoint(
+    kv: MemoryBucket,
+) -> None:
+    """A query killed before its driver planned past the batch whose task took the pin: the
+    pointer does not name the pin, the batch's entry does. A query on a new checkpoint counts
+    it as the last query's (released once that query's driver is found dead, not waited out);
+    the same checkpoint's next driver takes it as its own."""
+    first = driver(kv)
+    run_sync(first.adopt(None))
+    run_sync(first.new_offset({"m1": SlotPlan(5)}))
+    assert first.lineage is not None
+    sealed(kv, first.lineage, 1, [1, 2])
+    new_checkpoint = driver(kv)
+    run_sync(new_checkpoint.adopt(SourceOffset.initial("another")))
+    assert new_checkpoint.last_query_pins == {"pin-1"}
+    same = driver(kv)
+    run_sync(same.adopt(None))
+    assert same.pins == {"m1": "pin-1"} and same.last_query_pins == frozenset()
+
+
 def test_the_pointer_hands_the_consumers_as_last_seen_to_the_lineages_next_driver(
     kv: MemoryBucket,
 ) -> None:

@@ -422,17 +422,46 @@ def test_consumer_created_again_between_triggers_is_not_read_again(
     spark, client, nats_url, unique, tmp_path
 ):
     """Someone deletes the consumer and creates it again from the start (DeliverAll) between two
-    triggers: the query stops with where to start it instead of emitting the 30 again."""
+    triggers: the query stops with where to start it instead of emitting the 30 again. Created
+    again there (`--deliver 31`), the query restarted on its checkpoint reads the 10 published
+    since, once; created again before it, the restart is refused with the same fix. Before, the
+    pointer kept the floor of the last batch planned (0: the acks came at idle triggers), and
+    any consumer created again was refused, advising --deliver 1."""
 
-    def recreate(stream: str, name: str) -> None:
+    def recreate(stream: str, name: str, **start: Any) -> None:
         run_sync(client.api.delete_consumer(stream, name))
-        make_consumer(client, stream, name, "pinned_client", group=GROUP)
+        make_consumer(client, stream, name, "pinned_client", group=GROUP, **start)
 
     error, values = edit_while_running(spark, client, nats_url, unique, tmp_path, recreate)
     # Seen gone (planning between the two calls) or seen anew: either way it says where to start.
     assert "consumer 'c' on stream" in error, error
     assert "was deleted" in error and "--deliver 31" in error, error
     assert_exactly_once(values, 30)
+
+    stream, name = f"E{unique}", "c"
+    recreate(stream, name, deliver_policy="by_start_sequence", opt_start_seq=30)
+    sink = Sink()
+    query = foreach_batches(source(spark, nats_url, stream, consumer=name), sink, tmp_path / "cp")
+    try:
+        wait_until(lambda: query.exception() is not None, 60, "the query to stop")
+    finally:
+        query.stop()
+    [line] = [line for line in str(query.exception()).splitlines() if "created again" in line]
+    assert "created again while the query was stopped" in line, line
+    assert "delivers again what the query already committed" in line, line
+    assert "nats consumer add " + stream + " c --deliver 31 " in line, line
+    assert sink.values == []
+
+    recreate(stream, name, deliver_policy="by_start_sequence", opt_start_seq=31)
+    query = foreach_batches(source(spark, nats_url, stream, consumer=name), sink, tmp_path / "cp")
+    try:
+        wait_until(lambda: len(sink.values) >= 10 or query.exception(), 60, "10 rows")
+        wait_until(lambda: acked(client, stream, name), 30, "the batch acked")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert sorted(sink.values) == list(range(30, 40)), sink.values
+    assert consumer_info(client, stream, name)["ack_floor"]["stream_seq"] == 40
 
 
 def settled(client: Blocking[NatsClient], stream: str, name: str) -> bool:

@@ -25,6 +25,7 @@ from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound, stream_missing
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from nats_spark.requests_at_once import all_results
+from nats_spark.spark.group_source.driver.consumer_checks import NOTHING_KNOWN, Skipped
 from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger, entries_lost
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.driver.planner import (
@@ -216,7 +217,7 @@ class BatchCoordinator:
             self.current = await self.ledger.new_offset(planned.slots, tasks)
         else:
             self.current = base
-            if self.ledger.pins != pins_before:
+            if self.ledger.pins != pins_before or self.ledger.sightings_moved():
                 await self.ledger.save_pointer()
         self._keep_sealed()
         return self.current
@@ -230,7 +231,7 @@ class BatchCoordinator:
         slots = {name: state.slot for name, state in self.states.items()}
         infos = await all_results(self._consumer_info(client, slot) for slot in resolved)
         for slot, info in zip(resolved, infos, strict=True):
-            seen = self._seen(slot, info)
+            seen = await self._seen(client, slot, info)
             if await self._release_dead_pin(client, slot, seen):
                 seen = await self._look(client, slot)
             if self.ledger.entries and slot.stream not in first_seqs:  # else none to settle
@@ -340,7 +341,7 @@ class BatchCoordinator:
 
     async def _look(self, client: NatsClient, slot: Slot) -> ConsumerSeen:
         """What `slot`'s consumer shows now."""
-        return self._seen(slot, await self._consumer_info(client, slot))
+        return await self._seen(client, slot, await self._consumer_info(client, slot))
 
     async def _consumer_info(self, client: NatsClient, slot: Slot) -> ConsumerInfo:
         """`slot`'s consumer's info; a vanished one is healed first, where it may be. Planning
@@ -354,10 +355,10 @@ class BatchCoordinator:
             await self.target.heal(client, slot)
             return await client.api.consumer_info(slot.stream, slot.consumer)
 
-    def _seen(self, slot: Slot, info: ConsumerInfo) -> ConsumerSeen:
+    async def _seen(self, client: NatsClient, slot: Slot, info: ConsumerInfo) -> ConsumerSeen:
         """`info` checked by the target (its config, and that the consumer was not created
-        again since), as planning uses it."""
-        self.target.look(slot, info)
+        again since, or safely so), as planning uses it."""
+        self.target.look(slot, info, await self._skipped(client, slot, info))
         return ConsumerSeen(
             pending=info.num_pending,
             ack_pending=info.num_ack_pending,
@@ -367,6 +368,22 @@ class BatchCoordinator:
             max_ack_pending=info.max_ack_pending,
             ack_wait=info.ack_wait,
         )
+
+    async def _skipped(self, client: NatsClient, slot: Slot, info: ConsumerInfo) -> Skipped:
+        """What this query knows of the stream sequences `slot`'s consumer skips, when it was
+        created again since it was last seen (`SeenConsumers.skipped`): read from the ledger and
+        the stream only then."""
+        skipped = self.target.seen.skipped(slot.stream, slot.consumer, info)
+        if not skipped or self.target.recreation(slot) is None:
+            return NOTHING_KNOWN
+        slots = [
+            state.slot.name
+            for state in self.states.values()
+            if (state.slot.stream, state.slot.consumer) == (slot.stream, slot.consumer)
+        ]
+        committed = await self.ledger.committed_seqs(slots, skipped, self.committed)
+        first_seq = (await self._stream_info(client, slot.stream)).first_seq
+        return Skipped(committed, first_seq, not self.reading.fail_on_data_loss)
 
     async def partitions(self, start: SourceOffset, end: SourceOffset) -> list[SlotPartition]:
         """The tasks of batch `end`; `start` is committed (Spark plans a batch only after the
@@ -402,9 +419,20 @@ class BatchCoordinator:
         for name in plan.driver_acks:  # a slot of a reader count the query no longer has
             await self.ledger.ack_through(await self._connect(), committed, name)
         self.ledger.expect(end.gen, [task.slot for task in plan.tasks if task.slot in end.slots])
+        await self._look_remembered([known[task.slot] for task in plan.tasks if task.limit])
         dedupes: dict[str, Dedupe] = {}
         readers = readers_by_consumer(self.states, end.slots)
         return [self._input_partition(known[t.slot], end, t, dedupes, readers) for t in plan.tasks]
+
+    async def _look_remembered(self, slots: list[Slot]) -> None:
+        """Look at the consumers of `slots` that this driver has not looked at yet (a batch run
+        again after a restart, planned by the driver before): their tasks check deliveries
+        against the consumer as last seen (`_sighting`), and one created again while the query
+        was stopped is refused, or taken, here first."""
+        remembered = self.target.seen.remembered
+        for slot in slots:
+            if (slot.stream, slot.consumer) in remembered:
+                await self._look(await self._connect(), slot)
 
     async def input_partitions(
         self, start: SourceOffset, end: SourceOffset

@@ -4,12 +4,20 @@ planning (an edit or a recreation while the query runs stops it before its next 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nats_spark.errors import ConfigurationError, consumer_created_again
+from nats_spark.errors import CREATED_AGAIN_HARM, ConfigurationError, consumer_created_again
 from nats_spark.jetstream.replies import ConsumerInfo, created_later
+
+log = logging.getLogger(__name__)
+
+# Deliver policies of a consumer created again that are refused: the server may pick their start
+# again later, from the stream as it is then (a new leader taking over), past messages published
+# since; LastPerSubject also skips all but each subject's last message.
+MOVING_STARTS = frozenset({"new", "last", "last_per_subject"})
 
 
 def check_config(stream: str, name: str, config: Mapping[str, Any]) -> None:
@@ -44,6 +52,50 @@ class Sighting:
     created: str  # when the server created the consumer (RFC 3339): its identity
     ack_floor: int  # the stream sequence up to which it had everything acked
     delivered: int = 0  # the consumer sequence of its last delivery (0: not known)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """What the query knows of the stream sequences a consumer created again skips
+    (`SeenConsumers.skipped`): those it committed (the ledger's), the stream's first sequence
+    (what is below it is gone, read or not), and whether what is gone unread may be taken as
+    lost (failOnDataLoss=false)."""
+
+    committed: Collection[int] = ()
+    first_seq: int = 0
+    lost_ok: bool = False
+
+
+NOTHING_KNOWN = Skipped()  # a consumer not created again skips nothing
+
+
+def start_refusal(before: Sighting, info: ConsumerInfo, skipped: Skipped) -> str | None:
+    """What reading on would do wrong with `info`, a consumer created again since it was seen as
+    `before` (None: it can be read on exactly). A consumer never delivers what its ack floor
+    covers (acked, or before its start: a new one's floor is the sequence before its start) and
+    may deliver anything above. So it emits nothing twice when its floor is at least the one
+    seen: what the query committed above that is still in the ledger, which drops redeliveries
+    (an entry is removed only once a floor the pointer keeps is past it). And it loses nothing
+    when the query committed each sequence between the two floors."""
+    policy = info.config.get("deliver_policy") or "all"
+    if policy in MOVING_STARTS:
+        return (
+            f"its deliver policy {policy} lets the server move its start past messages the "
+            "query never read"
+        )
+    if info.ack_floor_seq < before.ack_floor:
+        return CREATED_AGAIN_HARM
+    start = max(before.ack_floor, skipped.first_seq - 1 if skipped.lost_ok else 0) + 1
+    between = range(start, info.ack_floor_seq + 1)
+    unread = next((seq for seq in between if seq not in skipped.committed), None)
+    if unread is None:
+        return None
+    if unread < skipped.first_seq:
+        return (
+            f"stream sequence {unread}, which the query never read, is gone from the stream "
+            "(lost: set failOnDataLoss=false to go on)"
+        )
+    return f"the new one starts past stream sequence {unread}, which the query never read"
 
 
 class SeenConsumers:
@@ -87,16 +139,44 @@ class SeenConsumers:
             info.get("created") or "", info.ack_floor_seq, info.delivered_consumer_seq
         )
 
-    def look(self, stream: str, name: str, info: ConsumerInfo, recreation: str | None) -> None:
+    def skipped(self, stream: str, name: str, info: ConsumerInfo) -> range:
+        """The stream sequences a consumer created again since it was last seen has acked or
+        started past, above the ack floor the query saw (empty when it was not created again).
+        Read on, it delivers none of them: each must be one the query committed."""
+        before = self.last_seen(stream, name)
+        if before is None or not created_later(info.get("created") or "", before.created):
+            return range(0)
+        return range(before.ack_floor + 1, info.ack_floor_seq + 1)
+
+    def look(
+        self,
+        stream: str,
+        name: str,
+        info: ConsumerInfo,
+        recreation: str | None,
+        skipped: Skipped = NOTHING_KNOWN,
+    ) -> None:
         """Check a consumer seen at planning and keep it; `recreation`: how to go on when it was
-        created again since it was last seen (None: a new one is exact, take it)."""
+        created again since it was last seen and cannot be read on exactly (None: a new one is
+        exact, take it); `skipped`: what the query knows of the sequences it skips."""
         remembered = self.remembered.get((stream, name))
         before = self.last_seen(stream, name)
         created = info.get("created") or ""
         if recreation is not None and before is not None and created_later(created, before.created):
-            when = "while the query was stopped" if remembered else "while the query ran"
-            evidence = f"created {before.created}, now {created}"
-            raise consumer_created_again(stream, name, when, evidence, recreation)
+            harm = start_refusal(before, info, skipped)
+            if harm is not None:
+                when = "while the query was stopped" if remembered else "while the query ran"
+                evidence = f"created {before.created}, now {created}"
+                raise consumer_created_again(stream, name, when, evidence, recreation, harm)
+            log.info("%s > %s was created again past nothing the query did not read", stream, name)
+            if skipped.lost_ok and before.ack_floor + 1 < skipped.first_seq:
+                log.warning(
+                    "%s > %s was created again past stream sequences up to %d, which the stream "
+                    "no longer holds, read or not; going on (failOnDataLoss=false)",
+                    stream,
+                    name,
+                    skipped.first_seq - 1,
+                )
         self.record(stream, name, info)
 
     def next_after_acked(self, stream: str, name: str) -> int:

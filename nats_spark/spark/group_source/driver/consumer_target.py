@@ -7,7 +7,11 @@ from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound
 from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.pcg.kinds import ConsumerLayout
-from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
+from nats_spark.spark.group_source.driver.consumer_checks import (
+    NOTHING_KNOWN,
+    SeenConsumers,
+    Skipped,
+)
 from nats_spark.spark.group_source.driver.slots import Held, Slot
 from nats_spark.spark.group_source.options import SourceOptions
 
@@ -112,10 +116,10 @@ class ConsumerTarget:
         assert self.slots is not None
         return next(slot for slot in self.slots if slot.name == name)
 
-    def look(self, slot: Slot, info: ConsumerInfo) -> None:
+    def look(self, slot: Slot, info: ConsumerInfo, skipped: Skipped = NOTHING_KNOWN) -> None:
         """Check the consumer as planning sees it (its config, and that it is still the one
         the query read)."""
-        self.seen.look(slot.stream, slot.consumer, info, self.recreation(slot))
+        self.seen.look(slot.stream, slot.consumer, info, self.recreation(slot), skipped)
 
     async def heal(self, client: NatsClient, slot: Slot) -> None:
         raise ConfigurationError(

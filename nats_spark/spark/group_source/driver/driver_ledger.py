@@ -10,8 +10,9 @@ per batch grows with the slots, not the messages; only `ack_through`, at stop, r
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from nats_spark import clock
 from nats_spark.client import NatsClient
@@ -27,6 +28,7 @@ from nats_spark.spark.group_source.ledger import (
     Ledger,
     Pointer,
     keep_entries,
+    read_deliveries,
     read_head,
     read_pointer,
     write_pointer,
@@ -62,6 +64,8 @@ class DriverLedger:
         self.runtime = runtime  # new lineages' ids, and the give-back
         # The target's consumers as seen: kept in the pointer, for the lineage's next driver.
         self.seen = seen or SeenConsumers()
+        # The sightings as the pointer last written (or read) keeps them (`sightings_moved`).
+        self.stored_sightings: dict[str, dict[str, list[Any]]] | None = None
         self.pointer_key = pointer_key
         self.kv: Bucket | None = None
         self.ledger: Ledger | None = None  # None until a lineage is adopted
@@ -111,6 +115,10 @@ class DriverLedger:
                 if pointer
                 else SourceOffset.initial(self.runtime.new_id())
             )
+        if pointer is not None and pointer.lineage != offset.lineage:
+            # A pin its tasks took in a batch its driver never planned past (killed first) is
+            # in their entries' heads only.
+            self.last_query_pins |= await _newest_pins(Ledger(self.kv, pointer.lineage))
         if pointer is not None:  # a lineage the pointer names, other than ours, is replaced
             named = (pointer.lineage, *pointer.replaced)
             self.replaced = tuple(dict.fromkeys(n for n in named if n != offset.lineage))
@@ -125,6 +133,7 @@ class DriverLedger:
         # The lineage's consumers as its last driver saw them: checked as this one first looks.
         remembered = pointer.consumers if pointer and pointer.lineage == offset.lineage else {}
         self.seen.remember(remembered)
+        self.stored_sightings = self.seen.stored() if remembered else None
         self.entries = {
             (gen, slot): DriverEntry(gen, slot) for gen, slot in await self.ledger.heads()
         }
@@ -221,9 +230,17 @@ class DriverLedger:
         await self.save_pointer()
         return offset
 
+    def sightings_moved(self) -> bool:
+        """Whether the consumers were seen other than the pointer keeps them (an ack floor
+        moved, a consumer created again was taken): what a next driver's checks rest on
+        (`consumer_checks.start_refusal`), so the pointer is written again before the entries
+        their floors settled are removed, and after an idle planning that saw them move."""
+        return self.seen.stored() != self.stored_sightings
+
     async def save_pointer(self) -> None:
         assert self.ledger is not None and self.kv is not None
         pins = dict(sorted(self.pins.items()))
+        sightings = self.seen.stored()
         pointer = Pointer(
             self.ledger.lineage,
             self.head_gen,
@@ -232,9 +249,10 @@ class DriverLedger:
             list(self.replaced),
             list(self.retired),
             self.driver,
-            self.seen.stored(),
+            sightings,
         )
         await write_pointer(self.kv, self.pointer_key, pointer)
+        self.stored_sightings = sightings
 
     def acks_due(self, through: int) -> dict[str, tuple[int, ...]]:
         """By slot: gens up to `through` (committed) of its entries not known to be acked."""
@@ -267,6 +285,23 @@ class DriverLedger:
                     highest = max(highest, entry.head.max_seq)
         return highest
 
+    async def committed_seqs(
+        self, slots: Collection[str], within: range, committed: int
+    ) -> set[int]:
+        """The stream sequences in `within` that the entries of `slots` hold of batches up to
+        `committed` (the query emitted them; `ledger_protocol.holds_committed`). Reads those
+        entries: only when a consumer was created again past what the query saw acked."""
+        assert self.ledger is not None
+        found: set[int] = set()
+        for (gen, slot), entry in self.entries.items():
+            head = entry.head
+            if slot not in slots or head is None or head.max_seq < within.start:
+                continue
+            if protocol.holds_committed(head, gen, committed):
+                deliveries = await read_deliveries(self.ledger, head)
+                found.update(seq for seq in deliveries.stream_seq if seq in within)
+        return found
+
     async def forget_settled(self, horizons: dict[str, Horizon], committed: int) -> None:
         """Forget the entries that settled (`ledger_protocol.settles`)."""
         assert self.ledger is not None
@@ -284,13 +319,15 @@ class DriverLedger:
                 if now - since >= protocol.SETTLE_SECONDS:
                     settled.append(key)
         if settled:
+            # With the floors they settled by, if the pointer has them not yet: fenced anew.
+            fenced = -1 if self.sightings_moved() else self.settled
             await protocol.remove_settled(
-                self.ledger, settled, self.settled, self._raise_fence, self.entries.__delitem__
+                self.ledger, settled, fenced, self._raise_fence, self.entries.__delitem__
             )
 
     async def _raise_fence(self, gen: int) -> None:
         """Fence the batches up to `gen` off in the pointer (`Pointer.settled`)."""
-        self.settled = gen
+        self.settled = max(self.settled, gen)
         await self.save_pointer()
 
     async def missing(self, gen: int, slots: Iterable[str]) -> list[str]:
@@ -380,6 +417,20 @@ def entries_lost(bucket: str, gen: int, slots: list[str]) -> EntriesLost:
         "while messages are still unacked: those of that batch would be emitted a second "
         "time; set failOnDataLoss=false to go on at-least-once"
     )
+
+
+async def _newest_pins(ledger: Ledger) -> frozenset[str]:
+    """The pins the newest entry of each slot of `ledger`'s lineage holds (its tasks took them:
+    that lineage's query's own)."""
+    newest: dict[str, int] = {}
+    for gen, slot in await ledger.heads():
+        newest[slot] = max(gen, newest.get(slot, 0))
+    pins: set[str] = set()
+    for slot, gen in newest.items():
+        found = await read_head(ledger, gen, slot)
+        if found is not None and found[0].pin:
+            pins.add(found[0].pin)
+    return frozenset(pins)
 
 
 def _given_back(count: int) -> None:

@@ -24,7 +24,11 @@ from nats_spark.pcg.consumers import (
 from nats_spark.pcg.kinds import ConsumerLayout, GroupKind
 from nats_spark.pcg.partitioning import member_partitions, partition_owner
 from nats_spark.pcg.store import GroupEntry, load_group
-from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
+from nats_spark.spark.group_source.driver.consumer_checks import (
+    NOTHING_KNOWN,
+    SeenConsumers,
+    Skipped,
+)
 from nats_spark.spark.group_source.driver.group_consumers import ensure
 from nats_spark.spark.group_source.driver.layouts import GroupLayouts
 from nats_spark.spark.group_source.driver.slots import Held, Slot
@@ -253,10 +257,10 @@ class GroupTarget:
             return self._slot(name, partition_consumer(entry, p), partition_owner(entry.config, p))
         return self._slot(name, member_consumer(entry, name), name)
 
-    def look(self, slot: Slot, info: ConsumerInfo) -> None:
+    def look(self, slot: Slot, info: ConsumerInfo, skipped: Skipped = NOTHING_KNOWN) -> None:
         """Check a consumer as planning sees it: its config, and that it is still the one the
         query read (`recreation`)."""
-        self.seen.look(slot.stream, slot.consumer, info, self.recreation(slot))
+        self.seen.look(slot.stream, slot.consumer, info, self.recreation(slot), skipped)
 
     def recreation(self, slot: Slot) -> str | None:
         """How to go on when `slot`'s consumer was deleted and created again: a static group's
