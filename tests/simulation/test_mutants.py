@@ -29,6 +29,10 @@ RARE = {
     # after its head stood still (a stall), in few schedules.
     "overtaken-attempt-fails": (72, 262),  # of 0-399
     "zombie-recreates-settled": (11753,),  # the only one of 0-12000 on the merged schedules
+    # In worlds with pausing executors (`Mutant.edit`: attempts Spark lost run on after their
+    # batch settled or their query was given back), of 0-299 (2026-11-29):
+    "take-over-unfenced": (191, 66, 103),  # 191 a settled batch's, 66 and 103 a given-back one's
+    "given-back-zombie-entry-left": (107, 112),  # 3 of 0-299: 107, 112, 297
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
 # dozens (on the schedules of 2026-11-28): searched first, then the rest of the range, so the
@@ -40,6 +44,7 @@ FIRST_CATCHING = {
     "initial-offset-new-lineage": 32,
     "new-checkpoint-takes-earlier-batch": 32,
     "replaced-lineage-forgotten": 83,
+    "zombie-chunks-left": 7,  # in worlds with pausing executors: 24 of 0-299 (7, 17, 21, ...)
 }
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.
 _STAND_BY = (
@@ -52,18 +57,10 @@ UNCAUGHT: dict[str, str] = {
     "skips an entry that took nothing and the quiet run's limit counts from its last batch "
     "(9216's catch was that limit's: an acked entry left when it ended); search a long range",
     "siblings-lateness-from-take": _STAND_BY.format("1959, 8791 (of 0-9999, shared worlds)"),
-    "zombie-chunks-left": _STAND_BY.format("265, 427, 1015, 1221, 1307 (of 0-5999)"),
     "give-back-naks-the-recorded-delivery": _STAND_BY.format("3433, 7289 (of 0-12000)"),
     "give-back-under-a-recording-attempt": "seed 39465 of 0-59999 caught it until the simulated "
     "server followed nats-server (2026-11-28), which changed the schedules; search a long "
     "range for a new one",
-    "take-over-unfenced": (
-        "hole 4 of issue 45 needs a zombie of a settled batch whose create's answer is lost; "
-        "no seed of 0-1999 catches it (test_ledger_entries and test_faults show the hole)"
-    ),
-    "given-back-zombie-entry-left": "seed 44773 of 0-59999 caught it before the schedules of "
-    "2026-11-28 (stop 45); none of 0-12000 does now: search a long range for a new one "
-    "(test_ledger_entries shows the hole)",
 }
 
 
