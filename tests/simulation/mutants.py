@@ -214,6 +214,7 @@ MUTANTS = (
                 "        head = None if found is None else found[0]\n",
             ),
         ),
+        edit=STALLING,
     ),
     Mutant(
         "zombie-chunks-left",

@@ -119,12 +119,13 @@ def draw_hostility(rng: random.Random) -> dict[str, Any]:
 
 
 def stalling_executors(setup: Setup, rng: random.Random) -> Setup:
-    """`setup` in the family of worlds whose executors pause (GC, a host paused): short pauses
-    often, and long ones after which Spark has given up on the attempt (its heartbeats stopped
-    for `spark.network.timeout`, two minutes by default: ack waits), which then runs on beside
+    """`setup` in the family of worlds whose executors pause (a GC, a host paused): Spark gives
+    up on an attempt whose executor sent no heartbeat for `spark.network.timeout` (two minutes
+    by default: ack waits), so such an attempt stalls for ack waits and then runs on beside
     what its retry did meanwhile (committed, acked and settled its batch, or a query on a new
-    checkpoint gave its lineage back). Drawn apart (`rng`), so the schedule's own draws stay
-    the seed's."""
+    checkpoint gave its lineage back); their pauses time requests out, so answers to the
+    ledger's writes are lost more often; runs start on a new checkpoint often. Drawn apart
+    (`rng`), so the schedule's own draws stay the seed's."""
     chaos = replace(
         setup.chaos,
         task_lost=rng.choice((0.01, 0.03)),
