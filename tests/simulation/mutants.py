@@ -272,6 +272,7 @@ MUTANTS = (
                 "    return deliveries\n    last = info.delivered_consumer_seq\n",
             ),
         ),
+        edit=STALLING,
     ),
     Mutant(
         "give-back-fails-on-an-empty-entry",

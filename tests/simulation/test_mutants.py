@@ -33,7 +33,8 @@ RARE = {
     # batch settled or their query was given back), of 0-299 (2026-11-29):
     "take-over-unfenced": (191, 66, 103),  # 191 a settled batch's, 66 and 103 a given-back one's
     "given-back-zombie-entry-left": (107, 112),  # 3 of 0-299: 107, 112, 297
-    "give-back-under-a-recording-attempt": (147,),  # the only one of 0-1299
+    "give-back-under-a-recording-attempt": (147,),  # the only one of 0-2599
+    "give-back-naks-the-recorded-delivery": (1200,),  # the only one of 0-1299
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
 # dozens (on the schedules of 2026-11-28): searched first, then the rest of the range, so the
@@ -64,8 +65,6 @@ UNCAUGHT: dict[str, str] = {
     "siblings-lateness-from-take": _STAND_BY.format("1959, 8791 (of 0-9999, shared worlds)")
     + "; none of 0-299 shared with pausing executors either (it needs a pause between the "
     "server's send and the take)",
-    "give-back-naks-the-recorded-delivery": _STAND_BY.format("3433, 7289 (of 0-12000)")
-    + "; none of 0-1299 with pausing executors either",
 }
 
 
