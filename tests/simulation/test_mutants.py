@@ -34,7 +34,7 @@ RARE = {
     "take-over-unfenced": (191, 66, 103),  # 191 a settled batch's, 66 and 103 a given-back one's
     "given-back-zombie-entry-left": (107, 112),  # 3 of 0-299: 107, 112, 297
     "give-back-under-a-recording-attempt": (147,),  # the only one of 0-2599
-    "give-back-naks-the-recorded-delivery": (1200,),  # the only one of 0-1299
+    "give-back-naks-the-recorded-delivery": (1200, 1622),  # 3 of 0-2299: 1200, 1622, 2255
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
 # dozens (on the schedules of 2026-11-28): searched first, then the rest of the range, so the
