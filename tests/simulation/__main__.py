@@ -61,6 +61,11 @@ def main() -> int:
         "--packed", action="store_true", help="both slots read by one task (maxTasksPerBatch=1)"
     )
     parser.add_argument(
+        "--stalling-executors",
+        action="store_true",
+        help="executors pause: often shortly, and for ack waits after which Spark lost the attempt",
+    )
+    parser.add_argument(
         "--chaos-waits", type=float, help="how long the chaotic phase lasts, in ack waits"
     )
     parser.add_argument(
@@ -78,6 +83,8 @@ def main() -> int:
         overrides["version"] = args.spark
     if args.packed:
         overrides["packed"] = True
+    if args.stalling_executors:
+        overrides["stalling_executors"] = True
     if args.seed is not None:
         result = run_schedule(args.seed, verbose=args.verbose, **overrides)
         if not args.verbose:

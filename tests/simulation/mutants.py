@@ -40,6 +40,9 @@ WORLD = "tests.simulation.world"
 # spark.speculation's wait in the worlds that turn it on (`Setup.speculation`): nearly every task
 # attempt gets a copy beside it.
 SPECULATION = 0.1
+# The worlds whose executors pause for ack waits (`stalling_executors`): Spark loses an attempt
+# that runs on once its batch settled or its query was given back (zombies' holes).
+STALLING = (("stalling_executors", True),)
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,8 @@ class Mutant:
     hole: str  # the hole it reopens, and the commit that closed it
     patches: tuple[Patch, ...]
     shared: bool = False  # its hole needs siblings: every world has a shared consumer
-    # an operator's edit every world of its schedules has (Setup's fields: max_deliver, ...)
+    # an operator's edit, or a family of worlds, every world of its schedules has (Setup's
+    # fields: max_deliver, recreate_consumer, stalling_executors, ...)
     edit: tuple[tuple[str, object], ...] = ()
     speculation: bool = False  # its hole needs spark.speculation: every world has it on
     packed: bool = False  # its hole needs packed slots: every world packs its slots in one task
@@ -195,6 +199,7 @@ MUTANTS = (
                 "            if False:\n",
             ),
         ),
+        edit=STALLING,
     ),
     Mutant(
         "give-back-under-a-recording-attempt",
@@ -209,6 +214,7 @@ MUTANTS = (
                 "        head = None if found is None else found[0]\n",
             ),
         ),
+        edit=STALLING,
     ),
     Mutant(
         "zombie-chunks-left",
@@ -222,6 +228,7 @@ MUTANTS = (
                 "",
             ),
         ),
+        edit=STALLING,
     ),
     Mutant(
         "ledger-keeps-max-age",
@@ -250,6 +257,7 @@ MUTANTS = (
                 "    elif False:\n",
             ),
         ),
+        edit=STALLING,
     ),
     Mutant(
         "give-back-naks-the-recorded-delivery",
@@ -264,6 +272,7 @@ MUTANTS = (
                 "    return deliveries\n    last = info.delivered_consumer_seq\n",
             ),
         ),
+        edit=STALLING,
     ),
     Mutant(
         "give-back-fails-on-an-empty-entry",

@@ -210,6 +210,10 @@ class Chaos:
     task_lost: float = 0.0
     stall: float = 0.0
     crashes: int = 0  # at most this many crashes and losses in all
+    # A lost attempt's executor stalled (a long pause, its heartbeats stopped: Spark gives up on
+    # it), and its attempt runs on once the stall ends, after 1 to this many ack waits (0: it
+    # runs on at once, as one cut off from the driver does).
+    lost_stall: float = 0.0
     enabled: bool = True
 
 
@@ -308,11 +312,14 @@ class Scheduler:
                 me.lost = True
                 self.note(f"LOST at {what} (Spark retries it; it runs on)")
                 me.finished.set_exception(Lost())
+                if chaos.lost_stall:
+                    self.stall(me, what, self.ack_wait * self.rng.uniform(1.0, chaos.lost_stall))
+                    await self.sleep(me.frozen_until - loop.now)
+                    return
         draw = self.rng.random()
         if chaos.enabled and draw < chaos.stall:
             delay = self.ack_wait * self.rng.uniform(0.2, 1.3)
-            me.frozen_until = loop.now + delay
-            self.note(f"stalls {delay:.1f}s at {what} (its whole process)")
+            self.stall(me, what, delay)
         elif draw < 0.4:
             return  # no switch: the call answers at once
         elif draw < 0.7:  # `sleep(0)`, without its coroutine: one round of the loop
@@ -323,6 +330,11 @@ class Scheduler:
         else:
             delay = self.rng.choice((0.001, 0.01, 0.05, 0.2))
         await self.sleep(delay)
+
+    def stall(self, me: Participant, at: str, delay: float) -> None:
+        """`me`'s whole process pauses for `delay` seconds from now (GC, CPU starvation)."""
+        me.frozen_until = self.loop.now + delay
+        self.note(f"stalls {delay:.1f}s at {at} (its whole process)")
 
     def kill(self, victim: Participant, at: str) -> None:
         victim.dead = True

@@ -11,6 +11,7 @@ from tests.simulation.mutants import SPECULATION
 from tests.simulation.test_simulation import (
     EXPLORED,
     RECREATED_EXPLORED,
+    STALLING_EXPLORED,
     assert_schedules_keep_the_guarantees,
 )
 
@@ -30,3 +31,7 @@ def test_packed_schedules_keep_the_guarantees() -> None:
 
 def test_schedules_with_a_consumer_created_again_keep_the_guarantees() -> None:
     assert_schedules_keep_the_guarantees(RECREATED_EXPLORED, jobs=1, recreate_consumer=True)
+
+
+def test_schedules_with_pausing_executors_keep_the_guarantees() -> None:
+    assert_schedules_keep_the_guarantees(STALLING_EXPLORED, jobs=1, stalling_executors=True)

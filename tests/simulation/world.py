@@ -84,6 +84,9 @@ class Setup:
     # Settings the source must refuse or survive, never drawn (a run's override):
     max_deliver: int = 0  # the consumers' max_deliver (0: none)
     recreate_consumer: bool = False  # a consumer is deleted and created again (DeliverAll)
+    # A family of worlds, never drawn (a run's override): executors that pause, short and long
+    # (`stalling_executors`).
+    stalling_executors: bool = False
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -117,6 +120,28 @@ def draw_hostility(rng: random.Random) -> dict[str, Any]:
         "restart_after_acks": rng.choice((0.0, 0.0, 0.02, 0.1)),
         "purges": rng.random() < 0.3,
     }
+
+
+def stalling_executors(setup: Setup, rng: random.Random) -> Setup:
+    """`setup` in the family of worlds whose executors pause (a GC, a host paused): Spark gives
+    up on an attempt whose executor sent no heartbeat for `spark.network.timeout` (two minutes
+    by default: ack waits), so such an attempt stalls for ack waits and then runs on beside
+    what its retry did meanwhile (committed, acked and settled its batch, or a query on a new
+    checkpoint gave its lineage back); their pauses time requests out, so answers to the
+    ledger's writes are lost more often; runs start on a new checkpoint often. Drawn apart
+    (`rng`), so the schedule's own draws stay the seed's."""
+    chaos = replace(
+        setup.chaos,
+        task_lost=rng.choice((0.01, 0.03)),
+        lost_stall=rng.choice((4.0, 8.0)),
+        crashes=max(setup.chaos.crashes, 2),
+    )
+    return replace(
+        setup,
+        chaos=chaos,
+        lost_answer=rng.choice((0.1, 0.2)),
+        new_checkpoint=rng.choice((0.0, 0.3, 0.5)),
+    )
 
 
 class SimBucket:
@@ -498,6 +523,9 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
         **overrides,
     }
     setup = replace(Setup.draw(rng), **drawn)
+    if setup.stalling_executors:
+        family = stalling_executors(setup, random.Random(f"stalling executors {seed}"))
+        setup = replace(family, **overrides)
     sched = Scheduler(rng, replace(setup.chaos), setup.ack_wait, verbose=verbose)
     world = World(setup, sched, side=side, faults=faults, ids=random.Random(seed))
     logger = logging.getLogger("nats_spark")

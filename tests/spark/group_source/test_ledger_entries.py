@@ -780,6 +780,43 @@ def test_an_attempt_that_outlived_its_settled_batch_is_fenced_when_its_create_an
     assert run_sync(Ledger(kv, lineage).heads()) == []
 
 
+class _SettledBeforeTheTakeOver(MemoryBucket):
+    """A bucket where the driver settles the batch (its pointer fenced, the entry and its chunks
+    removed) just before the next head update lands: the take-over's write of an attempt that
+    paused between reading the head and writing it."""
+
+    def __init__(self, lineage: str) -> None:
+        super().__init__()
+        self.lineage = lineage
+        self.settle_at_update = False
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        if self.settle_at_update:
+            self.settle_at_update = False
+            await write_pointer(self, "query.S.g", Pointer(self.lineage, 3, settled=1))
+            await self.remove(key)
+        return await super().update(key, value, last)
+
+
+def test_a_take_over_whose_entry_settled_meanwhile_leaves_nothing(lineage: str) -> None:
+    """An attempt takes over an entry its holder released and pauses before its head write;
+    the batch is committed by then (a retry sealed it), acked and settled: entry and chunks
+    removed. The write conflicts, the claim goes round again and creates the entry, and the
+    create's answer is lost: the attempt must pass the fence and leave nothing, not stop at
+    the chunks its head names (the taken-over ones, removed)."""
+    kv = _SettledBeforeTheTakeOver(lineage)
+    run_sync(write_pointer(kv, "query.S.g", Pointer(lineage, 2)))
+    holder = claimed(kv, input_partition(lineage, gen=1))
+    take(holder, [1, 2])
+    run_sync(holder.release())
+    kv.settle_at_update = True
+    kv.lost_answer = lambda key: key == f"{lineage}.1.m1"
+    retry = attempt(kv, input_partition(lineage, gen=1))
+    with pytest.raises(LedgerConflict, match="outlived"):
+        run_sync(retry.claim())
+    assert run_sync(Ledger(kv, lineage).heads()) == []
+
+
 def test_acks_at_stop_cover_the_committed_batches_only(
     kv: MemoryBucket, lineage: str, published_acks: list[bytes]
 ) -> None:

@@ -105,7 +105,12 @@ class SlotEntry:
             try:
                 self.revision = await write_head(ledger, gen, slot, self.head, revision)
             except LedgerConflict:
-                continue  # the attempt it takes over wrote meanwhile (a zombie): read it again
+                # The attempt it takes over wrote meanwhile (a zombie), or the entry was removed
+                # (its batch settled): read it again, and should it be gone, create it afresh,
+                # naming none of the chunks taken over (the fence then stops this attempt).
+                self.head = EntryHead(attempt=self.head.attempt)
+                self.recorded_earlier, self.taken = EntryDeliveries(), set()
+                continue
             if own:  # it passes the fence as a create does
                 await protocol.check_fence(ledger, self.partition.pointer_key, gen, slot)
             # The attempt that died may have recorded without looking at its siblings' records.
