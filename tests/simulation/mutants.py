@@ -180,8 +180,10 @@ MUTANTS = (
         (
             Patch(
                 SLOT_ENTRY,
-                "                    await protocol.check_fence(ledger, "
-                "self.partition.pointer_key, gen, slot)\n",
+                "                    await protocol.check_fence(\n"
+                "                        ledger, self.partition.pointer_key, gen, slot, "
+                "self.head.attempt\n"
+                "                    )\n",
                 "",
             ),
         ),
@@ -255,6 +257,21 @@ MUTANTS = (
                 LEDGER_PROTOCOL,
                 "    elif ledger.lineage in pointer.retired:\n",
                 "    elif False:\n",
+            ),
+        ),
+        edit=STALLING,
+    ),
+    Mutant(
+        "fence-removes-a-retry-s-entry",
+        "an attempt that outlived its settled batch, its create's answer held up by a pause, "
+        "removed the entry its retry had sealed since: the fence is the newest settled gen, and "
+        "that entry was still kept (its acks lost in a server restart), so a redelivery of its "
+        "message was emitted a second time",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "    if found is not None and found[0].attempt == attempt:\n",
+                "    if True:\n",
             ),
         ),
         edit=STALLING,

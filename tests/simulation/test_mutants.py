@@ -33,7 +33,8 @@ RARE = {
     # batch settled or their query was given back), of 0-299 (2026-11-29):
     "take-over-unfenced": (151, 384, 388),  # the first 3 of 0-2599 after the planning change
     "given-back-zombie-entry-left": (107, 112),  # 3 of 0-299: 107, 112, 297
-    "give-back-under-a-recording-attempt": (147,),  # the only one of 0-2599
+    # Found by a search of 2600-12000 for another mutant: it broke exactly once unmutated.
+    "fence-removes-a-retry-s-entry": (6383,),
     "give-back-naks-the-recorded-delivery": (1200, 1622),  # 3 of 0-2299: 1200, 1622, 2255
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
@@ -65,6 +66,9 @@ UNCAUGHT: dict[str, str] = {
     "siblings-lateness-from-take": _STAND_BY.format("1959, 8791 (of 0-9999, shared worlds)")
     + "; none of 0-299 shared with pausing executors either (it needs a pause between the "
     "server's send and the take)",
+    "give-back-under-a-recording-attempt": "seed 147, the only one of 0-2599 in the worlds "
+    "whose executors pause, no longer catches it once planning asks for all consumer infos at "
+    "once (2026-11-29); none of 0-12000 does: search a long range for a new one",
     "zombie-recreates-settled": "seed 11753, the only one of 0-12000 before, no longer catches "
     "it once the pointer is written whenever the consumers' floors moved (stop 46), which moved "
     "the schedules; a search of 0-5000, stopped unfinished after 25 minutes, found none: search "

@@ -116,13 +116,16 @@ async def create(
     return revision
 
 
-async def check_fence(ledger: Ledger, pointer_key: str, gen: int, slot: str) -> None:
+async def check_fence(ledger: Ledger, pointer_key: str, gen: int, slot: str, attempt: str) -> None:
     """After `create` or `take_over`: fail when the batch's entries were settled, or its
     lineage's given back (the driver raises the fence before it removes, so a create after the
     removal finds the fence). This attempt outlived its committed batch, whose messages would be
-    acked as committed, or its query, whose entry nothing would remove: the entry goes again. So
-    does a take-over of the attempt's own create, whose answer was lost (the retry finds the
-    key, and the attempt its own open head)."""
+    acked as committed, or its query, whose entry nothing would remove: the entry goes again
+    while it is still `attempt`'s. So does a take-over of the attempt's own create, whose answer
+    was lost (the retry finds the key, and the attempt its own open head). An entry another
+    attempt took over meanwhile stays: the fence is the newest settled gen, and an older entry
+    of a retry may still be kept, its acks lost (a server restart), for the dedupe of their
+    redeliveries."""
     pointer = await read_pointer(ledger.kv, pointer_key)
     if pointer is None:
         return
@@ -132,7 +135,9 @@ async def check_fence(ledger: Ledger, pointer_key: str, gen: int, slot: str) -> 
         outlived = "its query was replaced by one on a new checkpoint, which gave it back"
     else:
         return
-    await ledger.delete_entry(gen, slot)
+    found = await read_head(ledger, gen, slot)
+    if found is not None and found[0].attempt == attempt:
+        await ledger.delete_entry(gen, slot)
     raise LedgerConflict(
         f"ledger entry {ledger.head_key(gen, slot)}: {outlived}; this task attempt outlived it"
     )

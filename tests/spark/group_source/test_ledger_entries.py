@@ -734,6 +734,25 @@ def test_an_attempt_that_outlived_its_settled_batch_cannot_create_its_entry_agai
     assert claimed(kv, input_partition(other, gen=1)).head.state is EntryState.OPEN
 
 
+def test_the_fence_leaves_the_entry_a_retry_sealed(kv: MemoryBucket, lineage: str) -> None:
+    """An attempt of batch 1 pauses after its create took effect; its retry takes the entry over
+    and seals it; a later batch settles, so the fence (the newest settled gen) covers gen 1,
+    while gen 1's entry is still kept (its acks lost in a server restart: its redeliveries are
+    dropped by it). The attempt resumes and finds the fence: it stops, and leaves the retry's
+    entry (before, it removed whatever entry it found)."""
+    paused = claimed(kv, input_partition(lineage, gen=1))
+    run_sync(paused.release())  # as a retry that stood by finds it: released, taken over
+    retry = claimed(kv, input_partition(lineage, gen=1))
+    take(retry, [1, 2])
+    run_sync(retry.seal())
+    run_sync(write_pointer(kv, "query.S.g", Pointer(lineage, 3, settled=2)))
+    ledger = Ledger(kv, lineage)
+    with pytest.raises(LedgerConflict, match="outlived"):
+        run_sync(ledger_protocol.check_fence(ledger, "query.S.g", 1, "m1", paused.head.attempt))
+    head = run_sync(read_head(ledger, 1, "m1"))
+    assert head is not None and head[0].state is EntryState.SEALED
+
+
 def test_an_attempt_of_a_given_back_lineage_cannot_create_its_entry_after_the_give_back(
     kv: MemoryBucket, lineage: str
 ) -> None:

@@ -85,7 +85,9 @@ class SlotEntry:
                     ledger, gen, slot, self.head, self.partition.pin_id
                 )
                 if revision is not None:
-                    await protocol.check_fence(ledger, self.partition.pointer_key, gen, slot)
+                    await protocol.check_fence(
+                        ledger, self.partition.pointer_key, gen, slot, self.head.attempt
+                    )
                     self.revision = revision
                     return
                 continue  # another attempt created it first: read it
@@ -112,7 +114,9 @@ class SlotEntry:
                 self.recorded_earlier, self.taken = EntryDeliveries(), set()
                 continue
             if own:  # it passes the fence as a create does
-                await protocol.check_fence(ledger, self.partition.pointer_key, gen, slot)
+                await protocol.check_fence(
+                    ledger, self.partition.pointer_key, gen, slot, self.head.attempt
+                )
             # The attempt that died may have recorded without looking at its siblings' records.
             siblings = self.partition.siblings
             twice = await self.drop_taken_twice(set(self.taken)) if siblings else set()
