@@ -390,9 +390,9 @@ MUTANTS = (
         (
             Patch(
                 BATCH_COORDINATOR,
-                "            self._dedupe(slot.stream, end.gen, dedupes) "
+                "        dedupe, dedupe_through = dedupes[slot.stream] "
                 "if task.limit else NO_DEDUPE\n",
-                "            NO_DEDUPE\n",
+                "        dedupe, dedupe_through = NO_DEDUPE\n",
             ),
         ),
     ),

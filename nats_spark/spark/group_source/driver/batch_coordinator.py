@@ -420,7 +420,8 @@ class BatchCoordinator:
             await self.ledger.ack_through(await self._connect(), committed, name)
         self.ledger.expect(end.gen, [task.slot for task in plan.tasks if task.slot in end.slots])
         await self._look_remembered([known[task.slot] for task in plan.tasks if task.limit])
-        dedupes: dict[str, Dedupe] = {}
+        pulling = {known[task.slot].stream for task in plan.tasks if task.limit}
+        dedupes = {stream: self._dedupe(stream, end.gen) for stream in pulling}
         readers = readers_by_consumer(self.states, end.slots)
         return [self._input_partition(known[t.slot], end, t, dedupes, readers) for t in plan.tasks]
 
@@ -499,15 +500,13 @@ class BatchCoordinator:
         slot: Slot,
         end: SourceOffset,
         task: SlotTask,
-        dedupes: dict[str, Dedupe],
+        dedupes: dict[str, Dedupe],  # by stream, of the streams pulled from
         readers: dict[str, tuple[str, ...]],
     ) -> SlotPartition:
         """The input partition of `slot` in batch `end`: what it may take (0: it only acks),
         what it acks first, and the earlier entries whose redeliveries it drops."""
         options, name, states = self.options, slot.name, self.states
-        dedupe, dedupe_through = (
-            self._dedupe(slot.stream, end.gen, dedupes) if task.limit else NO_DEDUPE
-        )
+        dedupe, dedupe_through = dedupes[slot.stream] if task.limit else NO_DEDUPE
         seen = states[name].seen if name in states else None
         state = states.get(name)
         waits = state is not None and seen is not None and seen.ack_pending > state.ours
@@ -533,20 +532,18 @@ class BatchCoordinator:
             consumer_sighting=self._sighting(slot) if task.limit else None,
         )
 
-    def _dedupe(self, stream: str, gen: int, dedupes: dict[str, Dedupe]) -> Dedupe:
+    def _dedupe(self, stream: str, gen: int) -> Dedupe:
         """The earlier entries whose redeliveries a task reading `stream` in batch `gen` drops,
         and the highest sequence they hold: the same for every slot of the stream, so worked out
         once a batch (per slot, planning grew with the square of the slots)."""
-        if stream not in dedupes:
-            states = self.states
-            same_stream = {
-                other
-                for _, other in self.ledger.entries
-                if other not in states or states[other].slot.stream == stream
-            }
-            spans = self.ledger.dedupe_spans(gen, same_stream)
-            dedupes[stream] = (spans, self.ledger.highest_seq(spans))
-        return dedupes[stream]
+        states = self.states
+        same_stream = {
+            other
+            for _, other in self.ledger.entries
+            if other not in states or states[other].slot.stream == stream
+        }
+        spans = self.ledger.dedupe_spans(gen, same_stream)
+        return spans, self.ledger.highest_seq(spans)
 
     def _sighting(self, slot: Slot) -> ConsumerSighting | None:
         """What `slot`'s task checks its deliveries against to tell a consumer deleted and
