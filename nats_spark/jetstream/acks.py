@@ -120,18 +120,24 @@ class InProgressKeeper:
         return ack_commands(list(self.held.values()), IN_PROGRESS), len(self.held)
 
     async def run(self) -> None:
-        """A round every third of the ack wait until `stop`. Each wait is one future and one
-        timer, not `wait_for` on an event (a task per round), which the driver's keeper would
-        pay a dozen times per ack wait and the simulation at every round."""
+        """A round every third of the ack wait until `stop`, each due a third after the one
+        before started, not after it ended: a round whose flush a busy machine holds up does
+        not put off the next (on two loaded cores a round's answer took most of a second wait,
+        and every round coming that much later let a 1 s wait run out). Each wait is one future
+        and one timer, not `wait_for` on an event (a task per round), which the driver's keeper
+        would pay a dozen times per ack wait and the simulation at every round."""
         loop = asyncio.get_running_loop()
+        due = loop.time()
         while not self.stopped:
+            due += self.ack_wait / 3
             self._between_rounds = waiting = loop.create_future()
-            timer = loop.call_later(self.ack_wait / 3, _end_wait, waiting)
+            timer = loop.call_at(due, _end_wait, waiting)
             try:
                 await waiting
             finally:
                 timer.cancel()
             if not self.stopped:
+                due = loop.time()  # the next is due a third after this one starts
                 await self.renew()
 
     def stop(self) -> None:

@@ -28,10 +28,10 @@ RARE = {
     "siblings-seal-under-a-new-consumer": (111, 127),  # 3 of 0-199: 111, 127, 173
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
-    "overtaken-attempt-fails": (71, 275),  # the first 2 of 0-6000 (2026-11-29)
+    "overtaken-attempt-fails": (9, 107),  # the first 2 of 0-20000 after the keeper cadence change
     # In worlds with pausing executors (`Mutant.edit`: attempts Spark lost run on after their
     # batch settled or their query was given back), of 0-299 (2026-11-29):
-    "take-over-unfenced": (151, 384, 388),  # the first 3 of 0-2599 after the planning change
+    "take-over-unfenced": (55, 144),  # the first 2 of 0-20000 after the keeper cadence change
     "given-back-zombie-entry-left": (107, 112),  # 3 of 0-299: 107, 112, 297
     # Found by a search of 2600-12000 for another mutant: it broke exactly once unmutated.
     "fence-removes-a-retry-s-entry": (6383,),

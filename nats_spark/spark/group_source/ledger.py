@@ -78,6 +78,7 @@ from nats_spark.errors import ConfigurationError, NatsSparkError, NotFound
 from nats_spark.jetstream.acks import ACK, ack_commands, ack_prefix
 from nats_spark.jetstream.retry import is_transient, retrying
 from nats_spark.jetstream.subjects import ack_numbers
+from nats_spark.requests_at_once import all_results
 from nats_spark.spark.shared.columns import BATCH_ROWS
 
 log = logging.getLogger(__name__)
@@ -492,9 +493,22 @@ async def read_head(ledger: Ledger, gen: int, slot: str) -> tuple[EntryHead, int
 
 async def read_deliveries(ledger: Ledger, head: EntryHead) -> EntryDeliveries:
     """What the entry of `head` recorded, in the order it was taken."""
-    found = EntryDeliveries((head.prefix or "").encode())
-    for key in head.chunks:
-        found.extend(chunk_deliveries(await ledger.read_chunk(key), head))
+    return (await read_all_deliveries(ledger, [head]))[0]
+
+
+async def read_all_deliveries(ledger: Ledger, heads: Sequence[EntryHead]) -> list[EntryDeliveries]:
+    """What the entries of `heads` recorded, each in the order it was taken. Their chunks are
+    read at once: an entry of many small pulls has a chunk per pull (thousands in a long batch
+    of one-message pulls), which one get after the other took the driver's keeper longer than
+    the ack wait it keeps."""
+    keys = [key for head in heads for key in head.chunks]
+    chunks = iter(await all_results(ledger.read_chunk(key) for key in keys))
+    found = []
+    for head in heads:
+        deliveries = EntryDeliveries((head.prefix or "").encode())
+        for _ in head.chunks:
+            deliveries.extend(chunk_deliveries(next(chunks), head))
+        found.append(deliveries)
     return found
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import time
 import uuid
@@ -22,6 +23,7 @@ from nats_spark.errors import ConfigurationError
 from nats_spark.jetstream import acks
 from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.loop import run_sync
+from nats_spark.requests_at_once import AT_ONCE
 from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
@@ -46,6 +48,8 @@ from nats_spark.spark.group_source.task.slot_history import (
     SlotHistory,
     ack_committed_together,
 )
+from tests.simulation import scheduler
+from tests.simulation.scheduler import START_TIME, VirtualLoop
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("short_holds")]
 
@@ -590,6 +594,55 @@ def test_the_sealed_keeper_reads_an_entry_only_once_its_wait_may_be_due(
     sealed(kv, other, 1, [4])
     run_sync(ledger.adopt(SourceOffset(other, 1)))
     assert run_sync(keeper.due())[1] == 1  # at 20 s, as at a restart
+
+
+def test_the_sealed_keeper_reads_the_chunks_of_due_entries_at_once(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry of one-message pulls has a chunk per message: read one after the other, a round
+    over two such entries of 3,600 chunks each took 27 s on a loaded machine, far past the 1 s
+    wait it was to restart, and every message came back. The round reads them at once."""
+    for slot in ("m1", "m2"):
+        entry = claimed(kv, input_partition(lineage, 1, slot))
+        for seq in range(1, 41):
+            take(entry, [seq])
+        run_sync(entry.seal())
+    in_flight, most = [0], [0]
+    read_chunk = Ledger.read_chunk
+
+    async def counted(self: Ledger, key: str) -> bytes:
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        await asyncio.sleep(0)
+        in_flight[0] -= 1
+        return await read_chunk(self, key)
+
+    monkeypatch.setattr(Ledger, "read_chunk", counted)
+    ledger = driver(kv)
+    run_sync(ledger.adopt(SourceOffset(lineage, 1)))
+    keeper = SealedKeeper(lambda: CLIENT, ledger, ack_wait=12.0)
+    assert run_sync(keeper.due())[1] == 80
+    assert most[0] == AT_ONCE  # as many as one caller keeps in flight
+
+
+def test_a_keeper_round_slower_than_its_period_does_not_put_off_the_next() -> None:
+    """Rounds are due a third of the ack wait after the previous one started: one whose flush
+    took most of the period is followed at once, not a third of the wait later (rounds 0.6 s
+    apart under a 1 s wait let messages come back on a loaded machine)."""
+    loop = VirtualLoop()
+    started: list[float] = []
+
+    class SlowRounds(acks.InProgressKeeper):
+        async def renew(self) -> None:
+            started.append(loop.time())
+            await asyncio.sleep(0.4 if len(started) < 3 else 0.1)
+            if len(started) == 5:
+                self.stop()
+
+    scheduler.run(loop, SlowRounds(None, ack_wait=0.6, label="slot").run())  # type: ignore[arg-type]
+    gaps = [round(later - earlier, 6) for earlier, later in itertools.pairwise(started)]
+    assert started[0] == pytest.approx(START_TIME + 0.2)
+    assert gaps == [0.4, 0.4, 0.2, 0.2]
 
 
 def test_a_checkpoints_first_batch_gives_back_an_entry_created_after_its_driver_adopted(

@@ -32,9 +32,10 @@ from nats_spark.jetstream.acks import (
     SHORT_ACK_WAIT,
     InProgressKeeper,
 )
+from nats_spark.requests_at_once import all_results
 from nats_spark.spark.group_source import ledger_protocol as protocol
-from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger
-from nats_spark.spark.group_source.ledger import read_deliveries, read_head
+from nats_spark.spark.group_source.driver.driver_ledger import DriverEntry, DriverLedger
+from nats_spark.spark.group_source.ledger import EntryHead, read_all_deliveries, read_head
 
 _LOOKS = 12  # looks per ack wait
 _LEFT = 1 / 3  # of the ack wait, what an entry's wait keeps at least at every look
@@ -67,15 +68,19 @@ class SealedKeeper(InProgressKeeper):
         now = clock.monotonic()
         sealed_after = self.looked - self.wait * RESTART_AFTER  # an entry missing then
         started: dict[tuple[int, str], float] = {}
-        self.restarting, commands, count = [], list[bytes](), 0
+        due: list[tuple[tuple[int, str], DriverEntry]] = []
         for key, entry in list(self.driver_ledger.entries.items()):
             if protocol.known_acked(entry.head):
                 continue
             started[key] = since = self.started.get(key, sealed_after)
-            if not self._due(since, now):
-                continue
-            found = await read_head(ledger, *key)
-            head = None if found is None else found[0]
+            if self._due(since, now):
+                due.append((key, entry))
+        # The heads of all due entries at once, then the deliveries of those to restart at once:
+        # a round of many slots or big entries must still end well within the wait it keeps.
+        found = await all_results(read_head(ledger, *key) for key, _ in due)
+        self.restarting, kept = [], list[EntryHead]()
+        for (key, entry), head_found in zip(due, found, strict=True):
+            head = None if head_found is None else head_found[0]
             if head is None or not protocol.content_fixed(head):
                 started[key] = now - self.wait * RESTART_AFTER  # it seals later, if ever
             elif protocol.known_acked(head):
@@ -85,9 +90,11 @@ class SealedKeeper(InProgressKeeper):
                 started[key] = math.inf  # sealed empty: nothing to keep
             else:
                 self.restarting.append(key)
-                deliveries = await read_deliveries(ledger, head)
-                commands += deliveries.ack_commands(IN_PROGRESS)
-                count += len(deliveries)
+                kept.append(head)
+        commands, count = list[bytes](), 0
+        for deliveries in await read_all_deliveries(ledger, kept):
+            commands += deliveries.ack_commands(IN_PROGRESS)
+            count += len(deliveries)
         self.started, self.looked = started, now
         return commands, count
 
