@@ -78,14 +78,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # The modules that take longest in the two-worker lanes (make test), longest first (by the
-# slowest tests of recent runs; the driver kills lead the 4.0 lane): xdist gives a worker a whole
-# module at a time, in collection order with the Makefile's --no-loadscope-reorder (by default it
-# orders them by their number of tests, which put these few-but-long ones last, where one ran
-# alone while the other worker idled). The rest follow in their own order.
+# slowest tests of recent runs): xdist gives a worker a whole module at a time, in collection
+# order with the Makefile's --no-loadscope-reorder (by default it orders them by their number of
+# tests, which put these few-but-long ones last, where one ran alone while the other worker
+# idled). A worker whose module has at most two tests left takes the next one as well: the
+# driver kills (one or two tests) take the third module at the start, the sink's (one test in
+# the 4.0 lane, where test_faults.py is the other worker's). The rest follow in their own order.
 LONGEST_MODULES = (
     "tests/spark/group_source/test_driver_kills.py",
-    "tests/spark/sink/test_sink.py",
     "tests/spark/group_source/test_faults.py",
+    "tests/spark/sink/test_sink.py",
     "tests/test_chaos.py",
     "tests/test_job.py",
     "tests/spark/group_source/test_available_now.py",
