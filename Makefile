@@ -38,7 +38,7 @@ test: $(VENV)/.test-installed
 	[ $$tested -eq 0 ] && $(MAKE) --no-print-directory test-compat
 
 test-main: $(VENV)/.test-installed
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not unit"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not unit"
 
 demo: $(VENV)/.server-installed
 	$(BIN)/python -m nats_spark.demo
@@ -63,7 +63,7 @@ compat-venvs: $(addsuffix /.test-installed,$(addprefix .venv-spark,$(COMPAT_SPAR
 
 $(COMPAT_RUNS): test-spark%: .venv-spark%/.test-installed
 	.venv-spark$*/bin/python -c 'import pyspark; print("pyspark", pyspark.__version__)'
-	.venv-spark$*/bin/python -m pytest -q -n 2 --dist loadfile -m compat
+	.venv-spark$*/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m compat
 
 # The two cases users run (warm session, fresh process) at N and 4N messages, 1,000 and 10,000
 # keys, against a tuned nats-py loop, with CPU per message by process kind (a few minutes);

@@ -73,6 +73,46 @@ def spark_class_archive() -> Path | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    longest_modules_first(items)
+    only_on_the_sparks_named(config, items)
+
+
+# The modules that take longest in the two-worker lanes (make test), longest first (by the
+# slowest tests of recent runs): xdist gives a worker a whole module at a time, in collection
+# order with the Makefile's --no-loadscope-reorder (by default it orders them by their number of
+# tests, which put these few-but-long ones last, where one ran alone while the other worker
+# idled). A worker whose module has at most two tests left takes the next one as well: the
+# driver kills (one or two tests) take the third module at the start, the sink's (one test in
+# the 4.0 lane, where test_faults.py is the other worker's). The rest follow in their own order.
+LONGEST_MODULES = (
+    "tests/spark/group_source/test_driver_kills.py",
+    "tests/spark/group_source/test_faults.py",
+    "tests/spark/sink/test_sink.py",
+    "tests/test_chaos.py",
+    "tests/test_job.py",
+    "tests/spark/group_source/test_available_now.py",
+    "tests/test_readme.py",
+    "tests/simulation/test_exploration.py",
+    "tests/spark/group_source/test_source_groups.py",
+    "tests/spark/group_source/test_source_recovery.py",
+    "tests/test_deployments_domain.py",
+    "tests/test_install.py",
+    "tests/test_demo.py",
+    "tests/test_security.py",
+    "tests/test_notebooks.py",
+    "tests/spark/group_source/test_source_consumers.py",
+    "tests/spark/group_source/test_source_acks.py",
+    "tests/test_connect.py",
+    "tests/test_cluster.py",
+)
+
+
+def longest_modules_first(items: list[pytest.Item]) -> None:
+    rank = {module: place for place, module in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+def only_on_the_sparks_named(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`compat("4.0")`: on the older Sparks, only on those named. Where two of them run the same
     code of ours and Spark's (4.0 and 4.1 share the call order, the reader API and the planning
     runner; the sink's writer and the notebooks differ), the second run adds time, not a case."""

@@ -8,7 +8,8 @@ committed exactly once and acked.
 Two kinds do not fit the budget of about 90 s on two busy cores, and are left to `make chaos`:
 - driver kill -9: a second JVM start (the restarted job's) costs 25-70 s there on its own, on top
   of the first job's 35-50 s (measured 82 s and 150 s for the whole run with it); the job's
-  restart after kill -9 at fixed points is tested in test_faults.py and test_source_recovery.py.
+  restart after kill -9 at fixed points is tested in test_driver_kills.py and
+  test_source_recovery.py.
 - the cluster leader kill -9: three servers and their elections; see test_cluster_nats.py.
 
 Then chaos/sweep.py's kill sweep, two rounds: the driver of a job reading an elastic group (500

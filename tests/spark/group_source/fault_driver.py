@@ -1,10 +1,9 @@
-"""The driver of test_faults.py's driver-kill test: a foreachBatch query over group `g` that
+"""The driver of test_driver_kills.py's tests: a foreachBatch query over group `g` that
 writes each batch's payload numbers to `<out>/batch-<id>.json` (atomically; a re-run rewrites its
 batch's file), and SIGKILLs its own process group (itself and its JVM) at one point of the first
 batch with rows:
 
 - `pulling`: from a UDF on the rows, while the batch's tasks still run
-- `before_sink`: in foreachBatch, after the tasks finished, before the file is written
 - `after_sink`: in foreachBatch, after the file was written, before Spark's commit log
 - `after_commit_log`: once a query with trigger `once` has ended: after the commit log of its
   batch, before the acks (which only the next batch's planning would send)
@@ -68,8 +67,6 @@ def main(url: str, stream: str, out: str, checkpoint: str, kill_at: str, trigger
         values = [int(r.data.decode()) for r in batch.select("data").collect()]
         if not values:
             return
-        if kill_at == "before_sink":
-            die()
         temporary = folder / f".batch-{batch_id}.json"
         temporary.write_text(json.dumps(values))
         os.replace(temporary, folder / f"batch-{batch_id}.json")

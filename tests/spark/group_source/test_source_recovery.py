@@ -26,7 +26,7 @@ from nats_spark.client import NatsClient
 from nats_spark.loop import Blocking
 
 # Not `compat`: the older Sparks' driver kills run at fixed points of a batch
-# (test_faults.test_driver_killed_at_fixed_points); this one, at timed points, on the newest.
+# (test_driver_kills.test_driver_killed_at_fixed_points); this one, at timed points, on the newest.
 pytestmark = [pytest.mark.spark]
 
 
