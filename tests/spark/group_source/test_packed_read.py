@@ -18,6 +18,18 @@ from nats_spark.spark.group_source.task import slot_entry
 from nats_spark.spark.group_source.task.slot_reader import SLOTS_AT_ONCE, read_packed, read_slot
 
 
+def packed_options(nats_url: str, stream: str, unique: str, tasks: str, **more: str) -> dict:
+    """Options of a query of group `g` of `stream` whose slots `tasks` packed tasks read."""
+    return {
+        "servers": nats_url,
+        "stream": stream,
+        "group": "g",
+        "maxTasksPerBatch": tasks,
+        "ledgerBucket": f"L{unique}",
+        **more,
+    }
+
+
 def test_a_packed_task_reads_its_slots_slot_by_slot(client, nats_url, unique):
     stream = f"PACK{unique}"
     static_group(client, stream, "g", ["m1", "m2"], partitions=4)
@@ -52,14 +64,7 @@ def test_a_packed_task_claims_its_slots_at_once(client, nats_url, unique, monkey
     stream = f"PACKCLAIM{unique}"
     static_group(client, stream, "g", ["m1", "m2"], partitions=8)
     publish(client, stream, 800)
-    options = {
-        "servers": nats_url,
-        "stream": stream,
-        "group": "g",
-        "maxTasksPerBatch": "1",
-        "maxMessagesPerPartition": "50",
-        "ledgerBucket": f"L{unique}",
-    }
+    options = packed_options(nats_url, stream, unique, "1", maxMessagesPerPartition="50")
     claiming = peak = 0
     claim = slot_entry.SlotEntry.claim
 
@@ -136,14 +141,7 @@ def test_a_packed_task_does_its_slots_ledger_work_together(client, nats_url, uni
     stream = f"PACKOPS{unique}"
     static_group(client, stream, "g", ["m1", "m2"], partitions=8)
     publish(client, stream, 1600)
-    options = {
-        "servers": nats_url,
-        "stream": stream,
-        "group": "g",
-        "maxTasksPerBatch": "2",
-        "maxMessagesPerPartition": "20",
-        "ledgerBucket": f"L{unique}",
-    }
+    options = packed_options(nats_url, stream, unique, "2", maxMessagesPerPartition="20")
     reader = BatchCoordinator(parse_options(options))
     calls = LedgerCalls(monkeypatch)
     slot_batches = tasks_run = 0
@@ -211,3 +209,33 @@ def test_planning_works_out_a_batchs_shared_facts_once(client, nats_url, unique,
     assert calls["dedupe_spans"] <= batches  # one stream
     assert calls["readers_by_consumer"] == batches
     assert calls["_consumers"] == 1, calls
+
+
+def test_planning_reads_no_head_its_tasks_cannot_have_written(
+    client, nats_url, unique, monkeypatch
+):
+    """`partitions()` of a batch the driver just planned reads none of that batch's heads (no
+    task has it yet): it read them all, found none and forgot them, a round trip per slot and a
+    walk over all entries per slot of every batch. 16 slots, 3 batches."""
+    stream = f"PLANUNREAD{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=16)
+    options = packed_options(nats_url, stream, unique, "2")
+    reader = BatchCoordinator(parse_options(options))
+    calls = LedgerCalls(monkeypatch)
+    try:
+        end = run_sync(reader.initial_offset())
+        for round in range(3):
+            publish(client, stream, 64, start=64 * round)
+            start, end = end, run_sync(reader.latest_offset(end, None))
+            assert len(end.slots) == 16
+            calls.on = True
+            tasks = run_sync(reader.input_partitions(start, end))
+            calls.on = False
+            for task in tasks:
+                assert isinstance(task, PackedSlots)
+                for _ in read_packed(task):
+                    pass
+            run_sync(reader.commit(end))
+    finally:
+        run_sync(reader.close())
+    assert calls.counts["get head"] == 0, calls.counts  # 16 a batch, before
