@@ -11,10 +11,23 @@ from nats_spark.loop import run_sync
 from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver import batch_coordinator, driver_ledger, group_target
 from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
-from nats_spark.spark.group_source.ledger import LedgerBucket
+from nats_spark.spark.group_source.ledger import Ledger, LedgerBucket, read_head
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import PackedSlots
-from nats_spark.spark.group_source.task.slot_reader import read_packed, read_slot
+from nats_spark.spark.group_source.task import slot_entry
+from nats_spark.spark.group_source.task.slot_reader import SLOTS_AT_ONCE, read_packed, read_slot
+
+
+def packed_options(nats_url: str, stream: str, unique: str, tasks: str, **more: str) -> dict:
+    """Options of a query of group `g` of `stream` whose slots `tasks` packed tasks read."""
+    return {
+        "servers": nats_url,
+        "stream": stream,
+        "group": "g",
+        "maxTasksPerBatch": tasks,
+        "ledgerBucket": f"L{unique}",
+        **more,
+    }
 
 
 def test_a_packed_task_reads_its_slots_slot_by_slot(client, nats_url, unique):
@@ -39,6 +52,52 @@ def test_a_packed_task_reads_its_slots_slot_by_slot(client, nats_url, unique):
             assert isinstance(task, PackedSlots)
             assert list(read_packed(task)) == []  # ack-only
         wait_until(lambda: unacked(client, stream, "g") == 0, 30, "acks")
+    finally:
+        run_sync(reader.close())
+
+
+def test_a_packed_task_claims_its_slots_at_once(client, nats_url, unique, monkeypatch):
+    """A task of 8 slots claims all their entries together before it pulls (a claim is three
+    round trips: a slot after another, four at a time, they were most of a packed task's time
+    at 128 slots a task); closed after its first rows, it releases the entries of the slots it
+    never ran, so that a retry takes them over at once."""
+    stream = f"PACKCLAIM{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=8)
+    publish(client, stream, 800)
+    options = packed_options(nats_url, stream, unique, "1", maxMessagesPerPartition="50")
+    claiming = peak = 0
+    claim = slot_entry.SlotEntry.claim
+
+    async def counted_claim(entry):
+        nonlocal claiming, peak
+        claiming += 1
+        peak = max(peak, claiming)
+        try:
+            await claim(entry)
+        finally:
+            claiming -= 1
+
+    monkeypatch.setattr(slot_entry.SlotEntry, "claim", counted_claim)
+    reader = BatchCoordinator(parse_options(options))
+    try:
+        start = run_sync(reader.initial_offset())
+        end = run_sync(reader.latest_offset(start, None))
+        (task,) = run_sync(reader.input_partitions(start, end))
+        assert isinstance(task, PackedSlots) and len(task.slots) == 8
+        rows = read_packed(task)
+        next(rows)
+        rows.close()  # as Spark stops a task early
+        assert peak == 8 > SLOTS_AT_ONCE  # four at a time, before
+
+        async def heads() -> list:
+            kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
+            ledger = Ledger(kv, end.lineage)
+            return [await read_head(ledger, end.gen, slot.slot) for slot in task.slots]
+
+        found = [found[0] for found in run_sync(heads()) if found is not None]
+        assert len(found) == 8
+        never_ran = found[SLOTS_AT_ONCE:]
+        assert all(head.released for head in never_ran), never_ran
     finally:
         run_sync(reader.close())
 
@@ -82,14 +141,7 @@ def test_a_packed_task_does_its_slots_ledger_work_together(client, nats_url, uni
     stream = f"PACKOPS{unique}"
     static_group(client, stream, "g", ["m1", "m2"], partitions=8)
     publish(client, stream, 1600)
-    options = {
-        "servers": nats_url,
-        "stream": stream,
-        "group": "g",
-        "maxTasksPerBatch": "2",
-        "maxMessagesPerPartition": "20",
-        "ledgerBucket": f"L{unique}",
-    }
+    options = packed_options(nats_url, stream, unique, "2", maxMessagesPerPartition="20")
     reader = BatchCoordinator(parse_options(options))
     calls = LedgerCalls(monkeypatch)
     slot_batches = tasks_run = 0
@@ -157,3 +209,33 @@ def test_planning_works_out_a_batchs_shared_facts_once(client, nats_url, unique,
     assert calls["dedupe_spans"] <= batches  # one stream
     assert calls["readers_by_consumer"] == batches
     assert calls["_consumers"] == 1, calls
+
+
+def test_planning_reads_no_head_its_tasks_cannot_have_written(
+    client, nats_url, unique, monkeypatch
+):
+    """`partitions()` of a batch the driver just planned reads none of that batch's heads (no
+    task has it yet): it read them all, found none and forgot them, a round trip per slot and a
+    walk over all entries per slot of every batch. 16 slots, 3 batches."""
+    stream = f"PLANUNREAD{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=16)
+    options = packed_options(nats_url, stream, unique, "2")
+    reader = BatchCoordinator(parse_options(options))
+    calls = LedgerCalls(monkeypatch)
+    try:
+        end = run_sync(reader.initial_offset())
+        for round in range(3):
+            publish(client, stream, 64, start=64 * round)
+            start, end = end, run_sync(reader.latest_offset(end, None))
+            assert len(end.slots) == 16
+            calls.on = True
+            tasks = run_sync(reader.input_partitions(start, end))
+            calls.on = False
+            for task in tasks:
+                assert isinstance(task, PackedSlots)
+                for _ in read_packed(task):
+                    pass
+            run_sync(reader.commit(end))
+    finally:
+        run_sync(reader.close())
+    assert calls.counts["get head"] == 0, calls.counts  # 16 a batch, before

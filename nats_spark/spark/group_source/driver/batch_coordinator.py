@@ -212,7 +212,7 @@ class BatchCoordinator:
         if base is None or advances(planned.slots, self.ledger.has_sealed()):
             if planned.slots:
                 self.pacing.batch_planned()
-            self.ledger.expect(self.ledger.head_gen + 1, planned.slots)
+            self.ledger.expect(self.ledger.head_gen + 1, planned.slots, planned=True)
             tasks = self.options.max_tasks_per_batch or 0
             self.current = await self.ledger.new_offset(planned.slots, tasks)
         else:
@@ -418,7 +418,7 @@ class BatchCoordinator:
             log.info("batch %d: slot %s is no longer read and took nothing", end.gen, name)
         for name in plan.driver_acks:  # a slot of a reader count the query no longer has
             await self.ledger.ack_through(await self._connect(), committed, name)
-        self.ledger.expect(end.gen, [task.slot for task in plan.tasks if task.slot in end.slots])
+        self.ledger.hand_out(end.gen, {task.slot for task in plan.tasks if task.slot in end.slots})
         await self._look_remembered([known[task.slot] for task in plan.tasks if task.limit])
         pulling = {known[task.slot].stream for task in plan.tasks if task.limit}
         dedupes = {stream: self._dedupe(stream, end.gen) for stream in pulling}

@@ -71,6 +71,9 @@ class DriverLedger:
         self.ledger: Ledger | None = None  # None until a lineage is adopted
         self.head_gen = 0  # newest gen handed out in this lineage
         self.entries: dict[tuple[int, str], DriverEntry] = {}
+        # Entries of the batch this driver planned last, until its tasks are handed out
+        # (`hand_out`): no task can have written them yet, so they are not read before.
+        self.unwritten: set[tuple[int, str]] = set()
         self.pins: dict[str, str] = {}  # by slot: the pin its newest entry (or pointer) holds
         self.settled = 0  # newest gen with an entry removed as settled (`Pointer.settled`)
         self.last_query_pins: frozenset[str] = frozenset()  # pins of this target's last query
@@ -137,6 +140,7 @@ class DriverLedger:
         self.entries = {
             (gen, slot): DriverEntry(gen, slot) for gen, slot in await self.ledger.heads()
         }
+        self.unwritten = set()
         await self.load_heads(self.entries.values())
         if pointer is not None and offset.lineage in pointer.retired:
             await self.save_pointer()  # a checkpoint given back, run again: its tasks may write
@@ -184,7 +188,11 @@ class DriverLedger:
                 self.pins[entry.slot] = head.pin
 
     async def load_missing_heads(self) -> None:
-        await self.load_heads(e for e in self.entries.values() if e.head is None)
+        """Heads not loaded yet, but for the entries no task can have written (`unwritten`): at
+        many slots, reading them (and forgetting them, not found) was a round trip and a walk
+        over all entries per slot of every batch."""
+        unread = [e for key, e in self.entries.items() if e.head is None]
+        await self.load_heads(e for e in unread if (e.gen, e.slot) not in self.unwritten)
 
     async def load_unacked_heads(self) -> None:
         """Heads not loaded yet or not acked when last read (tasks seal and ack them)."""
@@ -214,10 +222,23 @@ class DriverLedger:
             e.head is not None and protocol.awaits_acks(e.head) for e in self.entries.values()
         )
 
-    def expect(self, gen: int, slots: Iterable[str]) -> None:
-        """Entries the slots of batch `gen` will write (so that acks look for them)."""
+    def expect(self, gen: int, slots: Iterable[str], planned: bool = False) -> None:
+        """Entries the slots of batch `gen` will write (so that acks look for them); `planned`:
+        of a new batch this driver just planned, whose tasks are not handed out yet."""
         for slot in slots:
-            self.entries.setdefault((gen, slot), DriverEntry(gen, slot))
+            if (gen, slot) not in self.entries:
+                self.entries[gen, slot] = DriverEntry(gen, slot)
+                if planned:
+                    self.unwritten.add((gen, slot))
+
+    def hand_out(self, gen: int, slots: Collection[str]) -> None:
+        """Batch `gen`'s tasks, of `slots`, are handed out: they may write their entries from
+        now on; an entry planned for a slot given no task (of a layout left) is never written."""
+        for key in self.unwritten:
+            if key[1] not in slots and (entry := self.entries.get(key)) and entry.head is None:
+                del self.entries[key]
+        self.unwritten.clear()
+        self.expect(gen, slots)
 
     def head_of(self, gen: int, slot: str) -> EntryHead | None:
         entry = self.entries.get((gen, slot))

@@ -12,10 +12,11 @@ every message recorded in the entry before its row leaves the task, while `InPro
 keeps what the task holds from redelivery. The task then seals the entry.
 
 A task of packed slots (`PackedSlots`) first acks what the committed batches left to all its
-slots together (one flush), and reads what they dedupe against once for them all, then runs
-each slot's steps as above, on one connection and one opening of the ledger bucket; a few slots
-run ahead of the one emitting, their record batches queued (a few per slot), so that rows still
-leave slot by slot in the packed order.
+slots together (one flush), claims all its slots' entries at once (a slot's claim is a few round
+trips: one slot after another they were most of a task's time at many slots), and reads what they
+dedupe against once for them all, then runs each slot's steps as above, on one connection and
+one opening of the ledger bucket; a few slots run ahead of the one emitting, their record batches
+queued (a few per slot), so that rows still leave slot by slot in the packed order.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from nats_spark.jetstream.acks import (
 from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.jetstream.replies import created_later
 from nats_spark.loop import run_sync
+from nats_spark.requests_at_once import all_results
 from nats_spark.spark.group_source.ledger import Ledger, TakenOver
 from nats_spark.spark.group_source.runtime import PROCESS, Runtime
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
@@ -77,11 +79,16 @@ class SlotReader:
         self.pulling = partition.limit > 0
         self.started = clock.monotonic()  # before any delivery this attempt holds
         self.handing_out = False  # its rows wait for Spark to take them
+        self.begun = False  # acked and claimed (`begin`)
         self._history: SlotHistory | None = None
 
     async def begin(self) -> None:
         """Ack what committed batches left, then claim the ledger entry: create it, take over
-        an open one, or replay a sealed one. An ack-only partition (`limit` 0) stops there."""
+        an open one, or replay a sealed one. An ack-only partition (`limit` 0) stops there.
+        Once: a task of packed slots begins all its slots together, before any pulls."""
+        if self.begun:
+            return
+        self.begun = True
         partition = self.partition
         history = await self.history()
         await history.ack_committed()  # done already in a task of packed slots
@@ -299,7 +306,7 @@ async def slot_batches(reader: SlotReader) -> AsyncGenerator[pa.RecordBatch, Non
     attempt that ends without sealing the entry it holds releases it (a retry takes it over at
     once); one killed -9 leaves it to go quiet."""
     partition = reader.partition
-    await reader.begin()
+    await reader.begin()  # done already in a task of packed slots
     try:
         async for batch in reader.replayer.record_batches(reader.entry.recorded_earlier):
             yield batch
@@ -326,21 +333,25 @@ async def packed_batches(
 ) -> AsyncGenerator[tuple[str, pa.RecordBatch], None]:
     """The record batches of `readers`' slots (`slot_batches` each) with their slot's name, one
     slot's after the other's in their order, once the committed batches' acks of all of them
-    went out together (the earlier entries they dedupe against are read once for them all:
-    `DedupeReads`); up to `SLOTS_AT_ONCE` slots run at a time, the ones ahead queueing what
-    they read. When the task ends early or one slot fails, the slots still running are
-    cancelled (their steps give back what they hold, as a task stopped by Spark does)."""
+    went out together and all of them claimed their entries, concurrently (the earlier entries
+    they dedupe against are read once for them all: `DedupeReads`); up to `SLOTS_AT_ONCE` slots
+    run at a time, the ones ahead queueing what they read. When the task ends early or one slot
+    fails, the slots still running are cancelled (their steps give back what they hold, as a
+    task stopped by Spark does), and those not run yet release the entries they claimed."""
     ahead: list[_SlotAhead] = []
-    if readers:
-        histories = [await reader.history() for reader in readers]
-        await ack_committed_together(readers[0].client, histories)
-        shared = DedupeReads(histories)
-        for history in histories:
-            history.shared = shared
+    started = 0  # readers whose steps were started (`_SlotAhead`), in their order
     try:
-        for index in range(len(readers)):
-            while len(ahead) < SLOTS_AT_ONCE and index + len(ahead) < len(readers):
-                ahead.append(_SlotAhead(readers[index + len(ahead)]))
+        if readers:
+            histories = [await reader.history() for reader in readers]
+            await ack_committed_together(readers[0].client, histories)
+            shared = DedupeReads(histories)
+            for history in histories:
+                history.shared = shared
+            await all_results(reader.begin() for reader in readers)
+        while started < len(readers) or ahead:
+            while len(ahead) < SLOTS_AT_ONCE and started < len(readers):
+                ahead.append(_SlotAhead(readers[started]))
+                started += 1
             emitting = ahead[0]
             async for batch in emitting.batches():
                 yield emitting.slot, batch
@@ -349,6 +360,8 @@ async def packed_batches(
         for slot in ahead:
             slot.running.cancel()
         await asyncio.gather(*(slot.running for slot in ahead), return_exceptions=True)
+        # a retry takes them over at once instead of waiting for their heads to go quiet
+        await asyncio.gather(*(reader.entry.release() for reader in readers[started:]))
 
 
 class _SlotAhead:
