@@ -187,6 +187,7 @@ MUTANTS = (
                 "",
             ),
         ),
+        edit=STALLING,
     ),
     Mutant(
         "take-over-unfenced",
@@ -214,6 +215,20 @@ MUTANTS = (
                 "        head = await _taken_from_its_attempt(ledger, gen, slot)\n",
                 "        found = await read_head(ledger, gen, slot)\n"
                 "        head = None if found is None else found[0]\n",
+            ),
+        ),
+        edit=STALLING,
+    ),
+    Mutant(
+        "outlived-entries-kept",
+        "an attempt that outlived its entry (its lineage given back, or its batch settled) "
+        "created it again and was killed before its fence check: the OPEN entry it left was "
+        "removed by no one (seed 3629 of the pausing-executor worlds)",
+        (
+            Patch(
+                BATCH_COORDINATOR,
+                "            await self.ledger.give_back_outlived(client)\n",
+                "",
             ),
         ),
         edit=STALLING,

@@ -34,7 +34,10 @@ RARE = {
     # batch settled or their query was given back), of 0-299 (2026-11-29):
     # the first 2 of 0-1500 once `partitions()` no longer reads the heads it hands out:
     "take-over-unfenced": (760, 872),
-    "given-back-zombie-entry-left": (103, 126),
+    # Once a driver that adopts a lineage gives back what retired lineages still hold (seed
+    # 3629), only an entry created after the last run's adoption is left: 3 of 0-2206.
+    "given-back-zombie-entry-left": (300, 2111),  # 300, 2111, 2206
+    "outlived-entries-kept": (3629,),  # the seed that found it
     "give-back-naks-the-recorded-delivery": (1200, 1622),  # 3 of 0-2299: 1200, 1622, 2255
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
@@ -48,6 +51,9 @@ FIRST_CATCHING = {
     "new-checkpoint-takes-earlier-batch": 32,
     "replaced-lineage-forgotten": 83,
     "zombie-chunks-left": 7,  # in worlds with pausing executors: 24 of 0-299 (7, 17, 21, ...)
+    # In worlds with pausing executors, once their quiet run waits for the attempts Spark lost:
+    # 15 of 0-875 (91, 120, 125, 264, ...), none of 0-90.
+    "zombie-recreates-settled": 91,
 }
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.
 _STAND_BY = (
@@ -60,7 +66,10 @@ UNCAUGHT: dict[str, str] = {
     "skips an entry that took nothing and the quiet run's limit counts from its last batch "
     "(9216's catch was that limit's); in the simulated worlds only the query reads its "
     "consumers, and a sealed message redelivered for the late keeper is dropped by the next "
-    "batch's dedupe or by its siblings' records (no other path found); of 0-299 with pausing "
+    "batch's dedupe or by its siblings' records (no other path found: while an entry is "
+    "unacked its batch's later batches dedupe against it, a re-run replays it, a new checkpoint "
+    "NAKs it); what the late keeper lets out reaches only another reader of the consumer (an "
+    "overflow consumer's other client), which the worlds do not have; of 0-299 with pausing "
     "executors only seed 125 failed, on a hole its moved schedule reached, since closed "
     "(test_a_take_over_whose_entry_settled_meanwhile_leaves_nothing)",
     "siblings-lateness-from-take": _STAND_BY.format("1959, 8791 (of 0-9999, shared worlds)")
@@ -68,11 +77,10 @@ UNCAUGHT: dict[str, str] = {
     "server's send and the take)",
     "give-back-under-a-recording-attempt": "seed 147, the only one of 0-2599 in the worlds "
     "whose executors pause, no longer catches it once planning asks for all consumer infos at "
-    "once (2026-11-29); none of 0-12000 does: search a long range for a new one",
-    "zombie-recreates-settled": "seed 11753, the only one of 0-12000 before, no longer catches "
-    "it once the pointer is written whenever the consumers' floors moved (stop 46), which moved "
-    "the schedules; a search of 0-5000, stopped unfinished after 25 minutes, found none: search "
-    "a long range for a new one",
+    "once (2026-11-29); none of 0-12000 does, nor of 0-6000 once the quiet run waits for "
+    "lost attempts: it needs an attempt of the replaced query recording between the give-back's "
+    "read and removal (test_a_give_back_takes_the_entry_from_an_attempt_still_recording_in_it "
+    "shows it); search a long range for a new one",
     "fence-removes-a-retry-s-entry": "seed 6383, the only one of 2600-12000 (found by a search "
     "for another mutant), no longer catches it once `partitions()` no longer reads the heads of "
     "the batch it hands out (issue 48), which moved the schedules; searches of 0-12000 and "

@@ -468,9 +468,20 @@ class World:
             if not query.idle:  # planning batches still
                 last = self.sched.now + wait
             drained = all(not c.pending and not c.num_pending() for c in self.consumers)
-            if query.idle >= 2 and drained and not live_leftovers(self.bucket.values):
+            leftovers = live_leftovers(self.bucket.values)
+            if query.idle >= 2 and drained and not leftovers and not self._zombies_running():
                 break
         query.stop_at = self.sched.now
+
+    def _zombies_running(self) -> bool:
+        """Whether a task attempt of an earlier run still runs (Spark lost it, or its driver
+        died): it goes on to its end, as a paused executor's does once it resumes, and what it
+        leaves is only known then (an entry it creates, its fence check removes)."""
+        return any(
+            p.kind == "task" and p.parent is not self.driver and not p.dead and not p.task.done()
+            for p in self.sched.participants
+            if p.task is not None
+        )
 
 
 async def _named(

@@ -51,6 +51,12 @@ settled (removed)
     Final. The pointer's `settled` (written before the removal) fences the batch: an attempt
     that outlived it and creates the entry again removes it and stops (`check_fence`).
     The driver concludes: forgotten, neither acked nor deduped.
+created again (OPEN, fenced)
+    An attempt killed between such a create and its `check_fence` (its executor killed,
+    as a lost one often is) leaves an OPEN entry of a fenced gen, or of a retired lineage,
+    that holds nothing. Moved out by the lineage's next driver, when it adopts a lineage:
+    `give_back` (`outlived`; of a retired lineage, any entry). No batch reads it: an attempt
+    of its batch stops at the fence, and a committed batch has no open entry.
 
 An attempt writes the head by compare-and-set on its revision (`write_head`): one that finds it
 written by another attempt records no more (`TakenOver`), unless the write it finds is its own,
@@ -155,6 +161,13 @@ def take_over(previous: EntryHead, pin: str | None, attempt: str) -> EntryHead:
         prefix=previous.prefix,
         format=previous.format,
     )
+
+
+def outlived(head: EntryHead, gen: int, fenced: int) -> bool:
+    """Whether the entry of the live lineage is OPEN in a gen the pointer fences (`settled`):
+    created again by an attempt that outlived its batch and was killed before `check_fence`
+    removed it (a committed batch has no open entry)."""
+    return head.state is EntryState.OPEN and gen <= fenced
 
 
 def content_fixed(head: EntryHead) -> bool:

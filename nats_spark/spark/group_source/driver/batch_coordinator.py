@@ -159,9 +159,10 @@ class BatchCoordinator:
 
     async def _adopt(self, offset: SourceOffset | None) -> None:
         """Take the lineage of `offset` (or of the stored pointer) and load its ledger entries."""
-        await self._connect()
+        client = await self._connect()
         if await self.ledger.adopt(offset):
             self.committed = 0  # what was committed is of another lineage
+            await self.ledger.give_back_outlived(client)
             if not self.resolved:
                 await self._resolve()
 

@@ -401,12 +401,35 @@ class DriverLedger:
             kept = (*self.replaced, *(r for r in self.retired if r not in self.replaced))
             self.retired = kept[:RETIRED_KEPT]
             await self.save_pointer()
-        for lineage in self.replaced:
+        await self._give_back_lineages(client, self.replaced)
+        self.replaced = ()
+
+    async def give_back_outlived(self, client: NatsClient) -> None:
+        """Once a lineage is adopted: give back the entries task attempts created again after
+        they outlived them and were killed before their fence check removed them
+        (`ledger_protocol.outlived`): the open ones of this lineage's fenced gens, and any of
+        the retired lineages (given back, their attempts' creates are all of that kind). Each
+        holds nothing; left, it would stay for good (the bucket keeps entries), and one of
+        this lineage would be read as the query's own for good."""
+        assert self.ledger is not None
+        outlived = [
+            key
+            for key, entry in self.entries.items()
+            if entry.head is not None and protocol.outlived(entry.head, entry.gen, self.settled)
+        ]
+        if outlived:
+            _given_back(await self.runtime.give_back(client, self.ledger, outlived))
+            for key in outlived:
+                del self.entries[key]
+        await self._give_back_lineages(client, self.retired)
+
+    async def _give_back_lineages(self, client: NatsClient, lineages: Iterable[str]) -> None:
+        assert self.kv is not None
+        for lineage in lineages:
             ledger = Ledger(self.kv, lineage)
             keys = await ledger.heads()
             if keys:
                 _given_back(await self.runtime.give_back(client, ledger, keys))
-        self.replaced = ()
 
     async def ack_through(self, client: NatsClient, gen: int, only: str | None = None) -> int:
         """Ack every sealed entry (of slot `only`, if given) of batches up to `gen` (all
