@@ -198,8 +198,8 @@ MUTANTS = (
         (
             Patch(
                 SLOT_ENTRY,
-                "            if own:  # it passes the fence as a create does\n",
-                "            if False:\n",
+                "that settled batch's.\n            await protocol.check_fence(\n",
+                "that settled batch's.\n            (lambda *_: None)(\n",
             ),
         ),
         edit=STALLING,

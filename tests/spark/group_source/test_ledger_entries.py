@@ -946,12 +946,6 @@ def test_acks_at_stop_cover_the_committed_batches_only(
     assert ledger.acks_due(3) == {"m1": (3,)}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (docs/faults.md): a take-over of another attempt's open entry skips the fence; "
-    "checking it after every take-over moves the simulation's schedules (mutant seeds to find "
-    "again)",
-)
 def test_an_entry_an_outlived_attempt_created_again_is_not_taken_over_by_another(
     kv: MemoryBucket, lineage: str
 ) -> None:

@@ -102,7 +102,6 @@ class SlotEntry:
                 return
             # An earlier attempt died mid-way: adopt what it took, then go on pulling. Or the
             # entry is this attempt's own create, whose answer was lost after it took effect.
-            own = protocol.own_create(previous, self.head.attempt)
             self.head = protocol.take_over(previous, self.partition.pin_id, self.new_id()[:12])
             try:
                 self.revision = await write_head(ledger, gen, slot, self.head, revision)
@@ -113,10 +112,12 @@ class SlotEntry:
                 self.head = EntryHead(attempt=self.head.attempt)
                 self.recorded_earlier, self.taken = EntryDeliveries(), set()
                 continue
-            if own:  # it passes the fence as a create does
-                await protocol.check_fence(
-                    ledger, self.partition.pointer_key, gen, slot, self.head.attempt
-                )
+            # Past the fence as a create is: the entry may be one an attempt that outlived its
+            # settled batch created again (its own create, or another's killed before its
+            # fence check); pulling into it would record messages as that settled batch's.
+            await protocol.check_fence(
+                ledger, self.partition.pointer_key, gen, slot, self.head.attempt
+            )
             # The attempt that died may have recorded without looking at its siblings' records.
             siblings = self.partition.siblings
             twice = await self.drop_taken_twice(set(self.taken)) if siblings else set()
