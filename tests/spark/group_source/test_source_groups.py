@@ -179,7 +179,7 @@ def test_ack_wait_shorter_than_batch_messages_held_until_commit(
             redelivered.append(info["num_redelivered"])
 
     # Pulls of one message, each recorded in the ledger: the task outlasts the 2 s ack wait
-    # (8,000 such pulls read for ~1.5 s in CI's fastest run). Not shorter: on two cores shared
+    # (5,000 such pulls read for ~1.5 s in CI's fastest run). Not shorter: on two cores shared
     # with another test's Spark a task's round of 3,400 progress acks took 0.3-0.5 s to go out,
     # and rounds came 0.7-0.9 s apart, which a 1 s wait does not survive.
     df = source(spark, nats_url, stream, group, ackWait="2s", fetchBatchSize=1)
