@@ -127,8 +127,9 @@ async def check_fence(ledger: Ledger, pointer_key: str, gen: int, slot: str, att
     lineage's given back (the driver raises the fence before it removes, so a create after the
     removal finds the fence). This attempt outlived its committed batch, whose messages would be
     acked as committed, or its query, whose entry nothing would remove: the entry goes again
-    while it is still `attempt`'s. So does a take-over of the attempt's own create, whose answer
-    was lost (the retry finds the key, and the attempt its own open head). An entry another
+    while it is still `attempt`'s. So does every take-over: of the attempt's own create, whose
+    answer was lost (the retry finds the key, and the attempt its own open head), or of an
+    entry another attempt that outlived the batch created again. An entry another
     attempt took over meanwhile stays: the fence is the newest settled gen, and an older entry
     of a retry may still be kept, its acks lost (a server restart), for the dedupe of their
     redeliveries."""
@@ -183,8 +184,8 @@ def held_by_another(head: EntryHead, attempt: str) -> bool:
 
 
 def own_create(head: EntryHead, attempt: str) -> bool:
-    """Whether the OPEN `head` is `attempt`'s own create, whose answer was lost: its take-over
-    passes the fence as a create does."""
+    """Whether the OPEN `head` is `attempt`'s own create, whose answer was lost: the attempt
+    takes it over at once instead of standing by for its holder."""
     return head.attempt == attempt
 
 

@@ -191,8 +191,10 @@ class DriverLedger:
         """Heads not loaded yet, but for the entries no task can have written (`unwritten`): at
         many slots, reading them (and forgetting them, not found) was a round trip and a walk
         over all entries per slot of every batch."""
-        unread = [e for key, e in self.entries.items() if e.head is None]
-        await self.load_heads(e for e in unread if (e.gen, e.slot) not in self.unwritten)
+        unwritten = self.unwritten
+        await self.load_heads(
+            e for e in self.entries.values() if e.head is None and (e.gen, e.slot) not in unwritten
+        )
 
     async def load_unacked_heads(self) -> None:
         """Heads not loaded yet or not acked when last read (tasks seal and ack them)."""
