@@ -381,7 +381,7 @@ def test_driver_killed_group_to_stream_exactly_once(client, nats_url, unique, tm
     static_group(client, source_stream, "g", ["m1", "m2"], partitions=4)
     target(client, sink_stream, atomic=True)
     # 150 a batch: the kill lands from the third batch on with under 1,200 stored, so the
-    # restarted job has 300 or more left to read (3,000 added only batches, 2.6 s each at load 7).
+    # restarted job has 300 or more left to read (3,000 only added ten batches after the restart).
     publish(client, source_stream, 1500)
 
     def job(trigger: str) -> Any:
