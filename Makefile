@@ -30,10 +30,15 @@ check: $(VENV)/.test-installed
 # users run (test-compat). Two workers, a test module each at a time (each worker starts its own
 # nats-server and Spark sessions): the suite waits on servers and JVMs more than it computes.
 # The compat venvs install (on a fresh clone mostly downloading and building each pyspark) while
-# check and the main lane run, then their lanes run.
+# check and the main lane run, then their lanes run. Each venv's class archive is made beside
+# other work too: the main venv's while check (one process) runs, the older Sparks' after their
+# installs; a lane would otherwise start by making its own (a JVM run of ~80 CPU-s).
 test: $(VENV)/.test-installed
 	@$(MAKE) --no-print-directory compat-venvs > .compat-venvs.log 2>&1 & installing=$$!; \
-	$(MAKE) --no-print-directory check test-main; tested=$$?; \
+	$(MAKE) --no-print-directory $(VENV)/.spark-classes > .spark-classes.log 2>&1 & archiving=$$!; \
+	$(MAKE) --no-print-directory check; tested=$$?; \
+	wait $$archiving || cat .spark-classes.log; \
+	[ $$tested -eq 0 ] && $(MAKE) --no-print-directory test-main; tested=$$?; \
 	wait $$installing || { cat .compat-venvs.log; exit 1; }; \
 	[ $$tested -eq 0 ] && $(MAKE) --no-print-directory test-compat
 
@@ -59,7 +64,14 @@ COMPAT_RUNS := $(addprefix test-spark,$(COMPAT_SPARKS))
 
 test-compat: $(COMPAT_RUNS)
 
-compat-venvs: $(addsuffix /.test-installed,$(addprefix .venv-spark,$(COMPAT_SPARKS)))
+COMPAT_VENVS := $(addprefix .venv-spark,$(COMPAT_SPARKS))
+compat-venvs: $(addsuffix /.test-installed,$(COMPAT_VENVS)) $(addsuffix /.spark-classes,$(COMPAT_VENVS))
+
+# The class archive of a venv's pyspark that the suite's JVMs map (tests/conftest.py); a lane
+# makes it itself when it is missing, so failing here only moves the work there.
+%/.spark-classes: %/.test-installed
+	cd tests && ../$*/bin/python -c 'from conftest import spark_class_archive; spark_class_archive()'
+	touch $@
 
 $(COMPAT_RUNS): test-spark%: .venv-spark%/.test-installed
 	.venv-spark$*/bin/python -c 'import pyspark; print("pyspark", pyspark.__version__)'

@@ -63,8 +63,9 @@ PROBE = textwrap.dedent(
 def _environment(root: Path) -> Path:
     """A new virtual environment that sees this one's dependencies (pyspark, nats-py, …) but
     not its install of nats-spark: their site-packages is a plain path entry, so the .pth files
-    in it (this checkout's editable install) are not run."""
-    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
+    in it (this checkout's editable install) are not run. Without a pip of its own (`_pip` runs
+    this one's into it): ensurepip would cost more than the install."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin" / "python"
     site = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -78,7 +79,7 @@ def _environment(root: Path) -> Path:
 
 def _pip(python: Path, *args: str) -> None:
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", *args],
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", *args],
         check=True,
         cwd=python.parent,
     )

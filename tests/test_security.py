@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -497,54 +498,88 @@ def failure_text(load: Callable[[], Any], directory: Path) -> str:
     return f"{error}\n{getattr(error, '_stackTrace', '')}"
 
 
+@dataclass
+class SecretJob:
+    """A kind of secret's job (`start_job`) on its server, with the ledger's writes there
+    recorded from before it started."""
+
+    server: EmbeddedServer
+    secret: str
+    auth: dict[str, str]
+    admin: Blocking[NatsClient]
+    writes: list[tuple[str, bytes]]
+    process: subprocess.Popen
+    directory: Path
+
+
+@pytest.fixture(scope="module")
+def secret_jobs(
+    auth_server: EmbeddedServer,
+    token_server: EmbeddedServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, SecretJob]]:
+    """Both kinds' jobs, started together: each is a JVM start and a batch (~40 s), so the
+    second kind's test finds its job done while the first waited for its own."""
+    kinds = {
+        "password": (auth_server, ADMIN_PASSWORD, {"user": "admin", "password": ADMIN_PASSWORD}),
+        "token": (token_server, TOKEN, {"token": TOKEN}),
+    }
+    jobs: dict[str, SecretJob] = {}
+    try:
+        for kind, (server, secret, auth) in kinds.items():
+            admin = open_blocking(source_settings(servers=server.url, **auth))
+            for name in (f"SEC{kind[0]}{TAG}", f"JOB{kind[0]}{TAG}"):
+                static_group(admin, name, "g", ["m1", "m2"], partitions=4)
+                publish(admin, name, 100)
+            writes = record_ledger_writes(admin)
+            directory = tmp_path_factory.mktemp(f"job-{kind}")
+            process = start_job(server.url, f"JOB{kind[0]}{TAG}", auth, directory)
+            jobs[kind] = SecretJob(server, secret, auth, admin, writes, process, directory)
+        yield jobs
+    finally:
+        for job in jobs.values():
+            kill_job(job.process)
+            close(job.admin)
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize("kind", ["password", "token"])
 def test_secrets_never_leak(
     kind: str,
     spark: Any,
-    auth_server: EmbeddedServer,
-    token_server: EmbeddedServer,
+    secret_jobs: dict[str, SecretJob],
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    if kind == "password":
-        server, secret = auth_server, ADMIN_PASSWORD
-        auth, wrong = {"user": "admin", "password": secret}, {"user": "admin", "password": ""}
-    else:
-        server, secret = token_server, TOKEN
-        auth, wrong = {"token": secret}, {"token": ""}
-    wrong[kind] = WRONG_SECRET
+    job = secret_jobs[kind]
+    server, secret, auth = job.server, job.secret, job.auth
+    wrong = {**auth, kind: WRONG_SECRET}
     caplog.set_level(logging.DEBUG, logger="nats_spark")
-    admin = open_blocking(source_settings(servers=server.url, **auth))
-    stream, job_stream = f"SEC{kind[0]}{TAG}", f"JOB{kind[0]}{TAG}"
+    stream = f"SEC{kind[0]}{TAG}"
+    admin = open_blocking(source_settings(servers=server.url, **auth))  # a connect under caplog
     try:
-        for name in (stream, job_stream):
-            static_group(admin, name, "g", ["m1", "m2"], partitions=4)
-            publish(admin, name, 100)
-        writes = record_ledger_writes(admin)
-        job = start_job(server.url, job_stream, auth, tmp_path / "job")
-        try:
-            refused = refusal(source_settings(servers=server.url, **wrong))
-            assert "refused the credentials" in refused
-            failed = failure_text(
-                lambda: source(spark, server.url, stream, "g", **wrong), tmp_path / "bad"
-            )
-            assert "refused the credentials" in failed
+        refused = refusal(source_settings(servers=server.url, **wrong))
+        assert "refused the credentials" in refused
+        failed = failure_text(
+            lambda: source(spark, server.url, stream, "g", **wrong), tmp_path / "bad"
+        )
+        assert "refused the credentials" in failed
 
-            query, error = run_query(source(spark, server.url, stream, "g", **auth), tmp_path)
-            assert error is None
-            progress = json.dumps([query.lastProgress, *query.recentProgress], default=str)
-            query.explain(extended=True)
-            assert job.wait(180) == 0, (tmp_path / "job" / "job.out").read_text()
+        query, error = run_query(source(spark, server.url, stream, "g", **auth), tmp_path)
+        assert error is None
+        progress = json.dumps([query.lastProgress, *query.recentProgress], default=str)
+        query.explain(extended=True)
+        try:
+            assert job.process.wait(180) == 0, (job.directory / "job.out").read_text()
         finally:
-            kill_job(job)
+            kill_job(job.process)
         assert_exactly_once(payloads(spark, str(tmp_path / "out")), 100)
-        assert_exactly_once(payloads(spark, str(tmp_path / "job" / "out")), 100)
-        ledger = ledger_text(admin, writes)
+        assert_exactly_once(payloads(spark, str(job.directory / "out")), 100)
+        ledger = ledger_text(job.admin, job.writes)
     finally:
         close(admin)
-    job_logs = {path.name: path.read_text() for path in (tmp_path / "job" / "logs").iterdir()}
+    job_logs = {path.name: path.read_text() for path in (job.directory / "logs").iterdir()}
     # The capture works: connector records from the job's driver and from its Spark workers.
     assert sum(1 for text in job_logs.values() if " nats_spark." in text) >= 2, job_logs
     places = {
@@ -554,8 +589,8 @@ def test_secrets_never_leak(
         "progress": progress,
         "explain": capsys.readouterr().out,
         "ledger": ledger,
-        "checkpoints": files_text(tmp_path / "cp") + files_text(tmp_path / "job" / "cp"),
-        "job output": (tmp_path / "job" / "job.out").read_text(errors="replace"),
+        "checkpoints": files_text(tmp_path / "cp") + files_text(job.directory / "cp"),
+        "job output": (job.directory / "job.out").read_text(errors="replace"),
         "job logs": "\n".join(job_logs.values()),
     }
     assert places["ledger"] and places["checkpoints"] and places["progress"]
