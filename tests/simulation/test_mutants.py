@@ -45,15 +45,17 @@ RARE = {
 # verdict is the range's and a change of the schedules only makes the search longer again (then
 # take the new first seeds from `make mutants`).
 FIRST_CATCHING = {
-    "short-key-listing": 62,
-    "latest-seen-taken-as-committed": 4,
+    "short-key-listing": 247,
+    "latest-seen-taken-as-committed": 28,
     "initial-offset-new-lineage": 32,
     "new-checkpoint-takes-earlier-batch": 32,
-    "replaced-lineage-forgotten": 83,
-    "zombie-chunks-left": 7,  # in worlds with pausing executors: 24 of 0-299 (7, 17, 21, ...)
+    "replaced-lineage-forgotten": 262,
+    "zombie-chunks-left": 17,  # in worlds with pausing executors
     # In worlds with pausing executors, once their quiet run waits for the attempts Spark lost:
     # 15 of 0-875 (91, 120, 125, 264, ...), none of 0-90.
     "zombie-recreates-settled": 91,
+    "acks-uncommitted-at-stop": 4,
+    "stale-pin-ends-the-batch": 1,
 }
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.
 _STAND_BY = (
