@@ -291,7 +291,9 @@ MUTANTS = (
                 "    if True:\n",
             ),
         ),
-        edit=STALLING,
+        # its entry is kept only while a server restart lost its acks: restarts after a
+        # tenth of the rounds of acks (the most a seed draws)
+        edit=(*STALLING, ("restart_after_acks", 0.1)),
     ),
     Mutant(
         "give-back-naks-the-recorded-delivery",
