@@ -29,7 +29,9 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nats_spark.errors import ConfigurationError
+from nats.errors import Error as NatsError
+
+from nats_spark.errors import ConfigurationError, NatsSparkError
 from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
@@ -49,6 +51,12 @@ _OFFSET_ENCODER = json.JSONEncoder(sort_keys=True)
 
 class QueryFailed(Exception):
     pass
+
+
+# What the source may fail with in these worlds: its own errors (refusals, conflicts, lost
+# state) and the client's (timeouts, a connection lost). Any other error is a fault of its
+# code, not of the world: Spark does not retry a driver's error, so the user's query stops.
+EXPLAINED = (NatsSparkError, NatsError, TimeoutError, ConnectionError)
 
 
 @dataclass
@@ -159,6 +167,11 @@ class Query:
         except Exception as error:
             if isinstance(error, ConfigurationError):
                 self.refusal = str(error)
+            elif not isinstance(error, EXPLAINED):
+                self.world.observed.problem(
+                    "the source failed on an error no fault explains",
+                    f"{type(error).__name__}: {error}",
+                )
             raise QueryFailed(f"the source raised {type(error).__name__}: {error}") from error
 
     async def _batch(

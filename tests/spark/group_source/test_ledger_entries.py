@@ -320,6 +320,24 @@ def test_siblings_never_both_emit_a_redelivered_message(
     assert "this slot drops them (the sibling emits them" in caplog.text
 
 
+def test_a_sibling_counts_a_late_take_from_its_pull_request(kv: MemoryBucket, lineage: str) -> None:
+    """A task's process paused between the server's send of a delivery and its take (a GC):
+    the ack wait ran out meanwhile, and a sibling took the redelivery and recorded it first.
+    Taken late as a first delivery, the message is checked against the siblings' records and
+    dropped: its age counts from the pull request, not from the take, and a renewal (`+WPI`)
+    before the take covers nothing of it."""
+    a = claimed(kv, input_partition(lineage, slot="c#0", siblings=("c#1",), ack_wait=4.0))
+    b = claimed(kv, input_partition(lineage, slot="c#1", siblings=("c#0",), ack_wait=4.0))
+    assert take(b, [3], delivered=2) == ([3], set())
+    columns = SlotColumns("S", a.partition.member, False, False)
+    columns.add(b"S.k", b"3", None, 1, 3, 3, 0)
+    now = clock.monotonic()
+    columns.taken_from(now - 5.0)  # the request went out 5 s ago; taken just now
+    replies = [b"%b.1.3.3.0.0" % PREFIX]
+    rows, dropped = run_sync(a.record(columns, replies, a.head.pin, now - 6.0))
+    assert (rows.num_rows, dropped) == (0, {3})
+
+
 # SlotHistory
 
 

@@ -8,6 +8,7 @@ import json
 import tarfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,14 @@ from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
-from nats_spark.spark.group_source.ledger import Ledger, read_deliveries, read_head
+from nats_spark.spark.group_source.ledger import (
+    Ledger,
+    Pointer,
+    read_deliveries,
+    read_head,
+    read_pointer,
+    write_pointer,
+)
 from nats_spark.spark.group_source.options import SourceOptions, parse_options
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from nats_spark.spark.group_source.task.slot_reader import read_slot
@@ -304,6 +312,47 @@ def test_a_new_checkpoint_gives_back_past_an_entry_that_took_nothing(client, nat
     finally:
         run_sync(old.close())
         run_sync(new.close())
+
+
+@pytest.mark.parametrize("outlived_by", ["a settled batch", "a given-back lineage"])
+def test_a_driver_that_adopts_a_lineage_gives_back_an_outlived_entry(
+    client, nats_url, unique, outlived_by
+):
+    """An entry a task attempt left after it outlived it: OPEN in a gen the pointer fences as
+    settled, or of a lineage the pointer keeps as retired (given back). No batch seals, acks or
+    settles such an entry; the driver that next adopts a lineage gives it back
+    (`DriverLedger.give_back_outlived`). The attempt is killed before its fence check, so it
+    holds nothing; here it holds 4 messages (a minute's ack wait), so that the give-back is seen
+    on the server: they come back at once and the restarted query's batches read them, each
+    once (left, they would wait out the minute and count as the query's own)."""
+    stream = f"OUTLIVED{unique}"
+    options = ten_held_a_minute(client, nats_url, stream, f"L{unique}")
+    old, restarted = BatchCoordinator(options), BatchCoordinator(options)
+    try:
+        start = run_sync(old.initial_offset())
+        end = run_sync(old.latest_offset(start, None))
+        [partition] = run_sync(old.partitions(start, end))
+        rows = read_slot(partition)
+        assert seqs(next(rows)) == [1, 2, 3, 4]
+        rows.close()  # the entry stays open, holding them
+        kv, key = old.ledger.kv, old.ledger.pointer_key
+        pointer = run_sync(read_pointer(kv, key))
+        assert pointer is not None and pointer.lineage == end.lineage
+        if outlived_by == "a settled batch":  # batch 1 committed and settled, created again
+            restart = end
+            run_sync(write_pointer(kv, key, replace(pointer, settled=end.gen)))
+        else:  # a query on a new checkpoint gave the lineage back, then it was created again
+            restart = SourceOffset.initial(f"{end.lineage}-new")
+            run_sync(write_pointer(kv, key, Pointer(restart.lineage, 0, retired=[end.lineage])))
+        run_sync(old.close())
+        assert consumer_info(client, stream, "shared")["num_ack_pending"] == 4
+        taken = read_batches_until(restarted, restart, 10)
+        assert sorted(taken) == list(range(1, 11)), "a message was held, lost or read twice"
+        left = run_sync(Ledger(restarted.ledger.kv, end.lineage).heads())
+        assert (end.gen, partition.slot) not in left
+    finally:
+        run_sync(old.close())
+        run_sync(restarted.close())
 
 
 def test_a_task_closed_mid_batch_gives_back_what_it_did_not_record(client, nats_url, unique):
