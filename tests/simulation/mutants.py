@@ -182,10 +182,10 @@ MUTANTS = (
         (
             Patch(
                 SLOT_ENTRY,
-                "                await protocol.check_fence(\n"
-                "                    ledger, self.partition.pointer_key, gen, slot, "
+                "                    await protocol.check_fence(\n"
+                "                        ledger, self.partition.pointer_key, gen, slot, "
                 "self.head.attempt\n"
-                "                )\n",
+                "                    )\n",
                 "",
             ),
         ),

@@ -30,14 +30,13 @@ from nats_spark.spark.group_source.driver.consumer_checks import (
     Skipped,
 )
 from nats_spark.spark.group_source.driver.targets import Held, Slot
-from nats_spark.spark.group_source.ledger import TakenOver
+from nats_spark.spark.group_source.ledger import Ledger, TakenOver
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.runtime import Runtime, SeenEntries
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from nats_spark.spark.group_source.task.slot_reader import (
     SlotReader,
     packed_batches,
-    share_ledger,
     slot_batches,
 )
 from tests.memory_bucket import MemoryBucket
@@ -370,8 +369,8 @@ class World:
             SlotReader(slot, client, self.runtime)  # type: ignore[arg-type]
             for slot in slots
         ]
-        share_ledger(readers, self.bucket_view())
         for reader in readers:
+            reader.entry.ledger = Ledger(self.bucket_view(), reader.partition.lineage)
             self.observed.attempts.watch(attempt, reader.entry)
         batches = (
             packed_batches(readers)

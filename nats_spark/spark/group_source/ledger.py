@@ -46,7 +46,6 @@ the previous release, 7 days, or by an operator) loses it when a driver opens it
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import logging
@@ -399,20 +398,6 @@ class Ledger:
     def __init__(self, kv: Bucket, lineage: str) -> None:
         self.kv = kv
         self.lineage = lineage
-        self._pointer_reads: dict[str, asyncio.Future[Pointer | None]] = {}
-
-    async def pointer_after(self, key: str) -> Pointer | None:
-        """The pointer `key`, read after what the caller wrote: callers at the same time share
-        one read, sent once they have all asked (the fence checks of a packed task's slots,
-        which claim at once: one read for them all, not one each)."""
-        read = self._pointer_reads.get(key)
-        if read is None:
-            read = self._pointer_reads[key] = asyncio.ensure_future(self._read_pointer(key))
-        return await asyncio.shield(read)
-
-    async def _read_pointer(self, key: str) -> Pointer | None:
-        del self._pointer_reads[key]  # sent now: a later caller's writes need a later read
-        return await read_pointer(self.kv, key)
 
     @staticmethod
     async def bucket(

@@ -86,6 +86,7 @@ from nats_spark.spark.group_source.ledger import (
     LedgerConflict,
     read_deliveries,
     read_head,
+    read_pointer,
     write_head,
 )
 
@@ -132,7 +133,7 @@ async def check_fence(ledger: Ledger, pointer_key: str, gen: int, slot: str, att
     attempt took over meanwhile stays: the fence is the newest settled gen, and an older entry
     of a retry may still be kept, its acks lost (a server restart), for the dedupe of their
     redeliveries."""
-    pointer = await ledger.pointer_after(pointer_key)
+    pointer = await read_pointer(ledger.kv, pointer_key)
     if pointer is None:
         return
     if pointer.lineage == ledger.lineage and pointer.settled >= gen:

@@ -79,17 +79,18 @@ class SlotEntry:
         ledger = await self.open_ledger()
         gen, slot = self.partition.gen, self.partition.slot
         while True:
-            # Create first: a batch's first attempt, most of them, finds no entry to read.
-            revision = await protocol.create(ledger, gen, slot, self.head, self.partition.pin_id)
-            if revision is not None:
-                await protocol.check_fence(
-                    ledger, self.partition.pointer_key, gen, slot, self.head.attempt
-                )
-                self.revision = revision
-                return
             found = await read_head(ledger, gen, slot)
             if found is None:
-                continue  # removed since the create found it: create it again
+                revision = await protocol.create(
+                    ledger, gen, slot, self.head, self.partition.pin_id
+                )
+                if revision is not None:
+                    await protocol.check_fence(
+                        ledger, self.partition.pointer_key, gen, slot, self.head.attempt
+                    )
+                    self.revision = revision
+                    return
+                continue  # another attempt created it first: read it
             if protocol.held_by_another(found[0], self.head.attempt):
                 found = await protocol.await_holder(ledger, gen, slot, protocol.HOLD_QUIET)
             previous, revision = found
@@ -106,8 +107,8 @@ class SlotEntry:
                 self.revision = await write_head(ledger, gen, slot, self.head, revision)
             except LedgerConflict:
                 # The attempt it takes over wrote meanwhile (a zombie), or the entry was removed
-                # (its batch settled): create it afresh should it be gone, naming none of the
-                # chunks taken over (the fence then stops this attempt), or read it again.
+                # (its batch settled): read it again, and should it be gone, create it afresh,
+                # naming none of the chunks taken over (the fence then stops this attempt).
                 self.head = EntryHead(attempt=self.head.attempt)
                 self.recorded_earlier, self.taken = EntryDeliveries(), set()
                 continue

@@ -43,7 +43,7 @@ from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.jetstream.replies import created_later
 from nats_spark.loop import run_sync
 from nats_spark.requests_at_once import all_results
-from nats_spark.spark.group_source.ledger import Bucket, Ledger, TakenOver
+from nats_spark.spark.group_source.ledger import Ledger, TakenOver
 from nats_spark.spark.group_source.runtime import PROCESS, Runtime
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from nats_spark.spark.group_source.task.acceptance import Acceptance
@@ -281,18 +281,11 @@ async def packed_task(
     """A packed task: one connection and one opening of the ledger bucket for all its slots."""
     kv = await Ledger.bucket(client, packed.slots[0].reading.ledger_bucket, create=False)
     readers = [SlotReader(partition, client) for partition in packed.slots]
-    share_ledger(readers, kv)
+    for reader in readers:
+        reader.entry.ledger = Ledger(kv, reader.partition.lineage)
     async with contextlib.aclosing(packed_batches(readers)) as batches:
         async for _, batch in batches:
             yield batch
-
-
-def share_ledger(readers: Sequence[SlotReader], kv: Bucket) -> None:
-    """One `Ledger` for a task's slots, all of one query lineage: the fence checks of their
-    claims, made at once, share one read of the pointer."""
-    ledger = Ledger(kv, readers[0].partition.lineage)
-    for reader in readers:
-        reader.entry.ledger = ledger
 
 
 def _drive(batches: AsyncGenerator[pa.RecordBatch, None]) -> Iterator[pa.RecordBatch]:
