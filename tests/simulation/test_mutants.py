@@ -49,7 +49,7 @@ RARE = {
     "fence-removes-a-retry-s-entry": (481,),
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
-# dozens (on the schedules of 2026-11-28): searched first, then the rest of the range, so the
+# dozens (on the schedules of 2026-11-29): searched first, then the rest of the range, so the
 # verdict is the range's and a change of the schedules only makes the search longer again (then
 # take the new first seeds from `make mutants`).
 FIRST_CATCHING = {
