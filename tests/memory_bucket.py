@@ -88,12 +88,7 @@ class MemoryBucket:
     async def keys_matching(self, pattern: str) -> list[str]:
         self.expire()
         wanted = pattern.split(".")
-        return [
-            key
-            for key in self.values
-            if len(parts := key.split(".")) == len(wanted)
-            and all(w in ("*", p) for w, p in zip(wanted, parts, strict=True))
-        ]
+        return [key for key in self.values if _matches(wanted, key.split("."))]
 
     def _checked_write(self, key: str, value: bytes) -> int:
         revision = self._write(key, value)
@@ -118,3 +113,12 @@ def attempt(kv: MemoryBucket, partition: SlotPartition) -> SlotEntry:
 
 def _wrong(revision: int) -> str:
     return f"wrong last sequence: {revision}"
+
+
+def _matches(wanted: list[str], parts: list[str]) -> bool:
+    """Whether a key's tokens match a subject pattern's (`*` one token, a last `>` the rest)."""
+    if wanted[-1] == ">":
+        return len(parts) >= len(wanted) and _matches(wanted[:-1], parts[: len(wanted) - 1])
+    return len(parts) == len(wanted) and all(
+        w in ("*", p) for w, p in zip(wanted, parts, strict=True)
+    )

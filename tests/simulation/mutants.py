@@ -250,6 +250,20 @@ MUTANTS = (
         edit=STALLING,
     ),
     Mutant(
+        "headless-chunks-kept",
+        "a task attempt of a settled (or given-back) entry wrote a chunk, found its head write "
+        "failing and was killed before it removed the chunk: no head named it, the give-backs "
+        "list heads, and it stayed for good (seed 1860 of the pausing worlds with new "
+        "checkpoints; closed by the adopting driver's removal of headless chunks)",
+        (
+            Patch(DRIVER_LEDGER, "        await self.ledger.remove_headless(self.headless)\n", ""),
+            Patch(
+                DRIVER_LEDGER, "            await ledger.remove_headless(listing.headless)\n", ""
+            ),
+        ),
+        edit=(*STALLING, ("new_checkpoint", 0.5)),
+    ),
+    Mutant(
         "ledger-keeps-max-age",
         "issue 45 hole 1: the ledger bucket kept the max age it was made with (7 days by the "
         "previous release, or an operator's shorter one), which applies to every key by its "

@@ -118,6 +118,21 @@ def name_of(token: str) -> str:
     return bytes.fromhex(token[1:]).decode() if token.startswith("_") else token
 
 
+def _entry_of(key: str) -> tuple[int, str]:
+    """(gen, slot name) of the entry a head's or chunk's key belongs to."""
+    _, gen, token = key.split(".")[:3]
+    return int(gen), name_of(token)
+
+
+@dataclass(frozen=True)
+class LineageKeys:
+    """What a listing of a lineage's keys found: its entries (gen, slot name), by their heads,
+    and the entries it found chunks of but no head."""
+
+    heads: list[tuple[int, str]]
+    headless: list[tuple[int, str]]
+
+
 def readable_format(raw: dict[str, Any], key: str) -> int:
     """The format of `raw` (a stored head or pointer), once it is known to be one this release
     reads."""
@@ -466,9 +481,29 @@ class Ledger:
     async def heads(self) -> list[tuple[int, str]]:
         """(gen, slot name) of every entry of this lineage (a head's key has three tokens, its
         chunks' five)."""
-        keys = await self.kv.keys_matching(f"{self.lineage}.*.*")
-        split = (key.split(".") for key in keys)
-        return sorted((int(gen), name_of(token)) for _, gen, token in split)
+        return sorted(_entry_of(key) for key in await self.kv.keys_matching(f"{self.lineage}.*.*"))
+
+    async def listing(self) -> LineageKeys:
+        """The entries of this lineage, and those of its chunks no head was listed beside, in
+        one listing of its keys."""
+        heads: set[tuple[int, str]] = set()
+        chunked: set[tuple[int, str]] = set()
+        for key in await self.kv.keys_matching(f"{self.lineage}.>"):
+            (heads if key.count(".") == 2 else chunked).add(_entry_of(key))
+        return LineageKeys(sorted(heads), sorted(chunked - heads))
+
+    async def remove_headless(self, entries: Iterable[tuple[int, str]]) -> None:
+        """Remove the chunks of `entries` whose head is gone: an attempt that outlived its entry
+        wrote them after the entry was removed, found its head write failing and was killed
+        before it removed them (`ledger_protocol.record`). No attempt writes such an entry's
+        chunks any more (its head is gone for good: the fence stops a create). Each head is read
+        first: a listing of many pages is not of one instant."""
+        for gen, slot in entries:
+            if await self.get_head(gen, slot) is None:
+                log.info(
+                    "removing ledger chunks of %s, whose head is gone", self.head_key(gen, slot)
+                )
+                await self.delete_entry(gen, slot)
 
     async def delete_entry(self, gen: int, slot: str) -> None:
         """Remove the entry: its head and the chunks of every attempt."""

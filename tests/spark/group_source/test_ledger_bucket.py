@@ -67,6 +67,7 @@ async def keys_matching_takes_whole_tokens(kv: Bucket) -> None:
         await kv.put(key, b"x")
     assert sorted(await kv.keys_matching("L.*.*")) == ["L.1.p0", "L.12.p1"]
     assert sorted(await kv.keys_matching("L.1.p0.*.*")) == ["L.1.p0.att.0"]
+    assert sorted(await kv.keys_matching("L.>")) == ["L.1.p0", "L.1.p0.att.0", "L.12.p1"]
 
 
 CASES = [

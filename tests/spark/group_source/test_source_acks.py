@@ -315,16 +315,20 @@ def test_a_new_checkpoint_gives_back_past_an_entry_that_took_nothing(client, nat
 
 
 @pytest.mark.parametrize("outlived_by", ["a settled batch", "a given-back lineage"])
-def test_a_driver_that_adopts_a_lineage_gives_back_an_outlived_entry(
+def test_a_driver_that_adopts_a_lineage_clears_what_outlived_attempts_left(
     client, nats_url, unique, outlived_by
 ):
-    """An entry a task attempt left after it outlived it: OPEN in a gen the pointer fences as
-    settled, or of a lineage the pointer keeps as retired (given back). No batch seals, acks or
-    settles such an entry; the driver that next adopts a lineage gives it back
-    (`DriverLedger.give_back_outlived`). The attempt is killed before its fence check, so it
-    holds nothing; here it holds 4 messages (a minute's ack wait), so that the give-back is seen
-    on the server: they come back at once and the restarted query's batches read them, each
-    once (left, they would wait out the minute and count as the query's own)."""
+    """What task attempts left after they outlived their entries, in a gen the pointer fences
+    as settled, or of a lineage the pointer keeps as retired (given back): an OPEN entry, and
+    a chunk whose head is gone. No batch seals, acks or settles either; the driver that next
+    adopts a lineage gives the entry back and removes the chunk
+    (`DriverLedger.give_back_outlived`). An attempt killed before its fence check holds
+    nothing; here the entry holds 4 messages (a minute's ack wait), so that the give-back is
+    seen on the server: they come back at once and the restarted query's batches read them,
+    each once (left, they would wait out the minute and count as the query's own). The chunk
+    is one an attempt wrote after its entry was settled, then found its head write failing and
+    was killed before it removed it (the simulation's seed 1860); no head names it, and it
+    stayed for good."""
     stream = f"OUTLIVED{unique}"
     options = ten_held_a_minute(client, nats_url, stream, f"L{unique}")
     old, restarted = BatchCoordinator(options), BatchCoordinator(options)
@@ -336,6 +340,8 @@ def test_a_driver_that_adopts_a_lineage_gives_back_an_outlived_entry(
         assert seqs(next(rows)) == [1, 2, 3, 4]
         rows.close()  # the entry stays open, holding them
         kv, key = old.ledger.kv, old.ledger.pointer_key
+        headless = f"{Ledger(kv, end.lineage).head_key(end.gen, 'partition-9')}.a1.0"
+        run_sync(kv.put(headless, b"deliveries"))
         pointer = run_sync(read_pointer(kv, key))
         assert pointer is not None and pointer.lineage == end.lineage
         if outlived_by == "a settled batch":  # batch 1 committed and settled, created again
@@ -350,6 +356,7 @@ def test_a_driver_that_adopts_a_lineage_gives_back_an_outlived_entry(
         assert sorted(taken) == list(range(1, 11)), "a message was held, lost or read twice"
         left = run_sync(Ledger(restarted.ledger.kv, end.lineage).heads())
         assert (end.gen, partition.slot) not in left
+        assert headless not in run_sync(restarted.ledger.kv.keys_matching(f"{end.lineage}.>"))
     finally:
         run_sync(old.close())
         run_sync(restarted.close())

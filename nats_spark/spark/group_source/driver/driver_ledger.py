@@ -74,6 +74,8 @@ class DriverLedger:
         # Entries of the batch this driver planned last, until its tasks are handed out
         # (`hand_out`): no task can have written them yet, so they are not read before.
         self.unwritten: set[tuple[int, str]] = set()
+        # Entries of settled gens the adopt found chunks of and no head (`give_back_outlived`).
+        self.headless: list[tuple[int, str]] = []
         self.pins: dict[str, str] = {}  # by slot: the pin its newest entry (or pointer) holds
         self.settled = 0  # newest gen with an entry removed as settled (`Pointer.settled`)
         self.last_query_pins: frozenset[str] = frozenset()  # pins of this target's last query
@@ -137,9 +139,9 @@ class DriverLedger:
         remembered = pointer.consumers if pointer and pointer.lineage == offset.lineage else {}
         self.seen.remember(remembered)
         self.stored_sightings = self.seen.stored() if remembered else None
-        self.entries = {
-            (gen, slot): DriverEntry(gen, slot) for gen, slot in await self.ledger.heads()
-        }
+        listing = await self.ledger.listing()
+        self.entries = {(gen, slot): DriverEntry(gen, slot) for gen, slot in listing.heads}
+        self.headless = [(gen, slot) for gen, slot in listing.headless if gen <= self.settled]
         self.unwritten = set()
         await self.load_heads(self.entries.values())
         if pointer is not None and offset.lineage in pointer.retired:
@@ -423,15 +425,18 @@ class DriverLedger:
             _given_back(await self.runtime.give_back(client, self.ledger, outlived))
             for key in outlived:
                 del self.entries[key]
+        await self.ledger.remove_headless(self.headless)
+        self.headless = []
         await self._give_back_lineages(client, self.retired)
 
     async def _give_back_lineages(self, client: NatsClient, lineages: Iterable[str]) -> None:
         assert self.kv is not None
         for lineage in lineages:
             ledger = Ledger(self.kv, lineage)
-            keys = await ledger.heads()
-            if keys:
-                _given_back(await self.runtime.give_back(client, ledger, keys))
+            listing = await ledger.listing()
+            if listing.heads:
+                _given_back(await self.runtime.give_back(client, ledger, listing.heads))
+            await ledger.remove_headless(listing.headless)
 
     async def ack_through(self, client: NatsClient, gen: int, only: str | None = None) -> int:
         """Ack every sealed entry (of slot `only`, if given) of batches up to `gen` (all
