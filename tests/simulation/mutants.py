@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -762,6 +763,12 @@ def summary(found: Found, shown: int = 5) -> str:
     return line
 
 
+def world_edit(text: str) -> tuple[str, object]:
+    """`FIELD=VALUE` of `--world`: a Setup field and a Python literal."""
+    name, _, value = text.partition("=")
+    return name, ast.literal_eval(value)
+
+
 def main() -> int:
     from tests.simulation.__main__ import seed_range  # here: it imports the unpatched code
 
@@ -774,12 +781,23 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1, help="processes")
     parser.add_argument("--only", action="append", choices=BY_NAME, help="this mutant only")
     parser.add_argument("--first", type=int, help="stop a mutant at its first K failing seeds")
+    parser.add_argument(
+        "--world",
+        action="append",
+        type=world_edit,
+        default=[],
+        metavar="FIELD=VALUE",
+        help="search in this family of worlds instead of the mutant's own edit (e.g. "
+        "dying_zombies=True new_checkpoint=0.5), to find seeds for its `edit`",
+    )
     args = parser.parse_args()
     wrong = misfits()
     if wrong:
         print("\n".join(wrong))
         return 1
     chosen = [BY_NAME[name] for name in args.only] if args.only else list(MUTANTS)
+    if args.world:
+        chosen = [dataclasses.replace(mutant, edit=tuple(args.world)) for mutant in chosen]
     started = time.monotonic()
     results = []
     for found in hunt([(mutant, args.seeds) for mutant in chosen], args.jobs, args.first):
