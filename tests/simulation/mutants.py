@@ -45,6 +45,9 @@ SPECULATION = 0.1
 # The worlds whose executors pause for ack waits (`stalling_executors`): Spark loses an attempt
 # that runs on once its batch settled or its query was given back (zombies' holes).
 STALLING = (("stalling_executors", True),)
+# The worlds where another client reads the query's overflow consumer (`other_client.py`): what
+# comes back while the query should hold it goes to a reader no dedupe of the query's covers.
+OTHER_CLIENT = (("other_client", True),)
 
 
 @dataclass(frozen=True)
@@ -466,6 +469,7 @@ MUTANTS = (
                 "        return started + self.wait < now\n",
             ),
         ),
+        edit=OTHER_CLIENT,
     ),
     Mutant(
         "packed-slots-out-of-order",

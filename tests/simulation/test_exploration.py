@@ -10,6 +10,7 @@ import pytest
 from tests.simulation.mutants import SPECULATION
 from tests.simulation.test_simulation import (
     EXPLORED,
+    OTHER_CLIENT_EXPLORED,
     RECREATED_EXPLORED,
     STALLING_EXPLORED,
     assert_schedules_keep_the_guarantees,
@@ -35,3 +36,7 @@ def test_schedules_with_a_consumer_created_again_keep_the_guarantees() -> None:
 
 def test_schedules_with_pausing_executors_keep_the_guarantees() -> None:
     assert_schedules_keep_the_guarantees(STALLING_EXPLORED, jobs=1, stalling_executors=True)
+
+
+def test_schedules_with_another_client_keep_the_guarantees() -> None:
+    assert_schedules_keep_the_guarantees(OTHER_CLIENT_EXPLORED, jobs=1, other_client=True)

@@ -45,6 +45,9 @@ RECREATED_CHECK, RECREATED_EXPLORED = range(0, 40), range(40, 400)
 # such an attempt, which runs on once its batch settled or its query was given back), in place
 # of as many drawn ones (they cost the same): the first share here, the rest in the main lane.
 STALLING_CHECK, STALLING_EXPLORED = range(0, 40), range(40, 260)
+# Worlds where another client reads the query's overflow consumer and acks what it takes
+# (`other_client`): the first share here, the rest in the main lane.
+OTHER_CLIENT_CHECK, OTHER_CLIENT_EXPLORED = range(0, 20), range(20, 260)
 
 # Seeds of a longer range that found a hole since closed (with what they ran under): each must
 # keep every guarantee. A change of the schedules makes them other schedules; the holes found
@@ -181,6 +184,13 @@ def test_schedules_with_pausing_executors_keep_the_guarantees() -> None:
     committed and settled, or their query given back: fenced, they take nothing, and what
     they wrote goes."""
     assert_schedules_keep_the_guarantees(STALLING_CHECK, stalling_executors=True)
+
+
+def test_schedules_with_another_client_keep_the_guarantees() -> None:
+    """Another client of the overflow consumer takes and acks messages beside the query: none
+    the live checkpoint committed, unless the world let it out (`Observed.taken_by_another`);
+    the mutant sealed-kept-only-once-due shows what a late keeper lets out."""
+    assert_schedules_keep_the_guarantees(OTHER_CLIENT_CHECK, other_client=True)
 
 
 def test_a_seed_replays_the_same_schedule() -> None:

@@ -46,11 +46,13 @@ from tests.simulation.jetstream import (
     GROUP,
     STREAM,
     Consumer,
+    Delivery,
     Server,
     SimClient,
     Stream,
 )
 from tests.simulation.lateness import GiveBacks
+from tests.simulation.other_client import OtherClient
 from tests.simulation.scheduler import Chaos, Crashed, Participant, Scheduler, run
 from tests.simulation.spark import AVAILABLE_NOW, PROCESSING, V40, V42, Checkpoint, Query
 
@@ -87,6 +89,9 @@ class Setup:
     # A family of worlds, never drawn (a run's override): executors that pause, short and long
     # (`stalling_executors`).
     stalling_executors: bool = False
+    # A family of worlds, never drawn (a run's override, with `shared`): another client reads
+    # the overflow consumer beside the query (`other_client.py`).
+    other_client: bool = False
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -234,6 +239,7 @@ class World:
     side: random.Random = field(default_factory=random.Random)  # draws apart from the schedule's
     faults: random.Random = field(default_factory=random.Random)  # the server's faults, apart
     ids: random.Random = field(default_factory=random.Random)  # lineages', drivers', attempts'
+    other: random.Random = field(default_factory=random.Random)  # another client's draws
 
     def __post_init__(self) -> None:
         setup = self.setup
@@ -268,6 +274,7 @@ class World:
         self.server = Server(self.sched, self.consumers, self.stream)
         self.server.after_acks = self._maybe_restart
         self.restarts = 3  # at most, per schedule
+        self.reading_done = False  # the last run has stopped: other clients stop too
         self.recreated = False  # whether the operator deleted a consumer and created it again
         self.driver: Participant | None = None  # the last query run's
         self.observed = Observed(
@@ -275,6 +282,8 @@ class World:
             key_order=not setup.shared,
             give_backs=GiveBacks(self.sched, self.bucket, self.stream, self.consumers),
             who=self.sched.current,
+            now=lambda: self.sched.now,
+            stalls=self.sched.stalls,
         )
         # What the source takes from its process, this world's own: ids the same on every run
         # of the seed, a worker's memory of entries, a give-back the invariants watch.
@@ -344,6 +353,17 @@ class World:
                 self.recreated = True
                 recreate_at = float("inf")
 
+    def _start_other_client(self) -> None:
+        """Another client of the shared overflow consumer, until the last run has stopped."""
+        assert self.setup.shared, "another client reads the plain consumer: shared worlds only"
+        consumer = self.consumers[0]
+
+        def took(seq: int, before: Delivery | None) -> None:
+            self.observed.taken_by_another(seq, before, consumer.ack_wait)
+
+        other = OtherClient(self.sched, self.server, consumer, self.other, took)
+        self.observed.others.add(other.start(lambda: self.reading_done))
+
     def _query_runs(self) -> bool:
         return self.driver is not None and not self.driver.finished.done()
 
@@ -411,6 +431,8 @@ class World:
         publishing = asyncio.ensure_future(self.publish(setup.messages, chaos_time * 0.7))
         if setup.purges or setup.recreate_consumer:
             asyncio.ensure_future(self.operate())
+        if setup.other_client:
+            self._start_other_client()
         runs = 0
         while sched.now < chaos_time or not publishing.done():
             runs += 1
@@ -428,6 +450,7 @@ class World:
         sched.note("quiet: no more faults; the query runs until the stream is idle")
         if await self.run_query(runs + 1, PROCESSING, float("inf"), quiet=True):
             return
+        self.reading_done = True
         ticking.set()
         await server
         self.observed.check_quiet(self.consumers)
@@ -445,6 +468,7 @@ class World:
         self.sched.note(f"query run {number}: Spark {self.setup.version}, {trigger}")
         with contextlib.suppress(Crashed):
             await participant.finished
+        self.observed.run_ended(participant)
         if query.refusal is None:
             return False
         self.observed.refused(query.refusal, self.consumers, self.recreated)
@@ -498,6 +522,7 @@ class Result:
     problems: list[str]
     order_breaks: list[str]
     order_reasons: Counter[str]  # how the attempt that left each break's message ended
+    let_out: Counter[str]  # the live checkpoint's committed messages another client got: why
     trace: list[str]
     steps: int
 
@@ -537,8 +562,13 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
     if setup.stalling_executors:
         family = stalling_executors(setup, random.Random(f"stalling executors {seed}"))
         setup = replace(family, **overrides)
+    if setup.other_client:
+        # Its plain consumer is shared; no purges: what the query took and the other client
+        # acked, a purge would remove, and the query stops (README guarantee 8's lost state).
+        setup = replace(setup, shared=True, purges=False, **overrides)
     sched = Scheduler(rng, replace(setup.chaos), setup.ack_wait, verbose=verbose)
-    world = World(setup, sched, side=side, faults=faults, ids=random.Random(seed))
+    other = random.Random(f"other client {seed}")
+    world = World(setup, sched, side=side, faults=faults, ids=random.Random(seed), other=other)
     logger = logging.getLogger("nats_spark")
     previous_level = logger.level
     logger.setLevel(logging.DEBUG if verbose else logging.CRITICAL)
@@ -555,6 +585,7 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
         observed.problems,
         observed.order_breaks,
         observed.order_reasons,
+        observed.let_out,
         sched.trace,
         sched.steps,
     )
