@@ -71,6 +71,11 @@ def main() -> int:
         help="another client reads the query's overflow consumer and acks what it takes",
     )
     parser.add_argument(
+        "--replaced-mid-batch",
+        action="store_true",
+        help="a query stopped mid-batch is replaced at once by one on a new checkpoint",
+    )
+    parser.add_argument(
         "--chaos-waits", type=float, help="how long the chaotic phase lasts, in ack waits"
     )
     parser.add_argument(
@@ -92,6 +97,8 @@ def main() -> int:
         overrides["stalling_executors"] = True
     if args.other_client:
         overrides["other_client"] = True
+    if args.replaced_mid_batch:
+        overrides["replaced_mid_batch"] = True
     if args.seed is not None:
         result = run_schedule(args.seed, verbose=args.verbose, **overrides)
         if not args.verbose:

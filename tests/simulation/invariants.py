@@ -143,8 +143,8 @@ class Observed:
         the driver's process or of the attempt that held it, as docs/architecture.md says)."""
         live = len(self.sinks) - 1
         batch = self.in_sinks[live].get(seq)
-        if batch is None:
-            return
+        if batch is None or (before is not None and before.owner in self.others):
+            return  # not the query's, or back to the other client (its own ack lost)
         why = self._let_out_by_the_world(seq, before, wait, live)
         if why is None:
             self.problem("committed, then taken by another client", f"message {seq}, batch {batch}")

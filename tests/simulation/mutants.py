@@ -48,6 +48,9 @@ STALLING = (("stalling_executors", True),)
 # The worlds where another client reads the query's overflow consumer (`other_client.py`): what
 # comes back while the query should hold it goes to a reader no dedupe of the query's covers.
 OTHER_CLIENT = (("other_client", True),)
+# The worlds whose query is stopped mid-batch and replaced at once by one on a new checkpoint:
+# its give-back meets the stopped run's attempts still recording.
+REPLACED = (("replaced_mid_batch", True),)
 
 
 @dataclass(frozen=True)
@@ -222,7 +225,7 @@ MUTANTS = (
                 "        head = None if found is None else found[0]\n",
             ),
         ),
-        edit=STALLING,
+        edit=REPLACED,
     ),
     Mutant(
         "outlived-entries-kept",

@@ -59,6 +59,7 @@ from tests.simulation.spark import AVAILABLE_NOW, PROCESSING, V40, V42, Checkpoi
 _T = TypeVar("_T")
 SLOTS = 2
 KEYS = 3  # per slot
+REPLACED_MID_BATCH = 0.3  # the chance a batch's run is stopped, in the worlds that replace it
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,10 @@ class Setup:
     # A family of worlds, never drawn (a run's override, with `shared`): another client reads
     # the overflow consumer beside the query (`other_client.py`).
     other_client: bool = False
+    # A family of worlds, never drawn (a run's override): a query run is often stopped while a
+    # batch's tasks run, and then replaced at once by one on a new checkpoint (an operator who
+    # restarts the query from scratch while the old one's executors still work).
+    replaced_mid_batch: bool = False
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -275,6 +280,7 @@ class World:
         self.server.after_acks = self._maybe_restart
         self.restarts = 3  # at most, per schedule
         self.reading_done = False  # the last run has stopped: other clients stop too
+        self.stopped = False  # the last run was stopped while a batch's tasks ran
         self.recreated = False  # whether the operator deleted a consumer and created it again
         self.driver: Participant | None = None  # the last query run's
         self.observed = Observed(
@@ -313,6 +319,19 @@ class World:
     @property
     def sink_failure(self) -> float:
         return 0.0 if self.quiet else self.setup.sink_failure
+
+    @property
+    def stopped_mid_batch(self) -> float:
+        """The chance a query run is stopped while a batch's tasks run (they run on)."""
+        if self.setup.replaced_mid_batch and not self.quiet:
+            return REPLACED_MID_BATCH
+        return self.sink_failure / 2
+
+    @property
+    def stops_within(self) -> float:
+        """How long after its tasks started a batch may be stopped: in the worlds whose
+        stopped query is replaced at once, while its tasks still pull and record."""
+        return self.setup.ack_wait / (20 if self.setup.replaced_mid_batch else 2)
 
     def _lost_answer(self, key: str) -> bool:
         if self.quiet or self.sched.rng.random() >= self.setup.lost_answer:
@@ -433,10 +452,10 @@ class World:
             asyncio.ensure_future(self.operate())
         if setup.other_client:
             self._start_other_client()
-        runs = 0
+        runs, replaced = 0, False
         while sched.now < chaos_time or not publishing.done():
             runs += 1
-            if runs > 1 and self.side.random() < setup.new_checkpoint:
+            if runs > 1 and (replaced or self.side.random() < setup.new_checkpoint):
                 self.checkpoint = Checkpoint()
                 self.observed.new_checkpoint()
                 sched.note("a new checkpoint: the next run starts without offsets")
@@ -444,7 +463,11 @@ class World:
             stop_at = sched.now + sched.rng.uniform(0.5, 4) * setup.ack_wait
             if await self.run_query(runs, trigger, stop_at):
                 return
-            await sched.sleep(sched.rng.uniform(0, setup.ack_wait))
+            # Stopped mid-batch in these worlds, the query is replaced at once by one on a new
+            # checkpoint, whose give-back meets the stopped run's tasks still recording.
+            replaced = setup.replaced_mid_batch and self.stopped
+            if not replaced:
+                await sched.sleep(sched.rng.uniform(0, setup.ack_wait))
         self.quiet = True
         sched.chaos.enabled = False
         sched.note("quiet: no more faults; the query runs until the stream is idle")
@@ -469,6 +492,7 @@ class World:
         with contextlib.suppress(Crashed):
             await participant.finished
         self.observed.run_ended(participant)
+        self.stopped = query.stopping
         if query.refusal is None:
             return False
         self.observed.refused(query.refusal, self.consumers, self.recreated)
