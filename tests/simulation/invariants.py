@@ -159,8 +159,8 @@ class Observed:
         if before is None or before.given_back or before.queued is None:
             return None  # the query never held it, or gave back what it committed
         if before.owner is not None and before.owner.dead:
-            # Its retry takes the entry over only once the head stood still 5 s (a stall or a
-            # death look alike), replays what it recorded, and keeps the wait from then on.
+            # Nothing keeps its wait until a retry takes the entry over, once the head stood
+            # still 5 s (a stall and a death look alike): past a 4 s ack wait.
             return "the attempt that held it was killed"
         since, until = before.queued - wait, before.queued
         if any(
