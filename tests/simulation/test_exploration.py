@@ -12,6 +12,8 @@ from tests.simulation.test_simulation import (
     EXPLORED,
     OTHER_CLIENT_EXPLORED,
     RECREATED_EXPLORED,
+    REPLACED_EXPLORED,
+    REPLACED_OPEN,
     STALLING_EXPLORED,
     assert_schedules_keep_the_guarantees,
 )
@@ -40,3 +42,8 @@ def test_schedules_with_pausing_executors_keep_the_guarantees() -> None:
 
 def test_schedules_with_another_client_keep_the_guarantees() -> None:
     assert_schedules_keep_the_guarantees(OTHER_CLIENT_EXPLORED, jobs=1, other_client=True)
+
+
+def test_schedules_of_replaced_queries_keep_the_guarantees() -> None:
+    seeds = [seed for seed in REPLACED_EXPLORED if seed not in REPLACED_OPEN]
+    assert_schedules_keep_the_guarantees(seeds, jobs=1, replaced_mid_batch=True)
