@@ -97,6 +97,7 @@ class InProgressKeeper:
         self.ack_wait = ack_wait
         self.label = label
         self.held: dict[int, bytes] = {}  # stream seq -> reply subject of its latest delivery
+        self.again: set[int] = set()  # stream seqs held that came again (`redelivered`)
         self.renewed = 0.0  # monotonic time of the last confirmed round
         self.stopped = False
         self._between_rounds: asyncio.Future[None] | None = None  # `run`'s wait, until `stop`
@@ -109,6 +110,7 @@ class InProgressKeeper:
         """A held message came again: later rounds must name its latest delivery."""
         if seq in self.held:
             self.held[seq] = reply
+            self.again.add(seq)
 
     def release(self, seqs: Iterable[int]) -> None:
         """Stop keeping these (their messages go back to the server)."""

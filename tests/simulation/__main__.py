@@ -66,6 +66,16 @@ def main() -> int:
         help="executors pause: often shortly, and for ack waits after which Spark lost the attempt",
     )
     parser.add_argument(
+        "--other-client",
+        action="store_true",
+        help="another client reads the query's overflow consumer and acks what it takes",
+    )
+    parser.add_argument(
+        "--replaced-mid-batch",
+        action="store_true",
+        help="a query stopped mid-batch is replaced at once by one on a new checkpoint",
+    )
+    parser.add_argument(
         "--chaos-waits", type=float, help="how long the chaotic phase lasts, in ack waits"
     )
     parser.add_argument(
@@ -85,6 +95,10 @@ def main() -> int:
         overrides["packed"] = True
     if args.stalling_executors:
         overrides["stalling_executors"] = True
+    if args.other_client:
+        overrides["other_client"] = True
+    if args.replaced_mid_batch:
+        overrides["replaced_mid_batch"] = True
     if args.seed is not None:
         result = run_schedule(args.seed, verbose=args.verbose, **overrides)
         if not args.verbose:
@@ -96,6 +110,8 @@ def main() -> int:
             print(f"ORDER {order_break}")
         for why, count in sorted(result.order_reasons.items()):
             print(f"ORDER {count}: {why}")
+        for why, count in sorted(result.let_out.items()):
+            print(f"LET OUT {count} committed to the other client: {why}")
         return 1 if result.problems or (args.strict_order and result.order_breaks) else 0
     failed = broke_order = 0
     reasons = Counter[str]()

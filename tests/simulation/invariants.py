@@ -9,7 +9,8 @@ Spark's outputs are per checkpoint, so each check is too.
   (its rows are in that checkpoint's sink): a new checkpoint that drops what an earlier one
   committed and never acked, acking it unemitted, fails, though the earlier sink holds it;
 - once quiet: every message of the stream in a committed batch of the checkpoint whose ack took
-  it off (or, never acked, of the last one), none left unacked; no ledger entry of a lineage the
+  it off (or, never acked, of the last one), none left unacked (a message another client acked
+  last is that client's, `taken_by_another`); no ledger entry of a lineage the
   pointer does not name (nothing would ever act on it again), no chunk whose entry is gone, and
   of the pointer's own lineage only sealed empty entries (an open one would never be acked; an
   acked one, once the quiet query has looked past the settle time, should have been removed);
@@ -19,7 +20,9 @@ Spark's outputs are per checkpoint, so each check is too.
   cases (`lateness.py`): the attempt that held the late message's delivery (the one before the
   delivery it was emitted from) died before it recorded it, or a give-back's driver died between
   removing that delivery's entry and giving it back. Such a break is counted apart
-  (`order_breaks`, by cause in `order_reasons`), any other fails.
+  (`order_breaks`, by cause in `order_reasons`), any other fails;
+- another client of the query's consumer (`other_client.py`) never gets a message the live
+  checkpoint committed, unless the world let it out (`taken_by_another`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from tests.simulation.jetstream import Consumer, Delivery, Stream, deliveries_of
 from tests.simulation.lateness import Attempts, GiveBacks, held_before
 from tests.simulation.scheduler import Participant
 
+Stall = tuple[Participant, float, float]  # whose process paused, from when, until when
 Rows = dict[str, list[int]]  # by slot: stream sequences, in the order emitted
 
 
@@ -52,6 +56,12 @@ class Observed:
     problems: list[str] = field(default_factory=list)  # broken guarantees
     order_breaks: list[str] = field(default_factory=list)  # per-key order, the README's case
     order_reasons: Counter[str] = field(default_factory=Counter)  # by what explains them
+    now: Callable[[], float] = lambda: 0.0
+    stalls: list[Stall] = field(default_factory=list)  # the scheduler's, as they happen
+    runs_lived: dict[Participant, tuple[float, float]] = field(default_factory=dict)  # query runs'
+    others: set[Participant] = field(default_factory=set)  # other clients of the consumers
+    taken_by_others: set[int] = field(default_factory=set)  # stream seqs another client acked last
+    let_out: Counter[str] = field(default_factory=Counter)  # committed, then another client's: why
 
     @property
     def sink(self) -> dict[int, Rows]:
@@ -70,6 +80,11 @@ class Observed:
     def query_run(self, driver: Participant) -> None:
         """`driver` runs the query on the live checkpoint."""
         self.drivers[driver] = len(self.sinks) - 1
+        self.runs_lived[driver] = (self.now(), float("inf"))
+
+    def run_ended(self, driver: Participant) -> None:
+        """`driver`'s query run stopped, failed or was killed: it keeps nothing any more."""
+        self.runs_lived[driver] = (self.runs_lived[driver][0], self.now())
 
     def _checkpoint_of(self, participant: Participant | None) -> int:
         """The checkpoint of the query run `participant` is (or is a task attempt of)."""
@@ -100,12 +115,65 @@ class Observed:
                     in_sink[seq] = batch
 
     def acked(self, consumer: str, seq: int) -> None:
-        checkpoint = self._checkpoint_of(self.who())
+        who = self.who()
+        if who in self.others:  # that client's own: no batch of the query's need hold it
+            self.taken_by_others.add(seq)
+            self.acked_in.pop(seq, None)
+            return
+        self.taken_by_others.discard(seq)
+        checkpoint = self._checkpoint_of(who)
         self.acked_in[seq] = checkpoint
         if seq not in self.in_sinks[checkpoint]:
             self.problem(
                 "acked before commit", f"message {seq} of {consumer} (checkpoint {checkpoint})"
             )
+
+    def taken_by_another(self, seq: int, before: Delivery | None, wait: float) -> None:
+        """Another client got `seq`, after the delivery `before` (`wait`: its ack wait). What it
+        takes is not the query's: a message the query never committed may be taken by anyone (it
+        is no loss: the other client acks it, and the quiet check leaves it out), and one an
+        earlier checkpoint committed a new one may take again, so may another client. One the
+        live checkpoint committed is a duplicate in the world, emitted by the query and processed
+        by the other client: the query must hold it until it acks it (ack waits kept by its
+        tasks, then by the driver's `SealedKeeper`). Only the world can let it out, and such a
+        case is counted apart (`let_out`): the query's ack of it lost in a server restart; the
+        attempt that held its delivery killed (nothing keeps that wait until a retry has taken
+        its entry over); or its delivery's wait ran out while no run of the live checkpoint
+        lived, without a pause, all of that wait (the query stopped or was killed; a stall, of
+        the driver's process or of the attempt that held it, as docs/architecture.md says)."""
+        live = len(self.sinks) - 1
+        batch = self.in_sinks[live].get(seq)
+        if batch is None or (before is not None and before.owner in self.others):
+            return  # not the query's, or back to the other client (its own ack lost)
+        why = self._let_out_by_the_world(seq, before, wait, live)
+        if why is None:
+            self.problem("committed, then taken by another client", f"message {seq}, batch {batch}")
+        else:
+            self.let_out[why] += 1
+
+    def _let_out_by_the_world(
+        self, seq: int, before: Delivery | None, wait: float, live: int
+    ) -> str | None:
+        if seq in self.acked_in:  # the query's ack took it off: only a restart brings it back
+            return "the query's ack lost in a server restart"
+        if before is None or before.given_back or before.queued is None:
+            return None  # the query never held it, or gave back what it committed
+        if before.owner is not None and before.owner.dead:
+            # Nothing keeps its wait until a retry takes the entry over, once the head stood
+            # still 5 s (a stall and a death look alike): past a 4 s ack wait.
+            return "the attempt that held it was killed"
+        since, until = before.queued - wait, before.queued
+        if any(
+            start < until and end > since and who in (before.owner, *self.drivers)
+            for who, start, end in self.stalls
+        ):
+            return "a stall while its ack wait ran out"
+        if not any(
+            self.drivers[driver] == live and start <= since and end >= until
+            for driver, (start, end) in self.runs_lived.items()
+        ):
+            return "no run of the query lived all its ack wait"
+        return None
 
     def refused(self, why: str, consumers: list[Consumer], recreated: bool) -> None:
         """The source refused to read on (the schedule ends there: the operator must act): only
@@ -125,6 +193,7 @@ class Observed:
             m.seq
             for m in self.stream.messages
             if m.seq not in self.in_sinks[self.acked_in.get(m.seq, last)]
+            and m.seq not in self.taken_by_others
         ]
         if missing:
             self.problem("not in any committed batch", f"messages {missing}")

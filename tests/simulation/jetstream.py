@@ -24,6 +24,9 @@ server/filestore.go; each method names the function it follows), as unkindly:
   (`processAckMsg` matches the stream sequence);
 - the stream's first sequence moves (limits, purge): pending deliveries below it leave the
   consumer (`checkPending`), and reading such a message answers 404 (`NotFound`).
+- an `overflow` priority group's pull with `min_pending` or `min_ack_pending` is served only
+  while the consumer's num_pending (num_ack_pending) is at least that, and waits otherwise
+  (`nextWaiting` under `PriorityOverflow`).
 Waiting pulls are served as messages arrive or come due again; a request of a crashed
 participant or a closed pull consumer is not served any more.
 
@@ -96,6 +99,10 @@ class PullRequest:
     expires_at: float
     pin_id: str | None
     consumer: SimPullConsumer
+    # An overflow pull's thresholds (0: none): served only while the consumer's num_pending
+    # (num_ack_pending) is at least that (`nextWaiting` under `PriorityOverflow`).
+    min_pending: int = 0
+    min_ack_pending: int = 0
     delivered: list[tuple[Message, Delivery]] = field(default_factory=list)
     served: int = 0
     status: PullStatus | None = None  # set when the server ended it
@@ -255,7 +262,7 @@ class Consumer:
             # A pull without the pin while another holds it is passed over (`nextWaiting`),
             # and ends as any other when it expires or, no-wait, at once (`processWaiting`).
             served = self.pinned is None or request.pin_id == self.pinned
-            while served and request.served < request.batch:
+            while served and request.served < request.batch and self._over_thresholds(request):
                 found = self._next(now)
                 if found is None:
                     break
@@ -278,6 +285,12 @@ class Consumer:
             if request.status is not None:
                 self.waiting.remove(request)
                 request.arrived.set()
+
+    def _over_thresholds(self, request: PullRequest) -> bool:
+        """Whether an overflow pull's thresholds let it be served now."""
+        return (not request.min_pending or self.num_pending() >= request.min_pending) and (
+            not request.min_ack_pending or len(self.pending) >= request.min_ack_pending
+        )
 
     def _queue(self) -> list[int]:
         """The redelivery queue, in the order it was filled."""
@@ -523,12 +536,22 @@ class SimPullConsumer:
         expires: float = 5.0,
         no_wait: bool = False,
         whole: bool = False,
+        min_pending: int = 0,
+        min_ack_pending: int = 0,
         **_: Any,
     ) -> SimPull:
         sched = self.client.sched
         await sched.point(f"pull {batch} from {self.consumer.name}")
+        now = self.client.server.now()
         request = PullRequest(
-            sched.current(), batch, no_wait, self.client.server.now() + expires, self.pin_id, self
+            sched.current(),
+            batch,
+            no_wait,
+            now + expires,
+            self.pin_id,
+            self,
+            min_pending,
+            min_ack_pending,
         )
         self.requests.append(request)
         self.consumer.request(request, self.client.server.now())

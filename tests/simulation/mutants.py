@@ -46,6 +46,12 @@ SPECULATION = 0.1
 # The worlds whose executors pause for ack waits (`stalling_executors`): Spark loses an attempt
 # that runs on once its batch settled or its query was given back (zombies' holes).
 STALLING = (("stalling_executors", True),)
+# The worlds where another client reads the query's overflow consumer (`other_client.py`): what
+# comes back while the query should hold it goes to a reader no dedupe of the query's covers.
+OTHER_CLIENT = (("other_client", True),)
+# The worlds whose query is stopped mid-batch and replaced at once by one on a new checkpoint:
+# its give-back meets the stopped run's attempts still recording.
+REPLACED = (("replaced_mid_batch", True),)
 
 
 @dataclass(frozen=True)
@@ -220,7 +226,7 @@ MUTANTS = (
                 "        head = None if found is None else found[0]\n",
             ),
         ),
-        edit=STALLING,
+        edit=REPLACED,
     ),
     Mutant(
         "outlived-entries-kept",
@@ -481,6 +487,7 @@ MUTANTS = (
                 "        return started + self.wait < now\n",
             ),
         ),
+        edit=OTHER_CLIENT,
     ),
     Mutant(
         "packed-slots-out-of-order",

@@ -227,6 +227,7 @@ class Scheduler:
     steps: int = 0
     participants: list[Participant] = field(default_factory=list)
     loop: VirtualLoop = field(default_factory=VirtualLoop)
+    stalls: list[tuple[Participant, float, float]] = field(default_factory=list)  # from, until
 
     @property
     def now(self) -> float:
@@ -334,6 +335,7 @@ class Scheduler:
     def stall(self, me: Participant, at: str, delay: float) -> None:
         """`me`'s whole process pauses for `delay` seconds from now (GC, CPU starvation)."""
         me.frozen_until = self.loop.now + delay
+        self.stalls.append((me, self.now, self.now + delay))
         self.note(f"stalls {delay:.1f}s at {at} (its whole process)")
 
     def kill(self, victim: Participant, at: str) -> None:

@@ -187,8 +187,8 @@ class Query:
             )
         )
         running = asyncio.gather(*(self._task(batch, p) for p in partitions))
-        if world.sched.rng.random() < world.sink_failure / 2:  # stopped while its tasks run
-            await world.sched.sleep(world.sched.rng.uniform(0, world.setup.ack_wait / 2))
+        if world.sched.rng.random() < world.stopped_mid_batch:  # stopped while its tasks run
+            await world.sched.sleep(world.sched.rng.uniform(0, world.stops_within))
             if not running.done():
                 self.stopping = True  # no more task attempts; the running ones go on a while
                 running.add_done_callback(lambda done: done.cancelled() or done.exception())

@@ -10,7 +10,9 @@ import pytest
 from tests.simulation.mutants import SPECULATION
 from tests.simulation.test_simulation import (
     EXPLORED,
+    OTHER_CLIENT_EXPLORED,
     RECREATED_EXPLORED,
+    REPLACED_EXPLORED,
     STALLING_EXPLORED,
     assert_schedules_keep_the_guarantees,
 )
@@ -35,3 +37,11 @@ def test_schedules_with_a_consumer_created_again_keep_the_guarantees() -> None:
 
 def test_schedules_with_pausing_executors_keep_the_guarantees() -> None:
     assert_schedules_keep_the_guarantees(STALLING_EXPLORED, jobs=1, stalling_executors=True)
+
+
+def test_schedules_with_another_client_keep_the_guarantees() -> None:
+    assert_schedules_keep_the_guarantees(OTHER_CLIENT_EXPLORED, jobs=1, other_client=True)
+
+
+def test_schedules_of_replaced_queries_keep_the_guarantees() -> None:
+    assert_schedules_keep_the_guarantees(REPLACED_EXPLORED, jobs=1, replaced_mid_batch=True)

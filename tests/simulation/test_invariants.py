@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.simulation.invariants import Observed, live_leftovers
-from tests.simulation.jetstream import Stream
+from tests.simulation.jetstream import Delivery, Stream
 from tests.simulation.lateness import GiveBacks
 from tests.simulation.scheduler import Participant
 
@@ -88,3 +88,40 @@ def test_leftovers_of_the_live_lineage_count() -> None:
         "live.1.partition-0 (acked, 2 messages)",
         "live.2.partition-0 (open, 0 messages)",
     ]
+
+
+def test_another_client_must_not_get_what_the_live_checkpoint_committed(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """What another client of the consumer takes is its own, unless the live checkpoint committed
+    it: then it fails, but where the world let it out (no run of the query lived all of its
+    delivery's ack wait), which is counted apart; what the other client acked is no loss."""
+    stream = Stream()
+    stream.publish("S.k0", 0.0)
+    stream.publish("S.k0", 0.0)
+    now = [0.0]
+    driver = Participant("driver#1", "driver", loop.create_future())
+    other = Participant("other client", "client", loop.create_future())
+    task = Participant("b0/c#0#0", "task", loop.create_future(), driver)
+    running = [other]
+    checks = observed(stream, running)
+    checks.now = lambda: now[0]
+    checks.others.add(other)
+    checks.query_run(driver)
+    checks.sink_write(0, {"c#0": [1]})
+    held = Delivery(1, 1, due=4.0, owner=task, queued=4.0)  # its wait ran out at 4 s
+    now[0] = 4.5
+    checks.taken_by_another(2, Delivery(1, 2, due=4.0, owner=task, queued=4.0), 4.0)
+    checks.acked("c", 2)  # never committed: the other client's
+    checks.taken_by_another(1, held, 4.0)
+    assert checks.problems == ["committed, then taken by another client: message 1, batch 0"]
+    checks.problems.clear()
+    checks.run_ended(driver)  # the query stopped before its wait ran out
+    checks.runs_lived[driver] = (0.0, 3.0)
+    checks.taken_by_another(1, held, 4.0)
+    assert checks.problems == [] and checks.let_out == {
+        "no run of the query lived all its ack wait": 1
+    }
+    checks.acked("c", 1)
+    checks.check_quiet([])
+    assert checks.problems == []

@@ -46,17 +46,20 @@ from tests.simulation.jetstream import (
     GROUP,
     STREAM,
     Consumer,
+    Delivery,
     Server,
     SimClient,
     Stream,
 )
 from tests.simulation.lateness import GiveBacks
+from tests.simulation.other_client import OtherClient
 from tests.simulation.scheduler import Chaos, Crashed, Participant, Scheduler, run
 from tests.simulation.spark import AVAILABLE_NOW, PROCESSING, V40, V42, Checkpoint, Query
 
 _T = TypeVar("_T")
 SLOTS = 2
 KEYS = 3  # per slot
+REPLACED_MID_BATCH = 0.3  # the chance a batch's run is stopped, in the worlds that replace it
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,13 @@ class Setup:
     # A family of worlds, never drawn (a run's override): executors that pause, short and long
     # (`stalling_executors`).
     stalling_executors: bool = False
+    # A family of worlds, never drawn (a run's override, with `shared`): another client reads
+    # the overflow consumer beside the query (`other_client.py`).
+    other_client: bool = False
+    # A family of worlds, never drawn (a run's override): a query run is often stopped while a
+    # batch's tasks run, and then replaced at once by one on a new checkpoint (an operator who
+    # restarts the query from scratch while the old one's executors still work).
+    replaced_mid_batch: bool = False
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -234,6 +244,7 @@ class World:
     side: random.Random = field(default_factory=random.Random)  # draws apart from the schedule's
     faults: random.Random = field(default_factory=random.Random)  # the server's faults, apart
     ids: random.Random = field(default_factory=random.Random)  # lineages', drivers', attempts'
+    other: random.Random = field(default_factory=random.Random)  # another client's draws
 
     def __post_init__(self) -> None:
         setup = self.setup
@@ -268,6 +279,8 @@ class World:
         self.server = Server(self.sched, self.consumers, self.stream)
         self.server.after_acks = self._maybe_restart
         self.restarts = 3  # at most, per schedule
+        self.reading_done = False  # the last run has stopped: other clients stop too
+        self.stopped = False  # the last run was stopped while a batch's tasks ran
         self.recreated = False  # whether the operator deleted a consumer and created it again
         self.driver: Participant | None = None  # the last query run's
         self.observed = Observed(
@@ -275,6 +288,8 @@ class World:
             key_order=not setup.shared,
             give_backs=GiveBacks(self.sched, self.bucket, self.stream, self.consumers),
             who=self.sched.current,
+            now=lambda: self.sched.now,
+            stalls=self.sched.stalls,
         )
         # What the source takes from its process, this world's own: ids the same on every run
         # of the seed, a worker's memory of entries, a give-back the invariants watch.
@@ -304,6 +319,19 @@ class World:
     @property
     def sink_failure(self) -> float:
         return 0.0 if self.quiet else self.setup.sink_failure
+
+    @property
+    def stopped_mid_batch(self) -> float:
+        """The chance a query run is stopped while a batch's tasks run (they run on)."""
+        if self.setup.replaced_mid_batch and not self.quiet:
+            return REPLACED_MID_BATCH
+        return self.sink_failure / 2
+
+    @property
+    def stops_within(self) -> float:
+        """How long after its tasks started a batch may be stopped: in the worlds whose
+        stopped query is replaced at once, while its tasks still pull and record."""
+        return self.setup.ack_wait / (20 if self.setup.replaced_mid_batch else 2)
 
     def _lost_answer(self, key: str) -> bool:
         if self.quiet or self.sched.rng.random() >= self.setup.lost_answer:
@@ -343,6 +371,17 @@ class World:
                 consumer.start_over(sched.now)
                 self.recreated = True
                 recreate_at = float("inf")
+
+    def _start_other_client(self) -> None:
+        """Another client of the shared overflow consumer, until the last run has stopped."""
+        assert self.setup.shared, "another client reads the plain consumer: shared worlds only"
+        consumer = self.consumers[0]
+
+        def took(seq: int, before: Delivery | None) -> None:
+            self.observed.taken_by_another(seq, before, consumer.ack_wait)
+
+        other = OtherClient(self.sched, self.server, consumer, self.other, took)
+        self.observed.others.add(other.start(lambda: self.reading_done))
 
     def _query_runs(self) -> bool:
         return self.driver is not None and not self.driver.finished.done()
@@ -411,10 +450,12 @@ class World:
         publishing = asyncio.ensure_future(self.publish(setup.messages, chaos_time * 0.7))
         if setup.purges or setup.recreate_consumer:
             asyncio.ensure_future(self.operate())
-        runs = 0
+        if setup.other_client:
+            self._start_other_client()
+        runs, replaced = 0, False
         while sched.now < chaos_time or not publishing.done():
             runs += 1
-            if runs > 1 and self.side.random() < setup.new_checkpoint:
+            if runs > 1 and (replaced or self.side.random() < setup.new_checkpoint):
                 self.checkpoint = Checkpoint()
                 self.observed.new_checkpoint()
                 sched.note("a new checkpoint: the next run starts without offsets")
@@ -422,12 +463,17 @@ class World:
             stop_at = sched.now + sched.rng.uniform(0.5, 4) * setup.ack_wait
             if await self.run_query(runs, trigger, stop_at):
                 return
-            await sched.sleep(sched.rng.uniform(0, setup.ack_wait))
+            # Stopped mid-batch in these worlds, the query is replaced at once by one on a new
+            # checkpoint, whose give-back meets the stopped run's tasks still recording.
+            replaced = setup.replaced_mid_batch and self.stopped
+            if not replaced:
+                await sched.sleep(sched.rng.uniform(0, setup.ack_wait))
         self.quiet = True
         sched.chaos.enabled = False
         sched.note("quiet: no more faults; the query runs until the stream is idle")
         if await self.run_query(runs + 1, PROCESSING, float("inf"), quiet=True):
             return
+        self.reading_done = True
         ticking.set()
         await server
         self.observed.check_quiet(self.consumers)
@@ -445,6 +491,8 @@ class World:
         self.sched.note(f"query run {number}: Spark {self.setup.version}, {trigger}")
         with contextlib.suppress(Crashed):
             await participant.finished
+        self.observed.run_ended(participant)
+        self.stopped = query.stopping
         if query.refusal is None:
             return False
         self.observed.refused(query.refusal, self.consumers, self.recreated)
@@ -498,6 +546,7 @@ class Result:
     problems: list[str]
     order_breaks: list[str]
     order_reasons: Counter[str]  # how the attempt that left each break's message ended
+    let_out: Counter[str]  # the live checkpoint's committed messages another client got: why
     trace: list[str]
     steps: int
 
@@ -537,8 +586,13 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
     if setup.stalling_executors:
         family = stalling_executors(setup, random.Random(f"stalling executors {seed}"))
         setup = replace(family, **overrides)
+    if setup.other_client:
+        # Its plain consumer is shared; no purges: what the query took and the other client
+        # acked, a purge would remove, and the query stops (README guarantee 8's lost state).
+        setup = replace(setup, shared=True, purges=False, **overrides)
     sched = Scheduler(rng, replace(setup.chaos), setup.ack_wait, verbose=verbose)
-    world = World(setup, sched, side=side, faults=faults, ids=random.Random(seed))
+    other = random.Random(f"other client {seed}")
+    world = World(setup, sched, side=side, faults=faults, ids=random.Random(seed), other=other)
     logger = logging.getLogger("nats_spark")
     previous_level = logger.level
     logger.setLevel(logging.DEBUG if verbose else logging.CRITICAL)
@@ -555,6 +609,7 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
         observed.problems,
         observed.order_breaks,
         observed.order_reasons,
+        observed.let_out,
         sched.trace,
         sched.steps,
     )

@@ -41,6 +41,7 @@ from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordina
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.ledger import (
     Ledger,
+    LedgerConflict,
     Pointer,
     read_deliveries,
     read_head,
@@ -284,6 +285,41 @@ def test_a_new_checkpoint_gives_back_what_a_stopped_attempt_left_open(client, na
         taken = read_batches_until(new, start, 10)
         assert taken == list(range(1, 11))
         assert run_sync(Ledger(new.ledger.kv, partition.lineage).heads()) == []
+    finally:
+        run_sync(old.close())
+        run_sync(new.close())
+
+
+def test_a_recorded_message_that_came_again_to_a_given_back_attempt_is_given_back_too(
+    client, nats_url, unique
+):
+    """A stopped query's task attempt still pulls while a query on a new checkpoint gives its
+    entry back (NAKs what it recorded, removes it): the NAKed messages come back to that
+    attempt's next pull, which drops them as its own, and its next write fails on the removed
+    entry. It gives them back too as it fails: else they would wait out their ack wait (a
+    minute), behind the newer messages the new query reads (seed 727 of the simulation's
+    worlds whose query is stopped mid-batch and replaced at once)."""
+    stream = f"AGAIN{unique}"
+    options = replace(
+        ten_held_a_minute(client, nats_url, stream, f"L{unique}"),
+        max_messages_per_partition=8,
+        fetch_batch_size=2,
+    )
+    old, new = BatchCoordinator(options), BatchCoordinator(options)
+    try:
+        start = run_sync(old.initial_offset())
+        [partition] = run_sync(old.partitions(start, run_sync(old.latest_offset(start, None))))
+        rows = read_slot(partition)
+        assert seqs(next(rows)) == [1, 2]  # recorded in its entry
+        start = run_sync(new.initial_offset())
+        end = run_sync(new.latest_offset(start, None))
+        parts = run_sync(new.partitions(start, end))  # its first batch gives the entry back
+        with pytest.raises(LedgerConflict):  # recorded ones again (its own: dropped), then a
+            for _ in rows:  # write on the removed entry
+                pass
+        taken = [seq for part in parts for seq in seqs_of(read_slot(part))]
+        taken += read_batches_until(new, end, 10 - len(taken))
+        assert taken == list(range(1, 11))
     finally:
         run_sync(old.close())
         run_sync(new.close())

@@ -193,10 +193,15 @@ class SlotReader:
         """Closed or failed mid-batch: NAK what this attempt pulled and did not record, so that
         it comes back at once instead of after its ack wait. The write in flight is let finish
         (what it records is the entry's: a later attempt replays it, or a new checkpoint gives
-        it back); what requests still out deliver within `fetchTimeout` is given back too."""
+        it back); what requests still out deliver within `fetchTimeout` is given back too. So
+        is a recorded message that came again since: the entry names its earlier delivery,
+        and a new checkpoint's give-back of the entry NAKs that one, not this (which would wait
+        out its ack wait, behind newer messages of its key); a retry that takes the entry over
+        drops it as its own when it comes back."""
         try:
             recorded = await recorder.finish()
-            unrecorded = [r for s, r in self.keeper.held.items() if s not in recorded]
+            again = self.keeper.again
+            unrecorded = [r for s, r in self.keeper.held.items() if s not in recorded or s in again]
             late = await consumer.collect_late(self.partition.reading.fetch_timeout)
             taken = self.entry.taken
             seqs = late.numbers[1] if late else []
