@@ -19,19 +19,20 @@ $(VENV)/.server-installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 # The fast lane: lint, format, types and the tests marked `unit` (no nats-server, no Spark; a unit
-# test that asks for either fails, see tests/conftest.py).
+# test that asks for either fails, see tests/conftest.py), on two workers that steal work from
+# each other (the simulation's few long tests would otherwise end the run on one worker).
 check: $(VENV)/.test-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy nats_spark
-	$(BIN)/python -m pytest -q -m unit
+	$(BIN)/python -m pytest -q -m unit -n 2 --dist worksteal
 
 # The rest, after check, on the newest Spark, then the tests marked `compat` on the older Sparks
 # users run (test-compat). Two workers, a test module each at a time (each worker starts its own
 # nats-server and Spark sessions): the suite waits on servers and JVMs more than it computes.
 # The compat venvs install (on a fresh clone mostly downloading and building each pyspark) while
 # check and the main lane run, then their lanes run. Each venv's class archive is made beside
-# other work too: the main venv's while check (one process) runs, the older Sparks' after their
+# other work too: the main venv's while check runs, the older Sparks' after their
 # installs; a lane would otherwise start by making its own (a JVM run of ~80 CPU-s).
 test: $(VENV)/.test-installed
 	@$(MAKE) --no-print-directory compat-venvs > .compat-venvs.log 2>&1 & installing=$$!; \
