@@ -25,8 +25,8 @@ server/filestore.go; each method names the function it follows), as unkindly:
 - the stream's first sequence moves (limits, purge): pending deliveries below it leave the
   consumer (`checkPending`), and reading such a message answers 404 (`NotFound`).
 - an `overflow` priority group's pull with `min_pending` or `min_ack_pending` is served only
-  while the consumer's num_pending (num_ack_pending) is at least that, and waits otherwise
-  (`nextWaiting` under `PriorityOverflow`).
+  while the consumer's num_pending (num_ack_pending) is at least that (either, when both are
+  set), and waits otherwise (`nextWaiting` under `PriorityOverflow`).
 Waiting pulls are served as messages arrive or come due again; a request of a crashed
 participant or a closed pull consumer is not served any more.
 
@@ -287,9 +287,12 @@ class Consumer:
                 request.arrived.set()
 
     def _over_thresholds(self, request: PullRequest) -> bool:
-        """Whether an overflow pull's thresholds let it be served now."""
-        return (not request.min_pending or self.num_pending() >= request.min_pending) and (
-            not request.min_ack_pending or len(self.pending) >= request.min_ack_pending
+        """Whether an overflow pull's thresholds let it be served now: either one reached, when
+        both are set (`nextWaiting`: num_pending counts the message about to go)."""
+        if not request.min_pending and not request.min_ack_pending:
+            return True
+        return bool(request.min_pending and self.num_pending() >= request.min_pending) or bool(
+            request.min_ack_pending and len(self.pending) >= request.min_ack_pending
         )
 
     def _queue(self) -> list[int]:
