@@ -110,7 +110,7 @@ lint: $(VENV)/.test-installed
 clean:
 	rm -rf $(VENV) .venv-spark* build dist *.egg-info
 
-# The ack-ledger simulation over a seed range (make test explores seeds 0-1739 of the drawn worlds and
+# The ack-ledger simulation over a seed range (make test explores seeds 0-1399 of the drawn worlds and
 # 0-259 of those whose executors pause, make check 0-259 and 0-39; SIMULATE_ARGS=--stalling-executors); a failing
 # seed is reproduced, with its schedule, by `python -m tests.simulation --seed <n> --verbose`.
 .PHONY: simulate
