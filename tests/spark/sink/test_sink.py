@@ -250,7 +250,7 @@ def test_streaming_group_to_stream_exactly_once_across_a_replay(
     run_sync(client.api.update_stream({**config, "duplicate_window": int(1.0 * NANOS)}))
     # The server purges ids older than the new 1 s window on its own timer: once the probe,
     # stored after every row, is forgotten, so are the rows' ids.
-    wait_until(lambda: stores_probe(client, sink_stream, "newest"), 30, "the window to pass")
+    wait_until(lambda: stores_probe(client, sink_stream, "newest"), 60, "the window to pass")
     assert run_once() == 500
     assert len(values(client, sink_stream)) == 1000
 
