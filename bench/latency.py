@@ -238,7 +238,7 @@ def floor_case(spark: Any, partitions: int, args: argparse.Namespace) -> dict[st
     """Spark's floor at `partitions` input partitions: batches back to back, nothing to read."""
     df = spark.readStream.format("latency_floor").option("partitions", partitions)
     df = df.option("rows", args.floor_rows).load()
-    collector = InHand(stored=False)
+    collector = InHand(stored="arrived")
     with _running(df, collector, 0) as query:
         _until(lambda: len(collector.batches) >= FLOOR_WARM_BATCHES, 300, query)
         started, before = time.time(), len(collector.batches)
@@ -250,9 +250,16 @@ def floor_case(spark: Any, partitions: int, args: argparse.Namespace) -> dict[st
     warm = {b: p for b, p in progress.items() if p["started"] >= started}
     details = batch_details(warm, collector.batches, None, None)
     spent = sampler.cpu_seconds()
+    arrived = [
+        hand.in_hand - at
+        for batch in warm
+        for hand in [collector.batches[batch]]
+        for at in hand.stored
+    ]
     return {
         "case": {"kind": "spark_floor", "partitions": partitions, "trigger": 0},
         "rows_per_partition": args.floor_rows,
+        "in_hand_ms": ms(arrived),
         **summarize_batches(details),
         "cpu_ms_per_batch": {k: round(v / max(1, measured) * 1000) for k, v in spent.items()},
     }
@@ -274,7 +281,7 @@ def connector_case(
     run_sync(create_group(client, stream, "g", members, partitions))
     bucket = options.get("ledgerBucket", SourceOptions.ledger_bucket)
     requests = ServerRequests(client, bucket, stream)
-    collector = InHand(stored=True)
+    collector = InHand(stored="timestamp")
     df = reader(spark, url, stream, "g", options, source=TimedNatsPcg.name())
     with _running(df, collector, trigger) as query:
         run_sync(publish(client, stream, PRIME, args.size, args.keys))
@@ -335,8 +342,8 @@ def input_partitions(partitions: int, options: list[str] | None) -> int:
 
 
 def summary(results: list[dict[str, Any]], options: list[str] | None) -> list[dict[str, Any]]:
-    """The ratios, each naming its case; a connector's batch beside Spark's floor at as many
-    tasks."""
+    """The ratios, each naming its case; a connector's batch and in-hand p99 beside Spark's
+    floor at as many tasks."""
     done = [r for r in results if "error" not in r]
     by_rate = {r["case"]["rate"]: r for r in done if r["case"]["kind"] == "nats_py"}
     floors = {r["case"]["partitions"]: r for r in done if r["case"]["kind"] == "spark_floor"}
@@ -352,6 +359,11 @@ def summary(results: list[dict[str, Any]], options: list[str] | None) -> list[di
         if nats_py and p99 is not None and nats_py["in_hand_ms"]["p99"]:
             line["p99_in_hand_ms"] = [p99, nats_py["in_hand_ms"]["p99"]]
             line["p99_vs_nats_py"] = round(p99 / nats_py["in_hand_ms"]["p99"], 1)
+        floor_p99 = floor["in_hand_ms"]["p99"] if floor else None
+        if p99 is not None and floor_p99:
+            # the floor's messages arrive evenly and its batches run back to back: at any
+            # trigger, no Python source with as many tasks has them in hand sooner
+            line["p99_in_hand_ms_vs_spark_floor"] = [p99, floor_p99]
         batch_ms = result["batch_ms"][0]
         if floor and batch_ms is not None and floor["batch_ms"][0]:
             line["batch_ms_p50"] = [batch_ms, floor["batch_ms"][0]]

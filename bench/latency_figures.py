@@ -53,21 +53,22 @@ class Handed:
 
 class InHand:
     """The `foreachBatch` function of a case: collects each batch's rows (as a user's function
-    that needs them would) and notes when they were in hand. With `stored`, the rows are of the
-    connector's schema and each row's stored timestamp is noted too."""
+    that needs them would) and notes when they were in hand, and each row's stored time: the
+    connector's `timestamp` column, or the floor's `arrived` (`stored="arrived"`)."""
 
-    def __init__(self, stored: bool) -> None:
+    def __init__(self, stored: str) -> None:
         self.stored = stored
         self.batches: dict[int, Handed] = {}
         self.rows = 0
 
     def __call__(self, df: Any, batch_id: int) -> None:
         called = time.time()
-        if self.stored:
+        if self.stored == "arrived":
+            rows = df.collect()
+            stored = [row.arrived for row in rows]
+        else:
             rows = df.selectExpr("*", "unix_micros(timestamp) AS stored_us").collect()
             stored = [row.stored_us / 1e6 for row in rows]
-        else:
-            rows, stored = df.collect(), []
         self.batches[batch_id] = Handed(called, time.time(), stored)
         self.rows += len(rows)
 

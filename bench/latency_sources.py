@@ -9,7 +9,8 @@
   directory named by `$NATS_SPARK_LATENCY_PROBE` (set before the session starts, so that Spark's
   processes inherit it); nothing is noted where it is unset.
 - `latency_floor`: Spark's own floor, no NATS: every `latestOffset` is one more than the last,
-  and each batch is `partitions` input partitions of `rows` rows.
+  and each batch is `partitions` input partitions of `rows` rows, which stand for messages that
+  arrived evenly since the previous `latestOffset` (`arrived`).
 """
 
 from __future__ import annotations
@@ -82,22 +83,28 @@ class TimedNatsPcg(NatsPcgDataSource):
 
 
 class _FloorReader(DataSourceStreamReader):
+    """Each batch's rows stand for messages that arrived evenly between the previous
+    `latestOffset` and this one (the column `arrived`): what a source that plans a batch from
+    what has arrived when Spark asks for its latest offset would read, at no cost."""
+
     def __init__(self, partitions: int, rows: int) -> None:
         self.count, self.rows = partitions, rows
 
-    def initialOffset(self) -> dict[str, int]:
-        return {"at": 0}
+    def initialOffset(self) -> dict[str, float]:
+        return {"at": 0, "t": time.time()}
 
-    def latestOffset(self) -> dict[str, int]:
+    def latestOffset(self) -> dict[str, float]:
         self.at = getattr(self, "at", 0) + 1
-        return {"at": self.at}
+        return {"at": self.at, "t": time.time()}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        return [InputPartition(i) for i in range(self.count)]
+        return [InputPartition((i, start["t"], end["t"])) for i in range(self.count)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[int, int]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[int, int, float]]:
+        index, since, until = partition.value
+        spread = (until - since) / (self.count * self.rows)
         for row in range(self.rows):
-            yield partition.value, row
+            yield index, row, since + (index * self.rows + row + 0.5) * spread
 
     def commit(self, end: dict) -> None:
         pass
@@ -109,7 +116,7 @@ class LatencyFloor(DataSource):
         return "latency_floor"
 
     def schema(self) -> str:
-        return "partition INT, row INT"
+        return "partition INT, row INT, arrived DOUBLE"
 
     def streamReader(self, schema: Any) -> _FloorReader:
         return _FloorReader(int(self.options["partitions"]), int(self.options["rows"]))

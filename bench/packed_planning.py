@@ -1,11 +1,11 @@
 """Planning and packed tasks at many slots, without Spark: the batch coordinator driven as Spark
 calls it (`latestOffset`, `partitions`, the tasks' `read`, `commit`) in this process, on a
 static group of 2 members and `--slots` partitions (a slot each) read by 2 packed tasks
-(`maxTasksPerBatch=2`). `--busy` batches of 4 messages per slot, then `--idle` triggers with
-nothing new. Per batch and per idle trigger: milliseconds (medians), the ledger bucket's
-operations by kind, and the messages the driver's connection sent; per batch the tasks' read
-time per slot (the two tasks read one after the other). The counts do not depend on the
-machine's load; the milliseconds do (the load average is printed beside them).
+(`maxTasksPerBatch=2`). `--busy` batches of `--per-slot` (4) messages per slot, then `--idle`
+triggers with nothing new. Per batch and per idle trigger: milliseconds (medians), the ledger
+bucket's operations by kind, and the messages the driver's connection sent; per batch the
+tasks' read time per slot (the two tasks read one after the other). The counts do not depend
+on the machine's load; the milliseconds do (the load average is printed beside them).
 
     .venv/bin/python bench/packed_planning.py --slots 64,256
 """
@@ -35,8 +35,6 @@ from nats_spark.spark.group_source.ledger import LedgerBucket  # noqa: E402
 from nats_spark.spark.group_source.options import parse_options  # noqa: E402
 from nats_spark.spark.group_source.slot_partition import PackedSlots  # noqa: E402
 from nats_spark.spark.group_source.task.slot_reader import read_packed  # noqa: E402
-
-PER_SLOT = 4  # messages per slot and busy batch
 
 
 class BucketOps:
@@ -71,7 +69,7 @@ def _median(values: list[float]) -> float:
     return round(statistics.median(values), 1) if values else 0.0
 
 
-def measure(url: str, slots: int, busy: int, idle: int) -> dict[str, Any]:
+def measure(url: str, slots: int, busy: int, idle: int, per_slot: int) -> dict[str, Any]:
     client = run_sync(NatsClient.open(ConnectionSettings(servers=(url,))))
     stream = f"PLAN{slots}"
     run_sync(create_stream(client, stream, slots))
@@ -92,7 +90,7 @@ def measure(url: str, slots: int, busy: int, idle: int) -> dict[str, Any]:
         # busy batches, the ack-only batch after them, then the idle triggers
         for index in range(busy + 1 + idle):
             if index < busy:
-                run_sync(publish(client, stream, PER_SLOT * slots, 100, keys=8 * slots))
+                run_sync(publish(client, stream, per_slot * slots, 100, keys=8 * slots))
             kind = "busy" if index < busy else "acks" if index == busy else "idle"
             ops.take()
             before, began = sent(), time.perf_counter()
@@ -138,10 +136,11 @@ def main() -> None:
     parser.add_argument("--slots", default="64,256", help="comma-separated slot counts")
     parser.add_argument("--busy", type=int, default=4, help="busy batches")
     parser.add_argument("--idle", type=int, default=4, help="idle triggers after them")
+    parser.add_argument("--per-slot", type=int, default=4, help="messages per slot and busy batch")
     args = parser.parse_args()
     with EmbeddedServer() as server:
         for slots in (int(s) for s in args.slots.split(",")):
-            emit("packed_planning", measure(server.url, slots, args.busy, args.idle))
+            emit("packed_planning", measure(server.url, slots, args.busy, args.idle, args.per_slot))
 
 
 if __name__ == "__main__":
