@@ -95,6 +95,11 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--nats-py-timeout", type=float, default=0.05, help="seconds per fetch")
     parser.add_argument("--floor-rows", type=int, default=20, help="per input partition")
     parser.add_argument("--floor-seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--floor-only",
+        default="",
+        help="comma-separated input-partition counts: run only Spark's floor at each",
+    )
     parser.add_argument("--drain-seconds", type=float, default=60.0, help="after the load")
     parser.add_argument("--per-batch", action="store_true", help="print each batch's figures")
     parser.add_argument(
@@ -411,7 +416,10 @@ def main() -> None:
                 results.append({**figures, "wall_seconds": round(time.time() - case_started)})
                 emit("latency_case", results[-1])
 
-            for rate in rates:
+            for tasks in _numbers(args.floor_only, int) if args.floor_only else []:
+                floor = {"kind": "spark_floor", "partitions": tasks, "trigger": 0}
+                run(floor_case, floor, spark, tasks, args)
+            for rate in [] if args.floor_only else rates:
                 run(nats_py_case, {"kind": "nats_py", "rate": rate}, url, client, rate, args)
                 for partitions in partition_counts:
                     tasks = input_partitions(partitions, args.option)
