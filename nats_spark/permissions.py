@@ -21,6 +21,7 @@ def publish_allowed(stream: str, ledger: str = DEFAULT_LEDGER) -> list[tuple[str
         (f"$JS.API.STREAM.MSG.GET.{stream}", "replays a batch Spark re-runs"),
         (f"$JS.API.CONSUMER.CREATE.{stream}.>", ""),
         (f"$JS.API.CONSUMER.INFO.{stream}.>", ""),
+        (f"$JS.API.CONSUMER.LIST.{stream}", "planning at 8 partitions or more"),
         (f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>", ""),
         (f"$JS.API.CONSUMER.UNPIN.{stream}.>", "releases its own pins at stop, a dead query's"),
         (f"$JS.ACK.{stream}.>", ""),

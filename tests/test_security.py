@@ -39,6 +39,7 @@ from nats_spark.loop import Blocking, run_sync
 from nats_spark.permissions import publish_allowed
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
+from nats_spark.spark.group_source.driver.consumer_listing import LIST_FROM
 from nats_spark.spark.group_source.ledger import decode_chunk
 from nats_spark.spark.group_source.options import parse_options
 
@@ -47,7 +48,7 @@ ADMIN_PASSWORD = f"pw-{uuid.uuid4().hex}"
 TOKEN = f"tok-{uuid.uuid4().hex}"
 TAG = uuid.uuid4().hex[:6]
 LEAN_STREAM, NOACK_STREAM, NOAPI_STREAM = f"LEAN{TAG}", f"NOACK{TAG}", f"NOAPI{TAG}"
-NOPURGE_STREAM = f"NOPURGE{TAG}"
+NOPURGE_STREAM, NOLIST_STREAM = f"NOPURGE{TAG}", f"NOLIST{TAG}"
 LEDGER = "nats-spark-ledger"
 
 
@@ -115,6 +116,11 @@ def auth_server(
             "user": "nopurge",
             "password": "nopurge-pw",
             "permissions": connector_permissions(NOPURGE_STREAM, leave_out="$JS.API.STREAM.PURGE."),
+        },
+        {
+            "user": "nolist",
+            "password": "nolist-pw",
+            "permissions": connector_permissions(NOLIST_STREAM, leave_out="$JS.API.CONSUMER.LIST."),
         },
         {"nkey": public(nkey_user)},
     ]
@@ -271,7 +277,8 @@ def test_least_privilege_user_reads_end_to_end(
 ) -> None:
     admin = open_blocking(ConnectionSettings((auth_server.url,), "admin", ADMIN_PASSWORD))
     try:
-        static_group(admin, LEAN_STREAM, "g", ["m1", "m2"], partitions=4)
+        # 8 partitions: planning lists the consumers (`CONSUMER.LIST`), which the list allows
+        static_group(admin, LEAN_STREAM, "g", ["m1", "m2"], partitions=LIST_FROM)
         publish(admin, LEAN_STREAM, 200)
         df = source(spark, auth_server.url, LEAN_STREAM, "g", user="lean", password="lean-pw")
         assert run_query(df, tmp_path)[1] is None
@@ -282,6 +289,32 @@ def test_least_privilege_user_reads_end_to_end(
     finally:
         close(admin)
     assert violations(auth_server, "lean") == []
+
+
+def test_a_user_who_may_not_list_consumers_plans_with_a_request_each(
+    auth_server: EmbeddedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Permissions granted before planning listed consumers: the listing is refused once, said
+    in a warning naming the subject, and planning asks each consumer from then on."""
+    admin = open_blocking(ConnectionSettings((auth_server.url,), "admin", ADMIN_PASSWORD))
+    options = {"servers": auth_server.url, "stream": NOLIST_STREAM, "group": "g"}
+    reader = BatchCoordinator(parse_options({**options, "user": "nolist", "password": "nolist-pw"}))
+    try:
+        static_group(admin, NOLIST_STREAM, "g", ["m1", "m2"], partitions=LIST_FROM)
+        publish(admin, NOLIST_STREAM, 80)
+        with caplog.at_level(logging.WARNING):
+            start = run_sync(reader.initial_offset())
+            end = run_sync(reader.latest_offset(start, None))
+            assert sum(plan.limit for plan in end.slots.values()) == 80
+            run_sync(reader.latest_offset(end, None))  # planned again: not listed again
+    finally:
+        run_sync(reader.close())
+        close(admin)
+    listing = f"$JS.API.CONSUMER.LIST.{NOLIST_STREAM}"
+    warned = [r.getMessage() for r in caplog.records if listing in r.getMessage()]
+    assert len(warned) == 1 and f"allow {listing}" in warned[0], warned
+    assert [line for line in violations(auth_server, "nolist") if listing in line] != []
+    assert all(listing in line for line in violations(auth_server, "nolist"))
 
 
 def test_refused_acks_are_known_when_publish_acks_returns(auth_server: EmbeddedServer) -> None:

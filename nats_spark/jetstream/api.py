@@ -167,6 +167,20 @@ class JetStreamApi:
     async def consumer_info(self, stream: str, consumer: str) -> ConsumerInfo:
         return ConsumerInfo(await self.request(f"CONSUMER.INFO.{stream}.{consumer}"))
 
+    async def consumer_infos(self, stream: str) -> dict[str, ConsumerInfo]:
+        """The infos of `stream`'s consumers by name, from its `CONSUMER.LIST` pages (the server
+        answers up to 256 a page). One the server could not report (offline, or on a cluster
+        node that did not answer in time) is left out, as is one created between pages."""
+        infos: dict[str, ConsumerInfo] = {}
+        offset = 0
+        while True:
+            page = await self.request(f"CONSUMER.LIST.{stream}", {"offset": offset})
+            consumers = page.get("consumers") or []
+            infos.update((info["name"], ConsumerInfo(info)) for info in consumers)
+            offset += len(consumers) + len(page.get("missing") or [])
+            if not consumers or offset >= page.get("total", 0):
+                return infos
+
     async def delete_consumer(self, stream: str, consumer: str) -> None:
         await self.request(f"CONSUMER.DELETE.{stream}.{consumer}")
 

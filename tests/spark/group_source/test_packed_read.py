@@ -7,10 +7,12 @@ from collections import Counter
 
 from spark_helpers import publish, static_group, unacked, wait_until
 
+from nats_spark.jetstream.api import JetStreamApi
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver import batch_coordinator, driver_ledger, group_target
 from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
+from nats_spark.spark.group_source.driver.consumer_listing import LIST_FROM
 from nats_spark.spark.group_source.ledger import Ledger, LedgerBucket, read_head
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import PackedSlots
@@ -239,3 +241,43 @@ def test_planning_reads_no_head_its_tasks_cannot_have_written(
     finally:
         run_sync(reader.close())
     assert calls.counts["get head"] == 0, calls.counts  # 16 a batch, before
+
+
+def test_planning_lists_the_consumers_of_a_stream_many_slots_read(
+    client, nats_url, unique, monkeypatch
+):
+    """At 8 partitions and more, planning reads its consumers' infos from one `CONSUMER.LIST`
+    page instead of a request each (an idle trigger too: at 256 slots, one request instead of
+    256), and what it plans is the same: every message once."""
+    stream = f"PACKLIST{unique}"
+    partitions = LIST_FROM
+    static_group(client, stream, "g", ["m1", "m2"], partitions=partitions)
+    publish(client, stream, 160)
+    asked: list[str] = []
+    request = JetStreamApi.request
+
+    async def noted(api, subject, body=None):
+        asked.append(subject)
+        return await request(api, subject, body)
+
+    monkeypatch.setattr(JetStreamApi, "request", noted)
+    reader = BatchCoordinator(parse_options(packed_options(nats_url, stream, unique, "2")))
+    try:
+        start = run_sync(reader.initial_offset())
+        end = run_sync(reader.latest_offset(start, None))
+        assert sum(plan.limit for plan in end.slots.values()) == 160
+        seqs = [
+            s
+            for task in run_sync(reader.input_partitions(start, end))
+            for b in read_packed(task)
+            for s in b.column("stream_seq").to_pylist()
+        ]
+        assert sorted(seqs) == list(range(1, 161))
+        asked.clear()
+        idle = run_sync(reader.latest_offset(end, None))  # the acks' batch
+        assert asked.count(f"CONSUMER.LIST.{stream}") == 1, asked
+        slot_infos = [a for a in asked if a.startswith(f"CONSUMER.INFO.{stream}.g-partition-")]
+        assert slot_infos == [], asked  # (the Go layout's member consumers are still watched)
+        assert not any(plan.limit for plan in idle.slots.values())
+    finally:
+        run_sync(reader.close())

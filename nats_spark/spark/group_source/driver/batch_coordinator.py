@@ -24,8 +24,8 @@ from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound, stream_missing
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
-from nats_spark.requests_at_once import all_results
 from nats_spark.spark.group_source.driver.consumer_checks import NOTHING_KNOWN, Skipped
+from nats_spark.spark.group_source.driver.consumer_listing import ConsumerListing
 from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger, entries_lost
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.driver.planner import (
@@ -76,6 +76,7 @@ class BatchCoordinator:
         self.runtime = runtime
         self.reading = options.reading
         self.target = target_for(options)
+        self.listing = ConsumerListing()
         self.client: NatsClient | None = None
         self.ledger = DriverLedger(
             options.stream,
@@ -230,7 +231,7 @@ class BatchCoordinator:
         unacked = self.ledger.unacked()
         acked_first = self.ledger.committed_unacked(self.committed)
         slots = {name: state.slot for name, state in self.states.items()}
-        infos = await all_results(self._consumer_info(client, slot) for slot in resolved)
+        infos = await self.listing.infos(client, resolved, lambda s: self._consumer_info(client, s))
         for slot, info in zip(resolved, infos, strict=True):
             seen = await self._seen(client, slot, info)
             if await self._release_dead_pin(client, slot, seen):
