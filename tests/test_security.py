@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from spark_helpers import (
     settled,
     source,
     static_group,
+    wait_until,
 )
 
 from nats_spark.client import NatsClient, open_blocking
@@ -304,8 +306,12 @@ def test_a_user_who_may_not_list_consumers_plans_with_a_request_each(
         publish(admin, NOLIST_STREAM, 80)
         with caplog.at_level(logging.WARNING):
             start = run_sync(reader.initial_offset())
+            began = time.monotonic()
             end = run_sync(reader.latest_offset(start, None))
+            assert time.monotonic() - began < 4  # the refused listing's timeout not waited for
             assert sum(plan.limit for plan in end.slots.values()) == 80
+            wait_until(lambda: NOLIST_STREAM in reader.listing.allowed, 30, "the refusal")
+            assert reader.listing.allowed == {NOLIST_STREAM: False}
             run_sync(reader.latest_offset(end, None))  # planned again: not listed again
     finally:
         run_sync(reader.close())

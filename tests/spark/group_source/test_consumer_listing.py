@@ -4,6 +4,7 @@ request per consumer."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from types import SimpleNamespace
 from typing import Any
@@ -48,8 +49,15 @@ class Api:
 
 
 def infos(listing: ConsumerListing, api: Api, of: list[Slot]) -> list[ConsumerInfo]:
+    """Planning's infos, once the first listings it started (not waited for) are answered."""
     client: Any = SimpleNamespace(api=api)
-    return run_sync(listing.infos(client, of, api.single))
+
+    async def planned() -> list[ConsumerInfo]:
+        got = await listing.infos(client, of, api.single)
+        await asyncio.gather(*listing.trying.values())
+        return got
+
+    return run_sync(planned())
 
 
 def test_few_slots_on_a_stream_are_asked_one_by_one() -> None:
@@ -63,12 +71,39 @@ def test_few_slots_on_a_stream_are_asked_one_by_one() -> None:
 def test_many_slots_on_a_stream_are_listed_and_what_the_listing_missed_is_asked() -> None:
     many, few = slots("S", LIST_FROM + 2), slots("T", 2)
     missed = many[3].consumer  # created after the listing, offline, or gone
-    api = Api({"S": [s.consumer for s in many if s.consumer != missed]})
-    got = infos(ConsumerListing(), api, many + few)
+    api, listing = Api({"S": [s.consumer for s in many if s.consumer != missed]}), ConsumerListing()
+    first = infos(listing, api, many + few)  # learns the listing is allowed, beside them
+    assert not any(info["listed"] for info in first)
+    assert api.listings == ["S"] and len(api.singles) == len(many + few)
+    api.singles.clear()
+    got = infos(listing, api, many + few)
     assert [info["name"] for info in got] == [s.consumer for s in many + few]  # in order
     assert [info["listed"] for info in got] == [s.consumer != missed for s in many] + [False] * 2
-    assert api.listings == ["S"]
+    assert api.listings == ["S", "S"]
     assert api.singles == [missed] + [s.consumer for s in few]
+
+
+def test_a_first_listing_is_not_waited_for() -> None:
+    """A refused request answers only at its timeout: planning does not wait for the first."""
+    many, answered = slots("S", LIST_FROM), asyncio.Event()
+    api, listing = Api({"S": [s.consumer for s in many]}), ConsumerListing()
+    listed = api.consumer_infos
+
+    async def slow(stream: str) -> dict[str, ConsumerInfo]:
+        await answered.wait()
+        return await listed(stream)
+
+    api.consumer_infos = slow  # type: ignore[method-assign]
+    client: Any = SimpleNamespace(api=api)
+
+    async def plan_twice() -> None:
+        await listing.infos(client, many, api.single)
+        await listing.infos(client, many, api.single)  # still not answered: not sent again
+        answered.set()
+        await asyncio.gather(*listing.trying.values())
+
+    run_sync(plan_twice())
+    assert len(api.singles) == 2 * LIST_FROM and listing.allowed == {"S": True}
 
 
 def test_a_listing_refused_falls_back_for_good_and_says_so_once(
@@ -81,9 +116,9 @@ def test_a_listing_refused_falls_back_for_good_and_says_so_once(
             got = infos(listing, api, many)
             assert [info["name"] for info in got] == [s.consumer for s in many]
     assert api.listings == ["S"]  # not asked again
-    assert len(api.singles) == 3 * LIST_FROM
+    assert len(api.singles) == 3 * LIST_FROM and listing.allowed == {"S": False}
     warned = [r.getMessage() for r in caplog.records if "CONSUMER.LIST" in r.getMessage()]
-    assert len(warned) == 1 and "allow $JS.API.CONSUMER.LIST.S" in warned[0], warned
+    assert len(warned) == 1 and "allow $JS.API.CONSUMER.LIST.S " in warned[0], warned
 
 
 def test_a_listing_of_a_stream_gone_leaves_it_to_each_slots_request() -> None:
@@ -91,5 +126,13 @@ def test_a_listing_of_a_stream_gone_leaves_it_to_each_slots_request() -> None:
     api, listing, many = Api({"S": gone}), ConsumerListing(), slots("S", LIST_FROM)
     infos(listing, api, many)
     infos(listing, api, many)
-    assert api.listings == ["S", "S"] and not listing.refused
+    assert api.listings == ["S", "S"] and listing.allowed == {}
     assert len(api.singles) == 2 * LIST_FROM
+
+
+def test_a_listing_that_failed_otherwise_is_tried_again() -> None:
+    failed = NatsSparkError("JetStream request $JS.API.CONSUMER.LIST.S failed: cluster busy")
+    api, listing, many = Api({"S": failed}), ConsumerListing(), slots("S", LIST_FROM)
+    infos(listing, api, many)
+    infos(listing, api, many)
+    assert api.listings == ["S", "S"] and listing.allowed == {}

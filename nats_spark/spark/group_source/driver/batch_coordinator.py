@@ -584,6 +584,7 @@ class BatchCoordinator:
 
     async def close(self) -> None:
         """At stop: ack what committed batches left (no next batch will), then disconnect."""
+        await self.listing.close()
         if self.keeping is not None:
             keeper, keeping = self.keeping
             keeper.stop()  # never cancelled: it may be inside a flush

@@ -6,11 +6,18 @@ page reports up to 256 of them, so planning at 256 slots sends one request where
 and an idle trigger costs the server a page instead of a request per slot. Below `LIST_FROM` on
 a stream, a request per consumer (all at once) costs as little. A consumer the pages do not
 show (offline on a cluster node, created since, or gone) gets a request of its own, which heals
-what is gone; a user not allowed the listing gets a request per consumer from then on.
+what is gone.
+
+Whether the user may list a stream's consumers is learnt by a first listing sent beside
+planning's own requests, not waited for: a refused request answers only when it times out, and
+users whose permissions predate the listing would wait that long once per driver. Refused, the
+stream is asked a request per consumer from then on, with a warning naming the subject.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,13 +31,15 @@ from nats_spark.spark.group_source.driver.targets import Slot
 log = logging.getLogger(__name__)
 
 LIST_FROM = 8  # slots on one stream from which planning lists its consumers
+PERMISSION_DENIED = "permission denied"  # how `JetStreamApi` words a refused request
 
 
 class ConsumerListing:
     """The infos of planning's slots, listed per stream where many read it."""
 
     def __init__(self) -> None:
-        self.refused = False  # the user may not list consumers: one request per consumer
+        self.allowed: dict[str, bool] = {}  # by stream, once a listing was answered
+        self.trying: dict[str, asyncio.Future[None]] = {}  # first listings on their way
 
     async def infos(
         self,
@@ -40,10 +49,14 @@ class ConsumerListing:
     ) -> list[ConsumerInfo]:
         """The info of each slot's consumer, in the order of `slots`; `single` asks for one."""
         listed: dict[tuple[str, str], ConsumerInfo] = {}
-        many = Counter(slot.stream for slot in slots)
-        for stream in [] if self.refused else [s for s, n in many.items() if n >= LIST_FROM]:
-            infos = await self._listed(client, stream)
-            listed.update(((stream, name), info) for name, info in infos.items())
+        for stream, count in Counter(slot.stream for slot in slots).items():
+            if count < LIST_FROM:
+                continue
+            if self.allowed.get(stream):
+                infos = await self._listed(client, stream)
+                listed.update(((stream, name), info) for name, info in infos.items())
+            elif stream not in self.allowed and stream not in self.trying:
+                self.trying[stream] = asyncio.ensure_future(self._try(client, stream))
 
         async def info(slot: Slot) -> ConsumerInfo:
             found = listed.get((slot.stream, slot.consumer))
@@ -51,18 +64,37 @@ class ConsumerListing:
 
         return await all_results(info(slot) for slot in slots)
 
+    async def _try(self, client: NatsClient, stream: str) -> None:
+        """A first listing of `stream`, to learn whether the user may list it."""
+        try:
+            await self._listed(client, stream)
+        except Exception as error:  # not known yet: the next planning tries again
+            log.debug("listing the consumers of stream %s failed: %s", stream, error)
+        finally:
+            self.trying.pop(stream, None)
+
     async def _listed(self, client: NatsClient, stream: str) -> dict[str, ConsumerInfo]:
         try:
-            return await client.api.consumer_infos(stream)
+            infos = await client.api.consumer_infos(stream)
         except NotFound:
             return {}  # the stream is gone: each slot's own request says so
         except NatsSparkError as error:
-            self.refused = True
+            if PERMISSION_DENIED not in str(error):
+                log.info("listing the consumers of stream %s failed: %s", stream, error)
+                return {}  # each slot's own request, this time
+            self.allowed[stream] = False
             log.warning(
-                "listing the consumers of stream %s failed (%s); planning asks for each "
+                "the user may not list the consumers of stream %s: planning asks for each "
                 "consumer's info instead (allow $JS.API.CONSUMER.LIST.%s to save the requests)",
                 stream,
-                error,
                 stream,
             )
             return {}
+        self.allowed[stream] = True
+        return infos
+
+    async def close(self) -> None:
+        for trying in list(self.trying.values()):
+            trying.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await trying
