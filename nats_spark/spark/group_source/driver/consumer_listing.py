@@ -58,11 +58,10 @@ class ConsumerListing:
             elif stream not in self.allowed and stream not in self.trying:
                 self.trying[stream] = asyncio.ensure_future(self._try(client, stream))
 
-        async def info(slot: Slot) -> ConsumerInfo:
-            found = listed.get((slot.stream, slot.consumer))
-            return found if found is not None else await single(slot)
-
-        return await all_results(info(slot) for slot in slots)
+        found = [listed.get((slot.stream, slot.consumer)) for slot in slots]
+        unlisted = [slot for slot, info in zip(slots, found, strict=True) if info is None]
+        asked = iter(await all_results(single(slot) for slot in unlisted))
+        return [f if f is not None else next(asked) for f in found]
 
     async def _try(self, client: NatsClient, stream: str) -> None:
         """A first listing of `stream`, to learn whether the user may list it."""
