@@ -604,17 +604,18 @@ class Found:
     last: int | None = None  # the last seed run
 
 
-def search(name: str, seeds: Sequence[int], first: int | None) -> Found:
-    """In a fresh process: run `seeds` under mutant `name`, stopping at the `first` failures."""
+def search(mutant: Mutant, seeds: Sequence[int], first: int | None) -> Found:
+    """In a fresh process: run `seeds` under `mutant` (in its worlds: `--world` hands over a
+    copy with another edit), stopping at the `first` failures."""
     started = time.process_time()
-    install(BY_NAME[name])
+    install(mutant)
     from tests.simulation.world import run_schedule  # after the patches, which it may import
 
-    found = Found(name)
+    found = Found(mutant.name)
     for seed in seeds:
         found.ran += 1
         found.last = seed
-        problems = run_schedule(seed, **world(BY_NAME[name])).problems
+        problems = run_schedule(seed, **world(mutant)).problems
         if problems:
             found.failures.append((seed, problems[0]))
             if first is not None and len(found.failures) >= first:
@@ -733,7 +734,7 @@ def hunt(
         for mutant, seeds in searches:
             size = max(1, math.ceil(len(seeds) / count))
             parts = [seeds[i : i + size] for i in range(0, len(seeds), size)]
-            runs.append([(part, pool.submit(search, mutant.name, part, first)) for part in parts])
+            runs.append([(part, pool.submit(search, mutant, part, first)) for part in parts])
         for (mutant, _), parts_run in zip(searches, runs, strict=True):
             found = Found(mutant.name)
             for part, future in parts_run:
@@ -749,7 +750,7 @@ def hunt(
                         break  # all run, or stopped at `need` failures that catch it
                     need -= len(result.failures) - len(also)
                     part = part[part.index(result.last) + 1 :]
-                    future = pool.submit(search, mutant.name, part, need)
+                    future = pool.submit(search, mutant, part, need)
             found.failures = found.failures[:first]
             yield found
 
