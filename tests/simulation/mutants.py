@@ -229,6 +229,26 @@ MUTANTS = (
         edit=REPLACED,
     ),
     Mutant(
+        "late-recorded-redelivery-kept",
+        "an attempt failing on its given-back entry NAKed what requests still out delivered "
+        "late, except recorded messages that came again: the give-back had NAKed their earlier "
+        "delivery, so this one waited out its ack wait after newer messages of its key (seed "
+        "2306 of the replaced-mid-batch worlds)",
+        (
+            Patch(
+                SLOT_READER,
+                "            unrecorded += late.replies if late else []"
+                "  # new to the attempt, or recorded again\n",
+                "            seqs = late.numbers[1] if late else []\n"
+                "            unrecorded += [\n"
+                "                r for s, r in zip(seqs, late.replies, strict=True)"
+                " if s not in self.entry.taken\n"
+                "            ]\n",
+            ),
+        ),
+        edit=REPLACED,
+    ),
+    Mutant(
         "outlived-entries-kept",
         "an attempt that outlived its entry (its lineage given back, or its batch settled) "
         "created it again and was killed before its fence check: the OPEN entry it left was "

@@ -55,6 +55,10 @@ RARE = {
     # give-back's read, left under the removed entry), 1837 and 1885 (what it recorded after
     # the read, removed un-NAKed, after newer messages of its key).
     "give-back-under-a-recording-attempt": (1837, 1885),
+    # In the same worlds, the one of 1500-6000 that broke per-key order this way (2026-11-29;
+    # none of 0-1500): a recorded message NAKed by the give-back came back late to a pull the
+    # failing attempt had out.
+    "late-recorded-redelivery-kept": (2306,),
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
 # dozens (on the schedules of 2026-11-29): searched first, then the rest of the range, so the

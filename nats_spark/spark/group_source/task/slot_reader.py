@@ -194,18 +194,17 @@ class SlotReader:
         it comes back at once instead of after its ack wait. The write in flight is let finish
         (what it records is the entry's: a later attempt replays it, or a new checkpoint gives
         it back); what requests still out deliver within `fetchTimeout` is given back too. So
-        is a recorded message that came again since: the entry names its earlier delivery,
-        and a new checkpoint's give-back of the entry NAKs that one, not this (which would wait
-        out its ack wait, behind newer messages of its key); a retry that takes the entry over
-        drops it as its own when it comes back."""
+        is a recorded message that came again since, to a pull it processed or to one still
+        out: the entry names its earlier delivery, and a new checkpoint's give-back of the
+        entry NAKs that one, not this (which would wait out its ack wait, behind newer messages
+        of its key); a retry that takes the entry over drops it as its own when it comes
+        back."""
         try:
             recorded = await recorder.finish()
             again = self.keeper.again
             unrecorded = [r for s, r in self.keeper.held.items() if s not in recorded or s in again]
             late = await consumer.collect_late(self.partition.reading.fetch_timeout)
-            taken = self.entry.taken
-            seqs = late.numbers[1] if late else []
-            unrecorded += [r for s, r in zip(seqs, late.replies, strict=True) if s not in taken]
+            unrecorded += late.replies if late else []  # new to the attempt, or recorded again
             if unrecorded:
                 await publish_acks(self.client.nc, unrecorded, kind=NAK)
                 log.info(
