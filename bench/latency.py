@@ -255,12 +255,8 @@ def floor_case(spark: Any, partitions: int, args: argparse.Namespace) -> dict[st
     warm = {b: p for b, p in progress.items() if p["started"] >= started}
     details = batch_details(warm, collector.batches, None, None)
     spent = sampler.cpu_seconds()
-    arrived = [
-        hand.in_hand - at
-        for batch in warm
-        for hand in [collector.batches[batch]]
-        for at in hand.stored
-    ]
+    handed = [collector.batches[batch] for batch in warm]
+    arrived = [hand.in_hand - at for hand in handed for at in hand.stored]
     return {
         "case": {"kind": "spark_floor", "partitions": partitions, "trigger": 0},
         "rows_per_partition": args.floor_rows,

@@ -98,6 +98,10 @@ TRANSIENT_ERROR_CODES = frozenset(
 )
 
 
+class PermissionDenied(NatsSparkError):
+    """The user may not publish the request's subject (the server's permissions refused it)."""
+
+
 class JetStreamApiError(NatsSparkError):
     """A `$JS.API` request answered with an error."""
 

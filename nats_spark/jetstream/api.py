@@ -16,7 +16,13 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from nats_spark.connection import DEFAULT_PREFIX, no_jetstream
-from nats_spark.errors import PERMISSIONS_DOC, JetStreamApiError, NatsSparkError, NotFound
+from nats_spark.errors import (
+    PERMISSIONS_DOC,
+    JetStreamApiError,
+    NatsSparkError,
+    NotFound,
+    PermissionDenied,
+)
 from nats_spark.jetstream.replies import NANOS, ConsumerInfo, StreamInfo
 from nats_spark.jetstream.retry import Unavailable, retrying
 
@@ -85,7 +91,7 @@ class JetStreamApi:
         except NatsTimeout:
             quoted = f'"{full.lower()}"'  # nats-py lowercases the server's error text
             if any(quoted in refusal for refusal in self.denied):
-                raise NatsSparkError(
+                raise PermissionDenied(
                     f"permission denied to publish {full}; allow the user to publish to it "
                     f"({PERMISSIONS_DOC})"
                 ) from None
@@ -134,25 +140,30 @@ class JetStreamApi:
     async def delete_stream(self, stream: str) -> None:
         await self.request(f"STREAM.DELETE.{stream}")
 
-    async def stream_names(self, subject: str | None = None) -> list[str]:
-        names: list[str] = []
+    async def _all_pages(
+        self, subject: str, field: str, body: dict[str, Any] | None = None
+    ) -> list[Any]:
+        """The items under `field` of every page of a paged request (names or infos). A page
+        also counts the items a cluster could not report (`missing`), so that the next one
+        starts after them."""
+        items: list[Any] = []
+        offset = 0
         while True:
-            body: dict[str, Any] = {"offset": len(names)}
-            if subject:
-                body["subject"] = subject
-            page = await self.request("STREAM.NAMES", body)
-            names += page.get("streams") or []
-            if not page.get("streams") or len(names) >= page.get("total", 0):
-                return names
+            page = await self.request(subject, {**(body or {}), "offset": offset})
+            found = page.get(field) or []
+            items += found
+            offset += len(found) + len(page.get("missing") or [])
+            if not found or offset >= page.get("total", 0):
+                return items
+
+    async def stream_names(self, subject: str | None = None) -> list[str]:
+        return await self._all_pages(
+            "STREAM.NAMES", "streams", {"subject": subject} if subject else None
+        )
 
     async def stream_configs(self) -> list[dict[str, Any]]:
         """The config of every stream of the account (`STREAM.LIST`, all pages)."""
-        configs: list[dict[str, Any]] = []
-        while True:
-            page = await self.request("STREAM.LIST", {"offset": len(configs)})
-            configs += [info["config"] for info in page.get("streams") or []]
-            if not page.get("streams") or len(configs) >= page.get("total", 0):
-                return configs
+        return [info["config"] for info in await self._all_pages("STREAM.LIST", "streams")]
 
     async def create_consumer(
         self, stream: str, name: str, config: dict[str, Any], action: str = "create"
@@ -171,26 +182,14 @@ class JetStreamApi:
         """The infos of `stream`'s consumers by name, from its `CONSUMER.LIST` pages (the server
         answers up to 256 a page). One the server could not report (offline, or on a cluster
         node that did not answer in time) is left out, as is one created between pages."""
-        infos: dict[str, ConsumerInfo] = {}
-        offset = 0
-        while True:
-            page = await self.request(f"CONSUMER.LIST.{stream}", {"offset": offset})
-            consumers = page.get("consumers") or []
-            infos.update((info["name"], ConsumerInfo(info)) for info in consumers)
-            offset += len(consumers) + len(page.get("missing") or [])
-            if not consumers or offset >= page.get("total", 0):
-                return infos
+        listed = await self._all_pages(f"CONSUMER.LIST.{stream}", "consumers")
+        return {info["name"]: ConsumerInfo(info) for info in listed}
 
     async def delete_consumer(self, stream: str, consumer: str) -> None:
         await self.request(f"CONSUMER.DELETE.{stream}.{consumer}")
 
     async def consumer_names(self, stream: str) -> list[str]:
-        names: list[str] = []
-        while True:
-            page = await self.request(f"CONSUMER.NAMES.{stream}", {"offset": len(names)})
-            names += page.get("consumers") or []
-            if not page.get("consumers") or len(names) >= page.get("total", 0):
-                return names
+        return await self._all_pages(f"CONSUMER.NAMES.{stream}", "consumers")
 
     async def unpin(self, stream: str, consumer: str, group: str) -> None:
         """Drop the current pin of `group`, so the server pins the next waiting pull."""

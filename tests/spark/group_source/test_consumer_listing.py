@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from nats_spark.errors import NatsSparkError, NotFound
+from nats_spark.errors import NatsSparkError, NotFound, PermissionDenied
 from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source.driver.consumer_listing import LIST_FROM, ConsumerListing
@@ -109,7 +109,7 @@ def test_a_first_listing_is_not_waited_for() -> None:
 def test_a_listing_refused_falls_back_for_good_and_says_so_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    refusal = NatsSparkError("permission denied to publish $JS.API.CONSUMER.LIST.S")
+    refusal = PermissionDenied("permission denied to publish $JS.API.CONSUMER.LIST.S")
     api, listing, many = Api({"S": refusal}), ConsumerListing(), slots("S", LIST_FROM)
     with caplog.at_level(logging.WARNING):
         for _ in range(3):

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 
 from nats_spark.client import NatsClient
-from nats_spark.errors import NatsSparkError, NotFound
+from nats_spark.errors import NatsSparkError, NotFound, PermissionDenied
 from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.requests_at_once import all_results
 from nats_spark.spark.group_source.driver.targets import Slot
@@ -31,7 +31,6 @@ from nats_spark.spark.group_source.driver.targets import Slot
 log = logging.getLogger(__name__)
 
 LIST_FROM = 8  # slots on one stream from which planning lists its consumers
-PERMISSION_DENIED = "permission denied"  # how `JetStreamApi` words a refused request
 
 
 class ConsumerListing:
@@ -77,10 +76,7 @@ class ConsumerListing:
             infos = await client.api.consumer_infos(stream)
         except NotFound:
             return {}  # the stream is gone: each slot's own request says so
-        except NatsSparkError as error:
-            if PERMISSION_DENIED not in str(error):
-                log.info("listing the consumers of stream %s failed: %s", stream, error)
-                return {}  # each slot's own request, this time
+        except PermissionDenied:
             self.allowed[stream] = False
             log.warning(
                 "the user may not list the consumers of stream %s: planning asks for each "
@@ -89,6 +85,9 @@ class ConsumerListing:
                 stream,
             )
             return {}
+        except NatsSparkError as error:
+            log.info("listing the consumers of stream %s failed: %s", stream, error)
+            return {}  # each slot's own request, this time
         self.allowed[stream] = True
         return infos
 
