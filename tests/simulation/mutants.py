@@ -189,11 +189,10 @@ MUTANTS = (
         (
             Patch(
                 SLOT_ENTRY,
-                "                    await protocol.check_fence(\n"
-                "                        ledger, self.partition.pointer_key, gen, slot, "
-                "self.head.attempt\n"
-                "                    )\n",
-                "",
+                "                await protocol.check_fence(ledger, pointer, gen, slot, "
+                "self.head.attempt)\n"
+                "                self.revision = revision\n",
+                "                self.revision = revision\n",
             ),
         ),
         edit=STALLING,
@@ -207,8 +206,8 @@ MUTANTS = (
         (
             Patch(
                 SLOT_ENTRY,
-                "that settled batch's.\n            await protocol.check_fence(\n",
-                "that settled batch's.\n            (lambda *_: None)(\n",
+                "that settled batch's.\n            await protocol.check_fence(ledger, ",
+                "that settled batch's.\n            (lambda *_: None)(ledger, ",
             ),
         ),
         edit=STALLING,

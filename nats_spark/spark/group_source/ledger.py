@@ -46,6 +46,7 @@ the previous release, 7 days, or by an operator) loses it when a driver opens it
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -642,6 +643,26 @@ async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
         data.get("driver"),
         data.get("consumers", {}),
     )
+
+
+class PointerReads:
+    """Reads of one pointer shared by the callers that ask before the read is sent: each gets a
+    read sent after it asked, as the fence check after a create needs (`check_fence`), and the
+    claims of a packed task, whose creates answer together, share one read."""
+
+    def __init__(self, kv: Bucket, key: str) -> None:
+        self.kv = kv
+        self.key = key
+        self._next: asyncio.Future[Pointer | None] | None = None  # not sent yet
+
+    async def read(self) -> Pointer | None:
+        if self._next is None:
+            self._next = asyncio.ensure_future(self._send())
+        return await asyncio.shield(self._next)
+
+    async def _send(self) -> Pointer | None:
+        self._next = None  # a caller from now on needs a read sent after it asked
+        return await read_pointer(self.kv, self.key)
 
 
 async def write_pointer(kv: Bucket, key: str, pointer: Pointer) -> None:

@@ -84,9 +84,9 @@ from nats_spark.spark.group_source.ledger import (
     EntryState,
     Ledger,
     LedgerConflict,
+    PointerReads,
     read_deliveries,
     read_head,
-    read_pointer,
     write_head,
 )
 
@@ -122,18 +122,20 @@ async def create(
     return revision
 
 
-async def check_fence(ledger: Ledger, pointer_key: str, gen: int, slot: str, attempt: str) -> None:
-    """After `create` or `take_over`: fail when the batch's entries were settled, or its
-    lineage's given back (the driver raises the fence before it removes, so a create after the
-    removal finds the fence). This attempt outlived its committed batch, whose messages would be
-    acked as committed, or its query, whose entry nothing would remove: the entry goes again
-    while it is still `attempt`'s. So does every take-over: of the attempt's own create, whose
-    answer was lost (the retry finds the key, and the attempt its own open head), or of an
-    entry another attempt that outlived the batch created again. An entry another
-    attempt took over meanwhile stays: the fence is the newest settled gen, and an older entry
-    of a retry may still be kept, its acks lost (a server restart), for the dedupe of their
+async def check_fence(
+    ledger: Ledger, pointer_reads: PointerReads, gen: int, slot: str, attempt: str
+) -> None:
+    """After `create` or `take_over` (`pointer_reads`: the target's pointer, read after it): fail
+    when the batch's entries were settled, or its lineage's given back (the driver raises the fence
+    before it removes, so a create after the removal finds the fence). This attempt outlived its
+    committed batch, whose messages would be acked as committed, or its query, whose entry nothing
+    would remove: the entry goes again while it is still `attempt`'s. So does every take-over: of
+    the attempt's own create, whose answer was lost (the retry finds the key, and the attempt its
+    own open head), or of an entry another attempt that outlived the batch created again. An entry
+    another attempt took over meanwhile stays: the fence is the newest settled gen, and an older
+    entry of a retry may still be kept, its acks lost (a server restart), for the dedupe of their
     redeliveries."""
-    pointer = await read_pointer(ledger.kv, pointer_key)
+    pointer = await pointer_reads.read()
     if pointer is None:
         return
     if pointer.lineage == ledger.lineage and pointer.settled >= gen:

@@ -34,6 +34,7 @@ from nats_spark.spark.group_source.ledger import (
     Ledger,
     LedgerConflict,
     Pointer,
+    PointerReads,
     read_deliveries,
     read_head,
     read_pointer,
@@ -819,7 +820,11 @@ def test_the_fence_leaves_the_entry_a_retry_sealed(kv: MemoryBucket, lineage: st
     run_sync(write_pointer(kv, "query.S.g", Pointer(lineage, 3, settled=2)))
     ledger = Ledger(kv, lineage)
     with pytest.raises(LedgerConflict, match="outlived"):
-        run_sync(ledger_protocol.check_fence(ledger, "query.S.g", 1, "m1", paused.head.attempt))
+        run_sync(
+            ledger_protocol.check_fence(
+                ledger, PointerReads(kv, "query.S.g"), 1, "m1", paused.head.attempt
+            )
+        )
     head = run_sync(read_head(ledger, 1, "m1"))
     assert head is not None and head[0].state is EntryState.SEALED
 

@@ -30,6 +30,7 @@ from nats_spark.spark.group_source.ledger import (
     EntryHead,
     Ledger,
     LedgerConflict,
+    PointerReads,
     read_deliveries,
     read_head,
     recorded_in,
@@ -62,6 +63,7 @@ class SlotEntry:
         # is at risk of being a sibling's too, not only redeliveries
         self.delivering_again = False
         self.ledger: Ledger | None = None
+        self.pointer: PointerReads | None = None  # `pointer_reads`
         self.writing = asyncio.Lock()  # head writes one at a time: each on the last's revision
         self.written = clock.monotonic()  # when this attempt last wrote its head
 
@@ -73,24 +75,29 @@ class SlotEntry:
             self.ledger = Ledger(kv, self.partition.lineage)
         return self.ledger
 
+    def pointer_reads(self, ledger: Ledger) -> PointerReads:
+        """The target's pointer, for the fence checks of this attempt's claim (a task of packed
+        slots shares one among its slots' claims)."""
+        if self.pointer is None:
+            self.pointer = PointerReads(ledger.kv, self.partition.pointer_key)
+        return self.pointer
+
     async def claim(self) -> None:
         """Create the entry, take over an open one whose holder died or released it, or find it
-        sealed (at once, or once the live attempt holding it seals it)."""
+        sealed (at once, or once the live attempt holding it seals it). The create goes first:
+        a first attempt, which most are, finds no entry."""
         ledger = await self.open_ledger()
         gen, slot = self.partition.gen, self.partition.slot
+        pointer = self.pointer_reads(ledger)
         while True:
+            revision = await protocol.create(ledger, gen, slot, self.head, self.partition.pin_id)
+            if revision is not None:
+                await protocol.check_fence(ledger, pointer, gen, slot, self.head.attempt)
+                self.revision = revision
+                return
             found = await read_head(ledger, gen, slot)
             if found is None:
-                revision = await protocol.create(
-                    ledger, gen, slot, self.head, self.partition.pin_id
-                )
-                if revision is not None:
-                    await protocol.check_fence(
-                        ledger, self.partition.pointer_key, gen, slot, self.head.attempt
-                    )
-                    self.revision = revision
-                    return
-                continue  # another attempt created it first: read it
+                continue  # removed since the create found it: create it again (fenced)
             if protocol.held_by_another(found[0], self.head.attempt):
                 found = await protocol.await_holder(ledger, gen, slot, protocol.HOLD_QUIET)
             previous, revision = found
@@ -107,17 +114,15 @@ class SlotEntry:
                 self.revision = await write_head(ledger, gen, slot, self.head, revision)
             except LedgerConflict:
                 # The attempt it takes over wrote meanwhile (a zombie), or the entry was removed
-                # (its batch settled): read it again, and should it be gone, create it afresh,
-                # naming none of the chunks taken over (the fence then stops this attempt).
+                # (its batch settled): create it afresh, naming none of the chunks taken over
+                # (the fence then stops this attempt), or read it again where it is still there.
                 self.head = EntryHead(attempt=self.head.attempt)
                 self.recorded_earlier, self.taken = EntryDeliveries(), set()
                 continue
             # Past the fence as a create is: the entry may be one an attempt that outlived its
             # settled batch created again (its own create, or another's killed before its
             # fence check); pulling into it would record messages as that settled batch's.
-            await protocol.check_fence(
-                ledger, self.partition.pointer_key, gen, slot, self.head.attempt
-            )
+            await protocol.check_fence(ledger, pointer, gen, slot, self.head.attempt)
             # The attempt that died may have recorded without looking at its siblings' records.
             siblings = self.partition.siblings
             twice = await self.drop_taken_twice(set(self.taken)) if siblings else set()

@@ -338,7 +338,8 @@ async def packed_batches(
     """The record batches of `readers`' slots (`slot_batches` each) with their slot's name, one
     slot's after the other's in their order, once the committed batches' acks of all of them
     went out together and all of them claimed their entries, concurrently (the earlier entries
-    they dedupe against are read once for them all: `DedupeReads`); up to `SLOTS_AT_ONCE` slots
+    they dedupe against are read once for them all: `DedupeReads`, and so is the pointer
+    their fence checks read: `PointerReads`); up to `SLOTS_AT_ONCE` slots
     run at a time, the ones ahead queueing what they read. When the task ends early or one slot
     fails, the slots still running are cancelled (their steps give back what they hold, as a
     task stopped by Spark does), and those not run yet release the entries they claimed."""
@@ -351,6 +352,9 @@ async def packed_batches(
             shared = DedupeReads(histories)
             for history in histories:
                 history.shared = shared
+            pointer = readers[0].entry.pointer_reads(histories[0].ledger)
+            for reader in readers:
+                reader.entry.pointer = pointer
             await all_results(reader.begin() for reader in readers)
         while started < len(readers) or ahead:
             while len(ahead) < SLOTS_AT_ONCE and started < len(readers):
