@@ -510,6 +510,10 @@ class Ledger:
         """Remove the entry: its head and the chunks of every attempt."""
         await self.kv.remove(self.head_key(gen, slot))
 
+    async def delete_batch(self, gen: int) -> None:
+        """Remove every entry of batch `gen`: the heads and chunks of all its slots."""
+        await self.kv.remove(f"{self.lineage}.{gen}")
+
     async def remove_chunks(self, keys: Iterable[str]) -> None:
         for key in keys:
             await self.kv.remove(key)

@@ -69,7 +69,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -476,6 +476,7 @@ def settles(head: EntryHead | None, gen: int, committed: int, horizon: Horizon) 
 async def remove_settled(
     ledger: Ledger,
     settled: list[tuple[int, str]],
+    whole: Collection[int],
     fenced: int,
     raise_fence: Callable[[int], Awaitable[None]],
     forget: Callable[[tuple[int, str]], None],
@@ -483,13 +484,19 @@ async def remove_settled(
     """ACKED (or empty) -> settled: the fence goes out before the entries (`raise_fence`
     writes the pointer's `settled`, when the newest gen is past `fenced`), so a task attempt
     that outlived its committed batch and creates an entry again after its removal finds it;
-    `forget` each entry once it is removed."""
+    `forget` each entry once it is removed. The batches of `whole`, all of whose entries
+    settle, go in one removal each instead of one per slot (past the fence, any entry of theirs
+    is settled or created again by an attempt that outlived it, which holds nothing)."""
     newest = max(gen for gen, _ in settled)
     if newest > fenced:
         await raise_fence(newest)
+    for gen in sorted(whole):
+        log.debug("forgetting the settled ledger entries of batch %d", gen)
+        await ledger.delete_batch(gen)
     for gen, slot in settled:
-        log.debug("forgetting settled ledger entry %s", ledger.head_key(gen, slot))
-        await ledger.delete_entry(gen, slot)
+        if gen not in whole:
+            log.debug("forgetting settled ledger entry %s", ledger.head_key(gen, slot))
+            await ledger.delete_entry(gen, slot)
         forget((gen, slot))
 
 

@@ -790,6 +790,34 @@ def test_settled_entries_are_removed_and_leave_nothing(
     assert pointer is not None and pointer.settled == 2  # the fence of what was removed
 
 
+def test_a_batch_whose_entries_all_settle_goes_in_one_removal(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At many slots, one removal per settled entry was a planning's round trips per slot: a
+    batch all of whose entries settle together (as they do once its next tasks acked them) goes
+    in one removal, chunks included; a batch with an entry still kept goes entry by entry."""
+    removed: list[str] = []
+    remove = kv.remove
+
+    async def counted(key: str) -> None:
+        removed.append(key)
+        await remove(key)
+
+    monkeypatch.setattr(kv, "remove", counted)
+    for slot in ("m1", "m2", "m3"):
+        sealed(kv, lineage, 1, [], slot=slot)  # took nothing, committed: settled at once
+    sealed(kv, lineage, 2, [], slot="m1")
+    sealed(kv, lineage, 2, [5], slot="m2")  # not acked yet: kept
+    ledger = driver(kv)
+    run_sync(ledger.adopt(SourceOffset(lineage, 3)))
+    run_sync(ledger.forget_settled({}, committed=2))
+    assert removed == [f"{lineage}.1", ledger.ledger.head_key(2, "m1")]  # type: ignore[union-attr]
+    assert sorted(ledger.entries) == [(2, "m2")]
+    assert [key.split(".")[:3] for key in kv.values if key.startswith(lineage)] == [
+        [lineage, "2", "m2"]
+    ] * 2  # its head and its chunk
+
+
 def test_an_attempt_that_outlived_its_settled_batch_cannot_create_its_entry_again(
     kv: MemoryBucket, lineage: str
 ) -> None:

@@ -10,6 +10,7 @@ per batch grows with the slots, not the messages; only `ack_through`, at stop, r
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -347,8 +348,20 @@ class DriverLedger:
             # With the floors they settled by, if the pointer has them not yet: fenced anew.
             fenced = -1 if self.sightings_moved() else self.settled
             await protocol.remove_settled(
-                self.ledger, settled, fenced, self._raise_fence, self.entries.__delitem__
+                self.ledger,
+                settled,
+                self._whole_batches(settled),
+                fenced,
+                self._raise_fence,
+                self.entries.__delitem__,
             )
+
+    def _whole_batches(self, settled: list[tuple[int, str]]) -> set[int]:
+        """The gens of `settled` of which it holds every entry this driver knows: a batch's
+        slots settle together when their acks went out together, as its next tasks send them."""
+        left = Counter(gen for gen, _ in self.entries)
+        left.subtract(gen for gen, _ in settled)
+        return {gen for gen, _ in settled if not left[gen]}
 
     async def _raise_fence(self, gen: int) -> None:
         """Fence the batches up to `gen` off in the pointer (`Pointer.settled`)."""
