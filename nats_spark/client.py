@@ -22,6 +22,7 @@ from nats_spark.jetstream.api import JetStreamApi
 from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.nats_py import read_loop_alive
+from nats_spark.refusals import Refusals
 from nats_spark.server import check_server_version
 
 log = logging.getLogger(__name__)
@@ -90,11 +91,11 @@ class NatsClient:
     all on the JetStream API of the settings' domain or prefix."""
 
     def __init__(
-        self, nc: NATS, settings: ConnectionSettings, denied: list[str] | None = None
+        self, nc: NATS, settings: ConnectionSettings, denied: Refusals | None = None
     ) -> None:
         self.nc = nc
         self.settings = settings
-        self.denied = denied if denied is not None else []  # publishes the server refused
+        self.denied = denied if denied is not None else Refusals()  # publishes refused
         self.api = JetStreamApi(
             nc,
             prefix=settings.jetstream_prefix,
@@ -109,7 +110,7 @@ class NatsClient:
     @classmethod
     async def open(cls, settings: ConnectionSettings) -> NatsClient:
         """Connect and check that the server supports priority groups (2.11+)."""
-        denied: list[str] = []
+        denied = Refusals()
         nc = await connect(settings, denied)
         version = nc.connected_server_version
         try:

@@ -3,6 +3,7 @@ that never reach logs, exceptions, checkpoints, the ack ledger or Spark's progre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from spark_helpers import (
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
-from nats_spark.errors import ConfigurationError
+from nats_spark.errors import ConfigurationError, NotFound, PermissionDenied
 from nats_spark.jetstream.acks import publish_acks
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.permissions import publish_allowed
@@ -308,7 +309,7 @@ def test_a_user_who_may_not_list_consumers_plans_with_a_request_each(
             start = run_sync(reader.initial_offset())
             began = time.monotonic()
             end = run_sync(reader.latest_offset(start, None))
-            assert time.monotonic() - began < 4  # the refused listing's timeout not waited for
+            assert time.monotonic() - began < 4  # the refused listing not waited for
             assert sum(plan.limit for plan in end.slots.values()) == 80
             wait_until(lambda: NOLIST_STREAM in reader.listing.allowed, 30, "the refusal")
             assert reader.listing.allowed == {NOLIST_STREAM: False}
@@ -321,6 +322,27 @@ def test_a_user_who_may_not_list_consumers_plans_with_a_request_each(
     assert len(warned) == 1 and f"allow {listing}" in warned[0], warned
     assert [line for line in violations(auth_server, "nolist") if listing in line] != []
     assert all(listing in line for line in violations(auth_server, "nolist"))
+
+
+def test_a_refused_request_fails_as_soon_as_the_server_refuses_it(
+    auth_server: EmbeddedServer,
+) -> None:
+    """nats-server answers a request the user may not publish with an asynchronous permission
+    violation only: the request fails with it, naming the subject and the fix, instead of
+    waiting out its 5 s timeout (a planning that met one stood still that long)."""
+    nolist = open_blocking(ConnectionSettings((auth_server.url,), "nolist", "nolist-pw"))
+    try:
+        began = time.monotonic()
+        with pytest.raises(PermissionDenied) as refused:
+            Blocking(nolist.api).consumer_infos(NOLIST_STREAM)
+        took = time.monotonic() - began
+        with contextlib.suppress(NotFound):  # an allowed request still answers
+            Blocking(nolist.api).stream_info(NOLIST_STREAM)
+    finally:
+        close(nolist)
+    assert took < 1, took
+    listing = f"$JS.API.CONSUMER.LIST.{NOLIST_STREAM}"
+    assert str(refused.value).startswith(f"permission denied to publish {listing}; allow")
 
 
 def test_refused_acks_are_known_when_publish_acks_returns(auth_server: EmbeddedServer) -> None:

@@ -5,6 +5,7 @@ nats-py's `add_consumer` drops `priority_*` fields, so every consumer call goes 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Callable
@@ -12,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
 
 from nats_spark.connection import DEFAULT_PREFIX, no_jetstream
 from nats_spark.errors import (
@@ -25,6 +26,11 @@ from nats_spark.errors import (
 )
 from nats_spark.jetstream.replies import NANOS, ConsumerInfo, StreamInfo
 from nats_spark.jetstream.retry import Unavailable, retrying
+from nats_spark.refusals import Refusals
+
+
+class _Refused(Exception):
+    """The server refused a request's publish."""
 
 
 def to_nanos(seconds: float) -> int:
@@ -46,8 +52,8 @@ class JetStreamApi:
     """JetStream API requests answering with decoded JSON, errors raised as `JetStreamApiError`.
 
     Requests that fail only because JetStream cannot answer right now (no leader) are retried
-    for up to `retry_timeout` seconds. `denied` is the connection's list of refused publishes: a
-    request the user may not send times out too, and is reported as what it is instead.
+    for up to `retry_timeout` seconds. `denied` is the connection's refused publishes: a request
+    the user may not send fails as soon as the server refuses it, and says so.
     `unreachable(subject)` says why nobody answers (no JetStream, a wrong domain or prefix).
     """
 
@@ -57,14 +63,14 @@ class JetStreamApi:
         prefix: str = DEFAULT_PREFIX,
         timeout: float = 5.0,
         retry_timeout: float = 60.0,
-        denied: list[str] | None = None,
+        denied: Refusals | None = None,
         unreachable: Callable[[str], str] | None = None,
     ) -> None:
         self.nc = nc
         self.prefix = prefix
         self.timeout = timeout
         self.retry_timeout = retry_timeout
-        self.denied = denied if denied is not None else []
+        self.denied = denied if denied is not None else Refusals()
         self.unreachable = unreachable or no_jetstream
 
     async def request(self, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -85,17 +91,14 @@ class JetStreamApi:
 
     async def _request_once(self, full: str, payload: bytes) -> dict[str, Any]:
         try:
-            reply = await self.nc.request(full, payload, timeout=self.timeout)
+            reply = await self._answer(full, payload)
         except NoRespondersError:
             raise NatsSparkError(self.unreachable(full)) from None
-        except NatsTimeout:
-            quoted = f'"{full.lower()}"'  # nats-py lowercases the server's error text
-            if any(quoted in refusal for refusal in self.denied):
-                raise PermissionDenied(
-                    f"permission denied to publish {full}; allow the user to publish to it "
-                    f"({PERMISSIONS_DOC})"
-                ) from None
-            raise
+        except _Refused:
+            raise PermissionDenied(
+                f"permission denied to publish {full}; allow the user to publish to it "
+                f"({PERMISSIONS_DOC})"
+            ) from None
         answer = json.loads(reply.data)
         error = answer.get("error")
         if error:
@@ -104,6 +107,23 @@ class JetStreamApi:
                 full, error.get("code", 0), error.get("err_code", 0), error.get("description", "")
             )
         return answer
+
+    async def _answer(self, full: str, payload: bytes) -> Msg:
+        """The reply to the request; `_Refused` as soon as the server refuses its publish,
+        instead of at its timeout."""
+        refused = self.denied.watch(full)
+        answer = asyncio.ensure_future(self.nc.request(full, payload, timeout=self.timeout))
+        try:
+            await asyncio.wait((answer, refused), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            answer.cancel()
+            raise
+        finally:
+            self.denied.unwatch(full, refused)
+        if not answer.done():
+            answer.cancel()
+            raise _Refused
+        return answer.result()
 
     async def account_info(self) -> dict[str, Any]:
         return await self.request("INFO")

@@ -69,10 +69,18 @@ class Attempts:
             await claim()
             recorded.update(entry.taken)
 
-        async def writing(chunks: list[str], taken: EntryDeliveries, pin: str | None) -> None:
-            began.update(taken.stream_seq)
-            await write(chunks, taken, pin)
-            recorded.update(taken.stream_seq)
+        last: list[set[int]] = [set()]  # what the attempt's last write recorded
+
+        async def writing(
+            chunks: list[str], taken: EntryDeliveries, pin: str | None, replacing: int = 0
+        ) -> None:
+            written = set(taken.stream_seq)
+            began.update(written)
+            await write(chunks, taken, pin, replacing)
+            if replacing:  # the last write again, without what a sibling recorded too
+                recorded.difference_update(last[0] - written)
+            recorded.update(written)
+            last[0] = written
 
         entry.claim = claiming  # type: ignore[method-assign]
         entry._write = writing  # type: ignore[method-assign]

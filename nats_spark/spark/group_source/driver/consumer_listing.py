@@ -9,8 +9,8 @@ show (offline on a cluster node, created since, or gone) gets a request of its o
 what is gone.
 
 Whether the user may list a stream's consumers is learnt by a first listing sent beside
-planning's own requests, not waited for: a refused request answers only when it times out, and
-users whose permissions predate the listing would wait that long once per driver. Refused, the
+planning's own requests, not waited for: the first planning asks each consumer, as it would
+without the permission (users whose permissions predate the listing lack it). Refused, the
 stream is asked a request per consumer from then on, with a warning naming the subject.
 """
 
