@@ -248,6 +248,21 @@ MUTANTS = (
         edit=REPLACED,
     ),
     Mutant(
+        "failed-acceptance-chunk-kept",
+        "an attempt whose acceptance of a chunk failed (its dedupe read, on an entry a new "
+        "checkpoint gave back meanwhile) NAKed only what its keeper held and what came late: "
+        "the chunk's deliveries waited out their ack wait after newer messages of their key "
+        "(seed 3819 of the replaced-mid-batch worlds without siblings)",
+        (
+            Patch(
+                SLOT_READER,
+                "            if self.accepting is not None:",
+                "            if False:",
+            ),
+        ),
+        edit=(*REPLACED, ("shared", False)),
+    ),
+    Mutant(
         "outlived-entries-kept",
         "an attempt that outlived its entry (its lineage given back, or its batch settled) "
         "created it again and was killed before its fence check: the OPEN entry it left was "

@@ -59,6 +59,10 @@ RARE = {
     # none of 0-1500): a recorded message NAKed by the give-back came back late to a pull the
     # failing attempt had out.
     "late-recorded-redelivery-kept": (2306,),
+    # In the same worlds without siblings (`Mutant.edit`), the first of 0-3819 that broke per-key
+    # order this way (2026-11-29; none of 6000-15250 did with siblings drawn): a chunk whose
+    # dedupe read failed on a given-back entry, never held.
+    "failed-acceptance-chunk-kept": (3819,),
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
 # dozens (on the schedules of 2026-11-29): searched first, then the rest of the range, so the

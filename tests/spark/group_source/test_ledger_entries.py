@@ -11,6 +11,7 @@ import itertools
 import json
 import time
 import uuid
+from collections.abc import AsyncGenerator
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,8 +20,9 @@ from memory_bucket import MemoryBucket, attempt
 
 from nats_spark import clock
 from nats_spark.connection import ConnectionSettings
-from nats_spark.errors import ConfigurationError
+from nats_spark.errors import ConfigurationError, NatsSparkError
 from nats_spark.jetstream import acks
+from nats_spark.jetstream.pull import Deliveries
 from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.loop import run_sync
 from nats_spark.requests_at_once import AT_ONCE
@@ -41,7 +43,12 @@ from nats_spark.spark.group_source.ledger import (
     write_pointer,
 )
 from nats_spark.spark.group_source.ledger_protocol import Horizon
-from nats_spark.spark.group_source.slot_partition import SlotPartition, SlotReading
+from nats_spark.spark.group_source.slot_partition import (
+    ConsumerSighting,
+    SlotPartition,
+    SlotReading,
+)
+from nats_spark.spark.group_source.task import slot_reader
 from nats_spark.spark.group_source.task.columns import SlotColumns
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from nats_spark.spark.group_source.task.slot_history import (
@@ -440,6 +447,104 @@ def test_a_task_of_packed_slots_reads_the_entries_they_dedupe_against_once(
     assert kv.reads - reads == 4  # a head and a chunk of each entry, once for the three slots
     assert run_sync(histories[0].dedupe()) == {1, 2, 3}
     assert kv.reads - reads == 4
+
+
+# SlotReader: an attempt failing mid-batch
+
+
+class _Pulled:
+    """A slot's pulls (`SlotPulls`) whose one request delivered `chunk`."""
+
+    def __init__(self, chunk: Deliveries) -> None:
+        self.chunk = chunk
+
+    async def chunks(self) -> AsyncGenerator[tuple[Deliveries, float], None]:
+        yield self.chunk, clock.monotonic()
+
+
+class _Consumer:
+    """The slot's pull consumer: no request of it is still out."""
+
+    pin_id = None
+
+    async def collect_late(self, patience: float) -> Deliveries:
+        return Deliveries()
+
+    async def close(self) -> None:
+        return None
+
+
+def first_deliveries(*seqs: int) -> Deliveries:
+    """First deliveries of `seqs` (stream and consumer sequence alike), as a pull hands them."""
+    found = Deliveries()
+    for seq in seqs:
+        found.subjects.append(b"S.k")
+        found.replies.append(b"%b.1.%d.%d.0.0" % (PREFIX, seq, seq))
+        found.data.append(b"%d" % seq)
+        found.headers.append(None)
+    return found
+
+
+def given_back_by_failing_attempt(
+    monkeypatch: pytest.MonkeyPatch,
+    kv: MemoryBucket,
+    p: SlotPartition,
+    chunk: Deliveries,
+    error: type[Exception],
+) -> list[bytes]:
+    """A first attempt of `p` whose one pull delivered `chunk` and whose acceptance of it fails
+    with `error`: the ack subjects it NAKed as it stopped."""
+    naked: list[bytes] = []
+
+    async def publish_acks(nc: object, replies: list[bytes], kind: bytes = acks.ACK) -> int:
+        assert kind == acks.NAK
+        naked.extend(replies)
+        return len(replies)
+
+    monkeypatch.setattr(slot_reader, "publish_acks", publish_acks)
+    monkeypatch.setattr(slot_reader, "SlotPulls", lambda *_: _Pulled(chunk))
+    client: Any = SimpleNamespace(nc=None, pull_consumer=lambda *_, **__: _Consumer())
+    reader = slot_reader.SlotReader(p, client)
+    reader.entry.ledger = Ledger(kv, p.lineage)
+
+    async def pulling() -> None:
+        await reader.begin()
+        async for _ in reader.pull_record_batches():
+            raise AssertionError("nothing was taken")
+
+    with pytest.raises(error):
+        run_sync(pulling())
+    return naked
+
+
+def test_a_chunk_whose_dedupe_read_fails_is_given_back_whole(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The earlier batch's entry a chunk may hold redeliveries of was given back by a new
+    checkpoint between the reads of its head and its chunk: the attempt fails, and NAKs what
+    the chunk delivered (the keeper holds none of it), which else would wait out its ack wait,
+    behind newer messages of its keys."""
+    sealed(kv, lineage, 1, [1, 2])
+    for key in run_sync(kv.keys_matching(f"{lineage}.1.m1.>")):
+        run_sync(kv.remove(key))  # the head is read yet
+    p = input_partition(lineage, 2, dedupe=(("m1", 1, 1),), dedupe_through=2)
+    chunk = first_deliveries(2, 3)
+    assert given_back_by_failing_attempt(monkeypatch, kv, p, chunk, NatsSparkError) == (
+        chunk.replies
+    )
+
+
+def test_a_chunk_of_a_consumer_created_again_is_given_back_whole(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a new consumer delivers again, at or below the ack floor, stops the batch before
+    any of its chunk is taken: all of it is given back, what came after the floor too."""
+    sighting = ConsumerSighting(10, 0, "recreate it at 11")
+    p = input_partition(lineage, 1, consumer_sighting=sighting)
+    chunk = first_deliveries(1, 2, 12)
+    assert given_back_by_failing_attempt(monkeypatch, kv, p, chunk, ConfigurationError) == (
+        chunk.replies
+    )
 
 
 # DriverLedger

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client as NATS
 
 from nats_spark.errors import consumer_created_again
-from nats_spark.jetstream.acks import NAK, InProgressKeeper, publish_acks
+from nats_spark.jetstream.acks import InProgressKeeper, publish_acks
 from nats_spark.jetstream.pull import Deliveries
 from nats_spark.spark.group_source.slot_partition import UNBOUNDED, ConsumerSighting
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
@@ -75,7 +75,7 @@ class Acceptance:
             self.emitted = await self.history.dedupe()
         sighting = self.sighting
         if sighting is not None and low <= sighting.ack_floor:
-            await self._refuse_acked_again(chunk, seqs, sighting)
+            await self._refuse_acked_again(seqs, sighting)
         if self.siblings and sighting is not None and not self.entry.delivering_again:
             low_delivery = min(consumer_seqs, default=UNBOUNDED)
             self.entry.delivering_again = low_delivery <= sighting.delivered
@@ -96,29 +96,23 @@ class Acceptance:
         below, taken = self.dedupe_through, self.entry.taken
         return low <= below and any(seq <= below and seq not in taken for seq in seqs)
 
-    async def _refuse_acked_again(
-        self, chunk: Deliveries, seqs: list[int], sighting: ConsumerSighting
-    ) -> None:
-        """Stop the batch when `chunk` holds a delivery at or below the ack floor of `sighting`
-        that no batch of the query holds (see the module's doc). What it delivered so is given
-        back, not taken: a retry of the task, or a sibling, gets it first and stops too."""
+    async def _refuse_acked_again(self, seqs: list[int], sighting: ConsumerSighting) -> None:
+        """Stop the batch when a chunk's `seqs` hold one at or below the ack floor of `sighting`
+        that no batch of the query holds (see the module's doc). Nothing of the chunk is taken:
+        the task gives it back whole as it stops (`SlotReader.give_back_unrecorded`), and a
+        retry of the task, or a sibling, gets it first and stops too."""
         if self.emitted is None:
             self.emitted = await self.history.dedupe()
         taken, emitted, through = self.entry.taken, self.emitted, sighting.ack_floor
-        again = [
-            (seq, reply)
-            for seq, reply in zip(seqs, chunk.replies, strict=True)
-            if seq <= through and seq not in taken and seq not in emitted
-        ]
+        again = [seq for seq in seqs if seq <= through and seq not in taken and seq not in emitted]
         if not again:
             return
-        await publish_acks(self.nc, [reply for _, reply in again], kind=NAK)
         partition = self.entry.partition
         raise consumer_created_again(
             partition.stream,
             partition.consumer,
             "while a batch read it",
-            f"it delivered stream sequence {again[0][0]} again, at or below its ack floor "
+            f"it delivered stream sequence {again[0]} again, at or below its ack floor "
             f"{through} when the batch was planned",
             sighting.recreation,
         )

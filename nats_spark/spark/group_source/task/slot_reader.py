@@ -39,7 +39,7 @@ from nats_spark.jetstream.acks import (
     InProgressKeeper,
     publish_acks,
 )
-from nats_spark.jetstream.pull import PullConsumer
+from nats_spark.jetstream.pull import Deliveries, PullConsumer
 from nats_spark.jetstream.replies import created_later
 from nats_spark.loop import run_sync
 from nats_spark.requests_at_once import all_results
@@ -76,6 +76,7 @@ class SlotReader:
         self.keeper = InProgressKeeper(self.client.nc, partition.ack_wait, f"slot {partition.slot}")
         self.replayer = Replayer(self.client, partition)
         self.acceptance: Acceptance | None = None  # made by `begin`, for a slot that pulls
+        self.accepting: Deliveries | None = None  # the chunk in acceptance (left when it fails)
         self.pulling = partition.limit > 0
         self.started = clock.monotonic()  # before any delivery this attempt holds
         self.handing_out = False  # its rows wait for Spark to take them
@@ -150,7 +151,9 @@ class SlotReader:
         try:
             async with contextlib.aclosing(pulls.chunks()) as chunks:
                 async for chunk, sent in chunks:  # pull, a request's deliveries whole
+                    self.accepting = chunk
                     accepted = await acceptance.accept(chunk)  # accept
+                    self.accepting = None
                     pulls.took(len(accepted.replies), accepted.acked)
                     if not accepted.replies:
                         continue
@@ -193,7 +196,10 @@ class SlotReader:
         """Closed or failed mid-batch: NAK what this attempt pulled and did not record, so that
         it comes back at once instead of after its ack wait. The write in flight is let finish
         (what it records is the entry's: a later attempt replays it, or a new checkpoint gives
-        it back); what requests still out deliver within `fetchTimeout` is given back too. So
+        it back); what requests still out deliver within `fetchTimeout` is given back too, as
+        is the chunk whose acceptance failed (a dedupe read of an entry a new checkpoint gave
+        back, a consumer created again), whose deliveries the keeper does not hold (those it
+        acked as an earlier batch's are no longer pending: the server ignores their NAK). So
         is a recorded message that came again since, to a pull it processed or to one still
         out: the entry names its earlier delivery, and a new checkpoint's give-back of the
         entry NAKs that one, not this (which would wait out its ack wait, behind newer messages
@@ -203,6 +209,9 @@ class SlotReader:
             recorded = await recorder.finish()
             again = self.keeper.again
             unrecorded = [r for s, r in self.keeper.held.items() if s not in recorded or s in again]
+            if self.accepting is not None:  # its acceptance failed: what of it was not held
+                held = set(self.keeper.held.values())
+                unrecorded += [r for r in self.accepting.replies if r not in held]
             late = await consumer.collect_late(self.partition.reading.fetch_timeout)
             unrecorded += late.replies if late else []  # new to the attempt, or recorded again
             if unrecorded:
