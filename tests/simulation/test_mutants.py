@@ -24,19 +24,19 @@ RARE = {
     # longer reads the heads it hands out and every take-over checks the fence (2026-11-29),
     # the first 2 of 0-20000 of each:
     # In worlds with the operator's edit (`Mutant.edit`), the first of 0-300 after the stand-by:
-    "max-deliver-unchecked": (3, 24),
-    "recreated-consumer-unchecked": (3, 6),
-    "recreated-consumer-unchecked-in-flight": (6, 107),
-    "siblings-seal-under-a-new-consumer": (111, 127),  # 3 of 0-199: 111, 127, 173
+    "max-deliver-unchecked": (5, 6),
+    "recreated-consumer-unchecked": (3, 4),
+    "recreated-consumer-unchecked-in-flight": (71, 107),
+    "siblings-seal-under-a-new-consumer": (127, 211),  # 3 of 0-199: 111, 127, 173
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
-    "overtaken-attempt-fails": (3, 85),
+    "overtaken-attempt-fails": (0, 222),
     # In worlds with pausing executors (`Mutant.edit`: attempts Spark lost run on after their
     # batch settled or their query was given back), of 0-299 (2026-11-29):
-    "take-over-unfenced": (123, 502),
+    "take-over-unfenced": (628, 1480),
     # Once a driver that adopts a lineage gives back what retired lineages still hold (seed
     # 3629), only an entry created after the last run's adoption is left.
-    "given-back-zombie-entry-left": (822, 875),
+    "given-back-zombie-entry-left": (297, 355),
     "outlived-entries-kept": (7626, 9906),
     "give-back-naks-the-recorded-delivery": (1200, 1622),  # 3 of 0-2299: 1200, 1622, 2255
     # In worlds that all share a consumer (`Mutant.shared`): the first of 10000-10220, found
@@ -54,7 +54,7 @@ RARE = {
     # (`Mutant.edit`), 3 of 0-1924 (2026-11-29): 1340 (a chunk the attempt wrote after the
     # give-back's read, left under the removed entry), 1837 and 1885 (what it recorded after
     # the read, removed un-NAKed, after newer messages of its key).
-    "give-back-under-a-recording-attempt": (1837, 1885),
+    "give-back-under-a-recording-attempt": (264, 919),
     # In the same worlds, the one of 1500-6000 that broke per-key order this way (2026-11-29;
     # none of 0-1500): a recorded message NAKed by the give-back came back late to a pull the
     # failing attempt had out.
