@@ -175,11 +175,26 @@ MUTANTS = (
         (
             Patch(
                 SLOT_ENTRY,
-                "        since = renewed if renewed >= columns.last_taken else columns.requested\n",
+                "        since = renewed if covered else columns.requested\n",
                 "        since = max(columns.last_taken, renewed)\n",
             ),
         ),
         shared=True,
+    ),
+    Mutant(
+        "siblings-late-renewal-covers",
+        "siblings: a renewal after the take covered the rows however late it came, so a process "
+        "paused between the server's send and the take (its keeper renewing at once on waking) "
+        "took a message as fresh while a sibling had taken its redelivery: emitted twice (seed "
+        "9129 of the pausing worlds)",
+        (
+            Patch(
+                SLOT_ENTRY,
+                "        covered = columns.last_taken <= renewed < columns.requested + limit\n",
+                "        covered = columns.last_taken <= renewed\n",
+            ),
+        ),
+        edit=STALLING,
     ),
     Mutant(
         "zombie-recreates-settled",

@@ -38,18 +38,18 @@ RARE = {
     # 3629), only an entry created after the last run's adoption is left.
     "given-back-zombie-entry-left": (297, 355),
     "outlived-entries-kept": (7626, 9906),
-    "give-back-naks-the-recorded-delivery": (1200, 1622),  # 3 of 0-2299: 1200, 1622, 2255
+    "give-back-naks-the-recorded-delivery": (132,),  # 3 of 0-2299: 1200, 1622, 2255
     # In worlds that all share a consumer (`Mutant.shared`): the first of 10000-10220, found
     # 2026-11-29 (none known since the stand-by moved 1959 and 8791): a task's process paused
     # between the server's send and the take past the ack wait while a sibling pulled.
-    "siblings-lateness-from-take": (10220,),
+    "siblings-lateness-from-take": (2807,),
     # In worlds with pausing executors whose server restarts after a tenth of the rounds of
     # acks (`Mutant.edit`), the first of 0-481 (2026-11-29): none of 0-12000 without the
     # forced restarts since the schedules moved past 6383.
-    "fence-removes-a-retry-s-entry": (481,),
+    "fence-removes-a-retry-s-entry": (271,),
     # In worlds with pausing executors and a new checkpoint at half the runs: the only one of
     # 0-1870 (2026-11-29; the seed that found the hole).
-    "headless-chunks-kept": (1860,),
+    "headless-chunks-kept": (14938,),
     # In worlds whose query is stopped mid-batch and replaced at once by one on a new checkpoint
     # (`Mutant.edit`), 3 of 0-1924 (2026-11-29): 1340 (a chunk the attempt wrote after the
     # give-back's read, left under the removed entry), 1837 and 1885 (what it recorded after
@@ -58,11 +58,14 @@ RARE = {
     # In the same worlds, the one of 1500-6000 that broke per-key order this way (2026-11-29;
     # none of 0-1500): a recorded message NAKed by the give-back came back late to a pull the
     # failing attempt had out.
-    "late-recorded-redelivery-kept": (2306,),
+    "late-recorded-redelivery-kept": (270,),
+    # In worlds with pausing executors: the first of 0-20000 on the schedules of 2026-11-29
+    # evening (found as a seed that broke a guarantee without any mutant).
+    "siblings-late-renewal-covers": (9129,),
     # In the same worlds without siblings (`Mutant.edit`), the first of 0-3819 that broke per-key
     # order this way (2026-11-29; none of 6000-15250 did with siblings drawn): a chunk whose
     # dedupe read failed on a given-back entry, never held.
-    "failed-acceptance-chunk-kept": (3819,),
+    "failed-acceptance-chunk-kept": (2308,),
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
 # dozens (on the schedules of 2026-11-29): searched first, then the rest of the range, so the

@@ -56,6 +56,18 @@ REPLACED_CHECK, REPLACED_EXPLORED = range(0, 20), range(20, 200)
 # keep every guarantee. A change of the schedules makes them other schedules; the holes found
 # before are kept as mutants (mutants.py, test_mutants.py), which do not depend on seeds.
 CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
+    9129: (
+        {"stalling_executors": True},
+        "siblings: a task paused 38 s between the server's send of message 18 and its take; a "
+        "sibling took 18's redelivery meanwhile; on waking the keeper renewed at once, and the "
+        "renewal, after the take, was taken to cover 18: not checked against the sibling's "
+        "records, it was emitted twice (a renewal covers rows only within their ack wait now)",
+    ),
+    7130: (
+        {"stalling_executors": True, "new_checkpoint": 0.5},
+        "the simulation's own hole: its watch of an attempt's writes refused the rewrite of a "
+        "slot that dropped what a sibling took too, so that path was never explored",
+    ),
     3819: (
         {"replaced_mid_batch": True, "shared": False},
         "a stopped query's attempt pulled message 11, and its acceptance's dedupe read failed on "

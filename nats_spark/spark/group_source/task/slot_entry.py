@@ -212,9 +212,13 @@ class SlotEntry:
         rows = columns.record_batch()
         if not self.partition.siblings:
             return rows, set()
-        # A renewal covers the rows only if it came after they were taken.
-        since = renewed if renewed >= columns.last_taken else columns.requested
-        late = self.delivering_again or clock.monotonic() - since > self.partition.ack_wait / 2
+        # A renewal covers the rows only if it came after they were taken and while their ack
+        # wait, from their request, still ran (a late +WPI rescues nothing: a pause between the
+        # server's send and the take, or between two rounds, is followed by a round at once).
+        limit = self.partition.ack_wait / 2
+        covered = columns.last_taken <= renewed < columns.requested + limit
+        since = renewed if covered else columns.requested
+        late = self.delivering_again or clock.monotonic() - since > limit
         at_risk = {
             seq
             for seq, delivered in zip(columns.stream_seq, columns.delivered, strict=True)
