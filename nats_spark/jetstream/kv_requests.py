@@ -34,6 +34,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import Header
 from nats.js.errors import (
     APIError,
     InvalidKeyError,
@@ -48,7 +49,6 @@ from nats_spark.connection import DEFAULT_PREFIX
 from nats_spark.jetstream.status import StatusKind, status_of
 from nats_spark.nats_py import route_raw
 
-EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
 # JSStreamWrongLastSequenceErrF and JSStreamWrongLastSequenceConstantErr
 WRONG_LAST_SEQUENCE_CODES = (10071, 10164)
 _MARKERS = (b"DEL", b"PURGE")  # `KV-Operation` of a delete and of a purge
@@ -145,7 +145,7 @@ class KvRequests:
             return await self.update(key, value, marker.revision or 0)
 
     async def update(self, key: str, value: bytes, last: int) -> int:
-        return await self._write(key, value, {EXPECTED_LAST_SUBJECT_SEQUENCE: str(last)})
+        return await self._write(key, value, {Header.EXPECTED_LAST_SUBJECT_SEQUENCE: str(last)})
 
     async def put(self, key: str, value: bytes) -> int:
         return await self._write(key, value, None)
