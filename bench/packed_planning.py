@@ -4,8 +4,9 @@ static group of 2 members and `--slots` partitions (a slot each) read by 2 packe
 (`maxTasksPerBatch=2`). `--busy` batches of `--per-slot` (4) messages per slot, then `--idle`
 triggers with nothing new. Per batch and per idle trigger: milliseconds (medians), the ledger
 bucket's operations by kind, and the messages the driver's connection sent; per batch the
-tasks' read time per slot (the two tasks read one after the other). The counts do not depend
-on the machine's load; the milliseconds do (the load average is printed beside them).
+tasks' read time per slot (the two tasks read one after the other); each time also as this
+process's CPU (`_cpu_ms`: driver and tasks, not the server's). The counts do not depend on the
+machine's load; the milliseconds do (the load average is printed beside them).
 
     .venv/bin/python bench/packed_planning.py --slots 64,256
 """
@@ -93,22 +94,25 @@ def measure(url: str, slots: int, busy: int, idle: int, per_slot: int) -> dict[s
                 run_sync(publish(client, stream, per_slot * slots, 100, keys=8 * slots))
             kind = "busy" if index < busy else "acks" if index == busy else "idle"
             ops.take()
-            before, began = sent(), time.perf_counter()
+            before, began, cpu = sent(), time.perf_counter(), time.process_time()
             start, end = end, run_sync(reader.latest_offset(end, None))
             note(f"{kind}_latest_offset_ms", (time.perf_counter() - began) * 1000)
+            note(f"{kind}_latest_offset_cpu_ms", (time.process_time() - cpu) * 1000)
             note(f"{kind}_latest_offset_sent", sent() - before)
             note(f"{kind}_latest_offset_ops", ops.take())
             if end is start:
                 continue
-            before, began = sent(), time.perf_counter()
+            before, began, cpu = sent(), time.perf_counter(), time.process_time()
             tasks = run_sync(reader.input_partitions(start, end))
             note(f"{kind}_partitions_ms", (time.perf_counter() - began) * 1000)
+            note(f"{kind}_partitions_cpu_ms", (time.process_time() - cpu) * 1000)
             note(f"{kind}_partitions_sent", sent() - before)
             note(f"{kind}_partitions_ops", ops.take())
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), time.process_time()
             packed = [task for task in tasks if isinstance(task, PackedSlots)]
             rows = sum(len(batch) for task in packed for batch in read_packed(task))
             note(f"{kind}_task_ms_per_slot", (time.perf_counter() - began) * 1000 / slots)
+            note(f"{kind}_task_cpu_ms_per_slot", (time.process_time() - cpu) * 1000 / slots)
             note(f"{kind}_task_ops", ops.take())
             note(f"{kind}_rows", rows)
             run_sync(reader.commit(end))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -15,10 +16,11 @@ from nats.js.errors import ServiceUnavailableError
 from nats.js.kv import KeyValue
 
 from nats_spark.connect import connect
-from nats_spark.connection import DEFAULT_PREFIX, ConnectionSettings
+from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConnectionFailed, NatsSparkError
 from nats_spark.jetstream.acks import flush_published
 from nats_spark.jetstream.api import JetStreamApi
+from nats_spark.jetstream.kv_requests import RoutedRequests, kv_write_prefix
 from nats_spark.jetstream.pull import PullConsumer
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.nats_py import read_loop_alive
@@ -36,7 +38,7 @@ class PrefixedJetStream(JetStreamContext):
 
     def __init__(self, nc: NATS, prefix: str, unreachable: Callable[[str], str]) -> None:
         super().__init__(nc, prefix=prefix)
-        self._kv_write_prefix = "" if prefix == DEFAULT_PREFIX else f"{prefix}."
+        self._kv_write_prefix = kv_write_prefix(prefix)
         self._unreachable = unreachable
 
     async def key_value(self, bucket: str) -> KeyValue:
@@ -122,6 +124,11 @@ class NatsClient:
             await nc.close()
             raise
         return cls(nc, settings, denied)
+
+    @functools.cached_property
+    def routed_requests(self) -> RoutedRequests:
+        """Requests whose replies come raw to one subscription (the ack ledger's KV calls)."""
+        return RoutedRequests(self.nc)
 
     @property
     def usable(self) -> bool:

@@ -8,8 +8,8 @@ has a value, `update` when the key's revision is not `last` (0: the key has none
 index does. `remove` is the stream purge by
 subject the ledger uses: the key and every key below it are gone without a marker, so the key
 can be created again. The ledger never deletes or purges keys through KV (those leave markers,
-which `create` would write over), so neither is here. tests/spark/group_source/test_ledger_bucket.py
-runs the same contract against a real bucket.
+which `create` would write over), so neither is here. tests/bucket_contract.py holds the
+contract; tests/spark/group_source/test_ledger_bucket.py runs it against both.
 
 A bucket may have a max age (`expire_after`, seconds; 0: none), as a bucket made by the previous
 release (7 days) or by an operator has: as in nats-server, a key is gone once its last write is

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from nats.js.errors import KeyWrongLastSequenceError
 from spark_helpers import (
     Collector,
     assert_exactly_once,
@@ -28,6 +29,7 @@ from nats_spark.loop import Blocking, run_sync
 from nats_spark.pcg.consumers import GroupConsumer
 from nats_spark.pcg.store import GroupKind
 from nats_spark.server import EmbeddedServer
+from nats_spark.spark.group_source.ledger import Ledger, LedgerBucket
 
 pytestmark = pytest.mark.spark
 
@@ -109,15 +111,16 @@ def consumer_leader(client: Blocking[NatsClient], consumer: GroupConsumer) -> st
     return info.get("cluster", {}).get("leader")
 
 
-def test_consumer_leader_killed_mid_stream(spark, cluster, client, unique, tmp_path):
-    def meta_leader() -> bool:
-        try:
-            run_sync(client.api.account_info())
-        except NatsSparkError:
-            return False
-        return True
+def meta_leader(client: Blocking[NatsClient]) -> bool:
+    try:
+        run_sync(client.api.account_info())
+    except NatsSparkError:
+        return False
+    return True
 
-    wait_until(meta_leader, 30, "the JetStream meta leader")
+
+def test_consumer_leader_killed_mid_stream(spark, cluster, client, unique, tmp_path):
+    wait_until(lambda: meta_leader(client), 30, "the JetStream meta leader")
     stream = f"C{unique}"
     # Stream, group config bucket and (created by the source with the stream's replicas) member
     # consumers and ack ledger: all on three servers.
@@ -160,3 +163,37 @@ def test_consumer_leader_killed_mid_stream(spark, cluster, client, unique, tmp_p
         killed.set()
         query.stop()
     assert_exactly_once(sink.values, 2000)
+
+
+def test_ledger_bucket_rides_out_its_leader_killed(cluster, client, unique) -> None:
+    """The ledger's KV calls retry while the bucket's stream elects a new leader (a write finds
+    no responder or no answer, a read is answered unavailable or not at all), the clients of
+    the killed server reconnecting meanwhile; a compare-and-set whose answer was lost is found
+    written, as `ledger.write_head` finds it."""
+    name = f"L{unique}"
+    wait_until(lambda: meta_leader(client), 30, "the JetStream meta leader")
+    kv = run_sync(Ledger.bucket(client.target, name, create=True, replicas=3))
+    wait_until(lambda: replicated(client, f"KV_{name}"), 30, "the bucket on three servers")
+    revision = run_sync(kv.create("a.1", b"0"))
+    for first in ("write", "read"):  # the first call after the kill
+        leader = run_sync(client.api.stream_info(f"KV_{name}"))["cluster"]["leader"]
+        cluster[leader].kill()
+        try:
+            if first == "read":
+                assert run_sync(kv.get("a.1")).revision == revision
+            for n in range(5):
+                revision = compare_and_set(kv, b"%s %d" % (first.encode(), n), revision)
+                assert run_sync(kv.get("a.1")).revision == revision
+        finally:
+            cluster[leader].start()
+        wait_until(lambda: replicated(client, f"KV_{name}"), 60, "the bucket on three servers")
+    run_sync(client.js.delete_key_value(name))
+
+
+def compare_and_set(kv: LedgerBucket, value: bytes, revision: int) -> int:
+    try:
+        return run_sync(kv.update("a.1", value, revision))
+    except KeyWrongLastSequenceError:  # written, its answer lost: retried on the old revision
+        entry = run_sync(kv.get("a.1"))
+        assert entry.value == value, "a compare-and-set was lost"
+        return entry.revision or 0

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from bucket_contract import run_contract
 from spark_helpers import (
     ACKS_LAST_BATCH,
     assert_exactly_once,
@@ -29,6 +30,7 @@ from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import ConnectionFailed
 from nats_spark.loop import Blocking, run_sync
+from nats_spark.spark.group_source.ledger import Ledger
 
 pytestmark = pytest.mark.spark
 
@@ -138,6 +140,18 @@ def test_read_by_api_prefix(spark: Any, url, account_a, unique, capsys, tmp_path
         "no JetStream API answers under the prefix 'JS.X.API'",
     )
     assert "fix the option apiPrefix" in line and time.monotonic() - started < 30
+
+
+def test_ack_ledger_bucket_by_api_prefix(url, account_a, unique) -> None:
+    """The ledger's gets and compare-and-set writes reach A's bucket from B: gets under the API
+    prefix, writes to `<prefix>.$KV.<bucket>.<key>`."""
+    settings = ConnectionSettings(servers=(url,), user="b", password="b", api_prefix=API_PREFIX)
+    for as_b in opened(settings):
+        run_contract(as_b.target, f"L{unique}")
+        kv = run_sync(Ledger.bucket(as_b.target, f"L{unique}", create=True))
+        revision = run_sync(kv.put("a.1", b"x"))
+        assert run_sync(account_a.api.stream_info(f"KV_L{unique}")).last_seq == revision
+        run_sync(as_b.js.delete_key_value(f"L{unique}"))
 
 
 def test_locked_down_user_needs_the_inbox_prefix(spark: Any, url, etl_admin, unique, tmp_path):

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from bucket_contract import run_contract
 from spark_helpers import (
     ACKS_LAST_BATCH,
     assert_exactly_once,
@@ -33,6 +34,7 @@ from nats_spark.connection import ConnectionSettings
 from nats_spark.errors import NotFound
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.server import EmbeddedServer
+from nats_spark.spark.group_source.ledger import Ledger
 
 pytestmark = pytest.mark.spark
 
@@ -70,6 +72,19 @@ def only_in_the_hub(on_hub: Blocking[NatsClient], on_leaf: Blocking[NatsClient],
     assert run_sync(on_hub.api.stream_info(stream)).config["name"] == stream
     with pytest.raises(NotFound):
         run_sync(on_leaf.api.stream_info(stream))
+
+
+def test_ack_ledger_bucket_through_the_leaf(client, on_hub, on_leaf, unique) -> None:
+    """The ledger's gets and compare-and-set writes reach the hub's bucket through the leaf:
+    gets on `$JS.hub.API`, writes to `$JS.hub.API.$KV.<bucket>.<key>`."""
+    run_contract(client.target, f"L{unique}")
+    kv = run_sync(Ledger.bucket(client.target, f"L{unique}", create=True))
+    try:
+        revision = run_sync(kv.put("a.1", b"x"))
+        only_in_the_hub(on_hub, on_leaf, f"KV_L{unique}")
+        assert run_sync(on_hub.api.stream_info(f"KV_L{unique}")).last_seq == revision
+    finally:
+        run_sync(client.js.delete_key_value(f"L{unique}"))
 
 
 @pytest.mark.timeout(420)  # one job driver: a JVM

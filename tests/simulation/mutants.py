@@ -278,6 +278,21 @@ MUTANTS = (
         edit=(*REPLACED, ("shared", False)),
     ),
     Mutant(
+        "lost-acks-refused-as-a-new-consumer",
+        "a query on a new checkpoint gave back a batch the consumer had acked; a server restart "
+        "lost those acks, and a message came back at or below the ack floor the driver had "
+        "seen: held by no batch of the query, it was refused as a new consumer's and the query "
+        "failed (seed 8787 of the replaced-mid-batch worlds)",
+        (
+            Patch(
+                ACCEPTANCE,
+                "        if not again or await self._same_consumer(sighting):\n",
+                "        if not again:\n",
+            ),
+        ),
+        edit=REPLACED,
+    ),
+    Mutant(
         "outlived-entries-kept",
         "an attempt that outlived its entry (its lineage given back, or its batch settled) "
         "created it again and was killed before its fence check: the OPEN entry it left was "

@@ -62,6 +62,9 @@ RARE = {
     # In worlds with pausing executors: the first of 0-20000 on the schedules of 2026-11-29
     # evening (found as a seed that broke a guarantee without any mutant).
     "siblings-late-renewal-covers": (9129,),
+    # In the same worlds, the first two of 6000-15000 that failed a query on a consumer refused
+    # as created again after a server restart lost acks (2026-11-29).
+    "lost-acks-refused-as-a-new-consumer": (8787, 14594),
     # In the same worlds without siblings (`Mutant.edit`), the first of 0-3819 that broke per-key
     # order this way (2026-11-29; none of 6000-15250 did with siblings drawn): a chunk whose
     # dedupe read failed on a given-back entry, never held.

@@ -68,6 +68,14 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "the simulation's own hole: its watch of an attempt's writes refused the rewrite of a "
         "slot that dropped what a sibling took too, so that path was never explored",
     ),
+    8787: (
+        {"replaced_mid_batch": True},
+        "a query on a new checkpoint gave back the batch holding messages 4-6, acked already; "
+        "its driver saw the consumer's ack floor at 6, then a server restart lost those acks and "
+        "4 came back: no batch of the query held it, and the task refused it as a new "
+        "consumer's, failing the query (14594 likewise; the consumer's creation time, "
+        "unchanged, now tells a lost ack from a new consumer)",
+    ),
     3819: (
         {"replaced_mid_batch": True, "shared": False},
         "a stopped query's attempt pulled message 11, and its acceptance's dedupe read failed on "

@@ -77,6 +77,7 @@ from nats_spark.arrays import int_array, string_scalar
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NatsSparkError, NotFound
 from nats_spark.jetstream.acks import ACK, ack_commands, ack_prefix
+from nats_spark.jetstream.kv_requests import KvRequests
 from nats_spark.jetstream.retry import is_transient, retrying
 from nats_spark.jetstream.subjects import ack_numbers
 from nats_spark.requests_at_once import all_results
@@ -337,14 +338,17 @@ class Bucket(Protocol):
 class LedgerBucket:
     """The ledger's KV bucket, its calls retried while the bucket's stream has no leader.
 
-    A write to a stream without a leader finds no responder, just like a write to a deleted
-    bucket: the bucket's existence tells the two apart.
+    Gets and writes are plain requests (`KvRequests`: nats-py's semantics, a fraction of its
+    CPU; every slot of every batch makes several). A write to a stream without a leader finds no
+    responder, just like a write to a deleted bucket: the bucket's existence tells the two apart.
     """
 
-    def __init__(self, kv: KeyValue, client: NatsClient, name: str) -> None:
-        self.kv = kv
+    def __init__(self, client: NatsClient, name: str) -> None:
         self.client = client
         self.name = name
+        self.requests = KvRequests(
+            client.routed_requests, name, client.api.prefix, client.api.timeout
+        )
 
     async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         async def once() -> T:
@@ -366,16 +370,16 @@ class LedgerBucket:
         )
 
     async def get(self, key: str) -> StoredValue:
-        return await self._call(f"reading {key}", lambda: self.kv.get(key))
+        return await self._call(f"reading {key}", lambda: self.requests.get(key))
 
     async def create(self, key: str, value: bytes) -> int:
-        return await self._call(f"creating {key}", lambda: self.kv.create(key, value))
+        return await self._call(f"creating {key}", lambda: self.requests.create(key, value))
 
     async def update(self, key: str, value: bytes, last: int) -> int:
-        return await self._call(f"updating {key}", lambda: self.kv.update(key, value, last=last))
+        return await self._call(f"updating {key}", lambda: self.requests.update(key, value, last))
 
     async def put(self, key: str, value: bytes) -> int:
-        return await self._call(f"writing {key}", lambda: self.kv.put(key, value))
+        return await self._call(f"writing {key}", lambda: self.requests.put(key, value))
 
     async def remove(self, key: str) -> None:
         """Remove `key` and every key below it (`<key>.>`) from the bucket's stream, leaving
@@ -419,20 +423,21 @@ class Ledger:
     async def bucket(
         client: NatsClient, name: str, create: bool, replicas: int = 1
     ) -> LedgerBucket:
-        """The ledger bucket; the driver creates it, executors only open it."""
+        """The ledger bucket; the driver creates it, executors only open it (nats-py's
+        `key_value` checks that it is a bucket)."""
 
-        async def open_or_create() -> KeyValue:
+        async def open_or_create() -> None:
             try:
-                return await client.js.key_value(name)
+                await client.js.key_value(name)
             except BucketNotFoundError:
                 if not create:
                     raise _missing(name) from None
-            return await client.js.create_key_value(bucket=name, history=1, replicas=replicas)
+                await client.js.create_key_value(bucket=name, history=1, replicas=replicas)
 
-        kv = await retrying(
+        await retrying(
             open_or_create, f"opening ack ledger bucket {name!r}", client.settings.retry_timeout
         )
-        return LedgerBucket(kv, client, name)
+        return LedgerBucket(client, name)
 
     def head_key(self, gen: int, slot: str) -> str:
         return f"{self.lineage}.{gen}.{key_token(slot)}"

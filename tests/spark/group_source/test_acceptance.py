@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from nats_spark.errors import ConfigurationError
+from nats_spark.errors import ConfigurationError, NotFound
 from nats_spark.jetstream.acks import ACK, NAK, InProgressKeeper
 from nats_spark.jetstream.pull import Deliveries
 from nats_spark.loop import run_sync
@@ -84,6 +85,7 @@ def acceptance(
     below: int = 0,
     siblings: set[int] | None = None,
     sighting: ConsumerSighting | None = None,
+    created: Callable[[], Awaitable[str]] | None = None,
 ) -> tuple[Acceptance, Entry, History]:
     entry = Entry(taken or set(), siblings or set())
     history = History(emitted or set())
@@ -95,6 +97,7 @@ def acceptance(
         below,
         siblings is not None,
         sighting,
+        created,
     )
     return accept, entry, history
 
@@ -142,6 +145,7 @@ def test_what_a_sibling_recorded_is_skipped_once_a_redelivery_comes(acked):
 
 
 RECREATION = "to read nothing twice, recreate it at 11"
+CREATED = "2026-11-29T10:00:00Z"  # when the driver saw the consumer created
 
 
 def test_a_delivery_at_or_below_the_floor_no_batch_holds_stops_the_batch(sent):
@@ -164,6 +168,32 @@ def test_a_delivery_at_or_below_the_floor_no_batch_holds_stops_the_batch(sent):
     assert str(refused.value).endswith(RECREATION)
     assert not sent[NAK] and len(sent[ACK]) == 1
     assert entry.taken == {11}, "nothing of the new consumer taken"
+
+
+@pytest.mark.parametrize("created_now", [CREATED, "2026-11-29T10:00:05Z", "", None])
+def test_below_the_floor_the_consumer_s_creation_time_tells_a_lost_ack_from_a_new_consumer(
+    acked: list[bytes], created_now: str | None
+) -> None:
+    """A query on a new checkpoint gave back (and so holds no longer) a batch the consumer
+    acked; a server restart lost those acks and one comes back: the consumer is the one the
+    driver saw (created no later), so the delivery is taken as the new query's. Created later,
+    or not known (None: the consumer is gone), it is a new consumer's: the batch stops."""
+
+    async def created() -> str:
+        if created_now is None:
+            raise NotFound("$JS.API.CONSUMER.INFO.S.C", 404, 10014, "consumer not found")
+        return created_now
+
+    accept, entry, _ = acceptance(
+        sighting=ConsumerSighting(10, 0, RECREATION, CREATED), created=created
+    )
+    if created_now == CREATED:
+        got = run_sync(accept.accept(chunk((4, 2), (11, 1))))
+        assert got.rows is None and entry.taken == {4, 11}
+    else:
+        with pytest.raises(ConfigurationError, match="deleted and created again"):
+            run_sync(accept.accept(chunk((4, 2), (11, 1))))
+        assert not entry.taken
 
 
 def test_with_siblings_a_consumer_sequence_seen_before_checks_every_delivery(acked):

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.kv import KeyValue
 from spark_helpers import (
     Collector,
     OtherInstance,
@@ -44,6 +43,7 @@ from spark_helpers import (
 from nats_spark.client import NatsClient, open_blocking, shared_client
 from nats_spark.connection import ConnectionSettings
 from nats_spark.jetstream.api import to_nanos
+from nats_spark.jetstream.kv_requests import KvRequests
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.pcg import admin
 from nats_spark.pcg.consumers import PRIORITY_GROUP, ensure_group_consumer, member_consumer
@@ -499,21 +499,21 @@ def test_an_outlived_attempt_whose_create_answer_is_lost_is_fenced(
 ):
     """Hole 4 of issue 45, on a real bucket: a task attempt of batch 1 (settled: the pointer
     fences it) creates its entry again and the create's answer is lost (a timeout after the
-    server stored it). The retried create finds the key (nats-py's "wrong last sequence"), the
+    server stored it). The retried create finds the key ("wrong last sequence"), the
     attempt reads its own open head: it is fenced as a create is, and the entry goes."""
     slot = Slot(client, settings, unique)
     partition = slot.partition(1, limit=10)
     run_sync(write_pointer(slot.ledger.kv, partition.pointer_key, Pointer(slot.lineage, 3, [], 1)))
-    create, lost = KeyValue.create, []
+    create, lost = KvRequests.create, []
 
-    async def answer_lost(kv: KeyValue, key: str, value: bytes, **kwargs: Any) -> int:
-        revision = await create(kv, key, value, **kwargs)
+    async def answer_lost(kv: KvRequests, key: str, value: bytes) -> int:
+        revision = await create(kv, key, value)
         if key == slot.ledger.head_key(1, "m1") and not lost:
             lost.append(revision)
             raise NatsTimeout
         return revision
 
-    monkeypatch.setattr(KeyValue, "create", answer_lost)
+    monkeypatch.setattr(KvRequests, "create", answer_lost)
     zombie = slot_task(partition)
     with pytest.raises(LedgerConflict, match="outlived"):
         run_sync(zombie.begin())

@@ -9,7 +9,9 @@ A delivery is taken unless
 A delivery at or below the consumer's ack floor as the driver last saw it (`ConsumerSighting`) that
 neither this batch nor an earlier one holds is of a consumer deleted and created again: the
 batch stops before it takes anything of it (a consumer delivers what it acked only again when
-its server lost the ack, and then an earlier batch not settled yet holds it). With siblings, a
+its server lost the ack, and then an earlier batch not settled yet holds it, unless a query on a
+new checkpoint gave that batch back: the consumer's creation time, unchanged, tells that case
+apart, and the delivery is taken as the new query's). With siblings, a
 consumer sequence at or below the one the driver saw, or a first delivery of what a batch holds,
 is of a new consumer too (or of a server that lost state): every delivery after it is checked
 against the siblings' records, as a first delivery may then be of what a sibling took in this
@@ -21,13 +23,15 @@ siblings' records once a redelivery comes. `SlotEntry.record` settles the races 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client as NATS
 
-from nats_spark.errors import consumer_created_again
+from nats_spark.errors import NotFound, consumer_created_again
 from nats_spark.jetstream.acks import InProgressKeeper, publish_acks
 from nats_spark.jetstream.pull import Deliveries
+from nats_spark.jetstream.replies import created_later
 from nats_spark.spark.group_source.slot_partition import UNBOUNDED, ConsumerSighting
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from nats_spark.spark.group_source.task.slot_history import SlotHistory
@@ -55,6 +59,7 @@ class Acceptance:
         dedupe_through: int,
         siblings: bool,
         sighting: ConsumerSighting | None = None,
+        created: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
         self.entry = entry
         self.keeper = keeper
@@ -63,6 +68,7 @@ class Acceptance:
         self.dedupe_through = dedupe_through
         self.siblings = siblings
         self.sighting = sighting  # the slot's consumer as the driver last saw it
+        self.created = created  # when the slot's consumer was created, asked now ("": unknown)
         self.emitted: set[int] | None = None  # `SlotHistory.dedupe`, read when first needed
         self.sibling_seqs: set[int] = set()
         self.redundant = 0  # redeliveries of earlier batches' messages, acked and dropped
@@ -105,7 +111,7 @@ class Acceptance:
             self.emitted = await self.history.dedupe()
         taken, emitted, through = self.entry.taken, self.emitted, sighting.ack_floor
         again = [seq for seq in seqs if seq <= through and seq not in taken and seq not in emitted]
-        if not again:
+        if not again or await self._same_consumer(sighting):
             return
         partition = self.entry.partition
         raise consumer_created_again(
@@ -116,6 +122,18 @@ class Acceptance:
             f"{through} when the batch was planned",
             sighting.recreation,
         )
+
+    async def _same_consumer(self, sighting: ConsumerSighting) -> bool:
+        """Whether the consumer is the one the driver saw, created no later: its server lost
+        acks (a restart) of messages whose batch a query on a new checkpoint gave back, which
+        this query never emitted. Unknown (no creation time seen, or the consumer gone): not."""
+        if self.created is None or not sighting.created:
+            return False
+        try:
+            created = await self.created()
+        except NotFound:
+            return False
+        return bool(created) and not created_later(created, sighting.created)
 
     def _take(
         self, chunk: Deliveries, delivered: list[int], seqs: list[int]

@@ -107,6 +107,7 @@ class SlotReader:
             partition.dedupe_through,
             bool(partition.siblings),
             partition.consumer_sighting,
+            self.consumer_created,
         )
 
     async def history(self) -> SlotHistory:
@@ -251,8 +252,7 @@ class SlotReader:
         partition, sighting = self.partition, self.partition.consumer_sighting
         if not partition.siblings or sighting is None or not sighting.created:
             return
-        info = await self.client.api.consumer_info(partition.stream, partition.consumer)
-        created = info.get("created") or ""
+        created = await self.consumer_created()
         if created_later(created, sighting.created):
             raise consumer_created_again(
                 partition.stream,
@@ -261,6 +261,12 @@ class SlotReader:
                 f"created {sighting.created}, now {created}",
                 sighting.recreation,
             )
+
+    async def consumer_created(self) -> str:
+        """When the slot's consumer was created (RFC 3339), asked now."""
+        partition = self.partition
+        info = await self.client.api.consumer_info(partition.stream, partition.consumer)
+        return info.get("created") or ""
 
     @property
     def redundant(self) -> int:
