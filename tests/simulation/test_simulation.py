@@ -74,7 +74,8 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "its driver saw the consumer's ack floor at 6, then a server restart lost those acks and "
         "4 came back: no batch of the query held it, and the task refused it as a new "
         "consumer's, failing the query (14594 likewise; the consumer's creation time, "
-        "unchanged, now tells a lost ack from a new consumer)",
+        "unchanged, now tells a lost ack from a new consumer; on the schedules before claims "
+        "created first)",
     ),
     3819: (
         {"replaced_mid_batch": True, "shared": False},
