@@ -176,12 +176,22 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
 # Seeds of the unit lane's range that break a guarantee on a hole still open (docs/faults.md):
 # left out of the range, and each must still break it (when it passes, the hole is closed: move
 # the seed to CLOSED_HOLES).
-KNOWN_OPEN: dict[int, str] = {}
+KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
+    230: (
+        {"other_client": True},
+        "Spark wrote batch 1's commit log and the query stopped before it told the source (no "
+        "commit call, no next planning): the driver, not knowing the batch committed, left its "
+        "sealed entries unacked at stop, and once its keeper stopped another client of the "
+        "overflow consumer took message 15 after its ack wait (2026-11-29; on the schedules "
+        "of 43b9418 seeds 3662, 4597, 5542 and 6637 of these worlds break it the same way)",
+    ),
+}
 
 
 @pytest.mark.parametrize("seed", sorted(KNOWN_OPEN))
 def test_known_open_holes_still_break(seed: int) -> None:
-    assert run_schedule(seed).problems
+    overrides, _ = KNOWN_OPEN[seed]
+    assert run_schedule(seed, **overrides).problems
 
 
 @pytest.mark.parametrize("seed", sorted(CLOSED_HOLES))
@@ -195,7 +205,8 @@ def assert_schedules_keep_the_guarantees(
 ) -> None:
     """Every schedule of `seeds` (under `overrides` of what they draw), run in `jobs` processes,
     keeps every guarantee."""
-    runs = run_schedules([seed for seed in seeds if seed not in KNOWN_OPEN], jobs, **overrides)
+    known = {seed for seed, (world, _) in KNOWN_OPEN.items() if world == overrides}
+    runs = run_schedules([seed for seed in seeds if seed not in known], jobs, **overrides)
     flags = "".join(
         f" --{name}" if value is True else f" --{name} {value}" for name, value in overrides.items()
     )
