@@ -29,10 +29,6 @@ from nats_spark.jetstream.retry import Unavailable, retrying
 from nats_spark.refusals import Refusals
 
 
-class _Refused(Exception):
-    """The server refused a request's publish."""
-
-
 def to_nanos(seconds: float) -> int:
     return int(round(seconds * NANOS))
 
@@ -94,11 +90,6 @@ class JetStreamApi:
             reply = await self._answer(full, payload)
         except NoRespondersError:
             raise NatsSparkError(self.unreachable(full)) from None
-        except _Refused:
-            raise PermissionDenied(
-                f"permission denied to publish {full}; allow the user to publish to it "
-                f"({PERMISSIONS_DOC})"
-            ) from None
         answer = json.loads(reply.data)
         error = answer.get("error")
         if error:
@@ -109,8 +100,8 @@ class JetStreamApi:
         return answer
 
     async def _answer(self, full: str, payload: bytes) -> Msg:
-        """The reply to the request; `_Refused` as soon as the server refuses its publish,
-        instead of at its timeout."""
+        """The reply to the request; `PermissionDenied` as soon as the server refuses its
+        publish, instead of at its timeout."""
         refused = self.denied.watch(full)
         answer = asyncio.ensure_future(self.nc.request(full, payload, timeout=self.timeout))
         try:
@@ -122,7 +113,10 @@ class JetStreamApi:
             self.denied.unwatch(full, refused)
         if not answer.done():
             answer.cancel()
-            raise _Refused
+            raise PermissionDenied(
+                f"permission denied to publish {full}; allow the user to publish to it "
+                f"({PERMISSIONS_DOC})"
+            )
         return answer.result()
 
     async def account_info(self) -> dict[str, Any]:
