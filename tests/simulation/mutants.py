@@ -469,8 +469,8 @@ MUTANTS = (
         (
             Patch(
                 DRIVER_LEDGER,
-                "        remembered = pointer.consumers if pointer",
-                "        remembered = {} if pointer",
+                "                remembered = pointer.consumers\n",
+                "                remembered = {}\n",
             ),
         ),
         edit=(("recreate_consumer", True),),
@@ -552,6 +552,35 @@ MUTANTS = (
             ),
         ),
         edit=OTHER_CLIENT,
+    ),
+    Mutant(
+        "rerun-batch-unkept",
+        "a batch re-run after a restart (no `latestOffset` before it) leaves what its tasks seal "
+        "unkept until the next planning: a retry that stalls past the ack wait lets another "
+        "client of the overflow consumer take a message the batch then commits (seed 230)",
+        (
+            Patch(
+                BATCH_COORDINATOR,
+                "        await self._keep_sealed_of(pulled, [seen.ack_wait for seen in looked])\n",
+                "",
+            ),
+        ),
+        edit=OTHER_CLIENT,
+    ),
+    Mutant(
+        "replaced-lineage-sightings-forgotten",
+        "a restarted checkpoint whose first batch Spark runs again takes its lineage up again "
+        "after `initialOffset` began another, which the pointer then named: the consumers as "
+        "its last driver saw them were forgotten, and one created again while it was stopped "
+        "was read from its start (seed 139 of the worlds with a consumer created again)",
+        (
+            Patch(
+                DRIVER_LEDGER,
+                "                remembered = pointer.replaced_consumers.get(offset.lineage, {})\n",
+                "                remembered = {}\n",
+            ),
+        ),
+        edit=(("recreate_consumer", True),),
     ),
     Mutant(
         "packed-slots-out-of-order",

@@ -45,7 +45,7 @@ RARE = {
     # In worlds that all share a consumer (`Mutant.shared`): the first of 10000-10220, found
     # 2026-11-29 (none known since the stand-by moved 1959 and 8791): a task's process paused
     # between the server's send and the take past the ack wait while a sibling pulled.
-    "siblings-lateness-from-take": (2807,),
+    "siblings-lateness-from-take": (6119,),  # 8668 too; 2026-11-30
     # In worlds with pausing executors whose server restarts after a tenth of the rounds of
     # acks (`Mutant.edit`), the first of 0-481 (2026-11-29): none of 0-12000 without the
     # forced restarts since the schedules moved past 6383.
@@ -94,6 +94,10 @@ FIRST_CATCHING = {
     # In worlds where another client reads the overflow consumer (`Mutant.edit`): 5 of 0-153
     # (12, 19, 39, 40, 85; 2026-11-29).
     "sealed-kept-only-once-due": 12,
+    # The only one of 0-4000 of those worlds (2026-11-30).
+    "rerun-batch-unkept": 230,
+    # In worlds with a consumer created again: the only one of 0-3000 (2026-11-30).
+    "replaced-lineage-sightings-forgotten": 139,
 }
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.
 UNCAUGHT: dict[str, str] = {

@@ -623,7 +623,9 @@ class Pointer:
     creates an entry removes it: with no max age on the bucket, nothing else would), and the
     driver that wrote it, whose presence record tells whether its pins are a live query's, and
     by stream and name the [created, ack floor] of each consumer the query reads, as its driver
-    last saw them (`SeenConsumers.stored`; absent in an older release's pointer)."""
+    last saw them (`SeenConsumers.stored`; absent in an older release's pointer), and the same
+    of each replaced lineage, as it was when replaced: a restarted checkpoint whose first batch
+    Spark runs again comes back to its lineage after `initialOffset` began another."""
 
     lineage: str
     gen: int
@@ -633,6 +635,7 @@ class Pointer:
     retired: list[str] = field(default_factory=list)
     driver: str | None = None  # the driver that wrote it (`presence`); None: an older release's
     consumers: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    replaced_consumers: dict[str, dict[str, dict[str, list[Any]]]] = field(default_factory=dict)
 
 
 async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
@@ -651,6 +654,7 @@ async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
         list(data.get("retired", [])),
         data.get("driver"),
         data.get("consumers", {}),
+        data.get("replaced_consumers", {}),
     )
 
 

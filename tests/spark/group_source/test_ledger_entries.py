@@ -615,6 +615,34 @@ def test_the_pointer_hands_the_consumers_as_last_seen_to_the_lineages_next_drive
     assert run_sync(driver(kv).adopt(None))
 
 
+def test_a_lineage_taken_up_again_after_initial_offset_keeps_its_consumers_as_seen(
+    kv: MemoryBucket,
+) -> None:
+    """A restarted checkpoint whose first batch Spark runs again: `initialOffset` begins another
+    lineage (the pointer then names it, the first replaced), and the batch's offset takes the
+    first up again. Its consumers as its last driver saw them come back with it, from this
+    driver or the next one; given back, the replaced lineages' go too."""
+    first = driver(kv)
+    assert run_sync(first.adopt(None))
+    seen = {"S": {"C": ["2026-11-28T19:00:00Z", 41]}}
+    first.seen.remember(seen)
+    logged = run_sync(first.new_offset({"m1": SlotPlan(5)}))
+    restarted = driver(kv)
+    run_sync(restarted.adopt(SourceOffset.initial(uuid.uuid4().hex)))
+    run_sync(restarted.clear_pins())
+    assert restarted.seen.stored() == {}
+    restarted.forget_lineage()
+    assert run_sync(restarted.adopt(logged))
+    assert restarted.seen.stored() == seen
+    again = driver(kv)  # killed before it planned: the next one takes it up the same way
+    assert run_sync(again.adopt(logged))
+    assert again.seen.stored() == seen
+    run_sync(again.give_back_replaced(CLIENT))
+    run_sync(again.save_pointer())
+    pointer = run_sync(read_pointer(kv, "query.S.g"))
+    assert pointer is not None and pointer.replaced_consumers == {}
+
+
 def test_heads_tell_pins_unacked_and_sealed_entries(kv: MemoryBucket, lineage: str) -> None:
     sealed(kv, lineage, 1, [1, 2, 3])
     sealed(kv, lineage, 2, [4, 5])
@@ -680,6 +708,15 @@ def test_the_driver_restarts_the_ack_wait_of_sealed_entries_only_before_it_runs_
     assert run_sync(short.due()) == ([], 0)
     now[0] += 0.25
     assert run_sync(short.due())[1] == 3
+
+    # Shortened once a consumer with a shorter wait comes into view: as if started with it.
+    shortened = SealedKeeper(lambda: CLIENT, ledger, ack_wait=12.0)
+    shortened.shorten(3.0)
+    assert (shortened.wait, shortened.left, shortened.ack_wait) == (
+        short.wait,
+        short.left,
+        short.ack_wait,
+    )
 
 
 def test_the_sealed_keeper_reads_an_entry_only_once_its_wait_may_be_due(

@@ -231,6 +231,40 @@ def test_far_off_trigger_keeps_committed_messages_from_coming_back(client, nats_
         run_sync(other.target.close())
 
 
+def test_a_batch_run_again_after_a_restart_keeps_what_it_read(client, nats_url, unique):
+    """After a restart Spark runs the logged batch again without a `latestOffset` before it:
+    the restarted driver must keep what that batch's tasks sealed from then on, not from its
+    next planning. Another reader of the overflow consumer (a 1.5 s ack wait) must not get
+    them back while the batch's end is long in coming (seed 230 of the simulation's worlds
+    with another client)."""
+    stream, name = f"RERUN{unique}", "shared"
+    make_stream(client, stream, storage="memory")
+    make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(1.5))
+    publish(client, stream, 10)
+    options = parse_options(
+        {"servers": nats_url, "stream": stream, "consumer": name, "ledgerBucket": f"L{unique}"}
+    )
+    before, restarted = BatchCoordinator(options), BatchCoordinator(options)
+    other = puller(client, stream, name, GROUP)
+    taken: list[Any] = []
+    try:
+        start = run_sync(before.initial_offset())
+        end = run_sync(before.latest_offset(start, None))  # logged; the query stops
+        run_sync(before.close())
+        rows = []
+        for partition in run_sync(restarted.partitions(start, end)):
+            rows += seqs_of(read_slot(partition))
+        assert rows == list(range(1, 11))
+        deadline = time.monotonic() + 5  # more than three ack waits
+        while time.monotonic() < deadline:
+            taken += other.fetch(10, expires=0.5).messages
+        assert taken == [], f"{len(taken)} messages of the re-run batch came back"
+        assert consumer_info(client, stream, name)["num_ack_pending"] == 10
+    finally:
+        run_sync(restarted.close())
+        run_sync(other.target.close())
+
+
 def ten_held_a_minute(
     client: Blocking[NatsClient], url: str, stream: str, bucket: str, partitions: int = 1
 ) -> SourceOptions:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -311,15 +312,37 @@ class BatchCoordinator:
                 after[name] = replace(state, capacity_logged=True)
         return after
 
-    def _keep_sealed(self) -> None:
-        """Start the `SealedKeeper` once the consumers' ack waits are known."""
-        if self.keeping is None and self.client is not None:
-            ack_wait = min(
-                (r.seen.ack_wait for r in self.states.values() if r.seen is not None),
-                default=None,
-            )
-            keeper = SealedKeeper(self._client, self.ledger, ack_wait or self.options.ack_wait)
+    def _keep_sealed(self, ack_waits: Sequence[float] = ()) -> None:
+        """Start the `SealedKeeper` once the consumers' ack waits are known (planning looked at
+        them all; a re-run batch's `partitions` at those it pulls from, `ack_waits`), and keep
+        it at the shortest (a re-run batch may not pull from them all)."""
+        if self.client is None:
+            return
+        seen = [state.seen.ack_wait for state in self.states.values() if state.seen is not None]
+        ack_wait = min((*seen, *ack_waits), default=None) or self.options.ack_wait
+        if self.keeping is None:
+            keeper = SealedKeeper(self._client, self.ledger, ack_wait)
             self.keeping = keeper, asyncio.ensure_future(keeper.run())
+        elif ack_wait < self.keeping[0].wait:
+            self.keeping[0].shorten(ack_wait)
+
+    async def _keep_sealed_of(self, pulled: list[Slot], ack_waits: list[float]) -> None:
+        """Keep what a batch's tasks seal from now on: a batch re-run after a restart comes
+        without a `latestOffset` before it, whose planning would have started the keeper, and
+        its sealed entries would wait unkept for the next planning (seed 230 of the worlds with
+        another client: a retry stalled past the ack wait meanwhile)."""
+        if self.keeping is not None or not pulled:
+            return
+        client = await self._connect()
+        if not ack_waits and not any(state.seen for state in self.states.values()):
+            try:
+                infos = await self.listing.infos(
+                    client, pulled, lambda s: client.api.consumer_info(s.stream, s.consumer)
+                )
+            except NotFound:  # its task says so; until the next planning, the option's wait
+                infos = []
+            ack_waits = [info.ack_wait for info in infos]
+        self._keep_sealed(ack_waits)
 
     def _client(self) -> NatsClient:
         assert self.client is not None
@@ -421,21 +444,25 @@ class BatchCoordinator:
         for name in plan.driver_acks:  # a slot of a reader count the query no longer has
             await self.ledger.ack_through(await self._connect(), committed, name)
         self.ledger.hand_out(end.gen, {task.slot for task in plan.tasks if task.slot in end.slots})
-        await self._look_remembered([known[task.slot] for task in plan.tasks if task.limit])
+        pulled = [known[task.slot] for task in plan.tasks if task.limit]
+        looked = await self._look_remembered(pulled)
+        await self._keep_sealed_of(pulled, [seen.ack_wait for seen in looked])
         pulling = {known[task.slot].stream for task in plan.tasks if task.limit}
         dedupes = {stream: self._dedupe(stream, end.gen) for stream in pulling}
         readers = readers_by_consumer(self.states, end.slots)
         return [self._input_partition(known[t.slot], end, t, dedupes, readers) for t in plan.tasks]
 
-    async def _look_remembered(self, slots: list[Slot]) -> None:
+    async def _look_remembered(self, slots: list[Slot]) -> list[ConsumerSeen]:
         """Look at the consumers of `slots` that this driver has not looked at yet (a batch run
         again after a restart, planned by the driver before): their tasks check deliveries
         against the consumer as last seen (`_sighting`), and one created again while the query
         was stopped is refused, or taken, here first."""
         remembered = self.target.seen.remembered
-        for slot in slots:
-            if (slot.stream, slot.consumer) in remembered:
-                await self._look(await self._connect(), slot)
+        return [
+            await self._look(await self._connect(), slot)
+            for slot in slots
+            if (slot.stream, slot.consumer) in remembered
+        ]
 
     async def input_partitions(
         self, start: SourceOffset, end: SourceOffset

@@ -84,6 +84,8 @@ class DriverLedger:
         self.driver: str | None = None  # this driver's id (`Presence`), named in the pointer
         # Lineages of earlier checkpoints' queries on this target (`give_back_replaced`).
         self.replaced: tuple[str, ...] = ()
+        # By replaced lineage: its consumers as its last driver saw them (`Pointer`).
+        self.replaced_consumers: dict[str, dict[str, dict[str, list[Any]]]] = {}
         self.retired: tuple[str, ...] = ()  # lineages given back (`Pointer.retired`)
         self.kept = False  # whether the bucket is known to keep entries (no max age)
 
@@ -128,6 +130,8 @@ class DriverLedger:
         if pointer is not None:  # a lineage the pointer names, other than ours, is replaced
             named = (pointer.lineage, *pointer.replaced)
             self.replaced = tuple(dict.fromkeys(n for n in named if n != offset.lineage))
+            seen = {**pointer.replaced_consumers, pointer.lineage: pointer.consumers}
+            self.replaced_consumers = {n: seen[n] for n in self.replaced if seen.get(n)}
             self.retired = tuple(n for n in pointer.retired if n != offset.lineage)
         self.ledger = Ledger(self.kv, offset.lineage)
         self.head_gen = offset.gen
@@ -137,7 +141,14 @@ class DriverLedger:
             self.pins = dict(pointer.pins)
             self.settled = pointer.settled
         # The lineage's consumers as its last driver saw them: checked as this one first looks.
-        remembered = pointer.consumers if pointer and pointer.lineage == offset.lineage else {}
+        # A lineage the pointer names as replaced is taken up again by a restarted checkpoint
+        # whose first batch runs again (Spark asked `initialOffset` first, which began another).
+        remembered = {}
+        if pointer is not None:
+            if pointer.lineage == offset.lineage:
+                remembered = pointer.consumers
+            else:
+                remembered = pointer.replaced_consumers.get(offset.lineage, {})
         self.seen.remember(remembered)
         self.stored_sightings = self.seen.stored() if remembered else None
         listing = await self.ledger.listing()
@@ -276,6 +287,7 @@ class DriverLedger:
             list(self.retired),
             self.driver,
             sightings,
+            {n: self.replaced_consumers[n] for n in self.replaced if n in self.replaced_consumers},
         )
         await write_pointer(self.kv, self.pointer_key, pointer)
         self.stored_sightings = sightings
@@ -419,7 +431,7 @@ class DriverLedger:
             self.retired = kept[:RETIRED_KEPT]
             await self.save_pointer()
         await self._give_back_lineages(client, self.replaced)
-        self.replaced = ()
+        self.replaced, self.replaced_consumers = (), {}
 
     async def give_back_outlived(self, client: NatsClient) -> None:
         """Once a lineage is adopted: give back the entries task attempts created again after

@@ -46,17 +46,23 @@ class SealedKeeper(InProgressKeeper):
     def __init__(
         self, client_of: Callable[[], NatsClient], driver_ledger: DriverLedger, ack_wait: float
     ) -> None:
-        # `InProgressKeeper` runs a round every third of the wait it is given.
-        super().__init__(client_of().nc, ack_wait * 3 / _LOOKS, "sealed batches")
+        super().__init__(client_of().nc, ack_wait, "sealed batches")
         self.client_of = client_of
         self.driver_ledger = driver_ledger
-        self.wait = ack_wait
-        self.left = ack_wait * (_LEFT_SHORT if ack_wait < SHORT_ACK_WAIT else _LEFT)
+        self.shorten(ack_wait)
         self.lineage: str | None = None  # whose entries `started` is about
         self.looked = -math.inf  # when the previous look was (none yet: any entry may be due)
         # Entries not known acked at the last look: the earliest their ack wait may have started.
         self.started: dict[tuple[int, str], float] = {}
         self.restarting: list[tuple[int, str]] = []  # what the round in progress restarts
+
+    def shorten(self, ack_wait: float) -> None:
+        """Keep entries under `ack_wait` from the next round on (a consumer with a shorter one
+        came into view)."""
+        self.wait = ack_wait
+        self.left = ack_wait * (_LEFT_SHORT if ack_wait < SHORT_ACK_WAIT else _LEFT)
+        # `InProgressKeeper` runs a round every third of the wait it is given.
+        self.ack_wait = ack_wait * 3 / _LOOKS
 
     async def due(self) -> tuple[list[bytes], int]:
         ledger = self.driver_ledger.ledger
