@@ -128,7 +128,7 @@ class NatsClient:
     @functools.cached_property
     def routed_requests(self) -> RoutedRequests:
         """Requests whose replies come raw to one subscription (the ack ledger's KV calls)."""
-        return RoutedRequests(self.nc)
+        return RoutedRequests(self.nc, self.denied)
 
     @property
     def usable(self) -> bool:

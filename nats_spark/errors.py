@@ -102,6 +102,14 @@ class PermissionDenied(NatsSparkError):
     """The user may not publish the request's subject (the server's permissions refused it)."""
 
 
+def publish_denied(subject: str) -> PermissionDenied:
+    """A request to `subject` the server refused (an asynchronous permission violation)."""
+    return PermissionDenied(
+        f"permission denied to publish {subject}; allow the user to publish to it "
+        f"({PERMISSIONS_DOC})"
+    )
+
+
 class JetStreamApiError(NatsSparkError):
     """A `$JS.API` request answered with an error."""
 

@@ -9,6 +9,7 @@ point, after a flush) and wakes a request waiting on a subject as soon as it is 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 
 class Refusals(list[str]):
@@ -17,9 +18,12 @@ class Refusals(list[str]):
     def __init__(self) -> None:
         super().__init__()
         self._waiting: dict[str, set[asyncio.Future[str]]] = {}
+        self._listeners: list[Callable[[str], None]] = []
 
     def append(self, refusal: str) -> None:
         super().append(refusal)
+        for listener in self._listeners:
+            listener(refusal)
         for subject, waiters in self._waiting.items():
             if f'"{subject}"' in refusal:
                 for waiter in waiters:
@@ -31,6 +35,11 @@ class Refusals(list[str]):
         waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(subject.lower(), set()).add(waiter)
         return waiter
+
+    def listen(self, listener: Callable[[str], None]) -> None:
+        """Call `listener` with every refusal from now on (requests that keep their subjects
+        themselves, `RoutedRequests`, instead of a future per request)."""
+        self._listeners.append(listener)
 
     def unwatch(self, subject: str, waiter: asyncio.Future[str]) -> None:
         waiters = self._waiting.get(subject.lower(), set())

@@ -20,6 +20,7 @@ from typing import Any
 import nkeys
 import pytest
 from certs import Pki, creds_file, make_pki, new_nkey, operator_setup, public, tls_config
+from nats.js.errors import KeyNotFoundError
 from spark_helpers import (
     assert_exactly_once,
     assert_works,
@@ -43,7 +44,7 @@ from nats_spark.permissions import publish_allowed
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
 from nats_spark.spark.group_source.driver.consumer_listing import LIST_FROM
-from nats_spark.spark.group_source.ledger import decode_chunk
+from nats_spark.spark.group_source.ledger import LedgerBucket, decode_chunk
 from nats_spark.spark.group_source.options import parse_options
 
 # Unique secrets, so that finding one anywhere can only mean a leak.
@@ -343,6 +344,31 @@ def test_a_refused_request_fails_as_soon_as_the_server_refuses_it(
     assert took < 1, took
     listing = f"$JS.API.CONSUMER.LIST.{NOLIST_STREAM}"
     assert str(refused.value).startswith(f"permission denied to publish {listing}; allow")
+
+
+def test_a_refused_ledger_write_fails_as_soon_as_the_server_refuses_it(
+    auth_server: EmbeddedServer,
+) -> None:
+    """The ledger's KV calls are plain requests of their own (`RoutedRequests`): one the user
+    may not publish fails with the refusal, naming the subject and the fix, instead of waiting
+    out its timeout and then a minute of retries; an allowed one on the same connection still
+    answers."""
+    nolist = open_blocking(ConnectionSettings((auth_server.url,), "nolist", "nolist-pw"))
+    refused_bucket = LedgerBucket(nolist.target, f"NOTGRANTED{TAG}")
+    try:
+        began = time.monotonic()
+        with pytest.raises(PermissionDenied) as refused:
+            run_sync(refused_bucket.put("k", b"v"))
+        took = time.monotonic() - began
+        with pytest.raises(PermissionDenied):
+            run_sync(refused_bucket.get("k"))
+        with contextlib.suppress(KeyNotFoundError):  # the granted bucket answers
+            run_sync(LedgerBucket(nolist.target, LEDGER).get(f"none{TAG}"))
+    finally:
+        close(nolist)
+    assert took < 1, took
+    subject = f"$KV.NOTGRANTED{TAG}.k"
+    assert str(refused.value).startswith(f"permission denied to publish {subject}; allow")
 
 
 def test_refused_acks_are_known_when_publish_acks_returns(auth_server: EmbeddedServer) -> None:

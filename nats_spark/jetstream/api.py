@@ -18,11 +18,10 @@ from nats.errors import NoRespondersError
 
 from nats_spark.connection import DEFAULT_PREFIX, no_jetstream
 from nats_spark.errors import (
-    PERMISSIONS_DOC,
     JetStreamApiError,
     NatsSparkError,
     NotFound,
-    PermissionDenied,
+    publish_denied,
 )
 from nats_spark.jetstream.replies import NANOS, ConsumerInfo, StreamInfo
 from nats_spark.jetstream.retry import Unavailable, retrying
@@ -113,10 +112,7 @@ class JetStreamApi:
             self.denied.unwatch(full, refused)
         if not answer.done():
             answer.cancel()
-            raise PermissionDenied(
-                f"permission denied to publish {full}; allow the user to publish to it "
-                f"({PERMISSIONS_DOC})"
-            )
+            raise publish_denied(full)
         return answer.result()
 
     async def account_info(self) -> dict[str, Any]:

@@ -19,7 +19,9 @@ from them, with nats-py's semantics and errors:
   asks for a direct get, which any replica may answer, only when the stream allows direct gets;
   the ledger's bucket does not). A missing key and a marker raise `KeyNotFoundError` (a marker's
   with its entry and operation, as nats-py's `get` does); no responders `ServiceUnavailableError`.
-- no reply within the timeout raises nats-py's `TimeoutError`, as its `request` does.
+- no reply within the timeout raises nats-py's `TimeoutError`, as its `request` does; a
+  request the user may not publish fails as soon as the server reports it (`PermissionDenied`,
+  from the connection's `Refusals`), instead of waiting out its timeout and then its retries.
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 
 from nats_spark.connection import DEFAULT_PREFIX
+from nats_spark.errors import publish_denied
 from nats_spark.jetstream.status import StatusKind, status_of
 from nats_spark.nats_py import route_raw
+from nats_spark.refusals import Refusals
 
 # JSStreamWrongLastSequenceErrF and JSStreamWrongLastSequenceConstantErr
 WRONG_LAST_SEQUENCE_CODES = (10071, 10164)
@@ -67,13 +71,15 @@ class RoutedRequests:
     """Requests on one connection whose replies come to one subscription of it (`<inbox>.*`,
     made at the first request), handed raw to the request that waits for each."""
 
-    def __init__(self, nc: NATS) -> None:
+    def __init__(self, nc: NATS, denied: Refusals) -> None:
         self.nc = nc
         self._prefix = f"{nc.new_inbox()}."
         self._numbers = itertools.count()
-        self._waiting: dict[bytes, asyncio.Future[bytes]] = {}  # by reply subject
+        # By reply subject: the request's answer to come, and its subject.
+        self._waiting: dict[bytes, tuple[asyncio.Future[bytes], str]] = {}
         self._subscription: Subscription | None = None
         self._subscribing = asyncio.Lock()
+        denied.listen(self._refused)
 
     async def request(
         self, subject: str, payload: bytes, timeout: float, headers: dict[str, str] | None = None
@@ -84,7 +90,8 @@ class RoutedRequests:
         reply = f"{self._prefix}{next(self._numbers)}"
         key = reply.encode()
         loop = asyncio.get_running_loop()
-        answered = self._waiting[key] = loop.create_future()
+        answered = loop.create_future()
+        self._waiting[key] = answered, subject
         # A timer instead of `wait_for`, whose waiter costs the loop a turn per reply.
         expiry = loop.call_later(timeout, _expire, answered)
         try:
@@ -101,10 +108,17 @@ class RoutedRequests:
                 route_raw(self.nc, subscription, self._answered)
                 self._subscription = subscription
 
+    def _refused(self, refusal: str) -> None:
+        """Fail at once the requests whose publish the server refused (`refusal`, lowercased)."""
+        for answered, subject in self._waiting.values():
+            if not answered.done() and f'"{subject.lower()}"' in refusal:
+                answered.set_exception(publish_denied(subject))
+
     def _answered(self, subject: bytes, _: bytes, data: bytes, headers: bytes | None) -> None:
-        answered = self._waiting.pop(subject, None)
-        if answered is None or answered.done():
+        waiting = self._waiting.pop(subject, None)
+        if waiting is None or waiting[0].done():
             return  # its request gave up
+        answered = waiting[0]
         status = status_of(data, headers)
         if status is not None and status.kind is StatusKind.NO_RESPONDERS:
             answered.set_exception(NoRespondersError())
