@@ -129,10 +129,11 @@ def _entry_of(key: str) -> tuple[int, str]:
 @dataclass(frozen=True)
 class LineageKeys:
     """What a listing of a lineage's keys found: its entries (gen, slot name), by their heads,
-    and the entries it found chunks of but no head."""
+    the entries it found chunks of but no head, and the keys of all chunks."""
 
     heads: list[tuple[int, str]]
     headless: list[tuple[int, str]]
+    chunks: frozenset[str]
 
 
 def readable_format(raw: dict[str, Any], key: str) -> int:
@@ -493,10 +494,14 @@ class Ledger:
         """The entries of this lineage, and those of its chunks no head was listed beside, in
         one listing of its keys."""
         heads: set[tuple[int, str]] = set()
-        chunked: set[tuple[int, str]] = set()
+        chunks: set[str] = set()
         for key in await self.kv.keys_matching(f"{self.lineage}.>"):
-            (heads if key.count(".") == 2 else chunked).add(_entry_of(key))
-        return LineageKeys(sorted(heads), sorted(chunked - heads))
+            if key.count(".") == 2:
+                heads.add(_entry_of(key))
+            else:
+                chunks.add(key)
+        chunked = {_entry_of(key) for key in chunks}
+        return LineageKeys(sorted(heads), sorted(chunked - heads), frozenset(chunks))
 
     async def remove_headless(self, entries: Iterable[tuple[int, str]]) -> None:
         """Remove the chunks of `entries` whose head is gone: an attempt that outlived its entry
