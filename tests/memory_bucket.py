@@ -42,6 +42,9 @@ class MemoryBucket:
         self.written: dict[str, float] = {}  # by key: when it was last written
         self.reads = 0  # `get` calls, for tests of what a reader reads again
         self.lost_answer: Callable[[str], bool] | None = None  # per key written: answer lost?
+        # By key removed and not written since: its last value and revision, which a server
+        # restarted uncleanly may bring back (`bring_back`).
+        self.removed: dict[str, tuple[bytes, int]] = {}
 
     def expire(self) -> None:
         """Forget the keys whose last write is the max age old (the server's expiry)."""
@@ -83,7 +86,17 @@ class MemoryBucket:
 
     async def remove(self, key: str) -> None:
         for stored in [k for k in self.values if k == key or k.startswith(f"{key}.")]:
-            del self.values[stored], self.written[stored]
+            self.removed[stored] = self.values.pop(stored)
+            del self.written[stored]
+
+    def bring_back(self, chosen: Callable[[str], bool]) -> list[str]:
+        """A server restarted uncleanly: the removed keys `chosen` picks come back as they were
+        (nats-server can lose a removal's tombstone: nats-server #7384, #8505); the keys."""
+        back = [key for key in sorted(self.removed) if chosen(key)]
+        for key in back:
+            self.values[key] = self.removed.pop(key)
+            self.written[key] = clock.monotonic()
+        return back
 
     async def keys_matching(self, pattern: str) -> list[str]:
         self.expire()
@@ -97,6 +110,7 @@ class MemoryBucket:
         return revision
 
     def _write(self, key: str, value: bytes) -> int:
+        self.removed.pop(key, None)  # what a restart would bring back is older: it stays gone
         self.last_seq += 1
         self.values[key] = (value, self.last_seq)
         self.written[key] = clock.monotonic()

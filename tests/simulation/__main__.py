@@ -76,6 +76,11 @@ def main() -> int:
         help="a query stopped mid-batch is replaced at once by one on a new checkpoint",
     )
     parser.add_argument(
+        "--removals-return",
+        action="store_true",
+        help="the server's restarts are unclean and bring back removed ledger keys",
+    )
+    parser.add_argument(
         "--chaos-waits", type=float, help="how long the chaotic phase lasts, in ack waits"
     )
     parser.add_argument(
@@ -99,6 +104,8 @@ def main() -> int:
         overrides["other_client"] = True
     if args.replaced_mid_batch:
         overrides["replaced_mid_batch"] = True
+    if args.removals_return:
+        overrides["removals_return"] = True
     if args.seed is not None:
         result = run_schedule(args.seed, verbose=args.verbose, **overrides)
         if not args.verbose:

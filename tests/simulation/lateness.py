@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nats_spark.spark.group_source.ledger import (
+    ChunkMissing,
     EntryDeliveries,
     Ledger,
     LedgerConflict,
@@ -163,8 +164,12 @@ class GiveBacks:
         found = await read_head(ledger, gen, slot)
         if found is None:
             return []
+        try:
+            recorded = await read_deliveries(ledger, found[0])
+        except ChunkMissing:  # brought back without its chunks (`Setup.removals_return`)
+            return []
         held = []
-        for seq in (await read_deliveries(ledger, found[0])).stream_seq:
+        for seq in recorded.stream_seq:
             if deliveries := deliveries_of(self.consumers, self.stream.messages[seq - 1]):
                 held.append(deliveries[-1])
         return held

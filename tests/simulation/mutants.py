@@ -52,6 +52,8 @@ OTHER_CLIENT = (("other_client", True),)
 # The worlds whose query is stopped mid-batch and replaced at once by one on a new checkpoint:
 # its give-back meets the stopped run's attempts still recording.
 REPLACED = (("replaced_mid_batch", True),)
+# The worlds whose server restarts bring back ledger keys it had removed (lost tombstones).
+RETURNING = (("removals_return", True),)
 
 
 @dataclass(frozen=True)
@@ -581,6 +583,33 @@ MUTANTS = (
             ),
         ),
         edit=(("recreate_consumer", True),),
+    ),
+    Mutant(
+        "returned-entries-kept",
+        "entries of settled batches that a server restarted uncleanly brought back without "
+        "their chunks stay in the ledger: the next tasks fail reading them (an ack, a dedupe), "
+        "at every restart (chaos/run.py --seed 3030: 36 batches' heads came back)",
+        (
+            Patch(
+                DRIVER_LEDGER,
+                "        await self._remove_returned(listing.chunks)\n",
+                "",
+            ),
+        ),
+        edit=RETURNING,
+    ),
+    Mutant(
+        "returned-entry-given-back-by-its-chunks",
+        "a give-back reads what an entry holds to NAK it, and fails on one a server restarted "
+        "uncleanly brought back without its chunks: every later start of the query fails",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "        except ChunkMissing:\n",
+                "        except LedgerConflict:\n",
+            ),
+        ),
+        edit=RETURNING,
     ),
     Mutant(
         "packed-slots-out-of-order",

@@ -13,6 +13,7 @@ from tests.simulation.test_simulation import (
     OTHER_CLIENT_EXPLORED,
     RECREATED_EXPLORED,
     REPLACED_EXPLORED,
+    RETURNING_EXPLORED,
     STALLING_EXPLORED,
     assert_schedules_keep_the_guarantees,
 )
@@ -45,3 +46,7 @@ def test_schedules_with_another_client_keep_the_guarantees() -> None:
 
 def test_schedules_of_replaced_queries_keep_the_guarantees() -> None:
     assert_schedules_keep_the_guarantees(REPLACED_EXPLORED, jobs=1, replaced_mid_batch=True)
+
+
+def test_schedules_whose_server_brings_back_removed_keys_keep_the_guarantees() -> None:
+    assert_schedules_keep_the_guarantees(RETURNING_EXPLORED, jobs=1, removals_return=True)

@@ -51,11 +51,26 @@ OTHER_CLIENT_CHECK, OTHER_CLIENT_EXPLORED = range(0, 20), range(20, 260)
 # Worlds whose query is stopped mid-batch and replaced at once by one on a new checkpoint
 # (`replaced_mid_batch`): the first share here, the rest in the main lane.
 REPLACED_CHECK, REPLACED_EXPLORED = range(0, 20), range(20, 200)
+# Worlds whose server restarts bring back ledger keys it had removed (`removals_return`): the
+# first share here, the rest in the main lane.
+RETURNING_CHECK, RETURNING_EXPLORED = range(0, 20), range(20, 300)
 
 # Seeds of a longer range that found a hole since closed (with what they ran under): each must
 # keep every guarantee. A change of the schedules makes them other schedules; the holes found
 # before are kept as mutants (mutants.py, test_mutants.py), which do not depend on seeds.
 CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
+    137: (
+        {"removals_return": True},
+        "a server restart brought back entries of a replaced lineage without their chunks; "
+        "every later start failed giving them back (it reads what to NAK), so messages 8-12 "
+        "were never read (2026-11-30, the first seeds of the worlds whose removals return)",
+    ),
+    184: (
+        {"removals_return": True},
+        "entries of settled batches came back without their chunks: the restarted query's "
+        "tasks failed reading them at every start and left messages 7 and 10 unacked, as "
+        "chaos/run.py --seed 3030 did to 36 batches (2026-11-30)",
+    ),
     139: (
         {"recreate_consumer": True},
         "a new checkpoint's first batch ran again after a failure: Spark 4.2+ asked "
@@ -260,6 +275,14 @@ def test_schedules_of_replaced_queries_keep_the_guarantees() -> None:
     meets the stopped run's attempts still pulling and recording (the mutant
     give-back-under-a-recording-attempt shows what an untaken entry lets through)."""
     assert_schedules_keep_the_guarantees(REPLACED_CHECK, replaced_mid_batch=True)
+
+
+def test_schedules_whose_server_brings_back_removed_keys_keep_the_guarantees() -> None:
+    """A server restarted uncleanly brings back ledger keys it had removed (a lost tombstone):
+    heads without their chunks, chunks without their heads, whole entries, of the live
+    lineage and of replaced ones (the mutants returned-entries-kept and
+    returned-entry-given-back-by-its-chunks show what the query must do about them)."""
+    assert_schedules_keep_the_guarantees(RETURNING_CHECK, removals_return=True)
 
 
 def test_a_seed_replays_the_same_schedule() -> None:

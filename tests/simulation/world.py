@@ -97,6 +97,9 @@ class Setup:
     # batch's tasks run, and then replaced at once by one on a new checkpoint (an operator who
     # restarts the query from scratch while the old one's executors still work).
     replaced_mid_batch: bool = False
+    # A family of worlds, never drawn (a run's override): the server's restarts are unclean and
+    # bring back about half of the ledger bucket's keys removed before (lost tombstones).
+    removals_return: bool = False
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -350,6 +353,11 @@ class World:
     def _restart(self) -> None:
         self.sched.note("the server restarts: acks of the last 100 ms, the pins lost")
         self.server.restart()
+        if self.setup.removals_return:
+            back = self.bucket.bring_back(lambda _: self.faults.random() < 0.5)
+            self.observed.brought_back.update(back)
+            if back:
+                self.sched.note(f"the restart brings back removed ledger keys: {', '.join(back)}")
 
     async def operate(self) -> None:
         """An operator's doings in the chaotic phase: purges of what every consumer acked, and
@@ -586,6 +594,9 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
     if setup.stalling_executors:
         family = stalling_executors(setup, random.Random(f"stalling executors {seed}"))
         setup = replace(family, **overrides)
+    if setup.removals_return:  # its restarts, which bring keys back, come often
+        restarts = max(setup.restart_after_acks, 0.1)
+        setup = replace(setup, restart_after_acks=restarts, **overrides)
     if setup.other_client:
         # Its plain consumer is shared; no purges: what the query took and the other client
         # acked, a purge would remove, and the query stops (README guarantee 8's lost state).

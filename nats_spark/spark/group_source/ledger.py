@@ -270,6 +270,10 @@ class EntryState(StrEnum):
     ACKED = "acked"  # the batch was committed and its acks published
 
 
+class ChunkMissing(NatsSparkError):
+    """A chunk an entry's head names is not in the bucket."""
+
+
 class LedgerConflict(NatsSparkError):
     """Another attempt of the same task took the entry over; this attempt must stop."""
 
@@ -479,7 +483,7 @@ class Ledger:
         try:
             entry = await self.kv.get(key)
         except KeyNotFoundError:
-            raise NatsSparkError(
+            raise ChunkMissing(
                 f"ack ledger chunk {key} is missing (bucket purged or expired?); the batch "
                 "cannot be replayed exactly: restart the query with a new checkpoint"
             ) from None

@@ -79,6 +79,7 @@ from nats_spark.errors import PERMISSIONS_DOC, ConfigurationError, NotFound
 from nats_spark.jetstream.acks import NAK, send_acks
 from nats_spark.spark.group_source.ledger import (
     LEDGER_FORMAT,
+    ChunkMissing,
     EntryDeliveries,
     EntryHead,
     EntryState,
@@ -509,8 +510,17 @@ async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, st
     held: list[EntryDeliveries] = []
     for gen, slot in keys:
         head = await _taken_from_its_attempt(ledger, gen, slot)
-        if head is not None:
+        if head is None:
+            continue
+        try:
             held.append(await read_deliveries(ledger, head))
+        except ChunkMissing:
+            # Removed before and brought back by a server restarted uncleanly (a lost
+            # tombstone) without its chunks: what it held was settled or given back then.
+            log.warning(
+                "ledger entry %s came back without its chunks; removing it with nothing to NAK",
+                ledger.head_key(gen, slot),
+            )
     for gen, slot in keys:
         await ledger.delete_entry(gen, slot)
     returned = 0
