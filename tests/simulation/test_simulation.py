@@ -81,6 +81,12 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "consumer (it skipped only what the query committed) and ran batch 6 again, whose c#1 "
         "took the new one's first delivery of 9, which c#0 had sealed in the first run",
     ),
+    3191: (
+        {"recreate_consumer": True},
+        "as 1650: c#0 sealed message 1 in batch 1's first run, the consumer was created again "
+        "while that driver stalled, and in the run after its death c#1 took the new one's first "
+        "delivery of 1 (the third of 400-6000 of these worlds that broke on it)",
+    ),
     230: (
         {"other_client": True},
         "a batch re-run after a restart came without a `latestOffset` before it, so the "
