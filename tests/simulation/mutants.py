@@ -612,6 +612,23 @@ MUTANTS = (
         edit=RETURNING,
     ),
     Mutant(
+        "rerun-siblings-under-a-consumer-started-over",
+        "a batch run again after a restart, whose consumer the driver took as created again "
+        "since the batch was planned: its slots checked the new one's first deliveries, above "
+        "the consumer sequence the driver saw, against nothing, and one took what a sibling "
+        "had taken in the batch's first run (seeds 632 and 1650 of the worlds with a consumer "
+        "created again; the driver now tells the batch's tasks, which check every delivery "
+        "against their siblings' records)",
+        (
+            Patch(
+                ACCEPTANCE,
+                "                sighting.started_over or low_delivery <= sighting.delivered\n",
+                "                low_delivery <= sighting.delivered\n",
+            ),
+        ),
+        edit=(("recreate_consumer", True),),
+    ),
+    Mutant(
         "packed-slots-out-of-order",
         "a task of packed slots emits each slot's rows whole, but not in the packed order (the "
         "last slot running first): the order a re-run must keep (the nats sink's ids are "

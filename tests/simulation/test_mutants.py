@@ -31,6 +31,8 @@ RARE = {
     "recreated-consumer-unchecked": (3, 4),
     "recreated-consumer-unchecked-in-flight": (71, 107),
     "siblings-seal-under-a-new-consumer": (127, 211),  # 3 of 0-199: 111, 127, 173
+    # The first two of 0-4000 (2026-11-30): the seeds that found the hole.
+    "rerun-siblings-under-a-consumer-started-over": (632, 1650),
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
     "overtaken-attempt-fails": (0, 222),

@@ -79,6 +79,29 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "created again while the batch ran was read from its start, and messages 1, 2 and 4 "
         "came after 5 and 10 (2026-11-30: the pointer keeps a replaced lineage's consumers)",
     ),
+    632: (
+        {"recreate_consumer": True},
+        "Spark 4.0/4.1: batch 1's first run died after slot c#0 sealed message 1 of the shared "
+        "consumer; the consumer was deleted and created again (DeliverAll) while the restarted "
+        "driver stalled, and it took the new one (acked nothing yet, as the old one), so the "
+        "tasks of batch 1, run again, saw the new one: c#1 took its first delivery, 1 again, "
+        "above the consumer sequence seen, without looking at its sibling's record, and batch "
+        "1 emitted 1 twice (2026-11-30: the driver tells a batch it runs again that its "
+        "consumer started over since its planning, and its slots check every delivery)",
+    ),
+    1650: (
+        {"recreate_consumer": True},
+        "as 632 on 4.2+: the consumer was created again (after a purge through 8) while batch 6 "
+        "ran, c#1's task stopped on it and the driver died; the restarted one took the new "
+        "consumer (it skipped only what the query committed) and ran batch 6 again, whose c#1 "
+        "took the new one's first delivery of 9, which c#0 had sealed in the first run",
+    ),
+    3191: (
+        {"recreate_consumer": True},
+        "as 1650: c#0 sealed message 1 in batch 1's first run, the consumer was created again "
+        "while that driver stalled, and in the run after its death c#1 took the new one's first "
+        "delivery of 1 (the third of 400-6000 of these worlds that broke on it)",
+    ),
     230: (
         {"other_client": True},
         "a batch re-run after a restart came without a `latestOffset` before it, so the "

@@ -33,12 +33,16 @@ class ConsumerSighting:
     they were deleted and created again (a static group's, a plain one): everything through
     stream sequence `ack_floor` was acked, so the consumer delivers none of it again, and each
     delivery has a consumer sequence above `delivered`; a new one (DeliverAll) starts over with
-    both; it was created at `created` (RFC 3339). `recreation`: how to go on then."""
+    both; it was created at `created` (RFC 3339). `recreation`: how to go on then.
+    `started_over`: the consumer was created again since the batch was planned (a batch run
+    again after a restart): an earlier attempt's entries of the batch may hold what the old one
+    delivered, which the new one delivers again as first deliveries."""
 
     ack_floor: int
     delivered: int
     recreation: str
     created: str = ""
+    started_over: bool = False
 
 
 @dataclass(frozen=True)

@@ -208,6 +208,18 @@ def test_with_siblings_a_consumer_sequence_seen_before_checks_every_delivery(ack
     assert got.rows == [1] and entry.taken == {21, 13}
 
 
+def test_with_siblings_a_consumer_created_again_since_planning_checks_every_delivery(acked):
+    """A batch run again after a restart, whose consumer the driver saw created again since it
+    was planned (`started_over`): the new one's first deliveries, whatever their consumer
+    sequence, may be of what a sibling took in the batch's earlier run (seeds 632 and 1650 of
+    the simulation's worlds with the recreation emitted one twice)."""
+    sighting = ConsumerSighting(0, 0, RECREATION, CREATED, started_over=True)
+    accept, entry, _ = acceptance(siblings={1}, sighting=sighting)
+    got = run_sync(accept.accept(chunk((1, 1), (2, 1))))  # consumer sequences 1, 2
+    assert entry.delivering_again and entry.reads == 1
+    assert got.rows == [1] and entry.taken == {2}, "the sibling's 1 is left to it"
+
+
 def test_with_siblings_a_first_delivery_of_what_a_batch_holds_checks_every_delivery(acked):
     """A first delivery of a message an earlier batch emitted is a new consumer's too."""
     accept, entry, _ = acceptance(

@@ -202,6 +202,53 @@ def test_a_restarted_driver_plans_a_logged_batch_again_and_numbers_on(
     run_sync(restarted.close())
 
 
+class CheckingTarget(Target):
+    """A target that checks its consumers' identity, as the source's targets do."""
+
+    def look(self, slot: Slot, info: ConsumerInfo, skipped: Skipped) -> None:
+        self.seen.look(slot.stream, slot.consumer, info, "recreate it", skipped)
+
+    def recreation(self, slot: Slot) -> str:  # type: ignore[override]
+        return "recreate it"
+
+
+def started_over(tasks: list[SlotPartition]) -> list[tuple[str, bool]]:
+    return [(t.slot, t.consumer_sighting.started_over) for t in tasks if t.consumer_sighting]
+
+
+def test_a_logged_batch_run_again_tells_its_tasks_of_a_consumer_created_again_since(
+    driver: tuple[BatchCoordinator, Server, MemoryBucket],
+) -> None:
+    """A consumer created again (from the start: it acked nothing yet) while the query was
+    stopped is taken by the restarted driver, and the tasks of the logged batch it runs again
+    are told (`started_over`): what the batch's first run took of the old one comes again as
+    first deliveries. The batch it plans next holds only what the new one delivered."""
+    first, server, kv = driver
+    first.target = CheckingTarget()  # type: ignore[assignment]
+    first.ledger.seen = first.target.seen
+    for slot in SLOTS:
+        server.show(slot, pending=2)
+        server.consumers[slot.consumer]["created"] = "2026-11-30T01:00:00Z"
+    start = run_sync(first.initial_offset())
+    end = run_sync(first.latest_offset(start, None))
+    tasks = run_sync(first.partitions(start, end))
+    assert started_over(tasks) == [("partition-0", False), ("partition-1", False)]
+    run_task(kv, tasks[0], [1, 2], pin="pin-0")  # then the driver is killed
+    server.consumers[SLOTS[0].consumer]["created"] = "2026-11-30T01:05:00Z"
+    restarted = driver_of(server, kv)
+    restarted.target = CheckingTarget()  # type: ignore[assignment]
+    restarted.ledger.seen = restarted.target.seen
+    again = run_sync(restarted.partitions(start, end))  # Spark re-runs the logged batch
+    assert started_over(again) == [("partition-0", True), ("partition-1", False)]
+    following = run_sync(restarted.latest_offset(end, None))
+    assert started_over(run_sync(restarted.partitions(end, following))) == [
+        ("partition-0", False),
+        ("partition-1", False),
+    ]
+    run_sync(first.close())
+    run_sync(restarted.close())
+
+
 def test_an_available_now_run_ends_where_the_stream_ended_at_its_start(
     driver: tuple[BatchCoordinator, Server, MemoryBucket],
 ) -> None:

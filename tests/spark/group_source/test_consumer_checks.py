@@ -163,6 +163,19 @@ def remembered(floor: int) -> SeenConsumers:
     return seen
 
 
+def test_a_consumer_taken_as_created_again_since_the_last_driver_is_handed_on_once() -> None:
+    """Created again since the previous driver saw it (the pointer's sighting) and taken: the
+    next batch's tasks are told (a batch that driver planned, run again, may hold what the old
+    one delivered), and only it; one created again since this driver's own look is not (its
+    batches since hold only what the new one delivered)."""
+    seen = remembered(0)
+    seen.look("S", "C", info(LATER), "go on so")
+    assert seen.handed_started_over() == {("S", "C")}
+    assert seen.handed_started_over() == set(), "told once"
+    seen.look("S", "C", info("2026-11-28T19:06:00Z"), "go on so")
+    assert seen.handed_started_over() == set()
+
+
 def test_a_consumer_created_again_right_after_the_floor_is_read_on_and_kept() -> None:
     """Created again starting right after the floor the query saw (`nats consumer add
     --deliver 31` after 30 acked): it delivers nothing the query read and skips nothing it did

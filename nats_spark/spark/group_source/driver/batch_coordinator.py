@@ -450,7 +450,11 @@ class BatchCoordinator:
         pulling = {known[task.slot].stream for task in plan.tasks if task.limit}
         dedupes = {stream: self._dedupe(stream, end.gen) for stream in pulling}
         readers = readers_by_consumer(self.states, end.slots)
-        return [self._input_partition(known[t.slot], end, t, dedupes, readers) for t in plan.tasks]
+        started_over = self.target.seen.handed_started_over()
+        return [
+            self._input_partition(known[t.slot], end, t, dedupes, readers, started_over)
+            for t in plan.tasks
+        ]
 
     async def _look_remembered(self, slots: list[Slot]) -> list[ConsumerSeen]:
         """Look at the consumers of `slots` that this driver has not looked at yet (a batch run
@@ -531,6 +535,7 @@ class BatchCoordinator:
         task: SlotTask,
         dedupes: dict[str, Dedupe],  # by stream, of the streams pulled from
         readers: dict[str, tuple[str, ...]],
+        started_over: set[tuple[str, str]],  # consumers created again since the batch's planning
     ) -> SlotPartition:
         """The input partition of `slot` in batch `end`: what it may take (0: it only acks),
         what it acks first, and the earlier entries whose redeliveries it drops."""
@@ -558,7 +563,7 @@ class BatchCoordinator:
             ack_wait=options.ack_wait if seen is None else seen.ack_wait,
             siblings=siblings(readers, slot),
             redelivery_wait=state.others_due if waits and state is not None else 0.0,
-            consumer_sighting=self._sighting(slot) if task.limit else None,
+            consumer_sighting=self._sighting(slot, started_over) if task.limit else None,
         )
 
     def _dedupe(self, stream: str, gen: int) -> Dedupe:
@@ -574,17 +579,20 @@ class BatchCoordinator:
         spans = self.ledger.dedupe_spans(gen, same_stream)
         return spans, self.ledger.highest_seq(spans)
 
-    def _sighting(self, slot: Slot) -> ConsumerSighting | None:
+    def _sighting(self, slot: Slot, started_over: set[tuple[str, str]]) -> ConsumerSighting | None:
         """What `slot`'s task checks its deliveries against to tell a consumer deleted and
         created again while the batch is read (the driver tells it only at the next planning,
-        after the batch emitted what the new consumer delivered again)."""
+        after the batch emitted what the new consumer delivered again), and whether it was
+        created again since the batch was planned (`started_over`: seeds 632 and 1650 of the
+        worlds with the recreation emitted twice what an earlier run's sibling took)."""
         recreation = self.target.recreation(slot)
         if recreation is None:
             return None
         seen = self.target.seen.last_seen(slot.stream, slot.consumer)
         if seen is None:
             return None
-        return ConsumerSighting(seen.ack_floor, seen.delivered, recreation, seen.created)
+        again = (slot.stream, slot.consumer) in started_over
+        return ConsumerSighting(seen.ack_floor, seen.delivered, recreation, seen.created, again)
 
     async def ack_through(self, gen: int) -> int:
         """Ack every sealed entry of batches up to `gen` (all committed by Spark); returns count."""

@@ -111,6 +111,10 @@ class SeenConsumers:
         self.sightings: dict[tuple[str, str], Sighting] = {}
         # As the query's previous driver last saw them, until this one has looked at them.
         self.remembered: dict[tuple[str, str], Sighting] = {}
+        # Taken as created again since the previous driver saw them, until a batch's tasks are
+        # told (`handed_started_over`): a batch that driver planned and this one runs again
+        # may hold what the old consumer delivered, which the new one delivers a first time.
+        self.started_over: set[tuple[str, str]] = set()
 
     def remember(self, stored: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
         """Take the sightings a previous driver of the query `stored` (the pointer's)."""
@@ -169,6 +173,8 @@ class SeenConsumers:
                 evidence = f"created {before.created}, now {created}"
                 raise consumer_created_again(stream, name, when, evidence, recreation, harm)
             log.info("%s > %s was created again past nothing the query did not read", stream, name)
+            if remembered is not None:
+                self.started_over.add((stream, name))
             if skipped.lost_ok and before.ack_floor + 1 < skipped.first_seq:
                 log.warning(
                     "%s > %s was created again past stream sequences up to %d, which the stream "
@@ -178,6 +184,12 @@ class SeenConsumers:
                     skipped.first_seq - 1,
                 )
         self.record(stream, name, info)
+
+    def handed_started_over(self) -> set[tuple[str, str]]:
+        """The consumers `started_over`, now told to a batch's tasks (and forgotten: a batch
+        this driver plans holds only what it delivered since)."""
+        started_over, self.started_over = self.started_over, set()
+        return started_over
 
     def next_after_acked(self, stream: str, name: str) -> int:
         """The stream sequence right after everything the consumer had acked when last seen: a

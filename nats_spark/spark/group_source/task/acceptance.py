@@ -15,7 +15,9 @@ apart, and the delivery is taken as the new query's). With siblings, a
 consumer sequence at or below the one the driver saw, or a first delivery of what a batch holds,
 is of a new consumer too (or of a server that lost state): every delivery after it is checked
 against the siblings' records, as a first delivery may then be of what a sibling took in this
-batch before the recreation.
+batch before the recreation. So is every delivery of a consumer the driver saw created again
+since the batch was planned (`ConsumerSighting.started_over`: a batch run again after a
+restart, whose earlier run's siblings took what the old consumer delivered).
 What it is checked against is read only when a delivery could be in it: the earlier batches'
 sequences once one is at or below `dedupe_through` (in-order reads never read them), the
 siblings' records once a redelivery comes. `SlotEntry.record` settles the races with siblings.
@@ -84,7 +86,9 @@ class Acceptance:
             await self._refuse_acked_again(seqs, sighting)
         if self.siblings and sighting is not None and not self.entry.delivering_again:
             low_delivery = min(consumer_seqs, default=UNBOUNDED)
-            self.entry.delivering_again = low_delivery <= sighting.delivered
+            self.entry.delivering_again = (
+                sighting.started_over or low_delivery <= sighting.delivered
+            )
         if self.siblings and (self.entry.delivering_again or max(delivered, default=0) > 1):
             # A redelivery may reach us after a sibling took the message and its ack wait ran
             # out: skipping what the siblings recorded so far is the cheap, usual case.
