@@ -19,8 +19,10 @@ again, before the break.
   (`GiveBacks`).
 A delivery given back (`-NAK`) by a driver comes back at once, ahead of newer messages: it
 explains nothing. One given back by the attempt that held it unrecorded, as it closed or failed
-mid-batch, comes back at once too, but its retry may have taken newer ones meanwhile: the first
-case.
+mid-batch, comes back at once too, but its retry may have taken newer ones meanwhile, or newer
+ones were on the redelivery queue before it: the first case. So is a later delivery of a message
+the attempt recorded, when it gave that one back itself: the message came again to a pull the
+attempt still had out after a new checkpoint's give-back NAKed the recorded delivery.
 """
 
 from __future__ import annotations
@@ -95,8 +97,13 @@ class Attempts:
             return REQUEUED  # given back by a driver: at once, ahead of newer messages
         if owner is None or owner.kind != "task":
             return None
-        if seq in self.recorded.get(owner, ()):
-            return None
+        if seq in self.recorded.get(owner, ()) and held.given_back_by is not owner:
+            return None  # named by its entry: a retry or a give-back has it
+        # Recorded, and given back by the attempt itself: the message came again to a pull the
+        # attempt had out after a new checkpoint's give-back NAKed the recorded delivery, and
+        # the attempt, its entry gone, held it unrecorded and gave it back as it failed. A
+        # `-NAK` joins nats-server's redelivery queue at its tail (`addToRedeliverQueue`),
+        # behind newer messages of its key the give-back NAKed (seeds 8719, 9414, 11707).
         ended = self._ended(owner)
         return None if ended is None else f"an attempt that held it unrecorded {ended}"
 

@@ -280,6 +280,39 @@ MUTANTS = (
         edit=(*REPLACED, ("shared", False)),
     ),
     Mutant(
+        "fenced-take-over-removes-what-it-holds",
+        "a stopped query's task attempt took over, after a new checkpoint's give-back fenced its "
+        "gen, the entry an attempt that crashed had recorded messages in, and removed it at its "
+        "fence check before the give-back listed the entries: nothing NAKed those messages, "
+        "which waited out their ack wait after newer messages of their keys (seed 3182 of the "
+        "replaced-mid-batch worlds)",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "found[0].attempt == attempt and not found[0].count:",
+                "found[0].attempt == attempt:",
+            ),
+        ),
+        edit=REPLACED,
+    ),
+    Mutant(
+        "give-back-rewrites-the-head-as-is",
+        "a give-back took an open entry from the earlier query's attempt by rewriting its head "
+        "as it was: an attempt whose write had answered as a conflict read the head back, took "
+        "it for its own write and recorded on the give-back's revision after the give-back's "
+        "read, and what it recorded was removed un-NAKed, after newer messages of its key (seed "
+        "13576 of the replaced-mid-batch worlds)",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "await write_head(ledger, gen, slot, take_over(head, head.pin, GIVEN_BACK), "
+                "revision)",
+                "await write_head(ledger, gen, slot, head, revision)",
+            ),
+        ),
+        edit=REPLACED,
+    ),
+    Mutant(
         "lost-acks-refused-as-a-new-consumer",
         "a query on a new checkpoint gave back a batch the consumer had acked; a server restart "
         "lost those acks, and a message came back at or below the ack floor the driver had "
@@ -374,7 +407,8 @@ MUTANTS = (
         (
             Patch(
                 LEDGER_PROTOCOL,
-                "    if found is not None and found[0].attempt == attempt:\n",
+                "    if found is not None and found[0].attempt == attempt and not found[0].count:"
+                "\n",
                 "    if True:\n",
             ),
         ),

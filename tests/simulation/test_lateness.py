@@ -76,6 +76,22 @@ def test_a_recorded_given_back_or_finished_delivery_explains_nothing(
     assert late(attempts, Delivery(1, 1, 0.0, owner=crashed)) is None
 
 
+def test_a_recorded_message_the_attempt_gave_back_again_itself_explains(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Seeds 8719, 9414, 11707 of the replaced-mid-batch worlds: a new checkpoint's give-back
+    NAKed the delivery an attempt of the stopped query recorded; the message came again to a
+    pull the attempt had out, which held it unrecorded (its entry gone) and gave it back as it
+    failed: behind newer messages of its key on the redelivery queue. One it kept (not given
+    back) still explains nothing: that was the hole of seed 2306."""
+    attempts, zombie = Attempts(), attempt(loop)
+    zombie.finished.set_exception(LedgerConflict("given back"))
+    attempts.recorded[zombie] = {SEQ}
+    again = Delivery(2, 5, 0.0, owner=zombie, given_back=True, given_back_by=zombie)
+    assert "zombie" in (late(attempts, again) or "")
+    assert late(attempts, Delivery(2, 5, 0.0, owner=zombie)) is None
+
+
 def test_only_the_delivery_before_the_emitted_one_can_explain(
     loop: asyncio.AbstractEventLoop,
 ) -> None:

@@ -64,6 +64,13 @@ RARE = {
     # none of 0-1500): a recorded message NAKed by the give-back came back late to a pull the
     # failing attempt had out.
     "late-recorded-redelivery-kept": (270,),
+    # In the same worlds, the first of 0-15000 (2026-11-30; the seed that found the hole): a
+    # retry of the stopped query took over an entry a crashed attempt had recorded in, after
+    # the give-back's fence and before its listing, and removed it.
+    "fenced-take-over-removes-what-it-holds": (3182,),
+    # In the same worlds, the only one of 0-15000 (2026-11-30; the seed that found the hole):
+    # an attempt read the give-back's rewrite of its head back as its own lost-answer write.
+    "give-back-rewrites-the-head-as-is": (13576,),
     # In worlds with pausing executors: the first of 0-20000 on the schedules of 2026-11-29
     # evening (found as a seed that broke a guarantee without any mutant).
     "siblings-late-renewal-covers": (9129,),

@@ -71,6 +71,22 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "tasks failed reading them at every start and left messages 7 and 10 unacked, as "
         "chaos/run.py --seed 3030 did to 36 batches (2026-11-30)",
     ),
+    13576: (
+        {"replaced_mid_batch": True},
+        "an attempt of the stopped query wrote its record of message 7, whose answer came as a "
+        "conflict; the new checkpoint's give-back took the entry by rewriting its head as it "
+        "was, the attempt read it back as its own write and recorded on after the give-back's "
+        "read: 7, removed un-NAKed, came after 8 (2026-11-30: the give-back rewrites the head "
+        "under a holder no attempt is)",
+    ),
+    3182: (
+        {"replaced_mid_batch": True},
+        "an attempt of the stopped query recorded messages 5 and 8 and crashed; the new "
+        "checkpoint's first batch (4.0/4.1) fenced their gen, its listing stalled, and the "
+        "attempt's retry took the entry over, found the fence and removed it: nothing NAKed 5, "
+        "which came after 9 and 10 of its key (2026-11-30: a fenced take-over leaves an entry "
+        "that holds deliveries to the give-back)",
+    ),
     139: (
         {"recreate_consumer": True},
         "a new checkpoint's first batch ran again after a failure: Spark 4.2+ asked "

@@ -46,7 +46,9 @@ given back (removed)
     Any state of an earlier checkpoint's entry, moved by the driver at a new checkpoint's
     first batch: `give_back` (fenced first when of the same lineage). The new query never
     emitted it: its messages are NAKed, to come back at once and ahead of newer messages of
-    their keys, and are read again. Final.
+    their keys, and are read again. Final. An attempt of the earlier query that takes an entry
+    holding deliveries over after the fence stops there and leaves it to the give-back, which
+    lists the entries after its fence (`check_fence`).
 settled (removed)
     Final. The pointer's `settled` (written before the removal) fences the batch: an attempt
     that outlived it and creates the entry again removes it and stops (`check_fence`).
@@ -106,6 +108,9 @@ HOLD_QUIET = 5 * HOLD_RENEWAL
 # How often an attempt waiting for another's entry reads its head: the first wait, doubling up
 # to the last.
 HOLD_POLL = (0.05, 1.0)
+# The holder an OPEN entry's head names once a give-back took it from its attempt: no attempt's
+# id (those are hex), so that no attempt takes that head for one it wrote.
+GIVEN_BACK = "given-back"
 
 
 # A task attempt's moves: absent -> OPEN (create, or take over), OPEN -> SEALED.
@@ -135,7 +140,11 @@ async def check_fence(
     own open head), or of an entry another attempt that outlived the batch created again. An entry
     another attempt took over meanwhile stays: the fence is the newest settled gen, and an older
     entry of a retry may still be kept, its acks lost (a server restart), for the dedupe of their
-    redeliveries."""
+    redeliveries. So does a take-over of an entry that holds deliveries: an earlier attempt
+    recorded them before the fence (its own check passed), in a batch never committed that a new
+    checkpoint's query gives back (a committed batch has no open entry); that give-back lists the
+    entries after its fence and NAKs what they hold. Removed here, nothing would name those
+    deliveries: they would wait out their ack wait behind newer messages of their keys."""
     pointer = await pointer_reads.read()
     if pointer is None:
         return
@@ -146,7 +155,7 @@ async def check_fence(
     else:
         return
     found = await read_head(ledger, gen, slot)
-    if found is not None and found[0].attempt == attempt:
+    if found is not None and found[0].attempt == attempt and not found[0].count:
         await ledger.delete_entry(gen, slot)
     raise LedgerConflict(
         f"ledger entry {ledger.head_key(gen, slot)}: {outlived}; this task attempt outlived it"
@@ -554,17 +563,20 @@ async def _as_last_delivered(
 
 
 async def _taken_from_its_attempt(ledger: Ledger, gen: int, slot: str) -> EntryHead | None:
-    """The entry's head, rewritten as it is when OPEN (compare-and-set on its revision): an
-    attempt of the earlier query still recording in it fails its next write, instead of
-    recording deliveries after the give-back read what to NAK (they would wait out their ack
-    wait, behind newer messages of their keys)."""
+    """The entry's head, rewritten under `GIVEN_BACK` when OPEN (compare-and-set on its
+    revision): an attempt of the earlier query still recording in it fails its next write,
+    instead of recording deliveries after the give-back read what to NAK (they would wait out
+    their ack wait, behind newer messages of their keys). Not as it is: an attempt whose write
+    answered as a conflict reads the head back and takes one equal to what it wrote for its own
+    write (`write_head`), and it would go on recording on the give-back's revision (seed
+    13576)."""
     while True:
         found = await read_head(ledger, gen, slot)
         if found is None or found[0].state is not EntryState.OPEN:
             return None if found is None else found[0]
         head, revision = found
         try:
-            await write_head(ledger, gen, slot, head, revision)
+            await write_head(ledger, gen, slot, take_over(head, head.pin, GIVEN_BACK), revision)
         except LedgerConflict:
             continue  # the attempt wrote meanwhile: read what it recorded
         return head

@@ -26,7 +26,7 @@ from nats_spark.jetstream.pull import Deliveries
 from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.loop import run_sync
 from nats_spark.requests_at_once import AT_ONCE
-from nats_spark.spark.group_source import ledger_protocol
+from nats_spark.spark.group_source import ledger, ledger_protocol
 from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.driver.sealed_keeper import SealedKeeper
@@ -828,6 +828,34 @@ def test_a_checkpoints_first_batch_gives_back_an_entry_created_after_its_driver_
     assert run_sync(Ledger(kv, lineage).heads()) == []
 
 
+def test_a_retry_fenced_by_a_give_back_leaves_what_its_entry_holds_to_be_given_back(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch, given_back: list[bytes]
+) -> None:
+    """Seed 3182 of the replaced-mid-batch worlds: an attempt of the stopped query recorded 1
+    and 2 in its gen-2 entry and crashed; a new checkpoint's first batch (gen 3, Spark 4.0/4.1)
+    fenced gen 2, and a retry of the stopped query took the entry over before the give-back
+    listed the entries. The retry stops at the fence; had it removed the entry, nothing would
+    name 1 and 2, which waited out their ack wait behind newer messages of their keys. It
+    leaves it, and the give-back NAKs them."""
+    crashed = claimed(kv, input_partition(lineage, gen=2))
+    take(crashed, [1, 2])
+    ledger = driver(kv)
+    run_sync(ledger.adopt(SourceOffset(lineage, 3)))
+    retry = attempt(kv, input_partition(lineage, gen=2))
+    listing = Ledger.heads
+
+    async def retry_takes_over_first(self: Ledger) -> list[tuple[int, str]]:
+        with pytest.raises(LedgerConflict, match="outlived"):
+            await retry.claim()
+        return await listing(self)
+
+    monkeypatch.setattr(Ledger, "heads", retry_takes_over_first)
+    run_sync(ledger.give_back_before(CLIENT, 3))
+    assert retry.taken == {1, 2}  # it took the entry over before it found the fence
+    assert b"".join(given_back).count(b"-NAK") == 2
+    assert run_sync(Ledger(kv, lineage).listing()).heads == []
+
+
 def test_a_give_back_takes_the_entry_from_an_attempt_still_recording_in_it(
     kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch, given_back: list[bytes]
 ) -> None:
@@ -849,6 +877,55 @@ def test_a_give_back_takes_the_entry_from_an_attempt_still_recording_in_it(
     run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), [(1, "m1")]))
     assert recorded_meanwhile == []
     assert b"".join(given_back).count(b"-NAK") == 2
+
+
+def test_a_give_back_takes_the_entry_from_an_attempt_whose_write_answered_as_a_conflict(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch, given_back: list[bytes]
+) -> None:
+    """Seed 13576 of the replaced-mid-batch worlds: an attempt's write recording 2 took effect
+    and answered as a conflict (its answer lost, the retry found the revision moved on); before
+    it read the head back, a new checkpoint's give-back took the entry from it. Had the give-back
+    rewritten the head as it was, the attempt would take it for its own write, record 3 on the
+    give-back's revision after the give-back read what to NAK, and 3 would be removed un-NAKed.
+    Rewritten under the give-back's name, the attempt finds the entry taken over."""
+    zombie = claimed(kv, input_partition(lineage))
+    take(zombie, [1])
+    key = Ledger(kv, lineage).head_key(1, "m1")
+    kv.lost_answer = lambda written: written == key
+    taken, read_on = asyncio.Event(), asyncio.Event()
+    read_back, read = ledger.read_head, ledger_protocol.read_deliveries
+    giving_back: list[asyncio.Future[int]] = []
+
+    async def taken_before_the_read_back(*args: Any) -> Any:
+        kv.lost_answer = None
+        giving_back.append(
+            asyncio.ensure_future(
+                ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), [(1, "m1")])
+            )
+        )
+        await taken.wait()
+        monkeypatch.setattr(ledger, "read_head", read_back)
+        return await read_back(*args)
+
+    async def read_once_the_attempt_went_on(*args: Any) -> Any:
+        taken.set()
+        await read_on.wait()
+        return await read(*args)
+
+    monkeypatch.setattr(ledger, "read_head", taken_before_the_read_back)
+    monkeypatch.setattr(ledger_protocol, "read_deliveries", read_once_the_attempt_went_on)
+    recorded_after_the_take: list[int] = []
+
+    async def attempt_goes_on() -> None:
+        with contextlib.suppress(LedgerConflict):
+            await recording(zombie, [2], 1)
+            recorded_after_the_take.extend((await recording(zombie, [3], 1))[0])
+        read_on.set()
+        await giving_back[0]
+
+    run_sync(attempt_goes_on())
+    assert recorded_after_the_take == []
+    assert b"".join(given_back).count(b"-NAK") == 2  # 1, and 2, whose write took effect
 
 
 def test_a_give_back_naks_with_the_consumers_last_delivery(

@@ -465,8 +465,10 @@ class DriverLedger:
         they outlived them and were killed before their fence check removed them
         (`ledger_protocol.outlived`): the open ones of this lineage's fenced gens, and any of
         the retired lineages (given back, their attempts' creates are all of that kind). Each
-        holds nothing; left, it would stay for good (the bucket keeps entries), and one of
-        this lineage would be read as the query's own for good."""
+        holds nothing, but for one an attempt took over after a give-back's fence and whose
+        driver died before it listed (`ledger_protocol.check_fence`), which is NAKed here; left,
+        it would stay for good (the bucket keeps entries), and one of this lineage would be
+        read as the query's own for good."""
         assert self.ledger is not None
         outlived = [
             key
