@@ -42,9 +42,11 @@ class MemoryBucket:
         self.written: dict[str, float] = {}  # by key: when it was last written
         self.reads = 0  # `get` calls, for tests of what a reader reads again
         self.lost_answer: Callable[[str], bool] | None = None  # per key written: answer lost?
-        # By key removed and not written since: its last value and revision, which a server
-        # restarted uncleanly may bring back (`bring_back`).
-        self.removed: dict[str, tuple[bytes, int]] = {}
+        # By key: every value and revision written since it was last removed; by key removed
+        # and not written since, the same, of which a server restarted uncleanly may bring one
+        # back (`bring_back`).
+        self.revisions: dict[str, list[tuple[bytes, int]]] = {}
+        self.removed: dict[str, list[tuple[bytes, int]]] = {}
 
     def expire(self) -> None:
         """Forget the keys whose last write is the max age old (the server's expiry)."""
@@ -53,6 +55,7 @@ class MemoryBucket:
         oldest = clock.monotonic() - self.expire_after
         for key in [k for k, when in self.written.items() if when <= oldest]:
             del self.values[key], self.written[key]
+            self.revisions.pop(key, None)
 
     async def max_age(self) -> float:
         return self.expire_after
@@ -86,16 +89,22 @@ class MemoryBucket:
 
     async def remove(self, key: str) -> None:
         for stored in [k for k in self.values if k == key or k.startswith(f"{key}.")]:
-            self.removed[stored] = self.values.pop(stored)
-            del self.written[stored]
+            del self.values[stored], self.written[stored]
+            self.removed[stored] = self.revisions.pop(stored)
 
-    def bring_back(self, chosen: Callable[[str], bool]) -> list[str]:
-        """A server restarted uncleanly: the removed keys `chosen` picks come back as they were
-        (nats-server can lose a removal's tombstone: nats-server #7384, #8505); the keys."""
-        back = [key for key in sorted(self.removed) if chosen(key)]
-        for key in back:
-            self.values[key] = self.removed.pop(key)
-            self.written[key] = clock.monotonic()
+    def bring_back(self, chosen: Callable[[int], int | None]) -> list[str]:
+        """A server restarted uncleanly: removed keys come back, each at the revision `chosen`
+        picks of its revisions (None: it stays gone). nats-server can lose the tombstone of a
+        removal, and writes none when a key's newer revision pushes out an older one
+        (nats-server #7384, #8505): the newest or an older one returns. The keys."""
+        back = []
+        for key in sorted(self.removed):
+            pick = chosen(len(self.removed[key]))
+            if pick is not None:
+                revision = self.removed.pop(key)[pick]
+                self.values[key], self.revisions[key] = revision, [revision]
+                self.written[key] = clock.monotonic()
+                back.append(key)
         return back
 
     async def keys_matching(self, pattern: str) -> list[str]:
@@ -113,6 +122,7 @@ class MemoryBucket:
         self.removed.pop(key, None)  # what a restart would bring back is older: it stays gone
         self.last_seq += 1
         self.values[key] = (value, self.last_seq)
+        self.revisions.setdefault(key, []).append(self.values[key])
         self.written[key] = clock.monotonic()
         return self.last_seq
 

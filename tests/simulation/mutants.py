@@ -633,6 +633,20 @@ MUTANTS = (
         edit=RETURNING,
     ),
     Mutant(
+        "returned-sealed-entries-acked",
+        "sealed entries of batches long settled or given back, which a server restarted "
+        "uncleanly brought back with their chunks, are taken for the query's own: the next "
+        "batch's tasks ack their messages, which a later checkpoint reads and has not committed",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "        awaits_acks(head) and gen < newest - 2\n",
+                "        False\n",
+            ),
+        ),
+        edit=RETURNING,
+    ),
+    Mutant(
         "returned-entry-given-back-by-its-chunks",
         "a give-back reads what an entry holds to NAK it, and fails on one a server restarted "
         "uncleanly brought back without its chunks: every later start of the query fails",

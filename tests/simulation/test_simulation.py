@@ -71,6 +71,13 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "tasks failed reading them at every start and left messages 7 and 10 unacked, as "
         "chaos/run.py --seed 3030 did to 36 batches (2026-11-30)",
     ),
+    247: (
+        {"removals_return": True},
+        "Spark 4.0/4.1, whose new checkpoints go on in the lineage: a restart brought back a "
+        "sealed entry of gen 5 (the earlier checkpoint's, given back) with its chunk, and the "
+        "next batch's task acked messages 3 and 5 as the query's own, though the new "
+        "checkpoint had not committed 5 (2026-11-30: removed again at adopt, unread)",
+    ),
     13576: (
         {"replaced_mid_batch": True},
         "an attempt of the stopped query wrote its record of message 7, whose answer came as a "

@@ -354,10 +354,17 @@ class World:
         self.sched.note("the server restarts: acks of the last 100 ms, the pins lost")
         self.server.restart()
         if self.setup.removals_return:
-            back = self.bucket.bring_back(lambda _: self.faults.random() < 0.5)
+            back = self.bucket.bring_back(self._brought_back)
             self.observed.brought_back.update(back)
             if back:
                 self.sched.note(f"the restart brings back removed ledger keys: {', '.join(back)}")
+
+    def _brought_back(self, revisions: int) -> int | None:
+        """Which revision of a removed key an unclean restart brings back: none half the time,
+        else the newest, or (a third of those) one it had pushed out."""
+        if self.faults.random() < 0.5:
+            return None
+        return self.faults.randrange(revisions) if self.faults.random() < 1 / 3 else -1
 
     async def operate(self) -> None:
         """An operator's doings in the chaotic phase: purges of what every consumer acked, and

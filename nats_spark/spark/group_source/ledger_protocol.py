@@ -71,7 +71,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Set
 from dataclasses import dataclass
 from enum import Enum
 
@@ -181,6 +181,21 @@ def outlived(head: EntryHead, gen: int, fenced: int) -> bool:
     created again by an attempt that outlived its batch and was killed before `check_fence`
     removed it (a committed batch has no open entry)."""
     return head.state is EntryState.OPEN and gen <= fenced
+
+
+def came_back(head: EntryHead, gen: int, fenced: int, newest: int, listed: Set[str]) -> bool:
+    """Whether an entry of the live lineage, as an adopting driver finds it, can only be one a
+    server restarted uncleanly brought back after its removal (a lost tombstone): of a gen the
+    pointer fences (`settled`), and naming chunks the listing (`listed`) did not find (only a
+    removal leaves an entry without them), or SEALED with messages more than two batches before
+    the newest gen (`newest`): a batch's tasks ack the batch before theirs before they commit,
+    so only the newest committed batch and the logged one after it (planned or not yet) can
+    wait for their acks. Acked or given back before its removal, it is removed again, unread."""
+    if gen > fenced:
+        return False
+    return any(chunk not in listed for chunk in head.chunks) or (
+        awaits_acks(head) and gen < newest - 2
+    )
 
 
 def content_fixed(head: EntryHead) -> bool:

@@ -185,23 +185,22 @@ class DriverLedger:
             self.loaded(entry, found[0], newest.get(entry.slot, entry.gen))
 
     async def _remove_returned(self, listed: frozenset[str]) -> None:
-        """Remove again the entries of fenced gens that came back without their chunks: a
-        server killed uncleanly can bring back keys it had removed (a lost tombstone; seen under
-        `chaos/run.py`: the heads of 36 settled batches came back, their chunks did not), and
-        no task could read them (a dedupe, an ack, a give-back). Only this lineage's settled
-        removals leave an entry of a fenced gen without its chunks; a kept one has them all."""
+        """Remove again the entries a server killed uncleanly brought back after their removal
+        (`ledger_protocol.came_back`; seen under `chaos/run.py`: the heads of 36 settled
+        batches came back, their chunks did not, and every task that read them failed). A
+        sealed one would be acked as this query's again, under messages a later checkpoint
+        reads (the simulation's worlds whose removals return)."""
         assert self.ledger is not None
         returned = [
             key
             for key, entry in self.entries.items()
-            if key[0] <= self.settled
-            and entry.head is not None
-            and not listed.issuperset(entry.head.chunks)
+            if entry.head is not None
+            and protocol.came_back(entry.head, key[0], self.settled, self.head_gen, listed)
         ]
         if returned:
             log.warning(
-                "%d ledger entries of settled batches %d-%d came back without their chunks (a "
-                "server restarted uncleanly after their removal); removing them again",
+                "%d ledger entries of settled batches %d-%d came back after their removal (a "
+                "server restarted uncleanly); removing them again",
                 len(returned),
                 min(gen for gen, _ in returned),
                 max(gen for gen, _ in returned),
