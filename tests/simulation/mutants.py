@@ -640,7 +640,7 @@ MUTANTS = (
         (
             Patch(
                 LEDGER_PROTOCOL,
-                "        awaits_acks(head) and gen < newest - 2\n",
+                "        awaits_acks(head) and gen < kept_from\n",
                 "        False\n",
             ),
         ),

@@ -183,18 +183,20 @@ def outlived(head: EntryHead, gen: int, fenced: int) -> bool:
     return head.state is EntryState.OPEN and gen <= fenced
 
 
-def came_back(head: EntryHead, gen: int, fenced: int, newest: int, listed: Set[str]) -> bool:
+def came_back(head: EntryHead, gen: int, fenced: int, kept_from: int, listed: Set[str]) -> bool:
     """Whether an entry of the live lineage, as an adopting driver finds it, can only be one a
     server restarted uncleanly brought back after its removal (a lost tombstone): of a gen the
     pointer fences (`settled`), and naming chunks the listing (`listed`) did not find (only a
-    removal leaves an entry without them), or SEALED with messages more than two batches before
-    the newest gen (`newest`): a batch's tasks ack the batch before theirs before they commit,
-    so only the newest committed batch and the logged one after it (planned or not yet) can
-    wait for their acks. Acked or given back before its removal, it is removed again, unread."""
+    removal leaves an entry without them), or SEALED with messages in a gen below `kept_from`,
+    the second newest gen that has entries: a batch's tasks ack the batch before theirs before
+    they commit, so only the newest committed batch and the logged one after it can hold sealed
+    entries waiting for their acks (gens planned and never logged, a driver killed between its
+    pointer and Spark's offset log, have no entries). Acked or given back before its removal,
+    it is removed again, unread."""
     if gen > fenced:
         return False
     return any(chunk not in listed for chunk in head.chunks) or (
-        awaits_acks(head) and gen < newest - 2
+        awaits_acks(head) and gen < kept_from
     )
 
 

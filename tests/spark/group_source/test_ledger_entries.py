@@ -617,18 +617,18 @@ def test_the_pointer_hands_the_consumers_as_last_seen_to_the_lineages_next_drive
 
 def test_only_an_entry_a_removal_left_is_taken_for_one_that_came_back() -> None:
     """An adopting driver removes again what a server restarted uncleanly brought back: an entry
-    of a fenced gen missing chunks, or sealed with messages more than two batches before the
-    newest gen. The newest committed batch's sealed entries, waiting for the next batch's
+    of a fenced gen missing chunks, or sealed with messages below the second newest gen that
+    has entries. The newest committed batch's sealed entries, waiting for the next batch's
     acks, and any entry past the fence are the query's."""
     head = EntryHead(EntryState.SEALED, "a", ["L.3.m1.a.0"], 2, max_seq=9)
     listed = frozenset({"L.3.m1.a.0"})
     came_back = ledger_protocol.came_back
-    assert not came_back(head, 3, fenced=3, newest=5, listed=listed)  # may wait for acks
-    assert came_back(head, 2, fenced=3, newest=5, listed=listed)  # acked before batch 4 ran
-    assert came_back(head, 3, fenced=3, newest=5, listed=frozenset())  # its chunk removed
-    assert not came_back(head, 4, fenced=3, newest=9, listed=frozenset())  # past the fence
+    assert not came_back(head, 3, fenced=3, kept_from=3, listed=listed)  # may wait for acks
+    assert came_back(head, 2, fenced=3, kept_from=3, listed=listed)  # acked before 3 committed
+    assert came_back(head, 3, fenced=3, kept_from=3, listed=frozenset())  # its chunk removed
+    assert not came_back(head, 4, fenced=3, kept_from=9, listed=frozenset())  # past the fence
     acked = EntryHead(EntryState.ACKED, "a", ["L.3.m1.a.0"], 2, max_seq=9)
-    assert not came_back(acked, 1, fenced=3, newest=9, listed=listed)  # kept, acks lost
+    assert not came_back(acked, 1, fenced=3, kept_from=9, listed=listed)  # kept, acks lost
 
 
 def test_a_lineage_taken_up_again_after_initial_offset_keeps_its_consumers_as_seen(

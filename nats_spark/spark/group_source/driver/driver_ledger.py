@@ -191,11 +191,13 @@ class DriverLedger:
         sealed one would be acked as this query's again, under messages a later checkpoint
         reads (the simulation's worlds whose removals return)."""
         assert self.ledger is not None
+        gens = sorted({gen for gen, _ in self.entries}, reverse=True)
+        kept_from = gens[1] if len(gens) > 1 else 0  # the second newest gen with entries
         returned = [
             key
             for key, entry in self.entries.items()
             if entry.head is not None
-            and protocol.came_back(entry.head, key[0], self.settled, self.head_gen, listed)
+            and protocol.came_back(entry.head, key[0], self.settled, kept_from, listed)
         ]
         if returned:
             log.warning(
