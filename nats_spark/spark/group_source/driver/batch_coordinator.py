@@ -447,7 +447,7 @@ class BatchCoordinator:
         pulled = [known[task.slot] for task in plan.tasks if task.limit]
         looked = await self._look_remembered(pulled)
         await self._keep_sealed_of(pulled, [seen.ack_wait for seen in looked])
-        pulling = {known[task.slot].stream for task in plan.tasks if task.limit}
+        pulling = {slot.stream for slot in pulled}
         dedupes = {stream: self._dedupe(stream, end.gen) for stream in pulling}
         readers = readers_by_consumer(self.states, end.slots)
         started_over = self.target.seen.handed_started_over()

@@ -315,7 +315,7 @@ class DriverLedger:
             list(self.retired),
             self.driver,
             sightings,
-            {n: self.replaced_consumers[n] for n in self.replaced if n in self.replaced_consumers},
+            dict(self.replaced_consumers),  # of `replaced` only: both are set together
         )
         await write_pointer(self.kv, self.pointer_key, pointer)
         self.stored_sightings = sightings
