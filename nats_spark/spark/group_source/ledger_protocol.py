@@ -149,7 +149,8 @@ async def check_fence(
     if pointer is None:
         return
     if pointer.lineage == ledger.lineage and pointer.settled >= gen:
-        outlived = "its batch was committed and settled"
+        # a new checkpoint's first batch fences the gens it gives back the same way
+        outlived = "its batch was settled, or given back to a query on a new checkpoint"
     elif ledger.lineage in pointer.retired:
         outlived = "its query was replaced by one on a new checkpoint, which gave it back"
     else:
