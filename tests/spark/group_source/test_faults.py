@@ -57,6 +57,7 @@ from nats_spark.spark.group_source.driver.driver_ledger import EntriesLost
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.ledger import (
     EntryState,
+    LedgerBucket,
     LedgerConflict,
     Pointer,
     read_deliveries,
@@ -928,6 +929,61 @@ def test_ledger_bucket_deleted_while_running(spark, client, nats_url, unique, tm
     line = failure_line(text)
     assert line.startswith("ack ledger bucket"), line
     assert f"{bucket!r} does not exist" in line and "restart the query" in line, line
+
+
+def test_settled_entries_a_server_brings_back_are_removed_again(
+    spark, client, nats_url, unique, tmp_path
+):
+    """A server killed uncleanly can bring back ledger keys it had removed (a lost tombstone):
+    under `chaos/run.py` the heads of 36 settled batches came back without their chunks, and
+    every restart of the query then failed reading them. Here the first batch's heads, as they
+    were while its messages waited for their acks (sealed), come back by hand once the batch has
+    settled, while the query is stopped: the restarted query removes them again unread (a task
+    would fail reading their chunks to ack them) and reads on, exactly once."""
+    stream, bucket_name = f"BB{unique}", f"L{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=2)
+    bucket = LedgerBucket(client.target, bucket_name)
+    publish(client, stream, 100)
+    sink = Collector()
+    df = source(spark, nats_url, stream, "g", ledgerBucket=bucket_name)
+
+    def heads() -> list[str]:
+        """The bucket's entry heads (lineage.gen.slot)."""
+        keys = run_sync(bucket.keys_matching("*.*.*"))
+        return [key for key in keys if key.split(".")[1].isdigit()]
+
+    saved: dict[str, bytes] = {}
+
+    def save_sealed(rows: list[int]) -> None:  # batch 0's tasks sealed its entries, unacked
+        saved.update((key, run_sync(bucket.get(key)).value) for key in heads())
+
+    sink.after_read[0] = save_sealed
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    try:
+        drained(query, client, stream, "g", sink, 100)
+        assert saved, "no entry of the first batch"
+        # More batches, until the first one's entries settle (their acks held SETTLE_SECONDS)
+        # and are removed.
+        sent = 100
+        deadline = time.monotonic() + 60
+        while set(saved) & set(heads()):
+            assert time.monotonic() < deadline, "the first batch's entries never settled"
+            publish(client, stream, 10, start=sent)
+            sent += 10
+            drained(query, client, stream, "g", sink, sent)
+    finally:
+        query.stop()
+    for key, value in saved.items():  # back, sealed, without their chunks
+        assert not run_sync(bucket.keys_matching(f"{key}.>")), "its chunks stayed"
+        run_sync(bucket.put(key, value))
+    query = foreach_batches(df, sink, tmp_path / "cp")
+    try:
+        publish(client, stream, 50, start=sent)
+        drained(query, client, stream, "g", sink, sent + 50)
+    finally:
+        query.stop()
+    assert_exactly_once(sink.values, sent + 50)
+    assert not set(saved) & set(heads()), "the heads that came back stayed"
 
 
 # --- Retention removes messages before commit --------------------------------------------------
