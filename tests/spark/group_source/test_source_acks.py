@@ -268,6 +268,60 @@ def test_a_batch_run_again_after_a_restart_keeps_what_it_read(client, nats_url, 
         run_sync(other.target.close())
 
 
+@pytest.mark.compat("4.0")
+def test_a_batch_spark_runs_again_after_a_restart_keeps_what_it_read(
+    spark, client, nats_url, unique, tmp_path
+):
+    """The test above through Spark: batch 0 fails in the sink after its tasks read it (logged,
+    its entries sealed, not committed); restarted on the checkpoint, Spark runs it again
+    without a `latestOffset` before it, and the sink holds the re-run for over two ack waits
+    while another reader of the overflow consumer pulls. The re-run's `partitions` started
+    keeping its messages: the other reader gets none, and every message is emitted once."""
+    ack_wait = 5.0  # Spark's restart must fit in it (1.7 s from the failure to the re-run)
+    stream, name = f"HELD{unique}", "shared"
+    make_stream(client, stream, storage="memory")
+    make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(ack_wait))
+    publish(client, stream, 20)
+    other = puller(client, stream, name, GROUP)
+    first: list[int] = []
+    taken: list[int] = []  # what the other reader got while the re-run was held
+
+    def fail_after_reading(rows: list[int]) -> None:
+        first.extend(rows)
+        raise RuntimeError("the sink failed after batch 0 was read")
+
+    def pull_while_held(rows: list[int]) -> None:
+        held_until = time.monotonic() + 2.5 * ack_wait
+        while time.monotonic() < held_until:
+            taken.extend(int(m.data.decode()) for m in other.fetch(20, expires=0.5).messages)
+
+    def ack_pending() -> int:
+        return consumer_info(client, stream, name)["num_ack_pending"]
+
+    sink = Collector()
+    sink.after_read[0] = fail_after_reading
+    df = source(spark, nats_url, stream, consumer=name)
+    try:
+        run_until_it_fails(df, sink, tmp_path / "cp", "the first run")
+        assert sorted(first) == list(range(20)), "batch 0 did not read all 20"
+        sink.after_read[0] = pull_while_held
+        query = foreach_batches(df, sink, tmp_path / "cp")
+        try:
+            wait_until(lambda: 0 in sink.batches or query.exception(), 120, "batch 0 run again")
+            assert query.exception() is None, query.exception()
+            assert taken == [], f"the other reader got {len(taken)} deliveries: {taken}"
+            publish(client, stream, 10, start=20)  # the query goes on
+            wait_until(lambda: len(sink.values) >= 30 or query.exception(), 60, "30 rows")
+            wait_until(lambda: not ack_pending(), 30, "every message acked")
+            assert query.exception() is None, query.exception()
+        finally:
+            query.stop()
+    finally:
+        run_sync(other.target.close())
+    assert sink.batches[0] == first, "the re-run emitted other rows than the first run"
+    assert_exactly_once(sink.values, 30)
+
+
 def test_settled_entries_that_come_back_without_their_chunks_are_removed_again(
     client, nats_url, unique, monkeypatch
 ):
