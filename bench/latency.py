@@ -16,7 +16,8 @@ partitions, one input partition per partition) and each trigger (`--triggers`, s
   phase of that name is it plus the call to Python) and `partitions` (inside Spark's `addBatch`),
   the messages the driver's connection sent for them, the tasks (count, p50, longest and their
   sum: the reads' share of `addBatch` on the cores there are), and the requests the server saw
-  while the batch ran (ledger reads and writes, pulls, the rest; per case also by request);
+  while the batch ran (ledger reads and writes, pulls, the rest; per case also by request, a
+  ledger one by the key it names: an entry's head, a chunk, or another key);
 - the CPU per measured message by process kind (`bench/common.py`'s ProcessSampler).
 
 Beside them, per rate, the tuned nats-py loop on the same server (pull `--nats-py-batch`, ack

@@ -73,6 +73,15 @@ class InHand:
         self.rows += len(rows)
 
 
+def ledger_key_kind(key: str) -> str:
+    """What a ledger key is: an entry's `head` (lineage.gen.slot), one of its `chunk`s
+    (lineage.gen.slot.attempt.n), or `other` (a target's pointer, a driver's presence)."""
+    tokens = key.split(".")
+    if len(tokens) >= 3 and tokens[1].isdigit():
+        return "head" if len(tokens) == 3 else "chunk"
+    return "other"
+
+
 class ServerRequests:
     """Every JetStream API request and ledger bucket write on the server while started, with the
     time it was seen, by kind: `kv_read` (a get, info or listing of the ledger bucket),
@@ -89,7 +98,8 @@ class ServerRequests:
     def _what(self, msg: Any) -> tuple[str, str]:
         if msg.subject.startswith("$KV."):
             operation = (msg.headers or {}).get("KV-Operation", "PUT")
-            return "kv_write", f"{operation} ledger"
+            key = msg.subject.split(".", 2)[2]
+            return "kv_write", f"{operation} ledger {ledger_key_kind(key)}"
         tokens = msg.subject.split(".")[2:]  # after $JS.API: the verb, then a stream's name
         at = 3 if tokens[1:2] and tokens[1] in ("MSG", "DURABLE", "LEADER", "PEER") else 2
         verb = ".".join(tokens[:at])
@@ -97,6 +107,9 @@ class ServerRequests:
         named = names.get(tokens[at], tokens[at]) if at < len(tokens) else ""
         if named == "ledger":
             purge = verb in ("STREAM.PURGE", "STREAM.MSG.DELETE")
+            if verb == "STREAM.MSG.GET":
+                wanted = json.loads(msg.data or b"{}").get("last_by_subj", "")
+                return "kv_read", f"{verb} ledger {ledger_key_kind(wanted.split('.', 2)[-1])}"
             return ("kv_write" if purge else "kv_read"), f"{verb} ledger"
         return ("pull" if verb == "CONSUMER.MSG.NEXT" else "js_api"), f"{verb} {named}".strip()
 
