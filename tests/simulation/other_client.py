@@ -25,13 +25,15 @@ class OtherClient:
         server: Server,
         consumer: Consumer,
         rng: random.Random,
-        took: Callable[[int, Delivery | None], None],
+        took: Callable[[int, Delivery | None, bool], None],
     ) -> None:
         self.sched = sched
         self.server = server
         self.consumer = consumer
         self.rng = rng  # its own draws, apart from the schedule's
-        self.took = took  # hears each message it gets, with the delivery before its own
+        # hears each message it takes, with the delivery before its own and whether a later
+        # one went to someone else (its own ran out of ack wait before it took it)
+        self.took = took
         # The threshold its pulls carry: none, or one of an overflow client's.
         self.min_pending, self.min_ack_pending = rng.choice(((0, 0), (0, 0), (2, 0), (0, 2)))
         self.participant: Participant | None = None
@@ -56,13 +58,15 @@ class OtherClient:
                 for reply in chunk.replies:
                     seq = int(reply.split(b".")[5])
                     sched.note(f"the other client takes {seq}")
-                    self.took(seq, self._delivery_before(seq))
+                    self.took(seq, *self._deliveries_around(seq))
                     commands.append(b"PUB %b 4\r\n+ACK\r\n" % reply)
                 await sched.point("the other client processes")
                 self.server.publish_commands(b"".join(commands), self.participant)
 
-    def _delivery_before(self, seq: int) -> Delivery | None:
-        """The delivery of `seq` before the one this client just got (None: its first)."""
+    def _deliveries_around(self, seq: int) -> tuple[Delivery | None, bool]:
+        """The delivery of `seq` before this client's last one (None: its first), and whether a
+        delivery came after it: the client stalled between its delivery and its take past the
+        ack wait, and the server delivered the message again meanwhile."""
         deliveries = self.consumer.deliveries.get(seq, [])
         mine = max(i for i, d in enumerate(deliveries) if d.owner is self.participant)
-        return deliveries[mine - 1] if mine else None
+        return (deliveries[mine - 1] if mine else None), mine < len(deliveries) - 1
