@@ -604,6 +604,21 @@ MUTANTS = (
         edit=OTHER_CLIENT,
     ),
     Mutant(
+        "taken-over-messages-unrenewed-at-seal",
+        "a retry that took an entry over sealed it without restarting the ack wait of what the "
+        "earlier attempt had recorded: one such message had gone past its wait to a sibling "
+        "that dropped it, the driver's keeper restarted it too late, and another client of the "
+        "overflow consumer got a message the batch committed (seed 12503)",
+        (
+            Patch(
+                SLOT_READER,
+                "        if replayed:\n",
+                "        if False:\n",
+            ),
+        ),
+        edit=OTHER_CLIENT,
+    ),
+    Mutant(
         "replaced-lineage-sightings-forgotten",
         "a restarted checkpoint whose first batch Spark runs again takes its lineage up again "
         "after `initialOffset` began another, which the pointer then named: the consumers as "

@@ -47,7 +47,12 @@ RARE = {
     # In worlds that all share a consumer (`Mutant.shared`): the first of 10000-10220, found
     # 2026-11-29 (none known since the stand-by moved 1959 and 8791): a task's process paused
     # between the server's send and the take past the ack wait while a sibling pulled.
-    "siblings-lateness-from-take": (6119,),  # 8668 too; 2026-11-30
+    # Since a retry restarts the wait of what it took over when it seals (seed 12503), the
+    # first two of 0-20000 (2026-11-30):
+    "siblings-lateness-from-take": (8668, 9580),
+    # In worlds where another client reads the overflow consumer (`Mutant.edit`): the seed that
+    # found the hole (2026-11-30).
+    "taken-over-messages-unrenewed-at-seal": (12503,),
     # In worlds with pausing executors whose server restarts after a tenth of the rounds of
     # acks (`Mutant.edit`), the first of 0-481 (2026-11-29): none of 0-12000 without the
     # forced restarts since the schedules moved past 6383.

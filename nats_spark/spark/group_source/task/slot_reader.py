@@ -33,11 +33,13 @@ from nats_spark.arrays import int_array
 from nats_spark.client import NatsClient, shared_client
 from nats_spark.errors import consumer_created_again
 from nats_spark.jetstream.acks import (
+    IN_PROGRESS,
     NAK,
     RESTART_AFTER,
     SHORT_ACK_WAIT,
     InProgressKeeper,
     publish_acks,
+    send_acks,
 )
 from nats_spark.jetstream.pull import Deliveries, PullConsumer
 from nats_spark.jetstream.replies import created_later
@@ -233,13 +235,21 @@ class SlotReader:
         a task that has used more than a sixth of it since its last restart (or its start)
         restarts it first, as does any task under a short ack wait. A short task does not: a
         `+WPI` per message costs the server about a quarter of what delivering and acking the
-        message does."""
+        message does. What it took over from an earlier attempt is restarted too, whatever
+        the task used: nothing kept those waits between that attempt's end and the take-over,
+        and one may have run out and gone to a sibling that dropped it as recorded (seed 12503
+        of the worlds with another client: the keeper's first restart came after the wait
+        had run out, and the other client got a message the batch committed)."""
         used = clock.monotonic() - max(self.started, self.keeper.renewed)
         if (
             self.partition.ack_wait < SHORT_ACK_WAIT
             or used > self.partition.ack_wait * RESTART_AFTER
         ):
             await self.keeper.renew()
+        replayed = self.entry.recorded_earlier
+        if replayed:
+            commands = replayed.ack_commands(IN_PROGRESS)
+            await send_acks(self.client.nc, commands, len(replayed))
         await self.check_not_created_again()
         await self.entry.seal()
 
