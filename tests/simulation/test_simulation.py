@@ -268,6 +268,14 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
 KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # Found by the hunts of 2026-11-30 (other-client 12300-20000, packed 1600-11600), not yet
     # explained (docs/faults.md, "Open").
+    21621: (
+        {"other_client": True},
+        "a retry took over an entry holding message 9, whose wait had run out and gone to the "
+        "sibling slot, which dropped it as recorded; the retry's whole process stalled past "
+        "the wait before its seal restarted it, and the other client got it after the commit "
+        "(the checker blames the sibling's delivery, not the stalled holder; a retry keeps "
+        "what it took over only from its seal)",
+    ),
     16463: (
         {"other_client": True},
         "the other client took messages 3 and 4 first, the query committed them in a later "
