@@ -262,12 +262,12 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
 }
 
 
-# Seeds of the unit lane's range that break a guarantee on a hole still open (docs/faults.md):
-# left out of the range, and each must still break it (when it passes, the hole is closed: move
-# the seed to CLOSED_HOLES).
+# Seeds that break a guarantee on a hole still open (docs/faults.md): left out of the ranges
+# explored, and each must still break it (when it passes, the hole is closed: move the seed to
+# CLOSED_HOLES).
 KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
-    # Found by the hunts of 2026-11-30 (other-client 12300-20000, packed 1600-11600), not yet
-    # explained (docs/faults.md, "Open").
+    # Found by the hunts of 2026-11-30 (other-client 12300-23000, packed 1600-11600), outside
+    # the explored ranges; 21621 is understood (docs/faults.md), the others are not yet.
     21621: (
         {"other_client": True},
         "a retry took over an entry holding message 9, whose wait had run out and gone to the "
