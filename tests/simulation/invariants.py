@@ -143,7 +143,8 @@ class Observed:
         attempt that held its delivery killed (nothing keeps that wait until a retry has taken
         its entry over); or its delivery's wait ran out while no run of the live checkpoint
         lived, without a pause, all of that wait (the query stopped or was killed; a stall, of
-        the driver's process or of the attempt that held it, as docs/architecture.md says). So
+        the driver's process or of an attempt that held it, its delivery or its entry, as
+        docs/architecture.md says). So
         can the other client itself (`overtaken`): it took a delivery it got before the query's,
         once its ack wait had run out (it stalled in between) and the server had delivered the
         message again; no reader of the consumer can keep another from processing what it holds
@@ -173,10 +174,13 @@ class Observed:
             # still 5 s (a stall and a death look alike): past a 4 s ack wait.
             return "the attempt that held it was killed"
         since, until = before.queued - wait, before.queued
-        if any(
-            start < until and end > since and who in (before.owner, *self.drivers)
-            for who, start, end in self.stalls
-        ):
+        # Its delivery's holder, the live run's attempts whose entries hold it (a retry keeps
+        # what it took over from the take-over on: seed 21621 of the worlds with another
+        # client, whose retry stalled past the wait of a delivery a sibling had dropped), and
+        # the drivers, whose keepers hold what is sealed.
+        holders = {before.owner, *self.drivers}
+        holders.update(a for a in self.attempts.holding(seq) if self._checkpoint_of(a) == live)
+        if any(start < until and end > since and who in holders for who, start, end in self.stalls):
             return "a stall while its ack wait ran out"
         if not any(
             self.drivers[driver] == live and start <= since and end >= until

@@ -88,6 +88,10 @@ class Attempts:
         entry.claim = claiming  # type: ignore[method-assign]
         entry._write = writing  # type: ignore[method-assign]
 
+    def holding(self, seq: int) -> list[Participant]:
+        """The attempts whose entries hold `seq`: they recorded it, or took it over."""
+        return [attempt for attempt, entry in self.entries.items() if seq in entry.taken]
+
     def why_late(self, seq: int, held: Delivery) -> str | None:
         """How `held`, the delivery of `seq` before the one it was emitted from, was left to its
         ack wait by the attempt that held it unrecorded (how that attempt ended), or None when

@@ -604,19 +604,19 @@ MUTANTS = (
         edit=OTHER_CLIENT,
     ),
     Mutant(
-        "taken-over-messages-unrenewed-at-seal",
-        "a retry that took an entry over sealed it without restarting the ack wait of what the "
+        "taken-over-messages-unkept",
+        "a retry that took an entry over kept only what it pulled from redelivery, not what the "
         "earlier attempt had recorded: one such message had gone past its wait to a sibling "
         "that dropped it, the driver's keeper restarted it too late, and another client of the "
         "overflow consumer got a message the batch committed (seed 12503)",
         (
             Patch(
                 SLOT_READER,
-                "        if replayed:\n",
-                "        if False:\n",
+                "        if not taken_over:\n            return\n",
+                "        if True:\n            return\n",
             ),
         ),
-        edit=OTHER_CLIENT,
+        edit=(*OTHER_CLIENT, ("ack_wait", 4.0)),
     ),
     Mutant(
         "replaced-lineage-sightings-forgotten",

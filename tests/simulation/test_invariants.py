@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 
@@ -152,3 +153,34 @@ def test_another_client_may_process_what_it_got_before_the_query_did(
     assert checks.problems == [] and checks.let_out == {
         "the other client took its delivery after its ack wait ran out": 1
     }
+
+
+def test_a_stall_of_the_attempt_whose_entry_holds_a_message_lets_it_out(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """A retry took over an entry holding message 1, which a sibling slot had dropped as
+    recorded: the retry keeps its wait, so its stall past that wait lets the other client have
+    it (seed 21621 of the worlds with another client), as the sibling's own stall would not;
+    a stall of an attempt of an earlier checkpoint, whose entry holds it too, does not."""
+    stream = Stream()
+    stream.publish("S.k0", 0.0)
+    first, driver = (Participant(f"driver#{n}", "driver", loop.create_future()) for n in (1, 2))
+    sibling = Participant("b0/c#1#0", "task", loop.create_future(), driver)
+    retry = Participant("b0/c#0#1", "task", loop.create_future(), driver)
+    zombie = Participant("b0/c#0#0", "task", loop.create_future(), first)
+    running = [retry]
+    checks = observed(stream, running)
+    checks.query_run(first)
+    checks.new_checkpoint()
+    checks.query_run(driver)
+    checks.sink_write(0, {"c#0": [1]})
+    for holder in (retry, zombie):
+        checks.attempts.entries[holder] = SimpleNamespace(taken={1})  # type: ignore[assignment]
+    dropped = Delivery(1, 2, due=40.0, owner=sibling, queued=40.0)
+    checks.stalls.append((zombie, 15.0, 45.0))
+    checks.taken_by_another(1, dropped, 30.0)
+    assert checks.problems == ["committed, then taken by another client: message 1, batch 0"]
+    checks.problems.clear()
+    checks.stalls.append((retry, 15.0, 45.0))
+    checks.taken_by_another(1, dropped, 30.0)
+    assert checks.problems == [] and checks.let_out == {"a stall while its ack wait ran out": 1}

@@ -259,6 +259,14 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "driver's keeper restarted it 0.1 s too late, and the other client got the committed "
         "message (2026-11-30)",
     ),
+    21621: (
+        {"other_client": True},
+        "a retry took over an entry holding message 9, which a sibling had dropped as recorded, "
+        "and its whole process stalled past that delivery's wait: the checker blamed the "
+        "sibling, not the stalled holder; a retry now keeps what it took over from the "
+        "take-over on, and a stall of an attempt whose entry holds a message is let out "
+        "(2026-11-30)",
+    ),
 }
 
 
@@ -267,15 +275,7 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
 # CLOSED_HOLES).
 KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # Found by the hunts of 2026-11-30 (other-client 12300-23000, packed 1600-11600), outside
-    # the explored ranges; 21621 is understood (docs/faults.md), the others are not yet.
-    21621: (
-        {"other_client": True},
-        "a retry took over an entry holding message 9, whose wait had run out and gone to the "
-        "sibling slot, which dropped it as recorded; the retry's whole process stalled past "
-        "the wait before its seal restarted it, and the other client got it after the commit "
-        "(the checker blames the sibling's delivery, not the stalled holder; a retry keeps "
-        "what it took over only from its seal)",
-    ),
+    # the explored ranges; not understood yet.
     16463: (
         {"other_client": True},
         "the other client took messages 3 and 4 first, the query committed them in a later "

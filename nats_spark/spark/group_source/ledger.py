@@ -192,19 +192,24 @@ class EntryDeliveries:
             self.delivered[start:stop],
         )
 
+    def subjects(self) -> list[bytes]:
+        """Each delivery's ack subject, rebuilt from the prefix and the numbers the server reads
+        (timestamp and pending 0, which it does not)."""
+        columns = (self.delivered, self.stream_seq, self.consumer_seq)
+        return [
+            b"%b.%d.%d.%d.%b" % (self.prefix, *numbers, _UNREAD)
+            for numbers in zip(*columns, strict=True)
+        ]
+
     def ack_commands(self, kind: bytes = ACK, block: int = 4096) -> list[bytes]:
         """`ack_commands` for these deliveries (`kind`: or restart their ack wait), their ack
         subjects rebuilt from the prefix and the numbers the server reads; timestamp and pending
         are 0, which it does not. Many are formatted by Arrow's string kernels: a block's
         commands end to end in one buffer, no Python step per delivery; a few in Python, where
         the kernels' fixed cost (tens of microseconds) is more than the steps."""
-        columns = (self.delivered, self.stream_seq, self.consumer_seq)
         if len(self) < ARROW_FROM:
-            subjects = [
-                b"%b.%d.%d.%d.%b" % (self.prefix, *numbers, _UNREAD)
-                for numbers in zip(*columns, strict=True)
-            ]
-            return ack_commands(subjects, kind, block)
+            return ack_commands(self.subjects(), kind, block)
+        columns = (self.delivered, self.stream_seq, self.consumer_seq)
         numbers = (int_array(column).cast(pa.string()) for column in columns)
         head = string_scalar(b"PUB " + self.prefix)
         tail = string_scalar(_UNREAD + b" 4\r\n%b\r\n" % kind)

@@ -33,13 +33,11 @@ from nats_spark.arrays import int_array
 from nats_spark.client import NatsClient, shared_client
 from nats_spark.errors import consumer_created_again
 from nats_spark.jetstream.acks import (
-    IN_PROGRESS,
     NAK,
     RESTART_AFTER,
     SHORT_ACK_WAIT,
     InProgressKeeper,
     publish_acks,
-    send_acks,
 )
 from nats_spark.jetstream.pull import Deliveries, PullConsumer
 from nats_spark.jetstream.replies import created_later
@@ -76,6 +74,7 @@ class SlotReader:
         self.runtime = runtime
         self.entry = SlotEntry(self.client, partition, runtime.new_id)
         self.keeper = InProgressKeeper(self.client.nc, partition.ack_wait, f"slot {partition.slot}")
+        self.keeping: asyncio.Future[None] | None = None  # the keeper's rounds (`start_keeping`)
         self.replayer = Replayer(self.client, partition)
         self.acceptance: Acceptance | None = None  # made by `begin`, for a slot that pulls
         self.accepting: Deliveries | None = None  # the chunk in acceptance (left when it fails)
@@ -101,6 +100,7 @@ class SlotReader:
         if self.entry.fixed:
             self.pulling = False  # the batch's content is fixed: exactly this, nothing more
             return
+        await self.keep_taken_over()
         self.acceptance = Acceptance(
             self.entry,
             self.keeper,
@@ -111,6 +111,37 @@ class SlotReader:
             partition.consumer_sighting,
             self.consumer_created,
         )
+
+    async def keep_taken_over(self) -> None:
+        """A take-over: the keeper holds what earlier attempts recorded from now until the seal,
+        its ack wait restarted at once. Nothing kept those waits since that attempt ended: one
+        may have run out and gone to a sibling that dropped it as recorded (seed 12503 of the
+        worlds with another client), and a retry that then pulls, or stalls, past the wait
+        would let it go before the commit (seed 21621)."""
+        taken_over = self.entry.recorded_earlier
+        if not taken_over:
+            return
+        self.keeper.hold(taken_over.stream_seq, taken_over.subjects())
+        await self.keeper.renew()
+        self.start_keeping()
+
+    def start_keeping(self) -> None:
+        """The keeper's rounds, until `stop_keeping`; once."""
+        if self.keeping is None:
+            self.keeping = asyncio.ensure_future(self.keeper.run())
+
+    async def stop_keeping(self) -> None:
+        """End the keeper's rounds (stopped, never cancelled: it may be inside a flush)."""
+        self.keeper.stop()
+        if self.keeping is not None:
+            await self.keeping
+
+    async def abandon(self) -> None:
+        """The attempt ends without sealing the entry it claimed: it keeps nothing from
+        redelivery any more, and releases the entry, so that a retry takes it over at once
+        instead of waiting for its head to go quiet."""
+        await self.stop_keeping()
+        await self.entry.release()
 
     async def history(self) -> SlotHistory:
         if self._history is None:
@@ -148,7 +179,7 @@ class SlotReader:
             partition.slot,
         )
         recorder = Recorder(self.entry, self.keeper, consumer)
-        keeping = asyncio.ensure_future(self.keeper.run())
+        self.start_keeping()
         holding = asyncio.ensure_future(self.entry.hold(lambda: not self.handing_out))
         finished = False
         try:
@@ -171,10 +202,9 @@ class SlotReader:
             finished = True
         finally:
             await self.entry.end_hold(holding)
-            self.keeper.stop()  # never cancelled: it may be inside a flush
-            await keeping
-            if not finished:
+            if not finished:  # what it recorded stays kept until the entry is let go of
                 await self.give_back_unrecorded(recorder, consumer)
+            await self.stop_keeping()
             await consumer.close()
 
     async def pulled_and_sealed(self) -> AsyncGenerator[pa.RecordBatch, None]:
@@ -207,14 +237,18 @@ class SlotReader:
         out: the entry names its earlier delivery, and a new checkpoint's give-back of the
         entry NAKs that one, not this (which would wait out its ack wait, behind newer messages
         of its key); a retry that takes the entry over drops it as its own when it comes
-        back."""
+        back. What the attempt took over is recorded, as what it recorded itself is. The keeper
+        goes on meanwhile (the wait for late deliveries is up to `fetchTimeout`, which may be
+        longer than the ack wait) for what stays recorded: only the release lets it go."""
         try:
-            recorded = await recorder.finish()
-            again = self.keeper.again
-            unrecorded = [r for s, r in self.keeper.held.items() if s not in recorded or s in again]
+            recorded = await recorder.finish() | set(self.entry.recorded_earlier.stream_seq)
+            held, again = self.keeper.held, self.keeper.again
+            given_back = [seq for seq in held if seq not in recorded or seq in again]
+            unrecorded = [held[seq] for seq in given_back]
             if self.accepting is not None:  # its acceptance failed: what of it was not held
-                held = set(self.keeper.held.values())
-                unrecorded += [r for r in self.accepting.replies if r not in held]
+                replies = set(held.values())
+                unrecorded += [r for r in self.accepting.replies if r not in replies]
+            self.keeper.release(given_back)
             late = await consumer.collect_late(self.partition.reading.fetch_timeout)
             unrecorded += late.replies if late else []  # new to the attempt, or recorded again
             if unrecorded:
@@ -235,21 +269,16 @@ class SlotReader:
         a task that has used more than a sixth of it since its last restart (or its start)
         restarts it first, as does any task under a short ack wait. A short task does not: a
         `+WPI` per message costs the server about a quarter of what delivering and acking the
-        message does. What it took over from an earlier attempt is restarted too, whatever
-        the task used: nothing kept those waits between that attempt's end and the take-over,
-        and one may have run out and gone to a sibling that dropped it as recorded (seed 12503
-        of the worlds with another client: the keeper's first restart came after the wait
-        had run out, and the other client got a message the batch committed)."""
-        used = clock.monotonic() - max(self.started, self.keeper.renewed)
+        message does. What the attempt took over counts from the keeper's last round only (the
+        first came at the take-over): their waits started before this attempt did."""
+        taken_over = bool(self.entry.recorded_earlier)
+        kept_since = self.keeper.renewed if taken_over else max(self.started, self.keeper.renewed)
+        used = clock.monotonic() - kept_since
         if (
             self.partition.ack_wait < SHORT_ACK_WAIT
             or used > self.partition.ack_wait * RESTART_AFTER
         ):
             await self.keeper.renew()
-        replayed = self.entry.recorded_earlier
-        if replayed:
-            commands = replayed.ack_commands(IN_PROGRESS)
-            await send_acks(self.client.nc, commands, len(replayed))
         await self.check_not_created_again()
         await self.entry.seal()
 
@@ -344,7 +373,7 @@ async def slot_batches(reader: SlotReader) -> AsyncGenerator[pa.RecordBatch, Non
                 async for batch in batches:
                     yield batch
     except BaseException:
-        await reader.entry.release()
+        await reader.abandon()
         raise
     reader.replayer.skipped()
     log.debug(
@@ -393,8 +422,7 @@ async def packed_batches(
         for slot in ahead:
             slot.running.cancel()
         await asyncio.gather(*(slot.running for slot in ahead), return_exceptions=True)
-        # a retry takes them over at once instead of waiting for their heads to go quiet
-        await asyncio.gather(*(reader.entry.release() for reader in readers[started:]))
+        await asyncio.gather(*(reader.abandon() for reader in readers[started:]))
 
 
 class _SlotAhead:
