@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from tests.simulation.jetstream import Consumer, Delivery, Stream, deliveries_of
+from tests.simulation.jetstream import Consumer, Delivery, Stream, consumer_of
 from tests.simulation.lateness import Attempts, GiveBacks, held_before
 from tests.simulation.scheduler import Participant
 
@@ -293,7 +293,8 @@ class Observed:
         consumers: list[Consumer],
     ) -> None:
         detail = f"{key}: message {seq} after {newer} (batch {batch})"
-        deliveries = deliveries_of(consumers, self.stream.messages[seq - 1])
+        consumer = consumer_of(consumers, self.stream.messages[seq - 1])
+        deliveries = consumer.deliveries.get(seq, [])
 
         def emitted(delivery: Delivery) -> bool:
             """Whether `seq`'s rows in this checkpoint's sink came from `delivery`: the first
@@ -308,7 +309,8 @@ class Observed:
         held = held_before(deliveries, emitted)
         why = None
         if held is not None:
-            why = self.attempts.why_late(seq, held) or self.give_backs.why_late(held)
+            why = self.attempts.why_late(seq, held, consumer.name)
+            why = why or self.give_backs.why_late(held)
         if why is None:
             self.problem("key order", f"{detail}, neither of the README's first two cases")
             return

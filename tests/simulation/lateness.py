@@ -58,12 +58,13 @@ class Attempts:
         # Stream seqs of its deliveries it wrote or began to write to its entry (a write may
         # land and its answer never come): one of these may be what its batch emitted.
         self.writing: dict[Participant, set[int]] = {}
-        self.entries: dict[Participant, SlotEntry] = {}
+        # One per slot it reads: a packed task's attempt has several, each of its own consumer.
+        self.entries: dict[Participant, list[SlotEntry]] = {}
 
     def watch(self, attempt: Participant, entry: SlotEntry) -> None:
         """Count what `entry` adopts at its claim, and what its writes record once they are
         answered, as recorded by `attempt`. No scheduling point is added."""
-        self.entries[attempt] = entry
+        self.entries.setdefault(attempt, []).append(entry)
         recorded = self.recorded.setdefault(attempt, set())
         began = self.writing.setdefault(attempt, set())
         claim, write = entry.claim, entry._write
@@ -88,10 +89,10 @@ class Attempts:
         entry.claim = claiming  # type: ignore[method-assign]
         entry._write = writing  # type: ignore[method-assign]
 
-    def why_late(self, seq: int, held: Delivery) -> str | None:
-        """How `held`, the delivery of `seq` before the one it was emitted from, was left to its
-        ack wait by the attempt that held it unrecorded (how that attempt ended), or None when
-        it was not."""
+    def why_late(self, seq: int, held: Delivery, consumer: str) -> str | None:
+        """How `held`, the delivery of `seq` (by `consumer`) before the one it was emitted from,
+        was left to its ack wait by the attempt that held it unrecorded (how that attempt ended),
+        or None when it was not."""
         owner = held.owner
         if held.given_back and (owner is None or held.given_back_by is not owner):
             return REQUEUED  # given back by a driver: at once, ahead of newer messages
@@ -104,14 +105,14 @@ class Attempts:
         # the attempt, its entry gone, held it unrecorded and gave it back as it failed. A
         # `-NAK` joins nats-server's redelivery queue at its tail (`addToRedeliverQueue`),
         # behind newer messages of its key the give-back NAKed (seeds 8719, 9414, 11707).
-        ended = self._ended(owner)
+        ended = self._ended(owner, consumer)
         return None if ended is None else f"an attempt that held it unrecorded {ended}"
 
-    def _ended(self, attempt: Participant) -> str | None:
+    def _ended(self, attempt: Participant, consumer: str) -> str | None:
         """How `attempt` died, if in one of the README's ways: crashed (an executor lost),
         killed with its driver (kill -9), or a zombie (lost by Spark, or one that lost its
-        entry to its retry or to a give-back); else None (its rows reached a batch, or it ended
-        otherwise)."""
+        entry of `consumer`'s slot to its retry or to a give-back); else None (its rows reached
+        a batch, or it ended otherwise)."""
         if attempt.dead:
             killed = attempt.parent is not None and attempt.parent.dead
             return "was killed with its driver" if killed else "crashed"
@@ -120,8 +121,14 @@ class Attempts:
         finished = attempt.finished
         if finished.done() and isinstance(finished.exception(), LedgerConflict):
             return "lost its entry (a zombie: to its retry, or to a new checkpoint's give-back)"
-        entry = self.entries.get(attempt)
-        if entry is not None and entry.overtaken:
+        # Only the entry of the slot that pulled the delivery: a packed task's other slots may
+        # have gone on (seeds 2766 and 8306 of the packed worlds, whose first slot was taken
+        # over while the attempt stalled, were judged by their last slot's entry).
+        if any(
+            entry.overtaken
+            for entry in self.entries.get(attempt, [])
+            if entry.partition.consumer == consumer
+        ):
             return "lost its entry to another attempt while alive, and handed out its seal"
         return None
 

@@ -252,6 +252,15 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "the checker failed the other client for processing a delivery it got before the "
         "query's, once its own ack wait had run out: its doing, now counted apart (2026-11-30)",
     ),
+    2766: (
+        {"packed": True},
+        "the checker failed a per-key order break of the README's first case: an attempt of a "
+        "packed task held message 10 of its first slot unrecorded and stalled past its ack "
+        "wait (its driver died meanwhile); the next run's retry took that slot's entry over, "
+        "and the attempt, awake, handed out the seal; the checker judged its last slot's "
+        "entry, never taken over (8306 likewise: the attempt gave 19 and 20 back on waking, "
+        "after 26 and 27; 2026-11-30)",
+    ),
     12503: (
         {"other_client": True},
         "a retry took over an entry whose message 16 had gone, past its ack wait, to a sibling "
@@ -266,8 +275,9 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
 # explored, and each must still break it (when it passes, the hole is closed: move the seed to
 # CLOSED_HOLES).
 KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
-    # Found by the hunts of 2026-11-30 (other-client 12300-23000, packed 1600-11600), outside
-    # the explored ranges; 21621 is understood (docs/faults.md), the others are not yet.
+    # Found by the hunts of 2026-11-30 (other-client 12300-23000), outside the explored ranges;
+    # 21621 is understood (docs/faults.md), 16463 is not yet. (The packed hunt's 2766 and 8306
+    # were the checker's: CLOSED_HOLES.)
     21621: (
         {"other_client": True},
         "a retry took over an entry holding message 9, whose wait had run out and gone to the "
@@ -280,14 +290,6 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         {"other_client": True},
         "the other client took messages 3 and 4 first, the query committed them in a later "
         "run, and the other client got them again after that commit",
-    ),
-    2766: (
-        {"packed": True},
-        "key order: message 10 after 13 of S.p0.k2 (batch 8), neither of the README's cases",
-    ),
-    8306: (
-        {"packed": True},
-        "key order: messages 19 and 20 after 26 and 27 (batch 16), neither of the README's cases",
     ),
 }
 
