@@ -52,7 +52,7 @@ class Observed:
     runs: dict[int, Rows] = field(default_factory=dict)  # by batch id: its first full run
     drivers: dict[Participant, int] = field(default_factory=dict)  # a query run's checkpoint
     acked_in: dict[int, int] = field(default_factory=dict)  # stream seq -> checkpoint, last ack
-    attempts: Attempts = field(default_factory=Attempts)
+    attempts: Attempts = field(init=False)
     problems: list[str] = field(default_factory=list)  # broken guarantees
     order_breaks: list[str] = field(default_factory=list)  # per-key order, the README's case
     order_reasons: Counter[str] = field(default_factory=Counter)  # by what explains them
@@ -63,6 +63,9 @@ class Observed:
     brought_back: set[str] = field(default_factory=set)  # ledger keys an unclean restart revived
     taken_by_others: set[int] = field(default_factory=set)  # stream seqs another client acked last
     let_out: Counter[str] = field(default_factory=Counter)  # committed, then another client's: why
+
+    def __post_init__(self) -> None:
+        self.attempts = Attempts(lambda: self.now())
 
     @property
     def sink(self) -> dict[int, Rows]:
@@ -140,8 +143,9 @@ class Observed:
         by the other client: the query must hold it until it acks it (ack waits kept by its
         tasks, then by the driver's `SealedKeeper`). Only the world can let it out, and such a
         case is counted apart (`let_out`): the query's ack of it lost in a server restart; the
-        attempt that held its delivery killed (nothing keeps that wait until a retry has taken
-        its entry over); or its delivery's wait ran out while no run of the live checkpoint
+        attempt that held its delivery killed, or the one whose entry held it when a sibling
+        had dropped its delivery as that entry's (nothing keeps that wait until a retry has
+        taken its entry over); or its delivery's wait ran out while no run of the live checkpoint
         lived, without a pause, all of that wait (the query stopped or was killed; a stall, of
         the driver's process or of the attempt that held it, as docs/architecture.md says). So
         can the other client itself (`overtaken`): it took a delivery it got before the query's,
@@ -172,6 +176,8 @@ class Observed:
             # Nothing keeps its wait until a retry takes the entry over, once the head stood
             # still 5 s (a stall and a death look alike): past a 4 s ack wait.
             return "the attempt that held it was killed"
+        if self._entry_holder_killed(seq, before.queued, live):
+            return "the attempt whose entry held it was killed"
         since, until = before.queued - wait, before.queued
         if any(
             start < until and end > since and who in (before.owner, *self.drivers)
@@ -184,6 +190,15 @@ class Observed:
         ):
             return "no run of the query lived all its ack wait"
         return None
+
+    def _entry_holder_killed(self, seq: int, until: float, live: int) -> bool:
+        """Whether the attempt of the live checkpoint whose entry held `seq` when its delivery's
+        wait ran out at `until` had been killed by then: the delivery went to a sibling slot,
+        which dropped it as its sibling's, and no retry had taken the entry over yet (seed
+        16463 of the worlds with another client); as for a delivery of the killed attempt."""
+        holders = [a for a in self.attempts.holders(seq, until) if self._checkpoint_of(a) == live]
+        died = holders[-1].died if holders else None
+        return died is not None and died <= until
 
     def refused(self, why: str, consumers: list[Consumer], recreated: bool) -> None:
         """The source refused to read on (the schedule ends there: the operator must act): only

@@ -53,13 +53,17 @@ REQUEUED = "OPEN: given back, yet redelivered after newer messages of its key"
 
 
 class Attempts:
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = lambda: 0.0) -> None:
+        self.now = now
         self.recorded: dict[Participant, set[int]] = {}  # stream seqs, in its entry
         # Stream seqs of its deliveries it wrote or began to write to its entry (a write may
         # land and its answer never come): one of these may be what its batch emitted.
         self.writing: dict[Participant, set[int]] = {}
         # One per slot it reads: a packed task's attempt has several, each of its own consumer.
         self.entries: dict[Participant, list[SlotEntry]] = {}
+        # By stream seq: when an attempt's entry came to hold it (its write recorded it, or its
+        # claim took it over), in that order.
+        self.held_since: dict[int, list[tuple[float, Participant]]] = {}
 
     def watch(self, attempt: Participant, entry: SlotEntry) -> None:
         """Count what `entry` adopts at its claim, and what its writes record once they are
@@ -68,10 +72,25 @@ class Attempts:
         recorded = self.recorded.setdefault(attempt, set())
         began = self.writing.setdefault(attempt, set())
         claim, write = entry.claim, entry._write
+        claimed = False
 
         async def claiming() -> None:
+            nonlocal claimed
             await claim()
+            claimed = True
             recorded.update(entry.taken)
+            self._hold(attempt, entry.taken)  # again, if its take-over's answer was lost
+
+        if entry.ledger is not None:  # the world's entries have theirs (a unit test's may not)
+            update_head = entry.ledger.update_head
+
+            async def updating_head(gen: int, slot: str, value: bytes, revision: int) -> int | None:
+                written = await update_head(gen, slot, value, revision)
+                if written is not None and not claimed:  # a take-over landed: held from here on
+                    self._hold(attempt, entry.taken)
+                return written
+
+            entry.ledger.update_head = updating_head  # type: ignore[method-assign]
 
         last: list[set[int]] = [set()]  # what the attempt's last write recorded
 
@@ -80,6 +99,8 @@ class Attempts:
         ) -> None:
             written = set(taken.stream_seq)
             began.update(written)
+            if not replacing:  # held from the write's start: it may land, its answer lost
+                self._hold(attempt, written)
             await write(chunks, taken, pin, replacing)
             if replacing:  # the last write again, without what a sibling recorded too
                 recorded.difference_update(last[0] - written)
@@ -88,6 +109,15 @@ class Attempts:
 
         entry.claim = claiming  # type: ignore[method-assign]
         entry._write = writing  # type: ignore[method-assign]
+
+    def _hold(self, attempt: Participant, seqs: set[int]) -> None:
+        now = self.now()
+        for seq in seqs:
+            self.held_since.setdefault(seq, []).append((now, attempt))
+
+    def holders(self, seq: int, until: float) -> list[Participant]:
+        """The attempts whose entries had come to hold `seq` by `until`, in that order."""
+        return [attempt for since, attempt in self.held_since.get(seq, []) if since <= until]
 
     def why_late(self, seq: int, held: Delivery, consumer: str) -> str | None:
         """How `held`, the delivery of `seq` (by `consumer`) before the one it was emitted from,

@@ -152,3 +152,51 @@ def test_another_client_may_process_what_it_got_before_the_query_did(
     assert checks.problems == [] and checks.let_out == {
         "the other client took its delivery after its ack wait ran out": 1
     }
+
+
+def test_another_client_may_get_what_a_sibling_dropped_of_a_killed_attempts_entry(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Seed 16463 of the worlds with another client: an attempt recorded message 1 and was
+    killed with its driver; its wait ran out and the server delivered it to the sibling slot
+    of the next run, which dropped it as its sibling's entry's; that wait ran out too before
+    the retry took the entry over, and the other client got the message the retry then
+    committed. As for a delivery of the killed attempt itself, nothing keeps the wait until a
+    retry has taken the entry over (once its head stood still 5 s): counted apart. Had the
+    retry taken it over before the wait ran out, or the attempt been killed only after, it
+    fails (the retry, or the attempt, should have kept it)."""
+    stream = Stream()
+    stream.publish("S.k0", 0.0)
+    now = [0.0]
+    first = Participant("driver#1", "driver", loop.create_future())
+    second = Participant("driver#2", "driver", loop.create_future())
+    other = Participant("other client", "client", loop.create_future())
+    killed = Participant("b1/c#0#0", "task", loop.create_future(), first)
+    sibling = Participant("b1/c#1#0", "task", loop.create_future(), second)
+    retry = Participant("b1/c#0#0", "task", loop.create_future(), second)
+    running = [other]
+    checks = observed(stream, running)
+    checks.now = lambda: now[0]
+    checks.others.add(other)
+    checks.query_run(first)
+    checks.attempts.held_since[1] = [(0.5, killed), (6.0, retry)]  # recorded; taken over
+    first.dead = killed.dead = True
+    first.died = killed.died = 1.0
+    checks.run_ended(first)
+    now[0] = 1.2
+    checks.query_run(second)
+    checks.sink_write(1, {"c#0": [1]})
+    dropped = Delivery(3, 3, due=5.5, owner=sibling, queued=5.5)  # delivered at 1.5
+    now[0] = 7.0
+    checks.taken_by_another(1, dropped, 4.0)
+    assert checks.problems == [] and checks.let_out == {
+        "the attempt whose entry held it was killed": 1
+    }
+    checks.attempts.held_since[1] = [(0.5, killed), (5.0, retry)]  # taken over in time
+    checks.taken_by_another(1, dropped, 4.0)
+    assert checks.problems == ["committed, then taken by another client: message 1, batch 1"]
+    checks.problems.clear()
+    checks.attempts.held_since[1] = [(0.5, killed)]
+    killed.died = 6.0  # alive while the wait ran out
+    checks.taken_by_another(1, dropped, 4.0)
+    assert checks.problems == ["committed, then taken by another client: message 1, batch 1"]

@@ -261,6 +261,15 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "entry, never taken over (8306 likewise: the attempt gave 19 and 20 back on waking, "
         "after 26 and 27; 2026-11-30)",
     ),
+    16463: (
+        {"other_client": True},
+        "the checker failed a let-out of the world: an attempt recorded messages 3 and 4 and "
+        "was killed with its driver; their waits ran out, the next run's sibling slot got "
+        "them and dropped them as its sibling's entry's, and those waits ran out too before "
+        "the retry took the entry over (a 4 s ack wait, a 5 s stand-still); the retry "
+        "committed them and the other client got them. The checker looked only at the "
+        "delivery's holder, the live sibling (2026-11-30)",
+    ),
     12503: (
         {"other_client": True},
         "a retry took over an entry whose message 16 had gone, past its ack wait, to a sibling "
@@ -275,9 +284,9 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
 # explored, and each must still break it (when it passes, the hole is closed: move the seed to
 # CLOSED_HOLES).
 KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
-    # Found by the hunts of 2026-11-30 (other-client 12300-23000), outside the explored ranges;
-    # 21621 is understood (docs/faults.md), 16463 is not yet. (The packed hunt's 2766 and 8306
-    # were the checker's: CLOSED_HOLES.)
+    # Found by the hunts of 2026-11-30 (other-client 12300-23000), outside the explored ranges,
+    # and understood (docs/faults.md). (The same hunts' 16463, and the packed hunt's 2766 and
+    # 8306, were the checker's: CLOSED_HOLES.)
     21621: (
         {"other_client": True},
         "a retry took over an entry holding message 9, whose wait had run out and gone to the "
@@ -285,11 +294,6 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         "the wait before its seal restarted it, and the other client got it after the commit "
         "(the checker blames the sibling's delivery, not the stalled holder; a retry keeps "
         "what it took over only from its seal)",
-    ),
-    16463: (
-        {"other_client": True},
-        "the other client took messages 3 and 4 first, the query committed them in a later "
-        "run, and the other client got them again after that commit",
     ),
 }
 
