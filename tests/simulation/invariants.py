@@ -143,7 +143,7 @@ class Observed:
         by the other client: the query must hold it until it acks it (ack waits kept by its
         tasks, then by the driver's `SealedKeeper`). Only the world can let it out, and such a
         case is counted apart (`let_out`): the query's ack of it lost in a server restart; the
-        attempt that held its delivery killed, or the one whose entry held it when a sibling
+        attempt that held its delivery killed, or the one whose open entry held it when a sibling
         had dropped its delivery as that entry's (nothing keeps that wait until a retry has
         taken its entry over); or its delivery's wait ran out while no run of the live checkpoint
         lived, without a pause, all of that wait (the query stopped or was killed; a stall, of
@@ -192,12 +192,17 @@ class Observed:
         return None
 
     def _entry_holder_killed(self, seq: int, until: float, live: int) -> bool:
-        """Whether the attempt of the live checkpoint whose entry held `seq` when its delivery's
-        wait ran out at `until` had been killed by then: the delivery went to a sibling slot,
-        which dropped it as its sibling's, and no retry had taken the entry over yet (seed
-        16463 of the worlds with another client); as for a delivery of the killed attempt."""
-        holders = [a for a in self.attempts.holders(seq, until) if self._checkpoint_of(a) == live]
-        died = holders[-1].died if holders else None
+        """Whether the attempt of the live checkpoint whose open entry held `seq` when its
+        delivery's wait ran out, at `until`, had been killed by then, and no retry had taken the
+        entry over yet: as for a delivery of the killed attempt itself. Seed 16463 of the
+        worlds with another client: the delivery was a sibling slot's, which dropped it as
+        recorded in its sibling's entry."""
+        holders = [
+            holder
+            for holder in self.attempts.holders(seq, until)
+            if holder is None or self._checkpoint_of(holder) == live
+        ]
+        died = holders[-1].died if holders and holders[-1] is not None else None
         return died is not None and died <= until
 
     def refused(self, why: str, consumers: list[Consumer], recreated: bool) -> None:

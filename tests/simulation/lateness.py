@@ -61,9 +61,10 @@ class Attempts:
         self.writing: dict[Participant, set[int]] = {}
         # One per slot it reads: a packed task's attempt has several, each of its own consumer.
         self.entries: dict[Participant, list[SlotEntry]] = {}
-        # By stream seq: when an attempt's entry came to hold it (its write recorded it, or its
-        # claim took it over), in that order.
-        self.held_since: dict[int, list[tuple[float, Participant]]] = {}
+        # By stream seq, in order: when an attempt's open entry came to hold it (its write
+        # recorded it, or its claim took it over), or the entry was sealed (None: its batch's
+        # driver keeps it from then on).
+        self.held_since: dict[int, list[tuple[float, Participant | None]]] = {}
 
     def watch(self, attempt: Participant, entry: SlotEntry) -> None:
         """Count what `entry` adopts at its claim, and what its writes record once they are
@@ -71,7 +72,7 @@ class Attempts:
         self.entries.setdefault(attempt, []).append(entry)
         recorded = self.recorded.setdefault(attempt, set())
         began = self.writing.setdefault(attempt, set())
-        claim, write = entry.claim, entry._write
+        claim, write, seal = entry.claim, entry._write, entry.seal
         claimed = False
 
         async def claiming() -> None:
@@ -79,7 +80,12 @@ class Attempts:
             await claim()
             claimed = True
             recorded.update(entry.taken)
-            self._hold(attempt, entry.taken)  # again, if its take-over's answer was lost
+            if not entry.fixed:  # again, if its take-over's answer was lost
+                self._hold(attempt, entry.taken)
+
+        async def sealing() -> None:
+            self._hold(None, entry.taken)  # from the write's start: it may land, its answer lost
+            await seal()
 
         if entry.ledger is not None:  # the world's entries have theirs (a unit test's may not)
             update_head = entry.ledger.update_head
@@ -109,14 +115,16 @@ class Attempts:
 
         entry.claim = claiming  # type: ignore[method-assign]
         entry._write = writing  # type: ignore[method-assign]
+        entry.seal = sealing  # type: ignore[method-assign]
 
-    def _hold(self, attempt: Participant, seqs: set[int]) -> None:
+    def _hold(self, attempt: Participant | None, seqs: set[int]) -> None:
         now = self.now()
         for seq in seqs:
             self.held_since.setdefault(seq, []).append((now, attempt))
 
-    def holders(self, seq: int, until: float) -> list[Participant]:
-        """The attempts whose entries had come to hold `seq` by `until`, in that order."""
+    def holders(self, seq: int, until: float) -> list[Participant | None]:
+        """Who had come to hold `seq` in an entry by `until`, in that order: the attempts that
+        recorded it or took it over, None for a seal."""
         return [attempt for since, attempt in self.held_since.get(seq, []) if since <= until]
 
     def why_late(self, seq: int, held: Delivery, consumer: str) -> str | None:

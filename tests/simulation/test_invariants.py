@@ -163,8 +163,9 @@ def test_another_client_may_get_what_a_sibling_dropped_of_a_killed_attempts_entr
     the retry took the entry over, and the other client got the message the retry then
     committed. As for a delivery of the killed attempt itself, nothing keeps the wait until a
     retry has taken the entry over (once its head stood still 5 s): counted apart. Had the
-    retry taken it over before the wait ran out, or the attempt been killed only after, it
-    fails (the retry, or the attempt, should have kept it)."""
+    retry taken it over before the wait ran out, the attempt been killed only after, or the
+    entry been sealed before, it fails (the retry, the attempt, or the driver's keeper of
+    sealed entries should have kept it)."""
     stream = Stream()
     stream.publish("S.k0", 0.0)
     now = [0.0]
@@ -193,6 +194,10 @@ def test_another_client_may_get_what_a_sibling_dropped_of_a_killed_attempts_entr
         "the attempt whose entry held it was killed": 1
     }
     checks.attempts.held_since[1] = [(0.5, killed), (5.0, retry)]  # taken over in time
+    checks.taken_by_another(1, dropped, 4.0)
+    assert checks.problems == ["committed, then taken by another client: message 1, batch 1"]
+    checks.problems.clear()
+    checks.attempts.held_since[1] = [(0.5, killed), (0.8, None)]  # sealed, then killed
     checks.taken_by_another(1, dropped, 4.0)
     assert checks.problems == ["committed, then taken by another client: message 1, batch 1"]
     checks.problems.clear()
