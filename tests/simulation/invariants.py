@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from tests.simulation.jetstream import Consumer, Delivery, Stream, deliveries_of
+from tests.simulation.jetstream import Consumer, Delivery, Stream, consumer_of
 from tests.simulation.lateness import Attempts, GiveBacks, held_before
 from tests.simulation.scheduler import Participant
 
@@ -52,7 +52,7 @@ class Observed:
     runs: dict[int, Rows] = field(default_factory=dict)  # by batch id: its first full run
     drivers: dict[Participant, int] = field(default_factory=dict)  # a query run's checkpoint
     acked_in: dict[int, int] = field(default_factory=dict)  # stream seq -> checkpoint, last ack
-    attempts: Attempts = field(default_factory=Attempts)
+    attempts: Attempts = field(init=False)
     problems: list[str] = field(default_factory=list)  # broken guarantees
     order_breaks: list[str] = field(default_factory=list)  # per-key order, the README's case
     order_reasons: Counter[str] = field(default_factory=Counter)  # by what explains them
@@ -63,6 +63,9 @@ class Observed:
     brought_back: set[str] = field(default_factory=set)  # ledger keys an unclean restart revived
     taken_by_others: set[int] = field(default_factory=set)  # stream seqs another client acked last
     let_out: Counter[str] = field(default_factory=Counter)  # committed, then another client's: why
+
+    def __post_init__(self) -> None:
+        self.attempts = Attempts(lambda: self.now())
 
     @property
     def sink(self) -> dict[int, Rows]:
@@ -140,15 +143,16 @@ class Observed:
         by the other client: the query must hold it until it acks it (ack waits kept by its
         tasks, then by the driver's `SealedKeeper`). Only the world can let it out, and such a
         case is counted apart (`let_out`): the query's ack of it lost in a server restart; the
-        attempt that held its delivery killed (nothing keeps that wait until a retry has taken
-        its entry over); or its delivery's wait ran out while no run of the live checkpoint
+        attempt that held its delivery killed, or the one whose open entry held it when a sibling
+        had dropped its delivery as that entry's (nothing keeps that wait until a retry has
+        taken its entry over); or its delivery's wait ran out while no run of the live checkpoint
         lived, without a pause, all of that wait (the query stopped or was killed; a stall, of
         the driver's process or of an attempt that held it, its delivery or its entry, as
-        docs/architecture.md says). So
-        can the other client itself (`overtaken`): it took a delivery it got before the query's,
-        once its ack wait had run out (it stalled in between) and the server had delivered the
-        message again; no reader of the consumer can keep another from processing what it holds
-        (seed 6024 of the worlds with another client)."""
+        docs/architecture.md says). So can the other client itself (`overtaken`): it took a
+        delivery it got before the query's, once its ack wait had run out (it stalled in
+        between) and the server had delivered the message again; no reader of the consumer can
+        keep another from processing what it holds (seed 6024 of the worlds with another
+        client)."""
         live = len(self.sinks) - 1
         batch = self.in_sinks[live].get(seq)
         if batch is None or (before is not None and before.owner in self.others):
@@ -173,13 +177,17 @@ class Observed:
             # Nothing keeps its wait until a retry takes the entry over, once the head stood
             # still 5 s (a stall and a death look alike): past a 4 s ack wait.
             return "the attempt that held it was killed"
+        if self._entry_holder_killed(seq, before.queued, live):
+            return "the attempt whose entry held it was killed"
         since, until = before.queued - wait, before.queued
         # Its delivery's holder, the live run's attempts whose entries hold it (a retry keeps
         # what it took over from the take-over on: seed 21621 of the worlds with another
         # client, whose retry stalled past the wait of a delivery a sibling had dropped), and
         # the drivers, whose keepers hold what is sealed.
         holders = {before.owner, *self.drivers}
-        holders.update(a for a in self.attempts.holding(seq) if self._checkpoint_of(a) == live)
+        holders.update(
+            a for a in self.attempts.holding(seq, since, until) if self._checkpoint_of(a) == live
+        )
         if any(start < until and end > since and who in holders for who, start, end in self.stalls):
             return "a stall while its ack wait ran out"
         if not any(
@@ -188,6 +196,20 @@ class Observed:
         ):
             return "no run of the query lived all its ack wait"
         return None
+
+    def _entry_holder_killed(self, seq: int, until: float, live: int) -> bool:
+        """Whether the attempt of the live checkpoint whose open entry held `seq` when its
+        delivery's wait ran out, at `until`, had been killed by then, and no retry had taken the
+        entry over yet: as for a delivery of the killed attempt itself. Seed 16463 of the
+        worlds with another client: the delivery was a sibling slot's, which dropped it as
+        recorded in its sibling's entry."""
+        holders = [
+            holder
+            for holder in self.attempts.holders(seq, until)
+            if holder is None or self._checkpoint_of(holder) == live
+        ]
+        died = holders[-1].died if holders and holders[-1] is not None else None
+        return died is not None and died <= until
 
     def refused(self, why: str, consumers: list[Consumer], recreated: bool) -> None:
         """The source refused to read on (the schedule ends there: the operator must act): only
@@ -297,7 +319,8 @@ class Observed:
         consumers: list[Consumer],
     ) -> None:
         detail = f"{key}: message {seq} after {newer} (batch {batch})"
-        deliveries = deliveries_of(consumers, self.stream.messages[seq - 1])
+        consumer = consumer_of(consumers, self.stream.messages[seq - 1])
+        deliveries = consumer.deliveries.get(seq, [])
 
         def emitted(delivery: Delivery) -> bool:
             """Whether `seq`'s rows in this checkpoint's sink came from `delivery`: the first
@@ -312,7 +335,8 @@ class Observed:
         held = held_before(deliveries, emitted)
         why = None
         if held is not None:
-            why = self.attempts.why_late(seq, held) or self.give_backs.why_late(held)
+            why = self.attempts.why_late(seq, held, consumer.name)
+            why = why or self.give_backs.why_late(held)
         if why is None:
             self.problem("key order", f"{detail}, neither of the README's first two cases")
             return

@@ -390,10 +390,14 @@ class Consumer:
         return waiting + [d.due for d in self.pending.values()]
 
 
+def consumer_of(consumers: list[Consumer], message: Message) -> Consumer:
+    """The consumer whose subjects `message` is on."""
+    return next(c for c in consumers if c.mine(message))
+
+
 def deliveries_of(consumers: list[Consumer], message: Message) -> list[Delivery]:
     """Every delivery of `message`, in order, by the consumer whose subjects it is on."""
-    consumer = next(c for c in consumers if c.mine(message))
-    return consumer.deliveries.get(message.seq, [])
+    return consumer_of(consumers, message).deliveries.get(message.seq, [])
 
 
 def reply_of(consumer: str, message: Message, delivery: Delivery, pending: int) -> bytes:

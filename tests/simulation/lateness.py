@@ -27,7 +27,9 @@ attempt still had out after a new checkpoint's give-back NAKed the recorded deli
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 from nats_spark.spark.group_source.ledger import (
@@ -53,24 +55,50 @@ REQUEUED = "OPEN: given back, yet redelivered after newer messages of its key"
 
 
 class Attempts:
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = lambda: 0.0) -> None:
+        self.now = now
         self.recorded: dict[Participant, set[int]] = {}  # stream seqs, in its entry
         # Stream seqs of its deliveries it wrote or began to write to its entry (a write may
         # land and its answer never come): one of these may be what its batch emitted.
         self.writing: dict[Participant, set[int]] = {}
-        self.entries: dict[Participant, SlotEntry] = {}
+        # One per slot it reads: a packed task's attempt has several, each of its own consumer.
+        self.entries: dict[Participant, list[SlotEntry]] = {}
+        # By stream seq, in order: when an attempt's open entry came to hold it (its write
+        # recorded it, or its claim took it over), or the entry was sealed (None: its batch's
+        # driver keeps it from then on).
+        self.held_since: dict[int, list[tuple[float, Participant | None]]] = {}
 
     def watch(self, attempt: Participant, entry: SlotEntry) -> None:
         """Count what `entry` adopts at its claim, and what its writes record once they are
         answered, as recorded by `attempt`. No scheduling point is added."""
-        self.entries[attempt] = entry
+        self.entries.setdefault(attempt, []).append(entry)
         recorded = self.recorded.setdefault(attempt, set())
         began = self.writing.setdefault(attempt, set())
-        claim, write = entry.claim, entry._write
+        claim, write, seal = entry.claim, entry._write, entry.seal
+        claimed = False
 
         async def claiming() -> None:
+            nonlocal claimed
             await claim()
+            claimed = True
             recorded.update(entry.taken)
+            if not entry.fixed:  # again, if its take-over's answer was lost
+                self._hold(attempt, entry.taken)
+
+        async def sealing() -> None:
+            self._hold(None, entry.taken)  # from the write's start: it may land, its answer lost
+            await seal()
+
+        if entry.ledger is not None:  # the world's entries have theirs (a unit test's may not)
+            update_head = entry.ledger.update_head
+
+            async def updating_head(gen: int, slot: str, value: bytes, revision: int) -> int | None:
+                written = await update_head(gen, slot, value, revision)
+                if written is not None and not claimed:  # a take-over landed: held from here on
+                    self._hold(attempt, entry.taken)
+                return written
+
+            entry.ledger.update_head = updating_head  # type: ignore[method-assign]
 
         last: list[set[int]] = [set()]  # what the attempt's last write recorded
 
@@ -79,6 +107,8 @@ class Attempts:
         ) -> None:
             written = set(taken.stream_seq)
             began.update(written)
+            if not replacing:  # held from the write's start: it may land, its answer lost
+                self._hold(attempt, written)
             await write(chunks, taken, pin, replacing)
             if replacing:  # the last write again, without what a sibling recorded too
                 recorded.difference_update(last[0] - written)
@@ -87,15 +117,32 @@ class Attempts:
 
         entry.claim = claiming  # type: ignore[method-assign]
         entry._write = writing  # type: ignore[method-assign]
+        entry.seal = sealing  # type: ignore[method-assign]
 
-    def holding(self, seq: int) -> list[Participant]:
-        """The attempts whose entries hold `seq`: they recorded it, or took it over."""
-        return [attempt for attempt, entry in self.entries.items() if seq in entry.taken]
+    def _hold(self, attempt: Participant | None, seqs: set[int]) -> None:
+        now = self.now()
+        for seq in seqs:
+            self.held_since.setdefault(seq, []).append((now, attempt))
 
-    def why_late(self, seq: int, held: Delivery) -> str | None:
-        """How `held`, the delivery of `seq` before the one it was emitted from, was left to its
-        ack wait by the attempt that held it unrecorded (how that attempt ended), or None when
-        it was not."""
+    def holders(self, seq: int, until: float) -> list[Participant | None]:
+        """Who had come to hold `seq` in an entry by `until`, in that order: the attempts that
+        recorded it or took it over, None for a seal."""
+        return [attempt for since, attempt in self.held_since.get(seq, []) if since <= until]
+
+    def holding(self, seq: int, since: float, until: float) -> list[Participant]:
+        """The attempts whose entries held `seq` at some time from `since` to `until`: from
+        when each recorded it or took it over until the next did, or a seal."""
+        times = [*self.held_since.get(seq, []), (math.inf, None)]
+        return [
+            attempt
+            for (start, attempt), (end, _) in pairwise(times)
+            if attempt is not None and start <= until and end >= since
+        ]
+
+    def why_late(self, seq: int, held: Delivery, consumer: str) -> str | None:
+        """How `held`, the delivery of `seq` (by `consumer`) before the one it was emitted from,
+        was left to its ack wait by the attempt that held it unrecorded (how that attempt ended),
+        or None when it was not."""
         owner = held.owner
         if held.given_back and (owner is None or held.given_back_by is not owner):
             return REQUEUED  # given back by a driver: at once, ahead of newer messages
@@ -108,14 +155,14 @@ class Attempts:
         # the attempt, its entry gone, held it unrecorded and gave it back as it failed. A
         # `-NAK` joins nats-server's redelivery queue at its tail (`addToRedeliverQueue`),
         # behind newer messages of its key the give-back NAKed (seeds 8719, 9414, 11707).
-        ended = self._ended(owner)
+        ended = self._ended(owner, consumer)
         return None if ended is None else f"an attempt that held it unrecorded {ended}"
 
-    def _ended(self, attempt: Participant) -> str | None:
+    def _ended(self, attempt: Participant, consumer: str) -> str | None:
         """How `attempt` died, if in one of the README's ways: crashed (an executor lost),
         killed with its driver (kill -9), or a zombie (lost by Spark, or one that lost its
-        entry to its retry or to a give-back); else None (its rows reached a batch, or it ended
-        otherwise)."""
+        entry of `consumer`'s slot to its retry or to a give-back); else None (its rows reached
+        a batch, or it ended otherwise)."""
         if attempt.dead:
             killed = attempt.parent is not None and attempt.parent.dead
             return "was killed with its driver" if killed else "crashed"
@@ -124,8 +171,14 @@ class Attempts:
         finished = attempt.finished
         if finished.done() and isinstance(finished.exception(), LedgerConflict):
             return "lost its entry (a zombie: to its retry, or to a new checkpoint's give-back)"
-        entry = self.entries.get(attempt)
-        if entry is not None and entry.overtaken:
+        # Only the entry of the slot that pulled the delivery: a packed task's other slots may
+        # have gone on (seeds 2766 and 8306 of the packed worlds, whose first slot was taken
+        # over while the attempt stalled, were judged by their last slot's entry).
+        if any(
+            entry.overtaken
+            for entry in self.entries.get(attempt, [])
+            if entry.partition.consumer == consumer
+        ):
             return "lost its entry to another attempt while alive, and handed out its seal"
         return None
 

@@ -190,6 +190,7 @@ class Participant:
     finished: asyncio.Future[Any]
     parent: Participant | None = None
     dead: bool = False
+    died: float | None = None  # when it was killed (the scheduler's time)
     lost: bool = False
     frozen_until: float = 0.0  # a stall: the whole process pauses (GC, CPU starvation)
     task: asyncio.Task[None] | None = None  # held, so an abandoned one is never finalized
@@ -339,7 +340,7 @@ class Scheduler:
         self.note(f"stalls {delay:.1f}s at {at} (its whole process)")
 
     def kill(self, victim: Participant, at: str) -> None:
-        victim.dead = True
+        victim.dead, victim.died = True, self.now
         self.note(f"CRASH {victim.name} at {at}")
         if not victim.finished.done():
             victim.finished.set_exception(Crashed())

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from types import SimpleNamespace
 
 import pytest
 
@@ -161,7 +160,8 @@ def test_a_stall_of_the_attempt_whose_entry_holds_a_message_lets_it_out(
     """A retry took over an entry holding message 1, which a sibling slot had dropped as
     recorded: the retry keeps its wait, so its stall past that wait lets the other client have
     it (seed 21621 of the worlds with another client), as the sibling's own stall would not;
-    a stall of an attempt of an earlier checkpoint, whose entry holds it too, does not."""
+    a stall of an attempt of an earlier checkpoint, whose entry holds it too, does not, nor
+    one of the retry's before it took the entry over."""
     stream = Stream()
     stream.publish("S.k0", 0.0)
     first, driver = (Participant(f"driver#{n}", "driver", loop.create_future()) for n in (1, 2))
@@ -174,13 +174,65 @@ def test_a_stall_of_the_attempt_whose_entry_holds_a_message_lets_it_out(
     checks.new_checkpoint()
     checks.query_run(driver)
     checks.sink_write(0, {"c#0": [1]})
-    for holder in (retry, zombie):
-        checks.attempts.entries[holder] = SimpleNamespace(taken={1})  # type: ignore[assignment]
-    dropped = Delivery(1, 2, due=40.0, owner=sibling, queued=40.0)
-    checks.stalls.append((zombie, 15.0, 45.0))
+    checks.attempts.held_since[1] = [(5.0, zombie), (12.0, retry)]  # recorded; taken over
+    dropped = Delivery(1, 2, due=40.0, owner=sibling, queued=40.0)  # delivered at 10
+    checks.stalls += [(zombie, 15.0, 45.0), (retry, 2.0, 9.0)]
     checks.taken_by_another(1, dropped, 30.0)
     assert checks.problems == ["committed, then taken by another client: message 1, batch 0"]
     checks.problems.clear()
     checks.stalls.append((retry, 15.0, 45.0))
     checks.taken_by_another(1, dropped, 30.0)
     assert checks.problems == [] and checks.let_out == {"a stall while its ack wait ran out": 1}
+
+
+def test_another_client_may_get_what_a_sibling_dropped_of_a_killed_attempts_entry(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Seed 16463 of the worlds with another client: an attempt recorded message 1 and was
+    killed with its driver; its wait ran out and the server delivered it to the sibling slot
+    of the next run, which dropped it as its sibling's entry's; that wait ran out too before
+    the retry took the entry over, and the other client got the message the retry then
+    committed. As for a delivery of the killed attempt itself, nothing keeps the wait until a
+    retry has taken the entry over (once its head stood still 5 s): counted apart. Had the
+    retry taken it over before the wait ran out, the attempt been killed only after, or the
+    entry been sealed before, it fails (the retry, the attempt, or the driver's keeper of
+    sealed entries should have kept it)."""
+    stream = Stream()
+    stream.publish("S.k0", 0.0)
+    now = [0.0]
+    first = Participant("driver#1", "driver", loop.create_future())
+    second = Participant("driver#2", "driver", loop.create_future())
+    other = Participant("other client", "client", loop.create_future())
+    killed = Participant("b1/c#0#0", "task", loop.create_future(), first)
+    sibling = Participant("b1/c#1#0", "task", loop.create_future(), second)
+    retry = Participant("b1/c#0#0", "task", loop.create_future(), second)
+    running = [other]
+    checks = observed(stream, running)
+    checks.now = lambda: now[0]
+    checks.others.add(other)
+    checks.query_run(first)
+    checks.attempts.held_since[1] = [(0.5, killed), (6.0, retry)]  # recorded; taken over
+    first.dead = killed.dead = True
+    first.died = killed.died = 1.0
+    checks.run_ended(first)
+    now[0] = 1.2
+    checks.query_run(second)
+    checks.sink_write(1, {"c#0": [1]})
+    dropped = Delivery(3, 3, due=5.5, owner=sibling, queued=5.5)  # delivered at 1.5
+    now[0] = 7.0
+    checks.taken_by_another(1, dropped, 4.0)
+    assert checks.problems == [] and checks.let_out == {
+        "the attempt whose entry held it was killed": 1
+    }
+    checks.attempts.held_since[1] = [(0.5, killed), (5.0, retry)]  # taken over in time
+    checks.taken_by_another(1, dropped, 4.0)
+    assert checks.problems == ["committed, then taken by another client: message 1, batch 1"]
+    checks.problems.clear()
+    checks.attempts.held_since[1] = [(0.5, killed), (0.8, None)]  # sealed, then killed
+    checks.taken_by_another(1, dropped, 4.0)
+    assert checks.problems == ["committed, then taken by another client: message 1, batch 1"]
+    checks.problems.clear()
+    checks.attempts.held_since[1] = [(0.5, killed)]
+    killed.died = 6.0  # alive while the wait ran out
+    checks.taken_by_another(1, dropped, 4.0)
+    assert checks.problems == ["committed, then taken by another client: message 1, batch 1"]

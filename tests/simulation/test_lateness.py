@@ -10,14 +10,17 @@ from collections.abc import Iterator
 import pytest
 
 from nats_spark.spark.group_source.ledger import LedgerConflict
+from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from tests.memory_bucket import MemoryBucket
 from tests.simulation.jetstream import Delivery, Stream
 from tests.simulation.lateness import REQUEUED, Attempts, GiveBacks, held_before
 from tests.simulation.scheduler import Crashed, Lost, Participant
+from tests.spark.group_source.test_ledger_entries import input_partition
 
 pytestmark = pytest.mark.unit
 
 SEQ = 7
+CONSUMER = "g-partition-0"  # the consumer that delivered SEQ
 
 
 @pytest.fixture
@@ -31,9 +34,15 @@ def attempt(loop: asyncio.AbstractEventLoop, driver: Participant | None = None) 
     return Participant("b1/partition-0#0", "task", loop.create_future(), driver)
 
 
+def slot_entry(slot: str) -> SlotEntry:
+    """An attempt's entry of `slot`, whose consumer is g-`slot` (never claimed: no client)."""
+    partition = input_partition("lineage", slot=slot, consumer=f"g-{slot}")
+    return SlotEntry(None, partition)  # type: ignore[arg-type]
+
+
 def late(attempts: Attempts, held: Delivery) -> str | None:
     """Why SEQ came late, `held` being its delivery before the one emitted."""
-    return attempts.why_late(SEQ, held)
+    return attempts.why_late(SEQ, held, CONSUMER)
 
 
 def test_an_unrecorded_delivery_of_a_crashed_attempt_explains(
@@ -60,6 +69,28 @@ def test_a_zombie_or_an_attempt_killed_with_its_driver_explains(
     taken_over = attempt(loop)
     taken_over.finished.set_exception(LedgerConflict("taken over"))
     assert "zombie" in (late(Attempts(), Delivery(1, 1, 0.0, owner=taken_over)) or "")
+
+
+def test_an_entry_taken_over_from_a_live_attempt_explains_only_for_its_own_slot(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Seeds 2766 and 8306 of the packed worlds: an attempt of a task reading both slots held a
+    delivery of the first slot's consumer unrecorded and stalled past its ack wait; the retry
+    took that slot's entry over and sealed it, and the attempt, awake, handed out the seal (or
+    gave the delivery back late). Its other slot's entry, never taken over, was the only one
+    judged; it explains nothing of its own consumer's deliveries, which the attempt went on
+    recording."""
+    attempts, packed = Attempts(), attempt(loop)
+    packed.finished.set_result([])
+    taken_over, going_on = slot_entry("partition-0"), slot_entry("partition-1")
+    taken_over.overtaken = True
+    for entry in (taken_over, going_on):
+        attempts.watch(packed, entry)
+    held = Delivery(1, 1, 0.0, owner=packed)
+    assert "handed out its seal" in (late(attempts, held) or "")
+    assert attempts.why_late(SEQ, held, "g-partition-1") is None
+    given_back = Delivery(1, 1, 0.0, owner=packed, given_back=True, given_back_by=packed)
+    assert "handed out its seal" in (late(attempts, given_back) or "")
 
 
 def test_a_recorded_given_back_or_finished_delivery_explains_nothing(
@@ -107,7 +138,7 @@ def test_only_the_delivery_before_the_emitted_one_can_explain(
     deliveries = [first, second, emitted]
     held = held_before(deliveries, lambda d: d is emitted)
     assert held is second
-    assert Attempts().why_late(SEQ, held) is None
+    assert late(Attempts(), held) is None
     assert held_before([first, emitted], lambda d: d is emitted) is first
     assert held_before([emitted], lambda d: d is emitted) is None  # emitted from its first
 

@@ -252,6 +252,24 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "the checker failed the other client for processing a delivery it got before the "
         "query's, once its own ack wait had run out: its doing, now counted apart (2026-11-30)",
     ),
+    2766: (
+        {"packed": True},
+        "the checker failed a per-key order break of the README's first case: an attempt of a "
+        "packed task held message 10 of its first slot unrecorded and stalled past its ack "
+        "wait (its driver died meanwhile); the next run's retry took that slot's entry over, "
+        "and the attempt, awake, handed out the seal; the checker judged its last slot's "
+        "entry, never taken over (8306 likewise: the attempt gave 19 and 20 back on waking, "
+        "after 26 and 27; 2026-11-30)",
+    ),
+    16463: (
+        {"other_client": True},
+        "the checker failed a let-out of the world: an attempt recorded messages 3 and 4 and "
+        "was killed with its driver; their waits ran out, the next run's sibling slot got "
+        "them and dropped them as its sibling's entry's, and those waits ran out too before "
+        "the retry took the entry over (a 4 s ack wait, a 5 s stand-still); the retry "
+        "committed them and the other client got them. The checker looked only at the "
+        "delivery's holder, the live sibling (2026-11-30)",
+    ),
     12503: (
         {"other_client": True},
         "a retry took over an entry whose message 16 had gone, past its ack wait, to a sibling "
@@ -274,21 +292,8 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
 # explored, and each must still break it (when it passes, the hole is closed: move the seed to
 # CLOSED_HOLES).
 KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
-    # Found by the hunts of 2026-11-30 (other-client 12300-23000, packed 1600-11600), outside
-    # the explored ranges; not understood yet.
-    16463: (
-        {"other_client": True},
-        "the other client took messages 3 and 4 first, the query committed them in a later "
-        "run, and the other client got them again after that commit",
-    ),
-    2766: (
-        {"packed": True},
-        "key order: message 10 after 13 of S.p0.k2 (batch 8), neither of the README's cases",
-    ),
-    8306: (
-        {"packed": True},
-        "key order: messages 19 and 20 after 26 and 27 (batch 16), neither of the README's cases",
-    ),
+    # None now: the hunts of 2026-11-30 found 16463, 21621 (other-client) and 2766, 8306
+    # (packed); each was the checker's, or closed (CLOSED_HOLES).
 }
 
 
