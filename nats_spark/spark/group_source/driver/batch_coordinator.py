@@ -443,7 +443,10 @@ class BatchCoordinator:
             log.info("batch %d: slot %s is no longer read and took nothing", end.gen, name)
         for name in plan.driver_acks:  # a slot of a reader count the query no longer has
             await self.ledger.ack_through(await self._connect(), committed, name)
-        self.ledger.hand_out(end.gen, {task.slot for task in plan.tasks if task.slot in end.slots})
+        # In the tasks' order, not a set's (which follows the process's string hashes): the
+        # driver reads the entries' heads in the order it expected them.
+        handed = dict.fromkeys(task.slot for task in plan.tasks if task.slot in end.slots)
+        self.ledger.hand_out(end.gen, handed.keys())
         pulled = [known[task.slot] for task in plan.tasks if task.limit]
         looked = await self._look_remembered(pulled)
         await self._keep_sealed_of(pulled, [seen.ack_wait for seen in looked])
