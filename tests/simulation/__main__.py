@@ -121,10 +121,11 @@ def main() -> int:
             print(f"LET OUT {count} committed to the other client: {why}")
         return 1 if result.problems or (args.strict_order and result.order_breaks) else 0
     failed = broke_order = 0
-    reasons = Counter[str]()
+    reasons, let_out = Counter[str](), Counter[str]()
     started = time.monotonic()
     for result in run_schedules(args.seeds, args.jobs, **overrides):
         reasons += result.order_reasons
+        let_out += result.let_out
         if result.problems:
             failed += 1
             print(_summary(result), flush=True)
@@ -141,6 +142,8 @@ def main() -> int:
     if reasons:
         ends = ", ".join(f"{breaks} {why}" for why, breaks in reasons.most_common())
         print(f"per-key order breaks, by what left the late message to its ack wait: {ends}")
+    for why, count in let_out.most_common():
+        print(f"LET OUT {count} committed to the other client: {why}")
     return 1 if failed or (args.strict_order and broke_order) else 0
 
 

@@ -22,7 +22,8 @@ Spark's outputs are per checkpoint, so each check is too.
   removing that delivery's entry and giving it back. Such a break is counted apart
   (`order_breaks`, by cause in `order_reasons`), any other fails;
 - another client of the query's consumer (`other_client.py`) never gets a message the live
-  checkpoint committed, unless the world let it out (`taken_by_another`).
+  checkpoint committed, nor does the live checkpoint commit one the other client got (and
+  acked) before, unless the world let it out (`taken_by_another`, `_committed_after_taken`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,19 @@ from tests.simulation.scheduler import Participant
 
 Stall = tuple[Participant, float, float]  # whose process paused, from when, until when
 Rows = dict[str, list[int]]  # by slot: stream sequences, in the order emitted
+CAME_BACK = "it came back to the query after the other client's take (its ack lost, or too late)"
+
+
+@dataclass
+class Take:
+    """Another client's take of a message the live checkpoint had not committed: judged if that
+    checkpoint commits it later, by what was so when it took it."""
+
+    at: float
+    # What lets it out were the query to commit it from what it held before the take (None:
+    # nothing, or the query held no delivery just before the other client's).
+    why: str | None
+    delivered_again: Callable[[], bool]  # whether the server delivered it after the take's
 
 
 @dataclass
@@ -63,6 +77,8 @@ class Observed:
     brought_back: set[str] = field(default_factory=set)  # ledger keys an unclean restart revived
     taken_by_others: set[int] = field(default_factory=set)  # stream seqs another client acked last
     let_out: Counter[str] = field(default_factory=Counter)  # committed, then another client's: why
+    # By stream seq: another client's takes of what the live checkpoint had not committed yet.
+    takes: dict[int, list[Take]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.attempts = Attempts(lambda: self.now())
@@ -80,6 +96,7 @@ class Observed:
         self.sinks.append({})
         self.in_sinks.append({})
         self.runs = {}
+        self.takes = {}  # judged per checkpoint, as what it commits
 
     def query_run(self, driver: Participant) -> None:
         """`driver` runs the query on the live checkpoint."""
@@ -117,6 +134,7 @@ class Observed:
                     )
                 else:
                     in_sink[seq] = batch
+                    self._committed_after_taken(seq, batch)
 
     def acked(self, consumer: str, seq: int) -> None:
         who = self.who()
@@ -133,38 +151,69 @@ class Observed:
             )
 
     def taken_by_another(
-        self, seq: int, before: Delivery | None, wait: float, overtaken: bool = False
+        self,
+        seq: int,
+        before: Delivery | None,
+        wait: float,
+        overtaken: bool = False,
+        delivered_again: Callable[[], bool] = lambda: False,
     ) -> None:
-        """Another client got `seq`, after the delivery `before` (`wait`: its ack wait). What it
-        takes is not the query's: a message the query never committed may be taken by anyone (it
-        is no loss: the other client acks it, and the quiet check leaves it out), and one an
-        earlier checkpoint committed a new one may take again, so may another client. One the
-        live checkpoint committed is a duplicate in the world, emitted by the query and processed
-        by the other client: the query must hold it until it acks it (ack waits kept by its
-        tasks, then by the driver's `SealedKeeper`). Only the world can let it out, and such a
-        case is counted apart (`let_out`): the query's ack of it lost in a server restart; the
-        attempt that held its delivery killed, or the one whose open entry held it when a sibling
-        had dropped its delivery as that entry's (nothing keeps that wait until a retry has
-        taken its entry over); or its delivery's wait ran out while no run of the live checkpoint
-        lived, without a pause, all of that wait (the query stopped or was killed; a stall, of
-        the driver's process or of an attempt that held it, its delivery or its entry, as
-        docs/architecture.md says). So can the other client itself (`overtaken`): it took a
+        """Another client got `seq`, after the delivery `before` (`wait`: its ack wait;
+        `delivered_again`: whether the server has delivered it again since the other client's
+        delivery). What it takes is not the query's: a message the query never committed may be
+        taken by anyone (it is no loss: the other client acks it, and the quiet check leaves it
+        out), and one an earlier checkpoint committed a new one may take again, so may another
+        client. One the live checkpoint committed is a duplicate in the world, emitted by the
+        query and processed by the other client: the query must hold it until it acks it (ack
+        waits kept by its tasks, then by the driver's `SealedKeeper`). Only the world can let it
+        out, and such a case is counted apart (`let_out`): the query's ack of it lost in a server
+        restart; the attempt that held its delivery killed, or the one whose open entry held it
+        when a sibling had dropped its delivery as that entry's (nothing keeps that wait until a
+        retry has taken its entry over); or its delivery's wait ran out while no run of the live
+        checkpoint lived, without a pause, all of that wait (the query stopped or was killed; a
+        stall, of the driver's process or of an attempt that held it, its delivery or its entry,
+        as docs/architecture.md says). So can the other client itself (`overtaken`): it took a
         delivery it got before the query's, once its ack wait had run out (it stalled in
         between) and the server had delivered the message again; no reader of the consumer can
         keep another from processing what it holds (seed 6024 of the worlds with another
-        client)."""
+        client). What the live checkpoint had not committed yet is judged if it commits it later
+        (`_committed_after_taken`), with the same let-outs, as they were at the take."""
         live = len(self.sinks) - 1
         batch = self.in_sinks[live].get(seq)
-        if batch is None or (before is not None and before.owner in self.others):
-            return  # not the query's, or back to the other client (its own ack lost)
+        if before is not None and before.owner in self.others:
+            return  # back to the other client (its own ack lost): its earlier take is judged
         if overtaken:
             why: str | None = "the other client took its delivery after its ack wait ran out"
         else:
             why = self._let_out_by_the_world(seq, before, wait, live)
-        if why is None:
+        if batch is None:
+            self.takes.setdefault(seq, []).append(Take(self.now(), why, delivered_again))
+        elif why is None:
             self.problem("committed, then taken by another client", f"message {seq}, batch {batch}")
         else:
             self.let_out[why] += 1
+
+    def _committed_after_taken(self, seq: int, batch: int) -> None:
+        """The live checkpoint commits `seq` in `batch`: a duplicate in the world if another
+        client took it before, unless the world let it out, as `taken_by_another` judges it
+        when the commit came first; or it came back to the query only after the take (the other
+        client's ack lost in a restart, or its delivery past its wait as it processed it) and
+        no entry of the live checkpoint held it before: then the query committed what the
+        server gave it again, not what it held when the other client took it."""
+        live = len(self.sinks) - 1
+        for take in self.takes.pop(seq, []):
+            why = take.why
+            if take.delivered_again() and not any(
+                holder is not None and self._checkpoint_of(holder) == live
+                for holder in self.attempts.holders(seq, take.at)
+            ):
+                why = CAME_BACK
+            if why is None:
+                self.problem(
+                    "taken by another client, then committed", f"message {seq}, batch {batch}"
+                )
+            else:
+                self.let_out[f"taken before its commit: {why}"] += 1
 
     def _let_out_by_the_world(
         self, seq: int, before: Delivery | None, wait: float, live: int

@@ -6,7 +6,8 @@ consumer's num_pending, or num_ack_pending, is at least that, nats-server's `nex
 `PriorityOverflow`), and acks what it takes once it has processed it, as any client would.
 
 What it takes is not the query's: the invariants (`Observed.taken_by_another`) judge only what the
-query had committed before, and leave out of the query's own checks what this client acked.
+live checkpoint committed, before or after the take, and leave out of the query's own checks what
+this client acked.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ class OtherClient:
         server: Server,
         consumer: Consumer,
         rng: random.Random,
-        took: Callable[[int, Delivery | None, bool], None],
+        took: Callable[[int, Delivery | None, bool, Callable[[], bool]], None],
     ) -> None:
         self.sched = sched
         self.server = server
         self.consumer = consumer
         self.rng = rng  # its own draws, apart from the schedule's
-        # hears each message it takes, with the delivery before its own and whether a later
-        # one went to someone else (its own ran out of ack wait before it took it)
+        # hears each message it takes, with the delivery before its own, whether a later one
+        # went to someone else (its own ran out of ack wait before it took it), and how to ask
+        # later whether one has since
         self.took = took
         # The threshold its pulls carry: none, or one of an overflow client's.
         self.min_pending, self.min_ack_pending = rng.choice(((0, 0), (0, 0), (2, 0), (0, 2)))
@@ -63,10 +65,15 @@ class OtherClient:
                 await sched.point("the other client processes")
                 self.server.publish_commands(b"".join(commands), self.participant)
 
-    def _deliveries_around(self, seq: int) -> tuple[Delivery | None, bool]:
-        """The delivery of `seq` before this client's last one (None: its first), and whether a
-        delivery came after it: the client stalled between its delivery and its take past the
-        ack wait, and the server delivered the message again meanwhile."""
+    def _deliveries_around(self, seq: int) -> tuple[Delivery | None, bool, Callable[[], bool]]:
+        """The delivery of `seq` before this client's last one (None: its first), whether a
+        delivery came after it (the client stalled between its delivery and its take past the
+        ack wait, and the server delivered the message again meanwhile), and whether one has by
+        the time it is asked (also: this client's ack was lost in a restart)."""
         deliveries = self.consumer.deliveries.get(seq, [])
         mine = max(i for i, d in enumerate(deliveries) if d.owner is self.participant)
-        return (deliveries[mine - 1] if mine else None), mine < len(deliveries) - 1
+
+        def delivered_again() -> bool:
+            return mine < len(deliveries) - 1
+
+        return (deliveries[mine - 1] if mine else None), delivered_again(), delivered_again

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.simulation.invariants import Observed, live_leftovers
+from tests.simulation.invariants import CAME_BACK, Observed, live_leftovers
 from tests.simulation.jetstream import Delivery, Stream
 from tests.simulation.lateness import GiveBacks
 from tests.simulation.scheduler import Participant
@@ -236,3 +236,144 @@ def test_another_client_may_get_what_a_sibling_dropped_of_a_killed_attempts_entr
     killed.died = 6.0  # alive while the wait ran out
     checks.taken_by_another(1, dropped, 4.0)
     assert checks.problems == ["committed, then taken by another client: message 1, batch 1"]
+
+
+class TakenBeforeCommit:
+    """Message 1, recorded by a task attempt of the live checkpoint's run at 0.5, delivered to
+    it at 0 (its 4 s wait ran out at 4), then to another client, which took it at 4.5."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        stream = Stream()
+        stream.publish("S.k0", 0.0)
+        self.now = [0.0]
+        self.driver = Participant("driver#1", "driver", loop.create_future())
+        self.other = Participant("other client", "client", loop.create_future())
+        self.task = Participant("b0/c#0#0", "task", loop.create_future(), self.driver)
+        self.checks = observed(stream, [self.other])
+        self.checks.now = lambda: self.now[0]
+        self.checks.others.add(self.other)
+        self.checks.query_run(self.driver)
+        self.checks.attempts.held_since[1] = [(0.5, self.task)]
+        self.held = Delivery(1, 1, due=4.0, owner=self.task, queued=4.0)
+        self.delivered_again = False
+
+    def take_then_commit(self, before: Delivery | None = None, overtaken: bool = False) -> None:
+        self.now[0] = 4.5
+        held = self.held if before is None else before
+        self.checks.taken_by_another(1, held, 4.0, overtaken, lambda: self.delivered_again)
+        self.checks.acked("c", 1)
+        self.now[0] = 9.0
+        self.checks.sink_write(0, {"c#0": [1]})
+
+
+def test_another_client_taking_what_the_live_checkpoint_commits_later_fails(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """The other order of `test_another_client_must_not_get_what_the_live_checkpoint_committed`:
+    the other client took and acked message 1 after the wait of the query's delivery ran out
+    while the query lived, then the live checkpoint committed it (from its attempt's entry): a
+    duplicate in the world, which neither the sink nor the quiet check saw. So it is when the
+    server delivered the message again after the take (the other client's ack lost), as the
+    query's entry held it before: it would have committed it anyway."""
+    world = TakenBeforeCommit(loop)
+    world.take_then_commit()
+    assert world.checks.problems == ["taken by another client, then committed: message 1, batch 0"]
+    world = TakenBeforeCommit(loop)
+    world.delivered_again = True
+    world.take_then_commit()
+    assert world.checks.problems == ["taken by another client, then committed: message 1, batch 0"]
+    assert world.checks.let_out == {}
+
+
+def stall(world: TakenBeforeCommit) -> None:
+    world.checks.stalls.append((world.task, 1.0, 6.0))
+
+
+def killed(world: TakenBeforeCommit) -> None:
+    world.task.dead, world.task.died = True, 2.0
+
+
+def entry_holder_killed(world: TakenBeforeCommit) -> None:
+    """The delivery was a sibling slot's, which dropped it as recorded in the attempt's entry."""
+    killed(world)
+    sibling = Participant("b0/c#1#0", "task", world.task.finished, world.driver)
+    world.held = Delivery(1, 1, due=4.0, owner=sibling, queued=4.0)
+
+
+def no_run_lived(world: TakenBeforeCommit) -> None:
+    world.checks.runs_lived[world.driver] = (0.0, 3.0)  # stopped; a later run commits
+
+
+def came_back(world: TakenBeforeCommit) -> None:
+    """The query never held it before the take (delivered to the other client first); the
+    other client's ack was lost in a restart and the server delivered it to the query."""
+    world.checks.attempts.held_since[1] = [(6.0, world.task)]
+    world.held = Delivery(1, 1, due=4.0, owner=None, queued=4.0)
+    world.delivered_again = True
+
+
+@pytest.mark.parametrize(
+    ("world_does", "why"),
+    [
+        (stall, "a stall while its ack wait ran out"),
+        (killed, "the attempt that held it was killed"),
+        (entry_holder_killed, "the attempt whose entry held it was killed"),
+        (no_run_lived, "no run of the query lived all its ack wait"),
+        (came_back, CAME_BACK),
+    ],
+)
+def test_another_client_taking_what_the_live_checkpoint_commits_later_may_be_let_out(
+    loop: asyncio.AbstractEventLoop, world_does: Callable[[TakenBeforeCommit], None], why: str
+) -> None:
+    """What let out a take after the commit lets out one before it, as it was at the take;
+    and the other client's ack lost in a restart, when the query held the message only after
+    the take: all counted apart, none fails."""
+    world = TakenBeforeCommit(loop)
+    world_does(world)
+    world.take_then_commit()
+    assert world.checks.problems == []
+    assert world.checks.let_out == {f"taken before its commit: {why}": 1}
+
+
+def test_a_take_before_the_commit_is_let_out_by_what_was_so_at_the_take(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """The query's ack lost in a restart (an earlier checkpoint committed and acked it), and
+    the other client's own delivery overtaken, are let out; a delivery of the other client's
+    own before its take is its own (its earlier take is judged); a take on an earlier
+    checkpoint is not the live one's; the attempt killed only after the take lets nothing
+    out; nor does the query's delivery given back (by a failing attempt that had recorded it)
+    before the take."""
+    world = TakenBeforeCommit(loop)
+    world.checks.acked_in[1] = 0
+    world.checks.new_checkpoint()
+    world.checks.query_run(world.driver)
+    world.take_then_commit()
+    assert world.checks.let_out == {
+        "taken before its commit: the query's ack lost in a server restart": 1
+    }
+    world = TakenBeforeCommit(loop)
+    world.take_then_commit(overtaken=True)
+    assert world.checks.let_out == {
+        "taken before its commit: the other client took its delivery after its ack wait ran out": 1
+    }
+    world = TakenBeforeCommit(loop)
+    world.take_then_commit(Delivery(1, 2, due=8.0, owner=world.other, queued=8.0))
+    assert world.checks.problems == [] and world.checks.let_out == {}
+    world = TakenBeforeCommit(loop)
+    world.now[0] = 4.5
+    world.checks.taken_by_another(1, world.held, 4.0)
+    world.checks.new_checkpoint()
+    world.checks.sink_write(0, {"c#0": [1]})
+    assert world.checks.problems == [] and world.checks.let_out == {}
+    world = TakenBeforeCommit(loop)
+    world.now[0] = 4.5
+    world.checks.taken_by_another(1, world.held, 4.0)
+    killed(world)
+    world.task.died = 5.0  # only after the take
+    world.checks.sink_write(0, {"c#0": [1]})
+    assert world.checks.problems == ["taken by another client, then committed: message 1, batch 0"]
+    world = TakenBeforeCommit(loop)
+    world.held.given_back = True
+    world.take_then_commit()
+    assert world.checks.problems == ["taken by another client, then committed: message 1, batch 0"]
