@@ -220,13 +220,14 @@ class Pull:
         expires: float,
         quiet: float | None,
         whole: bool = False,
+        grace: float = CLIENT_GRACE,
     ) -> None:
         self.consumer = consumer
         self.inbox = consumer.inbox
         self.reply = reply.encode()
         self.batch = batch
         self.sent = clock.monotonic()  # no delivery of it left the server before
-        self.deadline = time.monotonic() + expires + CLIENT_GRACE  # the server ends it first
+        self.deadline = time.monotonic() + expires + grace  # the server ends it first
         self.quiet = quiet
         self.whole = whole
         self.received = 0
@@ -336,11 +337,13 @@ class PullConsumer:
         min_ack_pending: int = 0,
         priority: int | None = None,
         whole: bool = False,
+        grace: float = CLIENT_GRACE,
     ) -> Pull:
         """Send one pull request; iterate the returned `Pull` for what it delivers (`whole`: in
-        one chunk, once it has ended)."""
+        one chunk, once it has ended; `grace`: how long past its expiry the client waits for
+        the server to end it, a request a server restart forgot)."""
         lasts = 0 if no_wait else expires
-        reply = await self.inbox.new_reply(time.monotonic() + lasts + CLIENT_GRACE)
+        reply = await self.inbox.new_reply(time.monotonic() + lasts + grace)
         request = PullRequest(
             batch=batch,
             expires=None if no_wait else expires,
@@ -355,7 +358,7 @@ class PullConsumer:
         )
         await self.nc.publish(self.subject, request.payload(), reply=reply)
         quiet = 2 * idle_heartbeat if idle_heartbeat else None
-        return Pull(self, reply, batch, lasts, quiet, whole)
+        return Pull(self, reply, batch, lasts, quiet, whole, grace)
 
     async def fetch(self, batch: int, **options: Any) -> FetchResult:
         """Send one pull request (options as for `pull`) and collect what it yields until it

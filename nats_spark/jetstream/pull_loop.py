@@ -9,20 +9,22 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nats_spark.jetstream.pull import Deliveries, Pull, PullConsumer
+from nats_spark.jetstream.pull import CLIENT_GRACE, Deliveries, Pull, PullConsumer
 
 
 @dataclass(frozen=True)
 class PullPlan:
     """One pull request to send: `expires` None for a no-wait pull; `max_bytes` 0: uncapped;
     `idle_heartbeat`: how often the server shows it is alive while the request waits; `whole`:
-    its deliveries are handed out at once when it has ended, not as they arrive (see `Pull`)."""
+    its deliveries are handed out at once when it has ended, not as they arrive (see `Pull`);
+    `grace`: how long past its expiry the client waits for the server to end it."""
 
     batch: int
     expires: float | None
     max_bytes: int = 0
     idle_heartbeat: float | None = None
     whole: bool = False
+    grace: float = CLIENT_GRACE
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ async def send(consumer: PullConsumer, plan: PullPlan, thresholds: Thresholds) -
         min_ack_pending=thresholds.min_ack_pending,
         priority=thresholds.priority,
         whole=plan.whole,
+        grace=plan.grace,
     )
 
 

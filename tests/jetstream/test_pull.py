@@ -19,7 +19,6 @@ from nats_spark.errors import (
     PriorityGroupMisconfigured,
     PullError,
 )
-from nats_spark.jetstream import pull as pull_module
 from nats_spark.jetstream.api import JetStreamApi, to_nanos
 from nats_spark.jetstream.pull import (
     PIN_ID_HEADER,
@@ -403,18 +402,17 @@ def test_stored_messages_with_status_headers_are_delivered(
 
 
 def test_what_a_request_given_up_on_delivers_is_collected(
-    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str, monkeypatch
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
 ) -> None:
     """The client stops waiting for a pull before the server ends it (a busy server ends it
     late); messages published then are still delivered to it. `collect_late` waits for the server's
     end of that request and hands them over instead of leaving them unread until the ack wait
     runs out."""
-    monkeypatch.setattr(pull_module, "CLIENT_GRACE", -1.5)  # gives up at 0.5 s of 2 s
     make_consumer(client, stream, "LATE", None, group=GROUP)
     consumer = client.pull_consumer(stream, "LATE")
 
     async def scenario() -> tuple[PullStatus, Deliveries]:
-        pull = await consumer.pull(10, expires=2.0)
+        pull = await consumer.pull(10, expires=2.0, grace=-1.5)  # gives up at 0.5 s of 2 s
         async for _ in pull:
             pass
         for _ in range(3):

@@ -44,7 +44,7 @@ from typing import Any
 from nats_spark import clock
 from nats_spark.errors import NotFound
 from nats_spark.jetstream.api import StoredMessage
-from nats_spark.jetstream.pull import Deliveries, PullStatus
+from nats_spark.jetstream.pull import CLIENT_GRACE, Deliveries, PullStatus
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from tests.simulation.scheduler import Participant, Scheduler
 
@@ -545,6 +545,7 @@ class SimPullConsumer:
         whole: bool = False,
         min_pending: int = 0,
         min_ack_pending: int = 0,
+        grace: float = CLIENT_GRACE,
         **_: Any,
     ) -> SimPull:
         sched = self.client.sched
@@ -562,7 +563,7 @@ class SimPullConsumer:
         )
         self.requests.append(request)
         self.consumer.request(request, self.client.server.now())
-        return SimPull(self, request, self.client.server.now() + expires + 5.0, whole)
+        return SimPull(self, request, self.client.server.now() + expires + grace, whole)
 
     def take(self, request: PullRequest) -> Deliveries:
         """What the request delivered since last taken, as the connection's parser hands it."""

@@ -597,11 +597,39 @@ MUTANTS = (
         (
             Patch(
                 BATCH_COORDINATOR,
-                "        await self._keep_sealed_of(pulled, [seen.ack_wait for seen in looked])\n",
-                "",
+                "            self._keep_sealed([seen.ack_wait for seen in looked.values()])\n",
+                "            pass\n",
             ),
         ),
         edit=OTHER_CLIENT,
+    ),
+    Mutant(
+        "rerun-partitions-with-the-option-s-ack-wait",
+        "a batch run again after a restart, planned before the driver looked at the consumer, "
+        "carried the option's 30 s ack wait for the consumer's 4 s: its tasks' keepers renewed "
+        "too seldom, and another client got a message the batch committed too (seed 782)",
+        (
+            Patch(
+                BATCH_COORDINATOR,
+                "        seen = looked.get(name) or (state.seen if state is not None else None)\n",
+                "        seen = state.seen if state is not None else None\n",
+            ),
+        ),
+        edit=(*OTHER_CLIENT, ("ack_wait", 4.0)),
+    ),
+    Mutant(
+        "forgotten-pull-waited-out",
+        "a pull a server restart forgot was waited for 5 s past its expiry, whatever the ack "
+        "wait: a message it had delivered ran out of its 4 s wait unkept, another client took "
+        "it, and the batch recorded and committed it too (seed 5797)",
+        (
+            Patch(
+                PULL_POLICY,
+                "        self.grace = min(CLIENT_GRACE, ack_wait * GRACE_SHARE)\n",
+                "        self.grace = CLIENT_GRACE\n",
+            ),
+        ),
+        edit=(*OTHER_CLIENT, ("ack_wait", 4.0)),
     ),
     Mutant(
         "taken-over-messages-unkept",

@@ -47,14 +47,18 @@ RARE = {
     # In worlds that all share a consumer (`Mutant.shared`): the first of 10000-10220, found
     # 2026-11-29 (none known since the stand-by moved 1959 and 8791): a task's process paused
     # between the server's send and the take past the ack wait while a sibling pulled.
-    # Since a retry restarts the wait of what it took over when it seals (seed 12503), the
-    # first two of 0-20000 (2026-11-30):
-    "siblings-lateness-from-take": (8668, 9580),
+    # Since a retry keeps what it took over, a waiting pull lasts a third of the ack wait and
+    # a re-run batch looks at its consumers first (2026-11-30), the first two of 0-30000:
+    "siblings-lateness-from-take": (20068, 23258),
     # In worlds where another client reads the overflow consumer under a 4 s ack wait
     # (`Mutant.edit`): the only one of 0-6000 (2026-11-30). Since a retry keeps what it took
     # over for the whole attempt, none of 0-25000 with the wait drawn catches it (12503, the
     # seed that found the hole, moved); test_slot_take_over fails under it too.
     "taken-over-messages-unkept": (5299,),
+    # In the same worlds: the seeds that found the holes (2026-11-30), by the check of a take
+    # before the commit.
+    "rerun-partitions-with-the-option-s-ack-wait": (782,),
+    "forgotten-pull-waited-out": (5797,),
     # In worlds with pausing executors whose server restarts after a tenth of the rounds of
     # acks (`Mutant.edit`), the first of 0-481 (2026-11-29): none of 0-12000 without the
     # forced restarts since the schedules moved past 6383.

@@ -82,16 +82,42 @@ def test_an_empty_pull_is_followed_by_one_wait(status: PullStatus) -> None:
     assert not slot.ended(status, 0, new=False, got_any=False)  # waited already: done
 
 
-@pytest.mark.parametrize(("redelivery_wait", "expires"), [(30.0, 30.0), (1.0, TIMEOUT)])
+@pytest.mark.parametrize(
+    ("redelivery_wait", "pulls"), [(30.0, [10.0, 10.0, 10.0]), (1.0, [TIMEOUT])]
+)
 def test_an_available_now_run_waits_longer_for_redeliveries(
-    redelivery_wait: float, expires: float
+    redelivery_wait: float, pulls: list[float]
 ) -> None:
-    slot = SlotPullPolicy(BATCH, TIMEOUT, redelivery_wait)
+    """The wait (a 30 s ack wait's third at most per pull) lasts the longer of `fetchTimeout`
+    and the wait for redeliveries."""
+    slot = SlotPullPolicy(BATCH, TIMEOUT, redelivery_wait, ack_wait=30.0)
     first = slot.next(1000)
     assert first is not None and first.expires is None  # what is ready first
     assert slot.ended(PullStatus.NO_MESSAGES, 0, new=False, got_any=False)
-    waiting = slot.next(1000)
-    assert waiting is not None and waiting.expires == expires
+    waited = []
+    while (plan := slot.next(1000)) is not None and plan.expires is not None:
+        waited.append(plan.expires)
+        if not slot.ended(PullStatus.TIMEOUT, 0, new=False, got_any=False):
+            break
+    assert waited == pulls
+
+
+def test_a_waiting_pull_lasts_a_third_of_the_ack_wait_at_most() -> None:
+    """What a request delivers is held by nothing until it ends: a 6 s wait under a 4 s ack wait
+    goes in pulls of 4/3 s (seed 5797 of the simulation's worlds with another client), and one
+    that delivers something ends the wait."""
+    slot = SlotPullPolicy(BATCH, 6.0, ack_wait=4.0)
+    assert slot.ended(PullStatus.NO_MESSAGES, 0, new=False, got_any=False)
+    for _ in range(4):
+        plan = slot.next(1000)
+        assert plan is not None and plan.expires == pytest.approx(4 / 3)
+        assert slot.ended(PullStatus.TIMEOUT, 0, new=False, got_any=False)
+    last = slot.next(1000)
+    assert last is not None and last.expires == pytest.approx(6.0 - 4 * 4 / 3)
+    assert slot.ended(PullStatus.TIMEOUT, 1, new=True, got_any=True)
+    after = slot.next(1000)
+    assert after is not None and after.expires is None
+    assert after.grace == pytest.approx(4 / 6)  # a forgotten request is waited for 4/6 s
 
 
 @pytest.mark.parametrize("status", EMPTY)

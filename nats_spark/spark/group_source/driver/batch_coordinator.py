@@ -326,24 +326,6 @@ class BatchCoordinator:
         elif ack_wait < self.keeping[0].wait:
             self.keeping[0].shorten(ack_wait)
 
-    async def _keep_sealed_of(self, pulled: list[Slot], ack_waits: list[float]) -> None:
-        """Keep what a batch's tasks seal from now on: a batch re-run after a restart comes
-        without a `latestOffset` before it, whose planning would have started the keeper, and
-        its sealed entries would wait unkept for the next planning (seed 230 of the worlds with
-        another client: a retry stalled past the ack wait meanwhile)."""
-        if self.keeping is not None or not pulled:
-            return
-        client = await self._connect()
-        if not ack_waits and not any(state.seen for state in self.states.values()):
-            try:
-                infos = await self.listing.infos(
-                    client, pulled, lambda s: client.api.consumer_info(s.stream, s.consumer)
-                )
-            except NotFound:  # its task says so; until the next planning, the option's wait
-                infos = []
-            ack_waits = [info.ack_wait for info in infos]
-        self._keep_sealed(ack_waits)
-
     def _client(self) -> NatsClient:
         assert self.client is not None
         return self.client
@@ -448,28 +430,43 @@ class BatchCoordinator:
         handed = dict.fromkeys(task.slot for task in plan.tasks if task.slot in end.slots)
         self.ledger.hand_out(end.gen, handed.keys())
         pulled = [known[task.slot] for task in plan.tasks if task.limit]
-        looked = await self._look_remembered(pulled)
-        await self._keep_sealed_of(pulled, [seen.ack_wait for seen in looked])
+        looked = await self._look_unseen(pulled)
+        if pulled:  # a re-run batch's seals are kept from now on, not from the next planning
+            self._keep_sealed([seen.ack_wait for seen in looked.values()])
         pulling = {slot.stream for slot in pulled}
         dedupes = {stream: self._dedupe(stream, end.gen) for stream in pulling}
         readers = readers_by_consumer(self.states, end.slots)
         started_over = self.target.seen.handed_started_over()
         return [
-            self._input_partition(known[t.slot], end, t, dedupes, readers, started_over)
+            self._input_partition(known[t.slot], end, t, dedupes, readers, started_over, looked)
             for t in plan.tasks
         ]
 
-    async def _look_remembered(self, slots: list[Slot]) -> list[ConsumerSeen]:
-        """Look at the consumers of `slots` that this driver has not looked at yet (a batch run
-        again after a restart, planned by the driver before): their tasks check deliveries
-        against the consumer as last seen (`_sighting`), and one created again while the query
-        was stopped is refused, or taken, here first."""
+    async def _look_unseen(self, slots: list[Slot]) -> dict[str, ConsumerSeen]:
+        """By slot name: the consumers of `slots` that this driver has not looked at yet, looked
+        at now (a batch run again after a restart, planned by the driver before, comes without
+        a `latestOffset` before it). Their tasks keep what they take for the consumer's ack
+        wait, not the option's (seed 782 of the worlds with another client: a 4 s wait kept
+        every 10 s), and check deliveries against the consumer as last seen (`_sighting`); one
+        created again while the query was stopped is refused, or taken, here first; and the
+        driver's `SealedKeeper` keeps what they seal for that wait (a re-run batch's sealed
+        entries waited unkept for the next planning: seed 230)."""
         remembered = self.target.seen.remembered
-        return [
-            await self._look(await self._connect(), slot)
+        unseen = [
+            slot
             for slot in slots
-            if (slot.stream, slot.consumer) in remembered
+            if (state := self.states.get(slot.name)) is None
+            or state.seen is None
+            or (slot.stream, slot.consumer) in remembered
         ]
+        if not unseen:
+            return {}
+        client = await self._connect()
+        infos = await self.listing.infos(client, unseen, lambda s: self._consumer_info(client, s))
+        return {
+            slot.name: await self._seen(client, slot, info)
+            for slot, info in zip(unseen, infos, strict=True)
+        }
 
     async def input_partitions(
         self, start: SourceOffset, end: SourceOffset
@@ -539,13 +536,14 @@ class BatchCoordinator:
         dedupes: dict[str, Dedupe],  # by stream, of the streams pulled from
         readers: dict[str, tuple[str, ...]],
         started_over: set[tuple[str, str]],  # consumers created again since the batch's planning
+        looked: dict[str, ConsumerSeen],  # consumers of slots this driver saw first just now
     ) -> SlotPartition:
         """The input partition of `slot` in batch `end`: what it may take (0: it only acks),
         what it acks first, and the earlier entries whose redeliveries it drops."""
         options, name, states = self.options, slot.name, self.states
         dedupe, dedupe_through = dedupes[slot.stream] if task.limit else NO_DEDUPE
-        seen = states[name].seen if name in states else None
         state = states.get(name)
+        seen = looked.get(name) or (state.seen if state is not None else None)
         waits = state is not None and seen is not None and seen.ack_pending > state.ours
         return SlotPartition(
             reading=self.reading,

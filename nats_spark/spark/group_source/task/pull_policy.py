@@ -2,9 +2,15 @@
 stop, or fail. Pure: `SlotPulls` does the pulling and hands this the outcomes.
 
 The first pull does not wait: what is ready is taken at once. A pull that ends empty (404 or 408)
-is followed by one that waits once (`fetchTimeout`, or an availableNow run's wait for
-redeliveries, the longer), for redeliveries or for a pin to free up; after that, or
-once this task has taken anything, an empty pull ends the batch. A lost pin (423) is asked for
+is followed by a wait (`fetchTimeout`, or an availableNow run's wait for redeliveries, the
+longer), for redeliveries or for a pin to free up, once; after that, or once this task has taken
+anything, an empty pull ends the batch. A waiting pull lasts at most a third of the ack wait, and
+the wait goes on in further pulls, and the client waits at most a sixth of the ack wait past a
+pull's expiry for the server to end it: what a request delivers is handed out only when it ends,
+and held by nothing until then, so within half the ack wait of its sending (seed 5797 of the
+worlds with another client: a server restart forgot a pull that had delivered a message, the
+client waited 5 s past its expiry, the message's 4 s ack wait ran out meanwhile, another client
+took it, and the batch committed it too). A lost pin (423) is asked for
 again a few times; other interruptions (leadership change, server shutdown, a missed heartbeat)
 are retried a few times; pulls that bring back only what the batch holds already (a stall past
 the ack wait) end it, as pulling on would take the same ones over and over.
@@ -13,7 +19,7 @@ the ack wait) end it, as pulling on would take the same ones over and over.
 from __future__ import annotations
 
 from nats_spark.errors import PullError
-from nats_spark.jetstream.pull import PullStatus, max_bytes_after
+from nats_spark.jetstream.pull import CLIENT_GRACE, PullStatus, max_bytes_after
 from nats_spark.jetstream.pull_loop import PullPlan
 from nats_spark.jetstream.status import StatusKind, classify
 from nats_spark.spark.shared.columns import BATCH_BYTES, BATCH_ROWS
@@ -21,6 +27,8 @@ from nats_spark.spark.shared.columns import BATCH_BYTES, BATCH_ROWS
 PIN_RETRIES = 3
 TRANSIENT_RETRIES = 5
 HELD_ONLY_PULLS = 3  # pulls in a row that bring back only what the batch holds: stop pulling
+WAITING_PULL_SHARE = 1 / 3  # of the ack wait: the longest a waiting pull lasts
+GRACE_SHARE = 1 / 6  # of the ack wait: the longest the client waits past a pull's expiry
 
 
 def complete(status: PullStatus) -> bool:
@@ -32,24 +40,34 @@ class SlotPullPolicy:
     """The decisions of one slot's pull loop, and the little state they need."""
 
     def __init__(
-        self, fetch_batch_size: int, fetch_timeout: float, redelivery_wait: float = 0.0
+        self,
+        fetch_batch_size: int,
+        fetch_timeout: float,
+        redelivery_wait: float = 0.0,
+        ack_wait: float = 30.0,
     ) -> None:
         self.fetch_batch_size = fetch_batch_size
         self.fetch_timeout = fetch_timeout
-        self.redelivery_wait = redelivery_wait  # the waiting pull's least wait
+        self.redelivery_wait = redelivery_wait  # the wait's least length
+        self.longest_pull = ack_wait * WAITING_PULL_SHARE
+        self.grace = min(CLIENT_GRACE, ack_wait * GRACE_SHARE)
         # A pull's deliveries become one record batch whole: the record batch's bounds cap it,
         # which bounds what a worker holds at a time.
         self.max_bytes = BATCH_BYTES
         self.wait = False  # the next pull waits (`fetch_timeout`) for messages
         self.waited = False
+        self.wait_left = 0.0  # of the wait, after the pulls that waited so far
+        self.expires = 0.0  # the last waiting pull's
         self.pin_retries = 0
         self.transient = 0
         self.held_only = 0
 
     def next(self, want: int) -> PullPlan | None:
         """The next pull, for at most `want` more messages; None when none is wanted."""
-        wait = max(self.fetch_timeout, self.redelivery_wait)
-        return self._plan(want, wait if self.wait else None)
+        if not self.wait:
+            return self._plan(want, None)
+        self.expires = min(self.wait_left, self.longest_pull)
+        return self._plan(want, self.expires)
 
     def early(self, want: int) -> PullPlan | None:
         """The pull sent while the last one's deliveries are processed (it was served in full,
@@ -60,7 +78,7 @@ class SlotPullPolicy:
         if want <= 0:
             return None
         batch = min(self.fetch_batch_size, BATCH_ROWS, want)
-        return PullPlan(batch, expires, self.max_bytes, whole=True)
+        return PullPlan(batch, expires, self.max_bytes, whole=True, grace=self.grace)
 
     def ended(self, status: PullStatus, received: int, new: bool, got_any: bool) -> bool:
         """After a pull that ended with `status` and delivered `received` messages (`new`: any
@@ -83,9 +101,13 @@ class SlotPullPolicy:
             if received:
                 self.wait = False  # drained what was ready; look again without waiting
                 return True
+            if self.wait and self.wait_left > self.expires:  # a pull's share of the wait ended
+                self.wait_left -= self.expires
+                return True
             if self.waited or got_any:
                 return False
             self.wait = self.waited = True  # nothing ready: wait once
+            self.wait_left = max(self.fetch_timeout, self.redelivery_wait)
             return True
         self.transient += 1
         return self.transient <= TRANSIENT_RETRIES

@@ -169,7 +169,10 @@ class SlotReader:
         pulls = SlotPulls(
             consumer,
             SlotPullPolicy(
-                reading.fetch_batch_size, reading.fetch_timeout, partition.redelivery_wait
+                reading.fetch_batch_size,
+                reading.fetch_timeout,
+                partition.redelivery_wait,
+                partition.ack_wait,
             ),
             reading.thresholds,
             partition.limit - self.entry.head.count,
