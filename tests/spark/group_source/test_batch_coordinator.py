@@ -45,13 +45,19 @@ class Server:
         self.api = SimpleNamespace(stream_info=self.stream_info, consumer_info=self.consumer_info)
 
     def show(
-        self, slot: Slot, pending: int = 0, ack_pending: int = 0, pin: str = "", delivered: int = 0
+        self,
+        slot: Slot,
+        pending: int = 0,
+        ack_pending: int = 0,
+        pin: str = "",
+        delivered: int = 0,
+        ack_wait: float = 30.0,
     ) -> None:
         self.consumers[slot.consumer] = {
             "num_pending": pending,
             "num_ack_pending": ack_pending,
             "delivered": {"stream_seq": delivered},
-            "config": {"ack_wait": 30_000_000_000},
+            "config": {"ack_wait": int(ack_wait * 1e9)},
             "priority_groups": [{"group": "PCG", "pinned_client_id": pin}] if pin else [],
         }
 
@@ -198,6 +204,26 @@ def test_a_restarted_driver_plans_a_logged_batch_again_and_numbers_on(
         ("partition-0", 0, (1,)),
         ("partition-1", 0, (1,)),
     ]
+    run_sync(first.close())
+    run_sync(restarted.close())
+
+
+def test_a_logged_batch_run_again_carries_each_consumer_s_own_ack_wait(
+    driver: tuple[BatchCoordinator, Server, MemoryBucket],
+) -> None:
+    """A restarted driver asked to run a logged batch again has not planned, so it has not seen
+    the consumers: it looks at them first, and its tasks keep what they take for the
+    consumers' 4 s ack wait, not for the option's 30 s (seed 782 of the simulation's worlds with
+    another client: kept every 10 s, a message ran out of its wait while its task lived)."""
+    first, server, kv = driver
+    start = run_sync(first.initial_offset())
+    server.show(SLOTS[0], pending=3, ack_wait=4.0)
+    server.show(SLOTS[1], pending=2, ack_wait=4.0)
+    end = run_sync(first.latest_offset(start, None))
+    run_sync(first.partitions(start, end))  # then the driver is killed
+    restarted = driver_of(server, kv)
+    again = run_sync(restarted.partitions(start, end))
+    assert [(t.slot, t.ack_wait) for t in again] == [("partition-0", 4.0), ("partition-1", 4.0)]
     run_sync(first.close())
     run_sync(restarted.close())
 
