@@ -29,6 +29,17 @@ def observed(stream: Stream, running: list[Participant]) -> Observed:
     return Observed(stream, True, give_backs, who=lambda: running[0])
 
 
+def with_another_client(
+    loop: asyncio.AbstractEventLoop, stream: Stream, now: list[float]
+) -> tuple[Observed, Participant]:
+    """`observed` with another client of the consumer running, on the clock `now`."""
+    other = Participant("other client", "client", loop.create_future())
+    checks = observed(stream, [other])
+    checks.now = lambda: now[0]
+    checks.others.add(other)
+    return checks, other
+
+
 def test_a_new_checkpoint_that_acks_what_an_earlier_one_committed_fails(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
@@ -101,12 +112,8 @@ def test_another_client_must_not_get_what_the_live_checkpoint_committed(
     stream.publish("S.k0", 0.0)
     now = [0.0]
     driver = Participant("driver#1", "driver", loop.create_future())
-    other = Participant("other client", "client", loop.create_future())
     task = Participant("b0/c#0#0", "task", loop.create_future(), driver)
-    running = [other]
-    checks = observed(stream, running)
-    checks.now = lambda: now[0]
-    checks.others.add(other)
+    checks, _ = with_another_client(loop, stream, now)
     checks.query_run(driver)
     checks.sink_write(0, {"c#0": [1]})
     held = Delivery(1, 1, due=4.0, owner=task, queued=4.0)  # its wait ran out at 4 s
@@ -202,14 +209,10 @@ def test_another_client_may_get_what_a_sibling_dropped_of_a_killed_attempts_entr
     now = [0.0]
     first = Participant("driver#1", "driver", loop.create_future())
     second = Participant("driver#2", "driver", loop.create_future())
-    other = Participant("other client", "client", loop.create_future())
     killed = Participant("b1/c#0#0", "task", loop.create_future(), first)
     sibling = Participant("b1/c#1#0", "task", loop.create_future(), second)
     retry = Participant("b1/c#0#0", "task", loop.create_future(), second)
-    running = [other]
-    checks = observed(stream, running)
-    checks.now = lambda: now[0]
-    checks.others.add(other)
+    checks, _ = with_another_client(loop, stream, now)
     checks.query_run(first)
     checks.attempts.held_since[1] = [(0.5, killed), (6.0, retry)]  # recorded; taken over
     first.dead = killed.dead = True
@@ -247,11 +250,8 @@ class TakenBeforeCommit:
         stream.publish("S.k0", 0.0)
         self.now = [0.0]
         self.driver = Participant("driver#1", "driver", loop.create_future())
-        self.other = Participant("other client", "client", loop.create_future())
         self.task = Participant("b0/c#0#0", "task", loop.create_future(), self.driver)
-        self.checks = observed(stream, [self.other])
-        self.checks.now = lambda: self.now[0]
-        self.checks.others.add(self.other)
+        self.checks, self.other = with_another_client(loop, stream, self.now)
         self.checks.query_run(self.driver)
         self.checks.attempts.held_since[1] = [(0.5, self.task)]
         self.held = Delivery(1, 1, due=4.0, owner=self.task, queued=4.0)
