@@ -254,6 +254,13 @@ class Consumer:
             if not request.live():
                 self.waiting.remove(request)
                 continue
+            if not request.no_wait and now >= request.expires_at:
+                # `nextWaiting`: a request past its expiry gets its 408, never a message (seeds
+                # 5089 and 5442 of the worlds with another client and a 4 s wait: one served
+                # late, after its client had given it up, held a message past its ack wait)
+                self.waiting.remove(request)
+                self._end(request, PullStatus.TIMEOUT)
+                continue
             if self.pinning and self.pinned is None and request.pin_id and self._ready():
                 # `nextWaiting`: no pin, and a request with an id: an old one
                 self.waiting.remove(request)

@@ -196,7 +196,7 @@ MUTANTS = (
                 "        covered = columns.last_taken <= renewed\n",
             ),
         ),
-        edit=STALLING,
+        edit=(*STALLING, ("shared", True)),
     ),
     Mutant(
         "zombie-recreates-settled",

@@ -35,7 +35,7 @@ RARE = {
     "rerun-siblings-under-a-consumer-started-over": (632, 1650),
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
-    "overtaken-attempt-fails": (0, 222),
+    "overtaken-attempt-fails": (141, 238),  # since the server answers expired pulls 408
     # In worlds with pausing executors (`Mutant.edit`: attempts Spark lost run on after their
     # batch settled or their query was given back), of 0-299 (2026-11-29):
     "take-over-unfenced": (628, 1480),
@@ -82,9 +82,10 @@ RARE = {
     # In the same worlds, the only one of 0-15000 (2026-11-30; the seed that found the hole):
     # an attempt read the give-back's rewrite of its head back as its own lost-answer write.
     "give-back-rewrites-the-head-as-is": (13576,),
-    # In worlds with pausing executors: the first of 0-20000 on the schedules of 2026-11-29
-    # evening (found as a seed that broke a guarantee without any mutant).
-    "siblings-late-renewal-covers": (9129,),
+    # In worlds with pausing executors whose slots share a consumer (`Mutant.edit`): the first
+    # of 0-8000 since the server answers expired pulls 408 (2026-11-30; none of 0-30000 with
+    # siblings drawn; 9129, which found the hole, moved).
+    "siblings-late-renewal-covers": (4361,),
     # In the same worlds without siblings (`Mutant.edit`), the first of 0-3819 that broke per-key
     # order this way (2026-11-29; none of 6000-15250 did with siblings drawn): a chunk whose
     # dedupe read failed on a given-back entry, never held.
