@@ -287,8 +287,6 @@ class Consumer:
                 request.status = PullStatus.BATCH_COMPLETE
             elif request.no_wait:
                 request.status = PullStatus.TIMEOUT if request.served else PullStatus.NO_MESSAGES
-            elif now >= request.expires_at:
-                request.status = PullStatus.TIMEOUT
             if request.status is not None:
                 self.waiting.remove(request)
                 request.arrived.set()
