@@ -714,6 +714,27 @@ def in_background(pull: Blocking[PullConsumer], batch: int, **kwargs: Any) -> Fu
     return asyncio.run_coroutine_threadsafe(pull.target.fetch(batch, **kwargs), event_loop())
 
 
+@contextlib.contextmanager
+def waiting_pull_sent(
+    client: Blocking[NatsClient], stream: str, consumer: str
+) -> Iterator[threading.Event]:
+    """Set once a pull request that waits (one with an expiry) is sent to `consumer` within the
+    block: a message a test sends then reaches that pull at the start of its wait."""
+    sent = threading.Event()
+
+    async def note(msg: Any) -> None:
+        if "expires" in json.loads(msg.data):
+            sent.set()
+
+    subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+    subscription = run_sync(client.target.nc.subscribe(subject, cb=note))
+    run_sync(client.target.nc.flush())
+    try:
+        yield sent
+    finally:
+        run_sync(subscription.unsubscribe())
+
+
 # One slot read the way a task reads it, and another instance of a member next to the source.
 
 

@@ -249,8 +249,11 @@ class Pull:
             chunk.extend(self._take())  # a status that fails the request drops what it gathered
             if chunk and not self.whole:
                 return chunk
-            if not self.done:
-                await self._wait()
+            if not self.done and not await self._wait():
+                # Given up: what the server delivered for it goes out now. A whole pull wakes
+                # only for its full batch: what it left in the inbox went out with the next
+                # request's end, unkept until then (a server restart forgot a pull).
+                chunk.extend(self._take())
         if chunk:
             return chunk
         raise StopAsyncIteration
@@ -283,8 +286,8 @@ class Pull:
         self.consumer.note_pin(chunk)
         return chunk
 
-    async def _wait(self) -> None:
-        """Wait for the next arrival; end the request when none comes in time."""
+    async def _wait(self) -> bool:
+        """Wait for the next arrival; end the request when none comes in time (False)."""
         wait = self.deadline - time.monotonic()
         if self.quiet is not None:
             wait = min(wait, self.quiet)
@@ -294,11 +297,12 @@ class Pull:
         # at each arrival, or a trickle short of its batch would look like a dead server.
         wanted = self.batch - self.received if self.whole and self.quiet is None else 1
         if wait > 0 and await self.inbox.arrival(wait, wanted):
-            return
+            return True
         expired = time.monotonic() >= self.deadline
         self.status = PullStatus.CLIENT_TIMEOUT if expired else PullStatus.HEARTBEAT_MISSED
         self.done = True
         self.inbox.given_up(self.reply)
+        return False
 
 
 class PullConsumer:

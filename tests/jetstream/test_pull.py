@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from spark_helpers import in_background, make_consumer, publish, puller, wait_until
@@ -192,6 +193,28 @@ def test_heartbeat_missed_when_nobody_answers(
         assert sink.pending_msgs == 2  # both requests reached the sink
     finally:
         run_sync(sink.unsubscribe())
+
+
+def test_a_whole_pull_given_up_hands_out_what_it_delivered(
+    client: Blocking[NatsClient], unique: str
+) -> None:
+    """A server that forgets a pull after it delivered part of the batch (a restart) never ends
+    it: the client gives up past its expiry and hands out what it delivered then, not with the
+    next request's end (held by nothing meanwhile, its ack wait ran out: seed 5797 on a real
+    server). The server here is a subscriber that answers with one delivery and nothing more."""
+    prefix = f"forgets.{unique}"
+
+    async def deliver_once(request: Any) -> None:
+        await client.nc.publish(request.reply, b"delivered", reply=f"{prefix}.ack")
+
+    server = run_sync(client.nc.subscribe(f"{prefix}.CONSUMER.MSG.NEXT.>", cb=deliver_once))
+    try:
+        pull = Blocking(PullConsumer(client.nc, "S", "C", api_prefix=prefix))
+        result = pull.fetch(5, expires=0.1, grace=0.2, whole=True)
+    finally:
+        run_sync(server.unsubscribe())
+    assert result.status == PullStatus.CLIENT_TIMEOUT
+    assert result.deliveries.data == [b"delivered"]
 
 
 def test_heartbeat_missed_when_server_dies_mid_pull() -> None:

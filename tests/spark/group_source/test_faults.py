@@ -13,6 +13,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,14 @@ from spark_helpers import (
     OtherInstance,
     Slot,
     assert_exactly_once,
+    consumer_info,
     consumers_of,
     drained,
     elastic_group,
     foreach_batches,
     format_one_chunk,
     publish,
+    puller,
     reading,
     seqs,
     seqs_of,
@@ -38,9 +41,10 @@ from spark_helpers import (
     static_group,
     unacked,
     wait_until,
+    waiting_pull_sent,
 )
 
-from nats_spark.client import NatsClient, open_blocking, shared_client
+from nats_spark.client import NatsClient, close_shared_clients, open_blocking, shared_client
 from nats_spark.connection import ConnectionSettings
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.jetstream.kv_requests import KvRequests
@@ -167,6 +171,57 @@ def test_go_member_config_under_server_kills(spark, server, own, unique, tmp_pat
         query.stop()
     assert_exactly_once(sink.values, 24)
     assert max(stalls) < 20, f"rows came back {stalls} s after the restarts"
+
+
+def test_a_pull_a_server_restart_forgot_hands_out_its_delivery_in_time(server, own, unique):
+    """A task's waiting pull gets message 1 at the start of its wait; then the server restarts
+    (killed, started again on its port and store) and forgets the request, whose end never
+    comes. The client waits for it a sixth of the consumer's 6 s ack wait past its expiry, not
+    5 s, and hands the message out then: the task restarts its wait before it runs out (the
+    server keeps delivery times in whole seconds across a restart: up to a second early).
+    Another reader of the consumer, pulling from the restart until the task ends, gets nothing,
+    and the server never delivers the message again. Waited out 5 s past the expiry (seed 5797
+    of the simulation's worlds with another client), or handed out only with the next pull's
+    end (a whole pull gave up without taking what was in the inbox for it), the message's wait
+    ran out unkept and the other reader got it."""
+    slot = Slot(own, ConnectionSettings(servers=(server.url,), name="fault-tests"), unique)
+    shared = slot.overflow_consumer(ack_wait=6.0)
+    partition = replace(slot.partition(1, limit=5), consumer=shared, ack_wait=6.0, pin_id=None)
+    other = puller(own, slot.stream, shared, PRIORITY_GROUP)
+    taken: list[int] = []  # what the other reader got
+
+    def delivered() -> int:
+        return consumer_info(own, slot.stream, shared)["delivered"]["consumer_seq"]
+
+    # the consumer's state as the server stores it (written within 100 ms of a change)
+    streams = Path(server.store_dir, "jetstream", "$G", "streams")
+    state = streams / slot.stream / "obs" / shared / "o.dat"
+
+    try:
+        with (
+            waiting_pull_sent(own, slot.stream, shared) as waiting,
+            ThreadPoolExecutor(1) as task,
+        ):
+            rows = task.submit(lambda: seqs_of(read_slot(partition)))
+            assert waiting.wait(30), "the task sent no waiting pull"
+            written = state.stat().st_mtime_ns
+            publish(own, slot.stream, 1)
+            wait_until(lambda: delivered() == 1, 5, "message 1 at the task's pull", every=0.01)
+            # A clean stop would end the pull (409); kill -9 once the delivery is on disk, well
+            # before the pull's expiry (a third of the ack wait after it was sent).
+            wait_until(lambda: state.stat().st_mtime_ns != written, 2, "the delivery stored")
+            server.kill()
+            server.start()
+            wait_until(lambda: own.target.nc.is_connected, 10, "the client reconnected")
+            while not rows.done():
+                taken += [int(m.data) for m in other.fetch(5, expires=0.5).messages]
+        assert rows.result() == [1]
+        info = consumer_info(own, slot.stream, shared)
+    finally:
+        run_sync(other.target.close())
+        close_shared_clients()
+    assert taken == [], f"the other reader got {taken}"
+    assert info["delivered"]["consumer_seq"] == 1 and info["num_redelivered"] == 0, info
 
 
 def test_acks_lost_in_a_server_crash_are_not_emitted_again(server, own, unique, monkeypatch):

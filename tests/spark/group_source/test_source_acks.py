@@ -4,6 +4,7 @@ past the ack wait (the driver restarts it meanwhile)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tarfile
 import time
@@ -19,6 +20,7 @@ from spark_helpers import (
     assert_exactly_once,
     consumer_info,
     foreach_batches,
+    in_background,
     make_consumer,
     make_stream,
     publish,
@@ -30,12 +32,14 @@ from spark_helpers import (
     static_group,
     unacked,
     wait_until,
+    waiting_pull_sent,
 )
 
 from nats_spark.client import NatsClient, close_shared_clients, open_blocking, shared_client
 from nats_spark.connection import ConnectionSettings
+from nats_spark.jetstream.acks import NAK, InProgressKeeper, publish_acks
 from nats_spark.jetstream.api import to_nanos
-from nats_spark.loop import Blocking, run_sync
+from nats_spark.loop import Blocking, event_loop, run_sync
 from nats_spark.server import EmbeddedServer
 from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
@@ -320,6 +324,72 @@ def test_a_batch_spark_runs_again_after_a_restart_keeps_what_it_read(
         run_sync(other.target.close())
     assert sink.batches[0] == first, "the re-run emitted other rows than the first run"
     assert_exactly_once(sink.values, 30)
+
+
+def test_a_batch_spark_runs_again_after_a_restart_pulls_for_the_consumer_s_ack_wait(
+    spark, client, nats_url, unique, tmp_path
+):
+    """Batch 0 is logged and its sink fails before any task runs; then a holder takes all 10
+    messages and keeps them. Restarted on the checkpoint, Spark runs batch 0 again without a
+    `latestOffset` before it: its task finds nothing ready and waits (`fetchTimeout` 12 s), and
+    the holder gives message 1 back as the task's waiting pull starts. The re-run's partitions
+    carry the consumer's 3 s ack wait: that pull lasts a third of it, and the task's keeper then
+    holds message 1; the sink holds the batch for two ack waits while another reader's pull
+    waits behind the task's. The other reader gets nothing, the server delivers message 1 no
+    more, and with the 9 the holder then gives back every message is emitted once. Planned
+    with the option's 30 s (seed 782: the driver had not looked at the consumer), the pull
+    waited 10 s with message 1 in it, kept by nothing, and the server gave it to the other
+    reader."""
+    ack_wait = 3.0  # under the longest pull the option's 30 s allows (10 s)
+    stream, name = f"WAIT{unique}", "shared"
+    make_stream(client, stream, storage="memory")
+    make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(ack_wait))
+    publish(client, stream, 10)
+    df = source(spark, nats_url, stream, consumer=name, fetchTimeout="12s")
+
+    def down(batch: Any, batch_id: int) -> None:
+        raise RuntimeError("the sink is down")  # before any task of batch 0 runs
+
+    run_until_it_fails(df, down, tmp_path / "cp", "the first run")
+    holder, other = puller(client, stream, name, GROUP), puller(client, stream, name, GROUP)
+    held = holder.fetch(10, expires=2).deliveries.replies
+    assert len(held) == 10, "the holder did not take all 10"
+    keeper = InProgressKeeper(client.target.nc, ack_wait, "holder")
+    keeper.hold(range(10), held)
+    keeping = asyncio.run_coroutine_threadsafe(keeper.run(), event_loop())
+
+    def delivered() -> int:
+        return consumer_info(client, stream, name)["delivered"]["consumer_seq"]
+
+    sink = Collector()
+    sink.after_read[0] = lambda rows: time.sleep(2 * ack_wait)  # the sink holds the batch
+    with waiting_pull_sent(client, stream, name) as waiting:
+        query = foreach_batches(df, sink, tmp_path / "cp")
+        try:
+            assert waiting.wait(120), "batch 0 run again sent no waiting pull"
+            keeper.release([0])
+            run_sync(publish_acks(client.target.nc, [held[0]], kind=NAK))
+            wait_until(lambda: delivered() == 11, 5, "message 1 at the task's pull", every=0.02)
+            # Queued behind the task's pull, which the server serves first; lasting three ack
+            # waits, it is first once a redelivery has moved the task's pull behind it.
+            pulling = in_background(other, 10, expires=3 * ack_wait)
+            wait_until(lambda: 0 in sink.batches or query.exception(), 60, "batch 0 committed")
+            assert query.exception() is None, query.exception()
+            taken = [int(m.data) for m in pulling.result(3 * ack_wait + 10).messages]
+            assert taken == [], f"the other reader got {taken}"
+            assert sink.batches[0] == [0]
+            assert delivered() == 11, "message 1 was delivered again while its batch held it"
+            keeper.stop()
+            keeping.result(10)
+            run_sync(publish_acks(client.target.nc, held[1:], kind=NAK))  # given back
+            wait_until(lambda: len(sink.values) >= 10 or query.exception(), 60, "10 rows")
+            assert query.exception() is None, query.exception()
+        finally:
+            query.stop()
+            keeper.stop()
+            run_sync(holder.target.close())
+            run_sync(other.target.close())
+    assert_exactly_once(sink.values, 10)
 
 
 def test_settled_entries_that_come_back_without_their_chunks_are_removed_again(
