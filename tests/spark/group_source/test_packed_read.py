@@ -3,6 +3,8 @@ every slot's rows once, and the next batch's ack-only tasks ack them all."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import Counter
 
 from spark_helpers import publish, static_group, unacked, wait_until
@@ -13,7 +15,7 @@ from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver import batch_coordinator, driver_ledger, group_target
 from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
 from nats_spark.spark.group_source.driver.consumer_listing import LIST_FROM
-from nats_spark.spark.group_source.ledger import Ledger, LedgerBucket, read_head
+from nats_spark.spark.group_source.ledger import EntryState, Ledger, LedgerBucket, read_head
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import PackedSlots
 from nats_spark.spark.group_source.task import slot_entry
@@ -100,6 +102,77 @@ def test_a_packed_task_claims_its_slots_at_once(client, nats_url, unique, monkey
         assert len(found) == 8
         never_ran = found[SLOTS_AT_ONCE:]
         assert all(head.released for head in never_ran), never_ran
+    finally:
+        run_sync(reader.close())
+
+
+async def until(holds, what: str, timeout: float = 15.0) -> None:
+    """Wait on the task's loop until `holds()`; fail naming `what` (a step that should run
+    meanwhile did not: it waits for the one held)."""
+    deadline = time.monotonic() + timeout
+    while not holds():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        await asyncio.sleep(0.01)
+
+
+def test_a_packed_task_claims_while_it_acks_and_marks_while_it_pulls(
+    client, nats_url, unique, monkeypatch
+):
+    """The next batch's task acks what batch 0's left while its 4 slots claim their entries,
+    and marks those entries acked while its slots pull: the ack flush here waits until all
+    4 claims are done, the marks until a slot has recorded, and neither waits for the other
+    (one after the other, at 256 slots and a steady rate, they were two fifths of a task's
+    time). Before the task ends, the entries are marked."""
+    stream = f"PACKOVERLAP{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=4)
+    publish(client, stream, 400)
+    options = packed_options(nats_url, stream, unique, "1", maxMessagesPerPartition="50")
+    done: Counter[str] = Counter()
+    claim, record = slot_entry.SlotEntry.claim, slot_entry.SlotEntry.record
+    send, mark = ledger_protocol.send_acks, ledger_protocol.mark_acked
+
+    async def counted_claim(entry):
+        await claim(entry)
+        done["claimed"] += 1
+
+    async def counted_record(entry, *args):
+        found = await record(entry, *args)
+        done["recorded"] += 1
+        return found
+
+    async def acks_after_the_claims(nc, commands, count):
+        await until(lambda: done["claimed"] == 4, "the claims while the acks wait")
+        return await send(nc, commands, count)
+
+    async def marks_after_a_record(ledger, due):
+        await until(lambda: done["recorded"] > 0, "a slot's record while the marks wait")
+        await mark(ledger, due)
+
+    monkeypatch.setattr(slot_entry.SlotEntry, "claim", counted_claim)
+    monkeypatch.setattr(slot_entry.SlotEntry, "record", counted_record)
+    monkeypatch.setattr(ledger_protocol, "send_acks", acks_after_the_claims)
+    monkeypatch.setattr(ledger_protocol, "mark_acked", marks_after_a_record)
+    reader = BatchCoordinator(parse_options(options))
+    try:
+        start = run_sync(reader.initial_offset())
+        first = run_sync(reader.latest_offset(start, None))
+        (task,) = run_sync(reader.input_partitions(start, first))
+        assert isinstance(task, PackedSlots)
+        read = {s for b in read_packed(task) for s in b.column("stream_seq").to_pylist()}
+        assert len(read) == 200
+        done.clear()
+        following = run_sync(reader.latest_offset(first, None))
+        (task,) = run_sync(reader.input_partitions(first, following))
+        assert isinstance(task, PackedSlots) and len(task.slots) == 4
+        more = [s for b in read_packed(task) for s in b.column("stream_seq").to_pylist()]
+        assert more and not read & set(more)
+
+        async def states() -> list:
+            kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
+            ledger = Ledger(kv, first.lineage)
+            return [(await read_head(ledger, first.gen, s.slot))[0].state for s in task.slots]
+
+        assert run_sync(states()) == [EntryState.ACKED] * 4
     finally:
         run_sync(reader.close())
 

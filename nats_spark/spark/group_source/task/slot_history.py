@@ -11,8 +11,9 @@ is kept per worker process and brought up to date from the entries a partition n
 only entries it has not seen: sealed entries never change.
 
 A task of packed slots does both for all its slots at once: their committed entries acked
-with one flush before any pulls, the entries they dedupe against read concurrently when the
-first of them needs them (`DedupeReads`).
+with one flush before any pulls (while the slots claim their entries; the entries are marked
+acked while the slots pull), the entries they dedupe against read concurrently when the first
+of them needs them (`DedupeReads`).
 """
 
 from __future__ import annotations
@@ -103,10 +104,13 @@ class SlotHistory:
         return self.ledger.kv.name, self.ledger.lineage, gen, slot
 
 
-async def ack_committed_together(client: NatsClient, histories: Sequence[SlotHistory]) -> None:
+async def ack_committed_together(
+    client: NatsClient, histories: Sequence[SlotHistory]
+) -> list[tuple[Ledger, protocol.DueAcks]]:
     """`ack_committed` for the slots of one task at once (they read one stream): their due
-    entries read concurrently, their acks sent with one flush, their heads marked concurrently.
-    The same ledger operations, in the round trips of one slot."""
+    entries read concurrently, their acks sent with one flush. Returns the entries acked, for
+    `mark_acked_together`, which the task's pulls need not wait for: an entry acked and not
+    marked yet is acked again by the slot's next task, which the server ignores."""
     due = [(history, gen) for history in histories for gen in history.partition.committed]
     found = await all_results(
         protocol.ack_due_of(history.ledger, gen, history.partition.slot) for history, gen in due
@@ -115,13 +119,22 @@ async def ack_committed_together(client: NatsClient, histories: Sequence[SlotHis
     if read:
         stream = histories[0].partition.stream
         await protocol.send_entry_acks(client, (entry.deliveries for _, entry in read), stream)
-        await all_results(protocol.mark_acked(history.ledger, entry) for history, entry in read)
     for history in histories:
         mine = [entry for owner, entry in read if owner is history]
         for entry in mine:
             history.note_acked(entry.gen, entry.deliveries.stream_seq)
         history.acked = True
         history.log_acked(sum(len(entry.deliveries) for entry in mine))
+    return [(history.ledger, entry) for history, entry in read]
+
+
+async def mark_acked_together(acked: Sequence[tuple[Ledger, protocol.DueAcks]]) -> None:
+    """Mark the entries `ack_committed_together` acked, concurrently. One left unmarked (its
+    write failed) is acked again by the slot's next task: the task goes on."""
+    try:
+        await all_results(protocol.mark_acked(ledger, entry) for ledger, entry in acked)
+    except Exception as error:
+        log.info("marking %d acked ledger entries failed (acked again): %s", len(acked), error)
 
 
 class DedupeReads:

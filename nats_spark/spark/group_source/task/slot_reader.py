@@ -12,8 +12,10 @@ every message recorded in the entry before its row leaves the task, while `InPro
 keeps what the task holds from redelivery. The task then seals the entry.
 
 A task of packed slots (`PackedSlots`) first acks what the committed batches left to all its
-slots together (one flush), claims all its slots' entries at once (a slot's claim is a few round
-trips: one slot after another they were most of a task's time at many slots), and reads what they
+slots together (one flush) while it claims all its slots' entries at once (a slot's claim is a few
+round trips: one slot after another they were most of a task's time at many slots), marks the
+acked entries while its slots pull (at 256 slots and a steady rate, the acks and the marks were
+each up to a fifth of a task's time), and reads what they
 dedupe against once for them all, then runs each slot's steps as above, on one connection and
 one opening of the ledger bucket; a few slots run ahead of the one emitting, their record batches
 queued (a few per slot), so that rows still leave slot by slot in the packed order.
@@ -55,6 +57,7 @@ from nats_spark.spark.group_source.task.slot_history import (
     DedupeReads,
     SlotHistory,
     ack_committed_together,
+    mark_acked_together,
 )
 from nats_spark.spark.group_source.task.slot_pulls import SlotPulls
 from nats_spark.spark.shared.worker_gc import freeze_imports
@@ -85,15 +88,21 @@ class SlotReader:
         self._history: SlotHistory | None = None
 
     async def begin(self) -> None:
-        """Ack what committed batches left, then claim the ledger entry: create it, take over
-        an open one, or replay a sealed one. An ack-only partition (`limit` 0) stops there.
-        Once: a task of packed slots begins all its slots together, before any pulls."""
+        """Ack what committed batches left (the acks free the capacity the batch was planned
+        with), then claim the ledger entry. Once: a task of packed slots acks for all its
+        slots while they claim (`packed_batches`)."""
+        if self.begun:
+            return
+        await (await self.history()).ack_committed()
+        await self.claim()
+
+    async def claim(self) -> None:
+        """Claim the ledger entry: create it, take over an open one, or replay a sealed one. An
+        ack-only partition (`limit` 0) claims nothing."""
         if self.begun:
             return
         self.begun = True
         partition = self.partition
-        history = await self.history()
-        await history.ack_committed()  # done already in a task of packed slots
         if not self.pulling:
             return
         await self.entry.claim()
@@ -104,7 +113,7 @@ class SlotReader:
         self.acceptance = Acceptance(
             self.entry,
             self.keeper,
-            history,
+            await self.history(),
             self.client.nc,
             partition.dedupe_through,
             bool(partition.siblings),
@@ -394,7 +403,8 @@ async def packed_batches(
 ) -> AsyncGenerator[tuple[str, pa.RecordBatch], None]:
     """The record batches of `readers`' slots (`slot_batches` each) with their slot's name, one
     slot's after the other's in their order, once the committed batches' acks of all of them
-    went out together and all of them claimed their entries, concurrently (the earlier entries
+    went out together while all of them claimed their entries, concurrently (the acked entries
+    are marked so meanwhile, done before the task ends; the earlier entries
     they dedupe against are read once for them all: `DedupeReads`, and so is the pointer
     their fence checks read: `PointerReads`); up to `SLOTS_AT_ONCE` slots
     run at a time, the ones ahead queueing what they read. When the task ends early or one slot
@@ -402,17 +412,26 @@ async def packed_batches(
     task stopped by Spark does), and those not run yet release the entries they claimed."""
     ahead: list[_SlotAhead] = []
     started = 0  # readers whose steps were started (`_SlotAhead`), in their order
+    marking: asyncio.Future[None] | None = None  # the acked entries' heads, marked meanwhile
     try:
         if readers:
             histories = [await reader.history() for reader in readers]
-            await ack_committed_together(readers[0].client, histories)
             shared = DedupeReads(histories)
             for history in histories:
                 history.shared = shared
             pointer = readers[0].entry.pointer_reads(histories[0].ledger)
             for reader in readers:
                 reader.entry.pointer = pointer
-            await all_results(reader.begin() for reader in readers)
+            acked, claimed = await asyncio.gather(
+                ack_committed_together(readers[0].client, histories),
+                all_results(reader.claim() for reader in readers),
+                return_exceptions=True,  # both end before the task goes on or fails
+            )
+            if isinstance(acked, BaseException):
+                raise acked
+            marking = asyncio.ensure_future(mark_acked_together(acked))
+            if isinstance(claimed, BaseException):
+                raise claimed
         while started < len(readers) or ahead:
             while len(ahead) < SLOTS_AT_ONCE and started < len(readers):
                 ahead.append(_SlotAhead(readers[started]))
@@ -426,6 +445,8 @@ async def packed_batches(
             slot.running.cancel()
         await asyncio.gather(*(slot.running for slot in ahead), return_exceptions=True)
         await asyncio.gather(*(reader.abandon() for reader in readers[started:]))
+        if marking is not None:
+            await marking
 
 
 class _SlotAhead:
