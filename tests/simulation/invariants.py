@@ -155,34 +155,33 @@ class Observed:
         seq: int,
         before: Delivery | None,
         wait: float,
-        overtaken: bool = False,
         delivered_again: Callable[[], bool] = lambda: False,
     ) -> None:
         """Another client got `seq`, after the delivery `before` (`wait`: its ack wait;
         `delivered_again`: whether the server has delivered it again since the other client's
-        delivery). What it takes is not the query's: a message the query never committed may be
-        taken by anyone (it is no loss: the other client acks it, and the quiet check leaves it
-        out), and one an earlier checkpoint committed a new one may take again, so may another
-        client. One the live checkpoint committed is a duplicate in the world, emitted by the
-        query and processed by the other client: the query must hold it until it acks it (ack
-        waits kept by its tasks, then by the driver's `SealedKeeper`). Only the world can let it
-        out, and such a case is counted apart (`let_out`): the query's ack of it lost in a server
-        restart; the attempt that held its delivery killed, or the one whose open entry held it
-        when a sibling had dropped its delivery as that entry's (nothing keeps that wait until a
-        retry has taken its entry over); or its delivery's wait ran out while no run of the live
-        checkpoint lived, without a pause, all of that wait (the query stopped or was killed; a
-        stall, of the driver's process or of an attempt that held it, its delivery or its entry,
-        as docs/architecture.md says). So can the other client itself (`overtaken`): it took a
-        delivery it got before the query's, once its ack wait had run out (it stalled in
-        between) and the server had delivered the message again; no reader of the consumer can
-        keep another from processing what it holds (seed 6024 of the worlds with another
-        client). What the live checkpoint had not committed yet is judged if it commits it later
+        delivery, when asked). What it takes is not the query's: a message the query never committed
+        may be taken by anyone (it is no loss: the other client acks it, and the quiet check leaves
+        it out), and one an earlier checkpoint committed a new one may take again, so may another
+        client. One the live checkpoint committed is a duplicate in the world, emitted by the query
+        and processed by the other client: the query must hold it until it acks it (ack waits kept
+        by its tasks, then by the driver's `SealedKeeper`). Only the world can let it out, and such
+        a case is counted apart (`let_out`): the query's ack of it lost in a server restart; the
+        attempt that held its delivery killed, or the one whose open entry held it when a sibling
+        had dropped its delivery as that entry's (nothing keeps that wait until a retry has taken
+        its entry over); or its delivery's wait ran out while no run of the live checkpoint lived,
+        without a pause, all of that wait (the query stopped or was killed; a stall, of the driver's
+        process or of an attempt that held it, its delivery or its entry, as docs/architecture.md
+        says). So can the other client itself: it took a delivery it got before the query's, once
+        its ack wait had run out (it stalled in between) and the server had delivered the message
+        again (`delivered_again` at the take); no reader of the consumer can keep another from
+        processing what it holds (seed 6024 of the worlds with another client). What the live
+        checkpoint had not committed yet is judged if it commits it later
         (`_committed_after_taken`), with the same let-outs, as they were at the take."""
         live = len(self.sinks) - 1
         batch = self.in_sinks[live].get(seq)
         if before is not None and before.owner in self.others:
             return  # back to the other client (its own ack lost): its earlier take is judged
-        if overtaken:
+        if delivered_again():
             why: str | None = "the other client took its delivery after its ack wait ran out"
         else:
             why = self._let_out_by_the_world(seq, before, wait, live)

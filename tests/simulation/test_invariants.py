@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -155,7 +156,7 @@ def test_another_client_may_process_what_it_got_before_the_query_did(
     checks.taken_by_another(1, held, 30.0)
     assert checks.problems == ["committed, then taken by another client: message 1, batch 0"]
     checks.problems.clear()
-    checks.taken_by_another(1, None, 30.0, overtaken=True)
+    checks.taken_by_another(1, None, 30.0, lambda: True)  # delivered to the query since
     assert checks.problems == [] and checks.let_out == {
         "the other client took its delivery after its ack wait ran out": 1
     }
@@ -255,12 +256,13 @@ class TakenBeforeCommit:
         self.checks.query_run(self.driver)
         self.checks.attempts.held_since[1] = [(0.5, self.task)]
         self.held = Delivery(1, 1, due=4.0, owner=self.task, queued=4.0)
-        self.delivered_again = False
+        # When the server delivered it again after the other client's delivery (never: inf).
+        self.delivered_again_at = math.inf
 
-    def take_then_commit(self, before: Delivery | None = None, overtaken: bool = False) -> None:
+    def take_then_commit(self, before: Delivery | None = None) -> None:
         self.now[0] = 4.5
         held = self.held if before is None else before
-        self.checks.taken_by_another(1, held, 4.0, overtaken, lambda: self.delivered_again)
+        self.checks.taken_by_another(1, held, 4.0, lambda: self.now[0] >= self.delivered_again_at)
         self.checks.acked("c", 1)
         self.now[0] = 9.0
         self.checks.sink_write(0, {"c#0": [1]})
@@ -279,7 +281,7 @@ def test_another_client_taking_what_the_live_checkpoint_commits_later_fails(
     world.take_then_commit()
     assert world.checks.problems == ["taken by another client, then committed: message 1, batch 0"]
     world = TakenBeforeCommit(loop)
-    world.delivered_again = True
+    world.delivered_again_at = 6.0
     world.take_then_commit()
     assert world.checks.problems == ["taken by another client, then committed: message 1, batch 0"]
     assert world.checks.let_out == {}
@@ -309,7 +311,7 @@ def came_back(world: TakenBeforeCommit) -> None:
     other client's ack was lost in a restart and the server delivered it to the query."""
     world.checks.attempts.held_since[1] = [(6.0, world.task)]
     world.held = Delivery(1, 1, due=4.0, owner=None, queued=4.0)
-    world.delivered_again = True
+    world.delivered_again_at = 6.0
 
 
 @pytest.mark.parametrize(
@@ -353,7 +355,8 @@ def test_a_take_before_the_commit_is_let_out_by_what_was_so_at_the_take(
         "taken before its commit: the query's ack lost in a server restart": 1
     }
     world = TakenBeforeCommit(loop)
-    world.take_then_commit(overtaken=True)
+    world.delivered_again_at = 4.2  # to the query, before the other client took its delivery
+    world.take_then_commit()
     assert world.checks.let_out == {
         "taken before its commit: the other client took its delivery after its ack wait ran out": 1
     }
