@@ -29,6 +29,7 @@ Spark's outputs are per checkpoint, so each check is too.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -203,8 +204,7 @@ class Observed:
         for take in self.takes.pop(seq, []):
             why = take.why
             if take.delivered_again() and not any(
-                holder is not None and self._checkpoint_of(holder) == live
-                for holder in self.attempts.holders(seq, take.at)
+                holder is not None for holder in self._holding(seq, -math.inf, take.at, live)
             ):
                 why = CAME_BACK
             if why is None:
@@ -232,10 +232,7 @@ class Observed:
         # what it took over from the take-over on: seed 21621 of the worlds with another
         # client, whose retry stalled past the wait of a delivery a sibling had dropped), and
         # the drivers, whose keepers hold what is sealed.
-        holders = {before.owner, *self.drivers}
-        holders.update(
-            a for a in self.attempts.holding(seq, since, until) if self._checkpoint_of(a) == live
-        )
+        holders = {before.owner, *self.drivers, *self._holding(seq, since, until, live)}
         if any(start < until and end > since and who in holders for who, start, end in self.stalls):
             return "a stall while its ack wait ran out"
         if not any(
@@ -251,13 +248,14 @@ class Observed:
         entry over yet: as for a delivery of the killed attempt itself. Seed 16463 of the
         worlds with another client: the delivery was a sibling slot's, which dropped it as
         recorded in its sibling's entry."""
-        holders = [
-            holder
-            for holder in self.attempts.holders(seq, until)
-            if holder is None or self._checkpoint_of(holder) == live
-        ]
+        holders = self._holding(seq, until, until, live)
         died = holders[-1].died if holders and holders[-1] is not None else None
         return died is not None and died <= until
+
+    def _holding(self, seq: int, since: float, until: float, live: int) -> list[Participant | None]:
+        """Who held `seq` in the live checkpoint's entries from `since` to `until`
+        (`Attempts.holding`: its attempts, None for a sealed entry)."""
+        return self.attempts.holding(seq, since, until, lambda a: self._checkpoint_of(a) == live)
 
     def refused(self, why: str, consumers: list[Consumer], recreated: bool) -> None:
         """The source refused to read on (the schedule ends there: the operator must act): only

@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from itertools import pairwise
-from typing import Any
+from typing import Any, NamedTuple
 
 from nats_spark.spark.group_source.ledger import (
     ChunkMissing,
@@ -54,6 +53,15 @@ from tests.simulation.scheduler import Participant, Scheduler
 REQUEUED = "OPEN: given back, yet redelivered after newer messages of its key"
 
 
+class Hold(NamedTuple):
+    """An entry came to hold a message: `attempt` recorded it or took it over, or sealed it (its
+    batch's driver keeps it from then on)."""
+
+    at: float
+    attempt: Participant
+    sealed: bool = False
+
+
 class Attempts:
     def __init__(self, now: Callable[[], float] = lambda: 0.0) -> None:
         self.now = now
@@ -64,9 +72,8 @@ class Attempts:
         # One per slot it reads: a packed task's attempt has several, each of its own consumer.
         self.entries: dict[Participant, list[SlotEntry]] = {}
         # By stream seq, in order: when an attempt's open entry came to hold it (its write
-        # recorded it, or its claim took it over), or the entry was sealed (None: its batch's
-        # driver keeps it from then on).
-        self.held_since: dict[int, list[tuple[float, Participant | None]]] = {}
+        # recorded it, or its claim took it over), or the attempt sealed the entry.
+        self.held_since: dict[int, list[Hold]] = {}
 
     def watch(self, attempt: Participant, entry: SlotEntry) -> None:
         """Count what `entry` adopts at its claim, and what its writes record once they are
@@ -86,7 +93,8 @@ class Attempts:
                 self._hold(attempt, entry.taken)
 
         async def sealing() -> None:
-            self._hold(None, entry.taken)  # from the write's start: it may land, its answer lost
+            # from the write's start: it may land, its answer lost
+            self._hold(attempt, entry.taken, sealed=True)
             await seal()
 
         if entry.ledger is not None:  # the world's entries have theirs (a unit test's may not)
@@ -119,24 +127,28 @@ class Attempts:
         entry._write = writing  # type: ignore[method-assign]
         entry.seal = sealing  # type: ignore[method-assign]
 
-    def _hold(self, attempt: Participant | None, seqs: set[int]) -> None:
+    def _hold(self, attempt: Participant, seqs: set[int], sealed: bool = False) -> None:
         now = self.now()
         for seq in seqs:
-            self.held_since.setdefault(seq, []).append((now, attempt))
+            self.held_since.setdefault(seq, []).append(Hold(now, attempt, sealed))
 
-    def holders(self, seq: int, until: float) -> list[Participant | None]:
-        """Who had come to hold `seq` in an entry by `until`, in that order: the attempts that
-        recorded it or took it over, None for a seal."""
-        return [attempt for since, attempt in self.held_since.get(seq, []) if since <= until]
-
-    def holding(self, seq: int, since: float, until: float) -> list[Participant]:
-        """The attempts whose entries held `seq` at some time from `since` to `until`: from
-        when each recorded it or took it over until the next did, or a seal."""
-        times = [*self.held_since.get(seq, []), (math.inf, None)]
+    def holding(
+        self, seq: int, since: float, until: float, among: Callable[[Participant], bool]
+    ) -> list[Participant | None]:
+        """Who held `seq` at some time from `since` to `until`, in that order, in the entries of
+        the attempts `among` picks (one checkpoint's): each attempt from when it recorded it or
+        took it over until another of them did, or one sealed it; None for a sealed entry (its
+        driver keeps it). An attempt of an earlier checkpoint that holds it later ends no hold
+        of these: it writes entries of its own (of its lineage, or on 4.0/4.1 of gens below
+        the new checkpoint's first, which the pointer kept above all the earlier query handed
+        out), theirs still name it, and a `+WPI` keeps whatever delivery of it is pending (the
+        server matches it by stream sequence)."""
+        holds = [hold for hold in self.held_since.get(seq, []) if among(hold.attempt)]
+        ends = [*(hold.at for hold in holds[1:]), math.inf]  # each ends as the next begins
         return [
-            attempt
-            for (start, attempt), (end, _) in pairwise(times)
-            if attempt is not None and start <= until and end >= since
+            None if hold.sealed else hold.attempt
+            for hold, end in zip(holds, ends, strict=False)
+            if hold.at <= until and end >= since
         ]
 
     def why_late(self, seq: int, held: Delivery, consumer: str) -> str | None:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.simulation.invariants import CAME_BACK, Observed, live_leftovers
 from tests.simulation.jetstream import Delivery, Stream
-from tests.simulation.lateness import GiveBacks
+from tests.simulation.lateness import GiveBacks, Hold
 from tests.simulation.scheduler import Participant
 
 pytestmark = pytest.mark.unit
@@ -182,7 +182,7 @@ def test_a_stall_of_the_attempt_whose_entry_holds_a_message_lets_it_out(
     checks.new_checkpoint()
     checks.query_run(driver)
     checks.sink_write(0, {"c#0": [1]})
-    checks.attempts.held_since[1] = [(5.0, zombie), (12.0, retry)]  # recorded; taken over
+    checks.attempts.held_since[1] = [Hold(5.0, zombie), Hold(12.0, retry)]  # recorded; taken over
     dropped = Delivery(1, 2, due=40.0, owner=sibling, queued=40.0)  # delivered at 10
     checks.stalls += [(zombie, 15.0, 45.0), (retry, 2.0, 9.0)]
     checks.taken_by_another(1, dropped, 30.0)
@@ -191,6 +191,41 @@ def test_a_stall_of_the_attempt_whose_entry_holds_a_message_lets_it_out(
     checks.stalls.append((retry, 15.0, 45.0))
     checks.taken_by_another(1, dropped, 30.0)
     assert checks.problems == [] and checks.let_out == {"a stall while its ack wait ran out": 1}
+
+
+def test_an_earlier_checkpoints_attempt_that_holds_a_message_later_ends_no_live_hold(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """An attempt of the live checkpoint recorded message 1, then a zombie of an earlier
+    checkpoint recorded a later delivery of it in its own lineage's entry, or sealed that entry:
+    the live entry still names it, and its attempt's `+WPI` keeps whatever delivery is pending
+    (matched by stream sequence), so the live attempt still holds it. Its stall while a sibling's
+    dropped delivery waited out its wait lets the other client have the message, and so does its
+    death before; the checker took the zombie's record, or seal, for the end of the live hold."""
+    stream = Stream()
+    stream.publish("S.k0", 0.0)
+    first, driver = (Participant(f"driver#{n}", "driver", loop.create_future()) for n in (1, 2))
+    sibling = Participant("b0/c#1#0", "task", loop.create_future(), driver)
+    recorder = Participant("b0/c#0#0", "task", loop.create_future(), driver)
+    zombie = Participant("b0/c#0#0", "task", loop.create_future(), first)
+    checks = observed(stream, [recorder])
+    checks.query_run(first)
+    checks.new_checkpoint()
+    checks.query_run(driver)
+    checks.sink_write(0, {"c#0": [1]})
+    checks.attempts.held_since[1] = [Hold(1.0, recorder), Hold(3.0, zombie)]
+    dropped = Delivery(1, 2, due=40.0, owner=sibling, queued=40.0)  # delivered at 10
+    checks.stalls.append((recorder, 15.0, 45.0))
+    checks.taken_by_another(1, dropped, 30.0)
+    assert checks.problems == [] and checks.let_out == {"a stall while its ack wait ran out": 1}
+    checks.stalls.clear()
+    checks.let_out.clear()
+    checks.attempts.held_since[1] = [Hold(1.0, recorder), Hold(3.0, zombie, sealed=True)]
+    recorder.dead, recorder.died = True, 2.0
+    checks.taken_by_another(1, dropped, 30.0)
+    assert checks.problems == [] and checks.let_out == {
+        "the attempt whose entry held it was killed": 1
+    }
 
 
 def test_another_client_may_get_what_a_sibling_dropped_of_a_killed_attempts_entry(
@@ -215,7 +250,7 @@ def test_another_client_may_get_what_a_sibling_dropped_of_a_killed_attempts_entr
     retry = Participant("b1/c#0#0", "task", loop.create_future(), second)
     checks, _ = with_another_client(loop, stream, now)
     checks.query_run(first)
-    checks.attempts.held_since[1] = [(0.5, killed), (6.0, retry)]  # recorded; taken over
+    checks.attempts.held_since[1] = [Hold(0.5, killed), Hold(6.0, retry)]  # recorded; taken over
     first.dead = killed.dead = True
     first.died = killed.died = 1.0
     checks.run_ended(first)
@@ -228,15 +263,16 @@ def test_another_client_may_get_what_a_sibling_dropped_of_a_killed_attempts_entr
     assert checks.problems == [] and checks.let_out == {
         "the attempt whose entry held it was killed": 1
     }
-    checks.attempts.held_since[1] = [(0.5, killed), (5.0, retry)]  # taken over in time
+    checks.attempts.held_since[1] = [Hold(0.5, killed), Hold(5.0, retry)]  # taken over in time
     checks.taken_by_another(1, dropped, 4.0)
     assert checks.problems == ["committed, then taken by another client: message 1, batch 1"]
     checks.problems.clear()
-    checks.attempts.held_since[1] = [(0.5, killed), (0.8, None)]  # sealed, then killed
+    sealed = Hold(0.8, killed, sealed=True)
+    checks.attempts.held_since[1] = [Hold(0.5, killed), sealed]  # then killed
     checks.taken_by_another(1, dropped, 4.0)
     assert checks.problems == ["committed, then taken by another client: message 1, batch 1"]
     checks.problems.clear()
-    checks.attempts.held_since[1] = [(0.5, killed)]
+    checks.attempts.held_since[1] = [Hold(0.5, killed)]
     killed.died = 6.0  # alive while the wait ran out
     checks.taken_by_another(1, dropped, 4.0)
     assert checks.problems == ["committed, then taken by another client: message 1, batch 1"]
@@ -254,7 +290,7 @@ class TakenBeforeCommit:
         self.task = Participant("b0/c#0#0", "task", loop.create_future(), self.driver)
         self.checks, self.other = with_another_client(loop, stream, self.now)
         self.checks.query_run(self.driver)
-        self.checks.attempts.held_since[1] = [(0.5, self.task)]
+        self.checks.attempts.held_since[1] = [Hold(0.5, self.task)]
         self.held = Delivery(1, 1, due=4.0, owner=self.task, queued=4.0)
         # When the server delivered it again after the other client's delivery (never: inf).
         self.delivered_again_at = math.inf
@@ -309,7 +345,7 @@ def no_run_lived(world: TakenBeforeCommit) -> None:
 def came_back(world: TakenBeforeCommit) -> None:
     """The query never held it before the take (delivered to the other client first); the
     other client's ack was lost in a restart and the server delivered it to the query."""
-    world.checks.attempts.held_since[1] = [(6.0, world.task)]
+    world.checks.attempts.held_since[1] = [Hold(6.0, world.task)]
     world.held = Delivery(1, 1, due=4.0, owner=None, queued=4.0)
     world.delivered_again_at = 6.0
 
