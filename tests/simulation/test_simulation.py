@@ -316,6 +316,18 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         {"other_client": True, "ack_wait": 4.0},
         "the same: message 12 served to a request 0.7 s past its expiry (2026-11-30)",
     ),
+    498: (
+        {"other_client": True, "stalling_executors": True},
+        "the driver stalled 4.5 s while its keeper held message 6, sealed; a zombie of an "
+        "earlier checkpoint got the redelivery and gave it back unrecorded, and the other "
+        "client got it: the checker judged the zombie's give-back, not the stall (checker's "
+        "fault, `Observed._held_last`; 2026-11-30)",
+    ),
+    970: (
+        {"other_client": True, "stalling_executors": True},
+        "the same after the query stopped: a zombie of batch 1 got message 15 again once no "
+        "run held it and gave it back unrecorded (2026-11-30)",
+    ),
 }
 
 
