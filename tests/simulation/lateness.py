@@ -62,6 +62,26 @@ class Hold(NamedTuple):
     sealed: bool = False
 
 
+class Held(NamedTuple):
+    seq: int
+    hold: Hold
+
+
+async def _named(entry: SlotEntry, seqs: set[int]) -> bool:
+    """Whether the head of `entry` names all of `seqs` now; read from the bucket itself, which
+    adds no scheduling point."""
+    assert entry.ledger is not None
+    ledger = Ledger(entry.ledger.kv.store, entry.ledger.lineage)  # type: ignore[attr-defined]
+    found = await read_head(ledger, entry.partition.gen, entry.partition.slot)
+    if found is None:
+        return False
+    try:
+        recorded = await read_deliveries(ledger, found[0])
+    except ChunkMissing:
+        return False
+    return seqs <= set(recorded.stream_seq)
+
+
 class Attempts:
     def __init__(self, now: Callable[[], float] = lambda: 0.0) -> None:
         self.now = now
@@ -115,9 +135,18 @@ class Attempts:
         ) -> None:
             written = set(taken.stream_seq)
             began.update(written)
-            if not replacing:  # held from the write's start: it may land, its answer lost
-                self._hold(attempt, written)
-            await write(chunks, taken, pin, replacing)
+            # Held from the write's start: it may land, its answer lost. One that failed held
+            # nothing unless its head names them (seeds 2538 of the packed worlds with another
+            # client, 2667 and 2779 of those whose executors pause: a write that never landed
+            # was taken for the query holding the message before the other client took it).
+            holds = [] if replacing else self._hold(attempt, written)
+            try:
+                await write(chunks, taken, pin, replacing)
+            except BaseException:
+                if holds and not await _named(entry, written):
+                    for hold in holds:
+                        self.held_since[hold.seq].remove(hold.hold)
+                raise
             if replacing:  # the last write again, without what a sibling recorded too
                 recorded.difference_update(last[0] - written)
             recorded.update(written)
@@ -127,10 +156,12 @@ class Attempts:
         entry._write = writing  # type: ignore[method-assign]
         entry.seal = sealing  # type: ignore[method-assign]
 
-    def _hold(self, attempt: Participant, seqs: set[int], sealed: bool = False) -> None:
+    def _hold(self, attempt: Participant, seqs: set[int], sealed: bool = False) -> list[Held]:
         now = self.now()
-        for seq in seqs:
-            self.held_since.setdefault(seq, []).append(Hold(now, attempt, sealed))
+        holds = [Held(seq, Hold(now, attempt, sealed)) for seq in seqs]
+        for held in holds:
+            self.held_since.setdefault(held.seq, []).append(held.hold)
+        return holds
 
     def holding(
         self, seq: int, since: float, until: float, among: Callable[[Participant], bool]
