@@ -63,6 +63,8 @@ class Hold(NamedTuple):
 
 
 class Held(NamedTuple):
+    """A `Hold` of one stream seq: taken back when the write it began with never landed."""
+
     seq: int
     hold: Hold
 
