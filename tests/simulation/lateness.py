@@ -34,8 +34,10 @@ from typing import Any, NamedTuple
 from nats_spark.spark.group_source.ledger import (
     ChunkMissing,
     EntryDeliveries,
+    EntryHead,
     Ledger,
     LedgerConflict,
+    chunk_deliveries,
     read_deliveries,
     read_head,
 )
@@ -69,19 +71,22 @@ class Held(NamedTuple):
     hold: Hold
 
 
-async def _named(entry: SlotEntry, seqs: set[int]) -> bool:
-    """Whether the head of `entry` names all of `seqs` now; read from the bucket itself, which
-    adds no scheduling point."""
+def _named(entry: SlotEntry, seqs: set[int]) -> bool:
+    """Whether the head of `entry` names all of `seqs` now: read from the bucket's values
+    themselves, which neither adds a scheduling point nor counts as a read."""
     assert entry.ledger is not None
-    ledger = Ledger(entry.ledger.kv.store, entry.ledger.lineage)  # type: ignore[attr-defined]
-    found = await read_head(ledger, entry.partition.gen, entry.partition.slot)
-    if found is None:
+    ledger, partition = entry.ledger, entry.partition
+    values = ledger.kv.store.values  # type: ignore[attr-defined]  # the world's SimBucket
+    key = ledger.head_key(partition.gen, partition.slot)
+    if key not in values:
         return False
-    try:
-        recorded = await read_deliveries(ledger, found[0])
-    except ChunkMissing:
-        return False
-    return seqs <= set(recorded.stream_seq)
+    head = EntryHead.from_bytes(values[key][0], key)
+    named: set[int] = set()
+    for chunk in head.chunks:
+        if chunk not in values:
+            return False
+        named.update(chunk_deliveries(values[chunk][0], head).stream_seq)
+    return seqs <= named
 
 
 class Attempts:
@@ -145,7 +150,7 @@ class Attempts:
             try:
                 await write(chunks, taken, pin, replacing)
             except BaseException:
-                if holds and not await _named(entry, written):
+                if holds and not _named(entry, written):
                     for hold in holds:
                         self.held_since[hold.seq].remove(hold.hold)
                 raise

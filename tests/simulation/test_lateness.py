@@ -158,7 +158,7 @@ def test_a_write_that_failed_holds_only_what_the_head_names(
 
     named = [False]
 
-    async def names(*_: object) -> bool:
+    def names(*_: object) -> bool:
         return named[0]
 
     entry._write = taken_over  # type: ignore[method-assign]
