@@ -161,7 +161,7 @@ def test_a_write_that_failed_holds_only_what_the_head_names(
     def names(*_: object) -> bool:
         return named[0]
 
-    entry._write = taken_over  # type: ignore[method-assign]
+    entry._write = taken_over  # type: ignore[method-assign,assignment]
     attempts.watch(recording, entry)
     monkeypatch.setattr(lateness, "_named", names)
     for named[0] in (False, True):
