@@ -35,6 +35,7 @@ from nats_spark.spark.group_source.ledger import (
     ChunkMissing,
     EntryDeliveries,
     EntryHead,
+    EntryState,
     Ledger,
     LedgerConflict,
     chunk_deliveries,
@@ -57,7 +58,7 @@ REQUEUED = "OPEN: given back, yet redelivered after newer messages of its key"
 
 class Hold(NamedTuple):
     """An entry came to hold a message: `attempt` recorded it or took it over, or sealed it (its
-    batch's driver keeps it from then on)."""
+    batch's driver keeps it from the seal's answer on)."""
 
     at: float
     attempt: Participant
@@ -71,16 +72,22 @@ class Held(NamedTuple):
     hold: Hold
 
 
-def _named(entry: SlotEntry, seqs: set[int]) -> bool:
-    """Whether the head of `entry` names all of `seqs` now: read from the bucket's values
-    themselves, which neither adds a scheduling point nor counts as a read."""
+def _head(entry: SlotEntry) -> EntryHead | None:
+    """The head of `entry` now, read from the bucket's values themselves, which neither adds
+    a scheduling point nor counts as a read."""
     assert entry.ledger is not None
     ledger, partition = entry.ledger, entry.partition
-    values = ledger.kv.store.values  # type: ignore[attr-defined]  # the world's SimBucket
     key = ledger.head_key(partition.gen, partition.slot)
-    if key not in values:
+    stored = ledger.kv.store.values.get(key)  # type: ignore[attr-defined]  # a SimBucket's
+    return None if stored is None else EntryHead.from_bytes(stored[0], key)
+
+
+def _named(entry: SlotEntry, seqs: set[int]) -> bool:
+    """Whether the head of `entry` names all of `seqs` now (read as `_head` does)."""
+    head = _head(entry)
+    if head is None:
         return False
-    head = EntryHead.from_bytes(values[key][0], key)
+    values = entry.ledger.kv.store.values  # type: ignore[union-attr]  # `_head` read it
     named: set[int] = set()
     for chunk in head.chunks:
         if chunk not in values:
@@ -120,9 +127,17 @@ class Attempts:
                 self._hold(attempt, entry.taken)
 
         async def sealing() -> None:
-            # from the write's start: it may land, its answer lost
+            # The attempt holds them until its seal is answered, or found landed as it fails:
+            # a pause before the write lands is the attempt's, not the driver's (seed 1949 of
+            # the worlds with another client whose executors pause, a 4 s wait: the attempt
+            # stalled 11.7 s at its seal, and a sibling's delivery of what it sealed ran out).
+            try:
+                await seal()
+            except BaseException:
+                if (head := _head(entry)) is not None and head.state != EntryState.OPEN:
+                    self._hold(attempt, entry.taken, sealed=True)
+                raise
             self._hold(attempt, entry.taken, sealed=True)
-            await seal()
 
         if entry.ledger is not None:  # the world's entries have theirs (a unit test's may not)
             update_head = entry.ledger.update_head

@@ -344,6 +344,13 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         {"other_client": True, "stalling_executors": True},
         "the same with a zombie of batch 1 and message 4 (2026-11-30)",
     ),
+    1949: (
+        {"other_client": True, "stalling_executors": True, "ack_wait": 4.0},
+        "an attempt stalled 11.7 s at the write of its seal, before it landed; a sibling's "
+        "delivery of message 2, which its entry held, ran out meanwhile and the other client "
+        "took it: the checker counted the seal from the write's start, so the driver and not "
+        "the stalled attempt held it (checker's fault, `Attempts.watch`; 2026-11-30)",
+    ),
 }
 
 
