@@ -29,6 +29,7 @@ Spark's outputs are per checkpoint, so each check is too.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -153,36 +154,37 @@ class Observed:
     def taken_by_another(
         self,
         seq: int,
-        before: Delivery | None,
+        earlier: list[Delivery],
         wait: float,
-        overtaken: bool = False,
         delivered_again: Callable[[], bool] = lambda: False,
     ) -> None:
-        """Another client got `seq`, after the delivery `before` (`wait`: its ack wait;
+        """Another client got `seq`, after the deliveries `earlier` (oldest first; the query's
+        hold is judged by the last it held, `_held_last`; `wait`: its ack wait;
         `delivered_again`: whether the server has delivered it again since the other client's
-        delivery). What it takes is not the query's: a message the query never committed may be
-        taken by anyone (it is no loss: the other client acks it, and the quiet check leaves it
-        out), and one an earlier checkpoint committed a new one may take again, so may another
-        client. One the live checkpoint committed is a duplicate in the world, emitted by the
-        query and processed by the other client: the query must hold it until it acks it (ack
-        waits kept by its tasks, then by the driver's `SealedKeeper`). Only the world can let it
-        out, and such a case is counted apart (`let_out`): the query's ack of it lost in a server
-        restart; the attempt that held its delivery killed, or the one whose open entry held it
-        when a sibling had dropped its delivery as that entry's (nothing keeps that wait until a
-        retry has taken its entry over); or its delivery's wait ran out while no run of the live
-        checkpoint lived, without a pause, all of that wait (the query stopped or was killed; a
-        stall, of the driver's process or of an attempt that held it, its delivery or its entry,
-        as docs/architecture.md says). So can the other client itself (`overtaken`): it took a
-        delivery it got before the query's, once its ack wait had run out (it stalled in
-        between) and the server had delivered the message again; no reader of the consumer can
-        keep another from processing what it holds (seed 6024 of the worlds with another
-        client). What the live checkpoint had not committed yet is judged if it commits it later
+        delivery, when asked). What it takes is not the query's: a message the query never committed
+        may be taken by anyone (it is no loss: the other client acks it, and the quiet check leaves
+        it out), and one an earlier checkpoint committed a new one may take again, so may another
+        client. One the live checkpoint committed is a duplicate in the world, emitted by the query
+        and processed by the other client: the query must hold it until it acks it (ack waits kept
+        by its tasks, then by the driver's `SealedKeeper`). Only the world can let it out, and such
+        a case is counted apart (`let_out`): the query's ack of it lost in a server restart; the
+        attempt that held its delivery killed, or the one whose open entry held it when a sibling
+        had dropped its delivery as that entry's (nothing keeps that wait until a retry has taken
+        its entry over); or its delivery's wait ran out while no run of the live checkpoint lived,
+        without a pause, all of that wait (the query stopped or was killed; a stall, of the driver's
+        process or of an attempt that held it, its delivery or its entry, as docs/architecture.md
+        says). So can the other client itself: it took a delivery it got before the query's, once
+        its ack wait had run out (it stalled in between) and the server had delivered the message
+        again (`delivered_again` at the take); no reader of the consumer can keep another from
+        processing what it holds (seed 6024 of the worlds with another client). What the live
+        checkpoint had not committed yet is judged if it commits it later
         (`_committed_after_taken`), with the same let-outs, as they were at the take."""
         live = len(self.sinks) - 1
         batch = self.in_sinks[live].get(seq)
+        before = self._held_last(seq, earlier)
         if before is not None and before.owner in self.others:
             return  # back to the other client (its own ack lost): its earlier take is judged
-        if overtaken:
+        if delivered_again():
             why: str | None = "the other client took its delivery after its ack wait ran out"
         else:
             why = self._let_out_by_the_world(seq, before, wait, live)
@@ -204,8 +206,7 @@ class Observed:
         for take in self.takes.pop(seq, []):
             why = take.why
             if take.delivered_again() and not any(
-                holder is not None and self._checkpoint_of(holder) == live
-                for holder in self.attempts.holders(seq, take.at)
+                holder is not None for holder in self._holding(seq, -math.inf, take.at, live)
             ):
                 why = CAME_BACK
             if why is None:
@@ -214,6 +215,26 @@ class Observed:
                 )
             else:
                 self.let_out[f"taken before its commit: {why}"] += 1
+
+    def _held_last(self, seq: int, earlier: list[Delivery]) -> Delivery | None:
+        """The delivery of `earlier` by which the query held `seq` last: the last, but one that
+        a task attempt took and gave back itself unrecorded, as it failed or closed: it came
+        to that attempt only once what held it before had let it go (a zombie's pull, or a
+        sibling's, got the redelivery), and its `-NAK` only hurried a message already free to
+        the server's next pull. Seeds 498 and 970 of the worlds with another client whose
+        executors pause: a zombie of the batch, or of an earlier checkpoint, got a committed
+        message after a stall of the driver had let its wait run out, and gave it back."""
+        for delivery in reversed(earlier):
+            owner = delivery.owner
+            if not (
+                delivery.given_back
+                and owner is not None
+                and owner.kind == "task"
+                and delivery.given_back_by is owner
+                and seq not in self.attempts.recorded.get(owner, ())
+            ):
+                return delivery
+        return None
 
     def _let_out_by_the_world(
         self, seq: int, before: Delivery | None, wait: float, live: int
@@ -233,10 +254,7 @@ class Observed:
         # what it took over from the take-over on: seed 21621 of the worlds with another
         # client, whose retry stalled past the wait of a delivery a sibling had dropped), and
         # the drivers, whose keepers hold what is sealed.
-        holders = {before.owner, *self.drivers}
-        holders.update(
-            a for a in self.attempts.holding(seq, since, until) if self._checkpoint_of(a) == live
-        )
+        holders = {before.owner, *self.drivers, *self._holding(seq, since, until, live)}
         if any(start < until and end > since and who in holders for who, start, end in self.stalls):
             return "a stall while its ack wait ran out"
         if not any(
@@ -252,13 +270,14 @@ class Observed:
         entry over yet: as for a delivery of the killed attempt itself. Seed 16463 of the
         worlds with another client: the delivery was a sibling slot's, which dropped it as
         recorded in its sibling's entry."""
-        holders = [
-            holder
-            for holder in self.attempts.holders(seq, until)
-            if holder is None or self._checkpoint_of(holder) == live
-        ]
+        holders = self._holding(seq, until, until, live)
         died = holders[-1].died if holders and holders[-1] is not None else None
         return died is not None and died <= until
+
+    def _holding(self, seq: int, since: float, until: float, live: int) -> list[Participant | None]:
+        """Who held `seq` in the live checkpoint's entries from `since` to `until`
+        (`Attempts.holding`: its attempts, None for a sealed entry)."""
+        return self.attempts.holding(seq, since, until, lambda a: self._checkpoint_of(a) == live)
 
     def refused(self, why: str, consumers: list[Consumer], recreated: bool) -> None:
         """The source refused to read on (the schedule ends there: the operator must act): only

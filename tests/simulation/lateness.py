@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from itertools import pairwise
-from typing import Any
+from typing import Any, NamedTuple
 
 from nats_spark.spark.group_source.ledger import (
     ChunkMissing,
     EntryDeliveries,
+    EntryHead,
+    EntryState,
     Ledger,
     LedgerConflict,
+    chunk_deliveries,
     read_deliveries,
     read_head,
 )
@@ -54,6 +56,46 @@ from tests.simulation.scheduler import Participant, Scheduler
 REQUEUED = "OPEN: given back, yet redelivered after newer messages of its key"
 
 
+class Hold(NamedTuple):
+    """An entry came to hold a message: `attempt` recorded it or took it over, or sealed it (its
+    batch's driver keeps it from the seal's answer on)."""
+
+    at: float
+    attempt: Participant
+    sealed: bool = False
+
+
+class Held(NamedTuple):
+    """A `Hold` of one stream seq: taken back when the write it began with never landed."""
+
+    seq: int
+    hold: Hold
+
+
+def _head(entry: SlotEntry) -> EntryHead | None:
+    """The head of `entry` now, read from the bucket's values themselves, which neither adds
+    a scheduling point nor counts as a read."""
+    assert entry.ledger is not None
+    ledger, partition = entry.ledger, entry.partition
+    key = ledger.head_key(partition.gen, partition.slot)
+    stored = ledger.kv.store.values.get(key)  # type: ignore[attr-defined]  # a SimBucket's
+    return None if stored is None else EntryHead.from_bytes(stored[0], key)
+
+
+def _named(entry: SlotEntry, seqs: set[int]) -> bool:
+    """Whether the head of `entry` names all of `seqs` now (read as `_head` does)."""
+    head = _head(entry)
+    if head is None:
+        return False
+    values = entry.ledger.kv.store.values  # type: ignore[union-attr]  # `_head` read it
+    named: set[int] = set()
+    for chunk in head.chunks:
+        if chunk not in values:
+            return False
+        named.update(chunk_deliveries(values[chunk][0], head).stream_seq)
+    return seqs <= named
+
+
 class Attempts:
     def __init__(self, now: Callable[[], float] = lambda: 0.0) -> None:
         self.now = now
@@ -64,9 +106,8 @@ class Attempts:
         # One per slot it reads: a packed task's attempt has several, each of its own consumer.
         self.entries: dict[Participant, list[SlotEntry]] = {}
         # By stream seq, in order: when an attempt's open entry came to hold it (its write
-        # recorded it, or its claim took it over), or the entry was sealed (None: its batch's
-        # driver keeps it from then on).
-        self.held_since: dict[int, list[tuple[float, Participant | None]]] = {}
+        # recorded it, or its claim took it over), or the attempt sealed the entry.
+        self.held_since: dict[int, list[Hold]] = {}
 
     def watch(self, attempt: Participant, entry: SlotEntry) -> None:
         """Count what `entry` adopts at its claim, and what its writes record once they are
@@ -86,8 +127,17 @@ class Attempts:
                 self._hold(attempt, entry.taken)
 
         async def sealing() -> None:
-            self._hold(None, entry.taken)  # from the write's start: it may land, its answer lost
-            await seal()
+            # The attempt holds them until its seal is answered, or found landed as it fails:
+            # a pause before the write lands is the attempt's, not the driver's (seed 1949 of
+            # the worlds with another client whose executors pause, a 4 s wait: the attempt
+            # stalled 11.7 s at its seal, and a sibling's delivery of what it sealed ran out).
+            try:
+                await seal()
+            except BaseException:
+                if (head := _head(entry)) is not None and head.state != EntryState.OPEN:
+                    self._hold(attempt, entry.taken, sealed=True)
+                raise
+            self._hold(attempt, entry.taken, sealed=True)
 
         if entry.ledger is not None:  # the world's entries have theirs (a unit test's may not)
             update_head = entry.ledger.update_head
@@ -107,9 +157,18 @@ class Attempts:
         ) -> None:
             written = set(taken.stream_seq)
             began.update(written)
-            if not replacing:  # held from the write's start: it may land, its answer lost
-                self._hold(attempt, written)
-            await write(chunks, taken, pin, replacing)
+            # Held from the write's start: it may land, its answer lost. One that failed held
+            # nothing unless its head names them (seeds 2538 of the packed worlds with another
+            # client, 2667 and 2779 of those whose executors pause: a write that never landed
+            # was taken for the query holding the message before the other client took it).
+            holds = [] if replacing else self._hold(attempt, written)
+            try:
+                await write(chunks, taken, pin, replacing)
+            except BaseException:
+                if holds and not _named(entry, written):
+                    for hold in holds:
+                        self.held_since[hold.seq].remove(hold.hold)
+                raise
             if replacing:  # the last write again, without what a sibling recorded too
                 recorded.difference_update(last[0] - written)
             recorded.update(written)
@@ -119,24 +178,30 @@ class Attempts:
         entry._write = writing  # type: ignore[method-assign]
         entry.seal = sealing  # type: ignore[method-assign]
 
-    def _hold(self, attempt: Participant | None, seqs: set[int]) -> None:
+    def _hold(self, attempt: Participant, seqs: set[int], sealed: bool = False) -> list[Held]:
         now = self.now()
-        for seq in seqs:
-            self.held_since.setdefault(seq, []).append((now, attempt))
+        holds = [Held(seq, Hold(now, attempt, sealed)) for seq in seqs]
+        for held in holds:
+            self.held_since.setdefault(held.seq, []).append(held.hold)
+        return holds
 
-    def holders(self, seq: int, until: float) -> list[Participant | None]:
-        """Who had come to hold `seq` in an entry by `until`, in that order: the attempts that
-        recorded it or took it over, None for a seal."""
-        return [attempt for since, attempt in self.held_since.get(seq, []) if since <= until]
-
-    def holding(self, seq: int, since: float, until: float) -> list[Participant]:
-        """The attempts whose entries held `seq` at some time from `since` to `until`: from
-        when each recorded it or took it over until the next did, or a seal."""
-        times = [*self.held_since.get(seq, []), (math.inf, None)]
+    def holding(
+        self, seq: int, since: float, until: float, among: Callable[[Participant], bool]
+    ) -> list[Participant | None]:
+        """Who held `seq` at some time from `since` to `until`, in that order, in the entries of
+        the attempts `among` picks (one checkpoint's): each attempt from when it recorded it or
+        took it over until another of them did, or one sealed it; None for a sealed entry (its
+        driver keeps it). An attempt of an earlier checkpoint that holds it later ends no hold
+        of these: it writes entries of its own (of its lineage, or on 4.0/4.1 of gens below
+        the new checkpoint's first, which the pointer kept above all the earlier query handed
+        out), theirs still name it, and a `+WPI` keeps whatever delivery of it is pending (the
+        server matches it by stream sequence)."""
+        holds = [hold for hold in self.held_since.get(seq, []) if among(hold.attempt)]
+        ends = [*(hold.at for hold in holds[1:]), math.inf]  # each ends as the next begins
         return [
-            attempt
-            for (start, attempt), (end, _) in pairwise(times)
-            if attempt is not None and start <= until and end >= since
+            None if hold.sealed else hold.attempt
+            for hold, end in zip(holds, ends, strict=False)
+            if hold.at <= until and end >= since
         ]
 
     def why_late(self, seq: int, held: Delivery, consumer: str) -> str | None:

@@ -26,15 +26,15 @@ class OtherClient:
         server: Server,
         consumer: Consumer,
         rng: random.Random,
-        took: Callable[[int, Delivery | None, bool, Callable[[], bool]], None],
+        took: Callable[[int, list[Delivery], Callable[[], bool]], None],
     ) -> None:
         self.sched = sched
         self.server = server
         self.consumer = consumer
         self.rng = rng  # its own draws, apart from the schedule's
-        # hears each message it takes, with the delivery before its own, whether a later one
-        # went to someone else (its own ran out of ack wait before it took it), and how to ask
-        # later whether one has since
+        # hears each message it takes, with the deliveries before its own and how to ask
+        # whether a later one went to someone else (asked at once: its own ran out of ack wait
+        # before it took it; asked later: since)
         self.took = took
         # The threshold its pulls carry: none, or one of an overflow client's.
         self.min_pending, self.min_ack_pending = rng.choice(((0, 0), (0, 0), (2, 0), (0, 2)))
@@ -65,15 +65,15 @@ class OtherClient:
                 await sched.point("the other client processes")
                 self.server.publish_commands(b"".join(commands), self.participant)
 
-    def _deliveries_around(self, seq: int) -> tuple[Delivery | None, bool, Callable[[], bool]]:
-        """The delivery of `seq` before this client's last one (None: its first), whether a
-        delivery came after it (the client stalled between its delivery and its take past the
-        ack wait, and the server delivered the message again meanwhile), and whether one has by
-        the time it is asked (also: this client's ack was lost in a restart)."""
+    def _deliveries_around(self, seq: int) -> tuple[list[Delivery], Callable[[], bool]]:
+        """The deliveries of `seq` before this client's last one, oldest first, and whether a
+        delivery has come after it by the time that is asked: at the take, the client stalled
+        between its delivery and its take past the ack wait, and the server delivered the
+        message again meanwhile; later, also this client's ack lost in a restart."""
         deliveries = self.consumer.deliveries.get(seq, [])
         mine = max(i for i, d in enumerate(deliveries) if d.owner is self.participant)
 
         def delivered_again() -> bool:
             return mine < len(deliveries) - 1
 
-        return (deliveries[mine - 1] if mine else None), delivered_again(), delivered_again
+        return deliveries[:mine], delivered_again

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from tests.simulation.invariants import CAME_BACK, Observed, live_leftovers
 from tests.simulation.jetstream import Delivery, Stream
-from tests.simulation.lateness import GiveBacks
+from tests.simulation.lateness import GiveBacks, Hold
 from tests.simulation.scheduler import Participant
 
 pytestmark = pytest.mark.unit
@@ -118,14 +119,14 @@ def test_another_client_must_not_get_what_the_live_checkpoint_committed(
     checks.sink_write(0, {"c#0": [1]})
     held = Delivery(1, 1, due=4.0, owner=task, queued=4.0)  # its wait ran out at 4 s
     now[0] = 4.5
-    checks.taken_by_another(2, Delivery(1, 2, due=4.0, owner=task, queued=4.0), 4.0)
+    checks.taken_by_another(2, [Delivery(1, 2, due=4.0, owner=task, queued=4.0)], 4.0)
     checks.acked("c", 2)  # never committed: the other client's
-    checks.taken_by_another(1, held, 4.0)
+    checks.taken_by_another(1, [held], 4.0)
     assert checks.problems == ["committed, then taken by another client: message 1, batch 0"]
     checks.problems.clear()
     checks.run_ended(driver)  # the query stopped before its wait ran out
     checks.runs_lived[driver] = (0.0, 3.0)
-    checks.taken_by_another(1, held, 4.0)
+    checks.taken_by_another(1, [held], 4.0)
     assert checks.problems == [] and checks.let_out == {
         "no run of the query lived all its ack wait": 1
     }
@@ -152,13 +153,52 @@ def test_another_client_may_process_what_it_got_before_the_query_did(
     checks.query_run(driver)
     checks.sink_write(0, {"c#0": [1]})
     held = Delivery(1, 2, due=40.0, owner=task, queued=40.0)
-    checks.taken_by_another(1, held, 30.0)
+    checks.taken_by_another(1, [held], 30.0)
     assert checks.problems == ["committed, then taken by another client: message 1, batch 0"]
     checks.problems.clear()
-    checks.taken_by_another(1, None, 30.0, overtaken=True)
+    checks.taken_by_another(1, [], 30.0, lambda: True)  # delivered to the query since
     assert checks.problems == [] and checks.let_out == {
         "the other client took its delivery after its ack wait ran out": 1
     }
+
+
+def test_what_an_attempt_gave_back_unrecorded_is_judged_by_the_delivery_before_it(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Seeds 498 and 970 of the worlds with another client whose executors pause: the retry's
+    delivery of message 1 ran out of its wait while the driver (whose keeper held it, sealed)
+    stalled; a zombie's pull got the redelivery, and the zombie, its entry taken over, gave it
+    back unrecorded; the other client got it. The message had left the query with the stall:
+    let out, as if the other client had got it first. A give-back by another attempt than the
+    delivery's (a `-NAK` matched by stream sequence) is not passed over, nor one of what the
+    attempt recorded."""
+    stream = Stream()
+    stream.publish("S.k0", 0.0)
+    now = [0.0]
+    driver = Participant("driver#1", "driver", loop.create_future())
+    retry = Participant("b0/c#0#1", "task", loop.create_future(), driver)
+    zombie = Participant("b0/c#0#0", "task", loop.create_future(), driver)
+    checks, _ = with_another_client(loop, stream, now)
+    checks.query_run(driver)
+    checks.attempts.held_since[1] = [Hold(1.0, retry), Hold(1.5, retry, sealed=True)]
+    checks.attempts.recorded[retry] = {1}
+    checks.sink_write(0, {"c#0": [1]})
+    checks.stalls.append((driver, 2.0, 6.0))
+    kept = Delivery(1, 2, due=5.0, owner=retry, queued=5.0)  # delivered at 1, renewed at 1.5
+    taken = Delivery(2, 5, due=9.5, owner=zombie, queued=5.6, given_back=True)
+    now[0] = 5.7
+    taken.given_back_by = retry
+    checks.taken_by_another(1, [kept, taken], 4.0)
+    assert checks.problems == ["committed, then taken by another client: message 1, batch 0"]
+    checks.problems.clear()
+    taken.given_back_by = zombie
+    checks.attempts.recorded[zombie] = {1}
+    checks.taken_by_another(1, [kept, taken], 4.0)
+    assert checks.problems == ["committed, then taken by another client: message 1, batch 0"]
+    checks.problems.clear()
+    checks.attempts.recorded[zombie] = set()
+    checks.taken_by_another(1, [kept, taken], 4.0)
+    assert checks.problems == [] and checks.let_out == {"a stall while its ack wait ran out": 1}
 
 
 def test_a_stall_of_the_attempt_whose_entry_holds_a_message_lets_it_out(
@@ -181,15 +221,50 @@ def test_a_stall_of_the_attempt_whose_entry_holds_a_message_lets_it_out(
     checks.new_checkpoint()
     checks.query_run(driver)
     checks.sink_write(0, {"c#0": [1]})
-    checks.attempts.held_since[1] = [(5.0, zombie), (12.0, retry)]  # recorded; taken over
+    checks.attempts.held_since[1] = [Hold(5.0, zombie), Hold(12.0, retry)]  # recorded; taken over
     dropped = Delivery(1, 2, due=40.0, owner=sibling, queued=40.0)  # delivered at 10
     checks.stalls += [(zombie, 15.0, 45.0), (retry, 2.0, 9.0)]
-    checks.taken_by_another(1, dropped, 30.0)
+    checks.taken_by_another(1, [dropped], 30.0)
     assert checks.problems == ["committed, then taken by another client: message 1, batch 0"]
     checks.problems.clear()
     checks.stalls.append((retry, 15.0, 45.0))
-    checks.taken_by_another(1, dropped, 30.0)
+    checks.taken_by_another(1, [dropped], 30.0)
     assert checks.problems == [] and checks.let_out == {"a stall while its ack wait ran out": 1}
+
+
+def test_an_earlier_checkpoints_attempt_that_holds_a_message_later_ends_no_live_hold(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """An attempt of the live checkpoint recorded message 1, then a zombie of an earlier
+    checkpoint recorded a later delivery of it in its own lineage's entry, or sealed that entry:
+    the live entry still names it, and its attempt's `+WPI` keeps whatever delivery is pending
+    (matched by stream sequence), so the live attempt still holds it. Its stall while a sibling's
+    dropped delivery waited out its wait lets the other client have the message, and so does its
+    death before; the checker took the zombie's record, or seal, for the end of the live hold."""
+    stream = Stream()
+    stream.publish("S.k0", 0.0)
+    first, driver = (Participant(f"driver#{n}", "driver", loop.create_future()) for n in (1, 2))
+    sibling = Participant("b0/c#1#0", "task", loop.create_future(), driver)
+    recorder = Participant("b0/c#0#0", "task", loop.create_future(), driver)
+    zombie = Participant("b0/c#0#0", "task", loop.create_future(), first)
+    checks = observed(stream, [recorder])
+    checks.query_run(first)
+    checks.new_checkpoint()
+    checks.query_run(driver)
+    checks.sink_write(0, {"c#0": [1]})
+    checks.attempts.held_since[1] = [Hold(1.0, recorder), Hold(3.0, zombie)]
+    dropped = Delivery(1, 2, due=40.0, owner=sibling, queued=40.0)  # delivered at 10
+    checks.stalls.append((recorder, 15.0, 45.0))
+    checks.taken_by_another(1, [dropped], 30.0)
+    assert checks.problems == [] and checks.let_out == {"a stall while its ack wait ran out": 1}
+    checks.stalls.clear()
+    checks.let_out.clear()
+    checks.attempts.held_since[1] = [Hold(1.0, recorder), Hold(3.0, zombie, sealed=True)]
+    recorder.dead, recorder.died = True, 2.0
+    checks.taken_by_another(1, [dropped], 30.0)
+    assert checks.problems == [] and checks.let_out == {
+        "the attempt whose entry held it was killed": 1
+    }
 
 
 def test_another_client_may_get_what_a_sibling_dropped_of_a_killed_attempts_entry(
@@ -214,7 +289,7 @@ def test_another_client_may_get_what_a_sibling_dropped_of_a_killed_attempts_entr
     retry = Participant("b1/c#0#0", "task", loop.create_future(), second)
     checks, _ = with_another_client(loop, stream, now)
     checks.query_run(first)
-    checks.attempts.held_since[1] = [(0.5, killed), (6.0, retry)]  # recorded; taken over
+    checks.attempts.held_since[1] = [Hold(0.5, killed), Hold(6.0, retry)]  # recorded; taken over
     first.dead = killed.dead = True
     first.died = killed.died = 1.0
     checks.run_ended(first)
@@ -223,21 +298,22 @@ def test_another_client_may_get_what_a_sibling_dropped_of_a_killed_attempts_entr
     checks.sink_write(1, {"c#0": [1]})
     dropped = Delivery(3, 3, due=5.5, owner=sibling, queued=5.5)  # delivered at 1.5
     now[0] = 7.0
-    checks.taken_by_another(1, dropped, 4.0)
+    checks.taken_by_another(1, [dropped], 4.0)
     assert checks.problems == [] and checks.let_out == {
         "the attempt whose entry held it was killed": 1
     }
-    checks.attempts.held_since[1] = [(0.5, killed), (5.0, retry)]  # taken over in time
-    checks.taken_by_another(1, dropped, 4.0)
+    checks.attempts.held_since[1] = [Hold(0.5, killed), Hold(5.0, retry)]  # taken over in time
+    checks.taken_by_another(1, [dropped], 4.0)
     assert checks.problems == ["committed, then taken by another client: message 1, batch 1"]
     checks.problems.clear()
-    checks.attempts.held_since[1] = [(0.5, killed), (0.8, None)]  # sealed, then killed
-    checks.taken_by_another(1, dropped, 4.0)
+    sealed = Hold(0.8, killed, sealed=True)
+    checks.attempts.held_since[1] = [Hold(0.5, killed), sealed]  # then killed
+    checks.taken_by_another(1, [dropped], 4.0)
     assert checks.problems == ["committed, then taken by another client: message 1, batch 1"]
     checks.problems.clear()
-    checks.attempts.held_since[1] = [(0.5, killed)]
+    checks.attempts.held_since[1] = [Hold(0.5, killed)]
     killed.died = 6.0  # alive while the wait ran out
-    checks.taken_by_another(1, dropped, 4.0)
+    checks.taken_by_another(1, [dropped], 4.0)
     assert checks.problems == ["committed, then taken by another client: message 1, batch 1"]
 
 
@@ -253,14 +329,15 @@ class TakenBeforeCommit:
         self.task = Participant("b0/c#0#0", "task", loop.create_future(), self.driver)
         self.checks, self.other = with_another_client(loop, stream, self.now)
         self.checks.query_run(self.driver)
-        self.checks.attempts.held_since[1] = [(0.5, self.task)]
+        self.checks.attempts.held_since[1] = [Hold(0.5, self.task)]
         self.held = Delivery(1, 1, due=4.0, owner=self.task, queued=4.0)
-        self.delivered_again = False
+        # When the server delivered it again after the other client's delivery (never: inf).
+        self.delivered_again_at = math.inf
 
-    def take_then_commit(self, before: Delivery | None = None, overtaken: bool = False) -> None:
+    def take_then_commit(self, before: Delivery | None = None) -> None:
         self.now[0] = 4.5
         held = self.held if before is None else before
-        self.checks.taken_by_another(1, held, 4.0, overtaken, lambda: self.delivered_again)
+        self.checks.taken_by_another(1, [held], 4.0, lambda: self.now[0] >= self.delivered_again_at)
         self.checks.acked("c", 1)
         self.now[0] = 9.0
         self.checks.sink_write(0, {"c#0": [1]})
@@ -279,7 +356,7 @@ def test_another_client_taking_what_the_live_checkpoint_commits_later_fails(
     world.take_then_commit()
     assert world.checks.problems == ["taken by another client, then committed: message 1, batch 0"]
     world = TakenBeforeCommit(loop)
-    world.delivered_again = True
+    world.delivered_again_at = 6.0
     world.take_then_commit()
     assert world.checks.problems == ["taken by another client, then committed: message 1, batch 0"]
     assert world.checks.let_out == {}
@@ -307,9 +384,9 @@ def no_run_lived(world: TakenBeforeCommit) -> None:
 def came_back(world: TakenBeforeCommit) -> None:
     """The query never held it before the take (delivered to the other client first); the
     other client's ack was lost in a restart and the server delivered it to the query."""
-    world.checks.attempts.held_since[1] = [(6.0, world.task)]
+    world.checks.attempts.held_since[1] = [Hold(6.0, world.task)]
     world.held = Delivery(1, 1, due=4.0, owner=None, queued=4.0)
-    world.delivered_again = True
+    world.delivered_again_at = 6.0
 
 
 @pytest.mark.parametrize(
@@ -353,7 +430,8 @@ def test_a_take_before_the_commit_is_let_out_by_what_was_so_at_the_take(
         "taken before its commit: the query's ack lost in a server restart": 1
     }
     world = TakenBeforeCommit(loop)
-    world.take_then_commit(overtaken=True)
+    world.delivered_again_at = 4.2  # to the query, before the other client took its delivery
+    world.take_then_commit()
     assert world.checks.let_out == {
         "taken before its commit: the other client took its delivery after its ack wait ran out": 1
     }
@@ -362,13 +440,13 @@ def test_a_take_before_the_commit_is_let_out_by_what_was_so_at_the_take(
     assert world.checks.problems == [] and world.checks.let_out == {}
     world = TakenBeforeCommit(loop)
     world.now[0] = 4.5
-    world.checks.taken_by_another(1, world.held, 4.0)
+    world.checks.taken_by_another(1, [world.held], 4.0)
     world.checks.new_checkpoint()
     world.checks.sink_write(0, {"c#0": [1]})
     assert world.checks.problems == [] and world.checks.let_out == {}
     world = TakenBeforeCommit(loop)
     world.now[0] = 4.5
-    world.checks.taken_by_another(1, world.held, 4.0)
+    world.checks.taken_by_another(1, [world.held], 4.0)
     killed(world)
     world.task.died = 5.0  # only after the take
     world.checks.sink_write(0, {"c#0": [1]})

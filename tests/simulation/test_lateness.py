@@ -9,11 +9,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from nats_spark.spark.group_source.ledger import LedgerConflict
+from nats_spark.spark.group_source.ledger import (
+    EntryDeliveries,
+    EntryHead,
+    EntryState,
+    LedgerConflict,
+)
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from tests.memory_bucket import MemoryBucket
+from tests.simulation import lateness
 from tests.simulation.jetstream import Delivery, Stream
-from tests.simulation.lateness import REQUEUED, Attempts, GiveBacks, held_before
+from tests.simulation.lateness import REQUEUED, Attempts, GiveBacks, Hold, held_before
 from tests.simulation.scheduler import Crashed, Lost, Participant
 from tests.spark.group_source.test_ledger_entries import input_partition
 
@@ -141,6 +147,62 @@ def test_only_the_delivery_before_the_emitted_one_can_explain(
     assert late(Attempts(), held) is None
     assert held_before([first, emitted], lambda d: d is emitted) is first
     assert held_before([emitted], lambda d: d is emitted) is None  # emitted from its first
+
+
+def test_a_write_that_failed_holds_only_what_the_head_names(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attempt's entry holds what it writes from the write's start (it may land, its answer
+    lost); a write that failed, only if the entry's head names it (seeds 2538 of the packed
+    worlds with another client, 2667 and 2779 of those whose executors pause: a write that
+    never landed was taken for the query holding the message when the other client took it)."""
+    attempts, entry, recording = Attempts(lambda: 1.0), slot_entry("partition-0"), attempt(loop)
+
+    async def taken_over(*_: object) -> None:
+        raise LedgerConflict("taken over")
+
+    named = [False]
+
+    def names(*_: object) -> bool:
+        return named[0]
+
+    entry._write = taken_over  # type: ignore[method-assign,assignment]
+    attempts.watch(recording, entry)
+    monkeypatch.setattr(lateness, "_named", names)
+    for named[0] in (False, True):
+        with pytest.raises(LedgerConflict):
+            loop.run_until_complete(entry._write([], EntryDeliveries(stream_seq=[SEQ]), None))
+    assert attempts.held_since[SEQ] == [Hold(1.0, recording)]
+
+
+def test_a_seal_hands_what_it_holds_to_the_driver_once_it_landed(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attempt holds what it sealed until the seal is answered (seed 1949 of the worlds with
+    another client whose executors pause: it stalled 11.7 s before its seal landed, and the
+    driver was taken for the holder from the seal's start), or, when it fails, from then if the
+    head is sealed, else not at all."""
+    now = [1.0]
+    attempts, entry, sealing = Attempts(lambda: now[0]), slot_entry("partition-0"), attempt(loop)
+    entry.taken = {SEQ}
+    state, fails = [EntryState.OPEN], [True]
+
+    async def seal() -> None:
+        now[0] += 10.0  # answered 10 s later
+        if fails[0]:
+            raise LedgerConflict("taken over")
+
+    entry.seal = seal  # type: ignore[method-assign]
+    attempts.watch(sealing, entry)
+    monkeypatch.setattr(lateness, "_head", lambda _: EntryHead(state=state[0]))
+    for state[0] in (EntryState.OPEN, EntryState.SEALED):
+        with pytest.raises(LedgerConflict):
+            loop.run_until_complete(entry.seal())
+    assert attempts.held_since[SEQ] == [Hold(21.0, sealing, sealed=True)]
+    fails[0] = False
+    attempts.held_since.clear()
+    loop.run_until_complete(entry.seal())
+    assert attempts.held_since[SEQ] == [Hold(31.0, sealing, sealed=True)]
 
 
 def test_a_give_back_whose_driver_died_after_the_removal_explains(

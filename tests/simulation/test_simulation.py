@@ -316,6 +316,41 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         {"other_client": True, "ack_wait": 4.0},
         "the same: message 12 served to a request 0.7 s past its expiry (2026-11-30)",
     ),
+    498: (
+        {"other_client": True, "stalling_executors": True},
+        "the driver stalled 4.5 s while its keeper held message 6, sealed; a zombie of an "
+        "earlier checkpoint got the redelivery and gave it back unrecorded, and the other "
+        "client got it: the checker judged the zombie's give-back, not the stall (checker's "
+        "fault, `Observed._held_last`; 2026-11-30)",
+    ),
+    970: (
+        {"other_client": True, "stalling_executors": True},
+        "the same after the query stopped: a zombie of batch 1 got message 15 again once no "
+        "run held it and gave it back unrecorded (2026-11-30)",
+    ),
+    2538: (
+        {"other_client": True, "packed": True},
+        "a zombie's write recording message 5 never landed (its head was taken over), the "
+        "zombie gave 5 back, the other client took it and its ack was lost, and the server "
+        "delivered it to a later batch, which committed it: the checker took the write's "
+        "start for the query holding 5 before the take (checker's fault, "
+        "`Attempts.watch`; 2026-11-30)",
+    ),
+    2667: (
+        {"other_client": True, "stalling_executors": True, "ack_wait": 4.0},
+        "the same with a zombie of batch 3 and message 5 (2026-11-30)",
+    ),
+    2779: (
+        {"other_client": True, "stalling_executors": True},
+        "the same with a zombie of batch 1 and message 4 (2026-11-30)",
+    ),
+    1949: (
+        {"other_client": True, "stalling_executors": True, "ack_wait": 4.0},
+        "an attempt stalled 11.7 s at the write of its seal, before it landed; a sibling's "
+        "delivery of message 2, which its entry held, ran out meanwhile and the other client "
+        "took it: the checker counted the seal from the write's start, so the driver and not "
+        "the stalled attempt held it (checker's fault, `Attempts.watch`; 2026-11-30)",
+    ),
 }
 
 
@@ -323,9 +358,26 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
 # explored, and each must still break it (when it passes, the hole is closed: move the seed to
 # CLOSED_HOLES).
 KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
-    # None now: the hunts of 2026-11-30 found 16463, 21621 (other-client), 2766, 8306 (packed),
-    # 782, 5797, 5089 and 5442 (other-client, 4 s wait); each was the checker's or the
-    # world's, or is closed (CLOSED_HOLES).
+    # The hunts of 2026-11-30 found 16463, 21621 (other-client), 2766, 8306 (packed), 782,
+    # 5797, 5089 and 5442 (other-client, 4 s wait); each was the checker's or the world's, or
+    # is closed (CLOSED_HOLES). Open: a stale -NAK of a zombie (other-client worlds whose
+    # executors pause; of 0-3000, also 2073 and, under a 4 s wait, 278, 319, 1418).
+    1347: (
+        {"other_client": True, "stalling_executors": True},
+        "attempt b1/c#1#1 took message 13 (10.89) and stalled 10.1 s, Spark lost it; its wait "
+        "ran out (14.89), the retry b1/c#1#2 took the redelivery (16.71), recorded and sealed "
+        "it, batch 1 committed it (17.99) and the driver's keeper held it; the zombie woke "
+        "(21.0), its write failed on the entry taken over, and it gave back what it held "
+        "unrecorded: its -NAK of the stale delivery (nats-server's processNak matches the "
+        "stream sequence, and the consumer sequence was above the ack floor's) gave back the "
+        "retry's, and the other client got 13 at once (22.03) while the query lived",
+    ),
+    689: (
+        {"other_client": True, "stalling_executors": True},
+        "the same on 4.2+ before the commit: zombie b4/c#1#0's -NAK (31.74) of message 21, "
+        "whose delivery ran out while it stalled, gave back the delivery b4/c#1#1 had "
+        "recorded; the other client took it (33.34), and batch 4 committed it from the entry",
+    ),
 }
 
 

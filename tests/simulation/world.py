@@ -392,10 +392,8 @@ class World:
         assert self.setup.shared, "another client reads the plain consumer: shared worlds only"
         consumer = self.consumers[0]
 
-        def took(
-            seq: int, before: Delivery | None, overtaken: bool, again: Callable[[], bool]
-        ) -> None:
-            self.observed.taken_by_another(seq, before, consumer.ack_wait, overtaken, again)
+        def took(seq: int, earlier: list[Delivery], again: Callable[[], bool]) -> None:
+            self.observed.taken_by_another(seq, earlier, consumer.ack_wait, again)
 
         other = OtherClient(self.sched, self.server, consumer, self.other, took)
         self.observed.others.add(other.start(lambda: self.reading_done))
