@@ -125,10 +125,16 @@ class Job:
     writing parquet to `<folder>/out`, or as `output_flags` say (e.g. `--format nats ...`)."""
 
     def __init__(
-        self, urls: str, folder: Path, per_trigger: int = 3000, output_flags: tuple[str, ...] = ()
+        self,
+        urls: str,
+        folder: Path,
+        per_trigger: int = 3000,
+        output_flags: tuple[str, ...] = (),
+        options: tuple[str, ...] = (),
     ) -> None:
         self.urls = urls
         self.per_trigger = per_trigger
+        self.options = options  # more source options, `name=value` each
         self.folder = folder
         self.output = folder / "out"
         self.output_flags = output_flags or ("--output", str(self.output))
@@ -144,6 +150,7 @@ class Job:
             # up to 4 attempts per task, as on a cluster (plain local mode fails the job at once)
             *("--master", "local[2,4]", "--option", "ackWait=5s"),
             *("--option", f"maxMessagesPerTrigger={self.per_trigger}"),
+            *(flag for option in self.options for flag in ("--option", option)),
         ]
         env = {
             **os.environ,
@@ -326,6 +333,7 @@ class Plan:
     outages: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(OUTAGES))
     max_stall: float = 120.0  # seconds to wait for catch-up per fault
     drain: float = 300.0  # seconds allowed to catch up at the end
+    options: tuple[str, ...] = ()  # more source options of the job (`name=value`)
 
     @property
     def fault_kinds(self) -> tuple[str, ...]:
@@ -369,6 +377,7 @@ class Outcome:
                 )
                 for kind in self.plan.fault_kinds
             ),
+            *((("job options", " ".join(self.plan.options)),) if self.plan.options else ()),
             ("job starts", self.job_starts),
             ("messages published", self.published),
             ("rows committed", len(self.rows)),
@@ -484,7 +493,7 @@ def soak(plan: Plan, folder: Path) -> Outcome:
     retried(lambda: create_group(client, 3 if plan.cluster else 1))
     publisher = Publisher(client, plan.rate)
     progress = Progress(client)
-    job = Job(nats.proxied_urls, folder)
+    job = Job(nats.proxied_urls, folder, options=plan.options)
     publisher.start()
     progress.start()
     job.start()
@@ -589,6 +598,12 @@ def main() -> int:
     )
     parser.add_argument("--drain", type=float, default=300.0, help="seconds allowed to catch up")
     parser.add_argument("--keep", help="work directory to keep (default: a temporary one)")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        help="a source option of the job, name=value (e.g. maxTasksPerBatch=1: packed tasks)",
+    )
     args = parser.parse_args()
     if args.seed is None:
         args.seed = random.randrange(1 << 30)
@@ -603,6 +618,7 @@ def main() -> int:
         gap=tuple(args.gap),
         max_stall=args.max_stall,
         drain=args.drain,
+        options=tuple(args.option),
     )
     outcome = soak(plan, folder)
     print()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Iterable, Sequence
 
 from nats.aio.client import Client as NATS
@@ -38,6 +39,19 @@ SHORT_ACK_WAIT = 6.0
 # Of the ack wait, what a finished task may have used since its held deliveries' wait last
 # started before it restarts it at the end; the driver's keeper of finished batches counts on it.
 RESTART_AFTER = 1 / 6
+# Of the ack wait, how much of it a delivery may have used for sure before a NAK of it is sent:
+# past it, its wait may run out before the server has the NAK.
+NAK_WITHIN = 1 / 2
+
+
+def surely_running(since: float, now: float, ack_wait: float) -> bool:
+    """Whether a delivery whose ack wait surely started at `since` has it running `now`, with
+    more than `NAK_WITHIN` of it left. A NAK names a delivery, but nats-server's `processNak`
+    gives back whatever delivery of the stream sequence is pending (it checks the consumer
+    sequence against the ack floor only): a NAK of a delivery whose wait ran out, and which the
+    server then delivered again, gives back that later delivery (another attempt's, recorded
+    and maybe committed) to any reader of the consumer."""
+    return now - since < ack_wait * NAK_WITHIN
 
 
 def ack_commands(replies: Sequence[bytes], kind: bytes = ACK, block: int = 4096) -> list[bytes]:
@@ -97,28 +111,52 @@ class InProgressKeeper:
         self.ack_wait = ack_wait
         self.label = label
         self.held: dict[int, bytes] = {}  # stream seq -> reply subject of its latest delivery
+        # stream seq -> when the ack wait of its latest delivery surely last started: its pull
+        # request's sending, or a confirmed round's (`surely_kept`)
+        self.since: dict[int, float] = {}
         self.again: set[int] = set()  # stream seqs held that came again (`redelivered`)
         self.renewed = 0.0  # monotonic time of the last confirmed round
         self.stopped = False
         self._between_rounds: asyncio.Future[None] | None = None  # `run`'s wait, until `stop`
+        self._round: list[int] = []  # what the round in progress restarts
 
-    def hold(self, seqs: Iterable[int], replies: Iterable[bytes]) -> None:
-        """Keep these deliveries (stream seqs, their reply subjects) until released."""
+    def hold(self, seqs: Sequence[int], replies: Iterable[bytes], since: float) -> None:
+        """Keep these deliveries (stream seqs, their reply subjects, `since` their wait surely
+        started: their request's sending, or -inf when unknown) until released."""
         self.held.update(zip(seqs, replies, strict=True))
+        self.since.update(dict.fromkeys(seqs, since))
 
-    def redelivered(self, seq: int, reply: bytes) -> None:
+    def redelivered(self, seq: int, reply: bytes, since: float) -> None:
         """A held message came again: later rounds must name its latest delivery."""
         if seq in self.held:
             self.held[seq] = reply
+            self.since[seq] = since
             self.again.add(seq)
 
     def release(self, seqs: Iterable[int]) -> None:
         """Stop keeping these (their messages go back to the server)."""
         for seq in seqs:
             self.held.pop(seq, None)
+            self.since.pop(seq, None)
+
+    def surely_kept(self, seq: int, now: float) -> bool:
+        """Whether the held delivery of `seq` surely has more than `NAK_WITHIN` of its ack wait
+        left `now`: one whose wait may have run out may have been delivered again, to another
+        reader, and a NAK naming it gives back that delivery (see `surely_running`)."""
+        return surely_running(self.since.get(seq, -math.inf), now, self.ack_wait)
+
+    def restarted(self, sent: float) -> None:
+        """The round sent at `sent` was confirmed: it restarted the wait of the deliveries it
+        named whose wait surely ran then. Not the others': a `+WPI` too restarts whatever
+        delivery of the message is pending, and one whose wait may have run out may be another
+        reader's by then."""
+        since, wait = self.since, self.ack_wait
+        running = [s for s in self._round if surely_running(since.get(s, -math.inf), sent, wait)]
+        since.update(dict.fromkeys(running, sent))
 
     async def due(self) -> tuple[list[bytes], int]:
         """The `+WPI` commands of this round, and how many deliveries they name."""
+        self._round = list(self.held)
         return ack_commands(list(self.held.values()), IN_PROGRESS), len(self.held)
 
     async def run(self) -> None:
@@ -156,6 +194,7 @@ class InProgressKeeper:
             if count:
                 await send_acks(self.nc, commands, count)
                 self.renewed = sent  # the ack wait of all held so far started over by then
+                self.restarted(sent)
         except Exception as error:  # the pulls meet the same trouble and report it
             log.debug("%s: progress acks failed: %s", self.label, error)
 

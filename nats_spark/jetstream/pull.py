@@ -375,6 +375,11 @@ class PullConsumer:
         result.heartbeats = pull.heartbeats
         return result
 
+    def requested_since(self) -> float:
+        """When the oldest request whose end has not come was made: a delivery `collect_late`
+        gathers next was sent after it (its ack wait started then or later)."""
+        return self.inbox.requested_since()
+
     async def collect_late(self, patience: float) -> Deliveries:
         """What requests given up on (or never iterated) still deliver: the server serves a pull
         until it ends it, whatever the client stopped waiting for. Waits until every request

@@ -9,6 +9,7 @@ import time
 from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 
+from nats_spark import clock
 from nats_spark.jetstream.status import Status, status_of
 from nats_spark.nats_py import MessageColumns, RawInbox, route_raw, unroute_raw
 
@@ -32,6 +33,9 @@ class PullInbox:
         # Requests the server may still serve, by reply subject: until when to expect their end
         # (a request the client gave up on may end any time: infinity).
         self._live: dict[bytes, float] = {}
+        # Requests whose end has not come, by reply subject: when each was made. What is in the
+        # inbox, or comes, was delivered to one of them (a status comes after its deliveries).
+        self._made: dict[bytes, float] = {}
 
     async def new_reply(self, due: float) -> str:
         """The reply subject of a request about to be sent, whose end is expected by `due`
@@ -42,11 +46,18 @@ class PullInbox:
         self._request_no += 1
         reply = f"{self.prefix}.{self._request_no}"
         self._live[reply.encode()] = due
+        self._made[reply.encode()] = clock.monotonic()
         return reply
 
     def ended(self, reply: bytes) -> None:
         """The request `reply` ended: the server serves it no more."""
         self._live.pop(reply, None)
+        self._made.pop(reply, None)
+
+    def requested_since(self) -> float:
+        """When the oldest request whose end has not come was made (now if none): the server
+        sent what is in the inbox, and what comes, after that."""
+        return min(self._made.values(), default=clock.monotonic())
 
     def given_up(self, reply: bytes) -> None:
         """The client stopped waiting for `reply`, which the server may serve still."""

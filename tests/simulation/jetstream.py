@@ -105,6 +105,7 @@ class PullRequest:
     min_ack_pending: int = 0
     delivered: list[tuple[Message, Delivery]] = field(default_factory=list)
     served: int = 0
+    made: float = 0.0  # when the client made it
     status: PullStatus | None = None  # set when the server ended it
     closed: bool = False
     dropped: bool = False  # the server restarted: it is never answered
@@ -565,6 +566,7 @@ class SimPullConsumer:
             self,
             min_pending,
             min_ack_pending,
+            made=clock.monotonic(),  # the task's clock (the loop's), not the server's
         )
         self.requests.append(request)
         self.consumer.request(request, self.client.server.now())
@@ -584,6 +586,10 @@ class SimPullConsumer:
         request.delivered = []
         request.arrived.clear()
         return chunk
+
+    def requested_since(self) -> float:
+        unended = [r.made for r in self.requests if r.status is None or r.delivered]
+        return min(unended, default=clock.monotonic())
 
     async def collect_late(self, patience: float) -> Deliveries:
         late = Deliveries()

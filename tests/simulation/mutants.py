@@ -39,6 +39,7 @@ PULL_POLICY = "nats_spark.spark.group_source.task.pull_policy"
 CONSUMER_CHECKS = "nats_spark.spark.group_source.driver.consumer_checks"
 SLOT_READER = "nats_spark.spark.group_source.task.slot_reader"
 ACCEPTANCE = "nats_spark.spark.group_source.task.acceptance"
+ACKS = "nats_spark.jetstream.acks"
 WORLD = "tests.simulation.world"
 # spark.speculation's wait in the worlds that turn it on (`Setup.speculation`): nearly every task
 # attempt gets a copy beside it.
@@ -253,12 +254,13 @@ MUTANTS = (
         (
             Patch(
                 SLOT_READER,
-                "            unrecorded += late.replies if late else []"
-                "  # new to the attempt, or recorded again\n",
+                "            unrecorded += [(r, requested) for r in late.replies]"
+                " if late else []  # new, or again\n",
                 "            seqs = late.numbers[1] if late else []\n"
                 "            unrecorded += [\n"
-                "                r for s, r in zip(seqs, late.replies, strict=True)"
-                " if s not in self.entry.taken\n"
+                "                (r, requested)\n"
+                "                for s, r in zip(seqs, late.replies, strict=True)\n"
+                "                if s not in self.entry.taken\n"
                 "            ]\n",
             ),
         ),
@@ -630,6 +632,36 @@ MUTANTS = (
             ),
         ),
         edit=(*OTHER_CLIENT, ("ack_wait", 4.0)),
+    ),
+    Mutant(
+        "stale-nak-gives-back-another-s-delivery",
+        "a zombie that stalled past its ack wait NAKed what it held unrecorded: nats-server's "
+        "processNak gives back whatever delivery of the stream sequence is pending, here the "
+        "retry's, recorded and committed, and another client got it (seeds 1347, 689)",
+        (
+            Patch(
+                SLOT_READER,
+                "            naks = [reply for reply, since in unrecorded"
+                " if surely_running(since, now, ack_wait)]\n",
+                "            naks = [reply for reply, _ in unrecorded]\n",
+            ),
+        ),
+        edit=(*OTHER_CLIENT, *STALLING),
+    ),
+    Mutant(
+        "lapsed-delivery-restarted-by-a-round",
+        "a keeper round confirmed after a held delivery's wait may have run out counted as "
+        "restarting it, so a give-back NAKed it; the round's +WPI had restarted the retry's "
+        "delivery, and the NAK gave that back to another client (seed 1347)",
+        (
+            Patch(
+                ACKS,
+                "        running = [s for s in self._round"
+                " if surely_running(since.get(s, -math.inf), sent, wait)]\n",
+                "        running = self._round\n",
+            ),
+        ),
+        edit=(*OTHER_CLIENT, *STALLING),
     ),
     Mutant(
         "taken-over-messages-unkept",

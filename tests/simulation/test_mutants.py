@@ -59,6 +59,8 @@ RARE = {
     # before the commit.
     "rerun-partitions-with-the-option-s-ack-wait": (782,),
     "forgotten-pull-waited-out": (5797,),
+    "stale-nak-gives-back-another-s-delivery": (1347, 689),
+    "lapsed-delivery-restarted-by-a-round": (1347, 689),
     # In worlds with pausing executors whose server restarts after a tenth of the rounds of
     # acks (`Mutant.edit`), the first of 0-481 (2026-11-29): none of 0-12000 without the
     # forced restarts since the schedules moved past 6383.

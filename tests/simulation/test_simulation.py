@@ -62,6 +62,25 @@ RETURNING_CHECK, RETURNING_EXPLORED = range(0, 20), range(20, 300)
 # keep every guarantee. A change of the schedules makes them other schedules; the holes found
 # before are kept as mutants (mutants.py, test_mutants.py), which do not depend on seeds.
 CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
+    1347: (
+        {"other_client": True, "stalling_executors": True},
+        "attempt b1/c#1#1 took message 13 (10.89) and stalled 10.1 s, Spark lost it; its wait "
+        "ran out (14.89), the retry b1/c#1#2 took the redelivery (16.71), recorded and sealed "
+        "it, batch 1 committed it (17.99) and the driver's keeper held it; the zombie woke "
+        "(21.0), its write failed on the entry taken over, and it gave back what it held "
+        "unrecorded: its -NAK of the stale delivery (nats-server's processNak matches the "
+        "stream sequence, and the consumer sequence was above the ack floor's) gave back the "
+        "retry's, and the other client got 13 at once (22.03) while the query lived. Closed: "
+        "a give-back NAKs only deliveries whose wait surely runs (`surely_running`: more than "
+        "half of it left, from their request or from a keeper's round that surely restarted "
+        "it; a round after the wait may have run out restarts another reader's delivery)",
+    ),
+    689: (
+        {"other_client": True, "stalling_executors": True},
+        "the same on 4.2+ before the commit: zombie b4/c#1#0's -NAK (31.74) of message 21, "
+        "whose delivery ran out while it stalled, gave back the delivery b4/c#1#1 had "
+        "recorded; the other client took it (33.34), and batch 4 committed it from the entry",
+    ),
     137: (
         {"removals_return": True},
         "a server restart brought back entries of a replaced lineage without their chunks; "
@@ -359,25 +378,8 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
 # CLOSED_HOLES).
 KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # The hunts of 2026-11-30 found 16463, 21621 (other-client), 2766, 8306 (packed), 782,
-    # 5797, 5089 and 5442 (other-client, 4 s wait); each was the checker's or the world's, or
-    # is closed (CLOSED_HOLES). Open: a stale -NAK of a zombie (other-client worlds whose
-    # executors pause; of 0-3000, also 2073 and, under a 4 s wait, 278, 319, 1418).
-    1347: (
-        {"other_client": True, "stalling_executors": True},
-        "attempt b1/c#1#1 took message 13 (10.89) and stalled 10.1 s, Spark lost it; its wait "
-        "ran out (14.89), the retry b1/c#1#2 took the redelivery (16.71), recorded and sealed "
-        "it, batch 1 committed it (17.99) and the driver's keeper held it; the zombie woke "
-        "(21.0), its write failed on the entry taken over, and it gave back what it held "
-        "unrecorded: its -NAK of the stale delivery (nats-server's processNak matches the "
-        "stream sequence, and the consumer sequence was above the ack floor's) gave back the "
-        "retry's, and the other client got 13 at once (22.03) while the query lived",
-    ),
-    689: (
-        {"other_client": True, "stalling_executors": True},
-        "the same on 4.2+ before the commit: zombie b4/c#1#0's -NAK (31.74) of message 21, "
-        "whose delivery ran out while it stalled, gave back the delivery b4/c#1#1 had "
-        "recorded; the other client took it (33.34), and batch 4 committed it from the entry",
-    ),
+    # 5797, 5089 and 5442 (other-client, 4 s wait), 1347 and 689 (other-client worlds whose
+    # executors pause); each was the checker's or the world's, or is closed (CLOSED_HOLES).
 }
 
 

@@ -19,6 +19,9 @@ from nats_spark.spark.group_source.task.acceptance import Acceptance
 pytestmark = pytest.mark.unit
 
 
+SENT = 0.0  # when a chunk's pull request was sent
+
+
 def chunk(*deliveries: tuple[int, int]) -> Deliveries:
     """Deliveries of (stream sequence, delivery count)."""
     found = Deliveries()
@@ -104,7 +107,7 @@ def acceptance(
 
 def test_new_deliveries_are_taken_whole_without_reading_anything(acked):
     accept, entry, history = acceptance(below=10)
-    got = run_sync(accept.accept(chunk((11, 1), (12, 1), (13, 1))))
+    got = run_sync(accept.accept(chunk((11, 1), (12, 1), (13, 1)), SENT))
     assert got.rows is None and len(got.replies) == 3 and got.acked == 0
     assert entry.taken == {11, 12, 13} and set(accept.keeper.held) == {11, 12, 13}
     assert history.reads == 0 and accept.emitted is None and not acked
@@ -113,7 +116,7 @@ def test_new_deliveries_are_taken_whole_without_reading_anything(acked):
 def test_a_redelivery_within_the_batch_is_skipped_and_its_new_reply_held(acked):
     accept, entry, _ = acceptance(taken={5}, held={5: b"old"})
     deliveries = chunk((5, 2), (6, 1), (6, 2))
-    got = run_sync(accept.accept(deliveries))
+    got = run_sync(accept.accept(deliveries, SENT))
     assert got.rows == [1] and got.replies == [deliveries.replies[1]]
     assert accept.keeper.held == {5: deliveries.replies[0], 6: deliveries.replies[2]}
     assert entry.taken == {5, 6} and not acked
@@ -122,24 +125,24 @@ def test_a_redelivery_within_the_batch_is_skipped_and_its_new_reply_held(acked):
 def test_what_an_earlier_batch_emitted_is_acked_and_dropped(acked):
     accept, entry, history = acceptance(emitted={3, 4}, below=4)
     deliveries = chunk((3, 2), (4, 2), (5, 1))
-    got = run_sync(accept.accept(deliveries))
+    got = run_sync(accept.accept(deliveries, SENT))
     assert got.rows == [2] and got.acked == 2 and accept.redundant == 2
     assert acked == deliveries.replies[:2] and entry.taken == {5}
-    run_sync(accept.accept(chunk((2, 2))))
+    run_sync(accept.accept(chunk((2, 2)), SENT))
     assert history.reads == 1, "the earlier batches' sequences are read once"
 
 
 def test_below_the_earlier_batches_but_taken_already_reads_nothing(acked):
     accept, _, history = acceptance(taken={3}, held={3: b"old"}, below=4)
-    run_sync(accept.accept(chunk((3, 2), (7, 1))))
+    run_sync(accept.accept(chunk((3, 2), (7, 1)), SENT))
     assert history.reads == 0
 
 
 def test_what_a_sibling_recorded_is_skipped_once_a_redelivery_comes(acked):
     accept, entry, _ = acceptance(siblings={8})
-    got = run_sync(accept.accept(chunk((9, 1))))
+    got = run_sync(accept.accept(chunk((9, 1)), SENT))
     assert got.rows is None and entry.reads == 0, "first deliveries need no look"
-    got = run_sync(accept.accept(chunk((8, 2), (10, 1))))
+    got = run_sync(accept.accept(chunk((8, 2), (10, 1)), SENT))
     assert got.rows == [1] and entry.reads == 1
     assert entry.taken == {9, 10} and 8 not in accept.keeper.held and not acked
 
@@ -156,11 +159,11 @@ def test_a_delivery_at_or_below_the_floor_no_batch_holds_stops_the_batch(sent):
     accept, entry, _ = acceptance(
         emitted={9}, below=9, sighting=ConsumerSighting(10, 0, RECREATION)
     )
-    got = run_sync(accept.accept(chunk((9, 2), (11, 1))))  # a lost ack's redelivery, then new
+    got = run_sync(accept.accept(chunk((9, 2), (11, 1)), SENT))  # a lost ack's redelivery, then new
     assert got.rows == [1] and sent[ACK] == [chunk((9, 2)).replies[0]]
     again = chunk((1, 1), (2, 1), (12, 1))
     with pytest.raises(ConfigurationError) as refused:
-        run_sync(accept.accept(again))
+        run_sync(accept.accept(again, SENT))
     assert "'C' on stream 'S' was deleted and created again while a batch read it" in str(
         refused.value
     )
@@ -188,11 +191,11 @@ def test_below_the_floor_the_consumer_s_creation_time_tells_a_lost_ack_from_a_ne
         sighting=ConsumerSighting(10, 0, RECREATION, CREATED), created=created
     )
     if created_now == CREATED:
-        got = run_sync(accept.accept(chunk((4, 2), (11, 1))))
+        got = run_sync(accept.accept(chunk((4, 2), (11, 1)), SENT))
         assert got.rows is None and entry.taken == {4, 11}
     else:
         with pytest.raises(ConfigurationError, match="deleted and created again"):
-            run_sync(accept.accept(chunk((4, 2), (11, 1))))
+            run_sync(accept.accept(chunk((4, 2), (11, 1)), SENT))
         assert not entry.taken
 
 
@@ -201,9 +204,9 @@ def test_with_siblings_a_consumer_sequence_seen_before_checks_every_delivery(ack
     deliveries may be of what a sibling took in this batch before, so they are checked against
     the siblings' records (and at record time, `SlotEntry.record`)."""
     accept, entry, _ = acceptance(siblings={12}, sighting=ConsumerSighting(0, 20, RECREATION))
-    got = run_sync(accept.accept(chunk((21, 1))))  # consumer sequence 21: the same consumer
+    got = run_sync(accept.accept(chunk((21, 1)), SENT))  # consumer sequence 21: the same consumer
     assert got.rows is None and entry.reads == 0 and not entry.delivering_again
-    got = run_sync(accept.accept(chunk((12, 1), (13, 1))))  # consumer sequences 12, 13
+    got = run_sync(accept.accept(chunk((12, 1), (13, 1)), SENT))  # consumer sequences 12, 13
     assert entry.delivering_again and entry.reads == 1
     assert got.rows == [1] and entry.taken == {21, 13}
 
@@ -215,7 +218,7 @@ def test_with_siblings_a_consumer_created_again_since_planning_checks_every_deli
     the simulation's worlds with the recreation emitted one twice)."""
     sighting = ConsumerSighting(0, 0, RECREATION, CREATED, started_over=True)
     accept, entry, _ = acceptance(siblings={1}, sighting=sighting)
-    got = run_sync(accept.accept(chunk((1, 1), (2, 1))))  # consumer sequences 1, 2
+    got = run_sync(accept.accept(chunk((1, 1), (2, 1)), SENT))  # consumer sequences 1, 2
     assert entry.delivering_again and entry.reads == 1
     assert got.rows == [1] and entry.taken == {2}, "the sibling's 1 is left to it"
 
@@ -225,7 +228,7 @@ def test_with_siblings_a_first_delivery_of_what_a_batch_holds_checks_every_deliv
     accept, entry, _ = acceptance(
         emitted={3}, below=3, siblings={8}, sighting=ConsumerSighting(0, 0, RECREATION)
     )
-    run_sync(accept.accept(chunk((3, 1))))
+    run_sync(accept.accept(chunk((3, 1)), SENT))
     assert entry.delivering_again and acked == chunk((3, 1)).replies
-    got = run_sync(accept.accept(chunk((8, 1), (9, 1))))
+    got = run_sync(accept.accept(chunk((8, 1), (9, 1)), SENT))
     assert got.rows == [1] and entry.taken == {9}

@@ -471,6 +471,9 @@ class _Consumer:
 
     pin_id = None
 
+    def requested_since(self) -> float:
+        return clock.monotonic()
+
     async def collect_late(self, patience: float) -> Deliveries:
         return Deliveries()
 

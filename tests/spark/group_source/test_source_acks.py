@@ -355,7 +355,7 @@ def test_a_batch_spark_runs_again_after_a_restart_pulls_for_the_consumer_s_ack_w
     held = holder.fetch(10, expires=2).deliveries.replies
     assert len(held) == 10, "the holder did not take all 10"
     keeper = InProgressKeeper(client.target.nc, ack_wait, "holder")
-    keeper.hold(range(10), held)
+    keeper.hold(range(10), held, time.monotonic())
     keeping = asyncio.run_coroutine_threadsafe(keeper.run(), event_loop())
 
     def delivered() -> int:

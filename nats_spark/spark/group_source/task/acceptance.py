@@ -75,8 +75,9 @@ class Acceptance:
         self.sibling_seqs: set[int] = set()
         self.redundant = 0  # redeliveries of earlier batches' messages, acked and dropped
 
-    async def accept(self, chunk: Deliveries) -> Accepted:
-        """Take what `chunk` brings that is new to the batch; ack what earlier batches emitted."""
+    async def accept(self, chunk: Deliveries, sent: float) -> Accepted:
+        """Take what `chunk` brings that is new to the batch (its request sent at `sent`, before
+        the server delivered any of it); ack what earlier batches emitted."""
         delivered, seqs, consumer_seqs, _ = chunk.numbers
         low = min(seqs, default=UNBOUNDED)
         if self.emitted is None and self._may_be_earlier(seqs, low):
@@ -93,7 +94,7 @@ class Acceptance:
             # A redelivery may reach us after a sibling took the message and its ack wait ran
             # out: skipping what the siblings recorded so far is the cheap, usual case.
             self.sibling_seqs |= await self.entry.recorded_by_siblings()
-        accepted, redundant = self._take(chunk, delivered, seqs)
+        accepted, redundant = self._take(chunk, delivered, seqs, sent)
         if redundant:
             accepted.acked = len(redundant)
             self.redundant += len(redundant)
@@ -140,7 +141,7 @@ class Acceptance:
         return bool(created) and not created_later(created, sighting.created)
 
     def _take(
-        self, chunk: Deliveries, delivered: list[int], seqs: list[int]
+        self, chunk: Deliveries, delivered: list[int], seqs: list[int], sent: float
     ) -> tuple[Accepted, list[bytes]]:
         """The rule (see the module's doc); returns what was taken, and the ack subjects of what
         earlier batches emitted."""
@@ -151,7 +152,7 @@ class Acceptance:
             sibling = found & self.sibling_seqs
         if len(found) == len(seqs) and not (again or emitted or sibling):
             taken |= found  # the usual case: the chunk whole
-            keeper.hold(seqs, replies)
+            keeper.hold(seqs, replies, sent)
             return Accepted(None, replies), []
         if self.siblings and not self.entry.delivering_again:
             # A first delivery of what a batch holds: its consumer was created again (the
@@ -164,12 +165,12 @@ class Acceptance:
         rows, taken_replies, redundant = list[int](), list[bytes](), list[bytes]()
         for i, (seq, reply) in enumerate(zip(seqs, replies, strict=True)):
             if seq in taken:  # held, or earlier in this chunk
-                keeper.redelivered(seq, reply)
+                keeper.redelivered(seq, reply, sent)
             elif seq in emitted:
                 redundant.append(reply)
             elif seq not in sibling:
                 taken.add(seq)
-                keeper.hold((seq,), (reply,))
+                keeper.hold((seq,), (reply,), sent)
                 rows.append(i)
                 taken_replies.append(reply)
         return Accepted(rows, taken_replies), redundant

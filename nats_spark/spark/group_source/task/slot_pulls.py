@@ -90,9 +90,10 @@ class SlotPulls:
         # Requests given up on may still deliver: take that too (the batch then holds a little
         # more than planned) rather than leave it unread until its ack wait runs out. It may
         # have been sent for a request given up on at any time since the task started.
+        requested = self.consumer.requested_since()
         late = await self.consumer.collect_late(self.ack_wait / 2)
         if late:
-            yield late, self.started
+            yield late, requested
 
     def _again(self, pull: Pull) -> bool:
         """After `pull` ended: whether to pull on (the policy's decision)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncGenerator, Iterator, Sequence
 
 import pyarrow as pa
@@ -40,6 +41,7 @@ from nats_spark.jetstream.acks import (
     SHORT_ACK_WAIT,
     InProgressKeeper,
     publish_acks,
+    surely_running,
 )
 from nats_spark.jetstream.pull import Deliveries, PullConsumer
 from nats_spark.jetstream.replies import created_later
@@ -80,7 +82,8 @@ class SlotReader:
         self.keeping: asyncio.Future[None] | None = None  # the keeper's rounds (`start_keeping`)
         self.replayer = Replayer(self.client, partition)
         self.acceptance: Acceptance | None = None  # made by `begin`, for a slot that pulls
-        self.accepting: Deliveries | None = None  # the chunk in acceptance (left when it fails)
+        # the chunk in acceptance, and when its request was sent (left when it fails)
+        self.accepting: tuple[Deliveries, float] | None = None
         self.pulling = partition.limit > 0
         self.started = clock.monotonic()  # before any delivery this attempt holds
         self.handing_out = False  # its rows wait for Spark to take them
@@ -130,7 +133,7 @@ class SlotReader:
         taken_over = self.entry.recorded_earlier
         if not taken_over:
             return
-        self.keeper.hold(taken_over.stream_seq, taken_over.subjects())
+        self.keeper.hold(taken_over.stream_seq, taken_over.subjects(), -math.inf)
         await self.keeper.renew()
         self.start_keeping()
 
@@ -197,8 +200,8 @@ class SlotReader:
         try:
             async with contextlib.aclosing(pulls.chunks()) as chunks:
                 async for chunk, sent in chunks:  # pull, a request's deliveries whole
-                    self.accepting = chunk
-                    accepted = await acceptance.accept(chunk)  # accept
+                    self.accepting = chunk, sent
+                    accepted = await acceptance.accept(chunk, sent)  # accept
                     self.accepting = None
                     pulls.took(len(accepted.replies), accepted.acked)
                     if not accepted.replies:
@@ -251,24 +254,32 @@ class SlotReader:
         of its key); a retry that takes the entry over drops it as its own when it comes
         back. What the attempt took over is recorded, as what it recorded itself is. The keeper
         goes on meanwhile (the wait for late deliveries is up to `fetchTimeout`, which may be
-        longer than the ack wait) for what stays recorded: only the release lets it go."""
+        longer than the ack wait) for what stays recorded: only the release lets it go.
+
+        Only deliveries whose ack wait surely runs are NAKed (`surely_running`): one that may
+        have run out (the attempt stalled) may be another reader's by now, a retry's that
+        recorded it, and a NAK of it would give that delivery back (seeds 1347, 689 of the
+        worlds with another client whose executors pause)."""
         try:
             recorded = await recorder.finish() | set(self.entry.recorded_earlier.stream_seq)
-            held, again = self.keeper.held, self.keeper.again
+            held, again, since = self.keeper.held, self.keeper.again, self.keeper.since
             given_back = [seq for seq in held if seq not in recorded or seq in again]
-            unrecorded = [held[seq] for seq in given_back]
+            # each with when its ack wait surely started (`surely_running`)
+            unrecorded = [(held[seq], since.get(seq, -math.inf)) for seq in given_back]
             if self.accepting is not None:  # its acceptance failed: what of it was not held
                 replies = set(held.values())
-                unrecorded += [r for r in self.accepting.replies if r not in replies]
+                chunk, sent = self.accepting
+                unrecorded += [(r, sent) for r in chunk.replies if r not in replies]
             self.keeper.release(given_back)
+            requested = consumer.requested_since()
             late = await consumer.collect_late(self.partition.reading.fetch_timeout)
-            unrecorded += late.replies if late else []  # new to the attempt, or recorded again
-            if unrecorded:
-                await publish_acks(self.client.nc, unrecorded, kind=NAK)
+            unrecorded += [(r, requested) for r in late.replies] if late else []  # new, or again
+            now, ack_wait = clock.monotonic(), self.partition.ack_wait
+            naks = [reply for reply, since in unrecorded if surely_running(since, now, ack_wait)]
+            if naks:
+                await publish_acks(self.client.nc, naks, kind=NAK)
                 log.info(
-                    "slot %s: gave back %d unrecorded messages",
-                    self.partition.slot,
-                    len(unrecorded),
+                    "slot %s: gave back %d unrecorded messages", self.partition.slot, len(naks)
                 )
         except Exception as error:  # they come back after their ack wait
             log.debug(
