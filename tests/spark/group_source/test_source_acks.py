@@ -326,6 +326,7 @@ def test_a_batch_spark_runs_again_after_a_restart_keeps_what_it_read(
     assert_exactly_once(sink.values, 30)
 
 
+@pytest.mark.compat("4.0")
 def test_a_batch_spark_runs_again_after_a_restart_pulls_for_the_consumer_s_ack_wait(
     spark, client, nats_url, unique, tmp_path
 ):
