@@ -38,7 +38,7 @@ RARE = {
     "overtaken-attempt-fails": (141, 238),  # since the server answers expired pulls 408
     # In worlds with pausing executors (`Mutant.edit`: attempts Spark lost run on after their
     # batch settled or their query was given back), of 0-299 (2026-11-29):
-    "take-over-unfenced": (628, 1480),
+    "take-over-unfenced": (333, 1033),  # the first 2 of 0-20000 since restarts keep whole seconds
     # Once a driver that adopts a lineage gives back what retired lineages still hold (seed
     # 3629), only an entry created after the last run's adoption is left.
     "given-back-zombie-entry-left": (297, 355),
@@ -85,7 +85,7 @@ RARE = {
     # In worlds with pausing executors whose slots share a consumer (`Mutant.edit`): the first
     # of 0-8000 since the server answers expired pulls 408 (2026-11-30; none of 0-30000 with
     # siblings drawn; 9129, which found the hole, moved).
-    "siblings-late-renewal-covers": (4361,),
+    "siblings-late-renewal-covers": (7131,),  # the only one of 0-20000 (2026-11-30, later)
     # In the same worlds without siblings (`Mutant.edit`), the first of 0-3819 that broke per-key
     # order this way (2026-11-29; none of 6000-15250 did with siblings drawn): a chunk whose
     # dedupe read failed on a given-back entry, never held.
