@@ -65,7 +65,7 @@ RARE = {
     "fence-removes-a-retry-s-entry": (271,),
     # In worlds with pausing executors and a new checkpoint at half the runs: the only one of
     # 0-1870 (2026-11-29; the seed that found the hole).
-    "headless-chunks-kept": (14938,),
+    "headless-chunks-kept": (34884,),  # the first of 0-40000 (2026-11-30, later)
     # In worlds whose query is stopped mid-batch and replaced at once by one on a new checkpoint
     # (`Mutant.edit`), 3 of 0-1924 (2026-11-29): 1340 (a chunk the attempt wrote after the
     # give-back's read, left under the removed entry), 1837 and 1885 (what it recorded after
