@@ -133,6 +133,17 @@ class InProgressKeeper:
             self.since[seq] = since
             self.again.add(seq)
 
+    async def renew_taken_late(self, seqs: Iterable[int]) -> None:
+        """Restart at once the ack wait of the deliveries held of these (stream seqs): the rounds
+        alone would leave them unkept for up to another third of the wait."""
+        replies = [self.held[seq] for seq in seqs if seq in self.held]
+        if not replies:
+            return
+        try:
+            await publish_acks(self.nc, replies, kind=IN_PROGRESS)
+        except Exception as error:  # the pulls meet the same trouble and report it
+            log.debug("%s: progress acks failed: %s", self.label, error)
+
     def release(self, seqs: Iterable[int]) -> None:
         """Stop keeping these (their messages go back to the server)."""
         for seq in seqs:

@@ -18,7 +18,10 @@ server/filestore.go; each method names the function it follows), as unkindly:
   pull that carries it (`setPinnedTimer`), not by deliveries or acks;
 - a server restart (`setLeader`, `applyState`): the consumer comes back from its stored state,
   which is written at most every 100 ms (`consumerFileStore.flushLoop`): acks of the last 100 ms
-  are lost, the redelivery queue, the waiting pulls (never answered) and the pin are dropped;
+  are lost, the redelivery queue, the waiting pulls (never answered) and the pin are dropped, and
+  each pending delivery's wait counts from its start truncated to the whole second
+  (`encodeConsumerState` stores seconds), so it may run out up to a second early, though not
+  before the first check (`applyState`: at least half a second, or the ack wait if shorter);
 - a consumer deleted and created again under its name starts over (DeliverAll), knowing nothing
   of what was delivered or acked; acks on the old deliveries' subjects reach it
   (`processAckMsg` matches the stream sequence);
@@ -37,6 +40,7 @@ its effect (an ack published and then a crash before the flush confirms it, for 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +58,9 @@ NANOS = 1_000_000_000
 
 
 FLUSH_INTERVAL = 0.1  # a consumer's state reaches its store at most this often (`flushLoop`)
+# After a restart, the least delay of the first look at pending deliveries (`applyState`: 0.5 s
+# and a random second, or the ack wait if that is shorter).
+FIRST_CHECK = 0.5
 
 
 @dataclass
@@ -375,13 +382,18 @@ class Consumer:
     def restart(self, now: float) -> None:
         """The server restarted (`setLeader`, `applyState`): back from the store, which missed
         the acks of the last `FLUSH_INTERVAL`; no redelivery queue, no waiting pull (none is
-        answered), no pin."""
+        answered), no pin. Each pending delivery's wait started at the whole second
+        (`encodeConsumerState` keeps `Timestamp / time.Second`, `decodeConsumerState` multiplies
+        it back), and nothing runs out before the first `checkPending` (`applyState`)."""
         for at, seq, delivery in self.unflushed:
             if at > now - FLUSH_INTERVAL:
                 self.pending[seq] = delivery
                 self.acked.discard(seq)
         self.unflushed = []
+        first_check = now + min(FIRST_CHECK, self.ack_wait)
         for delivery in self.pending.values():
+            started = math.floor(delivery.due - self.ack_wait + 1e-9)  # 1e-9: float error
+            delivery.due = max(started + self.ack_wait, first_check)
             delivery.queued = None
         for request in self.waiting:
             request.dropped = True

@@ -38,7 +38,7 @@ RARE = {
     "overtaken-attempt-fails": (141, 238),  # since the server answers expired pulls 408
     # In worlds with pausing executors (`Mutant.edit`: attempts Spark lost run on after their
     # batch settled or their query was given back), of 0-299 (2026-11-29):
-    "take-over-unfenced": (628, 1480),
+    "take-over-unfenced": (333, 1033),  # the first 2 of 0-20000 since restarts keep whole seconds
     # Once a driver that adopts a lineage gives back what retired lineages still hold (seed
     # 3629), only an entry created after the last run's adoption is left.
     "given-back-zombie-entry-left": (297, 355),
@@ -67,7 +67,7 @@ RARE = {
     "fence-removes-a-retry-s-entry": (271,),
     # In worlds with pausing executors and a new checkpoint at half the runs: the only one of
     # 0-1870 (2026-11-29; the seed that found the hole).
-    "headless-chunks-kept": (14938,),
+    "headless-chunks-kept": (34884,),  # the first of 0-40000 (2026-11-30, later)
     # In worlds whose query is stopped mid-batch and replaced at once by one on a new checkpoint
     # (`Mutant.edit`), 3 of 0-1924 (2026-11-29): 1340 (a chunk the attempt wrote after the
     # give-back's read, left under the removed entry), 1837 and 1885 (what it recorded after
@@ -87,7 +87,7 @@ RARE = {
     # In worlds with pausing executors whose slots share a consumer (`Mutant.edit`): the first
     # of 0-8000 since the server answers expired pulls 408 (2026-11-30; none of 0-30000 with
     # siblings drawn; 9129, which found the hole, moved).
-    "siblings-late-renewal-covers": (4361,),
+    "siblings-late-renewal-covers": (7131,),  # the only one of 0-20000 (2026-11-30, later)
     # In the same worlds without siblings (`Mutant.edit`), the first of 0-3819 that broke per-key
     # order this way (2026-11-29; none of 6000-15250 did with siblings drawn): a chunk whose
     # dedupe read failed on a given-back entry, never held.

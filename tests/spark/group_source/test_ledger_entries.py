@@ -457,13 +457,18 @@ def test_a_task_of_packed_slots_reads_the_entries_they_dedupe_against_once(
 
 
 class _Pulled:
-    """A slot's pulls (`SlotPulls`) whose one request delivered `chunk`."""
+    """A slot's pulls (`SlotPulls`) whose one request delivered `chunk`, taken `taken_after`
+    seconds after the request was sent."""
 
-    def __init__(self, chunk: Deliveries) -> None:
+    def __init__(self, chunk: Deliveries, taken_after: float = 0.0) -> None:
         self.chunk = chunk
+        self.taken_after = taken_after
 
     async def chunks(self) -> AsyncGenerator[tuple[Deliveries, float], None]:
-        yield self.chunk, clock.monotonic()
+        yield self.chunk, clock.monotonic() - self.taken_after
+
+    def took(self, taken: int, acked: int) -> None:
+        return None
 
 
 class _Consumer:
@@ -552,6 +557,57 @@ def test_a_chunk_of_a_consumer_created_again_is_given_back_whole(
     assert given_back_by_failing_attempt(monkeypatch, kv, p, chunk, ConfigurationError) == (
         chunk.replies
     )
+
+
+def renewed_as_taken(
+    monkeypatch: pytest.MonkeyPatch, kv: MemoryBucket, p: SlotPartition, taken_after: float
+) -> list[bytes]:
+    """A first attempt of `p` whose one pull delivered messages 1 and 2, taken `taken_after`
+    seconds after the request was sent and recorded: the ack subjects whose wait it restarted
+    before the keeper's first round."""
+    renewed: list[bytes] = []
+
+    async def publish_acks(nc: object, replies: list[bytes], kind: bytes = acks.ACK) -> int:
+        assert kind == acks.IN_PROGRESS
+        renewed.extend(replies)
+        return len(replies)
+
+    monkeypatch.setattr(acks, "publish_acks", publish_acks)
+    chunk = first_deliveries(1, 2)
+    monkeypatch.setattr(slot_reader, "SlotPulls", lambda *_: _Pulled(chunk, taken_after))
+    client: Any = SimpleNamespace(nc=None, pull_consumer=lambda *_, **__: _Consumer())
+    reader = slot_reader.SlotReader(p, client)
+    reader.entry.ledger = Ledger(kv, p.lineage)
+
+    async def pulling() -> list[int]:
+        await reader.begin()
+        return [
+            s
+            for b in [b async for b in reader.pull_record_batches()]
+            for s in b.column("stream_seq").to_pylist()
+        ]
+
+    assert run_sync(pulling()) == [1, 2]
+    return renewed
+
+
+@pytest.mark.parametrize(("taken_after", "renewed"), [(2.0, [1, 2]), (0.1, [])])
+def test_a_chunk_taken_late_has_its_ack_wait_restarted_as_it_is_taken(
+    kv: MemoryBucket,
+    lineage: str,
+    monkeypatch: pytest.MonkeyPatch,
+    taken_after: float,
+    renewed: list[int],
+) -> None:
+    """What a request delivers may reach the task half the ack wait after the request was sent
+    (`SlotPullPolicy`), and a nats-server restarted meanwhile counts the wait from the whole
+    second before the delivery (`encodeConsumerState`): left to the keeper's next round, a third
+    of the wait later, a 4 s wait could run out first. Taken more than a sixth of the wait after
+    its request, a chunk has its wait restarted at once; taken sooner, it waits for the round
+    (a `+WPI` per message is not free)."""
+    p = input_partition(lineage, 1, ack_wait=4.0)
+    expected = first_deliveries(*renewed).replies
+    assert renewed_as_taken(monkeypatch, kv, p, taken_after) == expected
 
 
 # DriverLedger

@@ -204,6 +204,7 @@ class SlotReader:
                     accepted = await acceptance.accept(chunk, sent)  # accept
                     self.accepting = None
                     pulls.took(len(accepted.replies), accepted.acked)
+                    await self.keep_taken_late(chunk, sent)
                     if not accepted.replies:
                         continue
                     columns = SlotColumns.of(partition)  # columns
@@ -221,6 +222,16 @@ class SlotReader:
                 await self.give_back_unrecorded(recorder, consumer)
             await self.stop_keeping()
             await consumer.close()
+
+    async def keep_taken_late(self, chunk: Deliveries, sent: float) -> None:
+        """A chunk taken more than a sixth of the ack wait after its request was sent has its
+        wait restarted at once, not at the keeper's next round, up to a third later: what a
+        request delivers may reach the task only half the wait after its sending
+        (`SlotPullPolicy`), and a nats-server restarted meanwhile counts the wait from the whole
+        second before the delivery, so it runs out up to a second early (`encodeConsumerState`).
+        One taken sooner waits for the round: a `+WPI` per message is not free (see `seal`)."""
+        if clock.monotonic() - sent > self.partition.ack_wait * RESTART_AFTER:
+            await self.keeper.renew_taken_late(chunk.numbers.stream_seq)
 
     async def pulled_and_sealed(self) -> AsyncGenerator[pa.RecordBatch, None]:
         """Pull, record and hand out, then seal. An attempt whose entry another attempt took
