@@ -112,7 +112,7 @@ class InProgressKeeper:
         self.label = label
         self.held: dict[int, bytes] = {}  # stream seq -> reply subject of its latest delivery
         # stream seq -> when the ack wait of its latest delivery surely last started: its pull
-        # request's sending, or a confirmed round's (`surely_kept`)
+        # request's sending, or a confirmed round's (a give-back NAKs by it: `surely_running`)
         self.since: dict[int, float] = {}
         self.again: set[int] = set()  # stream seqs held that came again (`redelivered`)
         self.renewed = 0.0  # monotonic time of the last confirmed round
@@ -149,12 +149,6 @@ class InProgressKeeper:
         for seq in seqs:
             self.held.pop(seq, None)
             self.since.pop(seq, None)
-
-    def surely_kept(self, seq: int, now: float) -> bool:
-        """Whether the held delivery of `seq` surely has more than `NAK_WITHIN` of its ack wait
-        left `now`: one whose wait may have run out may have been delivered again, to another
-        reader, and a NAK naming it gives back that delivery (see `surely_running`)."""
-        return surely_running(self.since.get(seq, -math.inf), now, self.ack_wait)
 
     def restarted(self, sent: float) -> None:
         """The round sent at `sent` was confirmed: it restarted the wait of the deliveries it
