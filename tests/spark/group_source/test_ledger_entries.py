@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncGenerator
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -497,6 +497,32 @@ def first_deliveries(*seqs: int) -> Deliveries:
     return found
 
 
+def captured_acks(
+    monkeypatch: pytest.MonkeyPatch, module: ModuleType, expected: bytes
+) -> list[bytes]:
+    """The ack subjects `module` publishes from now on (`publish_acks`), all of kind `expected`."""
+    captured: list[bytes] = []
+
+    async def publish_acks(nc: object, replies: list[bytes], kind: bytes = acks.ACK) -> int:
+        assert kind == expected
+        captured.extend(replies)
+        return len(replies)
+
+    monkeypatch.setattr(module, "publish_acks", publish_acks)
+    return captured
+
+
+def one_pull_attempt(
+    monkeypatch: pytest.MonkeyPatch, kv: MemoryBucket, p: SlotPartition, pulled: _Pulled
+) -> slot_reader.SlotReader:
+    """A first attempt of `p` whose one pull delivers `pulled`'s chunk."""
+    monkeypatch.setattr(slot_reader, "SlotPulls", lambda *_: pulled)
+    client: Any = SimpleNamespace(nc=None, pull_consumer=lambda *_, **__: _Consumer())
+    reader = slot_reader.SlotReader(p, client)
+    reader.entry.ledger = Ledger(kv, p.lineage)
+    return reader
+
+
 def given_back_by_failing_attempt(
     monkeypatch: pytest.MonkeyPatch,
     kv: MemoryBucket,
@@ -506,18 +532,8 @@ def given_back_by_failing_attempt(
 ) -> list[bytes]:
     """A first attempt of `p` whose one pull delivered `chunk` and whose acceptance of it fails
     with `error`: the ack subjects it NAKed as it stopped."""
-    naked: list[bytes] = []
-
-    async def publish_acks(nc: object, replies: list[bytes], kind: bytes = acks.ACK) -> int:
-        assert kind == acks.NAK
-        naked.extend(replies)
-        return len(replies)
-
-    monkeypatch.setattr(slot_reader, "publish_acks", publish_acks)
-    monkeypatch.setattr(slot_reader, "SlotPulls", lambda *_: _Pulled(chunk))
-    client: Any = SimpleNamespace(nc=None, pull_consumer=lambda *_, **__: _Consumer())
-    reader = slot_reader.SlotReader(p, client)
-    reader.entry.ledger = Ledger(kv, p.lineage)
+    naked = captured_acks(monkeypatch, slot_reader, acks.NAK)
+    reader = one_pull_attempt(monkeypatch, kv, p, _Pulled(chunk))
 
     async def pulling() -> None:
         await reader.begin()
@@ -565,19 +581,8 @@ def renewed_as_taken(
     """A first attempt of `p` whose one pull delivered messages 1 and 2, taken `taken_after`
     seconds after the request was sent and recorded: the ack subjects whose wait it restarted
     before the keeper's first round."""
-    renewed: list[bytes] = []
-
-    async def publish_acks(nc: object, replies: list[bytes], kind: bytes = acks.ACK) -> int:
-        assert kind == acks.IN_PROGRESS
-        renewed.extend(replies)
-        return len(replies)
-
-    monkeypatch.setattr(acks, "publish_acks", publish_acks)
-    chunk = first_deliveries(1, 2)
-    monkeypatch.setattr(slot_reader, "SlotPulls", lambda *_: _Pulled(chunk, taken_after))
-    client: Any = SimpleNamespace(nc=None, pull_consumer=lambda *_, **__: _Consumer())
-    reader = slot_reader.SlotReader(p, client)
-    reader.entry.ledger = Ledger(kv, p.lineage)
+    renewed = captured_acks(monkeypatch, acks, acks.IN_PROGRESS)
+    reader = one_pull_attempt(monkeypatch, kv, p, _Pulled(first_deliveries(1, 2), taken_after))
 
     async def pulling() -> list[int]:
         await reader.begin()

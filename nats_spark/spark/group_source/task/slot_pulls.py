@@ -33,7 +33,6 @@ class SlotPulls:
         want: int,
         siblings: bool,
         ack_wait: float,
-        started: float,
         label: str,
     ) -> None:
         self.consumer = consumer
@@ -42,7 +41,6 @@ class SlotPulls:
         self.want = want  # messages still to take
         self.siblings = siblings
         self.ack_wait = ack_wait
-        self.started = started  # when the task started: before any delivery it holds
         self.label = label
         self.took_any = False
         self.progress = 0  # deliveries taken or acked as an earlier batch's, in all
@@ -88,8 +86,8 @@ class SlotPulls:
                     await loop.send_ahead(plan)
             yield got, pull.sent
         # Requests given up on may still deliver: take that too (the batch then holds a little
-        # more than planned) rather than leave it unread until its ack wait runs out. It may
-        # have been sent for a request given up on at any time since the task started.
+        # more than planned) rather than leave it unread until its ack wait runs out. It was
+        # sent for a request not ended yet: no sooner than the oldest of them was made.
         requested = self.consumer.requested_since()
         late = await self.consumer.collect_late(self.ack_wait / 2)
         if late:

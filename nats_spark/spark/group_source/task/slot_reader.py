@@ -190,7 +190,6 @@ class SlotReader:
             partition.limit - self.entry.head.count,
             bool(partition.siblings),
             partition.ack_wait,
-            self.started,
             partition.slot,
         )
         recorder = Recorder(self.entry, self.keeper, consumer)
