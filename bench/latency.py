@@ -68,6 +68,7 @@ from bench.latency_figures import (  # noqa: E402
     summarize_batches,
 )
 from bench.latency_sources import PROBE_DIR, LatencyFloor, TimedNatsPcg  # noqa: E402
+from bench.partition_loop import read_rounds  # noqa: E402
 from nats_spark.client import NatsClient  # noqa: E402
 from nats_spark.connection import ConnectionSettings  # noqa: E402
 from nats_spark.loop import run_sync  # noqa: E402
@@ -100,6 +101,11 @@ def _args() -> argparse.Namespace:
         "--floor-only",
         default="",
         help="comma-separated input-partition counts: run only Spark's floor at each",
+    )
+    parser.add_argument(
+        "--partition-loop",
+        action="store_true",
+        help="beside each connector case, the nats-py loop reading each partition's consumer",
     )
     parser.add_argument("--drain-seconds", type=float, default=60.0, help="after the load")
     parser.add_argument("--per-batch", action="store_true", help="print each batch's figures")
@@ -240,6 +246,45 @@ def nats_py_case(url: str, client: NatsClient, rate: int, args: argparse.Namespa
     }
 
 
+def partition_loop_case(
+    url: str, client: NatsClient, case: dict[str, Any], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The tuned nats-py loop reading each partition through its own consumer, a round every
+    trigger (`bench/partition_loop.py`), under the same load as the connector's case."""
+    rate, partitions, trigger = case["rate"], case["partitions"], case["trigger"]
+    stream = f"LOOP{rate}P{partitions}"
+    run_sync(create_stream(client, stream, partitions))
+    load = Load(url, stream, rate, args)
+    sampler = ProcessSampler(SAMPLE_EVERY)  # the loop is this process: driver_python
+    state: dict[str, Any] = {"sampling": False, "deadline": None}
+
+    def until(read: int) -> bool:
+        if not state["sampling"] and time.time() >= load.measure_from:
+            sampler.__enter__()
+            state["sampling"] = True
+        if state["deadline"] is None and not load.running():
+            load.finish()
+            if state["sampling"]:
+                sampler.__exit__()
+            state["deadline"] = time.time() + args.drain_seconds
+        deadline = state["deadline"]
+        return deadline is not None and (read >= load.published or time.time() >= deadline)
+
+    times, rounds = run_sync(
+        read_rounds(url, stream, partitions, trigger, args.nats_py_batch, until)
+    )
+    run_sync(client.api.delete_stream(stream))
+    figures = _latencies(load, times)
+    figures["acked_ms"] = figures.pop("committed_ms")
+    return {
+        "case": {"kind": "partition_loop", **case},
+        **figures,
+        "kept_up": len(times) >= load.published,
+        "round_ms": ms(rounds),
+        **_cpu(sampler, figures["messages"]),
+    }
+
+
 def floor_case(spark: Any, partitions: int, args: argparse.Namespace) -> dict[str, Any]:
     """Spark's floor at `partitions` input partitions: batches back to back, nothing to read."""
     df = spark.readStream.format("latency_floor").option("partitions", partitions)
@@ -330,6 +375,11 @@ def _name(case: dict[str, Any]) -> str:
     kind = case["kind"]
     if kind == "nats_py":
         return f"nats-py, {case['rate']:,} msg/s"
+    if kind == "partition_loop":
+        rate, partitions, trigger = case["rate"], case["partitions"], case["trigger"]
+        return (
+            f"nats-py per partition, {rate:,} msg/s, {partitions} partitions, trigger {trigger:g} s"
+        )
     if kind == "spark_floor":
         return f"Spark floor, {case['partitions']} input partitions, trigger 0 s"
     partitions, trigger = case["partitions"], case["trigger"]
@@ -349,6 +399,11 @@ def summary(results: list[dict[str, Any]], options: list[str] | None) -> list[di
     done = [r for r in results if "error" not in r]
     by_rate = {r["case"]["rate"]: r for r in done if r["case"]["kind"] == "nats_py"}
     floors = {r["case"]["partitions"]: r for r in done if r["case"]["kind"] == "spark_floor"}
+    loops = {
+        (r["case"]["rate"], r["case"]["partitions"], r["case"]["trigger"]): r
+        for r in done
+        if r["case"]["kind"] == "partition_loop"
+    }
     ratios: list[dict[str, Any]] = [
         {"case": _name(r["case"]), "error": r["error"]} for r in results if "error" in r
     ]
@@ -370,6 +425,10 @@ def summary(results: list[dict[str, Any]], options: list[str] | None) -> list[di
         if floor and batch_ms is not None and floor["batch_ms"][0]:
             line["batch_ms_p50"] = [batch_ms, floor["batch_ms"][0]]
             line["batch_ms_vs_spark_floor"] = round(batch_ms / floor["batch_ms"][0], 1)
+        loop = loops.get((case["rate"], case["partitions"], case["trigger"]))
+        if loop and batch_ms is not None and loop["round_ms"]["p50"]:
+            # the server's per-consumer work is in both: what the connector adds per partition
+            line["batch_ms_p50_vs_partition_loop_round"] = [batch_ms, loop["round_ms"]["p50"]]
         ratios.append(line)
     return ratios
 
@@ -428,6 +487,9 @@ def main() -> None:
                         case = {"rate": rate, "partitions": partitions, "trigger": trigger}
                         named = {"kind": "connector", **case}
                         run(connector_case, named, spark, client, url, case, args, probe_dir)
+                        if args.partition_loop:
+                            looped = {"kind": "partition_loop", **case}
+                            run(partition_loop_case, looped, url, client, case, args)
         finally:
             spark.stop()
             run_sync(client.close())
