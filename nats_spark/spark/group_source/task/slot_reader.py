@@ -62,6 +62,7 @@ from nats_spark.spark.group_source.task.slot_history import (
     mark_acked_together,
 )
 from nats_spark.spark.group_source.task.slot_pulls import SlotPulls
+from nats_spark.spark.shared.columns import BATCH_BYTES
 from nats_spark.spark.shared.worker_gc import freeze_imports
 
 log = logging.getLogger(__name__)
@@ -346,10 +347,14 @@ class SlotReader:
         return self.acceptance.redundant if self.acceptance else 0
 
 
-# Slots of a packed task running at a time (the one emitting and those ahead of it), and the
-# record batches (each at most `BATCH_BYTES`) a slot ahead may queue before its pulls wait.
-SLOTS_AT_ONCE = 4
+# Slots of a packed task whose steps run at a time (a slot's steps are a chain of round trips:
+# with few at a time a task of many slots waits on the server most of its time). A slot's
+# record batches (each about `BATCH_BYTES` at most) wait in its queue, QUEUED_BATCHES at most,
+# until the task emits them; those of the slots ahead of the emitting one, QUEUED_AHEAD bytes
+# at most together, so that a task holds no more rows however many slots run.
+SLOTS_AT_ONCE = 16
 QUEUED_BATCHES = 2
+QUEUED_AHEAD = 8 * BATCH_BYTES
 
 
 def read_slot(partition: SlotPartition) -> Iterator[pa.RecordBatch]:
@@ -428,12 +433,25 @@ async def packed_batches(
     are marked so meanwhile, done before the task ends; the earlier entries
     they dedupe against are read once for them all: `DedupeReads`, and so is the pointer
     their fence checks read: `PointerReads`); up to `SLOTS_AT_ONCE` slots
-    run at a time, the ones ahead queueing what they read. When the task ends early or one slot
-    fails, the slots still running are cancelled (their steps give back what they hold, as a
-    task stopped by Spark does), and those not run yet release the entries they claimed."""
-    ahead: list[_SlotAhead] = []
+    run at a time, a slot starting as soon as another's steps end, the ones ahead queueing what
+    they read (`QueuedAhead`). When the task ends early or one slot fails, the slots still
+    running are cancelled (their steps give back what they hold, as a task stopped by Spark
+    does), and those not run yet release the entries they claimed."""
+    ahead: list[_SlotAhead] = []  # started and not emitted yet, in their order
     started = 0  # readers whose steps were started (`_SlotAhead`), in their order
     marking: asyncio.Future[None] | None = None  # the acked entries' heads, marked meanwhile
+    queued = QueuedAhead()
+
+    def start_more(_: object = None) -> None:
+        nonlocal started
+        running = sum(not slot.running.done() for slot in ahead)
+        while running < SLOTS_AT_ONCE and started < len(readers) and not queued.closed:
+            slot = _SlotAhead(readers[started], queued)
+            slot.running.add_done_callback(start_more)
+            ahead.append(slot)
+            started += 1
+            running += 1
+
     try:
         if readers:
             histories = [await reader.history() for reader in readers]
@@ -453,15 +471,16 @@ async def packed_batches(
             marking = asyncio.ensure_future(mark_acked_together(acked))
             if isinstance(claimed, BaseException):
                 raise claimed
-        while started < len(readers) or ahead:
-            while len(ahead) < SLOTS_AT_ONCE and started < len(readers):
-                ahead.append(_SlotAhead(readers[started]))
-                started += 1
+        start_more()
+        while ahead:
             emitting = ahead[0]
+            queued.emitting(emitting)
             async for batch in emitting.batches():
                 yield emitting.slot, batch
             ahead.remove(emitting)
+            start_more()
     finally:
+        queued.close()
         for slot in ahead:
             slot.running.cancel()
         await asyncio.gather(*(slot.running for slot in ahead), return_exceptions=True)
@@ -470,13 +489,54 @@ async def packed_batches(
             await marking
 
 
-class _SlotAhead:
-    """One slot's steps running on their own, their record batches queued for the task."""
+class QueuedAhead:
+    """The bytes of the record batches the slots ahead of the emitting one hold queued, together:
+    one of them waits to queue a batch that would take them past QUEUED_AHEAD (unless none are
+    queued); the emitting slot never waits here (nothing else would empty the queues), and a
+    slot waiting here goes on once it is the one emitting."""
 
-    def __init__(self, reader: SlotReader) -> None:
+    def __init__(self) -> None:
+        self.held = 0
+        self.closed = False  # the task ends: start no more slots
+        self._emitting: _SlotAhead | None = None
+        self._changed = asyncio.Event()
+
+    def emitting(self, slot: _SlotAhead) -> None:
+        self._emitting = slot
+        self._wake()
+
+    async def take(self, slot: _SlotAhead, size: int) -> int:
+        """Room for a batch of `size` bytes of `slot`; what of it counts here (all of it when
+        queued while ahead, else 0)."""
+        while slot is not self._emitting:
+            if not self.held or self.held + size <= QUEUED_AHEAD:
+                self.held += size
+                return size
+            self._changed.clear()
+            await self._changed.wait()
+        return 0
+
+    def give(self, size: int) -> None:
+        """Bytes counted by `take` left their queue."""
+        self.held -= size
+        self._wake()
+
+    def close(self) -> None:
+        self.closed = True
+
+    def _wake(self) -> None:
+        self._changed.set()
+
+
+class _SlotAhead:
+    """One slot's steps running on their own, their record batches queued for the task (each
+    with what of it counts in `QueuedAhead`)."""
+
+    def __init__(self, reader: SlotReader, queued: QueuedAhead) -> None:
         self.slot = reader.partition.slot
-        self.queue: asyncio.Queue[pa.RecordBatch | BaseException | None] = asyncio.Queue(
-            QUEUED_BATCHES
+        self.queued = queued
+        self.queue: asyncio.Queue[tuple[pa.RecordBatch | BaseException | None, int]] = (
+            asyncio.Queue(QUEUED_BATCHES)
         )
         self.running = asyncio.ensure_future(self._run(reader))
 
@@ -484,14 +544,19 @@ class _SlotAhead:
         try:
             async with contextlib.aclosing(slot_batches(reader)) as batches:
                 async for batch in batches:
-                    await self.queue.put(batch)
+                    await self.queue.put((batch, await self.queued.take(self, batch.nbytes)))
         except Exception as error:  # the task fails with it, when this slot's turn comes
-            await self.queue.put(error)
+            await self.queue.put((error, 0))
         else:
-            await self.queue.put(None)
+            await self.queue.put((None, 0))
 
     async def batches(self) -> AsyncGenerator[pa.RecordBatch, None]:
-        while (item := await self.queue.get()) is not None:
+        while True:
+            item, counted = await self.queue.get()
+            if counted:
+                self.queued.give(counted)
+            if item is None:
+                return
             if isinstance(item, BaseException):
                 raise item
             yield item
