@@ -28,7 +28,7 @@ attempt still had out after a new checkpoint's give-back NAKed the recorded deli
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
 from nats_spark.spark.group_source.ledger import (
@@ -118,9 +118,11 @@ class Attempts:
         claim, write, seal = entry.claim, entry._write, entry.seal
         claimed = False
 
-        async def claiming() -> None:
+        async def claiming(
+            keep: Callable[[EntryDeliveries], Awaitable[None]] | None = None,
+        ) -> None:
             nonlocal claimed
-            await claim()
+            await claim(keep)
             claimed = True
             recorded.update(entry.taken)
             if not entry.fixed:  # again, if its take-over's answer was lost

@@ -679,6 +679,27 @@ MUTANTS = (
         edit=(*OTHER_CLIENT, ("ack_wait", 4.0)),
     ),
     Mutant(
+        "taken-over-renewed-after-fence",
+        "a retry that took an entry over restarted the wait of what it took over only after the "
+        "claim's fence and sibling reads: a sibling's redelivery of one, dropped as recorded, "
+        "ran out in those round trips, and another client of the overflow consumer got a "
+        "message the batch committed (seed 18241)",
+        (
+            Patch(
+                SLOT_READER,
+                "        await self.entry.claim(self.keep_taken_over)\n",
+                "        await self.entry.claim()\n",
+            ),
+            Patch(
+                SLOT_READER,
+                "        self.keep_on_taken_over()\n",
+                "        await self.keep_taken_over(self.entry.recorded_earlier)\n"
+                "        self.keep_on_taken_over()\n",
+            ),
+        ),
+        edit=(*OTHER_CLIENT, ("ack_wait", 4.0), ("restart_after_acks", 0.1)),
+    ),
+    Mutant(
         "replaced-lineage-sightings-forgotten",
         "a restarted checkpoint whose first batch Spark runs again takes its lineage up again "
         "after `initialOffset` began another, which the pointer then named: the consumers as "

@@ -370,6 +370,14 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "took it: the checker counted the seal from the write's start, so the driver and not "
         "the stalled attempt held it (checker's fault, `Attempts.watch`; 2026-11-30)",
     ),
+    18241: (
+        {"other_client": True, "ack_wait": 4.0, "restart_after_acks": 0.1},
+        "a retry took over at 12.486 an entry holding message 2, whose redelivery a sibling had "
+        "dropped as recorded (due 12.541), and restarted its wait only at 12.686, after the "
+        "fence and sibling reads (one answer took 0.2 s); the other client got it after batch "
+        "1 committed it: a take-over now restarts what it took over as its write lands "
+        "(`SlotEntry.claim`'s keep; 2026-11-30)",
+    ),
 }
 
 
@@ -379,14 +387,20 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
 KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # The hunts of 2026-11-30 found 16463, 21621 (other-client), 2766, 8306 (packed), 782,
     # 5797, 5089 and 5442 (other-client, 4 s wait), 1347 and 689 (other-client worlds whose
-    # executors pause); each was the checker's or the world's, or is closed (CLOSED_HOLES).
-    18241: (
-        {"other_client": True, "ack_wait": 4.0, "restart_after_acks": 0.1},
-        "not explained yet (helper-41's reading, unconfirmed): a retry took over at 12.486 an "
-        "entry holding message 2 and restarted its wait only at 12.686, after the fence read; "
-        "the wait had run out at 12.54, a sibling took it and dropped it as recorded, and the "
-        "other client got it after batch 1 committed it. Either the take-over should renew "
-        "right after its write, or the checker should allow the retry that round trip",
+    # executors pause), 18241 (other-client, 4 s wait, restarts after a tenth of the rounds of
+    # acks); each was the checker's or the world's, or is closed (CLOSED_HOLES).
+    851: (
+        {"other_client": True, "stalling_executors": True, "ack_wait": 4.0},
+        "not explained yet (helper-42's reading, 2026-11-30): attempt b3/c#1#0 recorded message "
+        "13 (12.93), Spark lost it and it stalled 6.3 s; the wait ran out (16.93) and the retry "
+        "b3/c#1#1 took the entry over (19.26). The zombie woke, its pull got the redelivery "
+        "(19.486), its write failed, and it gave back the recorded message that came again "
+        "(give_back_unrecorded's `again`): the -NAK handed it to the other client (19.738), and "
+        "batch 3 committed it from the retry's entry (21.46). The retry's keeper would have "
+        "kept that delivery; but the message was free since 16.93 (a stall's let-out), so "
+        "either a zombie whose entry was taken over must not NAK what it recorded, or "
+        "`Observed._held_last` should pass over this give-back as over an unrecorded one. "
+        "Breaks on 4f832d6 too",
     ),
 }
 

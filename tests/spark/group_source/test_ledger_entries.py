@@ -615,6 +615,50 @@ def test_a_chunk_taken_late_has_its_ack_wait_restarted_as_it_is_taken(
     assert renewed_as_taken(monkeypatch, kv, p, taken_after) == expected
 
 
+def test_a_take_over_restarts_the_wait_of_what_it_took_over_before_its_reads(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry restarts the ack wait of what it took over as its take-over lands, before the
+    fence and sibling reads, a round trip or more each (seed 18241 of the simulation's worlds
+    with another client: a redelivery a sibling had dropped as recorded ran out in them). Its
+    keeper goes on with what is left once the claim dropped what a sibling recorded too."""
+    p = input_partition(lineage, slot="c#0", siblings=("c#1",), ack_wait=4.0)
+    failed = claimed(kv, p)
+    take(failed, [1, 2])
+    run_sync(failed.release())
+    take(claimed(kv, input_partition(lineage, slot="c#1", siblings=("c#0",))), [2])
+    steps: list[tuple[str, object]] = []
+    get, update = kv.get, kv.update
+
+    async def getting(key: str) -> Any:
+        steps.append(("get", key))
+        return await get(key)
+
+    async def updating(key: str, value: bytes, last: int) -> int:
+        steps.append(("update", key))
+        return await update(key, value, last)
+
+    async def renewing(nc: object, commands: list[bytes], count: int) -> int:
+        assert all(b"+WPI" in command for command in commands)
+        steps.append(("+WPI", count))
+        return count
+
+    monkeypatch.setattr(kv, "get", getting)
+    monkeypatch.setattr(kv, "update", updating)
+    monkeypatch.setattr(acks, "send_acks", renewing)
+    retry = slot_reader.SlotReader(p, SimpleNamespace(nc=None))  # type: ignore[arg-type]
+    retry.entry.ledger = Ledger(kv, lineage)
+
+    async def claiming() -> list[int]:
+        await retry.claim()
+        await retry.stop_keeping()
+        return list(retry.keeper.held)
+
+    assert run_sync(claiming()) == [1]  # 2 is the sibling's to keep
+    taken_over = steps.index(("update", Ledger(kv, lineage).head_key(1, "c#0")))
+    assert steps[taken_over + 1] == ("+WPI", 2)
+
+
 # DriverLedger
 
 

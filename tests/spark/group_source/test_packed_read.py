@@ -72,12 +72,12 @@ def test_a_packed_task_claims_its_slots_at_once(client, nats_url, unique, monkey
     claiming = peak = 0
     claim = slot_entry.SlotEntry.claim
 
-    async def counted_claim(entry):
+    async def counted_claim(entry, *args):
         nonlocal claiming, peak
         claiming += 1
         peak = max(peak, claiming)
         try:
-            await claim(entry)
+            await claim(entry, *args)
         finally:
             claiming -= 1
 
@@ -133,8 +133,8 @@ def test_a_packed_task_claims_while_it_acks_and_marks_while_it_pulls(
     claim, record = slot_entry.SlotEntry.claim, slot_entry.SlotEntry.record
     send, mark = ledger_protocol.send_acks, ledger_protocol.mark_acked
 
-    async def counted_claim(entry):
-        await claim(entry)
+    async def counted_claim(entry, *args):
+        await claim(entry, *args)
         done["claimed"] += 1
 
     async def counted_record(entry, *args):

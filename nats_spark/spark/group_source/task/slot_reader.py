@@ -47,7 +47,7 @@ from nats_spark.jetstream.pull import Deliveries, PullConsumer
 from nats_spark.jetstream.replies import created_later
 from nats_spark.loop import run_sync
 from nats_spark.requests_at_once import all_results
-from nats_spark.spark.group_source.ledger import Ledger, TakenOver
+from nats_spark.spark.group_source.ledger import EntryDeliveries, Ledger, TakenOver
 from nats_spark.spark.group_source.runtime import PROCESS, Runtime
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from nats_spark.spark.group_source.task.acceptance import Acceptance
@@ -109,11 +109,11 @@ class SlotReader:
         partition = self.partition
         if not self.pulling:
             return
-        await self.entry.claim()
+        await self.entry.claim(self.keep_taken_over)
         if self.entry.fixed:
             self.pulling = False  # the batch's content is fixed: exactly this, nothing more
             return
-        await self.keep_taken_over()
+        self.keep_on_taken_over()
         self.acceptance = Acceptance(
             self.entry,
             self.keeper,
@@ -125,18 +125,25 @@ class SlotReader:
             self.consumer_created,
         )
 
-    async def keep_taken_over(self) -> None:
-        """A take-over: the keeper holds what earlier attempts recorded from now until the seal,
-        its ack wait restarted at once. Nothing kept those waits since that attempt ended: one
-        may have run out and gone to a sibling that dropped it as recorded (seed 12503 of the
-        worlds with another client), and a retry that then pulls, or stalls, past the wait
-        would let it go before the commit (seed 21621)."""
-        taken_over = self.entry.recorded_earlier
+    async def keep_taken_over(self, taken_over: EntryDeliveries) -> None:
+        """A take-over, as its write lands: the keeper holds what earlier attempts recorded from
+        now until the seal, its ack wait restarted at once (the claim's fence and sibling reads
+        come after). Nothing kept those waits since that attempt ended: one may have run out
+        and gone to a sibling that dropped it as recorded (seed 12503 of the worlds with
+        another client), and a retry that then pulls, or stalls, past the wait would let it go
+        before the commit (seed 21621)."""
         if not taken_over:
             return
         self.keeper.hold(taken_over.stream_seq, taken_over.subjects(), -math.inf)
         await self.keeper.renew()
-        self.start_keeping()
+
+    def keep_on_taken_over(self) -> None:
+        """After the claim: the keeper's rounds go on with what the take-over kept, but for what
+        the claim found a sibling recorded too and dropped (the sibling keeps it)."""
+        dropped = set(self.keeper.held).difference(self.entry.recorded_earlier.stream_seq)
+        self.keeper.release(dropped)
+        if self.keeper.held:
+            self.start_keeping()
 
     def start_keeping(self) -> None:
         """The keeper's rounds, until `stop_keeping`; once."""
