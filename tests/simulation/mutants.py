@@ -254,14 +254,8 @@ MUTANTS = (
         (
             Patch(
                 SLOT_READER,
-                "            unrecorded += [(r, requested) for r in late.replies]"
-                " if late else []  # new, or again\n",
-                "            seqs = late.numbers[1] if late else []\n"
-                "            unrecorded += [\n"
-                "                (r, requested)\n"
-                "                for s, r in zip(seqs, late.replies, strict=True)\n"
-                "                if s not in self.entry.taken\n"
-                "            ]\n",
+                "                    if not (kept_by_taker and seq in recorded)\n",
+                "                    if seq not in self.entry.taken\n",
             ),
         ),
         edit=REPLACED,
@@ -698,6 +692,20 @@ MUTANTS = (
             ),
         ),
         edit=(*OTHER_CLIENT, ("ack_wait", 4.0), ("restart_after_acks", 0.1)),
+    ),
+    Mutant(
+        "taker-s-delivery-given-back",
+        "a zombie whose entry a retry took over gave back the redelivery of a message it had "
+        "recorded (for the order of its key): the retry's keeper would have kept it, and "
+        "another client of the overflow consumer got a message the batch committed (seed 851)",
+        (
+            Patch(
+                SLOT_READER,
+                "            kept_by_taker = protocol.kept_by_its_taker(taken)\n",
+                "            kept_by_taker = False\n",
+            ),
+        ),
+        edit=(*OTHER_CLIENT, *STALLING, ("ack_wait", 4.0)),
     ),
     Mutant(
         "replaced-lineage-sightings-forgotten",

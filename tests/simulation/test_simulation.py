@@ -62,6 +62,15 @@ RETURNING_CHECK, RETURNING_EXPLORED = range(0, 20), range(20, 300)
 # keep every guarantee. A change of the schedules makes them other schedules; the holes found
 # before are kept as mutants (mutants.py, test_mutants.py), which do not depend on seeds.
 CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
+    851: (
+        {"other_client": True, "stalling_executors": True, "ack_wait": 4.0},
+        "attempt b3/c#1#0 recorded message 13 (12.93), Spark lost it and it stalled 6.3 s; the "
+        "wait ran out (16.93) and the retry took the entry over (19.26); the zombie woke, its "
+        "pull got the redelivery (19.486), its write failed, and it gave back the recorded "
+        "message that came again: the -NAK handed it to the other client (19.738), and batch 3 "
+        "committed it from the retry's entry (21.46). An attempt that lost its entry to another "
+        "attempt now leaves what it recorded to the taker's keeper (`kept_by_its_taker`)",
+    ),
     1347: (
         {"other_client": True, "stalling_executors": True},
         "attempt b1/c#1#1 took message 13 (10.89) and stalled 10.1 s, Spark lost it; its wait "
@@ -388,20 +397,8 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # The hunts of 2026-11-30 found 16463, 21621 (other-client), 2766, 8306 (packed), 782,
     # 5797, 5089 and 5442 (other-client, 4 s wait), 1347 and 689 (other-client worlds whose
     # executors pause), 18241 (other-client, 4 s wait, restarts after a tenth of the rounds of
-    # acks); each was the checker's or the world's, or is closed (CLOSED_HOLES).
-    851: (
-        {"other_client": True, "stalling_executors": True, "ack_wait": 4.0},
-        "not explained yet (helper-42's reading, 2026-11-30): attempt b3/c#1#0 recorded message "
-        "13 (12.93), Spark lost it and it stalled 6.3 s; the wait ran out (16.93) and the retry "
-        "b3/c#1#1 took the entry over (19.26). The zombie woke, its pull got the redelivery "
-        "(19.486), its write failed, and it gave back the recorded message that came again "
-        "(give_back_unrecorded's `again`): the -NAK handed it to the other client (19.738), and "
-        "batch 3 committed it from the retry's entry (21.46). The retry's keeper would have "
-        "kept that delivery; but the message was free since 16.93 (a stall's let-out), so "
-        "either a zombie whose entry was taken over must not NAK what it recorded, or "
-        "`Observed._held_last` should pass over this give-back as over an unrecorded one. "
-        "Breaks on 4f832d6 too",
-    ),
+    # acks), 851 (other-client worlds whose executors pause, 4 s wait); each was the checker's
+    # or the world's, or is closed (CLOSED_HOLES).
 }
 
 

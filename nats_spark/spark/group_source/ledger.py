@@ -286,7 +286,11 @@ class LedgerConflict(NatsSparkError):
 class TakenOver(LedgerConflict):
     """A head write found the head written by another attempt since (it took the entry over),
     or found it removed. The attempt may still end with the entry's sealed content
-    (`await_sealed`)."""
+    (`await_sealed`). `holder`: the attempt the head names now (None: removed)."""
+
+    def __init__(self, message: str, holder: str | None) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 @dataclass
@@ -598,7 +602,8 @@ async def write_head(ledger: Ledger, gen: int, slot: str, head: EntryHead, revis
     if found is not None and found[0] == head:
         return found[1]  # our own write, retried after its answer was lost
     raise TakenOver(
-        f"ledger entry {ledger.head_key(gen, slot)} was taken over by another task attempt"
+        f"ledger entry {ledger.head_key(gen, slot)} was taken over by another task attempt",
+        found[0].attempt if found is not None else None,
     )
 
 

@@ -88,6 +88,7 @@ from nats_spark.spark.group_source.ledger import (
     Ledger,
     LedgerConflict,
     PointerReads,
+    TakenOver,
     read_deliveries,
     read_head,
     write_head,
@@ -211,6 +212,15 @@ def held_by_another(head: EntryHead, attempt: str) -> bool:
     """Whether `head` is an OPEN entry another attempt holds, not given up: stand by for it
     (`await_holder`)."""
     return not content_fixed(head) and not own_create(head, attempt) and not head.released
+
+
+def kept_by_its_taker(taken: TakenOver) -> bool:
+    """Whether the entry an attempt lost (`taken`) is held by another task attempt of the query,
+    whose keeper restarts the ack wait of every message it records, by stream sequence: a
+    delivery of one that came again to the attempt that lost it is kept with them (and acked
+    with the batch), not given back. Not when a give-back took it (`GIVEN_BACK`) or it was
+    removed."""
+    return taken.holder is not None and taken.holder != GIVEN_BACK
 
 
 def own_create(head: EntryHead, attempt: str) -> bool:

@@ -47,6 +47,7 @@ from nats_spark.jetstream.pull import Deliveries, PullConsumer
 from nats_spark.jetstream.replies import created_later
 from nats_spark.loop import run_sync
 from nats_spark.requests_at_once import all_results
+from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.ledger import EntryDeliveries, Ledger, TakenOver
 from nats_spark.spark.group_source.runtime import PROCESS, Runtime
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
@@ -203,7 +204,7 @@ class SlotReader:
         recorder = Recorder(self.entry, self.keeper, consumer)
         self.start_keeping()
         holding = asyncio.ensure_future(self.entry.hold(lambda: not self.handing_out))
-        finished = False
+        finished = kept_by_taker = False
         try:
             async with contextlib.aclosing(pulls.chunks()) as chunks:
                 async for chunk, sent in chunks:  # pull, a request's deliveries whole
@@ -223,10 +224,13 @@ class SlotReader:
             if (rows := await recorder.last()) is not None:
                 yield rows
             finished = True
+        except TakenOver as taken:
+            kept_by_taker = protocol.kept_by_its_taker(taken)
+            raise
         finally:
             await self.entry.end_hold(holding)
             if not finished:  # what it recorded stays kept until the entry is let go of
-                await self.give_back_unrecorded(recorder, consumer)
+                await self.give_back_unrecorded(recorder, consumer, kept_by_taker)
             await self.stop_keeping()
             await consumer.close()
 
@@ -258,7 +262,9 @@ class SlotReader:
             async for batch in self.replayer.record_batches(rest):
                 yield batch
 
-    async def give_back_unrecorded(self, recorder: Recorder, consumer: PullConsumer) -> None:
+    async def give_back_unrecorded(
+        self, recorder: Recorder, consumer: PullConsumer, kept_by_taker: bool = False
+    ) -> None:
         """Closed or failed mid-batch: NAK what this attempt pulled and did not record, so that
         it comes back at once instead of after its ack wait. The write in flight is let finish
         (what it records is the entry's: a later attempt replays it, or a new checkpoint gives
@@ -270,9 +276,13 @@ class SlotReader:
         out: the entry names its earlier delivery, and a new checkpoint's give-back of the
         entry NAKs that one, not this (which would wait out its ack wait, behind newer messages
         of its key); a retry that takes the entry over drops it as its own when it comes
-        back. What the attempt took over is recorded, as what it recorded itself is. The keeper
-        goes on meanwhile (the wait for late deliveries is up to `fetchTimeout`, which may be
-        longer than the ack wait) for what stays recorded: only the release lets it go.
+        back. Not when the attempt lost the entry to another attempt of the query
+        (`kept_by_taker`): that one's keeper keeps the delivery with what the entry holds, and
+        a NAK would hand it to any reader of the consumer (seed 851: another client got a
+        message the batch then committed). What the attempt took over is recorded, as what it
+        recorded itself is. The keeper goes on meanwhile (the wait for late deliveries is up to
+        `fetchTimeout`, which may be longer than the ack wait) for what stays recorded: only the
+        release lets it go.
 
         Only deliveries whose ack wait surely runs are NAKed (`surely_running`): one that may
         have run out (the attempt stalled) may be another reader's by now, a retry's that
@@ -280,7 +290,8 @@ class SlotReader:
         worlds with another client whose executors pause)."""
         try:
             recorded = await recorder.finish() | set(self.entry.recorded_earlier.stream_seq)
-            held, again, since = self.keeper.held, self.keeper.again, self.keeper.since
+            held, since = self.keeper.held, self.keeper.since
+            again = set() if kept_by_taker else self.keeper.again
             given_back = [seq for seq in held if seq not in recorded or seq in again]
             # each with when its ack wait surely started (`surely_running`)
             unrecorded = [(held[seq], since.get(seq, -math.inf)) for seq in given_back]
@@ -291,7 +302,13 @@ class SlotReader:
             self.keeper.release(given_back)
             requested = consumer.requested_since()
             late = await consumer.collect_late(self.partition.reading.fetch_timeout)
-            unrecorded += [(r, requested) for r in late.replies] if late else []  # new, or again
+            if late:  # new, or again
+                _, late_seqs, _, _ = late.numbers
+                unrecorded += [
+                    (reply, requested)
+                    for reply, seq in zip(late.replies, late_seqs, strict=True)
+                    if not (kept_by_taker and seq in recorded)
+                ]
             now, ack_wait = clock.monotonic(), self.partition.ack_wait
             naks = [reply for reply, since in unrecorded if surely_running(since, now, ack_wait)]
             if naks:
