@@ -179,6 +179,39 @@ def test_a_packed_task_claims_while_it_acks_and_marks_while_it_pulls(
         run_sync(reader.close())
 
 
+def first_slot_pulls_last(monkeypatch, task: PackedSlots, wait: float = 0.0) -> list[str]:
+    """Make `task`'s first slot pull only once all its other slots have recorded their rows
+    (and `wait` seconds more); returns the slots in the order their records were done."""
+    recorded: list[str] = []
+    record, pull = slot_entry.SlotEntry.record, slot_reader.SlotReader.pull_record_batches
+    first, others = task.slots[0].slot, len(task.slots) - 1
+
+    async def noted_record(entry, *args):
+        found = await record(entry, *args)
+        recorded.append(entry.partition.slot)
+        return found
+
+    async def first_pulls_last(self, *args):
+        if self.partition.slot == first:
+            await until(lambda: len(set(recorded)) == others, "the other slots' records")
+            await asyncio.sleep(wait)
+        async for batch in pull(self, *args):
+            yield batch
+
+    monkeypatch.setattr(slot_entry.SlotEntry, "record", noted_record)
+    monkeypatch.setattr(slot_reader.SlotReader, "pull_record_batches", first_pulls_last)
+    return recorded
+
+
+def first_packed_task(reader: BatchCoordinator) -> PackedSlots:
+    """The one packed task of the query's first batch."""
+    start = run_sync(reader.initial_offset())
+    end = run_sync(reader.latest_offset(start, None))
+    (task,) = run_sync(reader.input_partitions(start, end))
+    assert isinstance(task, PackedSlots)
+    return task
+
+
 def test_a_packed_task_starts_a_slot_as_another_s_steps_end(client, nats_url, unique, monkeypatch):
     """Two slots at a time of 6: the first slot's pull waits until all 5 others have recorded
     their rows. Each starts as one before it ends, ahead of the first (a slot's steps are round
@@ -188,32 +221,13 @@ def test_a_packed_task_starts_a_slot_as_another_s_steps_end(client, nats_url, un
     static_group(client, stream, "g", ["m1", "m2"], partitions=6)
     publish(client, stream, 600)
     options = packed_options(nats_url, stream, unique, "1", maxMessagesPerPartition="20")
-    recorded: list[str] = []
-    record, pull = slot_entry.SlotEntry.record, slot_reader.SlotReader.pull_record_batches
     monkeypatch.setattr(slot_reader, "SLOTS_AT_ONCE", 2)
     reader = BatchCoordinator(parse_options(options))
     try:
-        start = run_sync(reader.initial_offset())
-        end = run_sync(reader.latest_offset(start, None))
-        (task,) = run_sync(reader.input_partitions(start, end))
-        assert isinstance(task, PackedSlots) and len(task.slots) == 6
-        first = task.slots[0].slot
-
-        async def noted_record(entry, *args):
-            found = await record(entry, *args)
-            recorded.append(entry.partition.slot)
-            return found
-
-        async def first_pulls_last(self, *args):
-            if self.partition.slot == first:
-                await until(lambda: len(set(recorded)) == 5, "the other slots, two at a time")
-            async for batch in pull(self, *args):
-                yield batch
-
-        monkeypatch.setattr(slot_entry.SlotEntry, "record", noted_record)
-        monkeypatch.setattr(slot_reader.SlotReader, "pull_record_batches", first_pulls_last)
+        task = first_packed_task(reader)
+        recorded = first_slot_pulls_last(monkeypatch, task)
         partitions = [p for b in read_packed(task) for p in b.column("partition").to_pylist()]
-        assert len(partitions) == 120 and first not in recorded[:5]
+        assert len(partitions) == 120 and task.slots[0].slot not in recorded[:5]
         order = [int(s.slot.removeprefix("partition-")) for s in task.slots]
         assert partitions == sorted(partitions, key=order.index)
     finally:
@@ -231,40 +245,22 @@ def test_the_slots_ahead_of_a_packed_task_queue_within_their_bound(
     static_group(client, stream, "g", ["m1", "m2"], partitions=6)
     publish(client, stream, 600)
     options = packed_options(nats_url, stream, unique, "1", maxMessagesPerPartition="20")
-    recorded: list[str] = []
-    record, pull = slot_entry.SlotEntry.record, slot_reader.SlotReader.pull_record_batches
     take = slot_reader.QueuedAhead.take
     peak, sizes = 0, []
     monkeypatch.setattr(slot_reader, "QUEUED_AHEAD", 1)
+
+    async def noted_take(queued, slot, size):
+        nonlocal peak
+        counted = await take(queued, slot, size)
+        peak = max(peak, queued.held)
+        sizes.append(counted)
+        return counted
+
+    monkeypatch.setattr(slot_reader.QueuedAhead, "take", noted_take)
     reader = BatchCoordinator(parse_options(options))
     try:
-        start = run_sync(reader.initial_offset())
-        end = run_sync(reader.latest_offset(start, None))
-        (task,) = run_sync(reader.input_partitions(start, end))
-        first = task.slots[0].slot
-
-        async def noted_record(entry, *args):
-            found = await record(entry, *args)
-            recorded.append(entry.partition.slot)
-            return found
-
-        async def first_pulls_last(self, *args):
-            if self.partition.slot == first:
-                await until(lambda: len(set(recorded)) == 5, "the other slots' records")
-                await asyncio.sleep(0.2)  # they would queue now, were they not bound
-            async for batch in pull(self, *args):
-                yield batch
-
-        async def noted_take(queued, slot, size):
-            nonlocal peak
-            counted = await take(queued, slot, size)
-            peak = max(peak, queued.held)
-            sizes.append(counted)
-            return counted
-
-        monkeypatch.setattr(slot_entry.SlotEntry, "record", noted_record)
-        monkeypatch.setattr(slot_reader.SlotReader, "pull_record_batches", first_pulls_last)
-        monkeypatch.setattr(slot_reader.QueuedAhead, "take", noted_take)
+        task = first_packed_task(reader)
+        first_slot_pulls_last(monkeypatch, task, wait=0.2)  # they would queue then, unbound
         rows = [s for b in read_packed(task) for s in b.column("stream_seq").to_pylist()]
         assert len(set(rows)) == 120
         counted = [size for size in sizes if size]
