@@ -103,9 +103,9 @@ FIRST_CATCHING = {
     "initial-offset-new-lineage": 32,
     "new-checkpoint-takes-earlier-batch": 32,
     "replaced-lineage-forgotten": 262,
-    # In worlds with pausing executors: 74, 118, 222 of 0-300 since the adopting driver removes
-    # headless chunks (17 before: its chunk was removed at the next adoption).
-    "zombie-chunks-left": 74,
+    # In worlds with pausing executors: the only one of 0-300 (2026-11-30; 74, 118 and 222
+    # since the adopting driver removed headless chunks, 17 before that).
+    "zombie-chunks-left": 190,
     # In worlds with pausing executors, once their quiet run waits for the attempts Spark lost:
     # 14 of 0-300 since the adopting driver removes headless chunks (91 before).
     "zombie-recreates-settled": 14,

@@ -370,6 +370,15 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "took it: the checker counted the seal from the write's start, so the driver and not "
         "the stalled attempt held it (checker's fault, `Attempts.watch`; 2026-11-30)",
     ),
+    2739: (
+        {"other_client": True, "packed": True, "stalling_executors": True},
+        "a zombie of checkpoint 2's batch 1 (a packed task) woke after the batch settled: one "
+        "slot's head write failed and the task cancelled the other mid-record, which left the "
+        "chunk it had just written under its removed entry; the next run, on a new checkpoint, "
+        "named that lineage replaced and planned no batch, whose give-back would have removed "
+        "the chunk: the checker took it for left for good (checker's fault, "
+        "`Observed.check_ledger_quiet`; 2026-11-30)",
+    ),
 }
 
 
