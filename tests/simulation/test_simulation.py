@@ -397,6 +397,17 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         "other client got it after batch 1 committed it. Either the take-over should renew "
         "right after its write, or the checker should allow the retry that round trip",
     ),
+    1893: (
+        {"other_client": True, "packed": True, "stalling_executors": True},
+        "a packed zombie of checkpoint 1's batch 1 woke at 35.1 s, after its lineage was given "
+        "back (20.1) and after the last run's adoption listed it, retired (34.9): its write of "
+        "one slot's chunk landed then, the other slot's head write failed (entry removed), and "
+        "`packed_batches` cancelled the first slot inside `ledger_protocol.record` (reading "
+        "the head after its own compare-and-set failed too), before it removed the chunk it "
+        "had just written. Nothing removes it before the next start's adoption (as for an "
+        "attempt killed there). A real hole, small (one chunk kept until the next start); "
+        "unfixed: a cleanup run on cancellation must not race a head write still in flight",
+    ),
 }
 
 
