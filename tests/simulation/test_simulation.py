@@ -379,6 +379,21 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "the chunk: the checker took it for left for good (checker's fault, "
         "`Observed.check_ledger_quiet`; 2026-11-30)",
     ),
+    1893: (
+        {"other_client": True, "packed": True, "stalling_executors": True},
+        "a packed zombie of checkpoint 1's batch 1 woke after its lineage was given back and "
+        "after the last run's adoption listed it, retired: one slot's chunk write landed, the "
+        "other slot's head write failed (entry removed), and `packed_batches` cancelled the "
+        "first slot in `ledger_protocol.record`, after its own head write failed too and before "
+        "it removed its chunk, which stayed until the next start. A record now ends that removal "
+        "however cancelled (its schedule moved with the fix; mutant "
+        "cancelled-record-leaves-its-chunks, 2026-11-30)",
+    ),
+    5367: (
+        {"other_client": True, "packed": True, "stalling_executors": True},
+        "the same in the live lineage (a settled entry's zombie), on today's schedules "
+        "(2026-11-30)",
+    ),
 }
 
 
@@ -396,17 +411,6 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         "the wait had run out at 12.54, a sibling took it and dropped it as recorded, and the "
         "other client got it after batch 1 committed it. Either the take-over should renew "
         "right after its write, or the checker should allow the retry that round trip",
-    ),
-    1893: (
-        {"other_client": True, "packed": True, "stalling_executors": True},
-        "a packed zombie of checkpoint 1's batch 1 woke at 35.1 s, after its lineage was given "
-        "back (20.1) and after the last run's adoption listed it, retired (34.9): its write of "
-        "one slot's chunk landed then, the other slot's head write failed (entry removed), and "
-        "`packed_batches` cancelled the first slot inside `ledger_protocol.record` (reading "
-        "the head after its own compare-and-set failed too), before it removed the chunk it "
-        "had just written. Nothing removes it before the next start's adoption (as for an "
-        "attempt killed there). A real hole, small (one chunk kept until the next start); "
-        "unfixed: a cleanup run on cancellation must not race a head write still in flight",
     ),
 }
 
