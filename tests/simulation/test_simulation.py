@@ -412,6 +412,15 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         "other client got it after batch 1 committed it. Either the take-over should renew "
         "right after its write, or the checker should allow the retry that round trip",
     ),
+    1861: (
+        {"packed": True, "stalling_executors": True},
+        "the rest of the hole 1893 found (helper-43's reading): a packed zombie of batch 2 woke "
+        "after its lineage was given back; one slot's head write failed and the task cancelled "
+        "the other slot in `ledger_protocol.record` as its chunk write answered, before it sent "
+        "the head write, so nothing removed the chunk before the next start. No head write is "
+        "in flight then either; the removal could run on cancellation (a chunk write still in "
+        "flight then would land after it)",
+    ),
 }
 
 
