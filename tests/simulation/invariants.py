@@ -316,14 +316,16 @@ class Observed:
     def check_ledger_quiet(self, stored: Mapping[str, tuple[bytes, int]]) -> None:
         """`stored`: the ledger bucket's keys and values. An entry of a lineage that neither is
         the pointer's nor is named by it as replaced is never acked, given back or removed; a
-        chunk whose entry is gone, never removed; an entry of the pointer's own lineage, once
+        chunk whose entry is gone, never removed (but with its lineage's give-back still to
+        come); an entry of the pointer's own lineage, once
         the quiet query has looked past the settle time, either held nothing (sealed empty) or
         was left behind (`live_leftovers`)."""
-        named, replaced = set[str](), set[str]()
+        named, replaced, retired = set[str](), set[str](), set[str]()
         for key, (value, _) in stored.items():
             if key.startswith("query."):
                 pointer = json.loads(value)
                 replaced |= set(pointer.get("replaced", []))
+                retired |= set(pointer.get("retired", []))
                 named |= {pointer["lineage"], *replaced}
         left = sorted(key for key in _heads(stored) if key.split(".")[0] not in named)
         if left:
@@ -332,12 +334,16 @@ class Observed:
         if live:
             self.problem("ledger entries of the live lineage left behind", ", ".join(live))
         chunks = [key for key in stored if not key.startswith("query.") and key.count(".") > 2]
-        # A chunk a restart brought back (`Setup.removals_return`) of a lineage still to be
-        # given back goes with it, at the next batch planned.
+        # A chunk of a lineage still to be given back (replaced, not yet retired: its give-back
+        # retires it first) goes with it at the next batch planned, whose listing takes chunks
+        # without a head too; so does one a restart brought back (`Setup.removals_return`) of
+        # a replaced lineage.
+        due = replaced - retired
         orphans = sorted(
             key
             for key in chunks
             if key.rsplit(".", 2)[0] not in stored
+            and key.split(".")[0] not in due
             and not (key in self.brought_back and key.split(".")[0] in replaced)
         )
         if orphans:

@@ -352,6 +352,22 @@ MUTANTS = (
         edit=STALLING,
     ),
     Mutant(
+        "cancelled-record-leaves-its-chunks",
+        "a packed task whose slot failed cancelled its other slots, one of them in a record "
+        "whose head write had just failed (its entry removed): the chunks it had written stayed "
+        "until the next start's adoption (seed 1893 of the worlds with another client, packed "
+        "tasks and pauses; closed by the record that ends its removal however cancelled)",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "        settled = await asyncio.shield(settling)\n",
+                "        settled = await settling\n",
+            ),
+        ),
+        edit=(*STALLING, *OTHER_CLIENT),
+        packed=True,
+    ),
+    Mutant(
         "headless-chunks-kept",
         "a task attempt of a settled (or given-back) entry wrote a chunk, found its head write "
         "failing and was killed before it removed the chunk: no head named it, the give-backs "

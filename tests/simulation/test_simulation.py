@@ -387,6 +387,30 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "1 committed it: a take-over now restarts what it took over as its write lands "
         "(`SlotEntry.claim`'s keep; 2026-11-30)",
     ),
+    2739: (
+        {"other_client": True, "packed": True, "stalling_executors": True},
+        "a zombie of checkpoint 2's batch 1 (a packed task) woke after the batch settled: one "
+        "slot's head write failed and the task cancelled the other mid-record, which left the "
+        "chunk it had just written under its removed entry; the next run, on a new checkpoint, "
+        "named that lineage replaced and planned no batch, whose give-back would have removed "
+        "the chunk: the checker took it for left for good (checker's fault, "
+        "`Observed.check_ledger_quiet`; 2026-11-30)",
+    ),
+    1893: (
+        {"other_client": True, "packed": True, "stalling_executors": True},
+        "a packed zombie of checkpoint 1's batch 1 woke after its lineage was given back and "
+        "after the last run's adoption listed it, retired: one slot's chunk write landed, the "
+        "other slot's head write failed (entry removed), and `packed_batches` cancelled the "
+        "first slot in `ledger_protocol.record`, after its own head write failed too and before "
+        "it removed its chunk, which stayed until the next start. A record now ends that removal "
+        "however cancelled (its schedule moved with the fix; mutant "
+        "cancelled-record-leaves-its-chunks, 2026-11-30)",
+    ),
+    5367: (
+        {"other_client": True, "packed": True, "stalling_executors": True},
+        "the same in the live lineage (a settled entry's zombie), on today's schedules "
+        "(2026-11-30)",
+    ),
 }
 
 
@@ -397,8 +421,18 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # The hunts of 2026-11-30 found 16463, 21621 (other-client), 2766, 8306 (packed), 782,
     # 5797, 5089 and 5442 (other-client, 4 s wait), 1347 and 689 (other-client worlds whose
     # executors pause), 18241 (other-client, 4 s wait, restarts after a tenth of the rounds of
-    # acks), 851 (other-client worlds whose executors pause, 4 s wait); each was the checker's
-    # or the world's, or is closed (CLOSED_HOLES).
+    # acks), 851 (other-client worlds whose executors pause, 4 s wait), 2739, 1893 and 5367
+    # (other-client, packed, pausing executors); each was the checker's or the world's, or is
+    # closed (CLOSED_HOLES).
+    1861: (
+        {"packed": True, "stalling_executors": True},
+        "the rest of the hole 1893 found (helper-43's reading): a packed zombie of batch 2 woke "
+        "after its lineage was given back; one slot's head write failed and the task cancelled "
+        "the other slot in `ledger_protocol.record` as its chunk write answered, before it sent "
+        "the head write, so nothing removed the chunk before the next start. No head write is "
+        "in flight then either; the removal could run on cancellation (a chunk write still in "
+        "flight then would land after it)",
+    ),
 }
 
 

@@ -598,9 +598,15 @@ async def write_head(ledger: Ledger, gen: int, slot: str, head: EntryHead, revis
     written = await ledger.update_head(gen, slot, head.to_bytes(), revision)
     if written is not None:
         return written
+    return await own_write_or_taken_over(ledger, gen, slot, head)
+
+
+async def own_write_or_taken_over(ledger: Ledger, gen: int, slot: str, head: EntryHead) -> int:
+    """After a compare-and-set of `head` failed: its revision when the head is that write,
+    retried after its answer was lost; `TakenOver` otherwise."""
     found = await read_head(ledger, gen, slot)
     if found is not None and found[0] == head:
-        return found[1]  # our own write, retried after its answer was lost
+        return found[1]
     raise TakenOver(
         f"ledger entry {ledger.head_key(gen, slot)} was taken over by another task attempt",
         found[0].attempt if found is not None else None,

@@ -89,6 +89,7 @@ from nats_spark.spark.group_source.ledger import (
     LedgerConflict,
     PointerReads,
     TakenOver,
+    own_write_or_taken_over,
     read_deliveries,
     read_head,
     write_head,
@@ -308,16 +309,40 @@ async def record(
     head.count += len(taken)
     head.max_seq = max(head.max_seq, max(taken.stream_seq, default=0))
     head.pin = pin
+    written = await ledger.update_head(gen, slot, head.to_bytes(), revision)
+    if written is not None:
+        return written
+    # The compare-and-set failed, so no write naming these chunks is in flight: what follows
+    # ends even when the attempt is cancelled meanwhile (a packed task cancels its other slots
+    # when one fails), since under a removed entry only the next start's adoption would
+    # remove them (seed 1893 of the worlds with another client, packed tasks and pauses).
+    settling = asyncio.ensure_future(_settle_failed_write(ledger, gen, slot, head, keys))
     try:
-        return await write_head(ledger, gen, slot, head, revision)
-    except LedgerConflict:
+        settled = await asyncio.shield(settling)
+    except asyncio.CancelledError:
+        await asyncio.wait([settling])
+        raise
+    if isinstance(settled, LedgerConflict):
+        raise settled
+    return settled
+
+
+async def _settle_failed_write(
+    ledger: Ledger, gen: int, slot: str, head: EntryHead, keys: list[str]
+) -> int | LedgerConflict:
+    """The revision of the head when the failed write was this one's, retried; otherwise the
+    conflict, returned rather than raised (a task nobody awaits any more, its attempt cancelled,
+    would log it)."""
+    try:
+        return await own_write_or_taken_over(ledger, gen, slot, head)
+    except LedgerConflict as conflict:
         # Taken over or removed meanwhile: no head names these chunks now, nor will (a head
         # adopts only the chunks its predecessor named). Under a removed entry nothing else
         # would remove them.
         found = await read_head(ledger, gen, slot)
         named = set(found[0].chunks) if found else set()
         await ledger.remove_chunks(key for key in keys if key not in named)
-        raise
+        return conflict
 
 
 async def record_anew(

@@ -208,6 +208,39 @@ def test_a_zombie_that_records_after_its_entry_was_removed_leaves_no_chunk(
     assert not [key for key in kv.values if key.startswith(lineage)]
 
 
+def test_a_zombie_cancelled_once_its_head_write_failed_still_removes_its_chunk(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same when the attempt is cancelled while it reads the head after its failed write (a
+    packed task cancels its other slots when one fails; seed 1893 of the simulation's worlds
+    with another client, packed tasks and pauses): nothing of its write is in flight then."""
+    zombie = claimed(kv, input_partition(lineage))
+    take(zombie, [1])
+    head_key = Ledger(kv, lineage).head_key(1, "m1")
+    run_sync(Ledger(kv, lineage).delete_entry(1, "m1"))
+    get = kv.get
+
+    async def cancelled_while_it_reads_the_head() -> None:
+        reading, answered = asyncio.Event(), asyncio.Event()
+
+        async def held_get(key: str) -> Any:
+            if key == head_key:
+                reading.set()
+                await answered.wait()
+            return await get(key)
+
+        monkeypatch.setattr(kv, "get", held_get)
+        recording_more = asyncio.ensure_future(recording(zombie, [2], 1))
+        await reading.wait()
+        recording_more.cancel()
+        answered.set()
+        with pytest.raises(asyncio.CancelledError):
+            await recording_more
+
+    run_sync(cancelled_while_it_reads_the_head())
+    assert not [key for key in kv.values if key.startswith(lineage)]
+
+
 def test_a_zombie_leaves_the_chunks_a_retry_adopted(kv: MemoryBucket, lineage: str) -> None:
     """The zombie's write lands, its answer is lost, and a retry takes the entry over (naming
     that write's chunk) before the zombie reads the head again: its write fails, and the chunk
