@@ -263,7 +263,7 @@ class SlotReader:
                 yield batch
 
     async def give_back_unrecorded(
-        self, recorder: Recorder, consumer: PullConsumer, kept_by_taker: bool = False
+        self, recorder: Recorder, consumer: PullConsumer, kept_by_taker: bool
     ) -> None:
         """Closed or failed mid-batch: NAK what this attempt pulled and did not record, so that
         it comes back at once instead of after its ack wait. The write in flight is let finish
