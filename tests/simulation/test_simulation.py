@@ -424,6 +424,14 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # acks), 851 (other-client worlds whose executors pause, 4 s wait), 2739, 1893 and 5367
     # (other-client, packed, pausing executors); each was the checker's or the world's, or is
     # closed (CLOSED_HOLES).
+    6791: (
+        {"recreate_consumer": True},
+        "not explained yet (found 2026-11-30 by a mutant search beyond the range hunted): two "
+        "sibling slots of one consumer (c#0, c#1); the consumer was deleted and created again "
+        "(DeliverAll, the stream's first sequence 4 after purges) at 140.9, and batch 2 emitted "
+        "message 4 from both siblings ({'c#0': [4], 'c#1': [4]}), where the acceptance's "
+        "sibling check after a recreation should have dropped one. Breaks on bdf89f8",
+    ),
     1861: (
         {"packed": True, "stalling_executors": True},
         "the rest of the hole 1893 found (helper-43's reading): a packed zombie of batch 2 woke "
