@@ -15,10 +15,11 @@ A task of packed slots (`PackedSlots`) first acks what the committed batches lef
 slots together (one flush) while it claims all its slots' entries at once (a slot's claim is a few
 round trips: one slot after another they were most of a task's time at many slots), marks the
 acked entries while its slots pull (at 256 slots and a steady rate, the acks and the marks were
-each up to a fifth of a task's time), and reads what they
-dedupe against once for them all, then runs each slot's steps as above, on one connection and
-one opening of the ledger bucket; a few slots run ahead of the one emitting, their record batches
-queued (a few per slot), so that rows still leave slot by slot in the packed order.
+each up to a fifth of a task's time), and reads what they dedupe against once for them all,
+then runs each slot's steps as above, on one connection and one opening of the ledger bucket:
+up to `SLOTS_AT_ONCE` at a time, a slot starting as another's steps end, those ahead of the one
+emitting queueing their record batches within one bound for them all (`QueuedAhead`), so that
+rows still leave slot by slot in the packed order.
 """
 
 from __future__ import annotations
@@ -465,11 +466,12 @@ async def packed_batches(
     started = 0  # readers whose steps were started (`_SlotAhead`), in their order
     marking: asyncio.Future[None] | None = None  # the acked entries' heads, marked meanwhile
     queued = QueuedAhead()
+    ending = False  # start no more slots (a slot's end calls `start_more`)
 
     def start_more(_: object = None) -> None:
         nonlocal started
         running = sum(not slot.running.done() for slot in ahead)
-        while running < SLOTS_AT_ONCE and started < len(readers) and not queued.closed:
+        while running < SLOTS_AT_ONCE and started < len(readers) and not ending:
             slot = _SlotAhead(readers[started], queued)
             slot.running.add_done_callback(start_more)
             ahead.append(slot)
@@ -504,7 +506,7 @@ async def packed_batches(
             ahead.remove(emitting)
             start_more()
     finally:
-        queued.close()
+        ending = True
         for slot in ahead:
             slot.running.cancel()
         await asyncio.gather(*(slot.running for slot in ahead), return_exceptions=True)
@@ -521,7 +523,6 @@ class QueuedAhead:
 
     def __init__(self) -> None:
         self.held = 0
-        self.closed = False  # the task ends: start no more slots
         self._emitting: _SlotAhead | None = None
         self._changed = asyncio.Event()
 
@@ -544,9 +545,6 @@ class QueuedAhead:
         """Bytes counted by `take` left their queue."""
         self.held -= size
         self._wake()
-
-    def close(self) -> None:
-        self.closed = True
 
     def _wake(self) -> None:
         self._changed.set()
