@@ -811,6 +811,16 @@ def seqs_of(batches: Iterator[Any]) -> list[int]:
     return [s for batch in batches for s in seqs(batch)]
 
 
+def rest(pulls: Any) -> list[int]:
+    """Stream sequences of every record batch an unfinished `pull_record_batches` still yields."""
+    rows: list[int] = []
+    while True:
+        try:
+            rows += seqs(run_sync(pulls.__anext__()))
+        except StopAsyncIteration:
+            return rows
+
+
 class OtherInstance:
     """Another instance of member m1 (as a Go member would be): pulls with its pin, acks."""
 

@@ -34,6 +34,7 @@ from spark_helpers import (
     publish,
     puller,
     reading,
+    rest,
     seqs,
     seqs_of,
     source,
@@ -430,16 +431,6 @@ def test_initial_offset_stays_in_one_lineage(server, own, unique):
 def slot_task(partition: SlotPartition) -> SlotReader:
     """A task attempt of `partition`, on the process's shared connection (as `read_slot`)."""
     return SlotReader(partition, shared_client(partition.reading.connection))
-
-
-def rest(pulls: Any) -> list[int]:
-    """Stream sequences of every record batch an unfinished `pull_record_batches` still yields."""
-    rows: list[int] = []
-    while True:
-        try:
-            rows += seqs(run_sync(pulls.__anext__()))
-        except StopAsyncIteration:
-            return rows
 
 
 def test_zombie_attempt_cannot_record_after_its_retry_took_over(
