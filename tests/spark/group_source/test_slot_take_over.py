@@ -5,9 +5,10 @@ took the entry from gives none of that back."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
-from spark_helpers import Slot, publish, puller, rest, seqs, seqs_of
+from spark_helpers import Slot, publish, puller, rest, seqs, seqs_of, wait_until
 
 from nats_spark.client import close_shared_clients, shared_client
 from nats_spark.jetstream.acks import NAK
@@ -68,8 +69,15 @@ def test_an_attempt_that_lost_its_entry_to_a_retry_gives_back_none_of_it(
     retry = SlotReader(partition, shared_client(partition.reading.connection))
     run_sync(retry.begin())  # takes the entry over once its head stood still
     assert retry.entry.recorded_earlier.stream_seq == [1, 2, 3, 4, 5, 6]
+    naked: list[Any] = []  # the server's advisory, sent as it queues the redelivery
+
+    async def note(msg: Any) -> None:
+        naked.append(msg)
+
+    advisories = f"$JS.EVENT.ADVISORY.CONSUMER.MSG_NAKED.{slot.stream}.{shared}"
+    run_sync(client.target.nc.subscribe(advisories, cb=note))
     run_sync(client.target.nc.publish(attempt.keeper.held[2].decode(), NAK))
-    run_sync(client.target.nc.flush())
+    wait_until(lambda: naked, 10, "the server's NAK of message 2")
     with pytest.raises(TakenOver) as lost:
         rest(batches)  # 4-6 out; 7-9 taken, and 2 again
     assert lost.value.holder == retry.entry.head.attempt
