@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nats_spark.errors import ConfigurationError, NotFound
+from nats_spark.errors import ConfigurationError, NotFound, ServerTooOld
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from nats_spark.pcg.config import ElasticConfig, MemberMapping, PartitioningFilter, StaticConfig
 from nats_spark.pcg.consumers import (
@@ -207,6 +207,7 @@ async def create_elastic(
         max_buffered_bytes=max_buffered_bytes,
     )
     config.validate()
+    _check_whole_subject_hashing(client, group, config)
     source_info = await _stream_info(client, stream)
     entry = await create_group(client, GroupKind.ELASTIC, stream, group, config)
     try:
@@ -216,6 +217,27 @@ async def create_elastic(
         await delete_group_entry(client, GroupKind.ELASTIC, stream, group)
         raise
     return entry
+
+
+# The subject transform function that hashes a whole subject (`{{Partition(n)}}` without
+# wildcard indexes) came with nats-server 2.12; 2.11 refuses the work-queue stream.
+WHOLE_SUBJECT_HASHING = (2, 12, 0)
+
+
+def _check_whole_subject_hashing(client: NatsClient, group: str, config: ElasticConfig) -> None:
+    """Refuse, before anything is written, a group that hashes whole subjects on a server
+    older than 2.12 (it refuses the group's stream with an error about the transform)."""
+    filters = config.partitioning_filters or [PartitioningFilter(">", [])]
+    whole = [pf.filter for pf in filters if not pf.partitioning_wildcards]
+    if not whole or client.server_version >= WHOLE_SUBJECT_HASHING:
+        return
+    have = ".".join(map(str, client.server_version))
+    raise ServerTooOld(
+        f"elastic group {group!r} hashes whole subjects (filter {whole[0]!r} names no "
+        f"partitioning wildcards), which needs nats-server 2.12 or newer; this one is {have}: "
+        "give each filter the '*' tokens that pick the partition (--partition-wildcards), or "
+        "upgrade the server"
+    )
 
 
 async def delete_elastic(client: NatsClient, stream: str, group: str) -> None:

@@ -26,6 +26,9 @@ def atomic_batch(request: pytest.FixtureRequest) -> int:
 
 @pytest.fixture
 def stream(client: Blocking[NatsClient], unique: str, atomic_batch: int) -> Iterator[str]:
+    if atomic_batch and client.server_version < (2, 12, 0):
+        # 2.11 ignores allow_atomic and the batch headers (the sink then publishes row by row)
+        pytest.skip("atomic batch publish needs nats-server 2.12+")
     name = f"PUB_{unique}"
     config = {"name": name, "subjects": [f"{name}.>"], "allow_atomic": bool(atomic_batch)}
     run_sync(client.api.create_stream(config))

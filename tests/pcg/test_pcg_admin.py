@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from spark_helpers import (
     api,
@@ -13,7 +15,7 @@ from spark_helpers import (
     wait_until,
 )
 
-from nats_spark.errors import ConfigurationError
+from nats_spark.errors import ConfigurationError, ServerTooOld
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.loop import run_sync
 from nats_spark.pcg import admin
@@ -23,6 +25,11 @@ from nats_spark.pcg.partitioning import elastic_subject_transforms, partition_fo
 from nats_spark.pcg.store import GroupChanged, GroupKind, GroupNotFound
 
 STATIC, ELASTIC = GroupKind.STATIC, GroupKind.ELASTIC
+
+
+def by_token(unique: str) -> list[PartitioningFilter]:
+    """Partitioning on the second token of `<unique>.<token>` (any server since 2.11)."""
+    return [PartitioningFilter(f"{unique}.*", [1])]
 
 
 def stored(client, kind: GroupKind, stream: str, group: str) -> bytes:
@@ -63,7 +70,13 @@ def test_static_create_errors_are_one_line(client, unique):
         run_sync(admin.static_info(client.target, stream, "missing"))
 
 
+def needs_whole_subject_hashing(client) -> None:
+    if client.target.server_version < admin.WHOLE_SUBJECT_HASHING:
+        pytest.skip("hashing whole subjects needs nats-server 2.12+")
+
+
 def test_elastic_entries_are_written_in_go_field_shapes(client, unique):
+    needs_whole_subject_hashing(client)
     stream = make_stream(client, f"S{unique}", [f"{unique}.>"])
     filters = [PartitioningFilter(f"{unique}.*", [1])]
     run_sync(admin.create_elastic(client.target, stream, "w", 4, filters, 100, 2048))
@@ -82,6 +95,26 @@ def test_elastic_entries_are_written_in_go_field_shapes(client, unique):
         b'{"max_members":2,"partitioning_filters":null,"members":["m1"]}'
     )
     assert run_sync(admin.list_elastic(client.target, stream)) == ["n", "w"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "filters",
+    [None, [PartitioningFilter("orders.*", [1]), PartitioningFilter("audit.>", [])]],
+    ids=["no-filters", "a-filter-without-wildcards"],
+)
+def test_whole_subject_hashing_is_refused_by_name_before_2_12(filters):
+    """nats-server 2.11 refuses a `{{Partition(n)}}` transform without wildcard indexes with
+    'invalid mapping destination: not enough arguments': the group is refused first, naming
+    the version and the fix, before anything is written (the client has no API to write
+    with)."""
+    older = SimpleNamespace(server_version=(2, 11, 11))
+    with pytest.raises(ServerTooOld) as refused:
+        run_sync(admin.create_elastic(older, "S", "g", 4, filters))
+    message = str(refused.value)
+    assert "2.12 or newer" in message and "2.11.11" in message
+    assert "--partition-wildcards" in message
+    assert "\n" not in message
 
 
 # As Go's json.Marshal writes them (it escapes '>' as \u003e).
@@ -110,7 +143,7 @@ def test_go_written_entry_changes_only_in_members(client, unique, value):
 
 def test_membership_change_retries_a_lost_compare_and_set(client, unique, monkeypatch):
     stream = make_stream(client, f"S{unique}", [f"{unique}.>"])
-    run_sync(admin.create_elastic(client.target, stream, "g", 4, None))
+    run_sync(admin.create_elastic(client.target, stream, "g", 4, by_token(unique)))
     bucket = kv(client, ELASTIC)
     real_update = admin.update_group
     calls = []
@@ -131,7 +164,7 @@ def test_membership_change_retries_a_lost_compare_and_set(client, unique, monkey
 
 def test_membership_change_gives_up_after_repeated_conflicts(client, unique, monkeypatch):
     stream = make_stream(client, f"S{unique}", [f"{unique}.>"])
-    run_sync(admin.create_elastic(client.target, stream, "g", 4, None))
+    run_sync(admin.create_elastic(client.target, stream, "g", 4, by_token(unique)))
     bucket = kv(client, ELASTIC)
     real_update = admin.update_group
     counter = iter(range(100))
@@ -208,7 +241,7 @@ def test_elastic_create_leaves_no_entry_when_the_stream_cannot_be_made(client, u
     stream = make_stream(client, f"S{unique}", [f"{unique}.>"])
     make_stream(client, f"{stream}-g", [f"other{unique}"])  # name taken by an unrelated stream
     with pytest.raises(Exception, match="already in use"):
-        run_sync(admin.create_elastic(client.target, stream, "g", 2, None))
+        run_sync(admin.create_elastic(client.target, stream, "g", 2, by_token(unique)))
     assert run_sync(admin.list_elastic(client.target, stream)) == []
 
 
@@ -257,7 +290,7 @@ def test_static_member_info_active_and_step_down(client, unique):
 
 def test_elastic_active_means_the_members_own_consumer_exists(client, unique):
     stream = make_stream(client, f"S{unique}", [f"{unique}.>"])
-    run_sync(admin.create_elastic(client.target, stream, "g", 4, None))
+    run_sync(admin.create_elastic(client.target, stream, "g", 4, by_token(unique)))
     entry = run_sync(admin.add_members(client.target, stream, "g", ["m1", "m2"]))
     template = {"ack_wait": to_nanos(30)}  # keeps the consumer past its inactive threshold
     run_sync(ensure_group_consumer(client.target, member_consumer(entry, "m1", template)))
