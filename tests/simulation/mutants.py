@@ -354,14 +354,15 @@ MUTANTS = (
     Mutant(
         "cancelled-record-leaves-its-chunks",
         "a packed task whose slot failed cancelled its other slots, one of them in a record "
-        "whose head write had just failed (its entry removed): the chunks it had written stayed "
-        "until the next start's adoption (seed 1893 of the worlds with another client, packed "
-        "tasks and pauses; closed by the record that ends its removal however cancelled)",
+        "whose head write had just failed (its entry removed), or before it was sent: the "
+        "chunks it had written stayed until the next start's adoption (seeds 1893, 1861 of the "
+        "worlds with packed tasks and pauses; closed by the record that runs to its end "
+        "however cancelled)",
         (
             Patch(
                 LEDGER_PROTOCOL,
-                "        settled = await asyncio.shield(settling)\n",
-                "        settled = await settling\n",
+                "        written = await asyncio.shield(writing)\n",
+                "        written = await writing\n",
             ),
         ),
         edit=(*STALLING, *OTHER_CLIENT),
