@@ -101,9 +101,10 @@ RARE = {
     # order this way (2026-11-29; none of 6000-15250 did with siblings drawn): a chunk whose
     # dedupe read failed on a given-back entry, never held.
     "failed-acceptance-chunk-kept": (2308,),
-    # In worlds with another client whose executors pause, under a 4 s wait (`Mutant.edit`): the
-    # only one of 0-3000 (2026-11-30; the seed that found the hole).
-    "taker-s-delivery-given-back": (851,),
+    # In worlds with another client whose executors pause, under a 4 s wait (`Mutant.edit`):
+    # since a record runs to its end however its attempt is cancelled, the only one of 0-15000
+    # (2026-11-30; 851, which found the hole, moved).
+    "taker-s-delivery-given-back": (10323,),
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
 # dozens (on the schedules of 2026-11-29): searched first, then the rest of the range, so the
