@@ -105,6 +105,10 @@ RARE = {
     # since a record runs to its end however its attempt is cancelled, the only one of 0-15000
     # (2026-11-30; 851, which found the hole, moved).
     "taker-s-delivery-given-back": (10323,),
+    # In worlds with a consumer created again, new checkpoints at half the runs and sink
+    # failures at a fifth (`Mutant.edit`): since a record runs to its end however its attempt
+    # is cancelled, the first two of 0-4000 (2026-11-30; 139, which found the hole, moved).
+    "replaced-lineage-sightings-forgotten": (876, 2259),
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
 # dozens (on the schedules of 2026-11-29): searched first, then the rest of the range, so the
@@ -132,8 +136,6 @@ FIRST_CATCHING = {
     "sealed-kept-only-once-due": 12,
     # The only one of 0-4000 of those worlds (2026-11-30).
     "rerun-batch-unkept": 230,
-    # In worlds with a consumer created again: the only one of 0-3000 (2026-11-30).
-    "replaced-lineage-sightings-forgotten": 139,
     # In worlds whose server restarts bring back removed keys: the first of 0-2500 of each.
     "returned-entries-kept": 74,
     "returned-entry-given-back-by-its-chunks": 113,
