@@ -35,7 +35,9 @@ RARE = {
     "rerun-siblings-under-a-consumer-started-over": (632, 1650),
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
-    "overtaken-attempt-fails": (141, 238),  # since the server answers expired pulls 408
+    # Since the server answers expired pulls 408; 238 moved when a record came to run to its
+    # end however its attempt is cancelled (2026-11-30): 267, the next of 0-20000.
+    "overtaken-attempt-fails": (141, 267),
     # In worlds with pausing executors (`Mutant.edit`: attempts Spark lost run on after their
     # batch settled or their query was given back), of 0-299 (2026-11-29):
     "take-over-unfenced": (333, 1033),  # the first 2 of 0-20000 since restarts keep whole seconds
@@ -138,7 +140,9 @@ FIRST_CATCHING = {
     "rerun-batch-unkept": 230,
     # In worlds whose server restarts bring back removed keys: the first of 0-2500 of each.
     "returned-entries-kept": 74,
-    "returned-entry-given-back-by-its-chunks": 113,
+    # Since a record runs to its end however its attempt is cancelled (2026-11-30), 137, the
+    # seed that found the hole (113 moved).
+    "returned-entry-given-back-by-its-chunks": 137,
     "returned-sealed-entries-acked": 247,  # the only one of 0-2500
 }
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.
