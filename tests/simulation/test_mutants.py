@@ -35,7 +35,9 @@ RARE = {
     "rerun-siblings-under-a-consumer-started-over": (632, 1650),
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
-    "overtaken-attempt-fails": (141, 238),  # since the server answers expired pulls 408
+    # Since the server answers expired pulls 408; 238 moved when a record came to run to its
+    # end however its attempt is cancelled (2026-11-30): 267, the next of 0-20000.
+    "overtaken-attempt-fails": (141, 267),
     # In worlds with pausing executors (`Mutant.edit`: attempts Spark lost run on after their
     # batch settled or their query was given back), of 0-299 (2026-11-29):
     "take-over-unfenced": (333, 1033),  # the first 2 of 0-20000 since restarts keep whole seconds
@@ -49,7 +51,9 @@ RARE = {
     # between the server's send and the take past the ack wait while a sibling pulled.
     # Since a retry keeps what it took over, a waiting pull lasts a third of the ack wait and
     # a re-run batch looks at its consumers first (2026-11-30), the first two of 0-30000:
-    "siblings-lateness-from-take": (20068, 23258),
+    # Since a record runs to its end however its attempt is cancelled (2026-11-30, later), the
+    # first two of 0-40000:
+    "siblings-lateness-from-take": (4042, 4284),
     # In worlds where another client reads the overflow consumer under a 4 s ack wait
     # (`Mutant.edit`): the only one of 0-6000 (2026-11-30). Since a retry keeps what it took
     # over for the whole attempt, none of 0-25000 with the wait drawn catches it (12503, the
@@ -64,9 +68,10 @@ RARE = {
     "forgotten-pull-waited-out": (5797,),
     "stale-nak-gives-back-another-s-delivery": (1347, 689),
     "lapsed-delivery-restarted-by-a-round": (1347, 689),
-    # In worlds with another client, packed tasks and pausing executors: the first three of
-    # 0-6000 (2026-11-30; 1893, which found the hole, moved with the fix's own task).
-    "cancelled-record-leaves-its-chunks": (700, 4643, 5367),
+    # In worlds with another client, packed tasks and pausing executors: since a record runs to
+    # its end however cancelled, the only one of 0-4000 and 5367 (2026-11-30; 1893, which found
+    # the hole, 700 and 4643 moved with the fix's tasks).
+    "cancelled-record-leaves-its-chunks": (2212, 5367),
     # In worlds with pausing executors whose server restarts after a tenth of the rounds of
     # acks (`Mutant.edit`), the first of 0-481 (2026-11-29): none of 0-12000 without the
     # forced restarts since the schedules moved past 6383.
@@ -98,9 +103,14 @@ RARE = {
     # order this way (2026-11-29; none of 6000-15250 did with siblings drawn): a chunk whose
     # dedupe read failed on a given-back entry, never held.
     "failed-acceptance-chunk-kept": (2308,),
-    # In worlds with another client whose executors pause, under a 4 s wait (`Mutant.edit`): the
-    # only one of 0-3000 (2026-11-30; the seed that found the hole).
-    "taker-s-delivery-given-back": (851,),
+    # In worlds with another client whose executors pause, under a 4 s wait (`Mutant.edit`):
+    # since a record runs to its end however its attempt is cancelled, the only one of 0-15000
+    # (2026-11-30; 851, which found the hole, moved).
+    "taker-s-delivery-given-back": (10323,),
+    # In worlds with a consumer created again, new checkpoints at half the runs and sink
+    # failures at a fifth (`Mutant.edit`): since a record runs to its end however its attempt
+    # is cancelled, the first two of 0-4000 (2026-11-30; 139, which found the hole, moved).
+    "replaced-lineage-sightings-forgotten": (876, 2259),
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
 # dozens (on the schedules of 2026-11-29): searched first, then the rest of the range, so the
@@ -128,11 +138,11 @@ FIRST_CATCHING = {
     "sealed-kept-only-once-due": 12,
     # The only one of 0-4000 of those worlds (2026-11-30).
     "rerun-batch-unkept": 230,
-    # In worlds with a consumer created again: the only one of 0-3000 (2026-11-30).
-    "replaced-lineage-sightings-forgotten": 139,
     # In worlds whose server restarts bring back removed keys: the first of 0-2500 of each.
     "returned-entries-kept": 74,
-    "returned-entry-given-back-by-its-chunks": 113,
+    # Since a record runs to its end however its attempt is cancelled (2026-11-30), 137, the
+    # seed that found the hole (113 moved).
+    "returned-entry-given-back-by-its-chunks": 137,
     "returned-sealed-entries-acked": 247,  # the only one of 0-2500
 }
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.

@@ -411,6 +411,14 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "the same in the live lineage (a settled entry's zombie), on today's schedules "
         "(2026-11-30)",
     ),
+    1861: (
+        {"packed": True, "stalling_executors": True},
+        "the rest of the hole 1893 found: a packed zombie of batch 2 woke after its lineage was "
+        "given back; one slot's head write failed and the task cancelled the other slot in "
+        "`ledger_protocol.record` as its chunk write answered, before it sent the head write, "
+        "so nothing removed the chunk before the next start. A record now runs to its end "
+        "however cancelled (2026-11-30)",
+    ),
 }
 
 
@@ -422,8 +430,8 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # 5797, 5089 and 5442 (other-client, 4 s wait), 1347 and 689 (other-client worlds whose
     # executors pause), 18241 (other-client, 4 s wait, restarts after a tenth of the rounds of
     # acks), 851 (other-client worlds whose executors pause, 4 s wait), 2739, 1893 and 5367
-    # (other-client, packed, pausing executors); each was the checker's or the world's, or is
-    # closed (CLOSED_HOLES).
+    # (other-client, packed, pausing executors), 1861 (packed, pausing executors); each was
+    # the checker's or the world's, or is closed (CLOSED_HOLES).
     6791: (
         {"recreate_consumer": True},
         "not explained yet (found 2026-11-30 by a mutant search beyond the range hunted): two "
@@ -431,15 +439,6 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         "(DeliverAll, the stream's first sequence 4 after purges) at 140.9, and batch 2 emitted "
         "message 4 from both siblings ({'c#0': [4], 'c#1': [4]}), where the acceptance's "
         "sibling check after a recreation should have dropped one. Breaks on bdf89f8",
-    ),
-    1861: (
-        {"packed": True, "stalling_executors": True},
-        "the rest of the hole 1893 found (helper-43's reading): a packed zombie of batch 2 woke "
-        "after its lineage was given back; one slot's head write failed and the task cancelled "
-        "the other slot in `ledger_protocol.record` as its chunk write answered, before it sent "
-        "the head write, so nothing removed the chunk before the next start. No head write is "
-        "in flight then either; the removal could run on cancellation (a chunk write still in "
-        "flight then would land after it)",
     ),
 }
 

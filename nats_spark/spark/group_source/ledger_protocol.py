@@ -299,40 +299,59 @@ async def record(
     """Record `taken` in the OPEN entry: its chunks follow `chunks` (what the head keeps of the
     chunks written before), then the head is updated to name them; the new revision.
     `replacing`: deliveries the head counts past `chunks`, of the write that this one does again
-    (without what a sibling recorded too)."""
+    (without what a sibling recorded too).
+
+    Once its chunks are being written, a record runs to its end however its attempt is
+    cancelled meanwhile (a packed task cancels its other slots when one fails): cut short
+    between its writes, it would leave chunks no head names, which only the next start's
+    adoption removes, under a removed entry (seeds 1893, 1861 of the worlds with packed tasks
+    and pauses). Its end: the head names them, or they are removed (`_settle_failed_write`)."""
     head.chunks = chunks
     head.count -= replacing
     if taken.prefix:
         head.prefix = taken.prefix.decode()
-    keys = await ledger.write_chunks(gen, slot, head.attempt, len(chunks), taken)
-    head.chunks = [*chunks, *keys]
+    writing = asyncio.ensure_future(_write_record(ledger, gen, slot, head, revision, taken, pin))
+    try:
+        written = await asyncio.shield(writing)
+    except asyncio.CancelledError:
+        await asyncio.wait([writing])
+        if not writing.cancelled():
+            writing.exception()  # retrieved: the attempt is cancelled, which is what it raises
+        raise
+    if isinstance(written, LedgerConflict):
+        raise written
+    return written
+
+
+async def _write_record(
+    ledger: Ledger,
+    gen: int,
+    slot: str,
+    head: EntryHead,
+    revision: int,
+    taken: EntryDeliveries,
+    pin: str | None,
+) -> int | LedgerConflict:
+    """`record`'s writes: the chunks, then the head naming them; the head's revision, or the
+    conflict (returned rather than raised: a task its cancelled attempt no longer awaits
+    would log it)."""
+    keys = await ledger.write_chunks(gen, slot, head.attempt, len(head.chunks), taken)
+    head.chunks = [*head.chunks, *keys]
     head.count += len(taken)
     head.max_seq = max(head.max_seq, max(taken.stream_seq, default=0))
     head.pin = pin
     written = await ledger.update_head(gen, slot, head.to_bytes(), revision)
     if written is not None:
         return written
-    # The compare-and-set failed, so no write naming these chunks is in flight: what follows
-    # ends even when the attempt is cancelled meanwhile (a packed task cancels its other slots
-    # when one fails), since under a removed entry only the next start's adoption would
-    # remove them (seed 1893 of the worlds with another client, packed tasks and pauses).
-    settling = asyncio.ensure_future(_settle_failed_write(ledger, gen, slot, head, keys))
-    try:
-        settled = await asyncio.shield(settling)
-    except asyncio.CancelledError:
-        await asyncio.wait([settling])
-        raise
-    if isinstance(settled, LedgerConflict):
-        raise settled
-    return settled
+    return await _settle_failed_write(ledger, gen, slot, head, keys)
 
 
 async def _settle_failed_write(
     ledger: Ledger, gen: int, slot: str, head: EntryHead, keys: list[str]
 ) -> int | LedgerConflict:
-    """The revision of the head when the failed write was this one's, retried; otherwise the
-    conflict, returned rather than raised (a task nobody awaits any more, its attempt cancelled,
-    would log it)."""
+    """After the head write of `record` failed: the head's revision when the write was this
+    one's, retried; otherwise the conflict (returned, as `_write_record` returns it), once the
+    chunks no head names are removed."""
     try:
         return await own_write_or_taken_over(ledger, gen, slot, head)
     except LedgerConflict as conflict:

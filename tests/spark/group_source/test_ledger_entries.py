@@ -241,6 +241,38 @@ def test_a_zombie_cancelled_once_its_head_write_failed_still_removes_its_chunk(
     assert not [key for key in kv.values if key.startswith(lineage)]
 
 
+def test_a_zombie_cancelled_while_its_chunk_write_is_out_still_removes_its_chunk(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same when the attempt is cancelled while its chunk write's answer is out, before it
+    sent its head write (seed 1861 of the simulation's worlds with packed tasks and pauses): the
+    record runs to its end, so its failed head write removes the chunk."""
+    zombie = claimed(kv, input_partition(lineage))
+    take(zombie, [1])
+    run_sync(Ledger(kv, lineage).delete_entry(1, "m1"))
+    put = kv.put
+
+    async def cancelled_while_its_chunk_is_written() -> None:
+        writing, answered = asyncio.Event(), asyncio.Event()
+
+        async def held_put(key: str, value: bytes) -> int:
+            revision = await put(key, value)  # it lands; its answer is still out
+            writing.set()
+            await answered.wait()
+            return revision
+
+        monkeypatch.setattr(kv, "put", held_put)
+        recording_more = asyncio.ensure_future(recording(zombie, [2], 1))
+        await writing.wait()
+        recording_more.cancel()
+        answered.set()
+        with pytest.raises(asyncio.CancelledError):
+            await recording_more
+
+    run_sync(cancelled_while_its_chunk_is_written())
+    assert not [key for key in kv.values if key.startswith(lineage)]
+
+
 def test_a_zombie_leaves_the_chunks_a_retry_adopted(kv: MemoryBucket, lineage: str) -> None:
     """The zombie's write lands, its answer is lost, and a retry takes the entry over (naming
     that write's chunk) before the zombie reads the head again: its write fails, and the chunk
