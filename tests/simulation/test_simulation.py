@@ -440,6 +440,17 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         "message 4 from both siblings ({'c#0': [4], 'c#1': [4]}), where the acceptance's "
         "sibling check after a recreation should have dropped one. Breaks on bdf89f8",
     ),
+    11950: (
+        {"recreate_consumer": True},
+        "per-key order (found 2026-11-30 by helper-45, read by the lead): server restarts lost "
+        "the acks of 1-3 while run 3 acked 4-8, so the consumer's ack floor stayed 0; run 4, on "
+        "a new checkpoint, read 1-3 again with 10 and 12 (batch 0) and gave run 3's lineage "
+        "back, its entries with it. The consumer was deleted and created again (DeliverAll) "
+        "between run 5's look (26.291) and its planning of batch 1 (26.501); start_refusal "
+        "took it, its floor (0) not below the one seen, but what was acked above that floor "
+        "was no longer in the ledger: 4-6 emitted after 12. Nothing emitted twice by one "
+        "checkpoint; 4-8 by two",
+    ),
 }
 
 
