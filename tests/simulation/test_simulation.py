@@ -156,6 +156,16 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "while that driver stalled, and in the run after its death c#1 took the new one's first "
         "delivery of 1 (the third of 400-6000 of these worlds that broke on it)",
     ),
+    6791: (
+        {"recreate_consumer": True},
+        "as 1650, seen by two looks: c#0 sealed message 4 in batch 2's first run; the next "
+        "driver looked at the consumer for batch 2's run again at 121.4, once per slot: c#0's "
+        "look got the old one at once, c#1's stalled 31 s, across its deletion and creation "
+        "again (DeliverAll, from 4 after purges) at 140.9, and got the new one. Taken as "
+        "created again only since the driver's own look, batch 2 was not told, and c#1 took "
+        "the new one's first delivery of 4 (2026-11-30: any look before the driver hands out "
+        "its first batch takes the consumer as started over since the pointer's sighting)",
+    ),
     230: (
         {"other_client": True},
         "a batch re-run after a restart came without a `latestOffset` before it, so the "
@@ -424,13 +434,19 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # acks), 851 (other-client worlds whose executors pause, 4 s wait), 2739, 1893 and 5367
     # (other-client, packed, pausing executors); each was the checker's or the world's, or is
     # closed (CLOSED_HOLES).
-    6791: (
+    11950: (
         {"recreate_consumer": True},
-        "not explained yet (found 2026-11-30 by a mutant search beyond the range hunted): two "
-        "sibling slots of one consumer (c#0, c#1); the consumer was deleted and created again "
-        "(DeliverAll, the stream's first sequence 4 after purges) at 140.9, and batch 2 emitted "
-        "message 4 from both siblings ({'c#0': [4], 'c#1': [4]}), where the acceptance's "
-        "sibling check after a recreation should have dropped one. Breaks on bdf89f8",
+        "helper-44's reading, a question of what is promised (found 2026-11-30, seeds 0-30000 of "
+        "these worlds; it breaks before 6791's fix too): Spark 4.0/4.1, a static group's "
+        "partition consumer. The query of the third checkpoint emitted and acked 4-8; the acks "
+        "of 1-3 were lost in server restarts, so the old consumer's ack floor stayed 0. The "
+        "fourth checkpoint read 1, 2, 3, 10 and 12 of partition 0. At 26.48 the consumer was "
+        "created again (DeliverAll): its floor 0 is the one seen and it skips nothing, so the "
+        "driver read on as exact (nothing twice within the checkpoint, nothing lost), and the "
+        "new consumer delivered 4-8 again, which the old one had acked above its floor: batch 1 "
+        "emitted 4 and 6 after 12 of key S.p0.k2. Either `start_refusal` refuses a new consumer "
+        "while the old one had acked above its floor, or the README's order exceptions name a "
+        "consumer created again (the checker would then let it pass)",
     ),
     1861: (
         {"packed": True, "stalling_executors": True},
