@@ -801,6 +801,22 @@ MUTANTS = (
         edit=(("recreate_consumer", True),),
     ),
     Mutant(
+        "started-over-only-against-the-pointer",
+        "a driver takes a consumer as created again since the previous driver saw it only when "
+        "its look compares the new one with the pointer's sighting: a look of one slot saw the "
+        "old one first, a sibling's after a stall the new one, and the batch that driver "
+        "planned, run again, was not told (seed 6791 of the worlds with a consumer created "
+        "again: its siblings both emitted what the first run had sealed)",
+        (
+            Patch(
+                CONSUMER_CHECKS,
+                "            if (stream, name) in self.inherited:\n",
+                "            if remembered is not None:\n",
+            ),
+        ),
+        edit=(("recreate_consumer", True),),
+    ),
+    Mutant(
         "packed-slots-out-of-order",
         "a task of packed slots emits each slot's rows whole, but not in the packed order (the "
         "last slot running first): the order a re-run must keep (the nats sink's ids are "

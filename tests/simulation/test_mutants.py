@@ -33,6 +33,8 @@ RARE = {
     "siblings-seal-under-a-new-consumer": (127, 211),  # 3 of 0-199: 111, 127, 173
     # The first two of 0-4000 (2026-11-30): the seeds that found the hole.
     "rerun-siblings-under-a-consumer-started-over": (632, 1650),
+    # The only one of 0-30000 (2026-11-30; the seed that found the hole).
+    "started-over-only-against-the-pointer": (6791,),
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
     # Since the server answers expired pulls 408; 238 moved when a record came to run to its

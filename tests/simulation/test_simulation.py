@@ -156,6 +156,16 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "while that driver stalled, and in the run after its death c#1 took the new one's first "
         "delivery of 1 (the third of 400-6000 of these worlds that broke on it)",
     ),
+    6791: (
+        {"recreate_consumer": True},
+        "as 1650, seen by two looks: c#0 sealed message 4 in batch 2's first run; the next "
+        "driver looked at the consumer for batch 2's run again at 121.4, once per slot: c#0's "
+        "look got the old one at once, c#1's stalled 31 s, across its deletion and creation "
+        "again (DeliverAll, from 4 after purges) at 140.9, and got the new one. Taken as "
+        "created again only since the driver's own look, batch 2 was not told, and c#1 took "
+        "the new one's first delivery of 4 (2026-11-30: any look before the driver hands out "
+        "its first batch takes the consumer as started over since the pointer's sighting)",
+    ),
     230: (
         {"other_client": True},
         "a batch re-run after a restart came without a `latestOffset` before it, so the "
@@ -430,26 +440,19 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # 5797, 5089 and 5442 (other-client, 4 s wait), 1347 and 689 (other-client worlds whose
     # executors pause), 18241 (other-client, 4 s wait, restarts after a tenth of the rounds of
     # acks), 851 (other-client worlds whose executors pause, 4 s wait), 2739, 1893 and 5367
-    # (other-client, packed, pausing executors), 1861 (packed, pausing executors); each was
-    # the checker's or the world's, or is closed (CLOSED_HOLES).
-    6791: (
-        {"recreate_consumer": True},
-        "not explained yet (found 2026-11-30 by a mutant search beyond the range hunted): two "
-        "sibling slots of one consumer (c#0, c#1); the consumer was deleted and created again "
-        "(DeliverAll, the stream's first sequence 4 after purges) at 140.9, and batch 2 emitted "
-        "message 4 from both siblings ({'c#0': [4], 'c#1': [4]}), where the acceptance's "
-        "sibling check after a recreation should have dropped one. Breaks on bdf89f8",
-    ),
+    # (other-client, packed, pausing executors), 1861 (packed, pausing executors), 6791
+    # (consumer created again); each was the checker's or the world's, or is closed
+    # (CLOSED_HOLES).
     11950: (
         {"recreate_consumer": True},
-        "per-key order (found 2026-11-30 by helper-45, read by the lead): server restarts lost "
-        "the acks of 1-3 while run 3 acked 4-8, so the consumer's ack floor stayed 0; run 4, on "
-        "a new checkpoint, read 1-3 again with 10 and 12 (batch 0) and gave run 3's lineage "
-        "back, its entries with it. The consumer was deleted and created again (DeliverAll) "
-        "between run 5's look (26.291) and its planning of batch 1 (26.501); start_refusal "
-        "took it, its floor (0) not below the one seen, but what was acked above that floor "
-        "was no longer in the ledger: 4-6 emitted after 12. Nothing emitted twice by one "
-        "checkpoint; 4-8 by two",
+        "per-key order (found 2026-11-30 by helper-45, and by helper-44's hunt of 0-30000 of "
+        "these worlds; read by both and the lead): server restarts lost the acks of 1-3 while "
+        "run 3 acked 4-8, so the consumer's ack floor stayed 0; run 4, on a new checkpoint, "
+        "read 1-3 again with 10 and 12 (batch 0) and gave run 3's lineage back, its entries "
+        "with it. The consumer was deleted and created again (DeliverAll) between run 5's look "
+        "(26.291) and its planning of batch 1 (26.501); start_refusal took it, its floor (0) "
+        "not below the one seen, but what was acked above that floor was no longer in the "
+        "ledger: 4-6 emitted after 12. Nothing emitted twice by one checkpoint; 4-8 by two",
     ),
 }
 

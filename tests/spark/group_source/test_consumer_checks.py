@@ -176,6 +176,17 @@ def test_a_consumer_taken_as_created_again_since_the_last_driver_is_handed_on_on
     assert seen.handed_started_over() == set()
 
 
+def test_a_consumer_created_again_between_two_looks_before_a_batch_is_handed_started_over() -> None:
+    """This driver's first look (one slot's) saw the consumer the previous driver saw, the next
+    (a sibling's, after a stall) a new one: it was created again since that driver's sighting
+    all the same, and the batch that driver planned, run again, is told (seed 6791 of the
+    worlds with the recreation emitted twice what the batch's first run had sealed)."""
+    seen = remembered(0)
+    seen.look("S", "C", info(CREATED), "go on so")
+    seen.look("S", "C", info(LATER), "go on so")
+    assert seen.handed_started_over() == {("S", "C")}
+
+
 def test_a_consumer_created_again_right_after_the_floor_is_read_on_and_kept() -> None:
     """Created again starting right after the floor the query saw (`nats consumer add
     --deliver 31` after 30 acked): it delivers nothing the query read and skips nothing it did

@@ -115,6 +115,10 @@ class SeenConsumers:
         # told (`handed_started_over`): a batch that driver planned and this one runs again
         # may hold what the old consumer delivered, which the new one delivers a first time.
         self.started_over: set[tuple[str, str]] = set()
+        # The consumers the previous driver saw, until a batch's tasks are told: created again
+        # by then, they started over since that driver's sighting even when this driver saw
+        # the old one first (one slot's look did, a sibling's saw the new one: seed 6791).
+        self.inherited: set[tuple[str, str]] = set()
 
     def remember(self, stored: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
         """Take the sightings a previous driver of the query `stored` (the pointer's)."""
@@ -123,6 +127,7 @@ class SeenConsumers:
             for stream, names in stored.items()
             for name, (created, floor) in names.items()
         }
+        self.inherited = set(self.remembered)
 
     def stored(self) -> dict[str, dict[str, list[Any]]]:
         """By stream and name: [created, ack floor] of each consumer, as the pointer keeps them
@@ -173,7 +178,7 @@ class SeenConsumers:
                 evidence = f"created {before.created}, now {created}"
                 raise consumer_created_again(stream, name, when, evidence, recreation, harm)
             log.info("%s > %s was created again past nothing the query did not read", stream, name)
-            if remembered is not None:
+            if (stream, name) in self.inherited:
                 self.started_over.add((stream, name))
             if skipped.lost_ok and before.ack_floor + 1 < skipped.first_seq:
                 log.warning(
@@ -189,6 +194,7 @@ class SeenConsumers:
         """The consumers `started_over`, now told to a batch's tasks (and forgotten: a batch
         this driver plans holds only what it delivered since)."""
         started_over, self.started_over = self.started_over, set()
+        self.inherited = set()
         return started_over
 
     def next_after_acked(self, stream: str, name: str) -> int:
