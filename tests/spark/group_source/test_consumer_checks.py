@@ -17,6 +17,7 @@ from nats_spark.pcg.consumers import member_consumer, partition_consumer
 from nats_spark.pcg.kinds import GroupKind
 from nats_spark.pcg.store import GroupEntry
 from nats_spark.spark.group_source.driver.consumer_checks import (
+    MOVED_CREATION,
     SeenConsumers,
     Skipped,
     check_config,
@@ -100,8 +101,8 @@ def test_a_consumer_created_again_is_told_from_the_one_read() -> None:
         seen.look("S", "C", info(created="2026-11-28T19:05:00Z"), "go on so")
     assert str(error.value) == (
         "consumer 'C' on stream 'S' was deleted and created again while the query ran (created "
-        f"{CREATED}, now 2026-11-28T19:05:00Z): the new one delivers again what the query "
-        "already committed; go on so"
+        f"{CREATED}, now 2026-11-28T19:05:00Z; {MOVED_CREATION}): the new one delivers again "
+        "what the query already committed; go on so"
     )
     assert seen.next_after_acked("S", "C") == 58, "the refused consumer is not taken"
 
@@ -207,8 +208,8 @@ def test_a_consumer_created_again_at_or_before_the_floor_is_refused() -> None:
             seen.look("S", "C", created_again(29, policy), "go on so")
         assert str(error.value) == (
             "consumer 'C' on stream 'S' was deleted and created again while the query was "
-            f"stopped (created {CREATED}, now {LATER}): the new one delivers again what the query "
-            "already committed; go on so"
+            f"stopped (created {CREATED}, now {LATER}; {MOVED_CREATION}): the new one delivers "
+            "again what the query already committed; go on so"
         )
         assert seen.stored() == {"S": {"C": [CREATED, 30]}}, "refused: not taken"
 

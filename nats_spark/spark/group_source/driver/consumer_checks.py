@@ -69,6 +69,16 @@ class Skipped:
 NOTHING_KNOWN = Skipped()  # a consumer not created again skips nothing
 
 
+# nats-server before 2.12.3 stores a consumer's creation time as its store's (a little later)
+# and each replica its own: a restart or a leader change moves it (fixed by nats-server's
+# "Recreated stream/consumer state is deleted during recovery"). The query cannot tell that
+# from a deletion, so the line says so.
+MOVED_CREATION = (
+    "nats-server before 2.12.3 also moves it when it restarts or the consumer's leader "
+    "changes: if nobody deleted the consumer, upgrade the server"
+)
+
+
 def start_refusal(before: Sighting, info: ConsumerInfo, skipped: Skipped) -> str | None:
     """What reading on would do wrong with `info`, a consumer created again since it was seen as
     `before` (None: it can be read on exactly). A consumer never delivers what its ack floor
@@ -175,7 +185,7 @@ class SeenConsumers:
             harm = start_refusal(before, info, skipped)
             if harm is not None:
                 when = "while the query was stopped" if remembered else "while the query ran"
-                evidence = f"created {before.created}, now {created}"
+                evidence = f"created {before.created}, now {created}; {MOVED_CREATION}"
                 raise consumer_created_again(stream, name, when, evidence, recreation, harm)
             log.info("%s > %s was created again past nothing the query did not read", stream, name)
             if (stream, name) in self.inherited:
