@@ -117,6 +117,13 @@ async def send_numbered(
     return sent
 
 
+def needs_server(client: Blocking[NatsClient], version: tuple[int, int, int], what: str) -> None:
+    """Skip the test on a server older than `version` (the suite runs on others with
+    NATS_SERVER_BIN or NATS_URL): `what` needs it."""
+    if client.server_version < version:
+        pytest.skip(f"{what} needs nats-server {'.'.join(map(str, version))}+")
+
+
 def publish(client: Blocking[NatsClient], stream: str, count: int, start: int = 0) -> None:
     """`send_numbered` to `<stream>.*` from outside the event loop."""
     run_sync(send_numbered(client.target, stream, count, start))

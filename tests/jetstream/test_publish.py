@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import Iterator
 
 import pytest
+from spark_helpers import needs_server
 
 from nats_spark.client import NatsClient
 from nats_spark.connection import ConnectionSettings
@@ -26,9 +27,8 @@ def atomic_batch(request: pytest.FixtureRequest) -> int:
 
 @pytest.fixture
 def stream(client: Blocking[NatsClient], unique: str, atomic_batch: int) -> Iterator[str]:
-    if atomic_batch and client.server_version < (2, 12, 0):
-        # 2.11 ignores allow_atomic and the batch headers (the sink then publishes row by row)
-        pytest.skip("atomic batch publish needs nats-server 2.12+")
+    if atomic_batch:  # 2.11 ignores allow_atomic (the sink then publishes row by row)
+        needs_server(client, (2, 12, 0), "atomic batch publish")
     name = f"PUB_{unique}"
     config = {"name": name, "subjects": [f"{name}.>"], "allow_atomic": bool(atomic_batch)}
     run_sync(client.api.create_stream(config))

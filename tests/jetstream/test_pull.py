@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from spark_helpers import in_background, make_consumer, publish, puller, wait_until
+from spark_helpers import in_background, make_consumer, needs_server, publish, puller, wait_until
 
 from nats_spark.client import NatsClient, open_blocking
 from nats_spark.connection import ConnectionSettings
@@ -58,11 +58,6 @@ def stream_seqs(result: FetchResult) -> list[int]:
 
 def pinned_id(api: Blocking[JetStreamApi], stream: str, consumer: str) -> str | None:
     return api.consumer_info(stream, consumer)["priority_groups"][0].get("pinned_client_id")
-
-
-def needs_prioritized(client: Blocking[NatsClient]) -> None:
-    if client.server_version < (2, 12, 0):
-        pytest.skip("the prioritized policy needs nats-server 2.12+")
 
 
 def test_pinned_client_standby_and_takeover(
@@ -149,7 +144,7 @@ def test_overflow_min_pending(
 def test_prioritized_serves_lowest_priority_number_first(
     client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
 ) -> None:
-    needs_prioritized(client)
+    needs_server(client, (2, 12, 0), "the prioritized policy")
     make_consumer(client, stream, "PRI", "prioritized", group=GROUP)
     backup, primary = puller(client, stream, "PRI", GROUP), puller(client, stream, "PRI", GROUP)
     # The backup (priority 5) waits first, so plain arrival order would serve it.
@@ -265,7 +260,7 @@ def test_priority_rejections_are_misconfigurations(
     text: str,
 ) -> None:
     if policy == "prioritized":
-        needs_prioritized(client)
+        needs_server(client, (2, 12, 0), "the prioritized policy")
     make_consumer(client, stream, "BAD", policy, group=GROUP)
     pull = Blocking(client.pull_consumer(stream, "BAD", group=group, pin_id=pin))
     with pytest.raises(PriorityGroupMisconfigured) as caught:
@@ -364,7 +359,7 @@ def test_create_consumer_keeps_priority_fields(
     client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str, policy: str
 ) -> None:
     if policy == "prioritized":
-        needs_prioritized(client)
+        needs_server(client, (2, 12, 0), "the prioritized policy")
     extra = {"priority_timeout": to_nanos(1.5)} if policy == "pinned_client" else {}
     created = make_consumer(client, stream, "KEEP", policy, **extra, group=GROUP)
     for config in (created["config"], api.consumer_info(stream, "KEEP")["config"]):

@@ -10,6 +10,7 @@ from spark_helpers import (
     key_for,
     kv,
     make_stream,
+    needs_server,
     publish_one,
     static_stream,
     wait_until,
@@ -70,13 +71,8 @@ def test_static_create_errors_are_one_line(client, unique):
         run_sync(admin.static_info(client.target, stream, "missing"))
 
 
-def needs_whole_subject_hashing(client) -> None:
-    if client.target.server_version < admin.WHOLE_SUBJECT_HASHING:
-        pytest.skip("hashing whole subjects needs nats-server 2.12+")
-
-
 def test_elastic_entries_are_written_in_go_field_shapes(client, unique):
-    needs_whole_subject_hashing(client)
+    needs_server(client, admin.WHOLE_SUBJECT_HASHING, "hashing whole subjects")
     stream = make_stream(client, f"S{unique}", [f"{unique}.>"])
     filters = [PartitioningFilter(f"{unique}.*", [1])]
     run_sync(admin.create_elastic(client.target, stream, "w", 4, filters, 100, 2048))

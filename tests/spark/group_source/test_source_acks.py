@@ -40,7 +40,7 @@ from nats_spark.connection import ConnectionSettings
 from nats_spark.jetstream.acks import NAK, InProgressKeeper, publish_acks
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.loop import Blocking, event_loop, run_sync
-from nats_spark.server import EmbeddedServer
+from nats_spark.server import EmbeddedServer, binary_version, find_server_binary
 from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
@@ -691,6 +691,8 @@ def test_v2_ack_subjects_are_rebuilt_and_accepted(tmp_path, unique):
     """A server with a JetStream domain that sends v2 ack subjects (`$JS.ACK.<domain>.<account
     hash>.<stream>.<consumer>...`, feature flag js_ack_fc_v2): the ledger keeps that prefix, and
     the acks rebuilt from it and the entry's numbers are accepted."""
+    if binary_version(find_server_binary()) < (2, 14, 0):
+        pytest.skip("the v2 ack subjects' feature flag needs nats-server 2.14+")
     config = tmp_path / "v2.conf"
     config.write_text("jetstream { domain: hub }\nfeature_flags { js_ack_fc_v2: true }\n")
     with EmbeddedServer(config_file=config) as server:

@@ -18,6 +18,7 @@ from spark_helpers import (
     in_background,
     make_consumer,
     make_stream,
+    needs_server,
     publish,
     puller,
     source,
@@ -124,8 +125,7 @@ def test_overflow_waits_for_min_pending_and_yields_to_plain_pullers(
 def test_prioritized_lower_number_served_first(
     spark, client, nats_url, unique, tmp_path, query_priority, rival_priority
 ):
-    if client.server_version < (2, 12, 0):
-        pytest.skip("the prioritized policy needs nats-server 2.12+")
+    needs_server(client, (2, 12, 0), "the prioritized policy")
     stream, name = f"P{unique}", "pri"
     make_stream(client, stream, storage="memory")
     make_consumer(client, stream, name, "prioritized", group=GROUP, ack_wait=to_nanos(30))
