@@ -208,37 +208,49 @@ def test_a_zombie_that_records_after_its_entry_was_removed_leaves_no_chunk(
     assert not [key for key in kv.values if key.startswith(lineage)]
 
 
+def cancel_a_zombie_s_record(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch, call: str, key: str | None
+) -> None:
+    """A zombie (its entry removed since its last record) records once more and is cancelled
+    while the bucket's `call` (naming `key`; None: any) has landed or been read and its answer
+    is still out; the cancellation must still leave nothing of the lineage in the bucket."""
+    zombie = claimed(kv, input_partition(lineage))
+    take(zombie, [1])
+    run_sync(Ledger(kv, lineage).delete_entry(1, "m1"))
+    original = getattr(kv, call)
+
+    async def cancelled_while_its_answer_is_out() -> None:
+        reached, answered = asyncio.Event(), asyncio.Event()
+
+        async def held(held_key: str, *args: Any) -> Any:
+            try:  # done at the server; its answer (a value or an error) is out
+                answer = await original(held_key, *args)
+            finally:
+                if key is None or held_key == key:
+                    reached.set()
+                    await answered.wait()
+            return answer
+
+        monkeypatch.setattr(kv, call, held)
+        recording_more = asyncio.ensure_future(recording(zombie, [2], 1))
+        await reached.wait()
+        recording_more.cancel()
+        answered.set()
+        with pytest.raises(asyncio.CancelledError):
+            await recording_more
+
+    run_sync(cancelled_while_its_answer_is_out())
+    assert not [key for key in kv.values if key.startswith(lineage)]
+
+
 def test_a_zombie_cancelled_once_its_head_write_failed_still_removes_its_chunk(
     kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same when the attempt is cancelled while it reads the head after its failed write (a
     packed task cancels its other slots when one fails; seed 1893 of the simulation's worlds
     with another client, packed tasks and pauses): nothing of its write is in flight then."""
-    zombie = claimed(kv, input_partition(lineage))
-    take(zombie, [1])
     head_key = Ledger(kv, lineage).head_key(1, "m1")
-    run_sync(Ledger(kv, lineage).delete_entry(1, "m1"))
-    get = kv.get
-
-    async def cancelled_while_it_reads_the_head() -> None:
-        reading, answered = asyncio.Event(), asyncio.Event()
-
-        async def held_get(key: str) -> Any:
-            if key == head_key:
-                reading.set()
-                await answered.wait()
-            return await get(key)
-
-        monkeypatch.setattr(kv, "get", held_get)
-        recording_more = asyncio.ensure_future(recording(zombie, [2], 1))
-        await reading.wait()
-        recording_more.cancel()
-        answered.set()
-        with pytest.raises(asyncio.CancelledError):
-            await recording_more
-
-    run_sync(cancelled_while_it_reads_the_head())
-    assert not [key for key in kv.values if key.startswith(lineage)]
+    cancel_a_zombie_s_record(kv, lineage, monkeypatch, "get", head_key)
 
 
 def test_a_zombie_cancelled_while_its_chunk_write_is_out_still_removes_its_chunk(
@@ -247,30 +259,7 @@ def test_a_zombie_cancelled_while_its_chunk_write_is_out_still_removes_its_chunk
     """The same when the attempt is cancelled while its chunk write's answer is out, before it
     sent its head write (seed 1861 of the simulation's worlds with packed tasks and pauses): the
     record runs to its end, so its failed head write removes the chunk."""
-    zombie = claimed(kv, input_partition(lineage))
-    take(zombie, [1])
-    run_sync(Ledger(kv, lineage).delete_entry(1, "m1"))
-    put = kv.put
-
-    async def cancelled_while_its_chunk_is_written() -> None:
-        writing, answered = asyncio.Event(), asyncio.Event()
-
-        async def held_put(key: str, value: bytes) -> int:
-            revision = await put(key, value)  # it lands; its answer is still out
-            writing.set()
-            await answered.wait()
-            return revision
-
-        monkeypatch.setattr(kv, "put", held_put)
-        recording_more = asyncio.ensure_future(recording(zombie, [2], 1))
-        await writing.wait()
-        recording_more.cancel()
-        answered.set()
-        with pytest.raises(asyncio.CancelledError):
-            await recording_more
-
-    run_sync(cancelled_while_its_chunk_is_written())
-    assert not [key for key in kv.values if key.startswith(lineage)]
+    cancel_a_zombie_s_record(kv, lineage, monkeypatch, "put", None)
 
 
 def test_a_zombie_leaves_the_chunks_a_retry_adopted(kv: MemoryBucket, lineage: str) -> None:
