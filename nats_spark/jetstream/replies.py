@@ -37,8 +37,17 @@ class ConsumerInfo(dict[str, Any]):
 
     @property
     def ack_floor_seq(self) -> int:
-        """The stream sequence up to which everything is acked."""
-        return int((self.get("ack_floor") or {}).get("stream_seq", 0))
+        """The stream sequence up to which everything is acked: the consumer delivers nothing
+        at or below it again. With nothing pending (each delivery acked, or none made yet) that
+        is the last delivered, or the sequence before a new consumer's start, as nats-server
+        2.15 reports it; 2.11 and 2.12 report 0 until the first ack (created to start at 31:
+        floor 0, delivered 30), which read as is would take the consumer for one that goes
+        back."""
+        floor = self.get("ack_floor") or {}
+        stream_floor = int(floor.get("stream_seq", 0))
+        if int(floor.get("consumer_seq", 0)) == self.delivered_consumer_seq:
+            return max(stream_floor, self.delivered_seq)
+        return stream_floor
 
     @property
     def delivered_seq(self) -> int:

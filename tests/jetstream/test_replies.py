@@ -31,6 +31,26 @@ def test_consumer_info_view() -> None:
     assert info["name"] == "g-m1"  # still the reply as sent
 
 
+@pytest.mark.parametrize(
+    ("ack_floor", "delivered", "floor"),
+    [
+        # a consumer created to start at 31, as 2.11 and 2.12 report it (2.15: floor 30)
+        ({"consumer_seq": 0, "stream_seq": 0}, {"consumer_seq": 0, "stream_seq": 30}, 30),
+        ({"consumer_seq": 0, "stream_seq": 30}, {"consumer_seq": 0, "stream_seq": 30}, 30),
+        # every delivery acked: nothing at or below the last delivered comes again
+        ({"consumer_seq": 5, "stream_seq": 12}, {"consumer_seq": 5, "stream_seq": 12}, 12),
+        # something pending: the floor as reported
+        ({"consumer_seq": 3, "stream_seq": 0}, {"consumer_seq": 5, "stream_seq": 30}, 0),
+    ],
+    ids=["new-on-2.11", "new-on-2.15", "all-acked", "pending"],
+)
+def test_ack_floor_with_nothing_pending_is_the_last_delivered(
+    ack_floor: dict, delivered: dict, floor: int
+) -> None:
+    info = ConsumerInfo({"ack_floor": ack_floor, "delivered": delivered})
+    assert info.ack_floor_seq == floor
+
+
 def test_consumer_info_defaults_are_the_servers() -> None:
     info = ConsumerInfo({"config": {}})
     assert (info.num_pending, info.delivered_seq, info.last_active) == (0, 0, None)
