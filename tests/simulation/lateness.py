@@ -42,6 +42,7 @@ from nats_spark.spark.group_source.ledger import (
     read_deliveries,
     read_head,
 )
+from nats_spark.spark.group_source.ledger_protocol import GivenBack
 from nats_spark.spark.group_source.runtime import GiveBack
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from tests.memory_bucket import MemoryBucket
@@ -269,7 +270,7 @@ class GiveBacks:
         """`give_back` (the driver's, `Runtime.give_back`), noting what each removal leaves named
         by nothing."""
 
-        async def watched(client: Any, ledger: Ledger, keys: list[tuple[int, str]]) -> int:
+        async def watched(client: Any, ledger: Ledger, keys: list[tuple[int, str]]) -> GivenBack:
             driver = self.sched.current()
             assert driver is not None  # a driver's give-back
             removing = self.removing.setdefault(driver, [])

@@ -817,6 +817,21 @@ MUTANTS = (
         edit=(("recreate_consumer", True),),
     ),
     Mutant(
+        "acked-through-ignored",
+        "a consumer created again whose ack floor is not below the one seen is read on though "
+        "a query on an earlier checkpoint acked messages above that floor, whose entries the "
+        "give-back to this query removed: the new one delivered them again (seed 11950 of the "
+        "worlds with a consumer created again: 4-6 emitted after 12, and by two checkpoints)",
+        (
+            Patch(
+                CONSUMER_CHECKS,
+                "            marked = self.acked_through.get((stream, name), 0)\n",
+                "            marked = 0\n",
+            ),
+        ),
+        edit=(("recreate_consumer", True),),
+    ),
+    Mutant(
         "packed-slots-out-of-order",
         "a task of packed slots emits each slot's rows whole, but not in the packed order (the "
         "last slot running first): the order a re-run must keep (the nats sink's ids are "

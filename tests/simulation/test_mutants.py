@@ -35,6 +35,8 @@ RARE = {
     "rerun-siblings-under-a-consumer-started-over": (632, 1650),
     # The only one of 0-30000 (2026-11-30; the seed that found the hole).
     "started-over-only-against-the-pointer": (6791,),
+    # The only one of 0-40000 (2026-11-30; the seed that found the hole).
+    "acked-through-ignored": (11950,),
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
     # Since the server answers expired pulls 408; 238 moved when a record came to run to its

@@ -166,6 +166,15 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "the new one's first delivery of 4 (2026-11-30: any look before the driver hands out "
         "its first batch takes the consumer as started over since the pointer's sighting)",
     ),
+    11950: (
+        {"recreate_consumer": True},
+        "server restarts lost the acks of 1-3 while run 3 acked 4-8 (floor 0); run 4, on a new "
+        "checkpoint, gave run 3's entries back; the consumer was created again (DeliverAll) "
+        "as run 5's look was answered, its floor 0 not below the one seen, and read on: 4-6 "
+        "emitted after 12. The give-back now marks what acked entries held above the floor "
+        "(8, kept in the pointer), and a consumer created again below the mark is refused "
+        "(mutant acked-through-ignored; 2026-11-30)",
+    ),
     230: (
         {"other_client": True},
         "a batch re-run after a restart came without a `latestOffset` before it, so the "
@@ -440,20 +449,9 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # 5797, 5089 and 5442 (other-client, 4 s wait), 1347 and 689 (other-client worlds whose
     # executors pause), 18241 (other-client, 4 s wait, restarts after a tenth of the rounds of
     # acks), 851 (other-client worlds whose executors pause, 4 s wait), 2739, 1893 and 5367
-    # (other-client, packed, pausing executors), 1861 (packed, pausing executors), 6791
-    # (consumer created again); each was the checker's or the world's, or is closed
+    # (other-client, packed, pausing executors), 1861 (packed, pausing executors), 6791 and
+    # 11950 (consumer created again); each was the checker's or the world's, or is closed
     # (CLOSED_HOLES).
-    11950: (
-        {"recreate_consumer": True},
-        "per-key order (found 2026-11-30 by helper-45, and by helper-44's hunt of 0-30000 of "
-        "these worlds; read by both and the lead): server restarts lost the acks of 1-3 while "
-        "run 3 acked 4-8, so the consumer's ack floor stayed 0; run 4, on a new checkpoint, "
-        "read 1-3 again with 10 and 12 (batch 0) and gave run 3's lineage back, its entries "
-        "with it. The consumer was deleted and created again (DeliverAll) between run 5's look "
-        "(26.291) and its planning of batch 1 (26.501); start_refusal took it, its floor (0) "
-        "not below the one seen, but what was acked above that floor was no longer in the "
-        "ledger: 4-6 emitted after 12. Nothing emitted twice by one checkpoint; 4-8 by two",
-    ),
 }
 
 

@@ -582,19 +582,31 @@ async def remove_settled(
         forget((gen, slot))
 
 
-async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, str]]) -> int:
+@dataclass(frozen=True)
+class GivenBack:
+    """What a `give_back` did: how many messages it NAKed, and by consumer ((stream, name), from
+    the entries' ack prefix) the highest stream sequence its ACKED entries held. What those
+    entries acked is no longer in the ledger: a consumer created again that starts below it
+    delivers it again, and nothing would drop it (`SeenConsumers.acked_through`)."""
+
+    returned: int
+    acked_through: dict[tuple[str, str], int]
+
+
+async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, str]]) -> GivenBack:
     """Any state -> given back: remove the entries `keys` of an earlier checkpoint and NAK what
-    they hold (read first: once removed, nothing names those deliveries); returns how many.
+    they hold (read first: once removed, nothing names those deliveries).
     Acked entries too: a server restart loses the acks its consumer store had not written yet
     (the last 100 ms), and the server ignores the NAK of a message no longer pending, so only
     what came back is given back, at once, ahead of newer messages of its key."""
     held: list[EntryDeliveries] = []
+    acked_through: dict[tuple[str, str], int] = {}
     for gen, slot in keys:
         head = await _taken_from_its_attempt(ledger, gen, slot)
         if head is None:
             continue
         try:
-            held.append(await read_deliveries(ledger, head))
+            deliveries = await read_deliveries(ledger, head)
         except ChunkMissing:
             # Removed before and brought back by a server restarted uncleanly (a lost
             # tombstone) without its chunks: what it held was settled or given back then.
@@ -602,6 +614,12 @@ async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, st
                 "ledger entry %s came back without its chunks; removing it with nothing to NAK",
                 ledger.head_key(gen, slot),
             )
+            continue
+        held.append(deliveries)
+        if head.state is EntryState.ACKED and deliveries:
+            consumer = _consumer_of(deliveries)
+            highest = max(deliveries.stream_seq)
+            acked_through[consumer] = max(highest, acked_through.get(consumer, 0))
     for gen, slot in keys:
         await ledger.delete_entry(gen, slot)
     returned = 0
@@ -611,7 +629,13 @@ async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, st
         current = await _as_last_delivered(client, deliveries)
         if current is not None:
             returned += await send_acks(client.nc, current.ack_commands(NAK), len(current))
-    return returned
+    return GivenBack(returned, acked_through)
+
+
+def _consumer_of(deliveries: EntryDeliveries) -> tuple[str, str]:
+    """(stream, consumer) of the deliveries, from their ack prefix `$JS.ACK.<stream>.<name>`."""
+    stream, consumer = (token.decode() for token in deliveries.prefix.split(b".")[-2:])
+    return stream, consumer
 
 
 async def _as_last_delivered(
@@ -623,9 +647,8 @@ async def _as_last_delivered(
     names the delivery it recorded, which the ack floor may have passed since the message was
     delivered again, and the message would then wait out its ack wait behind newer ones of its
     key. The last delivery's sequence is inside the window whenever anything is pending."""
-    stream, consumer = (token.decode() for token in deliveries.prefix.split(b".")[-2:])
     try:
-        info = await client.api.consumer_info(stream, consumer)
+        info = await client.api.consumer_info(*_consumer_of(deliveries))
     except NotFound:
         return None
     last = info.delivered_consumer_seq

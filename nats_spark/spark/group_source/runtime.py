@@ -19,7 +19,9 @@ from nats_spark.spark.group_source.ledger import Ledger
 _KEPT_ENTRIES = 4096  # entries' sequences a worker keeps between tasks
 
 EntryKey = tuple[str, str, int, str]  # bucket, lineage, gen, slot
-GiveBack = Callable[[NatsClient, Ledger, list[tuple[int, str]]], Awaitable[int]]
+GiveBack = Callable[
+    [NatsClient, Ledger, list[tuple[int, str]]], Awaitable[ledger_protocol.GivenBack]
+]
 
 
 class SeenEntries:

@@ -234,6 +234,38 @@ def test_what_a_consumer_created_again_skips_that_the_stream_lost_is_data_loss()
         remembered(30).look("S", "C", created_again(41), "go on", Skipped((), 40, lost_ok=True))
 
 
+def test_a_consumer_created_again_below_what_an_earlier_checkpoint_acked_is_refused() -> None:
+    """Server restarts lost the acks of 1-3 while a query on an earlier checkpoint acked 4-8,
+    so the floor stayed 0, and the give-back to this query removed the entry of 4-8: a new
+    consumer whose floor is not below the one seen (0) still delivers 4-8 again, which the
+    ledger no longer drops (seed 11950 of the simulation's worlds with the recreation). One
+    starting past 8 is read on, and a floor at or past the mark drops it."""
+    seen = remembered(0)
+    seen.given_back({("S", "C"): 8})
+    with pytest.raises(ConfigurationError) as error:
+        seen.look("S", "C", created_again(0, "all"), "go on so")
+    assert str(error.value).endswith(
+        ": a query on an earlier checkpoint acked messages up to stream sequence 8, above the "
+        "old consumer's ack floor, and the new one would deliver them again; go on so"
+    )
+    with pytest.raises(ConfigurationError, match="up to stream sequence 8"):
+        seen.look("S", "C", created_again(7), "go on so", Skipped(set(range(1, 8))))
+    assert seen.stored_acked_through() == {"S": {"C": 8}}
+    seen.look("S", "C", created_again(8), "go on so", Skipped(set(range(1, 9))))
+    assert seen.acked_through == {}
+
+
+def test_what_an_earlier_checkpoint_acked_is_marked_only_above_the_floor_seen() -> None:
+    """The pointer's marks come back (`restore_acked_through`) with those taken since, the
+    higher of two; one at or below the floor seen is kept not: a new consumer below that floor
+    is refused anyway."""
+    seen = remembered(30)
+    seen.given_back({("S", "C"): 30, ("S", "D"): 5})
+    assert seen.acked_through == {("S", "D"): 5}
+    seen.restore_acked_through({"S": {"C": 31, "D": 4}})
+    assert seen.stored_acked_through() == {"S": {"C": 31, "D": 5}}
+
+
 @pytest.mark.parametrize("policy", ["new", "last", "last_per_subject"])
 def test_a_consumer_created_again_whose_start_may_move_is_refused(policy: str) -> None:
     with pytest.raises(ConfigurationError, match=f"its deliver policy {policy} lets the server"):

@@ -1139,7 +1139,7 @@ def test_a_give_back_naks_past_an_entry_that_took_nothing(
     claimed(kv, input_partition(lineage, slot="m0"))
     sealed(kv, lineage, 1, [1, 2])
     keys = [(1, "m0"), (1, "m1")]
-    assert run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), keys)) == 2
+    assert run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), keys)).returned == 2
     assert b"".join(given_back).count(b"-NAK") == 2
     assert run_sync(Ledger(kv, lineage).heads()) == []
 
@@ -1159,6 +1159,38 @@ def test_a_give_back_gives_back_an_acked_entry_too(
     run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), [(1, "m1")]))
     assert b"".join(given_back).count(b"-NAK") == 2
     assert run_sync(Ledger(kv, lineage).heads()) == []
+
+
+def test_a_give_back_marks_what_the_acked_entries_held_for_the_next_drivers(
+    kv: MemoryBucket, given_back: list[bytes]
+) -> None:
+    """Server restarts lost the acks of 1-3 while an earlier checkpoint's query acked 4-8, so
+    the consumer's ack floor stayed 0; the give-back to a new checkpoint's query removes the
+    entry of 4-8. A consumer created again below 8 delivers them again and nothing drops them
+    (seed 11950 of the simulation's worlds with the recreation): the give-back reports the
+    highest sequence its acked entries held, by consumer (a sealed entry, never acked, none),
+    and the pointer keeps it for the target's next drivers."""
+    earlier = driver(kv)
+    run_sync(earlier.adopt(None))
+    run_sync(earlier.new_offset({"m1": SlotPlan(5)}))
+    assert earlier.lineage is not None
+    sealed(kv, earlier.lineage, 1, [4, 5, 6, 7, 8])
+    run_sync(ledger_protocol.ack(CLIENT, Ledger(kv, earlier.lineage), 1, "m1", "S"))
+    sealed(kv, earlier.lineage, 2, [9, 10])
+    new_checkpoint = driver(kv)
+    run_sync(new_checkpoint.adopt(SourceOffset.initial(uuid.uuid4().hex)))
+    run_sync(new_checkpoint.give_back_replaced(CLIENT))
+    assert new_checkpoint.seen.acked_through == {("S", "c1"): 8}
+    run_sync(new_checkpoint.new_offset({"m1": SlotPlan(5)}))
+    pointer = run_sync(read_pointer(kv, "query.S.g"))
+    assert pointer is not None and pointer.acked_through == {"S": {"c1": 8}}
+    restarted = driver(kv)
+    run_sync(restarted.adopt(None))
+    assert restarted.seen.acked_through == {("S", "c1"): 8}
+    given = run_sync(
+        ledger_protocol.give_back(CLIENT, Ledger(kv, earlier.lineage), [(1, "m1"), (2, "m1")])
+    )
+    assert given == ledger_protocol.GivenBack(0, {}), "given back already"
 
 
 def test_settled_entries_are_removed_and_leave_nothing(

@@ -79,14 +79,18 @@ MOVED_CREATION = (
 )
 
 
-def start_refusal(before: Sighting, info: ConsumerInfo, skipped: Skipped) -> str | None:
+def start_refusal(
+    before: Sighting, info: ConsumerInfo, skipped: Skipped, acked_through: int = 0
+) -> str | None:
     """What reading on would do wrong with `info`, a consumer created again since it was seen as
     `before` (None: it can be read on exactly). A consumer never delivers what its ack floor
     covers (acked, or before its start: a new one's floor is the sequence before its start) and
     may deliver anything above. So it emits nothing twice when its floor is at least the one
     seen: what the query committed above that is still in the ledger, which drops redeliveries
-    (an entry is removed only once a floor the pointer keeps is past it). And it loses nothing
-    when the query committed each sequence between the two floors."""
+    (an entry is removed only once a floor the pointer keeps is past it), but for what an
+    earlier checkpoint's query acked up to `acked_through` (`SeenConsumers.acked_through`),
+    whose entries the give-back to this one removed. And it loses nothing when the query
+    committed each sequence between the two floors."""
     policy = info.config.get("deliver_policy") or "all"
     if policy in MOVING_STARTS:
         return (
@@ -95,6 +99,12 @@ def start_refusal(before: Sighting, info: ConsumerInfo, skipped: Skipped) -> str
         )
     if info.ack_floor_seq < before.ack_floor:
         return CREATED_AGAIN_HARM
+    if info.ack_floor_seq < acked_through:
+        return (
+            f"a query on an earlier checkpoint acked messages up to stream sequence "
+            f"{acked_through}, above the old consumer's ack floor, and the new one would "
+            "deliver them again"
+        )
     start = max(before.ack_floor, skipped.first_seq - 1 if skipped.lost_ok else 0) + 1
     between = range(start, info.ack_floor_seq + 1)
     unread = next((seq for seq in between if seq not in skipped.committed), None)
@@ -129,6 +139,10 @@ class SeenConsumers:
         # by then, they started over since that driver's sighting even when this driver saw
         # the old one first (one slot's look did, a sibling's saw the new one: seed 6791).
         self.inherited: set[tuple[str, str]] = set()
+        # By consumer: the highest stream sequence a query on an earlier checkpoint acked above
+        # the consumer's ack floor, whose entries were given back (removed from the ledger);
+        # until a sighting shows the floor past it. Kept in the pointer as well.
+        self.acked_through: dict[tuple[str, str], int] = {}
 
     def remember(self, stored: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
         """Take the sightings a previous driver of the query `stored` (the pointer's)."""
@@ -147,6 +161,32 @@ class SeenConsumers:
             kept.setdefault(stream, {})[name] = [sighting.created, sighting.ack_floor]
         return kept
 
+    def given_back(self, acked_through: Mapping[tuple[str, str], int]) -> None:
+        """Take what a give-back removed of entries that had acked (`GivenBack.acked_through`):
+        above a consumer's ack floor as last seen, a consumer created again that starts below it
+        would deliver it again, which the ledger no longer drops."""
+        for key, seq in acked_through.items():
+            before = self.last_seen(*key)
+            if before is None or before.ack_floor < seq:
+                self.acked_through[key] = max(seq, self.acked_through.get(key, 0))
+
+    def restore_acked_through(self, stored: Mapping[str, Mapping[str, int]]) -> None:
+        """Take the marks the pointer keeps (`stored_acked_through`), with those taken since."""
+        self.given_back(
+            {
+                (stream, name): int(seq)
+                for stream, names in stored.items()
+                for name, seq in names.items()
+            }
+        )
+
+    def stored_acked_through(self) -> dict[str, dict[str, int]]:
+        """`acked_through` by stream and name, as the pointer keeps it."""
+        kept: dict[str, dict[str, int]] = {}
+        for (stream, name), seq in sorted(self.acked_through.items()):
+            kept.setdefault(stream, {})[name] = seq
+        return kept
+
     def record(self, stream: str, name: str, info: ConsumerInfo, placed: bool = True) -> None:
         """A consumer the query found or (re)created itself: checked, and its identity kept.
         `placed`: the query created it where it chose (not one it found or took as it is), so
@@ -157,6 +197,9 @@ class SeenConsumers:
         self.sightings[stream, name] = Sighting(
             info.get("created") or "", info.ack_floor_seq, info.delivered_consumer_seq
         )
+        mark = self.acked_through.get((stream, name))
+        if mark is not None and info.ack_floor_seq >= mark:
+            del self.acked_through[stream, name]  # acked by this consumer: it delivers none again
 
     def skipped(self, stream: str, name: str, info: ConsumerInfo) -> range:
         """The stream sequences a consumer created again since it was last seen has acked or
@@ -182,7 +225,8 @@ class SeenConsumers:
         before = self.last_seen(stream, name)
         created = info.get("created") or ""
         if recreation is not None and before is not None and created_later(created, before.created):
-            harm = start_refusal(before, info, skipped)
+            marked = self.acked_through.get((stream, name), 0)
+            harm = start_refusal(before, info, skipped, marked)
             if harm is not None:
                 when = "while the query was stopped" if remembered else "while the query ran"
                 evidence = f"created {before.created}, now {created}; {MOVED_CREATION}"

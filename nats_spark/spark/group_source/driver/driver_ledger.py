@@ -150,6 +150,8 @@ class DriverLedger:
             else:
                 remembered = pointer.replaced_consumers.get(offset.lineage, {})
         self.seen.remember(remembered)
+        if pointer is not None:
+            self.seen.restore_acked_through(pointer.acked_through)
         self.stored_sightings = self.seen.stored() if remembered else None
         listing = await self.ledger.listing()
         self.entries = {(gen, slot): DriverEntry(gen, slot) for gen, slot in listing.heads}
@@ -316,6 +318,7 @@ class DriverLedger:
             self.driver,
             sightings,
             dict(self.replaced_consumers),  # of `replaced` only: both are set together
+            self.seen.stored_acked_through(),
         )
         await write_pointer(self.kv, self.pointer_key, pointer)
         self.stored_sightings = sightings
@@ -443,7 +446,7 @@ class DriverLedger:
             await self._raise_fence(gen - 1)
         earlier = [(g, slot) for g, slot in await self.ledger.heads() if g < gen]
         if earlier:
-            _given_back(await self.runtime.give_back(client, self.ledger, earlier))
+            self._given_back(await self.runtime.give_back(client, self.ledger, earlier))
         for key in [key for key in self.entries if key[0] < gen]:
             del self.entries[key]
 
@@ -477,7 +480,7 @@ class DriverLedger:
             if entry.head is not None and protocol.outlived(entry.head, entry.gen, self.settled)
         ]
         if outlived:
-            _given_back(await self.runtime.give_back(client, self.ledger, outlived))
+            self._given_back(await self.runtime.give_back(client, self.ledger, outlived))
             for key in outlived:
                 del self.entries[key]
         await self.ledger.remove_headless(self.headless)
@@ -490,8 +493,16 @@ class DriverLedger:
             ledger = Ledger(self.kv, lineage)
             listing = await ledger.listing()
             if listing.heads:
-                _given_back(await self.runtime.give_back(client, ledger, listing.heads))
+                self._given_back(await self.runtime.give_back(client, ledger, listing.heads))
             await ledger.remove_headless(listing.headless)
+
+    def _given_back(self, given: protocol.GivenBack) -> None:
+        """Log a give-back, and keep what its acked entries held (`SeenConsumers.given_back`; in
+        the pointer from its next write)."""
+        log.info(
+            "a new checkpoint: %d messages an earlier query took are read again", given.returned
+        )
+        self.seen.given_back(given.acked_through)
 
     async def ack_through(self, client: NatsClient, gen: int, only: str | None = None) -> int:
         """Ack every sealed entry (of slot `only`, if given) of batches up to `gen` (all
@@ -537,7 +548,3 @@ async def _newest_pins(ledger: Ledger) -> frozenset[str]:
         if found is not None and found[0].pin:
             pins.add(found[0].pin)
     return frozenset(pins)
-
-
-def _given_back(count: int) -> None:
-    log.info("a new checkpoint: %d messages an earlier query took are read again", count)
