@@ -452,6 +452,17 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # (other-client, packed, pausing executors), 1861 (packed, pausing executors), 6791 and
     # 11950 (consumer created again); each was the checker's or the world's, or is closed
     # (CLOSED_HOLES).
+    2544: (
+        {"recreate_consumer": True, "new_checkpoint": 0.5, "sink_failure": 0.2},
+        "per-key order, not explained yet (found 2026-11-30 by helper-45 in the worlds it gave "
+        "mutant replaced-lineage-sightings-forgotten, not a lane family; breaks after the 1861, "
+        "6791 and 11950 fixes): 22-24 committed by run 3's checkpoint and acked; the consumer "
+        "created again (DeliverAll from 21 after a purge) during run 4, which then failed on "
+        "its sink; run 5, a new checkpoint, read the new consumer (allowed: a new checkpoint "
+        "reads what the consumer has not acked) and failed on its sink, as did run 6; run 7's "
+        "batch 0 held 22, 24 and 26 of key S.p0.k1, and 23 came only in batch 7: held by "
+        "something for its ack wait",
+    ),
 }
 
 
