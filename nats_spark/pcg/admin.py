@@ -33,6 +33,7 @@ from nats_spark.pcg.partitioning import (
     elastic_subject_transforms,
     member_partitions,
     partition_owner,
+    partitioning_filters,
 )
 from nats_spark.pcg.store import (
     GroupChanged,
@@ -227,8 +228,7 @@ WHOLE_SUBJECT_HASHING = (2, 12, 0)
 def _check_whole_subject_hashing(client: NatsClient, group: str, config: ElasticConfig) -> None:
     """Refuse, before anything is written, a group that hashes whole subjects on a server
     older than 2.12 (it refuses the group's stream with an error about the transform)."""
-    filters = config.partitioning_filters or [PartitioningFilter(">", [])]
-    whole = [pf.filter for pf in filters if not pf.partitioning_wildcards]
+    whole = [pf.filter for pf in partitioning_filters(config) if not pf.partitioning_wildcards]
     if not whole or client.server_version >= WHOLE_SUBJECT_HASHING:
         return
     have = ".".join(map(str, client.server_version))

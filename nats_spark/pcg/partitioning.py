@@ -125,13 +125,18 @@ def elastic_stream_name(stream: str, group: str) -> str:
     return f"{stream}-{group}"
 
 
-def elastic_subject_transforms(config: ElasticConfig) -> list[dict[str, str]]:
-    """The source subject transforms (`src`/`dest`) of the elastic group's work-queue stream.
+def partitioning_filters(config: ElasticConfig) -> list[PartitioningFilter]:
+    """The elastic group's partitioning filters; without any, `>` hashed as a whole subject."""
+    return config.partitioning_filters or [PartitioningFilter(">", [])]
 
-    One per partitioning filter; without filters, `>` hashed as a whole subject.
-    """
-    filters = config.partitioning_filters or [PartitioningFilter(">", [])]
-    return [{"src": pf.filter, "dest": _transform_dest(pf, config.max_members)} for pf in filters]
+
+def elastic_subject_transforms(config: ElasticConfig) -> list[dict[str, str]]:
+    """The source subject transforms (`src`/`dest`) of the elastic group's work-queue stream:
+    one per partitioning filter (`partitioning_filters`)."""
+    return [
+        {"src": pf.filter, "dest": _transform_dest(pf, config.max_members)}
+        for pf in partitioning_filters(config)
+    ]
 
 
 def _transform_dest(pf: PartitioningFilter, partitions: int) -> str:
