@@ -7,18 +7,16 @@ first batches."""
 
 from __future__ import annotations
 
-import functools
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from spark_helpers import publish, static_group, unacked, wait_until
 
+from bench.packed_planning import BucketOps
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
-from nats_spark.spark.group_source.ledger import LedgerBucket, pointer_key
+from nats_spark.spark.group_source.ledger import pointer_key
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import PackedSlots
 from nats_spark.spark.group_source.task.slot_reader import read_packed
@@ -46,20 +44,6 @@ def test_a_long_run_leaves_the_ledger_and_a_batch_s_work_as_they_were(
     # Entries settle once the consumers' ack floors pass them (not 10 s later): what the
     # bucket holds then depends on the batches, not on how fast this machine runs them.
     monkeypatch.setattr(ledger_protocol, "SETTLE_SECONDS", 0.0)
-    requests = 0
-
-    def counted(call: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(call)
-        async def count(*args: Any, **kwargs: Any) -> Any:
-            nonlocal requests
-            requests += 1
-            return await call(*args, **kwargs)
-
-        return count
-
-    for name in ("get", "create", "update", "put", "remove", "keys_matching"):
-        monkeypatch.setattr(LedgerBucket, name, counted(getattr(LedgerBucket, name)))
-
     stream, bucket = f"LONG{unique}", f"L{unique}"
     static_group(client, stream, "g", ["m1", "m2"], partitions=PARTITIONS)
     options = {"servers": nats_url, "stream": stream, "group": "g", "maxTasksPerBatch": "2"}
@@ -67,13 +51,15 @@ def test_a_long_run_leaves_the_ledger_and_a_batch_s_work_as_they_were(
     triggers: list[Trigger] = []
     rows: list[int] = []
     published = 0
+    ops = BucketOps()  # the ledger's requests, by kind
     try:
         end = run_sync(reader.initial_offset())
+        kv = run_sync(client.target.js.key_value(bucket))
         for index in range(TRIGGERS + 1):  # the last one acks the last batch
             if index % IDLE_EVERY != IDLE_EVERY - 1 and index < TRIGGERS:
                 publish(client, stream, PER_BATCH, start=published)
                 published += PER_BATCH
-            before = requests
+            ops.take()
             start, end = end, run_sync(reader.latest_offset(end, None))
             if end is not start:
                 for task in run_sync(reader.input_partitions(start, end)):
@@ -83,13 +69,12 @@ def test_a_long_run_leaves_the_ledger_and_a_batch_s_work_as_they_were(
                     ]
                 run_sync(reader.commit(end))
             stored = run_sync(client.api.stream_info(f"KV_{bucket}"))["state"]["messages"]
-            kv = run_sync(client.target.js.key_value(bucket))
+            requests = sum(ops.take().values())
             pointer = run_sync(kv.get(pointer_key(stream, "g"))).value or b""
-            triggers.append(
-                Trigger(requests - before, stored, len(reader.ledger.entries), len(pointer))
-            )
+            triggers.append(Trigger(requests, stored, len(reader.ledger.entries), len(pointer)))
         wait_until(lambda: unacked(client, stream, "g") == 0, 30, "every message acked")
     finally:
+        ops.remove()
         run_sync(reader.close())
     assert sorted(rows) == list(range(1, published + 1)), "a message was lost or read twice"
 
