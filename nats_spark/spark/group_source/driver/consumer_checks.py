@@ -7,12 +7,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from nats_spark.errors import CREATED_AGAIN_HARM, ConfigurationError, consumer_created_again
 from nats_spark.jetstream.replies import ConsumerInfo, created_later
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Deliver policies of a consumer created again that are refused: the server may pick their start
 # again later, from the stream as it is then (a new leader taking over), past messages published
@@ -147,19 +148,16 @@ class SeenConsumers:
     def remember(self, stored: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
         """Take the sightings a previous driver of the query `stored` (the pointer's)."""
         self.remembered = {
-            (stream, name): Sighting(str(created), int(floor))
-            for stream, names in stored.items()
-            for name, (created, floor) in names.items()
+            key: Sighting(str(created), int(floor))
+            for key, (created, floor) in _by_consumer(stored).items()
         }
         self.inherited = set(self.remembered)
 
     def stored(self) -> dict[str, dict[str, list[Any]]]:
         """By stream and name: [created, ack floor] of each consumer, as the pointer keeps them
         (a remembered one not looked at yet as it was remembered: it is still to be checked)."""
-        kept: dict[str, dict[str, list[Any]]] = {}
-        for (stream, name), sighting in {**self.sightings, **self.remembered}.items():
-            kept.setdefault(stream, {})[name] = [sighting.created, sighting.ack_floor]
-        return kept
+        seen = {**self.sightings, **self.remembered}
+        return _by_stream({key: [s.created, s.ack_floor] for key, s in seen.items()})
 
     def given_back(self, acked_through: Mapping[tuple[str, str], int]) -> None:
         """Take what a give-back removed of entries that had acked (`GivenBack.acked_through`):
@@ -172,20 +170,11 @@ class SeenConsumers:
 
     def restore_acked_through(self, stored: Mapping[str, Mapping[str, int]]) -> None:
         """Take the marks the pointer keeps (`stored_acked_through`), with those taken since."""
-        self.given_back(
-            {
-                (stream, name): int(seq)
-                for stream, names in stored.items()
-                for name, seq in names.items()
-            }
-        )
+        self.given_back({key: int(seq) for key, seq in _by_consumer(stored).items()})
 
     def stored_acked_through(self) -> dict[str, dict[str, int]]:
         """`acked_through` by stream and name, as the pointer keeps it."""
-        kept: dict[str, dict[str, int]] = {}
-        for (stream, name), seq in sorted(self.acked_through.items()):
-            kept.setdefault(stream, {})[name] = seq
-        return kept
+        return _by_stream(dict(sorted(self.acked_through.items())))
 
     def record(self, stream: str, name: str, info: ConsumerInfo, placed: bool = True) -> None:
         """A consumer the query found or (re)created itself: checked, and its identity kept.
@@ -261,3 +250,20 @@ class SeenConsumers:
     def last_seen(self, stream: str, name: str) -> Sighting | None:
         """As the previous driver remembered it until this one looked, else as this one saw it."""
         return self.remembered.get((stream, name)) or self.sightings.get((stream, name))
+
+
+def _by_stream(by_consumer: Mapping[tuple[str, str], T]) -> dict[str, dict[str, T]]:
+    """A map by (stream, name) as the pointer keeps it: by stream, then by name."""
+    nested: dict[str, dict[str, T]] = {}
+    for (stream, name), value in by_consumer.items():
+        nested.setdefault(stream, {})[name] = value
+    return nested
+
+
+def _by_consumer(by_stream: Mapping[str, Mapping[str, T]]) -> dict[tuple[str, str], T]:
+    """A map the pointer keeps by stream, then by name (`_by_stream`), by (stream, name)."""
+    return {
+        (stream, name): value
+        for stream, names in by_stream.items()
+        for name, value in names.items()
+    }
