@@ -357,12 +357,18 @@ MUTANTS = (
         "whose head write had just failed (its entry removed), or before it was sent: the "
         "chunks it had written stayed until the next start's adoption (seeds 1893, 1861 of the "
         "worlds with packed tasks and pauses; closed by the record that runs to its end "
-        "however cancelled)",
+        "however cancelled; the slot's steps await their write shielded as well, so both "
+        "shields go)",
         (
             Patch(
                 LEDGER_PROTOCOL,
                 "        written = await asyncio.shield(writing)\n",
                 "        written = await writing\n",
+            ),
+            Patch(
+                SLOT_ENTRY,
+                "        return await asyncio.shield(self.writing)\n",
+                "        return await self.writing\n",
             ),
         ),
         edit=(*STALLING, *OTHER_CLIENT),

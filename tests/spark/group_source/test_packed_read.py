@@ -4,6 +4,7 @@ every slot's rows once, and the next batch's ack-only tasks ack them all."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import Counter
 
@@ -102,8 +103,106 @@ def test_a_packed_task_claims_its_slots_at_once(client, nats_url, unique, monkey
         found = [found[0] for found in run_sync(heads()) if found is not None]
         assert len(found) == 8
         sealed = [head.state is EntryState.SEALED for head in found]
-        assert all(head.released or done for head, done in zip(found, sealed, strict=True)), found
+        assert all(head.released or done for head, done in zip(found, sealed, strict=True)), [
+            (h.state, h.released, h.count) for h in found
+        ]
         assert not all(sealed)  # the last ones never ran
+    finally:
+        run_sync(reader.close())
+
+
+def test_a_slot_cancelled_before_its_first_step_releases_its_entry(
+    client, nats_url, unique, monkeypatch
+):
+    """A task that ends in the loop round one of its slots starts in cancels that slot's steps
+    before they ever ran (they are what releases an entry they end without sealing): its entry
+    is released all the same, so that a retry takes it over at once instead of waiting for it
+    to go quiet. Made certain here: every slot after the first is cancelled as it starts."""
+    stream = f"PACKUNRUN{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=4)
+    publish(client, stream, 200)
+    options = packed_options(nats_url, stream, unique, "1", maxMessagesPerPartition="20")
+
+    class CancelledAsItStarts(slot_reader._SlotAhead):
+        def __init__(self, reader, queued) -> None:
+            super().__init__(reader, queued)
+            if reader.partition is not task.slots[0]:
+                self.running.cancel()
+
+    monkeypatch.setattr(slot_reader, "_SlotAhead", CancelledAsItStarts)
+    monkeypatch.setattr(slot_reader, "SLOTS_AT_ONCE", 2)
+    reader = BatchCoordinator(parse_options(options))
+    try:
+        start = run_sync(reader.initial_offset())
+        end = run_sync(reader.latest_offset(start, None))
+        (task,) = run_sync(reader.input_partitions(start, end))
+        assert isinstance(task, PackedSlots) and len(task.slots) == 4
+        rows = read_packed(task)
+        next(rows)  # the first slot's; the second's steps were cancelled before they ran
+        rows.close()
+
+        async def heads() -> list:
+            kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
+            ledger = Ledger(kv, end.lineage)
+            return [await read_head(ledger, end.gen, slot.slot) for slot in task.slots]
+
+        found = [found[0] for found in run_sync(heads())]
+        assert [head.released for head in found[1:]] == [True, True, True], found
+    finally:
+        run_sync(reader.close())
+
+
+def test_a_slot_cancelled_while_it_records_keeps_what_it_recorded_and_releases(
+    client, nats_url, unique, monkeypatch
+):
+    """A task that ends while one of its slots records (its write is slow here) lets the write
+    finish: the slot gives none of what it recorded back (another reader of the consumer could
+    take a message a retry then commits from the entry) and releases the entry at its revision
+    after the write. Cut off from the write's end, it gave back all 20."""
+    stream = f"PACKSLOWREC{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=2)
+    publish(client, stream, 100)
+    options = packed_options(nats_url, stream, unique, "1", maxMessagesPerPartition="20")
+    writing = threading.Event()
+    write_chunks = Ledger.write_chunks
+
+    async def slow_second_slot(ledger, gen, slot, *args):
+        if slot == task.slots[1].slot:
+            writing.set()
+            await asyncio.sleep(2)  # a slow write: the task ends meanwhile
+        return await write_chunks(ledger, gen, slot, *args)
+
+    given_back: list[bytes] = []
+    publish_acks = slot_reader.publish_acks
+
+    async def naks_seen(nc, replies, kind):
+        given_back.extend(replies)
+        await publish_acks(nc, replies, kind=kind)
+
+    monkeypatch.setattr(Ledger, "write_chunks", slow_second_slot)
+    monkeypatch.setattr(slot_reader, "publish_acks", naks_seen)
+    monkeypatch.setattr(slot_reader, "SLOTS_AT_ONCE", 2)
+    reader = BatchCoordinator(parse_options(options))
+    try:
+        start = run_sync(reader.initial_offset())
+        end = run_sync(reader.latest_offset(start, None))
+        (task,) = run_sync(reader.input_partitions(start, end))
+        assert isinstance(task, PackedSlots) and len(task.slots) == 2
+        rows = read_packed(task)
+        next(rows)
+        assert writing.wait(15)
+        rows.close()
+        second = task.slots[1]
+
+        async def head():
+            kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
+            return await read_head(Ledger(kv, end.lineage), end.gen, second.slot)
+
+        found = run_sync(head())
+        assert found is not None
+        entry = found[0]
+        assert (entry.state, entry.count, entry.released) == (EntryState.OPEN, 20, True)
+        assert given_back == []
     finally:
         run_sync(reader.close())
 

@@ -323,14 +323,23 @@ class Recorder:
 
     async def record(self, columns: SlotColumns, replies: list[bytes]) -> pa.RecordBatch | None:
         """Start recording `columns`; returns the rows of the write before, once it is done."""
-        rows = await self.writing if self.writing else None
+        rows = await self._written() if self.writing else None
         self.writing = asyncio.ensure_future(self._write(columns, replies, self.consumer.pin_id))
         return rows
 
     async def last(self) -> pa.RecordBatch | None:
         """The rows of the last write, once it is done."""
-        writing, self.writing = self.writing, None
-        return await writing if writing else None
+        rows = await self._written() if self.writing else None
+        self.writing = None
+        return rows
+
+    async def _written(self) -> pa.RecordBatch:
+        """The write in flight's rows. Shielded: an attempt cancelled meanwhile (a packed task
+        ends early) lets it finish (`finish`), so that the entry's revision and what it recorded
+        are known: cut off from them, the attempt gave back recorded messages (another reader of
+        the consumer could take one its batch commits) and could not release the entry."""
+        assert self.writing is not None
+        return await asyncio.shield(self.writing)
 
     async def finish(self) -> set[int]:
         """Let the write in flight finish (or fail); the stream sequences recorded."""

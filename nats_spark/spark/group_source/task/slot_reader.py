@@ -91,6 +91,7 @@ class SlotReader:
         self.started = clock.monotonic()  # before any delivery this attempt holds
         self.handing_out = False  # its rows wait for Spark to take them
         self.begun = False  # acked and claimed (`begin`)
+        self.stepping = False  # its steps run (`slot_batches`): their end lets go of the entry
         self._history: SlotHistory | None = None
 
     async def begin(self) -> None:
@@ -428,6 +429,7 @@ async def slot_batches(reader: SlotReader) -> AsyncGenerator[pa.RecordBatch, Non
     once); one killed -9 leaves it to go quiet."""
     partition = reader.partition
     await reader.begin()  # done already in a task of packed slots
+    reader.stepping = True
     try:
         async for batch in reader.replayer.record_batches(reader.entry.recorded_earlier):
             yield batch
@@ -461,7 +463,7 @@ async def packed_batches(
     run at a time, a slot starting as soon as another's steps end, the ones ahead queueing what
     they read (`QueuedAhead`). When the task ends early or one slot fails, the slots still
     running are cancelled (their steps give back what they hold, as a task stopped by Spark
-    does), and those not run yet release the entries they claimed."""
+    does), and those whose steps never ran release the entries they claimed."""
     ahead: list[_SlotAhead] = []  # started and not emitted yet, in their order
     started = 0  # readers whose steps were started (`_SlotAhead`), in their order
     marking: asyncio.Future[None] | None = None  # the acked entries' heads, marked meanwhile
@@ -510,7 +512,9 @@ async def packed_batches(
         for slot in ahead:
             slot.running.cancel()
         await asyncio.gather(*(slot.running for slot in ahead), return_exceptions=True)
-        await asyncio.gather(*(reader.abandon() for reader in readers[started:]))
+        # Not only the slots never started: a slot's task cancelled before its first step
+        # (started in the loop round the task ended in) never ran the steps that release.
+        await asyncio.gather(*(reader.abandon() for reader in readers if not reader.stepping))
         if marking is not None:
             await marking
 
