@@ -81,6 +81,11 @@ def main() -> int:
         help="the server's restarts are unclean and bring back removed ledger keys",
     )
     parser.add_argument(
+        "--floor-from-zero",
+        action="store_true",
+        help="nats-server 2.11-2.12: a new consumer reports its ack floor as 0 until an ack",
+    )
+    parser.add_argument(
         "--chaos-waits", type=float, help="how long the chaotic phase lasts, in ack waits"
     )
     parser.add_argument(
@@ -106,6 +111,8 @@ def main() -> int:
         overrides["replaced_mid_batch"] = True
     if args.removals_return:
         overrides["removals_return"] = True
+    if args.floor_from_zero:
+        overrides["floor_from_zero"] = True
     if args.seed is not None:
         result = run_schedule(args.seed, verbose=args.verbose, **overrides)
         if not args.verbose:

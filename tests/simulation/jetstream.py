@@ -140,6 +140,7 @@ class Consumer:
         max_ack_pending: int,
         pinning: bool = True,
         max_deliver: int = 0,
+        floor_from_zero: bool = False,
     ):
         self.name = name
         self.prefix = prefix
@@ -148,6 +149,10 @@ class Consumer:
         self.max_ack_pending = max_ack_pending
         self.max_deliver = max_deliver  # 0: no limit
         self.pinning = pinning  # a `pinned_client` group (else `overflow`: no pins)
+        # nats-server before 2.14: a new consumer's store starts its ack floor at 0, not at the
+        # sequence before its start (`consumerFileStore.SetStarting` sets only what was
+        # delivered), and the info reports the store's floor until an ack moves it
+        self.floor_from_zero = floor_from_zero
         self.pins = 0
         self.deliveries: dict[int, list[Delivery]] = {}  # by stream seq, in delivery order
         self.dropped: list[int] = []  # stream seqs that left it past `max_deliver`
@@ -186,6 +191,14 @@ class Consumer:
             min((d.consumer_seq for d in self.pending.values()), default=self.consumer_seq + 1) - 1
         )
 
+    def reported_ack_floor(self) -> dict[str, int]:
+        """The ack floor as the info reports it: the store's, which on servers before 2.14
+        stays at 0 until the consumer's first delivery is acked."""
+        delivery = self.ack_floor_delivery()
+        if self.floor_from_zero and delivery == 0:
+            return {"consumer_seq": 0, "stream_seq": 0}
+        return {"consumer_seq": delivery, "stream_seq": self.ack_floor()}
+
     def info(self, now: float) -> dict[str, Any]:
         self.expire(now)
         return {
@@ -202,7 +215,7 @@ class Consumer:
         consumer's info has it."""
         return {
             "created": _rfc3339(self.created),
-            "ack_floor": {"stream_seq": self.ack_floor()},
+            "ack_floor": self.reported_ack_floor(),
             "config": {
                 "ack_policy": "explicit",
                 "ack_wait": int(self.ack_wait * NANOS),

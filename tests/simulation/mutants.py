@@ -40,6 +40,7 @@ CONSUMER_CHECKS = "nats_spark.spark.group_source.driver.consumer_checks"
 SLOT_READER = "nats_spark.spark.group_source.task.slot_reader"
 ACCEPTANCE = "nats_spark.spark.group_source.task.acceptance"
 ACKS = "nats_spark.jetstream.acks"
+REPLIES = "nats_spark.jetstream.replies"
 WORLD = "tests.simulation.world"
 # spark.speculation's wait in the worlds that turn it on (`Setup.speculation`): nearly every task
 # attempt gets a copy beside it.
@@ -373,6 +374,22 @@ MUTANTS = (
         ),
         edit=(*STALLING, *OTHER_CLIENT),
         packed=True,
+    ),
+    Mutant(
+        "new-consumer-floor-read-as-reported",
+        "a consumer's ack floor was read as the info reports it: nats-server 2.11 and 2.12 report "
+        "a new consumer's floor as 0 until its first delivery is acked (created at --deliver 31: "
+        "floor 0, delivered 30; found on 2.11.11, 2026-11-30), which took it for a consumer that "
+        "goes back",
+        (
+            Patch(
+                REPLIES,
+                '        if int(floor.get("consumer_seq", 0)) == self.delivered_consumer_seq:\n'
+                "            return max(stream_floor, self.delivered_seq)\n",
+                "",
+            ),
+        ),
+        edit=(("floor_from_zero", True), ("recreate_consumer", True)),
     ),
     Mutant(
         "headless-chunks-kept",

@@ -57,6 +57,10 @@ REPLACED_CHECK, REPLACED_EXPLORED = range(0, 20), range(20, 200)
 # Worlds whose server restarts bring back ledger keys it had removed (`removals_return`): the
 # first share here, the rest in the main lane.
 RETURNING_CHECK, RETURNING_EXPLORED = range(0, 20), range(20, 300)
+# Worlds on nats-server 2.11-2.12, whose new consumers report their ack floor as 0 until an ack
+# (`floor_from_zero`), each consumer created again: here only (400 of them kept every guarantee
+# on 2026-11-30).
+FLOOR_FROM_ZERO_CHECK = range(0, 20)
 
 # Seeds of a longer range that found a hole since closed (with what they ran under): each must
 # keep every guarantee. A change of the schedules makes them other schedules; the holes found
@@ -539,6 +543,15 @@ def test_schedules_whose_server_brings_back_removed_keys_keep_the_guarantees() -
     lineage and of replaced ones (the mutants returned-entries-kept and
     returned-entry-given-back-by-its-chunks show what the query must do about them)."""
     assert_schedules_keep_the_guarantees(RETURNING_CHECK, removals_return=True)
+
+
+def test_schedules_on_a_server_whose_new_consumers_report_floor_zero_keep_the_guarantees() -> None:
+    """nats-server 2.11 and 2.12 report a new consumer's ack floor as 0 until its first delivery
+    is acked, where later ones report the sequence before its start; a consumer created again
+    there (DeliverAll, after a purge) must be judged by what it will deliver, not by that 0."""
+    assert_schedules_keep_the_guarantees(
+        FLOOR_FROM_ZERO_CHECK, recreate_consumer=True, floor_from_zero=True
+    )
 
 
 def test_a_seed_replays_the_same_schedule() -> None:

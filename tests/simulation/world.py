@@ -100,6 +100,9 @@ class Setup:
     # A family of worlds, never drawn (a run's override): the server's restarts are unclean and
     # bring back about half of the ledger bucket's keys removed before (lost tombstones).
     removals_return: bool = False
+    # A family of worlds, never drawn (a run's override): nats-server 2.11-2.12, whose new
+    # consumer reports its ack floor as 0 until its first delivery is acked.
+    floor_from_zero: bool = False
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -254,7 +257,16 @@ class World:
         waits, capacity = setup.ack_wait, setup.max_ack_pending
         if setup.shared:  # a plain priority-group consumer read by two slots
             self.consumers = [
-                Consumer("c", "S.", self.stream, waits, capacity, False, setup.max_deliver)
+                Consumer(
+                    "c",
+                    "S.",
+                    self.stream,
+                    waits,
+                    capacity,
+                    False,
+                    setup.max_deliver,
+                    setup.floor_from_zero,
+                )
             ]
             self.slots = [
                 Slot(f"c#{i}", STREAM, "c", GROUP, "overflow", None, False, readers=SLOTS)
@@ -271,6 +283,7 @@ class World:
                     capacity,
                     True,
                     setup.max_deliver,
+                    setup.floor_from_zero,
                 )
                 for p in range(SLOTS)
             ]
