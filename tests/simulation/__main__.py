@@ -86,6 +86,11 @@ def main() -> int:
         help="nats-server 2.11-2.12: a new consumer reports its ack floor as 0 until an ack",
     )
     parser.add_argument(
+        "--follows-advice",
+        action="store_true",
+        help="an operator does what a refusal of a consumer created again says",
+    )
+    parser.add_argument(
         "--chaos-waits", type=float, help="how long the chaotic phase lasts, in ack waits"
     )
     parser.add_argument(
@@ -113,6 +118,8 @@ def main() -> int:
         overrides["removals_return"] = True
     if args.floor_from_zero:
         overrides["floor_from_zero"] = True
+    if args.follows_advice:
+        overrides["follows_advice"] = True
     if args.seed is not None:
         result = run_schedule(args.seed, verbose=args.verbose, **overrides)
         if not args.verbose:

@@ -158,11 +158,14 @@ class Consumer:
         self.dropped: list[int] = []  # stream seqs that left it past `max_deliver`
         self.start_over(0.0)
 
-    def start_over(self, now: float) -> None:
-        """As created at `now` (DeliverAll): nothing delivered, acked or pinned."""
+    def start_over(self, now: float, start: int = 0) -> None:
+        """As created at `now` (DeliverAll, or `--deliver start`: from the stream's first
+        sequence when that is later, as the server moves it): nothing delivered, acked or
+        pinned."""
         self.created = now
-        self.next_seq = self.stream.first_seq  # the stream sequence new deliveries look from
-        self.delivered_seq = self.stream.first_seq - 1
+        # the stream sequence new deliveries look from
+        self.next_seq = max(start, self.stream.first_seq)
+        self.delivered_seq = self.next_seq - 1
         self.consumer_seq = 0
         self.pending: dict[int, Delivery] = {}
         self.acked: set[int] = set()

@@ -389,7 +389,25 @@ MUTANTS = (
                 "",
             ),
         ),
-        edit=(("floor_from_zero", True), ("recreate_consumer", True)),
+        edit=(("floor_from_zero", True), ("recreate_consumer", True), ("follows_advice", True)),
+    ),
+    Mutant(
+        "refusal-leaves-the-pointer-behind",
+        "a driver that refused a consumer created again did not write its sightings to the "
+        "pointer first: the next start judged the consumer the operator created where the "
+        "refusal said against an older floor, refused it in turn and advised an earlier start, "
+        "which delivers again what the query committed (seeds 13, 129, 255 of the worlds whose "
+        "operator follows the advice)",
+        (
+            Patch(
+                BATCH_COORDINATOR,
+                "            if self.ledger.sightings_moved():\n"
+                "                await self.ledger.save_pointer()\n"
+                "            raise\n",
+                "            raise\n",
+            ),
+        ),
+        edit=(("recreate_consumer", True), ("follows_advice", True)),
     ),
     Mutant(
         "headless-chunks-kept",

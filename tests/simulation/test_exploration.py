@@ -9,6 +9,7 @@ import pytest
 
 from tests.simulation.mutants import SPECULATION
 from tests.simulation.test_simulation import (
+    ADVICE_EXPLORED,
     EXPLORED,
     OTHER_CLIENT_EXPLORED,
     RECREATED_EXPLORED,
@@ -50,3 +51,9 @@ def test_schedules_of_replaced_queries_keep_the_guarantees() -> None:
 
 def test_schedules_whose_server_brings_back_removed_keys_keep_the_guarantees() -> None:
     assert_schedules_keep_the_guarantees(RETURNING_EXPLORED, jobs=1, removals_return=True)
+
+
+def test_a_refusal_s_advice_followed_is_read_on() -> None:
+    assert_schedules_keep_the_guarantees(
+        ADVICE_EXPLORED, jobs=1, recreate_consumer=True, follows_advice=True
+    )

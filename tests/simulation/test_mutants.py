@@ -121,6 +121,11 @@ RARE = {
 # verdict is the range's and a change of the schedules only makes the search longer again (then
 # take the new first seeds from `make mutants`).
 FIRST_CATCHING = {
+    # In worlds on nats-server 2.11-2.12 whose operator follows a refusal's advice: 3 of 0-4
+    # (2026-11-30); it only refuses where no operator restarts the query.
+    "new-consumer-floor-read-as-reported": 1,
+    # In worlds whose operator follows a refusal's advice: 3 of 0-300 (2026-11-30).
+    "refusal-leaves-the-pointer-behind": 13,
     "short-key-listing": 125,  # 247 before the adopt listed chunks too (a cut of a longer list)
     "latest-seen-taken-as-committed": 28,
     "initial-offset-new-lineage": 32,
@@ -151,12 +156,6 @@ FIRST_CATCHING = {
 }
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.
 UNCAUGHT: dict[str, str] = {
-    "new-consumer-floor-read-as-reported": "in the worlds whose server reports a new consumer's "
-    "floor as 0 (`floor_from_zero`), none of 0-999 with a consumer created again: that 0 only "
-    "makes the driver refuse the new consumer, which those worlds accept (no operator there "
-    "follows the refusal's advice and restarts the query); test_replies's "
-    "test_ack_floor_with_nothing_pending_is_the_last_delivered fails under it, and so did "
-    "test_consumer_created_again_between_triggers_is_not_read_again on nats-server 2.11.11",
     "lost-acks-refused-as-a-new-consumer": "seeds 8787 and 14594 of the replaced-mid-batch worlds "
     "caught it on the schedules before claims created first; none of 0-40000 of those worlds "
     "does on today's; test_acceptance's "

@@ -61,6 +61,10 @@ RETURNING_CHECK, RETURNING_EXPLORED = range(0, 20), range(20, 300)
 # (`floor_from_zero`), each consumer created again: here only (400 of them kept every guarantee
 # on 2026-11-30).
 FLOOR_FROM_ZERO_CHECK = range(0, 20)
+# Worlds whose operator, when the query refuses a consumer created again, creates it where the
+# refusal says and restarts the query (`follows_advice`): the first share here, the rest in the
+# main lane.
+ADVICE_CHECK, ADVICE_EXPLORED = range(0, 20), range(20, 300)
 
 # Seeds of a longer range that found a hole since closed (with what they ran under): each must
 # keep every guarantee. A change of the schedules makes them other schedules; the holes found
@@ -552,6 +556,13 @@ def test_schedules_on_a_server_whose_new_consumers_report_floor_zero_keep_the_gu
     assert_schedules_keep_the_guarantees(
         FLOOR_FROM_ZERO_CHECK, recreate_consumer=True, floor_from_zero=True
     )
+
+
+def test_a_refusal_s_advice_followed_is_read_on() -> None:
+    """A consumer created again, refused; the operator creates it where the refusal says and
+    restarts the query, which must read on (refused again, it advised an earlier start, which
+    delivers again what the query committed) and keep every guarantee to the end."""
+    assert_schedules_keep_the_guarantees(ADVICE_CHECK, recreate_consumer=True, follows_advice=True)
 
 
 def test_a_seed_replays_the_same_schedule() -> None:

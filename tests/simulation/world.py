@@ -12,6 +12,7 @@ import contextlib
 import gc
 import logging
 import random
+import re
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -103,6 +104,10 @@ class Setup:
     # A family of worlds, never drawn (a run's override): nats-server 2.11-2.12, whose new
     # consumer reports its ack floor as 0 until its first delivery is acked.
     floor_from_zero: bool = False
+    # An operator's edit, never drawn (a run's override): when the query refuses a consumer
+    # created again, the operator does what the refusal says (creates it again where it says,
+    # restarts the query), up to twice; the query must then read on.
+    follows_advice: bool = False
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -233,10 +238,13 @@ class Target:
         self.seen.look(slot.stream, slot.consumer, info, self.recreation(slot), skipped)
 
     def recreation(self, slot: Slot) -> str:
-        return RECREATED
+        """The advice of the source's targets (`next_after_acked`), in the form the world's
+        operator follows (`ADVICE`)."""
+        start = self.seen.next_after_acked(slot.stream, slot.consumer)
+        return f"recreate {slot.consumer} with --deliver {start}, then restart the query"
 
 
-RECREATED = "recreate it to start after what the query acked, then restart the query"
+ADVICE = re.compile(r"recreate (\S+) with --deliver (\d+), then restart the query")
 
 
 @dataclass
@@ -298,6 +306,9 @@ class World:
         self.reading_done = False  # the last run has stopped: other clients stop too
         self.stopped = False  # the last run was stopped while a batch's tasks ran
         self.recreated = False  # whether the operator deleted a consumer and created it again
+        self.advised = False  # the operator followed a refusal's advice since the last recreation
+        self.advice_followed = 0
+        self.restarting = False  # the last run was refused and the operator followed its advice
         self.driver: Participant | None = None  # the last query run's
         self.observed = Observed(
             self.stream,
@@ -397,7 +408,7 @@ class World:
                 consumer = self.consumers[0]
                 sched.note(f"consumer {consumer.name} deleted and created again (DeliverAll)")
                 consumer.start_over(sched.now)
-                self.recreated = True
+                self.recreated, self.advised = True, False
                 recreate_at = float("inf")
 
     def _start_other_client(self) -> None:
@@ -499,8 +510,13 @@ class World:
         self.quiet = True
         sched.chaos.enabled = False
         sched.note("quiet: no more faults; the query runs until the stream is idle")
-        if await self.run_query(runs + 1, PROCESSING, float("inf"), quiet=True):
-            return
+        runs += 1
+        while True:
+            if await self.run_query(runs, PROCESSING, float("inf"), quiet=True):
+                return
+            if not self.restarting:
+                break
+            runs += 1  # refused, and the operator followed its advice: the query restarts
         self.reading_done = True
         ticking.set()
         await server
@@ -521,9 +537,27 @@ class World:
             await participant.finished
         self.observed.run_ended(participant)
         self.stopped = query.stopping
+        self.restarting = False
         if query.refusal is None:
             return False
+        if self.advised and ADVICE.search(query.refusal):
+            self.observed.problem("refused again once its advice was followed", query.refusal)
         self.observed.refused(query.refusal, self.consumers, self.recreated)
+        self.restarting = self._follow_advice(query.refusal)
+        return not self.restarting
+
+    def _follow_advice(self, refusal: str) -> bool:
+        """As an operator who reads the refusal (`follows_advice`): create the consumer again
+        where it says, to restart the query; whether the schedule goes on."""
+        advice = ADVICE.search(refusal)
+        if not self.setup.follows_advice or advice is None or self.advice_followed >= 2:
+            return False
+        if "failOnDataLoss" in refusal:  # messages are gone: no consumer brings them back
+            return False
+        name, start = advice.group(1), int(advice.group(2))
+        self.sched.note(f"the operator creates {name} again with --deliver {start}")
+        self.server.consumers[name].start_over(self.sched.now, start)
+        self.advised, self.advice_followed = True, self.advice_followed + 1
         return True
 
     async def _drive(self, query: Query, quiet: bool) -> str:

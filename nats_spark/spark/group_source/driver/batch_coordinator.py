@@ -203,7 +203,16 @@ class BatchCoordinator:
         client = await self._connect()
         resolved = await self._resolve()
         before = self.states
-        await self._observe(client, resolved)
+        try:
+            await self._observe(client, resolved)
+        except ConfigurationError:  # refused: a consumer created again, say
+            # The next start judges the consumers against the pointer's sightings: it must see
+            # them as this driver did, whose refusal advises where to create one again (the
+            # pointer's older floor made the next start refuse that consumer in turn, advising
+            # an earlier start: seed 129 of the worlds whose operator follows the advice).
+            if self.ledger.sightings_moved():
+                await self.ledger.save_pointer()
+            raise
         planned = plan_batch(
             self.options,
             self.states,
