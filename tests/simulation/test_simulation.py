@@ -445,7 +445,16 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "checkpoint, took its entry over once the head stood still 5 s and took 24 and 26 past "
         "23; the paused attempt's write was refused and it handed out the seal (the README's "
         "stall case). The checker took that refused write for where 23's rows came from "
-        "(checker's fault, `Attempts.watch`; 2026-11-30)",
+        "(checker's fault, `Attempts.watch`; 2026-11-30). Its schedule moved with 5265's fix "
+        "(run 5 writes the pointer at stop); test_lateness keeps the case",
+    ),
+    5265: (
+        {"recreate_consumer": True, "new_checkpoint": 0.5, "sink_failure": 0.2},
+        "run 4, on a new checkpoint, gave back an earlier one's acked entry of 2 above the "
+        "consumer's floor and failed on its sink before its next pointer write, so the mark "
+        "was lost; run 5, on another new checkpoint, read on a consumer created again during "
+        "its batch 0, which delivered 2 again after 4: the mark is now written at stop "
+        "(`DriverLedger.save_marks`; mutant acked-through-in-memory-only, 2026-11-30)",
     ),
 }
 
