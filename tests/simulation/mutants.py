@@ -873,6 +873,23 @@ MUTANTS = (
         edit=(("recreate_consumer", True),),
     ),
     Mutant(
+        "acked-through-in-memory-only",
+        "what a give-back removed of entries that had acked is not written to the pointer at "
+        "stop: a run that failed on its sink after its give-back, before its next pointer "
+        "write, left no trace of it, and the next checkpoint's query read on a consumer created "
+        "again below it (seed 5265 of the worlds with a consumer created again, new checkpoints "
+        "and failing sink writes: 2 emitted after 4, and by two checkpoints)",
+        (
+            Patch(
+                DRIVER_LEDGER,
+                "        if self.seen.stored_acked_through() != self.stored_marks:\n"
+                "            await self.save_pointer()\n",
+                "        return\n",
+            ),
+        ),
+        edit=(("recreate_consumer", True), ("new_checkpoint", 0.5), ("sink_failure", 0.2)),
+    ),
+    Mutant(
         "packed-slots-out-of-order",
         "a task of packed slots emits each slot's rows whole, but not in the packed order (the "
         "last slot running first): the order a re-run must keep (the nats sink's ids are "

@@ -161,18 +161,52 @@ def test_a_write_that_failed_holds_only_what_the_head_names(
     async def taken_over(*_: object) -> None:
         raise LedgerConflict("taken over")
 
-    named = [False]
+    named: list[set[int]] = [set()]
 
-    def names(*_: object) -> bool:
+    def names(*_: object) -> set[int]:
         return named[0]
 
     entry._write = taken_over  # type: ignore[method-assign,assignment]
     attempts.watch(recording, entry)
     monkeypatch.setattr(lateness, "_named", names)
-    for named[0] in (False, True):
+    for named[0] in (set(), {SEQ}):
         with pytest.raises(LedgerConflict):
             loop.run_until_complete(entry._write([], EntryDeliveries(stream_seq=[SEQ]), None))
     assert attempts.held_since[SEQ] == [Hold(1.0, recording)]
+
+
+def test_a_write_refused_by_a_conflict_emitted_nothing_the_head_does_not_name(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a write began to record may be what its batch emitted (it may land, its answer
+    lost), but not when a conflict refused it and the head does not name it: no head will (seed
+    2544 of the worlds whose consumer is created again: a paused attempt's write of 23 was
+    refused, its entry taken over, and taking it for where 23's rows came from hid the
+    attempt's delivery, which held 23 unrecorded). One the head names landed before another
+    attempt took the entry over, adopting it."""
+    attempts, entry, recording = Attempts(), slot_entry("partition-0"), attempt(loop)
+    failure: list[BaseException | None] = [None]
+    named: list[set[int]] = [set()]
+
+    async def write(*_: object) -> None:
+        if failure[0] is not None:
+            raise failure[0]
+
+    entry._write = write  # type: ignore[method-assign,assignment]
+    attempts.watch(recording, entry)
+    monkeypatch.setattr(lateness, "_named", lambda *_: named[0])
+    loop.run_until_complete(entry._write([], EntryDeliveries(stream_seq=[5]), None))
+    taken_over = LedgerConflict("taken over")
+    writes: list[tuple[Exception, int, set[int]]] = [
+        (taken_over, SEQ, set()),
+        (taken_over, SEQ + 1, {5, SEQ + 1}),
+        (TimeoutError(), SEQ + 2, set()),  # its answer lost: it may have landed
+    ]
+    for error, seq, named[0] in writes:
+        failure[0] = error
+        with pytest.raises(type(error)):
+            loop.run_until_complete(entry._write([], EntryDeliveries(stream_seq=[5, seq]), None))
+    assert attempts.writing[recording] == {5, SEQ + 1, SEQ + 2}
 
 
 def test_a_seal_hands_what_it_holds_to_the_driver_once_it_landed(

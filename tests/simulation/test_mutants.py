@@ -37,6 +37,8 @@ RARE = {
     "started-over-only-against-the-pointer": (6791,),
     # The only one of 0-40000 (2026-11-30; the seed that found the hole).
     "acked-through-ignored": (11950,),
+    # In the worlds of its edit: the only one of 0-5999 (2026-11-30; the seed that found it).
+    "acked-through-in-memory-only": (5265,),
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
     # Since the server answers expired pulls 408; 238 moved when a record came to run to its

@@ -446,6 +446,24 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "so nothing removed the chunk before the next start. A record now runs to its end "
         "however cancelled (2026-11-30)",
     ),
+    2544: (
+        {"recreate_consumer": True, "new_checkpoint": 0.5, "sink_failure": 0.2},
+        "run 5's attempt of batch 0 took 22 and 23 of key S.p0.k1, recorded 22, and its process "
+        "paused twice (47 s) while writing 23, whose wait its +WPIs restarted; run 6, on the same "
+        "checkpoint, took its entry over once the head stood still 5 s and took 24 and 26 past "
+        "23; the paused attempt's write was refused and it handed out the seal (the README's "
+        "stall case). The checker took that refused write for where 23's rows came from "
+        "(checker's fault, `Attempts.watch`; 2026-11-30). Its schedule moved with 5265's fix "
+        "(run 5 writes the pointer at stop); test_lateness keeps the case",
+    ),
+    5265: (
+        {"recreate_consumer": True, "new_checkpoint": 0.5, "sink_failure": 0.2},
+        "run 4, on a new checkpoint, gave back an earlier one's acked entry of 2 above the "
+        "consumer's floor and failed on its sink before its next pointer write, so the mark "
+        "was lost; run 5, on another new checkpoint, read on a consumer created again during "
+        "its batch 0, which delivered 2 again after 4: the mark is now written at stop "
+        "(`DriverLedger.save_marks`; mutant acked-through-in-memory-only, 2026-11-30)",
+    ),
 }
 
 
@@ -458,19 +476,8 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # executors pause), 18241 (other-client, 4 s wait, restarts after a tenth of the rounds of
     # acks), 851 (other-client worlds whose executors pause, 4 s wait), 2739, 1893 and 5367
     # (other-client, packed, pausing executors), 1861 (packed, pausing executors), 6791 and
-    # 11950 (consumer created again); each was the checker's or the world's, or is closed
-    # (CLOSED_HOLES).
-    2544: (
-        {"recreate_consumer": True, "new_checkpoint": 0.5, "sink_failure": 0.2},
-        "per-key order, not explained yet (found 2026-11-30 by helper-45 in the worlds it gave "
-        "mutant replaced-lineage-sightings-forgotten, not a lane family; breaks after the 1861, "
-        "6791 and 11950 fixes): 22-24 committed by run 3's checkpoint and acked; the consumer "
-        "created again (DeliverAll from 21 after a purge) during run 4, which then failed on "
-        "its sink; run 5, a new checkpoint, read the new consumer (allowed: a new checkpoint "
-        "reads what the consumer has not acked) and failed on its sink, as did run 6; run 7's "
-        "batch 0 held 22, 24 and 26 of key S.p0.k1, and 23 came only in batch 7: held by "
-        "something for its ack wait",
-    ),
+    # 11950 (consumer created again), 2544 (consumer created again, new checkpoints, sink
+    # failures); each was the checker's or the world's, or is closed (CLOSED_HOLES).
 }
 
 

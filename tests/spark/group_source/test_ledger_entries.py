@@ -1193,6 +1193,36 @@ def test_a_give_back_marks_what_the_acked_entries_held_for_the_next_drivers(
     assert given == ledger_protocol.GivenBack(0, {}), "given back already"
 
 
+def test_a_query_that_stops_before_its_next_pointer_write_keeps_the_give_back_s_marks(
+    kv: MemoryBucket, given_back: list[bytes]
+) -> None:
+    """A new checkpoint's run gave back an earlier query's acked entry, then failed (on its
+    sink) before any other pointer write: the mark would have been lost with it, and the next
+    checkpoint's query would read on a consumer created again below it (seed 5265 of the
+    simulation's worlds with the recreation, new checkpoints and failing sink writes: 2 emitted
+    again after 4). At stop the pointer is written with it; when it is written already, not."""
+    earlier = driver(kv)
+    run_sync(earlier.adopt(None))
+    run_sync(earlier.new_offset({"m1": SlotPlan(5)}))
+    assert earlier.lineage is not None
+    sealed(kv, earlier.lineage, 1, [4, 5, 6, 7, 8])
+    run_sync(ledger_protocol.ack(CLIENT, Ledger(kv, earlier.lineage), 1, "m1", "S"))
+    failing = driver(kv)
+    run_sync(failing.adopt(SourceOffset.initial(uuid.uuid4().hex)))
+    run_sync(failing.give_back_replaced(CLIENT))
+    pointer = run_sync(read_pointer(kv, "query.S.g"))
+    assert pointer is not None and pointer.acked_through == {}  # in its memory only
+    run_sync(failing.save_marks())
+    pointer = run_sync(read_pointer(kv, "query.S.g"))
+    assert pointer is not None and pointer.acked_through == {"S": {"c1": 8}}
+    revision = kv.values["query.S.g"][1]
+    run_sync(failing.save_marks())
+    assert kv.values["query.S.g"][1] == revision  # nothing new to keep
+    next_checkpoint = driver(kv)
+    run_sync(next_checkpoint.adopt(SourceOffset.initial(uuid.uuid4().hex)))
+    assert next_checkpoint.seen.acked_through == {("S", "c1"): 8}
+
+
 def test_settled_entries_are_removed_and_leave_nothing(
     kv: MemoryBucket, lineage: str, published_acks: list[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
