@@ -72,7 +72,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Set
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 
 from nats_spark import clock
@@ -376,16 +376,19 @@ async def record_anew(
 
 
 async def seal(ledger: Ledger, gen: int, slot: str, head: EntryHead, revision: int) -> int:
-    """OPEN -> SEALED: the attempt has taken all it will. `head` says SEALED once the write
-    did: an attempt cut off from it (a packed task that Spark stops early cancels its slots)
-    or failing in it still releases the entry, which may not be sealed (its head said so
-    before: the release was skipped, and the entry left OPEN and held made the batch's next
-    read stand by `HOLD_QUIET` for it)."""
+    """OPEN -> SEALED: the attempt has taken all it will. An attempt cut off from the write (a
+    packed task that Spark stops early cancels its slots) takes its head for OPEN again: the
+    write may never have been sent, and it releases the entry (its head said SEALED, so the
+    release was skipped, and the entry left OPEN and held made the batch's next read stand by
+    `HOLD_QUIET` for it); a write that landed refuses the release."""
     if head.state is not EntryState.OPEN:
         return revision
-    written = await write_head(ledger, gen, slot, replace(head, state=EntryState.SEALED), revision)
     head.state = EntryState.SEALED
-    return written
+    try:
+        return await write_head(ledger, gen, slot, head, revision)
+    except asyncio.CancelledError:
+        head.state = EntryState.OPEN
+        raise
 
 
 # After commit: SEALED -> ACKED, by the slot's next task, or by the driver.
