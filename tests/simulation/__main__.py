@@ -81,6 +81,11 @@ def main() -> int:
         help="the server's restarts are unclean and bring back removed ledger keys",
     )
     parser.add_argument(
+        "--early-stops",
+        action="store_true",
+        help="a job reads a batch's tasks first and Spark stops them after their first rows",
+    )
+    parser.add_argument(
         "--chaos-waits", type=float, help="how long the chaotic phase lasts, in ack waits"
     )
     parser.add_argument(
@@ -106,6 +111,8 @@ def main() -> int:
         overrides["replaced_mid_batch"] = True
     if args.removals_return:
         overrides["removals_return"] = True
+    if args.early_stops:
+        overrides["early_stops"] = True
     if args.seed is not None:
         result = run_schedule(args.seed, verbose=args.verbose, **overrides)
         if not args.verbose:

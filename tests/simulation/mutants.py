@@ -55,6 +55,9 @@ OTHER_CLIENT = (("other_client", True),)
 REPLACED = (("replaced_mid_batch", True),)
 # The worlds whose server restarts bring back ledger keys it had removed (lost tombstones).
 RETURNING = (("removals_return", True),)
+# The worlds where a job of the user's reads a batch's tasks first and Spark stops them after
+# their first rows (`Setup.early_stops`): a packed task's slots are cancelled mid-step.
+EARLY_STOPS = (("early_stops", True),)
 
 
 @dataclass(frozen=True)
@@ -372,6 +375,60 @@ MUTANTS = (
             ),
         ),
         edit=(*STALLING, *OTHER_CLIENT),
+        packed=True,
+    ),
+    Mutant(
+        "recorder-cut-off-from-its-write",
+        "a packed task that ended early cancelled a slot awaiting its write: the write ran to "
+        "its end (the record's own shield), but the slot never learnt it, gave back what the "
+        "write recorded (another reader of the consumer could take a message a retry then "
+        "committed from the entry) and released the entry at a stale revision (found by the "
+        "real-server test of a packed task closed after its first rows, 1 run in 6; closed by "
+        "c1ade61)",
+        (
+            Patch(
+                SLOT_ENTRY,
+                "        return await asyncio.shield(self.writing)\n",
+                "        return await self.writing\n",
+            ),
+        ),
+        edit=(*STALLING, *OTHER_CLIENT, *EARLY_STOPS),
+        packed=True,
+    ),
+    Mutant(
+        "seal-taken-before-its-write",
+        "a slot took its head for sealed before the seal's write: cancelled meanwhile (a packed "
+        "task Spark stopped early), it skipped the release, and the entry, never sealed, "
+        "stayed OPEN and held: the batch's next read stood by HOLD_QUIET for it "
+        "(found by test_early_stops' isEmpty() in a foreachBatch, 1 packed run in 3)",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "    try:\n"
+                "        return await write_head(ledger, gen, slot, head, revision)\n"
+                "    except asyncio.CancelledError:\n"
+                "        head.state = EntryState.OPEN\n"
+                "        raise\n",
+                "    return await write_head(ledger, gen, slot, head, revision)\n",
+            ),
+        ),
+        edit=EARLY_STOPS,
+        packed=True,
+    ),
+    Mutant(
+        "keeper-cancelled-with-its-slot",
+        "a slot cancelled while it awaited its keeper's end (a packed task Spark stopped early) "
+        "cancelled the keeper's task with it; its abandon, awaiting that task again, failed "
+        "before the release, and the entry stayed OPEN and held: the batch's next read stood "
+        "by HOLD_QUIET for it (found by test_early_stops' isEmpty() in a foreachBatch)",
+        (
+            Patch(
+                SLOT_READER,
+                "            await asyncio.shield(self.keeping)\n",
+                "            await self.keeping\n",
+            ),
+        ),
+        edit=EARLY_STOPS,
         packed=True,
     ),
     Mutant(
