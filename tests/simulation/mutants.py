@@ -38,6 +38,7 @@ SEALED_KEEPER = "nats_spark.spark.group_source.driver.sealed_keeper"
 PULL_POLICY = "nats_spark.spark.group_source.task.pull_policy"
 CONSUMER_CHECKS = "nats_spark.spark.group_source.driver.consumer_checks"
 SLOT_READER = "nats_spark.spark.group_source.task.slot_reader"
+SLOT_PULLS = "nats_spark.spark.group_source.task.slot_pulls"
 ACCEPTANCE = "nats_spark.spark.group_source.task.acceptance"
 ACKS = "nats_spark.jetstream.acks"
 WORLD = "tests.simulation.world"
@@ -393,6 +394,28 @@ MUTANTS = (
             ),
         ),
         edit=(*STALLING, *OTHER_CLIENT, *EARLY_STOPS),
+        packed=True,
+    ),
+    Mutant(
+        "cut-off-chunk-stranded",
+        "a packed task that Spark stopped early cancelled a slot while it sent its next pull "
+        "ahead of the chunk the last one delivered: that chunk, out of the inbox and not yet "
+        "handed to the slot, was given back by nobody and waited out its ack wait while newer "
+        "messages of its keys were committed (seeds 248 and 555 of the packed worlds with "
+        "early stops: per-key order, none of the README's cases)",
+        (
+            Patch(
+                SLOT_PULLS,
+                "                    try:\n"
+                "                        await loop.send_ahead(plan)\n"
+                "                    except asyncio.CancelledError:  # cut off: `collect_late` "
+                "hands it back\n"
+                "                        self.consumer.cut_off.extend(got)\n"
+                "                        raise\n",
+                "                    await loop.send_ahead(plan)\n",
+            ),
+        ),
+        edit=EARLY_STOPS,
         packed=True,
     ),
     Mutant(

@@ -125,6 +125,7 @@ RARE = {
 # verdict is the range's and a change of the schedules only makes the search longer again (then
 # take the new first seeds from `make mutants`).
 FIRST_CATCHING = {
+    "cut-off-chunk-stranded": 248,  # and 555, of 0-599 (2026-11-30)
     "short-key-listing": 125,  # 247 before the adopt listed chunks too (a cut of a longer list)
     "latest-seen-taken-as-committed": 28,
     "initial-offset-new-lineage": 32,

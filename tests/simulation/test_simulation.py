@@ -438,6 +438,15 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "so nothing removed the chunk before the next start. A record now runs to its end "
         "however cancelled (2026-11-30)",
     ),
+    248: (
+        {"packed": True, "early_stops": True},
+        "a job stopped packed task b3#early after its first rows (27.202): partition-1's slot "
+        "was cancelled while it sent its next pull ahead of the chunk the last one delivered "
+        "(message 12 of key S.p1.k0); out of the inbox and not handed to the slot, the chunk "
+        "was given back by nobody, waited out its ack wait, and batch 3 committed 19 of that "
+        "key first. A slot cut off there now leaves it to `collect_late`, which hands it to "
+        "the give-back (2026-11-30)",
+    ),
 }
 
 
@@ -462,6 +471,16 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         "reads what the consumer has not acked) and failed on its sink, as did run 6; run 7's "
         "batch 0 held 22, 24 and 26 of key S.p0.k1, and 23 came only in batch 7: held by "
         "something for its ack wait",
+    ),
+    263: (
+        {"packed": True, "early_stops": True},
+        "per-key order, the checker's (found 2026-11-30 by helper-49 with the early stops): "
+        "packed task b3#early, which a job stopped after its first rows, paused 12.9 s (its "
+        "process) holding 13-15 unrecorded past their 4 s ack wait; the full read's attempt "
+        "took its entry over once the head stood still, so 13 came back only after its wait, "
+        "behind 25. README case 1 (a stall, its entry taken over), but the checker knows a "
+        "take-over only by the attempt's failure (`LedgerConflict`) or `overtaken`, and an "
+        "attempt Spark closed ends with neither",
     ),
 }
 
