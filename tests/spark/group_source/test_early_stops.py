@@ -1,12 +1,15 @@
 """A batch whose tasks Spark stops early, with a real Spark session and server: the notebook
 pattern of a foreachBatch that first asks `df.isEmpty()` and then reads the whole batch.
 
-Spark 4.0-4.2 stop such a task by closing its Python worker's socket once the limit is met (the
-task completion listener of `BasePythonRunner.compute` stops the worker, which was not released:
-its output was not read to the end). The worker notices at its next write, and the `finally` of
-`worker.py`'s `process` closes the output iterator, which closes the reader's generator in the
-process (`_drive`'s `finally`): the task's slots give back what they did not record and release
-their entries. The batch's second read then takes those entries over at once."""
+Spark 4.0, 4.1 and 4.3 stop such a task by closing its Python worker's socket once the limit is
+met (the task completion listener of `BasePythonRunner.compute` stops the worker, which was not
+released: its output was not read to the end). The worker notices at its next write (it flushes
+every 64 KiB: a task whose rows fit runs to its end), and the `finally` of `worker.py`'s
+`process` closes the output iterator, which closes the reader's generator in the process
+(`_drive`'s `finally`): the task's slots give back what they did not record and release their
+entries, and the batch's second read takes those over at once. A packed task's slots are
+cancelled mid-step: one cancelled in its seal's write, or while it awaited its keeper's end,
+left its entry held, and the second read stood by `HOLD_QUIET` for it (1 packed run in 2-3)."""
 
 from __future__ import annotations
 
