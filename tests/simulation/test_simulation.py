@@ -482,6 +482,20 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         "take-over only by the attempt's failure (`LedgerConflict`) or `overtaken`, and an "
         "attempt Spark closed ends with neither",
     ),
+    953: (
+        {"packed": True, "early_stops": True},
+        "per-key order, as 263 (found 2026-11-30 by helper-49): packed task b0#early, stopped "
+        "by a job after its first rows, paused 32.9 s (its process) holding message 2 past its "
+        "ack wait, and was closed once it woke",
+    ),
+    969: (
+        {"packed": True, "early_stops": True},
+        "per-key order, not explained yet (found 2026-11-30 by helper-49): message 2 of "
+        "S.p1.k2 came after 3; its delivery before the one committed was given back (-NAK) by "
+        "packed task b0#early itself as Spark closed it (it held 2-4, 2 recorded and come "
+        "again): the lateness docstring's first case for an attempt that closes, which "
+        "`Attempts._ended` does not know for an attempt Spark closed",
+    ),
 }
 
 
