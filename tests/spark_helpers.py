@@ -105,13 +105,14 @@ def elastic_group(
 
 
 async def send_numbered(
-    client: NatsClient, prefix: str, count: int, start: int = 0, keys: int = 37
+    client: NatsClient, prefix: str, count: int, start: int = 0, keys: int = 37, pad: int = 0
 ) -> set[bytes]:
-    """`count` messages `<prefix>.k<i % keys>` with payload `<i>` and header `n: <i>`, for i from
-    `start`, each confirmed by JetStream; returns the payloads."""
+    """`count` messages `<prefix>.k<i % keys>` with payload `<i>` (and `pad` spaces after it,
+    which `int` ignores) and header `n: <i>`, for i from `start`, each confirmed by JetStream;
+    returns the payloads."""
     sent = set()
     for i in range(start, start + count):
-        data = str(i).encode()
+        data = str(i).encode() + b" " * pad
         await client.js.publish(f"{prefix}.k{i % keys}", data, headers={"n": str(i)})
         sent.add(data)
     return sent
@@ -124,9 +125,11 @@ def needs_server(client: Blocking[NatsClient], version: tuple[int, int, int], wh
         pytest.skip(f"{what} needs nats-server {'.'.join(map(str, version))}+")
 
 
-def publish(client: Blocking[NatsClient], stream: str, count: int, start: int = 0) -> None:
+def publish(
+    client: Blocking[NatsClient], stream: str, count: int, start: int = 0, pad: int = 0
+) -> None:
     """`send_numbered` to `<stream>.*` from outside the event loop."""
-    run_sync(send_numbered(client.target, stream, count, start))
+    run_sync(send_numbered(client.target, stream, count, start, pad=pad))
 
 
 def consumers_of(

@@ -11,6 +11,7 @@ going for the readers that pull continuously.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -245,15 +246,23 @@ class Pull:
 
     async def __anext__(self) -> Deliveries:
         chunk = Deliveries()
-        while not self.done:
-            chunk.extend(self._take())  # a status that fails the request drops what it gathered
-            if chunk and not self.whole:
-                return chunk
-            if not self.done and not await self._wait():
-                # Given up: what the server delivered for it goes out now. A whole pull wakes
-                # only for its full batch: what it left in the inbox went out with the next
-                # request's end, unkept until then (a server restart forgot a pull).
+        try:
+            while not self.done:
+                # a status that fails the request drops what it gathered
                 chunk.extend(self._take())
+                if chunk and not self.whole:
+                    return chunk
+                if not self.done and not await self._wait():
+                    # Given up: what the server delivered for it goes out now. A whole pull
+                    # wakes only for its full batch: what it left in the inbox went out with the
+                    # next request's end, unkept until then (a server restart forgot a pull).
+                    chunk.extend(self._take())
+        except asyncio.CancelledError:
+            # Its reader was cut off (a packed task that Spark stopped early cancels its slots):
+            # what it gathered is no longer in the inbox, and would wait out its ack wait,
+            # behind newer messages of its keys, unless `collect_late` hands it to the give-back.
+            self.consumer.cut_off.extend(chunk)
+            raise
         if chunk:
             return chunk
         raise StopAsyncIteration
@@ -328,6 +337,8 @@ class PullConsumer:
         self.pin_id = pin_id
         self.subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self.inbox = PullInbox(nc)
+        # What a whole pull had gathered when its reader was cancelled: `collect_late`'s
+        self.cut_off = Deliveries()
 
     async def pull(
         self,
@@ -386,7 +397,7 @@ class PullConsumer:
         has ended (its status came, or it was due and did not come), at most `patience` seconds,
         and returns the deliveries; they are the caller's to take, else they come back only
         after the ack wait."""
-        delivered = Deliveries()
+        delivered, self.cut_off = self.cut_off, Deliveries()
         await self.inbox.collect_late(patience, delivered)
         self.note_pin(delivered)
         return delivered

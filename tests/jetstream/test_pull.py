@@ -443,6 +443,33 @@ def test_what_a_request_given_up_on_delivers_is_collected(
     assert api.consumer_info(stream, "LATE").num_ack_pending == 3  # taken by us, not acked
 
 
+def test_what_a_cancelled_whole_pull_gathered_is_collected(
+    client: Blocking[NatsClient], api: Blocking[JetStreamApi], stream: str
+) -> None:
+    """A whole pull of 10 has taken 3 deliveries from the inbox when its reader is cancelled (a
+    packed task that Spark stops early cancels its slots): `collect_late` hands them over, so
+    that the give-back can return them, instead of leaving them to their ack wait."""
+    make_consumer(client, stream, "CUT", None, group=GROUP)
+    consumer = client.pull_consumer(stream, "CUT")
+
+    async def scenario() -> Deliveries:
+        # with idle heartbeats it wakes at each arrival and takes what came
+        pull = await consumer.pull(10, expires=5.0, idle_heartbeat=1.0, whole=True)
+        reading = asyncio.ensure_future(anext(pull))
+        for _ in range(3):
+            await client.js.publish(f"{stream}.m", b"taken")
+        while pull.received < 3:
+            await asyncio.sleep(0.01)
+        assert not reading.done()
+        reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading
+        return await consumer.collect_late(patience=0.1)
+
+    late = run_sync(scenario())
+    assert late.data == [b"taken"] * 3
+
+
 def _chunks_of_whole_pull(
     consumer: PullConsumer, batch: int, expires: float
 ) -> tuple[list[int], PullStatus, PullError | None]:

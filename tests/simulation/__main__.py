@@ -91,6 +91,11 @@ def main() -> int:
         help="an operator does what a refusal of a consumer created again says",
     )
     parser.add_argument(
+        "--early-stops",
+        action="store_true",
+        help="a job reads a batch's tasks first and Spark stops them after their first rows",
+    )
+    parser.add_argument(
         "--chaos-waits", type=float, help="how long the chaotic phase lasts, in ack waits"
     )
     parser.add_argument(
@@ -120,6 +125,8 @@ def main() -> int:
         overrides["floor_from_zero"] = True
     if args.follows_advice:
         overrides["follows_advice"] = True
+    if args.early_stops:
+        overrides["early_stops"] = True
     if args.seed is not None:
         result = run_schedule(args.seed, verbose=args.verbose, **overrides)
         if not args.verbose:

@@ -569,6 +569,7 @@ class SimPullConsumer:
         self.consumer = consumer
         self.pin_id = pin_id
         self.requests: list[PullRequest] = []
+        self.cut_off = Deliveries()  # as `PullConsumer.cut_off`
 
     async def pull(
         self,
@@ -620,7 +621,7 @@ class SimPullConsumer:
         return min(unended, default=clock.monotonic())
 
     async def collect_late(self, patience: float) -> Deliveries:
-        late = Deliveries()
+        late, self.cut_off = self.cut_off, Deliveries()
         for request in self.requests:
             if request.status is None and not request.closed:
                 await _until_arrival(request, self.client.server.now() + patience)
@@ -671,24 +672,29 @@ class SimPull:
 
     async def _chunks(self) -> AsyncIterator[Deliveries]:
         request, sched, gathered = self.request, self.consumer.client.sched, Deliveries()
-        while not self.done:
-            if request.delivered:
-                chunk = self.consumer.take(request)
-                self.received += len(chunk)
-                self._end_if_over()
-                await sched.point("deliveries arrive")
-                if not self.whole:
-                    yield chunk
+        try:
+            while not self.done:
+                if request.delivered:
+                    chunk = self.consumer.take(request)
+                    self.received += len(chunk)
+                    self._end_if_over()
+                    if self.whole:
+                        gathered.extend(chunk)
+                    await sched.point("deliveries arrive")
+                    if not self.whole:
+                        yield chunk
+                        continue
+                    if self.done:
+                        break
                     continue
-                gathered.extend(chunk)
-                if self.done:
+                if self._end_if_over():
                     break
-                continue
-            if self._end_if_over():
-                break
-            if not await _until_arrival(request, self.deadline):
-                self.status, self.done = PullStatus.CLIENT_TIMEOUT, True
-            await sched.point("pull wakes")
+                if not await _until_arrival(request, self.deadline):
+                    self.status, self.done = PullStatus.CLIENT_TIMEOUT, True
+                await sched.point("pull wakes")
+        except asyncio.CancelledError:  # as `Pull.__anext__`
+            self.consumer.cut_off.extend(gathered)
+            raise
         if gathered:
             yield gathered
 

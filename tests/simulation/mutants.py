@@ -38,6 +38,7 @@ SEALED_KEEPER = "nats_spark.spark.group_source.driver.sealed_keeper"
 PULL_POLICY = "nats_spark.spark.group_source.task.pull_policy"
 CONSUMER_CHECKS = "nats_spark.spark.group_source.driver.consumer_checks"
 SLOT_READER = "nats_spark.spark.group_source.task.slot_reader"
+SLOT_PULLS = "nats_spark.spark.group_source.task.slot_pulls"
 ACCEPTANCE = "nats_spark.spark.group_source.task.acceptance"
 ACKS = "nats_spark.jetstream.acks"
 REPLIES = "nats_spark.jetstream.replies"
@@ -56,6 +57,9 @@ OTHER_CLIENT = (("other_client", True),)
 REPLACED = (("replaced_mid_batch", True),)
 # The worlds whose server restarts bring back ledger keys it had removed (lost tombstones).
 RETURNING = (("removals_return", True),)
+# The worlds where a job of the user's reads a batch's tasks first and Spark stops them after
+# their first rows (`Setup.early_stops`): a packed task's slots are cancelled mid-step.
+EARLY_STOPS = (("early_stops", True),)
 
 
 @dataclass(frozen=True)
@@ -408,6 +412,82 @@ MUTANTS = (
             ),
         ),
         edit=(("recreate_consumer", True), ("follows_advice", True)),
+    ),
+    Mutant(
+        "recorder-cut-off-from-its-write",
+        "a packed task that ended early cancelled a slot awaiting its write: the write ran to "
+        "its end (the record's own shield), but the slot never learnt it, gave back what the "
+        "write recorded (another reader of the consumer could take a message a retry then "
+        "committed from the entry) and released the entry at a stale revision (found by the "
+        "real-server test of a packed task closed after its first rows, 1 run in 6; closed by "
+        "c1ade61)",
+        (
+            Patch(
+                SLOT_ENTRY,
+                "        return await asyncio.shield(self.writing)\n",
+                "        return await self.writing\n",
+            ),
+        ),
+        edit=(*STALLING, *OTHER_CLIENT, *EARLY_STOPS),
+        packed=True,
+    ),
+    Mutant(
+        "cut-off-chunk-stranded",
+        "a packed task that Spark stopped early cancelled a slot while it sent its next pull "
+        "ahead of the chunk the last one delivered: that chunk, out of the inbox and not yet "
+        "handed to the slot, was given back by nobody and waited out its ack wait while newer "
+        "messages of its keys were committed (seeds 248 and 555 of the packed worlds with "
+        "early stops: per-key order, none of the README's cases)",
+        (
+            Patch(
+                SLOT_PULLS,
+                "                    try:\n"
+                "                        await loop.send_ahead(plan)\n"
+                "                    except asyncio.CancelledError:  # cut off: `collect_late` "
+                "hands it back\n"
+                "                        self.consumer.cut_off.extend(got)\n"
+                "                        raise\n",
+                "                    await loop.send_ahead(plan)\n",
+            ),
+        ),
+        edit=EARLY_STOPS,
+        packed=True,
+    ),
+    Mutant(
+        "seal-taken-before-its-write",
+        "a slot took its head for sealed before the seal's write: cancelled meanwhile (a packed "
+        "task Spark stopped early), it skipped the release, and the entry, never sealed, "
+        "stayed OPEN and held: the batch's next read stood by HOLD_QUIET for it "
+        "(found by test_early_stops' isEmpty() in a foreachBatch, 1 packed run in 3)",
+        (
+            Patch(
+                LEDGER_PROTOCOL,
+                "    try:\n"
+                "        return await write_head(ledger, gen, slot, head, revision)\n"
+                "    except asyncio.CancelledError:\n"
+                "        head.state = EntryState.OPEN\n"
+                "        raise\n",
+                "    return await write_head(ledger, gen, slot, head, revision)\n",
+            ),
+        ),
+        edit=EARLY_STOPS,
+        packed=True,
+    ),
+    Mutant(
+        "keeper-cancelled-with-its-slot",
+        "a slot cancelled while it awaited its keeper's end (a packed task Spark stopped early) "
+        "cancelled the keeper's task with it; its abandon, awaiting that task again, failed "
+        "before the release, and the entry stayed OPEN and held: the batch's next read stood "
+        "by HOLD_QUIET for it (found by test_early_stops' isEmpty() in a foreachBatch)",
+        (
+            Patch(
+                SLOT_READER,
+                "            await asyncio.shield(self.keeping)\n",
+                "            await self.keeping\n",
+            ),
+        ),
+        edit=EARLY_STOPS,
+        packed=True,
     ),
     Mutant(
         "headless-chunks-kept",

@@ -16,6 +16,10 @@ source):
   before `setLatestSeenOffset`, it fetches `latestOffset()` once, and every trigger answers
   that (one batch); each trigger still calls the source's `latestOffset()` for progress
   (`reportLatestOffset`), and `initialOffset()` while nothing is committed.
+- a job of the user's may read some of a batch's tasks before the sink does (foreachBatch's
+  `df.isEmpty()`, `limit`, `take`), each stopped once it handed out its first rows
+  (`EarlyStop`); killed while it hands out nothing, its worker is killed -9 (PythonRunner's
+  MonitorThread, after `spark.python.task.killTimeout`), which the worlds' crashes are.
 - the sink writes a batch, then the commit log records it. A task attempt that fails or is lost
   is retried (four attempts); under spark.speculation a copy runs beside a slow attempt. A
   failed batch fails the query, and Spark stops the source. A query may also be stopped while
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from asyncio import FIRST_COMPLETED
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +50,10 @@ V42 = "4.2+"
 PROCESSING = "processingTime"
 AVAILABLE_NOW = "availableNow"
 TASK_ATTEMPTS = 4
+# In the worlds with early stops (`Setup.early_stops`): the chance a batch is read early first,
+# and that each of its tasks is (Spark's `executeTake` may scan only some partitions).
+EARLY_READ = 0.5
+EARLY_TASK = 0.5
 # As Spark serializes offsets (sorted keys); one encoder, not one built per `json.dumps`.
 _OFFSET_ENCODER = json.JSONEncoder(sort_keys=True)
 
@@ -80,6 +89,22 @@ def _offset(logged: str) -> SourceOffset:
 def _through_json(offset: SourceOffset) -> SourceOffset:
     """What the reader gets back from Spark: the offset as Spark stored it."""
     return _offset(_json(offset))
+
+
+@dataclass
+class EarlyStop:
+    """Spark stops a task attempt once it took `after` record batches (a limit met), as Spark
+    4.0, 4.1 and 4.3 do (seen, and read in their source): the task ends and its completion
+    listener closes the worker's socket (`BasePythonRunner.compute`); the worker, still running,
+    finds it closed at its next write, and `worker.py`'s `process` closes the reader's generator
+    in the process. `taken` is set when the task ends (its job may go on), before the close."""
+
+    after: int
+    ended: asyncio.Future[None]
+
+    def taken(self) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)
 
 
 @dataclass
@@ -186,6 +211,8 @@ class Query:
                 for p in partitions
             )
         )
+        if world.setup.early_stops and world.sched.rng.random() < EARLY_READ:
+            await self._stopped_early(batch, partitions)
         running = asyncio.gather(*(self._task(batch, p) for p in partitions))
         if world.sched.rng.random() < world.stopped_mid_batch:  # stopped while its tasks run
             await world.sched.sleep(world.sched.rng.uniform(0, world.stops_within))
@@ -210,6 +237,31 @@ class Query:
         await world.sched.point(f"write commit log {batch}")
         world.checkpoint.commits.add(batch)
         world.sched.note(f"commit log {batch}")
+
+    async def _stopped_early(
+        self, batch: int, partitions: list[SlotPartition | PackedSlots]
+    ) -> None:
+        """A job of the user's before the batch's full read (foreachBatch's `df.isEmpty()`,
+        `limit(n)`, `take`): some of the batch's tasks, each stopped after its first record
+        batches. The job ends once each has handed them out, or ended, or failed (ignored here:
+        the user's job is not the batch's); the closes run on beside the full read."""
+        sched, loop = self.world.sched, asyncio.get_running_loop()
+        ends = []
+        for partition in partitions:
+            if sched.rng.random() >= EARLY_TASK:
+                continue
+            stop = EarlyStop(sched.rng.randint(1, 2), loop.create_future())
+            attempt = sched.spawn(
+                f"b{batch}/{_name(partition)}#early",
+                "task",
+                self.world.task(partition, stop),
+                parent=sched.current(),
+            )
+            attempt.finished.add_done_callback(lambda done: done.cancelled() or done.exception())
+            ends.append(asyncio.wait([attempt.finished, stop.ended], return_when=FIRST_COMPLETED))
+        if ends:
+            await asyncio.gather(*ends)
+        await sched.point(f"the early job of batch {batch} ends")
 
     async def _task(self, batch: int, partition: SlotPartition | PackedSlots) -> list[int]:
         """A task's attempts: a new one when none runs. Under speculation

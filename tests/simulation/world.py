@@ -55,7 +55,15 @@ from tests.simulation.jetstream import (
 from tests.simulation.lateness import GiveBacks
 from tests.simulation.other_client import OtherClient
 from tests.simulation.scheduler import Chaos, Crashed, Participant, Scheduler, run
-from tests.simulation.spark import AVAILABLE_NOW, PROCESSING, V40, V42, Checkpoint, Query
+from tests.simulation.spark import (
+    AVAILABLE_NOW,
+    PROCESSING,
+    V40,
+    V42,
+    Checkpoint,
+    EarlyStop,
+    Query,
+)
 
 _T = TypeVar("_T")
 SLOTS = 2
@@ -108,6 +116,10 @@ class Setup:
     # created again, the operator does what the refusal says (creates it again where it says,
     # restarts the query), up to twice; the query must then read on.
     follows_advice: bool = False
+    # A family of worlds, never drawn (a run's override): before a batch's full read, a job of
+    # the user's reads some of its tasks and Spark stops each after its first rows
+    # (foreachBatch's `isEmpty()`, `limit(n)`, `take`: `Query._stopped_early`).
+    early_stops: bool = False
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -436,9 +448,13 @@ class World:
         reader.ledger.seen = reader.target.seen  # kept in the pointer, as the source's target's
         return reader
 
-    async def task(self, partition: SlotPartition | PackedSlots) -> list[int]:
+    async def task(
+        self, partition: SlotPartition | PackedSlots, stop: EarlyStop | None = None
+    ) -> list[int]:
         """One task attempt (of a slot, or of packed slots): Spark's `read`, its rows' stream
-        sequences. A packed task's rows must leave slot by slot, in its slots' order."""
+        sequences. A packed task's rows must leave slot by slot, in its slots' order. One that
+        Spark `stop`s early is closed at the yield after its last rows Spark took, as
+        `slot_reader._drive` is when its worker's next write finds the socket closed."""
         client = SimClient(self.sched, self.server)
         attempt = self.sched.current()
         assert attempt is not None  # a task attempt's participant
@@ -450,14 +466,13 @@ class World:
         for reader in readers:
             reader.entry.ledger = Ledger(self.bucket_view(), reader.partition.lineage)
             self.observed.attempts.watch(attempt, reader.entry)
-        batches = (
-            packed_batches(readers)
-            if isinstance(partition, PackedSlots)
-            else _named(readers[0].partition.slot, slot_batches(readers[0]))
-        )
+        packed = isinstance(partition, PackedSlots)
+        steps = packed_batches(readers) if packed else slot_batches(readers[0])
+        batches = steps if packed else _named(readers[0].partition.slot, steps)
         rows: list[int] = []
         order = [slot.slot for slot in slots]
-        at = 0
+        at = handed = 0
+        stopped = False  # by Spark, early
         try:
             async for slot, batch in batches:
                 if order.index(slot) < at:
@@ -465,11 +480,21 @@ class World:
                         "packed rows out of order", f"rows of {slot} after those of {order[at]}"
                     )
                 at = max(at, order.index(slot))
+                if stop is not None and handed == stop.after:
+                    stopped = True  # Spark took its rows and closed the socket: this write fails
+                    break
                 rows += batch.column("stream_seq").to_pylist()
                 await self.sched.point("rows handed to Spark")
+                handed += 1
+                if stop is not None and handed == stop.after:
+                    stop.taken()  # the job's task is done; the worker goes on to its next write
         except TakenOver as error:  # alive, it ends with the sealed entry instead
             self.observed.problem("an attempt failed as another took its entry over", str(error))
             raise
+        if stopped:
+            self.sched.note("Spark stopped reading early: the attempt is closed")
+            await steps.aclose()
+            await batches.aclose()
         return rows
 
     async def publish(self, count: int, over: float) -> None:

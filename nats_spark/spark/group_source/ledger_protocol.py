@@ -376,11 +376,19 @@ async def record_anew(
 
 
 async def seal(ledger: Ledger, gen: int, slot: str, head: EntryHead, revision: int) -> int:
-    """OPEN -> SEALED: the attempt has taken all it will."""
+    """OPEN -> SEALED: the attempt has taken all it will. An attempt cut off from the write (a
+    packed task that Spark stops early cancels its slots) takes its head for OPEN again: the
+    write may never have been sent, and it releases the entry (its head said SEALED, so the
+    release was skipped, and the entry left OPEN and held made the batch's next read stand by
+    `HOLD_QUIET` for it); a write that landed refuses the release."""
     if head.state is not EntryState.OPEN:
         return revision
     head.state = EntryState.SEALED
-    return await write_head(ledger, gen, slot, head, revision)
+    try:
+        return await write_head(ledger, gen, slot, head, revision)
+    except asyncio.CancelledError:
+        head.state = EntryState.OPEN
+        raise
 
 
 # After commit: SEALED -> ACKED, by the slot's next task, or by the driver.

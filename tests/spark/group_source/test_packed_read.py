@@ -10,13 +10,20 @@ from collections import Counter
 
 from spark_helpers import publish, static_group, unacked, wait_until
 
+from nats_spark.jetstream.acks import InProgressKeeper
 from nats_spark.jetstream.api import JetStreamApi
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver import batch_coordinator, driver_ledger, group_target
 from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
 from nats_spark.spark.group_source.driver.consumer_listing import LIST_FROM
-from nats_spark.spark.group_source.ledger import EntryState, Ledger, LedgerBucket, read_head
+from nats_spark.spark.group_source.ledger import (
+    EntryHead,
+    EntryState,
+    Ledger,
+    LedgerBucket,
+    read_head,
+)
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import PackedSlots
 from nats_spark.spark.group_source.task import slot_entry, slot_reader
@@ -203,6 +210,93 @@ def test_a_slot_cancelled_while_it_records_keeps_what_it_recorded_and_releases(
         entry = found[0]
         assert (entry.state, entry.count, entry.released) == (EntryState.OPEN, 20, True)
         assert given_back == []
+    finally:
+        run_sync(reader.close())
+
+
+def test_a_slot_cancelled_while_it_seals_leaves_its_entry_sealed_or_released(
+    client, nats_url, unique, monkeypatch
+):
+    """A task that ends while one of its slots seals (the seal's write is slow here: the task
+    ends before it is sent) releases that slot's entry. The slot took its head for sealed
+    before the write, so it skipped the release: the entry stayed OPEN and held, and the
+    batch's next read stood by `HOLD_QUIET` for it (found by a foreachBatch that asks
+    `isEmpty()` first: tests/spark/group_source/test_early_stops.py)."""
+    stream = f"PACKSLOWSEAL{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=2)
+    publish(client, stream, 100)
+    options = packed_options(nats_url, stream, unique, "1", maxMessagesPerPartition="20")
+    sealing = threading.Event()
+    update_head = Ledger.update_head
+
+    async def slow_seal_of_second_slot(ledger, gen, slot, value, revision):
+        sealed = EntryHead.from_bytes(value, slot).state is EntryState.SEALED
+        if slot == task.slots[1].slot and sealed:
+            sealing.set()
+            await asyncio.sleep(2)  # a slow write: the task ends meanwhile
+        return await update_head(ledger, gen, slot, value, revision)
+
+    monkeypatch.setattr(Ledger, "update_head", slow_seal_of_second_slot)
+    reader = BatchCoordinator(parse_options(options))
+    try:
+        task = first_packed_task(reader)
+        assert len(task.slots) == 2
+        rows = read_packed(task)
+        next(rows)
+        assert sealing.wait(15)
+        rows.close()
+
+        async def head():
+            kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
+            ledger = Ledger(kv, task.slots[1].lineage)
+            return await read_head(ledger, task.slots[1].gen, task.slots[1].slot)
+
+        found = run_sync(head())
+        assert found is not None
+        entry = found[0]
+        assert (entry.state, entry.count, entry.released) == (EntryState.OPEN, 20, True)
+    finally:
+        run_sync(reader.close())
+
+
+def test_a_slot_cancelled_while_its_keeper_stops_releases_its_entry(
+    client, nats_url, unique, monkeypatch
+):
+    """A task that ends while one of its slots, done pulling, waits for its keeper's last
+    round (slow here) releases that slot's entry: the cancel reached the keeper's task
+    through the wait, and the release, which waits for that task again, never came."""
+    stream = f"PACKSLOWKEEP{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=2)
+    publish(client, stream, 100)
+    options = packed_options(nats_url, stream, unique, "1", maxMessagesPerPartition="20")
+    stopping = threading.Event()
+    run = InProgressKeeper.run
+
+    async def slow_last_round_of_second_slot(keeper):
+        await run(keeper)
+        if keeper.label == f"slot {task.slots[1].slot}":
+            stopping.set()
+            await asyncio.sleep(2)  # its last round's flush: the task ends meanwhile
+
+    monkeypatch.setattr(InProgressKeeper, "run", slow_last_round_of_second_slot)
+    reader = BatchCoordinator(parse_options(options))
+    try:
+        task = first_packed_task(reader)
+        assert len(task.slots) == 2
+        rows = read_packed(task)
+        next(rows)
+        assert stopping.wait(15)
+        rows.close()
+        second = task.slots[1]
+
+        async def head():
+            kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
+            return await read_head(Ledger(kv, second.lineage), second.gen, second.slot)
+
+        found = run_sync(head())
+        assert found is not None
+        entry = found[0]
+        assert (entry.state, entry.count, entry.released) == (EntryState.OPEN, 20, True)
     finally:
         run_sync(reader.close())
 

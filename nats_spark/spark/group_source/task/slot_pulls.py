@@ -10,6 +10,7 @@ handed out, and past the ack wait come back to a sibling that cannot tell they w
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncGenerator
 
@@ -83,7 +84,11 @@ class SlotPulls:
             if len(loop.pulls) == 1 and _sent_all(pull) and not self.siblings:
                 plan = self.policy.early(self.want - len(got))
                 if plan is not None:
-                    await loop.send_ahead(plan)
+                    try:
+                        await loop.send_ahead(plan)
+                    except asyncio.CancelledError:  # cut off: `collect_late` hands it back
+                        self.consumer.cut_off.extend(got)
+                        raise
             yield got, pull.sent
         # Requests given up on may still deliver: take that too (the batch then holds a little
         # more than planned) rather than leave it unread until its ack wait runs out. It was

@@ -154,10 +154,13 @@ class SlotReader:
             self.keeping = asyncio.ensure_future(self.keeper.run())
 
     async def stop_keeping(self) -> None:
-        """End the keeper's rounds (stopped, never cancelled: it may be inside a flush)."""
+        """End the keeper's rounds (stopped, never cancelled: it may be inside a flush). Awaited
+        shielded: a slot cancelled meanwhile (its packed task ends early) would cancel the
+        keeper's task with it, and its `abandon`, awaiting that task again, failed before the
+        release, leaving the entry held (the batch's next read stood by `HOLD_QUIET`)."""
         self.keeper.stop()
         if self.keeping is not None:
-            await self.keeping
+            await asyncio.shield(self.keeping)
 
     async def abandon(self) -> None:
         """The attempt ends without sealing the entry it claimed: it keeps nothing from
