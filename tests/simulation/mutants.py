@@ -410,6 +410,26 @@ MUTANTS = (
         edit=(("recreate_consumer", True), ("follows_advice", True)),
     ),
     Mutant(
+        "sibling-partition-messages-taken-as-unread",
+        "a consumer created again was judged by what the query committed through it alone: "
+        "another partition's message between the old ack floor and the new start, purged, was "
+        "refused as read by none and lost, also once the operator created the consumer where "
+        "the refusal said (seeds 97, 147, 326 of the worlds on nats-server 2.11-2.12 whose "
+        "operator follows the advice)",
+        (
+            Patch(
+                BATCH_COORDINATOR,
+                "            state.slot.name for state in self.states.values() if "
+                "state.slot.stream == slot.stream\n",
+                "            state.slot.name\n"
+                "            for state in self.states.values()\n"
+                "            if (state.slot.stream, state.slot.consumer) == (slot.stream, "
+                "slot.consumer)\n",
+            ),
+        ),
+        edit=(("floor_from_zero", True), ("recreate_consumer", True), ("follows_advice", True)),
+    ),
+    Mutant(
         "headless-chunks-kept",
         "a task attempt of a settled (or given-back) entry wrote a chunk, found its head write "
         "failing and was killed before it removed the chunk: no head named it, the give-backs "

@@ -464,6 +464,15 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "its batch 0, which delivered 2 again after 4: the mark is now written at stop "
         "(`DriverLedger.save_marks`; mutant acked-through-in-memory-only, 2026-11-30)",
     ),
+    97: (
+        {"recreate_consumer": True, "follows_advice": True, "floor_from_zero": True},
+        "g-partition-0, last seen at floor 6, was created again and refused (its floor 0 on "
+        "2.11); the operator created it at the advised --deliver 7, after a purge to 10, so it "
+        "started at 10. The next start found 8, a message of partition 1 the query had "
+        "committed, not among what it committed through g-partition-0 and refused it as lost "
+        "(so did 147 and 326): what it committed through the stream's other consumers counts "
+        "now (mutant sibling-partition-messages-taken-as-unread, 2026-11-30)",
+    ),
 }
 
 
