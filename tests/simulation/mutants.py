@@ -56,6 +56,10 @@ OTHER_CLIENT = (("other_client", True),)
 REPLACED = (("replaced_mid_batch", True),)
 # The worlds whose server restarts bring back ledger keys it had removed (lost tombstones).
 RETURNING = (("removals_return", True),)
+# `ConsumerInfo.ack_floor_seq`'s floor as reported, raised to a consumer's configured start.
+FLOOR_BOUNDED_BY_THE_START = (
+    '        stream_floor = max(int(floor.get("stream_seq", 0)), self.opt_start_seq - 1)\n'
+)
 
 
 @dataclass(frozen=True)
@@ -384,9 +388,26 @@ MUTANTS = (
         (
             Patch(
                 REPLIES,
-                '        if int(floor.get("consumer_seq", 0)) == self.delivered_consumer_seq:\n'
+                FLOOR_BOUNDED_BY_THE_START
+                + '        if int(floor.get("consumer_seq", 0)) == self.delivered_consumer_seq:\n'
                 "            return max(stream_floor, self.delivered_seq)\n",
-                "",
+                '        stream_floor = int(floor.get("stream_seq", 0))\n',
+            ),
+        ),
+        edit=(("floor_from_zero", True), ("recreate_consumer", True), ("follows_advice", True)),
+    ),
+    Mutant(
+        "new-consumer-start-ignored",
+        "a consumer's ack floor was read from the info alone: nats-server 2.11 and 2.12 report "
+        "a new consumer's floor as 0 until its first ack, so the consumer created where a "
+        "refusal said, with deliveries out and none acked (the refused run's last attempt had "
+        "pulled from it), read as one that goes back, and was refused again (seed 669 of the "
+        "worlds on 2.11-2.12 whose operator follows the advice); its `opt_start_seq` bounds it",
+        (
+            Patch(
+                REPLIES,
+                FLOOR_BOUNDED_BY_THE_START,
+                '        stream_floor = int(floor.get("stream_seq", 0))\n',
             ),
         ),
         edit=(("floor_from_zero", True), ("recreate_consumer", True), ("follows_advice", True)),

@@ -473,6 +473,15 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "(so did 147 and 326): what it committed through the stream's other consumers counts "
         "now (mutant sibling-partition-messages-taken-as-unread, 2026-11-30)",
     ),
+    669: (
+        {"recreate_consumer": True, "follows_advice": True, "floor_from_zero": True},
+        "run 3 refused consumer c created again (DeliverAll) with a task's failure; the operator "
+        "created it at the advised --deliver 2 while the failed run's last attempt of batch 3 "
+        "still ran, which pulled 2 and 3 from it and failed unacked. Run 4 looked at c first "
+        "then: floor 0 as 2.11 reports it, deliveries out, read as a consumer that goes back, "
+        "and refused it again. Its `opt_start_seq` now bounds the floor (mutant "
+        "new-consumer-start-ignored, 2026-11-30)",
+    ),
 }
 
 
