@@ -496,6 +496,17 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # (other-client, packed, pausing executors), 1861 (packed, pausing executors), 6791 and
     # 11950 (consumer created again), 2544 (consumer created again, new checkpoints, sink
     # failures); each was the checker's or the world's, or is closed (CLOSED_HOLES).
+    # helper-52's hunt of 1001-3000 of the worlds on 2.11-2.12 whose operator follows a
+    # refusal's advice found these (they break without floor_from_zero too; docs/faults.md).
+    **{
+        seed: (
+            {"recreate_consumer": True, "follows_advice": True},
+            "a consumer created again below what an earlier checkpoint's query acked "
+            "(acked_through) was refused with the advice --deliver right after its floor, at "
+            "or below that mark: the consumer created there was refused again for the same reason",
+        )
+        for seed in (1958, 2452, 2550)
+    },
 }
 
 
