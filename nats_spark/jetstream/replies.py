@@ -42,12 +42,21 @@ class ConsumerInfo(dict[str, Any]):
         is the last delivered, or the sequence before a new consumer's start, as nats-server
         2.15 reports it; 2.11 and 2.12 report 0 until the first ack (created to start at 31:
         floor 0, delivered 30), which read as is would take the consumer for one that goes
-        back."""
+        back. With deliveries not acked yet, the start it was created at still bounds it
+        (`opt_start_seq`: the server starts there, or at the stream's first sequence when later;
+        seed 669 of the simulation's worlds on 2.11-2.12 whose operator follows a refusal's
+        advice: the refused run's last attempt pulled from the consumer created where the
+        refusal said, before the next run looked at it)."""
         floor = self.get("ack_floor") or {}
-        stream_floor = int(floor.get("stream_seq", 0))
+        stream_floor = max(int(floor.get("stream_seq", 0)), self.opt_start_seq - 1)
         if int(floor.get("consumer_seq", 0)) == self.delivered_consumer_seq:
             return max(stream_floor, self.delivered_seq)
         return stream_floor
+
+    @property
+    def opt_start_seq(self) -> int:
+        """The stream sequence a consumer created `by_start_sequence` starts at (0: none)."""
+        return int(self.config.get("opt_start_seq") or 0)
 
     @property
     def delivered_seq(self) -> int:

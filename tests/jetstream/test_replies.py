@@ -51,6 +51,29 @@ def test_ack_floor_with_nothing_pending_is_the_last_delivered(
     assert info.ack_floor_seq == floor
 
 
+@pytest.mark.parametrize(
+    ("ack_floor", "floor"),
+    [
+        # created to start at 31 on 2.11 or 2.12, 31 and 32 delivered, none acked
+        ({"consumer_seq": 0, "stream_seq": 0}, 30),
+        # 31 acked: the floor as reported
+        ({"consumer_seq": 1, "stream_seq": 31}, 31),
+    ],
+    ids=["none-acked", "one-acked"],
+)
+def test_a_consumer_created_to_start_at_a_sequence_never_floors_below_it(
+    ack_floor: dict, floor: int
+) -> None:
+    info = ConsumerInfo(
+        {
+            "config": {"deliver_policy": "by_start_sequence", "opt_start_seq": 31},
+            "ack_floor": ack_floor,
+            "delivered": {"consumer_seq": 2, "stream_seq": 32},
+        }
+    )
+    assert info.ack_floor_seq == floor
+
+
 def test_consumer_info_defaults_are_the_servers() -> None:
     info = ConsumerInfo({"config": {}})
     assert (info.num_pending, info.delivered_seq, info.last_active) == (0, 0, None)

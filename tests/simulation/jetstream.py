@@ -163,6 +163,7 @@ class Consumer:
         sequence when that is later, as the server moves it): nothing delivered, acked or
         pinned."""
         self.created = now
+        self.start = start  # its config's `opt_start_seq` (0: DeliverAll)
         # the stream sequence new deliveries look from
         self.next_seq = max(start, self.stream.first_seq)
         self.delivered_seq = self.next_seq - 1
@@ -224,6 +225,11 @@ class Consumer:
                 "ack_wait": int(self.ack_wait * NANOS),
                 "max_ack_pending": self.max_ack_pending,
                 "max_deliver": self.max_deliver or -1,
+                **(
+                    {"deliver_policy": "by_start_sequence", "opt_start_seq": self.start}
+                    if self.start
+                    else {}
+                ),
             },
         }
 

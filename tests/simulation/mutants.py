@@ -60,6 +60,10 @@ RETURNING = (("removals_return", True),)
 # The worlds where a job of the user's reads a batch's tasks first and Spark stops them after
 # their first rows (`Setup.early_stops`): a packed task's slots are cancelled mid-step.
 EARLY_STOPS = (("early_stops", True),)
+# `ConsumerInfo.ack_floor_seq`'s floor as reported, raised to a consumer's configured start.
+FLOOR_BOUNDED_BY_THE_START = (
+    '        stream_floor = max(int(floor.get("stream_seq", 0)), self.opt_start_seq - 1)\n'
+)
 
 
 @dataclass(frozen=True)
@@ -388,9 +392,26 @@ MUTANTS = (
         (
             Patch(
                 REPLIES,
-                '        if int(floor.get("consumer_seq", 0)) == self.delivered_consumer_seq:\n'
+                FLOOR_BOUNDED_BY_THE_START
+                + '        if int(floor.get("consumer_seq", 0)) == self.delivered_consumer_seq:\n'
                 "            return max(stream_floor, self.delivered_seq)\n",
-                "",
+                '        stream_floor = int(floor.get("stream_seq", 0))\n',
+            ),
+        ),
+        edit=(("floor_from_zero", True), ("recreate_consumer", True), ("follows_advice", True)),
+    ),
+    Mutant(
+        "new-consumer-start-ignored",
+        "a consumer's ack floor was read from the info alone: nats-server 2.11 and 2.12 report "
+        "a new consumer's floor as 0 until its first ack, so the consumer created where a "
+        "refusal said, with deliveries out and none acked (the refused run's last attempt had "
+        "pulled from it), read as one that goes back, and was refused again (seed 669 of the "
+        "worlds on 2.11-2.12 whose operator follows the advice); its `opt_start_seq` bounds it",
+        (
+            Patch(
+                REPLIES,
+                FLOOR_BOUNDED_BY_THE_START,
+                '        stream_floor = int(floor.get("stream_seq", 0))\n',
             ),
         ),
         edit=(("floor_from_zero", True), ("recreate_consumer", True), ("follows_advice", True)),
@@ -488,6 +509,26 @@ MUTANTS = (
         ),
         edit=EARLY_STOPS,
         packed=True,
+    ),
+    Mutant(
+        "sibling-partition-messages-taken-as-unread",
+        "a consumer created again was judged by what the query committed through it alone: "
+        "another partition's message between the old ack floor and the new start, purged, was "
+        "refused as read by none and lost, also once the operator created the consumer where "
+        "the refusal said (seeds 97, 147, 326 of the worlds on nats-server 2.11-2.12 whose "
+        "operator follows the advice)",
+        (
+            Patch(
+                BATCH_COORDINATOR,
+                "            state.slot.name for state in self.states.values() if "
+                "state.slot.stream == slot.stream\n",
+                "            state.slot.name\n"
+                "            for state in self.states.values()\n"
+                "            if (state.slot.stream, state.slot.consumer) == (slot.stream, "
+                "slot.consumer)\n",
+            ),
+        ),
+        edit=(("floor_from_zero", True), ("recreate_consumer", True), ("follows_advice", True)),
     ),
     Mutant(
         "headless-chunks-kept",

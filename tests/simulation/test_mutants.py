@@ -133,6 +133,11 @@ FIRST_CATCHING = {
     # In worlds whose operator follows a refusal's advice: 3 of 0-300 (2026-11-30).
     "refusal-leaves-the-pointer-behind": 13,
     "cut-off-chunk-stranded": 248,  # and 555, of 0-599 (2026-11-30)
+    # In worlds on nats-server 2.11-2.12 whose operator follows a refusal's advice: 3 of 0-400
+    # (97, 147, 326; 2026-11-30).
+    "sibling-partition-messages-taken-as-unread": 97,
+    # In the same worlds: the only one of 0-1000 (2026-11-30; the seed that found the hole).
+    "new-consumer-start-ignored": 669,
     "short-key-listing": 125,  # 247 before the adopt listed chunks too (a cut of a longer list)
     "latest-seen-taken-as-committed": 28,
     "initial-offset-new-lineage": 32,

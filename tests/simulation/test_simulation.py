@@ -473,6 +473,24 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "key first. A slot cut off there now leaves it to `collect_late`, which hands it to "
         "the give-back (2026-11-30)",
     ),
+    97: (
+        {"recreate_consumer": True, "follows_advice": True, "floor_from_zero": True},
+        "g-partition-0, last seen at floor 6, was created again and refused (its floor 0 on "
+        "2.11); the operator created it at the advised --deliver 7, after a purge to 10, so it "
+        "started at 10. The next start found 8, a message of partition 1 the query had "
+        "committed, not among what it committed through g-partition-0 and refused it as lost "
+        "(so did 147 and 326): what it committed through the stream's other consumers counts "
+        "now (mutant sibling-partition-messages-taken-as-unread, 2026-11-30)",
+    ),
+    669: (
+        {"recreate_consumer": True, "follows_advice": True, "floor_from_zero": True},
+        "run 3 refused consumer c created again (DeliverAll) with a task's failure; the operator "
+        "created it at the advised --deliver 2 while the failed run's last attempt of batch 3 "
+        "still ran, which pulled 2 and 3 from it and failed unacked. Run 4 looked at c first "
+        "then: floor 0 as 2.11 reports it, deliveries out, read as a consumer that goes back, "
+        "and refused it again. Its `opt_start_seq` now bounds the floor (mutant "
+        "new-consumer-start-ignored, 2026-11-30)",
+    ),
 }
 
 
@@ -511,6 +529,17 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         "again): the lateness docstring's first case for an attempt that closes, which "
         "`Attempts._ended` does not know for an attempt Spark closed",
     ),
+    # helper-52's hunt of 1001-3000 of the worlds on 2.11-2.12 whose operator follows a
+    # refusal's advice found these (they break without floor_from_zero too; docs/faults.md).
+    **{
+        seed: (
+            {"recreate_consumer": True, "follows_advice": True},
+            "a consumer created again below what an earlier checkpoint's query acked "
+            "(acked_through) was refused with the advice --deliver right after its floor, at "
+            "or below that mark: the consumer created there was refused again for the same reason",
+        )
+        for seed in (1958, 2452, 2550)
+    },
 }
 
 

@@ -388,14 +388,16 @@ class BatchCoordinator:
     async def _skipped(self, client: NatsClient, slot: Slot, info: ConsumerInfo) -> Skipped:
         """What this query knows of the stream sequences `slot`'s consumer skips, when it was
         created again since it was last seen (`SeenConsumers.skipped`): read from the ledger and
-        the stream only then."""
+        the stream only then. What the query committed through its other consumers of the
+        stream counts as read: a message has one subject, so one a sibling partition delivered
+        is not in this consumer's filter (seed 97 of the worlds on nats-server 2.11-2.12 whose
+        operator follows a refusal's advice: another partition's message, purged, was refused
+        as lost)."""
         skipped = self.target.seen.skipped(slot.stream, slot.consumer, info)
         if not skipped or self.target.recreation(slot) is None:
             return NOTHING_KNOWN
         slots = [
-            state.slot.name
-            for state in self.states.values()
-            if (state.slot.stream, state.slot.consumer) == (slot.stream, slot.consumer)
+            state.slot.name for state in self.states.values() if state.slot.stream == slot.stream
         ]
         committed = await self.ledger.committed_seqs(slots, skipped, self.committed)
         first_seq = (await self._stream_info(client, slot.stream)).first_seq

@@ -58,9 +58,10 @@ class Sighting:
 @dataclass(frozen=True)
 class Skipped:
     """What the query knows of the stream sequences a consumer created again skips
-    (`SeenConsumers.skipped`): those it committed (the ledger's), the stream's first sequence
-    (what is below it is gone, read or not), and whether what is gone unread may be taken as
-    lost (failOnDataLoss=false)."""
+    (`SeenConsumers.skipped`): those it committed through any of its consumers of the stream
+    (the ledger's: one a sibling partition delivered is none of this consumer's), the stream's
+    first sequence (what is below it is gone, read or not), and whether what is gone unread may
+    be taken as lost (failOnDataLoss=false)."""
 
     committed: Collection[int] = ()
     first_seq: int = 0
