@@ -212,7 +212,10 @@ MUTANTS = (
                 "        covered = columns.last_taken <= renewed\n",
             ),
         ),
-        edit=(*STALLING, ("shared", True)),
+        # The worlds of `siblings-lateness-from-take`: its hole too needs a process paused
+        # between the server's send and the take (its keeper renewing on waking).
+        shared=True,
+        edit=(("ack_wait", 4.0), ("fetch_batch", 1), ("chaos", STALLING_PROCESSES)),
     ),
     Mutant(
         "zombie-recreates-settled",

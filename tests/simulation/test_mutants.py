@@ -40,9 +40,9 @@ RARE = {
     # 6791, which found the hole, was the only one of 0-30000 under the drawn faults).
     "started-over-only-against-the-pointer": (481, 993),
     # In worlds whose server restarts after each of the first rounds of acks, half the runs on
-    # a new checkpoint, without purges, on Spark 4.0/4.1 (`Mutant.edit`): the two of 0-999
-    # (2026-11-30; 11950, which found the hole, was the only one of 0-40000 under the drawn
-    # faults).
+    # a new checkpoint, without purges, on Spark 4.0/4.1 (`Mutant.edit`): the first two of
+    # 713, 952 and 1442, the three of 0-1442 (2026-11-30; 11950, which found the hole, was the
+    # only one of 0-40000 under the drawn faults).
     "acked-through-ignored": (713, 952),
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
@@ -106,10 +106,10 @@ RARE = {
     # In the same worlds, the only one of 0-15000 (2026-11-30; the seed that found the hole):
     # an attempt read the give-back's rewrite of its head back as its own lost-answer write.
     "give-back-rewrites-the-head-as-is": (13576,),
-    # In worlds with pausing executors whose slots share a consumer (`Mutant.edit`): the first
-    # of 0-8000 since the server answers expired pulls 408 (2026-11-30; none of 0-30000 with
-    # siblings drawn; 9129, which found the hole, moved).
-    "siblings-late-renewal-covers": (7131,),  # the only one of 0-20000 (2026-11-30, later)
+    # In the worlds of siblings-lateness-from-take (`Mutant.edit`): the only one of 0-1999
+    # (2026-11-30; 7131, the only one of 0-20000 of the pausing worlds whose slots share a
+    # consumer; 9129, which found the hole, moved before).
+    "siblings-late-renewal-covers": (210,),
     # In the same worlds without siblings (`Mutant.edit`), the first of 0-3819 that broke per-key
     # order this way (2026-11-29; none of 6000-15250 did with siblings drawn): a chunk whose
     # dedupe read failed on a given-back entry, never held.
