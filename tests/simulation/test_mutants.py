@@ -36,8 +36,9 @@ RARE = {
     # 1650, which found the hole, were the first two of 0-4000 under the drawn faults).
     "rerun-siblings-under-a-consumer-started-over": (150, 173),
     # In worlds whose shared consumer is created again, with drivers that die often, stalls at
-    # 3% of the points, a 30 s wait and purges (`Mutant.edit`): the two of 0-1999 (2026-11-30;
-    # 6791, which found the hole, was the only one of 0-30000 under the drawn faults).
+    # 3% of the points, a 30 s wait and purges (`Mutant.edit`): the two of 0-1999, 2125 the
+    # next (2026-11-30; 6791, which found the hole, was the only one of 0-30000 under the drawn
+    # faults).
     "started-over-only-against-the-pointer": (481, 993),
     # In worlds whose server restarts after each of the first rounds of acks, half the runs on
     # a new checkpoint, without purges, on Spark 4.0/4.1 (`Mutant.edit`): the first two of
