@@ -30,6 +30,8 @@ from pathlib import Path
 from types import CodeType, ModuleType
 from typing import Any
 
+from tests.simulation.scheduler import Chaos
+
 BATCH_COORDINATOR = "nats_spark.spark.group_source.driver.batch_coordinator"
 DRIVER_LEDGER = "nats_spark.spark.group_source.driver.driver_ledger"
 SLOT_ENTRY = "nats_spark.spark.group_source.task.slot_entry"
@@ -64,6 +66,16 @@ EARLY_STOPS = (("early_stops", True),)
 FLOOR_BOUNDED_BY_THE_START = (
     '        stream_floor = max(int(floor.get("stream_seq", 0)), self.opt_start_seq - 1)\n'
 )
+# The pausing worlds where an attempt Spark lost is often killed once it runs on (its executor
+# killed), between any two of its requests, and half the runs start on a new checkpoint (which
+# gives the earlier lineage back): what such an attempt leaves of an entry it outlived.
+DYING_ZOMBIES = (*STALLING, ("dying_zombies", 0.05), ("new_checkpoint", 0.5))
+# Faults in place of a seed's draws where a driver often dies (3% of its scheduling points, four
+# faults at most) and processes stall: batches run again after restarts, with what their first
+# runs sealed.
+CRASHING_DRIVERS = Chaos(driver_crash=0.03, task_crash=0.005, stall=0.01, crashes=4)
+# Faults in place of a seed's draws where processes stall at 3% of their scheduling points.
+STALLING_PROCESSES = Chaos(driver_crash=0.01, task_crash=0.005, stall=0.03, crashes=3)
 
 
 @dataclass(frozen=True)
@@ -192,6 +204,9 @@ MUTANTS = (
             ),
         ),
         shared=True,
+        # Its hole needs a process paused between the server's send and the take: stalls at 3%
+        # of the scheduling points, a 4 s wait, one message a pull.
+        edit=(("ack_wait", 4.0), ("fetch_batch", 1), ("chaos", STALLING_PROCESSES)),
     ),
     Mutant(
         "siblings-late-renewal-covers",
@@ -206,7 +221,10 @@ MUTANTS = (
                 "        covered = columns.last_taken <= renewed\n",
             ),
         ),
-        edit=(*STALLING, ("shared", True)),
+        # The worlds of `siblings-lateness-from-take`: its hole too needs a process paused
+        # between the server's send and the take (its keeper renewing on waking).
+        shared=True,
+        edit=(("ack_wait", 4.0), ("fetch_batch", 1), ("chaos", STALLING_PROCESSES)),
     ),
     Mutant(
         "zombie-recreates-settled",
@@ -344,7 +362,7 @@ MUTANTS = (
                 "",
             ),
         ),
-        edit=STALLING,
+        edit=DYING_ZOMBIES,
     ),
     Mutant(
         "zombie-chunks-left",
@@ -542,7 +560,7 @@ MUTANTS = (
                 DRIVER_LEDGER, "            await ledger.remove_headless(listing.headless)\n", ""
             ),
         ),
-        edit=(*STALLING, ("new_checkpoint", 0.5)),
+        edit=DYING_ZOMBIES,
     ),
     Mutant(
         "ledger-keeps-max-age",
@@ -960,7 +978,8 @@ MUTANTS = (
                 "                low_delivery <= sighting.delivered\n",
             ),
         ),
-        edit=(("recreate_consumer", True),),
+        shared=True,
+        edit=(("recreate_consumer", True), ("chaos", CRASHING_DRIVERS)),
     ),
     Mutant(
         "started-over-only-against-the-pointer",
@@ -976,7 +995,16 @@ MUTANTS = (
                 "            if remembered is not None:\n",
             ),
         ),
-        edit=(("recreate_consumer", True),),
+        shared=True,
+        # Its hole needs a restarted driver's looks at the consumer, one per slot, on either
+        # side of its creation again: drivers that die often, stalls of up to 39 s at 3% of the
+        # scheduling points (a 30 s wait), purges.
+        edit=(
+            ("recreate_consumer", True),
+            ("ack_wait", 30.0),
+            ("purges", True),
+            ("chaos", dataclasses.replace(CRASHING_DRIVERS, stall=0.03)),
+        ),
     ),
     Mutant(
         "acked-through-ignored",
@@ -991,7 +1019,17 @@ MUTANTS = (
                 "            marked = 0\n",
             ),
         ),
-        edit=(("recreate_consumer", True),),
+        # Its hole needs acks lost below what a query acked, then a new checkpoint's give-back,
+        # then the creation again: the first three rounds of acks each followed by a restart,
+        # half the runs on a new checkpoint, no purges, Spark 4.0/4.1 (which plans a new
+        # checkpoint's first batch in the stored lineage).
+        edit=(
+            ("recreate_consumer", True),
+            ("restart_after_acks", 1.0),
+            ("new_checkpoint", 0.5),
+            ("purges", False),
+            ("version", "4.0/4.1"),  # spark.V40 (whose module imports patched ones)
+        ),
     ),
     Mutant(
         "acked-through-in-memory-only",

@@ -215,6 +215,10 @@ class Chaos:
     # it), and its attempt runs on once the stall ends, after 1 to this many ack waits (0: it
     # runs on at once, as one cut off from the driver does).
     lost_stall: float = 0.0
+    # Per scheduling point of a lost attempt that runs on, the chance its executor is killed
+    # (as a lost one's often is): it dies mid-way, between any two of its requests (0: never;
+    # nothing drawn then).
+    dying_zombies: float = 0.0
     enabled: bool = True
 
 
@@ -302,6 +306,14 @@ class Scheduler:
         if me.frozen_until > loop.now:  # another coroutine of this process stalled it
             await self.sleep(me.frozen_until - loop.now)
         chaos = self.chaos
+        if (
+            chaos.enabled
+            and me.lost
+            and chaos.dying_zombies
+            and self.rng.random() < chaos.dying_zombies
+        ):
+            self.kill(me, at=what)
+            await _forever()
         if chaos.enabled and chaos.crashes > 0 and me.kind in ("driver", "task"):
             draw = self.rng.random()
             crash = chaos.driver_crash if me.kind == "driver" else chaos.task_crash

@@ -31,12 +31,20 @@ RARE = {
     "recreated-consumer-unchecked": (3, 4),
     "recreated-consumer-unchecked-in-flight": (71, 107),
     "siblings-seal-under-a-new-consumer": (127, 211),  # 3 of 0-199: 111, 127, 173
-    # The first two of 0-4000 (2026-11-30): the seeds that found the hole.
-    "rerun-siblings-under-a-consumer-started-over": (632, 1650),
-    # The only one of 0-30000 (2026-11-30; the seed that found the hole).
-    "started-over-only-against-the-pointer": (6791,),
-    # The only one of 0-40000 (2026-11-30; the seed that found the hole).
-    "acked-through-ignored": (11950,),
+    # In worlds whose shared consumer is created again and whose drivers often die, with
+    # stalls (`Mutant.edit`): the first two of 0-175, of which 3 catch it (2026-11-30; 632 and
+    # 1650, which found the hole, were the first two of 0-4000 under the drawn faults).
+    "rerun-siblings-under-a-consumer-started-over": (150, 173),
+    # In worlds whose shared consumer is created again, with drivers that die often, stalls at
+    # 3% of the points, a 30 s wait and purges (`Mutant.edit`): the two of 0-1999, 2125 the
+    # next (2026-11-30; 6791, which found the hole, was the only one of 0-30000 under the drawn
+    # faults).
+    "started-over-only-against-the-pointer": (481, 993),
+    # In worlds whose server restarts after each of the first rounds of acks, half the runs on
+    # a new checkpoint, without purges, on Spark 4.0/4.1 (`Mutant.edit`): the first two of
+    # 713, 952 and 1442, the three of 0-1442 (2026-11-30; 11950, which found the hole, was the
+    # only one of 0-40000 under the drawn faults).
+    "acked-through-ignored": (713, 952),
     # In the worlds of its edit: the only one of 0-5999 (2026-11-30; the seed that found it).
     "acked-through-in-memory-only": (5265,),
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
@@ -50,16 +58,16 @@ RARE = {
     # Once a driver that adopts a lineage gives back what retired lineages still hold (seed
     # 3629), only an entry created after the last run's adoption is left.
     "given-back-zombie-entry-left": (297, 355),
-    "outlived-entries-kept": (34884,),  # the first of 20001-80000; none of 0-20000
+    # In worlds whose lost attempts are often killed once they run on, half the runs on a new
+    # checkpoint (`Mutant.edit`): the first two of 0-1999 (2026-11-30; 5 of 0-165 catch it;
+    # 34884 was the first of 20001-80000 in the pausing worlds).
+    "outlived-entries-kept": (30, 45),
     "give-back-naks-the-recorded-delivery": (132,),  # 3 of 0-2299: 1200, 1622, 2255
-    # In worlds that all share a consumer (`Mutant.shared`): the first of 10000-10220, found
-    # 2026-11-29 (none known since the stand-by moved 1959 and 8791): a task's process paused
-    # between the server's send and the take past the ack wait while a sibling pulled.
-    # Since a retry keeps what it took over, a waiting pull lasts a third of the ack wait and
-    # a re-run batch looks at its consumers first (2026-11-30), the first two of 0-30000:
-    # Since a record runs to its end however its attempt is cancelled (2026-11-30, later), the
-    # first two of 0-40000:
-    "siblings-lateness-from-take": (4042, 4284),
+    # In worlds that all share a consumer, with stalls at 3% of the points, a 4 s wait and one
+    # message a pull (`Mutant.edit`): a task's process paused between the server's send and
+    # the take past the ack wait while a sibling pulled. The first two of 0-1006, of which 3
+    # catch it (2026-11-30; 4042 and 4284 were the first two of 0-40000 in the shared worlds).
+    "siblings-lateness-from-take": (151, 210),
     # In worlds where another client reads the overflow consumer under a 4 s ack wait
     # (`Mutant.edit`): the only one of 0-6000 (2026-11-30). Since a retry keeps what it took
     # over for the whole attempt, none of 0-25000 with the wait drawn catches it (12503, the
@@ -86,9 +94,9 @@ RARE = {
     # acks (`Mutant.edit`), the first of 0-481 (2026-11-29): none of 0-12000 without the
     # forced restarts since the schedules moved past 6383.
     "fence-removes-a-retry-s-entry": (271,),
-    # In worlds with pausing executors and a new checkpoint at half the runs: the only one of
-    # 0-1870 (2026-11-29; the seed that found the hole).
-    "headless-chunks-kept": (34884,),  # the first of 0-40000 (2026-11-30, later)
+    # In the same worlds: the first two of 0-1999 (2026-11-30; 3 of 0-155 catch it; 34884 was
+    # the first of 0-40000 without the kills).
+    "headless-chunks-kept": (30, 75),
     # In worlds whose query is stopped mid-batch and replaced at once by one on a new checkpoint
     # (`Mutant.edit`), 3 of 0-1924 (2026-11-29): 1340 (a chunk the attempt wrote after the
     # give-back's read, left under the removed entry), 1837 and 1885 (what it recorded after
@@ -105,10 +113,10 @@ RARE = {
     # In the same worlds, the only one of 0-15000 (2026-11-30; the seed that found the hole):
     # an attempt read the give-back's rewrite of its head back as its own lost-answer write.
     "give-back-rewrites-the-head-as-is": (13576,),
-    # In worlds with pausing executors whose slots share a consumer (`Mutant.edit`): the first
-    # of 0-8000 since the server answers expired pulls 408 (2026-11-30; none of 0-30000 with
-    # siblings drawn; 9129, which found the hole, moved).
-    "siblings-late-renewal-covers": (7131,),  # the only one of 0-20000 (2026-11-30, later)
+    # In the worlds of siblings-lateness-from-take (`Mutant.edit`): the only one of 0-1999
+    # (2026-11-30; 7131, the only one of 0-20000 of the pausing worlds whose slots share a
+    # consumer; 9129, which found the hole, moved before).
+    "siblings-late-renewal-covers": (210,),
     # In the same worlds without siblings (`Mutant.edit`), the first of 0-3819 that broke per-key
     # order this way (2026-11-29; none of 6000-15250 did with siblings drawn): a chunk whose
     # dedupe read failed on a given-back entry, never held.

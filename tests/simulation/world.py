@@ -120,6 +120,9 @@ class Setup:
     # the user's reads some of its tasks and Spark stops each after its first rows
     # (foreachBatch's `isEmpty()`, `limit(n)`, `take`: `Query._stopped_early`).
     early_stops: bool = False
+    # A run's override, never drawn: per scheduling point of an attempt Spark lost that runs
+    # on, the chance its executor is killed (`Chaos.dying_zombies`; 0: never).
+    dying_zombies: float = 0.0
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -680,7 +683,8 @@ def run_schedule(seed: int, verbose: bool = False, **overrides: Any) -> Result:
         # Its plain consumer is shared; no purges: what the query took and the other client
         # acked, a purge would remove, and the query stops (README guarantee 8's lost state).
         setup = replace(setup, shared=True, purges=False, **overrides)
-    sched = Scheduler(rng, replace(setup.chaos), setup.ack_wait, verbose=verbose)
+    chaos = replace(setup.chaos, dying_zombies=setup.dying_zombies)
+    sched = Scheduler(rng, chaos, setup.ack_wait, verbose=verbose)
     other = random.Random(f"other client {seed}")
     world = World(setup, sched, side=side, faults=faults, ids=random.Random(seed), other=other)
     logger = logging.getLogger("nats_spark")
