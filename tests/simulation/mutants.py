@@ -831,8 +831,8 @@ MUTANTS = (
         (
             Patch(
                 CONSUMER_CHECKS,
-                "            marked = self.acked_through.get((stream, name), 0)\n",
-                "            marked = 0\n",
+                "            earlier = self.acked_earlier.get((stream, name), frozenset())\n",
+                "            earlier = frozenset()\n",
             ),
         ),
         edit=(("recreate_consumer", True),),

@@ -151,7 +151,7 @@ class DriverLedger:
                 remembered = pointer.replaced_consumers.get(offset.lineage, {})
         self.seen.remember(remembered)
         if pointer is not None:
-            self.seen.restore_acked_through(pointer.acked_through)
+            self.seen.restore_acked_earlier(pointer.acked_earlier)
         self.stored_sightings = self.seen.stored() if remembered else None
         listing = await self.ledger.listing()
         self.entries = {(gen, slot): DriverEntry(gen, slot) for gen, slot in listing.heads}
@@ -318,7 +318,7 @@ class DriverLedger:
             self.driver,
             sightings,
             dict(self.replaced_consumers),  # of `replaced` only: both are set together
-            self.seen.stored_acked_through(),
+            self.seen.stored_acked_earlier(),
         )
         await write_pointer(self.kv, self.pointer_key, pointer)
         self.stored_sightings = sightings
@@ -502,7 +502,7 @@ class DriverLedger:
         log.info(
             "a new checkpoint: %d messages an earlier query took are read again", given.returned
         )
-        self.seen.given_back(given.acked_through)
+        self.seen.given_back(given.acked)
 
     async def ack_through(self, client: NatsClient, gen: int, only: str | None = None) -> int:
         """Ack every sealed entry (of slot `only`, if given) of batches up to `gen` (all
