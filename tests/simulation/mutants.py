@@ -1015,8 +1015,8 @@ MUTANTS = (
         (
             Patch(
                 CONSUMER_CHECKS,
-                "            marked = self.acked_through.get((stream, name), 0)\n",
-                "            marked = 0\n",
+                "            earlier = self.acked_earlier.get((stream, name), frozenset())\n",
+                "            earlier = frozenset()\n",
             ),
         ),
         # Its hole needs acks lost below what a query acked, then a new checkpoint's give-back,
@@ -1041,7 +1041,7 @@ MUTANTS = (
         (
             Patch(
                 DRIVER_LEDGER,
-                "        if self.seen.stored_acked_through() != self.stored_marks:\n"
+                "        if self.seen.stored_acked_earlier() != self.stored_marks:\n"
                 "            await self.save_pointer()\n",
                 "        return\n",
             ),

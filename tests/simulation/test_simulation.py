@@ -482,6 +482,17 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "(so did 147 and 326): what it committed through the stream's other consumers counts "
         "now (mutant sibling-partition-messages-taken-as-unread, 2026-11-30)",
     ),
+    **{
+        seed: (
+            {"recreate_consumer": True, "follows_advice": True},
+            "a consumer created again below what an earlier checkpoint's query acked "
+            "(acked_through) was refused with the advice --deliver right after its floor, at or "
+            "below that mark, and the consumer created there was refused again for the same "
+            "reason: the advice is now past the mark, and what that query acked between the "
+            "floors counts as read (found by helper-52, closed by helper-50, 2026-11-30)",
+        )
+        for seed in (1958, 2452)
+    },
     669: (
         {"recreate_consumer": True, "follows_advice": True, "floor_from_zero": True},
         "run 3 refused consumer c created again (DeliverAll) with a task's failure; the operator "
@@ -529,17 +540,15 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         "again): the lateness docstring's first case for an attempt that closes, which "
         "`Attempts._ended` does not know for an attempt Spark closed",
     ),
-    # helper-52's hunt of 1001-3000 of the worlds on 2.11-2.12 whose operator follows a
-    # refusal's advice found these (they break without floor_from_zero too; docs/faults.md).
-    **{
-        seed: (
-            {"recreate_consumer": True, "follows_advice": True},
-            "a consumer created again below what an earlier checkpoint's query acked "
-            "(acked_through) was refused with the advice --deliver right after its floor, at "
-            "or below that mark: the consumer created there was refused again for the same reason",
-        )
-        for seed in (1958, 2452, 2550)
-    },
+    2550: (
+        {"recreate_consumer": True, "follows_advice": True},
+        "found by helper-52's hunt of 1001-3000 of the worlds on 2.11-2.12 whose operator follows "
+        "a refusal's advice (it breaks without floor_from_zero too), with 1958 and 2452, which "
+        "the advice past an earlier checkpoint's acked_through mark closed: here the consumer "
+        "created after that mark is refused again, 4 between the floors given back and read by "
+        "none since, and the advice goes back to --deliver 4: no start is exact, and the "
+        "refusal should say so rather than advise one (2026-11-30)",
+    ),
 }
 
 

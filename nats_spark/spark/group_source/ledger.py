@@ -661,9 +661,10 @@ class Pointer:
     driver: str | None = None  # the driver that wrote it (`presence`); None: an older release's
     consumers: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     replaced_consumers: dict[str, dict[str, dict[str, list[Any]]]] = field(default_factory=dict)
-    # By stream and name: the highest stream sequence an earlier checkpoint's query acked above
-    # the consumer's ack floor, whose entries a give-back removed (`SeenConsumers.acked_through`)
-    acked_through: dict[str, dict[str, int]] = field(default_factory=dict)
+    # By stream and name: the stream sequences an earlier checkpoint's query acked above the
+    # consumer's ack floor, whose entries a give-back removed, as [first, last] spans
+    # (`SeenConsumers.acked_earlier`)
+    acked_earlier: dict[str, dict[str, list[list[int]]]] = field(default_factory=dict)
 
 
 async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
@@ -683,7 +684,7 @@ async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
         data.get("driver"),
         data.get("consumers", {}),
         data.get("replaced_consumers", {}),
-        data.get("acked_through", {}),
+        data.get("acked_earlier", {}),
     )
 
 

@@ -593,12 +593,12 @@ async def remove_settled(
 @dataclass(frozen=True)
 class GivenBack:
     """What a `give_back` did: how many messages it NAKed, and by consumer ((stream, name), from
-    the entries' ack prefix) the highest stream sequence its ACKED entries held. What those
-    entries acked is no longer in the ledger: a consumer created again that starts below it
-    delivers it again, and nothing would drop it (`SeenConsumers.acked_through`)."""
+    the entries' ack prefix) the stream sequences its ACKED entries held. What those entries
+    acked is no longer in the ledger: a consumer created again that starts below one delivers
+    it again, and nothing would drop it (`SeenConsumers.acked_earlier`)."""
 
     returned: int
-    acked_through: dict[tuple[str, str], int]
+    acked: dict[tuple[str, str], frozenset[int]]
 
 
 async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, str]]) -> GivenBack:
@@ -608,7 +608,7 @@ async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, st
     (the last 100 ms), and the server ignores the NAK of a message no longer pending, so only
     what came back is given back, at once, ahead of newer messages of its key."""
     held: list[EntryDeliveries] = []
-    acked_through: dict[tuple[str, str], int] = {}
+    acked: dict[tuple[str, str], set[int]] = {}
     for gen, slot in keys:
         head = await _taken_from_its_attempt(ledger, gen, slot)
         if head is None:
@@ -625,9 +625,7 @@ async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, st
             continue
         held.append(deliveries)
         if head.state is EntryState.ACKED and deliveries:
-            consumer = _consumer_of(deliveries)
-            highest = max(deliveries.stream_seq)
-            acked_through[consumer] = max(highest, acked_through.get(consumer, 0))
+            acked.setdefault(_consumer_of(deliveries), set()).update(deliveries.stream_seq)
     for gen, slot in keys:
         await ledger.delete_entry(gen, slot)
     returned = 0
@@ -637,7 +635,7 @@ async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, st
         current = await _as_last_delivered(client, deliveries)
         if current is not None:
             returned += await send_acks(client.nc, current.ack_commands(NAK), len(current))
-    return GivenBack(returned, acked_through)
+    return GivenBack(returned, {consumer: frozenset(seqs) for consumer, seqs in acked.items()})
 
 
 def _consumer_of(deliveries: EntryDeliveries) -> tuple[str, str]:

@@ -23,6 +23,7 @@ from nats_spark.spark.group_source.driver.consumer_checks import (
     check_config,
 )
 from nats_spark.spark.group_source.driver.consumer_target import ConsumerTarget
+from nats_spark.spark.group_source.driver.group_consumers import ensure, from_sequence
 from nats_spark.spark.group_source.driver.slots import Held
 from nats_spark.spark.group_source.options import parse_options
 
@@ -241,7 +242,7 @@ def test_a_consumer_created_again_below_what_an_earlier_checkpoint_acked_is_refu
     ledger no longer drops (seed 11950 of the simulation's worlds with the recreation). One
     starting past 8 is read on, and a floor at or past the mark drops it."""
     seen = remembered(0)
-    seen.given_back({("S", "C"): 8})
+    seen.given_back({("S", "C"): range(4, 9)})
     with pytest.raises(ConfigurationError) as error:
         seen.look("S", "C", created_again(0, "all"), "go on so")
     assert str(error.value).endswith(
@@ -250,20 +251,81 @@ def test_a_consumer_created_again_below_what_an_earlier_checkpoint_acked_is_refu
     )
     with pytest.raises(ConfigurationError, match="up to stream sequence 8"):
         seen.look("S", "C", created_again(7), "go on so", Skipped(set(range(1, 8))))
-    assert seen.stored_acked_through() == {"S": {"C": 8}}
-    seen.look("S", "C", created_again(8), "go on so", Skipped(set(range(1, 9))))
-    assert seen.acked_through == {}
+    assert seen.stored_acked_earlier() == {"S": {"C": [[4, 8]]}}
+    seen.look("S", "C", created_again(8), "go on so", Skipped({1, 2, 3}))
+    assert seen.acked_earlier == {}
+
+
+def test_the_start_a_refusal_advises_is_past_what_an_earlier_checkpoint_acked() -> None:
+    """The refusal's way on (`next_after_acked`, the `--deliver` of the "created again" line)
+    starts past what the earlier checkpoint's query acked, not right after the floor seen: a
+    consumer created there is read on, what lies between the floors being what this query
+    committed (1-3, given back and read again) or what that one acked (4-8). Where a sequence
+    between was neither (given back and not read again yet), it is refused all the same."""
+    seen = remembered(0)
+    seen.given_back({("S", "C"): range(4, 9)})
+    assert seen.next_after_acked("S", "C") == 9
+    with pytest.raises(ConfigurationError, match="starts past stream sequence 3, which the query"):
+        seen.look("S", "C", created_again(8), "go on so", Skipped({1, 2}))
+    seen.look("S", "C", created_again(8), "go on so", Skipped({1, 2, 3}))
+    assert seen.next_after_acked("S", "C") == 9
 
 
 def test_what_an_earlier_checkpoint_acked_is_marked_only_above_the_floor_seen() -> None:
-    """The pointer's marks come back (`restore_acked_through`) with those taken since, the
-    higher of two; one at or below the floor seen is kept not: a new consumer below that floor
-    is refused anyway."""
+    """The pointer's spans come back (`restore_acked_earlier`) with those taken since; what is
+    at or below the floor seen is kept not (a new consumer below that floor is refused anyway),
+    nor what a later sighting's floor passed."""
     seen = remembered(30)
-    seen.given_back({("S", "C"): 30, ("S", "D"): 5})
-    assert seen.acked_through == {("S", "D"): 5}
-    seen.restore_acked_through({"S": {"C": 31, "D": 4}})
-    assert seen.stored_acked_through() == {"S": {"C": 31, "D": 5}}
+    seen.given_back({("S", "C"): [29, 30], ("S", "D"): [5, 7]})
+    assert seen.acked_earlier == {("S", "D"): {5, 7}}
+    seen.restore_acked_earlier({"S": {"C": [[28, 31]], "D": [[4, 4], [6, 6]]}})
+    assert seen.stored_acked_earlier() == {"S": {"C": [[31, 31]], "D": [[4, 7]]}}
+    assert seen.next_after_acked("S", "D") == 8
+    seen.record("S", "D", info(floor=5), placed=False)
+    assert seen.stored_acked_earlier() == {"S": {"C": [[31, 31]], "D": [[6, 7]]}}
+
+
+class CreatingApi:
+    """Creates a consumer where its config starts it (its floor the sequence before) and notes
+    the deletions."""
+
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+
+    async def create_consumer(self, stream: str, name: str, config: dict[str, Any]) -> ConsumerInfo:
+        return info(LATER, int(config.get("opt_start_seq", 1)) - 1, **config)
+
+    async def delete_consumer(self, stream: str, name: str) -> None:
+        self.deleted.append(name)
+
+
+def test_a_consumer_the_query_places_below_what_an_earlier_checkpoint_acked_is_refused() -> None:
+    """A static group's consumer the query creates where it chose (`startingPosition`, or a
+    layout move) is held to what a query on an earlier checkpoint acked, as one created again
+    by someone is: placed at 4 below 4-8, it would deliver them again, and nothing drops them.
+    It is deleted (the next run creates it again where it is told) and refused before it is
+    recorded; placed past 8, it is read."""
+    entry = GroupEntry(GroupKind.STATIC, "S", "g", StaticConfig(2, members=["m1"]), 1)
+    consumer = partition_consumer(entry, 0, {"ack_wait": 30 * 10**9})
+    seen = SeenConsumers()
+    seen.remember({"S": {consumer.name: [CREATED, 0]}})
+    seen.given_back({("S", consumer.name): range(4, 9)})
+    api = CreatingApi()
+    client: Any = SimpleNamespace(api=api)
+    with pytest.raises(ConfigurationError) as error:
+        run_sync(ensure(client, consumer, seen, from_sequence(4)))
+    assert str(error.value) == (
+        f"consumer {consumer.name!r} on stream 'S' was to start at stream sequence 4, but a query "
+        "on an earlier checkpoint acked messages up to stream sequence 8 of it, which it would "
+        "deliver again; the source deleted it: to read nothing twice, restart the query with "
+        "startingPosition=sequence:9, so it creates the consumer right after the last message "
+        "it acked (the option applies only to consumers it creates)"
+    )
+    assert api.deleted == [consumer.name]
+    assert seen.stored() == {"S": {consumer.name: [CREATED, 0]}}, "not recorded"
+    run_sync(ensure(client, consumer, seen, from_sequence(9)))
+    assert seen.stored() == {"S": {consumer.name: [LATER, 8]}}
+    assert seen.acked_earlier == {}
 
 
 @pytest.mark.parametrize("policy", ["new", "last", "last_per_subject"])
@@ -313,3 +375,7 @@ def test_plain_consumer_deleted_or_created_again_says_where_to_start() -> None:
         run_sync(target.heal(client, slot))
     assert str(error.value).startswith("consumer 'C' on stream 'S' was deleted while the query ran")
     assert str(error.value).endswith(fix)
+    target.seen.given_back({("S", "C"): [125, 126]})
+    assert target.recreation(slot).startswith(
+        "to read nothing twice, (re)create it with nats consumer add S C --deliver 127 "
+    ), "past what a query on an earlier checkpoint acked above the floor"

@@ -1168,8 +1168,8 @@ def test_a_give_back_marks_what_the_acked_entries_held_for_the_next_drivers(
     the consumer's ack floor stayed 0; the give-back to a new checkpoint's query removes the
     entry of 4-8. A consumer created again below 8 delivers them again and nothing drops them
     (seed 11950 of the simulation's worlds with the recreation): the give-back reports the
-    highest sequence its acked entries held, by consumer (a sealed entry, never acked, none),
-    and the pointer keeps it for the target's next drivers."""
+    sequences its acked entries held, by consumer (a sealed entry, never acked, none), and the
+    pointer keeps them for the target's next drivers."""
     earlier = driver(kv)
     run_sync(earlier.adopt(None))
     run_sync(earlier.new_offset({"m1": SlotPlan(5)}))
@@ -1180,13 +1180,13 @@ def test_a_give_back_marks_what_the_acked_entries_held_for_the_next_drivers(
     new_checkpoint = driver(kv)
     run_sync(new_checkpoint.adopt(SourceOffset.initial(uuid.uuid4().hex)))
     run_sync(new_checkpoint.give_back_replaced(CLIENT))
-    assert new_checkpoint.seen.acked_through == {("S", "c1"): 8}
+    assert new_checkpoint.seen.acked_earlier == {("S", "c1"): {4, 5, 6, 7, 8}}
     run_sync(new_checkpoint.new_offset({"m1": SlotPlan(5)}))
     pointer = run_sync(read_pointer(kv, "query.S.g"))
-    assert pointer is not None and pointer.acked_through == {"S": {"c1": 8}}
+    assert pointer is not None and pointer.acked_earlier == {"S": {"c1": [[4, 8]]}}
     restarted = driver(kv)
     run_sync(restarted.adopt(None))
-    assert restarted.seen.acked_through == {("S", "c1"): 8}
+    assert restarted.seen.acked_earlier == {("S", "c1"): {4, 5, 6, 7, 8}}
     given = run_sync(
         ledger_protocol.give_back(CLIENT, Ledger(kv, earlier.lineage), [(1, "m1"), (2, "m1")])
     )
@@ -1211,16 +1211,16 @@ def test_a_query_that_stops_before_its_next_pointer_write_keeps_the_give_back_s_
     run_sync(failing.adopt(SourceOffset.initial(uuid.uuid4().hex)))
     run_sync(failing.give_back_replaced(CLIENT))
     pointer = run_sync(read_pointer(kv, "query.S.g"))
-    assert pointer is not None and pointer.acked_through == {}  # in its memory only
+    assert pointer is not None and pointer.acked_earlier == {}  # in its memory only
     run_sync(failing.save_marks())
     pointer = run_sync(read_pointer(kv, "query.S.g"))
-    assert pointer is not None and pointer.acked_through == {"S": {"c1": 8}}
+    assert pointer is not None and pointer.acked_earlier == {"S": {"c1": [[4, 8]]}}
     revision = kv.values["query.S.g"][1]
     run_sync(failing.save_marks())
     assert kv.values["query.S.g"][1] == revision  # nothing new to keep
     next_checkpoint = driver(kv)
     run_sync(next_checkpoint.adopt(SourceOffset.initial(uuid.uuid4().hex)))
-    assert next_checkpoint.seen.acked_through == {("S", "c1"): 8}
+    assert next_checkpoint.seen.acked_through("S", "c1") == 8
 
 
 def test_settled_entries_are_removed_and_leave_nothing(

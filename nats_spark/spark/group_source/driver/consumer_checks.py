@@ -82,7 +82,7 @@ MOVED_CREATION = (
 
 
 def start_refusal(
-    before: Sighting, info: ConsumerInfo, skipped: Skipped, acked_through: int = 0
+    before: Sighting, info: ConsumerInfo, skipped: Skipped, acked_earlier: Collection[int] = ()
 ) -> str | None:
     """What reading on would do wrong with `info`, a consumer created again since it was seen as
     `before` (None: it can be read on exactly). A consumer never delivers what its ack floor
@@ -90,9 +90,10 @@ def start_refusal(
     may deliver anything above. So it emits nothing twice when its floor is at least the one
     seen: what the query committed above that is still in the ledger, which drops redeliveries
     (an entry is removed only once a floor the pointer keeps is past it), but for what an
-    earlier checkpoint's query acked up to `acked_through` (`SeenConsumers.acked_through`),
-    whose entries the give-back to this one removed. And it loses nothing when the query
-    committed each sequence between the two floors."""
+    earlier checkpoint's query acked above it (`acked_earlier`, `SeenConsumers.acked_earlier`),
+    whose entries the give-back to this one removed. And it loses nothing when each sequence
+    between the two floors was committed by the query or acked by that earlier one (its
+    checkpoint emitted it)."""
     policy = info.config.get("deliver_policy") or "all"
     if policy in MOVING_STARTS:
         return (
@@ -101,6 +102,7 @@ def start_refusal(
         )
     if info.ack_floor_seq < before.ack_floor:
         return CREATED_AGAIN_HARM
+    acked_through = max(acked_earlier, default=0)
     if info.ack_floor_seq < acked_through:
         return (
             f"a query on an earlier checkpoint acked messages up to stream sequence "
@@ -109,7 +111,8 @@ def start_refusal(
         )
     start = max(before.ack_floor, skipped.first_seq - 1 if skipped.lost_ok else 0) + 1
     between = range(start, info.ack_floor_seq + 1)
-    unread = next((seq for seq in between if seq not in skipped.committed), None)
+    taken = (seq for seq in between if seq not in skipped.committed and seq not in acked_earlier)
+    unread = next(taken, None)
     if unread is None:
         return None
     if unread < skipped.first_seq:
@@ -141,10 +144,10 @@ class SeenConsumers:
         # by then, they started over since that driver's sighting even when this driver saw
         # the old one first (one slot's look did, a sibling's saw the new one: seed 6791).
         self.inherited: set[tuple[str, str]] = set()
-        # By consumer: the highest stream sequence a query on an earlier checkpoint acked above
-        # the consumer's ack floor, whose entries were given back (removed from the ledger);
+        # By consumer: the stream sequences a query on an earlier checkpoint acked above the
+        # consumer's ack floor, whose entries were given back (removed from the ledger); each
         # until a sighting shows the floor past it. Kept in the pointer as well.
-        self.acked_through: dict[tuple[str, str], int] = {}
+        self.acked_earlier: dict[tuple[str, str], frozenset[int]] = {}
 
     def remember(self, stored: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
         """Take the sightings a previous driver of the query `stored` (the pointer's)."""
@@ -160,22 +163,32 @@ class SeenConsumers:
         seen = {**self.sightings, **self.remembered}
         return _by_stream({key: [s.created, s.ack_floor] for key, s in seen.items()})
 
-    def given_back(self, acked_through: Mapping[tuple[str, str], int]) -> None:
-        """Take what a give-back removed of entries that had acked (`GivenBack.acked_through`):
-        above a consumer's ack floor as last seen, a consumer created again that starts below it
-        would deliver it again, which the ledger no longer drops."""
-        for key, seq in acked_through.items():
+    def given_back(self, acked: Mapping[tuple[str, str], Collection[int]]) -> None:
+        """Take what a give-back removed of entries that had acked (`GivenBack.acked`): above a
+        consumer's ack floor as last seen, a consumer created again that starts below it would
+        deliver it again, which the ledger no longer drops."""
+        for key, seqs in acked.items():
             before = self.last_seen(*key)
-            if before is None or before.ack_floor < seq:
-                self.acked_through[key] = max(seq, self.acked_through.get(key, 0))
+            above = {seq for seq in seqs if seq > (before.ack_floor if before else 0)}
+            if above:
+                self.acked_earlier[key] = self.acked_earlier.get(key, frozenset()) | above
 
-    def restore_acked_through(self, stored: Mapping[str, Mapping[str, int]]) -> None:
-        """Take the marks the pointer keeps (`stored_acked_through`), with those taken since."""
-        self.given_back({key: int(seq) for key, seq in _by_consumer(stored).items()})
+    def restore_acked_earlier(self, stored: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
+        """Take what the pointer keeps (`stored_acked_earlier`), with what was taken since."""
+        self.given_back(
+            {
+                key: {seq for first, last in spans for seq in range(int(first), int(last) + 1)}
+                for key, spans in _by_consumer(stored).items()
+            }
+        )
 
-    def stored_acked_through(self) -> dict[str, dict[str, int]]:
-        """`acked_through` by stream and name, as the pointer keeps it."""
-        return _by_stream(dict(sorted(self.acked_through.items())))
+    def stored_acked_earlier(self) -> dict[str, dict[str, list[list[int]]]]:
+        """`acked_earlier` by stream and name, as the pointer keeps it: [first, last] spans."""
+        return _by_stream({key: _spans(seqs) for key, seqs in sorted(self.acked_earlier.items())})
+
+    def acked_through(self, stream: str, name: str) -> int:
+        """The highest stream sequence of `acked_earlier` of the consumer (0: none)."""
+        return max(self.acked_earlier.get((stream, name), ()), default=0)
 
     def record(self, stream: str, name: str, info: ConsumerInfo, placed: bool = True) -> None:
         """A consumer the query found or (re)created itself: checked, and its identity kept.
@@ -187,9 +200,10 @@ class SeenConsumers:
         self.sightings[stream, name] = Sighting(
             info.get("created") or "", info.ack_floor_seq, info.delivered_consumer_seq
         )
-        mark = self.acked_through.get((stream, name))
-        if mark is not None and info.ack_floor_seq >= mark:
-            del self.acked_through[stream, name]  # acked by this consumer: it delivers none again
+        earlier = self.acked_earlier.pop((stream, name), frozenset())
+        above = frozenset(seq for seq in earlier if seq > info.ack_floor_seq)
+        if above:  # what this consumer acked it delivers not again
+            self.acked_earlier[stream, name] = above
 
     def skipped(self, stream: str, name: str, info: ConsumerInfo) -> range:
         """The stream sequences a consumer created again since it was last seen has acked or
@@ -215,8 +229,8 @@ class SeenConsumers:
         before = self.last_seen(stream, name)
         created = info.get("created") or ""
         if recreation is not None and before is not None and created_later(created, before.created):
-            marked = self.acked_through.get((stream, name), 0)
-            harm = start_refusal(before, info, skipped, marked)
+            earlier = self.acked_earlier.get((stream, name), frozenset())
+            harm = start_refusal(before, info, skipped, earlier)
             if harm is not None:
                 when = "while the query was stopped" if remembered else "while the query ran"
                 evidence = f"created {before.created}, now {created}; {MOVED_CREATION}"
@@ -242,15 +256,30 @@ class SeenConsumers:
         return started_over
 
     def next_after_acked(self, stream: str, name: str) -> int:
-        """The stream sequence right after everything the consumer had acked when last seen: a
-        new consumer starting there reads nothing the query committed and settled, and what
-        the query took after it is in the ledger, which drops its redeliveries."""
+        """The stream sequence right after everything the consumer had acked when last seen and
+        what a query on an earlier checkpoint acked above that (`acked_earlier`): a new consumer
+        starting there reads nothing the query committed and settled, nor what that query acked
+        (given back, its entries are gone), and what the query took after it is in the ledger,
+        which drops its redeliveries. (Refused anyway when a sequence below it was neither:
+        given back and not read again yet; no start is exact then.)"""
         before = self.last_seen(stream, name)
-        return (before.ack_floor if before else 0) + 1
+        floor = before.ack_floor if before else 0
+        return max(floor, self.acked_through(stream, name)) + 1
 
     def last_seen(self, stream: str, name: str) -> Sighting | None:
         """As the previous driver remembered it until this one looked, else as this one saw it."""
         return self.remembered.get((stream, name)) or self.sightings.get((stream, name))
+
+
+def _spans(seqs: Collection[int]) -> list[list[int]]:
+    """Sequences as [first, last] spans of consecutive ones, in order."""
+    spans: list[list[int]] = []
+    for seq in sorted(seqs):
+        if spans and spans[-1][1] == seq - 1:
+            spans[-1][1] = seq
+        else:
+            spans.append([seq, seq])
+    return spans
 
 
 def _by_stream(by_consumer: Mapping[tuple[str, str], T]) -> dict[str, dict[str, T]]:

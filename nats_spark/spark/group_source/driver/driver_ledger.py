@@ -67,8 +67,8 @@ class DriverLedger:
         self.seen = seen or SeenConsumers()
         # The sightings as the pointer last written (or read) keeps them (`sightings_moved`).
         self.stored_sightings: dict[str, dict[str, list[Any]]] | None = None
-        # `SeenConsumers.acked_through` as the pointer last written (or read) keeps it.
-        self.stored_marks: dict[str, dict[str, int]] = {}
+        # `SeenConsumers.acked_earlier` as the pointer last written (or read) keeps it.
+        self.stored_marks: dict[str, dict[str, list[list[int]]]] = {}
         self.pointer_key = pointer_key
         self.kv: Bucket | None = None
         self.ledger: Ledger | None = None  # None until a lineage is adopted
@@ -153,8 +153,8 @@ class DriverLedger:
                 remembered = pointer.replaced_consumers.get(offset.lineage, {})
         self.seen.remember(remembered)
         if pointer is not None:
-            self.seen.restore_acked_through(pointer.acked_through)
-        self.stored_marks = self.seen.stored_acked_through()
+            self.seen.restore_acked_earlier(pointer.acked_earlier)
+        self.stored_marks = self.seen.stored_acked_earlier()
         self.stored_sightings = self.seen.stored() if remembered else None
         listing = await self.ledger.listing()
         self.entries = {(gen, slot): DriverEntry(gen, slot) for gen, slot in listing.heads}
@@ -321,11 +321,11 @@ class DriverLedger:
             self.driver,
             sightings,
             dict(self.replaced_consumers),  # of `replaced` only: both are set together
-            self.seen.stored_acked_through(),
+            self.seen.stored_acked_earlier(),
         )
         await write_pointer(self.kv, self.pointer_key, pointer)
         self.stored_sightings = sightings
-        self.stored_marks = pointer.acked_through
+        self.stored_marks = pointer.acked_earlier
 
     async def save_marks(self) -> None:
         """At stop: write the pointer when it lacks what a give-back marked (`_given_back`),
@@ -333,7 +333,7 @@ class DriverLedger:
         is created again: a run failed on its sink after its give-back, before any pointer
         write, and the next checkpoint's query read on a consumer created again below the mark,
         which delivered 2 again after 4)."""
-        if self.seen.stored_acked_through() != self.stored_marks:
+        if self.seen.stored_acked_earlier() != self.stored_marks:
             await self.save_pointer()
 
     def acks_due(self, through: int) -> dict[str, tuple[int, ...]]:
@@ -515,7 +515,7 @@ class DriverLedger:
         log.info(
             "a new checkpoint: %d messages an earlier query took are read again", given.returned
         )
-        self.seen.given_back(given.acked_through)
+        self.seen.given_back(given.acked)
 
     async def ack_through(self, client: NatsClient, gen: int, only: str | None = None) -> int:
         """Ack every sealed entry (of slot `only`, if given) of batches up to `gen` (all

@@ -4,11 +4,13 @@ overlapping filters on the work-queue stream, and from a given sequence when one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 from nats_spark.client import NatsClient
-from nats_spark.errors import ErrorCode, JetStreamApiError
+from nats_spark.errors import ConfigurationError, ErrorCode, JetStreamApiError, NotFound
+from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.pcg.consumers import GroupConsumer, ensure_group_consumer
 from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
 
@@ -31,8 +33,9 @@ async def ensure(
     """Create a group consumer (delivering from where `deliver` says, when it is new), waiting
     while another consumer (maybe a Go member) still holds overlapping filters on the work-queue
     stream, as Go members wait for each other; then check it (an adopted one keeps its own
-    config) and record it in `seen` as the query's (`placed`: the query creates it where it
-    chose, as opposed to taking one it may find as it is, `SeenConsumers.record`)."""
+    config; one placed by `deliver`, `_check_past_acked`) and record it in `seen` as the
+    query's (`placed`: the query creates it where it chose, as opposed to taking one it may
+    find as it is, `SeenConsumers.record`)."""
     if deliver:
         consumer = GroupConsumer(consumer.stream, consumer.name, {**consumer.config, **deliver})
     for _ in range(_OVERLAP_RETRIES - 1):
@@ -45,4 +48,38 @@ async def ensure(
         await asyncio.sleep(0.5)
     else:
         info = await ensure_group_consumer(client, consumer)
+    if deliver:
+        await _check_past_acked(client, consumer, info, seen)
     seen.record(consumer.stream, consumer.name, info, placed)
+
+
+async def _check_past_acked(
+    client: NatsClient, consumer: GroupConsumer, info: ConsumerInfo, seen: SeenConsumers
+) -> None:
+    """A consumer the query just created where it chose (a static group's, at
+    `startingPosition` or where a layout move puts it) starts past what a query on an earlier
+    checkpoint acked of it, as one created again must (`consumer_checks.start_refusal`): those
+    entries were given back, so nothing would drop its deliveries of them. Below, it is deleted
+    (the next run creates it again where it is told) and refused, before it is recorded: a
+    sighting the pointer keeps stays the one the refusal of a consumer created again needs."""
+    stream, name = consumer.stream, consumer.name
+    acked_through = seen.acked_through(stream, name)
+    if info.ack_floor_seq >= acked_through:
+        return
+    with contextlib.suppress(NotFound):
+        await client.api.delete_consumer(stream, name)
+    raise ConfigurationError(
+        f"consumer {name!r} on stream {stream!r} was to start at stream sequence "
+        f"{info.ack_floor_seq + 1}, but a query on an earlier checkpoint acked messages up to "
+        f"stream sequence {acked_through} of it, which it would deliver again; the source "
+        f"deleted it: to read nothing twice, {restart_at(seen.next_after_acked(stream, name))}"
+    )
+
+
+def restart_at(start: int) -> str:
+    """How a static group's deleted consumer comes back exactly: created by the query right
+    after the last message it acked (`SeenConsumers.next_after_acked`)."""
+    return (
+        f"restart the query with startingPosition=sequence:{start}, so it creates the consumer "
+        "right after the last message it acked (the option applies only to consumers it creates)"
+    )

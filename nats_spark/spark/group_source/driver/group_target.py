@@ -29,7 +29,7 @@ from nats_spark.spark.group_source.driver.consumer_checks import (
     SeenConsumers,
     Skipped,
 )
-from nats_spark.spark.group_source.driver.group_consumers import ensure
+from nats_spark.spark.group_source.driver.group_consumers import ensure, restart_at
 from nats_spark.spark.group_source.driver.layouts import GroupLayouts
 from nats_spark.spark.group_source.driver.slots import Held, Slot
 from nats_spark.spark.group_source.options import SourceOptions
@@ -271,7 +271,7 @@ class GroupTarget:
         start = self.seen.next_after_acked(slot.stream, slot.consumer)
         return (
             f"to read nothing twice, delete it (nats consumer rm {slot.stream} "
-            f"{slot.consumer}) and {_restart_at(start)}"
+            f"{slot.consumer}) and {restart_at(start)}"
         )
 
     async def heal(self, client: NatsClient, slot: Slot) -> None:
@@ -288,22 +288,13 @@ class GroupTarget:
                     f"partition consumer {consumer.name!r} on stream {consumer.stream!r} was "
                     "deleted while the query ran; a new one would read its partition again from "
                     "the start: delete and recreate the group to start over, then restart the "
-                    f"query; or, to read nothing twice, {_restart_at(start)}"
+                    f"query; or, to read nothing twice, {restart_at(start)}"
                 )
             raise ConfigurationError(
                 f"member consumer {consumer.name!r} of static group {self.options.group!r} on "
                 f"stream {consumer.stream!r} was deleted while the query ran; a new one would "
                 f"read the member's partitions again from the start: to read nothing twice, "
-                f"{_restart_at(start)}; or delete and recreate the group to start over"
+                f"{restart_at(start)}; or delete and recreate the group to start over"
             )
         log.info("recreating consumer %s > %s", consumer.stream, consumer.name)
         await ensure(client, consumer, self.seen)
-
-
-def _restart_at(start: int) -> str:
-    """How a static group's deleted consumer comes back exactly: created by the query right
-    after the last message it acked (`SeenConsumers.next_after_acked`)."""
-    return (
-        f"restart the query with startingPosition=sequence:{start}, so it creates the consumer "
-        "right after the last message it acked (the option applies only to consumers it creates)"
-    )
