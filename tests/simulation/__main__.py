@@ -38,6 +38,23 @@ def _summary(result: Result) -> str:
     return f"seed {result.seed} (Spark {result.setup.version}): {findings[0]}"
 
 
+# The families of worlds a run may ask for (`Setup`'s overrides that are never drawn), each a
+# flag of its own: `--stalling-executors` for `stalling_executors`.
+WORLDS = {
+    "packed": "both slots read by one task (maxTasksPerBatch=1)",
+    "stalling_executors": "executors pause: often shortly, and for ack waits after which Spark "
+    "lost the attempt",
+    "other_client": "another client reads the query's overflow consumer and acks what it takes",
+    "replaced_mid_batch": "a query stopped mid-batch is replaced at once by one on a new "
+    "checkpoint",
+    "removals_return": "the server's restarts are unclean and bring back removed ledger keys",
+    "floor_from_zero": "nats-server 2.11-2.12: a new consumer reports its ack floor as 0 until "
+    "an ack",
+    "follows_advice": "an operator does what a refusal of a consumer created again says",
+    "early_stops": "a job reads a batch's tasks first and Spark stops them after their first rows",
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.simulation",
@@ -57,44 +74,8 @@ def main() -> int:
         action="store_true",
         help="per-key order breaks of the README's first two cases fail too",
     )
-    parser.add_argument(
-        "--packed", action="store_true", help="both slots read by one task (maxTasksPerBatch=1)"
-    )
-    parser.add_argument(
-        "--stalling-executors",
-        action="store_true",
-        help="executors pause: often shortly, and for ack waits after which Spark lost the attempt",
-    )
-    parser.add_argument(
-        "--other-client",
-        action="store_true",
-        help="another client reads the query's overflow consumer and acks what it takes",
-    )
-    parser.add_argument(
-        "--replaced-mid-batch",
-        action="store_true",
-        help="a query stopped mid-batch is replaced at once by one on a new checkpoint",
-    )
-    parser.add_argument(
-        "--removals-return",
-        action="store_true",
-        help="the server's restarts are unclean and bring back removed ledger keys",
-    )
-    parser.add_argument(
-        "--floor-from-zero",
-        action="store_true",
-        help="nats-server 2.11-2.12: a new consumer reports its ack floor as 0 until an ack",
-    )
-    parser.add_argument(
-        "--follows-advice",
-        action="store_true",
-        help="an operator does what a refusal of a consumer created again says",
-    )
-    parser.add_argument(
-        "--early-stops",
-        action="store_true",
-        help="a job reads a batch's tasks first and Spark stops them after their first rows",
-    )
+    for world, help in WORLDS.items():
+        parser.add_argument(f"--{world.replace('_', '-')}", action="store_true", help=help)
     parser.add_argument(
         "--chaos-waits", type=float, help="how long the chaotic phase lasts, in ack waits"
     )
@@ -111,22 +92,7 @@ def main() -> int:
         overrides["chaos_waits"] = args.chaos_waits
     if args.spark:
         overrides["version"] = args.spark
-    if args.packed:
-        overrides["packed"] = True
-    if args.stalling_executors:
-        overrides["stalling_executors"] = True
-    if args.other_client:
-        overrides["other_client"] = True
-    if args.replaced_mid_batch:
-        overrides["replaced_mid_batch"] = True
-    if args.removals_return:
-        overrides["removals_return"] = True
-    if args.floor_from_zero:
-        overrides["floor_from_zero"] = True
-    if args.follows_advice:
-        overrides["follows_advice"] = True
-    if args.early_stops:
-        overrides["early_stops"] = True
+    overrides.update({world: True for world in WORLDS if getattr(args, world)})
     if args.seed is not None:
         result = run_schedule(args.seed, verbose=args.verbose, **overrides)
         if not args.verbose:

@@ -1161,6 +1161,17 @@ def test_a_give_back_gives_back_an_acked_entry_too(
     assert run_sync(Ledger(kv, lineage).heads()) == []
 
 
+def query_that_acked_4_to_8(kv: MemoryBucket) -> DriverLedger:
+    """A query's driver whose batch 1 sealed 4-8 of slot m1 and acked them."""
+    earlier = driver(kv)
+    run_sync(earlier.adopt(None))
+    run_sync(earlier.new_offset({"m1": SlotPlan(5)}))
+    assert earlier.lineage is not None
+    sealed(kv, earlier.lineage, 1, [4, 5, 6, 7, 8])
+    run_sync(ledger_protocol.ack(CLIENT, Ledger(kv, earlier.lineage), 1, "m1", "S"))
+    return earlier
+
+
 def test_a_give_back_marks_what_the_acked_entries_held_for_the_next_drivers(
     kv: MemoryBucket, given_back: list[bytes]
 ) -> None:
@@ -1170,12 +1181,7 @@ def test_a_give_back_marks_what_the_acked_entries_held_for_the_next_drivers(
     (seed 11950 of the simulation's worlds with the recreation): the give-back reports the
     sequences its acked entries held, by consumer (a sealed entry, never acked, none), and the
     pointer keeps them for the target's next drivers."""
-    earlier = driver(kv)
-    run_sync(earlier.adopt(None))
-    run_sync(earlier.new_offset({"m1": SlotPlan(5)}))
-    assert earlier.lineage is not None
-    sealed(kv, earlier.lineage, 1, [4, 5, 6, 7, 8])
-    run_sync(ledger_protocol.ack(CLIENT, Ledger(kv, earlier.lineage), 1, "m1", "S"))
+    earlier = query_that_acked_4_to_8(kv)
     sealed(kv, earlier.lineage, 2, [9, 10])
     new_checkpoint = driver(kv)
     run_sync(new_checkpoint.adopt(SourceOffset.initial(uuid.uuid4().hex)))
@@ -1201,12 +1207,7 @@ def test_a_query_that_stops_before_its_next_pointer_write_keeps_the_give_back_s_
     checkpoint's query would read on a consumer created again below it (seed 5265 of the
     simulation's worlds with the recreation, new checkpoints and failing sink writes: 2 emitted
     again after 4). At stop the pointer is written with it; when it is written already, not."""
-    earlier = driver(kv)
-    run_sync(earlier.adopt(None))
-    run_sync(earlier.new_offset({"m1": SlotPlan(5)}))
-    assert earlier.lineage is not None
-    sealed(kv, earlier.lineage, 1, [4, 5, 6, 7, 8])
-    run_sync(ledger_protocol.ack(CLIENT, Ledger(kv, earlier.lineage), 1, "m1", "S"))
+    query_that_acked_4_to_8(kv)
     failing = driver(kv)
     run_sync(failing.adopt(SourceOffset.initial(uuid.uuid4().hex)))
     run_sync(failing.give_back_replaced(CLIENT))

@@ -25,7 +25,7 @@ from nats_spark.spark.group_source.ledger import (
     read_head,
 )
 from nats_spark.spark.group_source.options import parse_options
-from nats_spark.spark.group_source.slot_partition import PackedSlots
+from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from nats_spark.spark.group_source.task import slot_entry, slot_reader
 from nats_spark.spark.group_source.task.slot_reader import read_packed, read_slot
 
@@ -40,6 +40,57 @@ def packed_options(nats_url: str, stream: str, unique: str, tasks: str, **more: 
         "ledgerBucket": f"L{unique}",
         **more,
     }
+
+
+def two_slots_of_20(client, nats_url: str, stream: str, unique: str) -> dict:
+    """The options of a query that reads `stream`'s static group of 2 partitions (100 messages
+    published) in one packed task, 20 messages a slot."""
+    static_group(client, stream, "g", ["m1", "m2"], partitions=2)
+    publish(client, stream, 100)
+    return packed_options(nats_url, stream, unique, "1", maxMessagesPerPartition="20")
+
+
+SECOND = "partition-1"  # the second slot of `two_slots_of_20`'s query
+
+
+def second_slot_closed_while(options: dict, unique: str, meanwhile: threading.Event) -> EntryHead:
+    """The head of `SECOND`'s entry once the query's packed task was closed after its first
+    rows, while `meanwhile` (a step of that slot made slow) was under way."""
+    reader = BatchCoordinator(parse_options(options))
+    try:
+        task = first_packed_task(reader)
+        assert [slot.slot for slot in task.slots] == ["partition-0", SECOND]
+        closed_after_first_rows(task, meanwhile)
+        head = entry_head(reader, unique, task.slots[1])
+        assert head is not None
+        return head
+    finally:
+        run_sync(reader.close())
+
+
+def closed_after_first_rows(task: PackedSlots, meanwhile: threading.Event | None = None) -> None:
+    """Read `task`'s first rows, then close it as Spark stops a task early, once `meanwhile`
+    (a step of a slot made slow) is under way."""
+    rows = read_packed(task)
+    next(rows)
+    assert meanwhile is None or meanwhile.wait(15)
+    rows.close()
+
+
+def entry_head(reader: BatchCoordinator, unique: str, slot: SlotPartition) -> EntryHead | None:
+    """The head of `slot`'s ledger entry as the bucket (`L<unique>`) holds it now."""
+
+    async def read() -> EntryHead | None:
+        kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
+        found = await read_head(Ledger(kv, slot.lineage), slot.gen, slot.slot)
+        return None if found is None else found[0]
+
+    return run_sync(read())
+
+
+def assert_released_holding(head: EntryHead, count: int) -> None:
+    """An entry left unsealed, released for a retry to take over at once, holding `count`."""
+    assert (head.state, head.count, head.released) == (EntryState.OPEN, count, True)
 
 
 def test_a_packed_task_reads_its_slots_slot_by_slot(client, nats_url, unique):
@@ -93,21 +144,11 @@ def test_a_packed_task_claims_its_slots_at_once(client, nats_url, unique, monkey
     monkeypatch.setattr(slot_reader, "SLOTS_AT_ONCE", 4)
     reader = BatchCoordinator(parse_options(options))
     try:
-        start = run_sync(reader.initial_offset())
-        end = run_sync(reader.latest_offset(start, None))
-        (task,) = run_sync(reader.input_partitions(start, end))
-        assert isinstance(task, PackedSlots) and len(task.slots) == 8
-        rows = read_packed(task)
-        next(rows)
-        rows.close()  # as Spark stops a task early
+        task = first_packed_task(reader)
+        assert len(task.slots) == 8
+        closed_after_first_rows(task)
         assert peak == 8  # four at a time, before
-
-        async def heads() -> list:
-            kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
-            ledger = Ledger(kv, end.lineage)
-            return [await read_head(ledger, end.gen, slot.slot) for slot in task.slots]
-
-        found = [found[0] for found in run_sync(heads()) if found is not None]
+        found = [head for slot in task.slots if (head := entry_head(reader, unique, slot))]
         assert len(found) == 8
         sealed = [head.state is EntryState.SEALED for head in found]
         assert all(head.released or done for head, done in zip(found, sealed, strict=True)), [
@@ -140,21 +181,11 @@ def test_a_slot_cancelled_before_its_first_step_releases_its_entry(
     monkeypatch.setattr(slot_reader, "SLOTS_AT_ONCE", 2)
     reader = BatchCoordinator(parse_options(options))
     try:
-        start = run_sync(reader.initial_offset())
-        end = run_sync(reader.latest_offset(start, None))
-        (task,) = run_sync(reader.input_partitions(start, end))
-        assert isinstance(task, PackedSlots) and len(task.slots) == 4
-        rows = read_packed(task)
-        next(rows)  # the first slot's; the second's steps were cancelled before they ran
-        rows.close()
-
-        async def heads() -> list:
-            kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
-            ledger = Ledger(kv, end.lineage)
-            return [await read_head(ledger, end.gen, slot.slot) for slot in task.slots]
-
-        found = [found[0] for found in run_sync(heads())]
-        assert [head.released for head in found[1:]] == [True, True, True], found
+        task = first_packed_task(reader)
+        assert len(task.slots) == 4
+        closed_after_first_rows(task)  # the second slot's steps were cancelled before they ran
+        found = [entry_head(reader, unique, slot) for slot in task.slots[1:]]
+        assert [head and head.released for head in found] == [True, True, True], found
     finally:
         run_sync(reader.close())
 
@@ -166,15 +197,12 @@ def test_a_slot_cancelled_while_it_records_keeps_what_it_recorded_and_releases(
     finish: the slot gives none of what it recorded back (another reader of the consumer could
     take a message a retry then commits from the entry) and releases the entry at its revision
     after the write. Cut off from the write's end, it gave back all 20."""
-    stream = f"PACKSLOWREC{unique}"
-    static_group(client, stream, "g", ["m1", "m2"], partitions=2)
-    publish(client, stream, 100)
-    options = packed_options(nats_url, stream, unique, "1", maxMessagesPerPartition="20")
+    options = two_slots_of_20(client, nats_url, f"PACKSLOWREC{unique}", unique)
     writing = threading.Event()
     write_chunks = Ledger.write_chunks
 
     async def slow_second_slot(ledger, gen, slot, *args):
-        if slot == task.slots[1].slot:
+        if slot == SECOND:
             writing.set()
             await asyncio.sleep(2)  # a slow write: the task ends meanwhile
         return await write_chunks(ledger, gen, slot, *args)
@@ -189,29 +217,8 @@ def test_a_slot_cancelled_while_it_records_keeps_what_it_recorded_and_releases(
     monkeypatch.setattr(Ledger, "write_chunks", slow_second_slot)
     monkeypatch.setattr(slot_reader, "publish_acks", naks_seen)
     monkeypatch.setattr(slot_reader, "SLOTS_AT_ONCE", 2)
-    reader = BatchCoordinator(parse_options(options))
-    try:
-        start = run_sync(reader.initial_offset())
-        end = run_sync(reader.latest_offset(start, None))
-        (task,) = run_sync(reader.input_partitions(start, end))
-        assert isinstance(task, PackedSlots) and len(task.slots) == 2
-        rows = read_packed(task)
-        next(rows)
-        assert writing.wait(15)
-        rows.close()
-        second = task.slots[1]
-
-        async def head():
-            kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
-            return await read_head(Ledger(kv, end.lineage), end.gen, second.slot)
-
-        found = run_sync(head())
-        assert found is not None
-        entry = found[0]
-        assert (entry.state, entry.count, entry.released) == (EntryState.OPEN, 20, True)
-        assert given_back == []
-    finally:
-        run_sync(reader.close())
+    assert_released_holding(second_slot_closed_while(options, unique, writing), 20)
+    assert given_back == []
 
 
 def test_a_slot_cancelled_while_it_seals_leaves_its_entry_sealed_or_released(
@@ -222,41 +229,19 @@ def test_a_slot_cancelled_while_it_seals_leaves_its_entry_sealed_or_released(
     before the write, so it skipped the release: the entry stayed OPEN and held, and the
     batch's next read stood by `HOLD_QUIET` for it (found by a foreachBatch that asks
     `isEmpty()` first: tests/spark/group_source/test_early_stops.py)."""
-    stream = f"PACKSLOWSEAL{unique}"
-    static_group(client, stream, "g", ["m1", "m2"], partitions=2)
-    publish(client, stream, 100)
-    options = packed_options(nats_url, stream, unique, "1", maxMessagesPerPartition="20")
+    options = two_slots_of_20(client, nats_url, f"PACKSLOWSEAL{unique}", unique)
     sealing = threading.Event()
     update_head = Ledger.update_head
 
     async def slow_seal_of_second_slot(ledger, gen, slot, value, revision):
         sealed = EntryHead.from_bytes(value, slot).state is EntryState.SEALED
-        if slot == task.slots[1].slot and sealed:
+        if slot == SECOND and sealed:
             sealing.set()
             await asyncio.sleep(2)  # a slow write: the task ends meanwhile
         return await update_head(ledger, gen, slot, value, revision)
 
     monkeypatch.setattr(Ledger, "update_head", slow_seal_of_second_slot)
-    reader = BatchCoordinator(parse_options(options))
-    try:
-        task = first_packed_task(reader)
-        assert len(task.slots) == 2
-        rows = read_packed(task)
-        next(rows)
-        assert sealing.wait(15)
-        rows.close()
-
-        async def head():
-            kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
-            ledger = Ledger(kv, task.slots[1].lineage)
-            return await read_head(ledger, task.slots[1].gen, task.slots[1].slot)
-
-        found = run_sync(head())
-        assert found is not None
-        entry = found[0]
-        assert (entry.state, entry.count, entry.released) == (EntryState.OPEN, 20, True)
-    finally:
-        run_sync(reader.close())
+    assert_released_holding(second_slot_closed_while(options, unique, sealing), 20)
 
 
 def test_a_slot_cancelled_while_its_keeper_stops_releases_its_entry(
@@ -265,40 +250,18 @@ def test_a_slot_cancelled_while_its_keeper_stops_releases_its_entry(
     """A task that ends while one of its slots, done pulling, waits for its keeper's last
     round (slow here) releases that slot's entry: the cancel reached the keeper's task
     through the wait, and the release, which waits for that task again, never came."""
-    stream = f"PACKSLOWKEEP{unique}"
-    static_group(client, stream, "g", ["m1", "m2"], partitions=2)
-    publish(client, stream, 100)
-    options = packed_options(nats_url, stream, unique, "1", maxMessagesPerPartition="20")
+    options = two_slots_of_20(client, nats_url, f"PACKSLOWKEEP{unique}", unique)
     stopping = threading.Event()
     run = InProgressKeeper.run
 
     async def slow_last_round_of_second_slot(keeper):
         await run(keeper)
-        if keeper.label == f"slot {task.slots[1].slot}":
+        if keeper.label == f"slot {SECOND}":
             stopping.set()
             await asyncio.sleep(2)  # its last round's flush: the task ends meanwhile
 
     monkeypatch.setattr(InProgressKeeper, "run", slow_last_round_of_second_slot)
-    reader = BatchCoordinator(parse_options(options))
-    try:
-        task = first_packed_task(reader)
-        assert len(task.slots) == 2
-        rows = read_packed(task)
-        next(rows)
-        assert stopping.wait(15)
-        rows.close()
-        second = task.slots[1]
-
-        async def head():
-            kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
-            return await read_head(Ledger(kv, second.lineage), second.gen, second.slot)
-
-        found = run_sync(head())
-        assert found is not None
-        entry = found[0]
-        assert (entry.state, entry.count, entry.released) == (EntryState.OPEN, 20, True)
-    finally:
-        run_sync(reader.close())
+    assert_released_holding(second_slot_closed_while(options, unique, stopping), 20)
 
 
 async def until(holds, what: str, timeout: float = 15.0) -> None:
