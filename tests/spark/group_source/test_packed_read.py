@@ -196,9 +196,10 @@ def test_a_slot_cancelled_while_it_records_keeps_what_it_recorded_and_releases(
     """A task that ends while one of its slots records (its write is slow here) lets the write
     finish: the slot gives none of what it recorded back (another reader of the consumer could
     take a message a retry then commits from the entry) and releases the entry at its revision
-    after the write. Cut off from the write's end, it gave back all 20 (before 1b1af96); since,
-    the cut-off slot's give-back fails at once instead, NAKing nothing, so this test no longer
-    tells: the simulation's mutant `recorder-cut-off-from-its-write` does (early-stop worlds)."""
+    after the write. Cut off from the write's end, it gave back all 20 at c1ade61; on today's
+    code its give-back fails at once instead (the cancelled write's `finish` raises), NAKing
+    nothing, so this test no longer tells: the simulation's mutant
+    `recorder-cut-off-from-its-write` does (early-stop worlds)."""
     options = two_slots_of_20(client, nats_url, f"PACKSLOWREC{unique}", unique)
     writing = threading.Event()
     write_chunks = Ledger.write_chunks
