@@ -46,11 +46,12 @@ def consumer_created_again(
 ) -> ConfigurationError:
     """A consumer a query reads was deleted and created again `when` (seen by `evidence`) and
     cannot be read on: `harm` says why (by default, it starts over, delivering what the query
-    committed); `recreation`: how to go on. Told by the driver (a later creation time) and by a
-    task (a delivery the consumer had acked)."""
+    committed); `recreation`: how to go on (none when `harm` says it). Told by the driver (a
+    later creation time) and by a task (a delivery the consumer had acked)."""
+    way_on = f"; {recreation}" if recreation else ""
     return ConfigurationError(
         f"consumer {name!r} on stream {stream!r} was deleted and created again {when} "
-        f"({evidence}): {harm}; {recreation}"
+        f"({evidence}): {harm}{way_on}"
     )
 
 

@@ -544,10 +544,11 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         {"recreate_consumer": True, "follows_advice": True},
         "found by helper-52's hunt of 1001-3000 of the worlds on 2.11-2.12 whose operator follows "
         "a refusal's advice (it breaks without floor_from_zero too), with 1958 and 2452, which "
-        "the advice past an earlier checkpoint's acked_through mark closed: here the consumer "
-        "created after that mark is refused again, 4 between the floors given back and read by "
-        "none since, and the advice goes back to --deliver 4: no start is exact, and the "
-        "refusal should say so rather than advise one (2026-11-30)",
+        "the advice past an earlier checkpoint's acked_through mark closed. Not explained yet: "
+        "run 4 (a new checkpoint) failed in a task that found c created again, advising "
+        "--deliver 6 (the sighting's floor 5 + 1); the next start refused the consumer created "
+        "there, 4 lying between the floors and read by none of its checkpoint, and advised "
+        "--deliver 4 (2026-11-30)",
     ),
 }
 

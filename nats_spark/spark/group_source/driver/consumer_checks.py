@@ -81,6 +81,11 @@ MOVED_CREATION = (
 )
 
 
+# The refusal of a consumer created again that no start would read on exactly: the line names
+# the two starts and what each costs, and advises neither (the advice would be refused too).
+NO_EXACT_START = "no start reads exactly once"
+
+
 def start_refusal(
     before: Sighting, info: ConsumerInfo, skipped: Skipped, acked_earlier: Collection[int] = ()
 ) -> str | None:
@@ -119,6 +124,14 @@ def start_refusal(
         return (
             f"stream sequence {unread}, which the query never read, is gone from the stream "
             "(lost: set failOnDataLoss=false to go on)"
+        )
+    if unread < acked_through:
+        return (
+            f"{NO_EXACT_START}: stream sequence {unread} was given back by a query on an earlier "
+            f"checkpoint and never read again, while that query acked messages up to "
+            f"{acked_through}; a consumer that starts at {unread} delivers those again, one "
+            f"that starts at {acked_through + 1} skips {unread}: create it at either and "
+            "restart the query"
         )
     return f"the new one starts past stream sequence {unread}, which the query never read"
 
@@ -234,7 +247,8 @@ class SeenConsumers:
             if harm is not None:
                 when = "while the query was stopped" if remembered else "while the query ran"
                 evidence = f"created {before.created}, now {created}; {MOVED_CREATION}"
-                raise consumer_created_again(stream, name, when, evidence, recreation, harm)
+                way_on = "" if harm.startswith(NO_EXACT_START) else recreation
+                raise consumer_created_again(stream, name, when, evidence, way_on, harm)
             log.info("%s > %s was created again past nothing the query did not read", stream, name)
             if (stream, name) in self.inherited:
                 self.started_over.add((stream, name))
