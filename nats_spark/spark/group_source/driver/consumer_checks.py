@@ -116,8 +116,9 @@ def start_refusal(
         )
     start = max(before.ack_floor, skipped.first_seq - 1 if skipped.lost_ok else 0) + 1
     between = range(start, info.ack_floor_seq + 1)
-    taken = (seq for seq in between if seq not in skipped.committed and seq not in acked_earlier)
-    unread = next(taken, None)
+    # neither committed by this query nor acked by the earlier one
+    unread_ones = (s for s in between if s not in skipped.committed and s not in acked_earlier)
+    unread = next(unread_ones, None)
     if unread is None:
         return None
     if unread < skipped.first_seq:
