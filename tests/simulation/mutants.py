@@ -503,7 +503,9 @@ MUTANTS = (
                 LEDGER_PROTOCOL,
                 "    try:\n"
                 "        return await write_head(ledger, gen, slot, head, revision)\n"
-                "    except asyncio.CancelledError:\n"
+                "    except LedgerConflict:\n"
+                "        raise\n"
+                "    except BaseException:\n"
                 "        head.state = EntryState.OPEN\n"
                 "        raise\n",
                 "    return await write_head(ledger, gen, slot, head, revision)\n",

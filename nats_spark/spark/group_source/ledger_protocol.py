@@ -376,17 +376,20 @@ async def record_anew(
 
 
 async def seal(ledger: Ledger, gen: int, slot: str, head: EntryHead, revision: int) -> int:
-    """OPEN -> SEALED: the attempt has taken all it will. An attempt cut off from the write (a
-    packed task that Spark stops early cancels its slots) takes its head for OPEN again: the
-    write may never have been sent, and it releases the entry (its head said SEALED, so the
-    release was skipped, and the entry left OPEN and held made the batch's next read stand by
-    `HOLD_QUIET` for it); a write that landed refuses the release."""
+    """OPEN -> SEALED: the attempt has taken all it will. An attempt whose write failed, or
+    that was cut off from it (a packed task that Spark stops early cancels its slots), takes
+    its head for OPEN again: the write may never have landed, and it releases the entry (its
+    head said SEALED, so the release was skipped, and the entry left OPEN and held made the
+    batch's next read stand by `HOLD_QUIET` for it); a write that landed refuses the release.
+    Not after a conflict: the entry is another's then, and no release of this attempt's lands."""
     if head.state is not EntryState.OPEN:
         return revision
     head.state = EntryState.SEALED
     try:
         return await write_head(ledger, gen, slot, head, revision)
-    except asyncio.CancelledError:
+    except LedgerConflict:
+        raise
+    except BaseException:
         head.state = EntryState.OPEN
         raise
 

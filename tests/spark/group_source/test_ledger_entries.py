@@ -358,6 +358,26 @@ def test_an_attempt_that_never_claimed_its_entry_releases_nothing(
     assert run_sync(read_head(Ledger(kv, lineage), 1, "m1")) is None
 
 
+def test_an_attempt_whose_seal_failed_releases_its_entry(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A seal whose write fails leaves the attempt's head OPEN, so that its release still marks
+    the entry released (a retry then takes it over at once, not after HOLD_QUIET)."""
+    entry = claimed(kv, input_partition(lineage))
+    take(entry, [1, 2])
+
+    async def refused(key: str, value: bytes, last: int) -> int:
+        raise RuntimeError("the seal's write failed")
+
+    with monkeypatch.context() as failing:
+        failing.setattr(kv, "update", refused)
+        with pytest.raises(RuntimeError):
+            run_sync(entry.seal())
+    run_sync(entry.release())
+    head = stored(kv, lineage, 1)[0]
+    assert (head.state, head.released) == (EntryState.OPEN, True)
+
+
 def test_a_first_attempt_that_loses_the_create_takes_the_winner_over(
     kv: MemoryBucket, lineage: str
 ) -> None:

@@ -283,7 +283,11 @@ class SlotEntry:
 
     async def end_hold(self, holding: asyncio.Future[None]) -> None:
         """Stop `holding` (`hold`'s task) between its writes: one cut short could leave this
-        attempt a revision behind its head's, and its seal would then fail."""
+        attempt a revision behind its head's, and its seal would then fail. A cancellation of
+        this attempt meanwhile is swallowed with the holder's: `end_hold` runs first in the
+        `finally` of the slot's pulls, whose rest (the give-back of what it did not record, the
+        keeper's end, the consumer's close) must run too; raising here skipped them (seed 248
+        of the early-stop worlds broke per-key order again)."""
         async with self.writing:
             holding.cancel()
         with contextlib.suppress(asyncio.CancelledError):
