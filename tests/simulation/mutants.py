@@ -76,6 +76,15 @@ DYING_ZOMBIES = (*STALLING, ("dying_zombies", 0.05), ("new_checkpoint", 0.5))
 CRASHING_DRIVERS = Chaos(driver_crash=0.03, task_crash=0.005, stall=0.01, crashes=4)
 # Faults in place of a seed's draws where processes stall at 3% of their scheduling points.
 STALLING_PROCESSES = Chaos(driver_crash=0.01, task_crash=0.005, stall=0.03, crashes=3)
+# The worlds whose shared consumer is created again while drivers die often and processes stall
+# at 3% of their points up to 39 s (a 30 s wait), with purges: a restarted driver's looks at the
+# consumer fall on either side of its creation again, and a batch it runs again outlives it.
+STARTED_OVER = (
+    ("recreate_consumer", True),
+    ("ack_wait", 30.0),
+    ("purges", True),
+    ("chaos", dataclasses.replace(CRASHING_DRIVERS, stall=0.03)),
+)
 
 
 @dataclass(frozen=True)
@@ -1001,12 +1010,27 @@ MUTANTS = (
         # Its hole needs a restarted driver's looks at the consumer, one per slot, on either
         # side of its creation again: drivers that die often, stalls of up to 39 s at 3% of the
         # scheduling points (a 30 s wait), purges.
-        edit=(
-            ("recreate_consumer", True),
-            ("ack_wait", 30.0),
-            ("purges", True),
-            ("chaos", dataclasses.replace(CRASHING_DRIVERS, stall=0.03)),
+        edit=STARTED_OVER,
+    ),
+    Mutant(
+        "started-over-told-by-one-driver-only",
+        "a batch run again after its consumer was created again is told so (its tasks check "
+        "first deliveries against the siblings' records) only by the driver that found the "
+        "recreation: that driver wrote the new consumer's sighting to the pointer and died "
+        "before the batch committed, and the next one re-ran it untold (seed 2159 of the worlds "
+        "whose shared consumer is created again: a zombie of the re-run took 3 from the new "
+        "consumer as new while a sibling's entry held it, and both emitted it)",
+        (
+            Patch(
+                BATCH_COORDINATOR,
+                "        started_over |= self.ledger.started_over_before(end.gen, committed)\n",
+                "",
+            ),
         ),
+        shared=True,
+        # The worlds of started-over-only-against-the-pointer: a driver that finds the consumer
+        # created again must die before the batch it re-runs commits.
+        edit=STARTED_OVER,
     ),
     Mutant(
         "acked-through-ignored",

@@ -330,6 +330,15 @@ class Query:
         running[task.finished] = task
 
 
+def counted_by_spark(attempt: Participant) -> bool:
+    """Whether Spark counts a failure of the task `attempt` (toward spark.task.maxFailures): its
+    driver's run still awaits it. Not a zombie's: one Spark lost (and retried), or one running
+    on after its driver's run ended (stopped, or killed with its process while the attempt's
+    executor was paused: it wakes and runs on a while), whose failure reaches no one."""
+    driver = attempt.parent
+    return not attempt.lost and driver is not None and not driver.finished.done()
+
+
 def _slots_of(partition: SlotPartition | PackedSlots) -> tuple[SlotPartition, ...]:
     return partition.slots if isinstance(partition, PackedSlots) else (partition,)
 

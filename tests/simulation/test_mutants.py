@@ -40,6 +40,8 @@ RARE = {
     # next (2026-11-30; 6791, which found the hole, was the only one of 0-30000 under the drawn
     # faults).
     "started-over-only-against-the-pointer": (481, 993),
+    # In the same worlds: the two of 0-6800 (2026-12-01; 2159 found the hole).
+    "started-over-told-by-one-driver-only": (2159, 6177),
     # In worlds whose server restarts after each of the first rounds of acks, half the runs on
     # a new checkpoint, without purges, on Spark 4.0/4.1 (`Mutant.edit`): the first two of
     # 713, 952 and 1442, the three of 0-1442 (2026-11-30; 11950, which found the hole, was the

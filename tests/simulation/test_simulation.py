@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.simulation.mutants import ROOT, SPECULATION
+from tests.simulation.mutants import BY_NAME, ROOT, SPECULATION, world
 from tests.simulation.scheduler import Chaos, Crashed, Scheduler, run
+from tests.simulation.spark import counted_by_spark
 from tests.simulation.world import Result, run_schedule, run_schedules
 
 pytestmark = pytest.mark.unit
@@ -502,6 +503,26 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "and refused it again. Its `opt_start_seq` now bounds the floor (mutant "
         "new-consumer-start-ignored, 2026-11-30)",
     ),
+    898: (
+        world(BY_NAME["started-over-only-against-the-pointer"]),
+        "the checker's (found by helper-51's hunt of the rare mutants' worlds): attempt "
+        "b1/c#1#2 of run 2 took its entry over and paused 52 s (its process) in its claim's "
+        "sibling reads; run 2's driver died meanwhile (the attempt lingered), run 4's retry took "
+        "the entry over, and the woken attempt's head write failed (`TakenOver`). Its failure "
+        "reached no Spark, yet the checker took it for a live attempt's failure toward "
+        "spark.task.maxFailures; it now counts only attempts whose driver's run awaits them "
+        "(`counted_by_spark`; 2026-12-01)",
+    ),
+    2159: (
+        world(BY_NAME["started-over-only-against-the-pointer"]),
+        "found by helper-55's hunt of 1801-2800 of those worlds: run 3's driver found consumer c "
+        "created again since run 2 planned batch 2 (whose c#1 entry held 3, from the old one), "
+        "wrote the new one's sighting to the pointer, told batch 2's tasks and died; run 5's "
+        "driver re-ran batch 2 untold, and its c#0 attempt, lingering past its driver's death, "
+        "took 3 from the new consumer as a first delivery: both entries emitted it. The pointer "
+        "now keeps what was created again after which batch until it commits "
+        "(`DriverLedger.started_over`; mutant started-over-told-by-one-driver-only, 2026-12-01)",
+    ),
 }
 
 
@@ -708,6 +729,41 @@ def test_a_participant_killed_while_it_sleeps_never_wakes() -> None:
 
     run(sched.loop, world())
     assert woke == []
+
+
+def test_only_a_task_attempt_its_driver_awaits_counts_toward_spark_s_failures() -> None:
+    """A zombie's failure reaches no one: one Spark lost, or one that runs on after its driver's
+    run stopped or its driver died (seed 898's attempt paused through its driver's death)."""
+    sched = Scheduler(random.Random(0), Chaos(), ack_wait=4.0)
+    counted: dict[str, bool] = {}
+
+    async def attempt() -> None:
+        await sched.sleep(2.0)
+        me = sched.current()
+        assert me is not None
+        counted[me.name] = counted_by_spark(me)
+
+    async def driver(attempt_name: str, lost: bool = False, runs: float = 3.0) -> None:
+        sched.spawn(attempt_name, "task", attempt(), parent=sched.current()).lost = lost
+        await sched.sleep(runs)
+
+    async def scene() -> None:
+        sched.spawn("live", "driver", driver("of a live run"))
+        sched.spawn("losing", "driver", driver("lost by Spark", lost=True))
+        sched.spawn("stopping", "driver", driver("of a stopped run", runs=1.0))
+        dying = sched.spawn("dying", "driver", driver("of a dead driver"))
+        await sched.sleep(1.0)
+        sched.kill(dying, at="the test")  # its attempt lingers (this seed's draw)
+        assert isinstance(dying.finished.exception(), Crashed)
+        await sched.sleep(2.0)
+
+    run(sched.loop, scene())
+    assert counted == {
+        "of a live run": True,
+        "lost by Spark": False,
+        "of a stopped run": False,
+        "of a dead driver": False,
+    }
 
 
 def test_a_consumer_with_max_deliver_is_refused_before_anything_is_taken() -> None:

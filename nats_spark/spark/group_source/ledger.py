@@ -650,7 +650,8 @@ class Pointer:
     by stream and name the [created, ack floor] of each consumer the query reads, as its driver
     last saw them (`SeenConsumers.stored`; absent in an older release's pointer), and the same
     of each replaced lineage, as it was when replaced: a restarted checkpoint whose first batch
-    Spark runs again comes back to its lineage after `initialOffset` began another."""
+    Spark runs again comes back to its lineage after `initialOffset` began another; the
+    consumers taken as created again after a batch not committed yet was planned."""
 
     lineage: str
     gen: int
@@ -665,6 +666,10 @@ class Pointer:
     # consumer's ack floor, whose entries a give-back removed, as [first, last] spans
     # (`SeenConsumers.acked_earlier`)
     acked_earlier: dict[str, dict[str, list[list[int]]]] = field(default_factory=dict)
+    # [stream, consumer, gen] of each consumer taken as created again after batch `gen` was
+    # planned, until it commits: a run of a batch up to it again tells its tasks
+    # (`DriverLedger.started_over`)
+    started_over: list[list[Any]] = field(default_factory=list)
 
 
 async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
@@ -685,6 +690,7 @@ async def read_pointer(kv: Bucket, key: str) -> Pointer | None:
         data.get("consumers", {}),
         data.get("replaced_consumers", {}),
         data.get("acked_earlier", {}),
+        data.get("started_over", []),
     )
 
 

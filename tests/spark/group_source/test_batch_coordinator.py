@@ -23,7 +23,7 @@ from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers, 
 from nats_spark.spark.group_source.driver.driver_ledger import EntriesLost
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.driver.targets import Held, Slot
-from nats_spark.spark.group_source.ledger import read_head
+from nats_spark.spark.group_source.ledger import read_head, read_pointer
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task.columns import SlotColumns
@@ -238,6 +238,13 @@ class CheckingTarget(Target):
         return "recreate it"
 
 
+def checking(reader: BatchCoordinator) -> BatchCoordinator:
+    """`reader` with a target that checks its consumers' identity (`CheckingTarget`)."""
+    reader.target = CheckingTarget()  # type: ignore[assignment]
+    reader.ledger.seen = reader.target.seen
+    return reader
+
+
 def started_over(tasks: list[SlotPartition]) -> list[tuple[str, bool]]:
     return [(t.slot, t.consumer_sighting.started_over) for t in tasks if t.consumer_sighting]
 
@@ -250,20 +257,8 @@ def test_a_logged_batch_run_again_tells_its_tasks_of_a_consumer_created_again_si
     are told (`started_over`): what the batch's first run took of the old one comes again as
     first deliveries. The batch it plans next holds only what the new one delivered."""
     first, server, kv = driver
-    first.target = CheckingTarget()  # type: ignore[assignment]
-    first.ledger.seen = first.target.seen
-    for slot in SLOTS:
-        server.show(slot, pending=2)
-        server.consumers[slot.consumer]["created"] = "2026-11-30T01:00:00Z"
-    start = run_sync(first.initial_offset())
-    end = run_sync(first.latest_offset(start, None))
-    tasks = run_sync(first.partitions(start, end))
-    assert started_over(tasks) == [("partition-0", False), ("partition-1", False)]
-    run_task(kv, tasks[0], [1, 2], pin="pin-0")  # then the driver is killed
-    server.consumers[SLOTS[0].consumer]["created"] = "2026-11-30T01:05:00Z"
-    restarted = driver_of(server, kv)
-    restarted.target = CheckingTarget()  # type: ignore[assignment]
-    restarted.ledger.seen = restarted.target.seen
+    start, end = first_batch_then_its_consumer_created_again(checking(first), server, kv)
+    restarted = checking(driver_of(server, kv))
     again = run_sync(restarted.partitions(start, end))  # Spark re-runs the logged batch
     assert started_over(again) == [("partition-0", True), ("partition-1", False)]
     following = run_sync(restarted.latest_offset(end, None))
@@ -273,6 +268,52 @@ def test_a_logged_batch_run_again_tells_its_tasks_of_a_consumer_created_again_si
     ]
     run_sync(first.close())
     run_sync(restarted.close())
+
+
+def first_batch_then_its_consumer_created_again(
+    first: BatchCoordinator, server: Server, kv: MemoryBucket
+) -> tuple[SourceOffset, SourceOffset]:
+    """Batch 1 planned by `first`, partition-0's task recording 1 and 2, then the driver killed
+    and partition-0's consumer created again: the batch's start and end."""
+    for slot in SLOTS:
+        server.show(slot, pending=2)
+        server.consumers[slot.consumer]["created"] = "2026-11-30T01:00:00Z"
+    start = run_sync(first.initial_offset())
+    end = run_sync(first.latest_offset(start, None))
+    tasks = run_sync(first.partitions(start, end))
+    assert started_over(tasks) == [("partition-0", False), ("partition-1", False)]
+    run_task(kv, tasks[0], [1, 2], pin="pin-0")
+    server.consumers[SLOTS[0].consumer]["created"] = "2026-11-30T01:05:00Z"
+    return start, end
+
+
+def test_each_driver_that_runs_a_batch_again_tells_its_tasks_of_a_consumer_created_again(
+    driver: tuple[BatchCoordinator, Server, MemoryBucket],
+) -> None:
+    """The restarted driver that took the consumer created again since the logged batch was
+    planned wrote the new one's sighting to the pointer and told the batch's tasks; killed
+    before the batch committed, the next driver, which finds the new consumer in the pointer,
+    tells them too (seed 2159 of the simulation's worlds whose shared consumer is created
+    again: untold, a task took what the old one delivered to a sibling as a first delivery
+    of the new one, and both emitted it). Once the batch commits, no batch is told."""
+    first, server, kv = driver
+    start, end = first_batch_then_its_consumer_created_again(checking(first), server, kv)
+    second = checking(driver_of(server, kv))
+    run_sync(second.latest_offset(None, None))  # Spark 4.0/4.1's availableNow asks first
+    pointer = run_sync(read_pointer(kv, second.ledger.pointer_key))
+    assert pointer is not None
+    assert pointer.consumers["S"][SLOTS[0].consumer][0] == "2026-11-30T01:05:00Z"
+    told = [("partition-0", True), ("partition-1", False)]
+    assert started_over(run_sync(second.partitions(start, end))) == told
+    third = checking(driver_of(server, kv))  # the second was killed before the batch committed
+    assert started_over(run_sync(third.partitions(start, end))) == told
+    following = run_sync(third.latest_offset(end, None))
+    assert started_over(run_sync(third.partitions(end, following))) == [
+        ("partition-0", False),
+        ("partition-1", False),
+    ]
+    for reader in (first, second, third):
+        run_sync(reader.close())
 
 
 def test_an_available_now_run_ends_where_the_stream_ended_at_its_start(

@@ -375,6 +375,7 @@ class BatchCoordinator:
         """`info` checked by the target (its config, and that the consumer was not created
         again since, or safely so), as planning uses it."""
         self.target.look(slot, info, await self._skipped(client, slot, info))
+        self.ledger.note_started_over(self.target.seen.started_over)
         return ConsumerSeen(
             pending=info.num_pending,
             ack_pending=info.num_ack_pending,
@@ -448,6 +449,7 @@ class BatchCoordinator:
         dedupes = {stream: self._dedupe(stream, end.gen) for stream in pulling}
         readers = readers_by_consumer(self.states, end.slots)
         started_over = self.target.seen.handed_started_over()
+        started_over |= self.ledger.started_over_before(end.gen, committed)
         return [
             self._input_partition(known[t.slot], end, t, dedupes, readers, started_over, looked)
             for t in plan.tasks

@@ -89,6 +89,12 @@ class DriverLedger:
         # By replaced lineage: its consumers as its last driver saw them (`Pointer`).
         self.replaced_consumers: dict[str, dict[str, dict[str, list[Any]]]] = {}
         self.retired: tuple[str, ...] = ()  # lineages given back (`Pointer.retired`)
+        # By (stream, consumer) taken as created again: the newest gen planned before, until it
+        # commits. Each run of such a batch again tells its tasks (`ConsumerSighting.
+        # started_over`), by this driver or a later one (`Pointer.started_over`): seed 2159 of
+        # the worlds whose shared consumer is created again re-ran a batch untold, its driver
+        # dead after the one that told it had written the new consumer's sighting.
+        self.started_over: dict[tuple[str, str], int] = {}
         self.kept = False  # whether the bucket is known to keep entries (no max age)
 
     def attach(self, kv: Bucket) -> None:
@@ -152,6 +158,9 @@ class DriverLedger:
             else:
                 remembered = pointer.replaced_consumers.get(offset.lineage, {})
         self.seen.remember(remembered)
+        self.started_over = {}
+        if pointer is not None and pointer.lineage == offset.lineage:
+            self.started_over = {(str(s), str(n)): int(g) for s, n, g in pointer.started_over}
         if pointer is not None:
             self.seen.restore_acked_earlier(pointer.acked_earlier)
         self.stored_marks = self.seen.stored_acked_earlier()
@@ -300,6 +309,18 @@ class DriverLedger:
         await self.save_pointer()
         return offset
 
+    def note_started_over(self, consumers: Collection[tuple[str, str]]) -> None:
+        """`consumers` were taken as created again: every batch planned so far may hold what
+        their old ones delivered."""
+        for consumer in consumers:
+            self.started_over[consumer] = max(self.started_over.get(consumer, 0), self.head_gen)
+
+    def started_over_before(self, gen: int, committed: int) -> set[tuple[str, str]]:
+        """The consumers taken as created again after batch `gen` was planned (forgotten once a
+        batch planned before committed: `committed` is the newest)."""
+        self.started_over = {c: last for c, last in self.started_over.items() if last > committed}
+        return {consumer for consumer, last in self.started_over.items() if gen <= last}
+
     def sightings_moved(self) -> bool:
         """Whether the consumers were seen other than the pointer keeps them (an ack floor
         moved, a consumer created again was taken): what a next driver's checks rest on
@@ -322,6 +343,7 @@ class DriverLedger:
             sightings,
             dict(self.replaced_consumers),  # of `replaced` only: both are set together
             self.seen.stored_acked_earlier(),
+            [[stream, name, gen] for (stream, name), gen in sorted(self.started_over.items())],
         )
         await write_pointer(self.kv, self.pointer_key, pointer)
         self.stored_sightings = sightings
