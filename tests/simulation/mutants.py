@@ -1049,6 +1049,17 @@ MUTANTS = (
         edit=(("recreate_consumer", True), ("new_checkpoint", 0.5), ("sink_failure", 0.2)),
     ),
     Mutant(
+        "found-consumer-drops-acked-marks",
+        "a consumer a driver found as it is (its target's first resolve) dropped the marks of "
+        "what a query on an earlier checkpoint acked that its floor passed, before it was judged: "
+        "a restarted checkpoint's driver on 4.2+ takes the checkpoint's sighting only after, and "
+        "then refused the consumer created where a task's refusal had said (past the marks) as "
+        "starting past a message never read, advising a start before them (seed 2550 of the "
+        "worlds whose operator follows the advice)",
+        (Patch(CONSUMER_CHECKS, "        if not placed:\n            return\n", ""),),
+        edit=(("recreate_consumer", True), ("follows_advice", True)),
+    ),
+    Mutant(
         "packed-slots-out-of-order",
         "a task of packed slots emits each slot's rows whole, but not in the packed order (the "
         "last slot running first): the order a re-run must keep (the nats sink's ids are "

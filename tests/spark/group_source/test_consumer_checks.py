@@ -262,8 +262,8 @@ def test_the_start_a_refusal_advises_is_past_what_an_earlier_checkpoint_acked() 
     consumer created there is read on, what lies between the floors being what this query
     committed (1-3, given back and read again) or what that one acked (4-8). Where a sequence
     between was neither (given back and not read again yet), no start reads on exactly: the
-    line names both starts and what each costs, and advises neither (following the advice, a
-    simulated operator was refused again: seed 2550)."""
+    line names both starts and what each costs, and advises neither (the advice past the marks
+    is the consumer just refused)."""
     seen = remembered(0)
     seen.given_back({("S", "C"): range(4, 9)})
     assert seen.next_after_acked("S", "C") == 9
@@ -282,15 +282,37 @@ def test_the_start_a_refusal_advises_is_past_what_an_earlier_checkpoint_acked() 
 def test_what_an_earlier_checkpoint_acked_is_marked_only_above_the_floor_seen() -> None:
     """The pointer's spans come back (`restore_acked_earlier`) with those taken since; what is
     at or below the floor seen is kept not (a new consumer below that floor is refused anyway),
-    nor what a later sighting's floor passed."""
+    nor what the floor of a later sighting the query judged (or placed) passed."""
     seen = remembered(30)
     seen.given_back({("S", "C"): [29, 30], ("S", "D"): [5, 7]})
     assert seen.acked_earlier == {("S", "D"): {5, 7}}
     seen.restore_acked_earlier({"S": {"C": [[28, 31]], "D": [[4, 4], [6, 6]]}})
     assert seen.stored_acked_earlier() == {"S": {"C": [[31, 31]], "D": [[4, 7]]}}
     assert seen.next_after_acked("S", "D") == 8
-    seen.record("S", "D", info(floor=5), placed=False)
+    seen.look("S", "D", info(floor=5), "go on so")
     assert seen.stored_acked_earlier() == {"S": {"C": [[31, 31]], "D": [[6, 7]]}}
+
+
+def test_marks_a_consumer_found_created_again_passed_stay_until_it_is_judged() -> None:
+    """A restarted checkpoint's driver on 4.2+ first adopts a lineage of its own (Spark asks
+    `initialOffset`), with the pointer's marks (4-5, acked by an earlier checkpoint's query
+    whose acks a server restart lost, so the floor seen stayed 3) and no sighting to judge the
+    consumer by: it finds the consumer as it is (created again past 5, as the refusal of a
+    task of the checkpoint's first run advised) and keeps the marks, in the pointer too. Then
+    it adopts the checkpoint's lineage, whose sighting (floor 3) the consumer is judged by:
+    4-5 were acked, so it is read on (seed 2550 of the worlds whose operator follows a
+    refusal's advice: the found consumer's floor dropped the marks, and it was refused as
+    starting past 4, never read, advising a start at 4, before what that query acked)."""
+    seen = SeenConsumers()
+    seen.restore_acked_earlier({"S": {"C": [[4, 5]]}})
+    seen.record("S", "C", created_again(5), placed=False)
+    pointer = seen.stored_acked_earlier()
+    assert pointer == {"S": {"C": [[4, 5]]}}
+    seen.remember({"S": {"C": [CREATED, 3]}})
+    seen.restore_acked_earlier(pointer)
+    seen.look("S", "C", created_again(5), "go on so", Skipped(first_seq=4))
+    assert seen.stored() == {"S": {"C": [LATER, 5]}}
+    assert seen.acked_earlier == {}, "judged: its floor passed them"
 
 
 class CreatingApi:

@@ -206,14 +206,22 @@ class SeenConsumers:
 
     def record(self, stream: str, name: str, info: ConsumerInfo, placed: bool = True) -> None:
         """A consumer the query found or (re)created itself: checked, and its identity kept.
-        `placed`: the query created it where it chose (not one it found or took as it is), so
-        a remembered sighting no longer applies."""
+        `placed`: the query created it where it chose, or judged it at planning (`look`), not
+        one it found or took as it is, so a remembered sighting no longer applies, and the
+        marks of `acked_earlier` its floor passed are forgotten."""
         check_config(stream, name, info.config)
         if placed:
             self.remembered.pop((stream, name), None)
         self.sightings[stream, name] = Sighting(
             info.get("created") or "", info.ack_floor_seq, info.delivered_consumer_seq
         )
+        # One found as it is keeps them: it may have been created again past them, to be judged
+        # against a sighting this driver takes from the pointer later (a restarted checkpoint's
+        # lineage, adopted after 4.2+'s `initialOffset`), for which they tell that what it
+        # starts past was acked (seed 2550 of the worlds whose operator follows a refusal's
+        # advice: the start it advised, past them, was refused as past a message never read).
+        if not placed:
+            return
         earlier = self.acked_earlier.pop((stream, name), frozenset())
         above = frozenset(seq for seq in earlier if seq > info.ack_floor_seq)
         if above:  # what this consumer acked it delivers not again
