@@ -1060,6 +1060,22 @@ MUTANTS = (
         edit=(("recreate_consumer", True), ("follows_advice", True)),
     ),
     Mutant(
+        "other-subjects-counted-unread",
+        "a consumer created again was judged against every message between the floors the query "
+        "had not committed, another partition's too (not committed yet, or its entry settled "
+        "and removed), which its filter does not match: it was refused as starting past a "
+        "message never read, and the advice, a start before it, cannot bring it (seeds 46, 97, "
+        "147 and 11 more of 0-1000 of the worlds whose operator follows the advice)",
+        (
+            Patch(
+                BATCH_COORDINATOR,
+                "fail_on_data_loss, own_from)\n",
+                "fail_on_data_loss)\n",
+            ),
+        ),
+        edit=(("recreate_consumer", True), ("follows_advice", True)),
+    ),
+    Mutant(
         "packed-slots-out-of-order",
         "a task of packed slots emits each slot's rows whole, but not in the packed order (the "
         "last slot running first): the order a re-run must keep (the nats sink's ids are "
