@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +41,11 @@ from tests.simulation.scheduler import Participant
 
 Stall = tuple[Participant, float, float]  # whose process paused, from when, until when
 Rows = dict[str, list[int]]  # by slot: stream sequences, in the order emitted
+# A refusal of a consumer created again for a message it would skip that the stream holds.
+STARTS_PAST = re.compile(
+    r"consumer '([^']+)' on stream .*: the new one starts past stream sequence (\d+), which the "
+    "query never read"
+)
 CAME_BACK = "it came back to the query after the other client's take (its ack lost, or too late)"
 
 
@@ -282,14 +288,20 @@ class Observed:
     def refused(self, why: str, consumers: list[Consumer], recreated: bool) -> None:
         """The source refused to read on (the schedule ends there: the operator must act): only
         under a consumer with `max_deliver`, before anything was taken, or once a consumer was
-        created again; what was committed before stays checked (emitted twice, acked before
-        commit)."""
+        created again, and then not for a message the stream holds that its filter does not
+        match (another partition's: no start of it would deliver that); what was committed
+        before stays checked (emitted twice, acked before commit)."""
         if any(consumer.max_deliver for consumer in consumers):
             taken = [c.name for c in consumers if c.deliveries]
             if taken:
                 self.problem("taken before the refusal", f"{', '.join(taken)}: {why}")
         elif not recreated:
             self.problem("refused with no cause", why)
+        skipped = STARTS_PAST.search(why)
+        if skipped is not None:
+            consumer = next(c for c in consumers if c.name == skipped.group(1))
+            if not consumer.mine(self.stream.messages[int(skipped.group(2)) - 1]):
+                self.problem("refused for another consumer's message", why)
 
     def check_quiet(self, consumers: list[Consumer]) -> None:
         last = len(self.sinks) - 1

@@ -50,9 +50,11 @@ from nats_spark.errors import NotFound
 from nats_spark.jetstream.api import StoredMessage
 from nats_spark.jetstream.pull import CLIENT_GRACE, Deliveries, PullStatus
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
+from nats_spark.jetstream.subject_names import subject_matches
 from tests.simulation.scheduler import Participant, Scheduler
 
 STREAM = "S"
+WHOLE_STREAM = f"{STREAM}."  # the prefix of every subject the stream holds
 GROUP = "PCG"
 NANOS = 1_000_000_000
 
@@ -230,6 +232,8 @@ class Consumer:
                     if self.start
                     else {}
                 ),
+                # a partition's consumer filters on its subjects; a plain one reads them all
+                **({} if self.prefix == WHOLE_STREAM else {"filter_subject": f"{self.prefix}>"}),
             },
         }
 
@@ -550,13 +554,28 @@ class SimApi:
         await self.client.sched.point(f"unpin {consumer}")
         server.consumers[consumer].unpin(server.now())
 
-    async def get_message(self, stream: str, seq: int) -> StoredMessage:
-        await self.client.sched.point(f"get message {seq}")
+    async def get_message(
+        self, stream: str, seq: int, next_by_subject: str | None = None
+    ) -> StoredMessage:
+        """`STREAM.MSG.GET` by sequence, or with `next_by_subject` the first stored message at
+        or after it on that filter (nats-server's `getMsg` with `NextFor`: `LoadNextMsg`); a
+        message removed (limits, purge), or none on the filter, is not found."""
+        await self.client.sched.point(f"get message {seq} {next_by_subject or ''}".rstrip())
         stored = self.client.server.stream
-        if seq < stored.first_seq:  # removed (limits, purge)
+        if next_by_subject is not None:
+            message = next(
+                (
+                    m
+                    for m in stored.stored()
+                    if m.seq >= seq and subject_matches(next_by_subject, m.subject)
+                ),
+                None,
+            )
+        else:
+            message = stored.messages[seq - 1] if seq >= stored.first_seq else None
+        if message is None:
             raise NotFound(f"$JS.API.STREAM.MSG.GET.{stream}", 404, 10037, "no message found")
-        message = stored.messages[seq - 1]
-        return StoredMessage(message.subject, seq, b"", None, _rfc3339(message.time))
+        return StoredMessage(message.subject, message.seq, b"", None, _rfc3339(message.time))
 
 
 def _rfc3339(at: float) -> str:

@@ -1075,6 +1075,33 @@ MUTANTS = (
         edit=(("recreate_consumer", True), ("new_checkpoint", 0.5), ("sink_failure", 0.2)),
     ),
     Mutant(
+        "found-consumer-drops-acked-marks",
+        "a consumer a driver found as it is (its target's first resolve) dropped the marks of "
+        "what a query on an earlier checkpoint acked that its floor passed, before it was judged: "
+        "a restarted checkpoint's driver on 4.2+ takes the checkpoint's sighting only after, and "
+        "then refused the consumer created where a task's refusal had said (past the marks) as "
+        "starting past a message never read, advising a start before them (seed 2550 of the "
+        "worlds whose operator follows the advice)",
+        (Patch(CONSUMER_CHECKS, "        if not placed:\n            return\n", ""),),
+        edit=(("recreate_consumer", True), ("follows_advice", True)),
+    ),
+    Mutant(
+        "other-subjects-counted-unread",
+        "a consumer created again was judged against every message between the floors the query "
+        "had not committed, another partition's too (not committed yet, or its entry settled "
+        "and removed), which its filter does not match: it was refused as starting past a "
+        "message never read, and the advice, a start before it, cannot bring it (seeds 46, 97, "
+        "147 and 11 more of 0-1000 of the worlds whose operator follows the advice)",
+        (
+            Patch(
+                BATCH_COORDINATOR,
+                "fail_on_data_loss, own_from)\n",
+                "fail_on_data_loss)\n",
+            ),
+        ),
+        edit=(("recreate_consumer", True), ("follows_advice", True)),
+    ),
+    Mutant(
         "packed-slots-out-of-order",
         "a task of packed slots emits each slot's rows whole, but not in the packed order (the "
         "last slot running first): the order a re-run must keep (the nats sink's ids are "

@@ -131,6 +131,9 @@ RARE = {
     # failures at a fifth (`Mutant.edit`): since a record runs to its end however its attempt
     # is cancelled, the first two of 0-4000 (2026-11-30; 139, which found the hole, moved).
     "replaced-lineage-sightings-forgotten": (876, 2259),
+    # In worlds whose operator follows a refusal's advice (`Mutant.edit`): the only one of
+    # 0-3000 (2026-11-30; the seed that found the hole).
+    "found-consumer-drops-acked-marks": (2550,),
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
 # dozens (on the schedules of 2026-11-29): searched first, then the rest of the range, so the
@@ -140,14 +143,14 @@ FIRST_CATCHING = {
     # In worlds on nats-server 2.11-2.12 whose operator follows a refusal's advice: 3 of 0-4
     # (2026-11-30); it only refuses where no operator restarts the query.
     "new-consumer-floor-read-as-reported": 1,
-    # In worlds whose operator follows a refusal's advice: 3 of 0-300 (2026-11-30).
-    "refusal-leaves-the-pointer-behind": 13,
     "cut-off-chunk-stranded": 248,  # and 555, of 0-599 (2026-11-30)
     # In worlds on nats-server 2.11-2.12 whose operator follows a refusal's advice: 3 of 0-400
     # (97, 147, 326; 2026-11-30).
     "sibling-partition-messages-taken-as-unread": 97,
     # In the same worlds: the only one of 0-1000 (2026-11-30; the seed that found the hole).
     "new-consumer-start-ignored": 669,
+    # In worlds whose operator follows a refusal's advice: the first of 0-400 (2026-11-30).
+    "other-subjects-counted-unread": 46,
     "short-key-listing": 125,  # 247 before the adopt listed chunks too (a cut of a longer list)
     "latest-seen-taken-as-committed": 28,
     "initial-offset-new-lineage": 32,
@@ -178,6 +181,12 @@ FIRST_CATCHING = {
 }
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.
 UNCAUGHT: dict[str, str] = {
+    "refusal-leaves-the-pointer-behind": "seeds 13, 129 and 255 of the worlds whose operator "
+    "follows the advice caught it; by 2026-11-30 only 13 of 0-300 did, refused again for "
+    "another partition's message between the pointer's older floor and the one seen, which "
+    "no longer counts as unread (other-subjects-counted-unread), and none of 0-12000 does "
+    "since; test_batch_coordinator's "
+    "test_a_driver_refusing_a_consumer_created_again_first_writes_what_it_saw fails under it",
     "lost-acks-refused-as-a-new-consumer": "seeds 8787 and 14594 of the replaced-mid-batch worlds "
     "caught it on the schedules before claims created first; none of 0-40000 of those worlds "
     "does on today's; test_acceptance's "

@@ -494,6 +494,18 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         )
         for seed in (1958, 2452)
     },
+    2550: (
+        {"recreate_consumer": True, "follows_advice": True},
+        "found by helper-52's hunt of 1001-3000 of the worlds on 2.11-2.12 whose operator follows "
+        "a refusal's advice (it breaks without floor_from_zero too). Run 3's acks of 4-5 were "
+        "lost to a server restart (floor 3); run 4, on a new checkpoint, gave its entries back "
+        "(marks 4-5), c was created again (DeliverAll) and a task refused it, advising "
+        "--deliver 6. Run 5 (Spark 4.2+) asked initialOffset first: its driver found c as it "
+        "was, whose floor 5 dropped the marks, then took the checkpoint's sighting (floor 3) "
+        "and refused c as starting past 4, never read, advising --deliver 4, before what run 3 "
+        "acked. A consumer found as it is keeps the marks until judged (mutant "
+        "found-consumer-drops-acked-marks, helper-54, 2026-11-30)",
+    ),
     669: (
         {"recreate_consumer": True, "follows_advice": True, "floor_from_zero": True},
         "run 3 refused consumer c created again (DeliverAll) with a task's failure; the operator "
@@ -560,16 +572,6 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         "packed task b0#early itself as Spark closed it (it held 2-4, 2 recorded and come "
         "again): the lateness docstring's first case for an attempt that closes, which "
         "`Attempts._ended` does not know for an attempt Spark closed",
-    ),
-    2550: (
-        {"recreate_consumer": True, "follows_advice": True},
-        "found by helper-52's hunt of 1001-3000 of the worlds on 2.11-2.12 whose operator follows "
-        "a refusal's advice (it breaks without floor_from_zero too), with 1958 and 2452, which "
-        "the advice past an earlier checkpoint's acked_through mark closed. Not explained yet: "
-        "run 4 (a new checkpoint) failed in a task that found c created again, advising "
-        "--deliver 6 (the sighting's floor 5 + 1); the next start refused the consumer created "
-        "there, 4 lying between the floors and read by none of its checkpoint, and advised "
-        "--deliver 4 (2026-11-30)",
     ),
 }
 

@@ -46,6 +46,7 @@ from tests.simulation.jetstream import (
     FLUSH_INTERVAL,
     GROUP,
     STREAM,
+    WHOLE_STREAM,
     Consumer,
     Delivery,
     Server,
@@ -283,7 +284,7 @@ class World:
             self.consumers = [
                 Consumer(
                     "c",
-                    "S.",
+                    WHOLE_STREAM,
                     self.stream,
                     waits,
                     capacity,

@@ -316,6 +316,40 @@ def test_each_driver_that_runs_a_batch_again_tells_its_tasks_of_a_consumer_creat
         run_sync(reader.close())
 
 
+def test_a_driver_refusing_a_consumer_created_again_first_writes_what_it_saw(
+    driver: tuple[BatchCoordinator, Server, MemoryBucket],
+) -> None:
+    """A planning that saw partition 0's floor move to 10 and then refused partition 1's
+    consumer, created again below its floor, writes the pointer before it refuses: the next
+    start judges partition 0's consumer, created again at 11 as the line may say, against floor
+    10, not the pointer's older 0 (seeds 13, 129, 255 of the simulation's worlds whose operator
+    follows the advice; no seed of 0-12000 of those worlds catches the refusal without it since
+    other partitions' messages between the floors no longer count as unread)."""
+    reader, server, kv = driver
+    reader.target = CheckingTarget()  # type: ignore[assignment]
+    reader.ledger.seen = reader.target.seen
+    server.show(SLOTS[1], delivered=5)
+    for slot in SLOTS:
+        server.consumers[slot.consumer]["created"] = "2026-11-30T01:00:00Z"
+    start = run_sync(reader.initial_offset())
+    run_sync(reader.latest_offset(start, None))
+    server.show(SLOTS[0], delivered=10)
+    server.consumers[SLOTS[0].consumer]["created"] = "2026-11-30T01:00:00Z"
+    server.show(SLOTS[1])
+    server.consumers[SLOTS[1].consumer]["created"] = "2026-11-30T01:05:00Z"
+    with pytest.raises(ConfigurationError, match="was deleted and created again"):
+        run_sync(reader.latest_offset(start, None))
+    pointer = run_sync(read_pointer(kv, reader.ledger.pointer_key))
+    assert pointer is not None
+    assert pointer.consumers == {
+        "S": {
+            "g-partition-0": ["2026-11-30T01:00:00Z", 10],
+            "g-partition-1": ["2026-11-30T01:00:00Z", 5],
+        }
+    }
+    run_sync(reader.close())
+
+
 def test_an_available_now_run_ends_where_the_stream_ended_at_its_start(
     driver: tuple[BatchCoordinator, Server, MemoryBucket],
 ) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from nats_spark.errors import ConfigurationError
+from nats_spark.errors import ConfigurationError, NotFound
 from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.loop import run_sync
 from nats_spark.pcg.config import ElasticConfig, PartitioningFilter, StaticConfig
@@ -21,11 +21,13 @@ from nats_spark.spark.group_source.driver.consumer_checks import (
     SeenConsumers,
     Skipped,
     check_config,
+    first_own_unread,
 )
 from nats_spark.spark.group_source.driver.consumer_target import ConsumerTarget
 from nats_spark.spark.group_source.driver.group_consumers import ensure, from_sequence
 from nats_spark.spark.group_source.driver.slots import Held
 from nats_spark.spark.group_source.options import parse_options
+from nats_spark.spark.group_source.slot_partition import UNBOUNDED
 
 pytestmark = pytest.mark.unit
 
@@ -235,6 +237,55 @@ def test_what_a_consumer_created_again_skips_that_the_stream_lost_is_data_loss()
         remembered(30).look("S", "C", created_again(41), "go on", Skipped((), 40, lost_ok=True))
 
 
+def test_what_a_consumer_created_again_skips_of_other_subjects_is_not_its_to_read() -> None:
+    """A partition's consumer created again past 31-35, of which the query committed 31 and 32:
+    33 and 34 are another partition's (`own_from` 35, the first its filter matches), which no
+    start of it delivers, so only 35 is refused (seed 46 of the simulation's worlds whose
+    operator follows the advice was refused for another partition's message, not committed
+    yet). One gone from the stream (below its first sequence) counts as its, subject unknown."""
+    seen = remembered(30)
+    with pytest.raises(ConfigurationError, match="starts past stream sequence 35, which the query"):
+        seen.look("S", "C", created_again(35), "go on so", Skipped({31, 32}, 20, own_from=35))
+    seen.look("S", "C", created_again(34), "go on so", Skipped({31, 32}, 20, own_from=35))
+    with pytest.raises(ConfigurationError, match="33, which the query never read, is gone"):
+        remembered(30).look("S", "C", created_again(34), "go", Skipped({31, 32}, 34, own_from=35))
+
+
+class Messages:
+    """A stream's messages by sequence (their subjects); counts the gets."""
+
+    def __init__(self, subjects: dict[int, str]) -> None:
+        self.subjects = subjects
+        self.gets = 0
+
+    async def get_message(self, stream: str, seq: int, next_by_subject: str) -> Any:
+        self.gets += 1
+        prefix = next_by_subject.removesuffix(">")
+        found = [s for s, subject in sorted(self.subjects.items()) if s >= seq]
+        matching = [s for s in found if self.subjects[s].startswith(prefix)]
+        if not matching:
+            raise NotFound("$JS.API.STREAM.MSG.GET.S", 404, 10037, "no message found")
+        return SimpleNamespace(seq=matching[0])
+
+
+def test_the_first_unread_message_of_a_consumer_s_subjects_is_asked_of_the_stream() -> None:
+    """Partition 0's consumer skips 11-20, of which the query did not commit 11, 12, 14 and 19
+    (`unread`): 11 and 12 are partition 1's, 13 partition 0's (committed), 14 partition 0's: the
+    first of its own is 14, found in two asks. With a filter per partition, each is asked; none
+    of its own: `UNBOUNDED`; no filter (the whole stream): not asked."""
+    subjects = {seq: "S.p1.k" for seq in range(11, 21)} | {13: "S.p0.k", 14: "S.p0.k"}
+    stream = Messages(subjects)
+    api: Any = stream
+    assert run_sync(first_own_unread(api, "S", ["S.p0.>"], [11, 12, 14, 19])) == 14
+    assert stream.gets == 2
+    assert run_sync(first_own_unread(api, "S", ["S.p2.>", "S.p0.>"], [11, 12, 14])) == 14
+    assert run_sync(first_own_unread(api, "S", ["S.p0.>"], [11, 12, 19])) == UNBOUNDED
+    assert run_sync(first_own_unread(api, "S", ["S.p2.>"], [11])) == UNBOUNDED
+    before = stream.gets
+    assert run_sync(first_own_unread(api, "S", [], [11, 12])) == 0
+    assert stream.gets == before
+
+
 def test_a_consumer_created_again_below_what_an_earlier_checkpoint_acked_is_refused() -> None:
     """Server restarts lost the acks of 1-3 while a query on an earlier checkpoint acked 4-8,
     so the floor stayed 0, and the give-back to this query removed the entry of 4-8: a new
@@ -262,8 +313,8 @@ def test_the_start_a_refusal_advises_is_past_what_an_earlier_checkpoint_acked() 
     consumer created there is read on, what lies between the floors being what this query
     committed (1-3, given back and read again) or what that one acked (4-8). Where a sequence
     between was neither (given back and not read again yet), no start reads on exactly: the
-    line names both starts and what each costs, and advises neither (following the advice, a
-    simulated operator was refused again: seed 2550)."""
+    line names both starts and what each costs, and advises neither (the advice past the marks
+    is the consumer just refused)."""
     seen = remembered(0)
     seen.given_back({("S", "C"): range(4, 9)})
     assert seen.next_after_acked("S", "C") == 9
@@ -282,15 +333,37 @@ def test_the_start_a_refusal_advises_is_past_what_an_earlier_checkpoint_acked() 
 def test_what_an_earlier_checkpoint_acked_is_marked_only_above_the_floor_seen() -> None:
     """The pointer's spans come back (`restore_acked_earlier`) with those taken since; what is
     at or below the floor seen is kept not (a new consumer below that floor is refused anyway),
-    nor what a later sighting's floor passed."""
+    nor what the floor of a later sighting the query judged (or placed) passed."""
     seen = remembered(30)
     seen.given_back({("S", "C"): [29, 30], ("S", "D"): [5, 7]})
     assert seen.acked_earlier == {("S", "D"): {5, 7}}
     seen.restore_acked_earlier({"S": {"C": [[28, 31]], "D": [[4, 4], [6, 6]]}})
     assert seen.stored_acked_earlier() == {"S": {"C": [[31, 31]], "D": [[4, 7]]}}
     assert seen.next_after_acked("S", "D") == 8
-    seen.record("S", "D", info(floor=5), placed=False)
+    seen.look("S", "D", info(floor=5), "go on so")
     assert seen.stored_acked_earlier() == {"S": {"C": [[31, 31]], "D": [[6, 7]]}}
+
+
+def test_marks_a_consumer_found_created_again_passed_stay_until_it_is_judged() -> None:
+    """A restarted checkpoint's driver on 4.2+ first adopts a lineage of its own (Spark asks
+    `initialOffset`), with the pointer's marks (4-5, acked by an earlier checkpoint's query
+    whose acks a server restart lost, so the floor seen stayed 3) and no sighting to judge the
+    consumer by: it finds the consumer as it is (created again past 5, as the refusal of a
+    task of the checkpoint's first run advised) and keeps the marks, in the pointer too. Then
+    it adopts the checkpoint's lineage, whose sighting (floor 3) the consumer is judged by:
+    4-5 were acked, so it is read on (seed 2550 of the worlds whose operator follows a
+    refusal's advice: the found consumer's floor dropped the marks, and it was refused as
+    starting past 4, never read, advising a start at 4, before what that query acked)."""
+    seen = SeenConsumers()
+    seen.restore_acked_earlier({"S": {"C": [[4, 5]]}})
+    seen.record("S", "C", created_again(5), placed=False)
+    pointer = seen.stored_acked_earlier()
+    assert pointer == {"S": {"C": [[4, 5]]}}
+    seen.remember({"S": {"C": [CREATED, 3]}})
+    seen.restore_acked_earlier(pointer)
+    seen.look("S", "C", created_again(5), "go on so", Skipped(first_seq=4))
+    assert seen.stored() == {"S": {"C": [LATER, 5]}}
+    assert seen.acked_earlier == {}, "judged: its floor passed them"
 
 
 class CreatingApi:

@@ -31,8 +31,10 @@ from nats_spark.jetstream.acks import publish_acks
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.jetstream.pull import PullConsumer, PullStatus
 from nats_spark.loop import Blocking, run_sync
+from nats_spark.spark.group_source.driver.consumer_checks import first_own_unread
 from nats_spark.spark.group_source.ledger import Ledger, pointer_key, read_head, read_pointer
 from nats_spark.spark.group_source.options import SourceOptions
+from nats_spark.spark.group_source.slot_partition import UNBOUNDED
 
 pytestmark = pytest.mark.spark
 
@@ -404,6 +406,21 @@ def edit_while_running(
         return str(query.exception()), sink.values
     finally:
         query.stop()
+
+
+def test_the_first_unread_message_of_a_partition_is_asked_of_the_server(client, unique):
+    """`first_own_unread` against nats-server (`STREAM.MSG.GET` with `next_by_subj`): of the
+    sequences a partition's consumer created again skips that the query did not commit, the
+    first its filter matches; other partitions' are passed over (5 of partition 0, past 1, 2
+    and 4 of partition 1, and 3 of partition 0, committed); none of it: `UNBOUNDED`."""
+    stream = make_stream(client, f"F{unique}", [f"F{unique}.>"])
+    for partition in (1, 1, 0, 1, 0):
+        run_sync(client.target.js.publish(f"{stream}.p{partition}.k", b""))
+    own = [f"{stream}.p0.>"]
+    assert run_sync(first_own_unread(client.api, stream, own, [1, 2, 4, 5])) == 5
+    assert run_sync(first_own_unread(client.api, stream, own, [1, 2, 4])) == UNBOUNDED
+    both = [f"{stream}.p2.>", f"{stream}.p0.>"]
+    assert run_sync(first_own_unread(client.api, stream, both, [3])) == 3
 
 
 def test_max_deliver_set_while_running_stops_the_next_batch(

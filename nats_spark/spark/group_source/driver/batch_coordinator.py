@@ -25,7 +25,12 @@ from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError, NotFound, stream_missing
 from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
-from nats_spark.spark.group_source.driver.consumer_checks import NOTHING_KNOWN, Skipped
+from nats_spark.pcg.consumers import filters_of
+from nats_spark.spark.group_source.driver.consumer_checks import (
+    NOTHING_KNOWN,
+    Skipped,
+    first_own_unread,
+)
 from nats_spark.spark.group_source.driver.consumer_listing import ConsumerListing
 from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger, entries_lost
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
@@ -393,16 +398,23 @@ class BatchCoordinator:
         stream counts as read: a message has one subject, so one a sibling partition delivered
         is not in this consumer's filter (seed 97 of the worlds on nats-server 2.11-2.12 whose
         operator follows a refusal's advice: another partition's message, purged, was refused
-        as lost)."""
-        skipped = self.target.seen.skipped(slot.stream, slot.consumer, info)
+        as lost). Nor is what the consumer's filter does not match (`first_own_unread`: seed 46
+        of those worlds refused a partition's consumer for another partition's message, not
+        committed yet); the stream's first sequence is read after that ask."""
+        seen = self.target.seen
+        skipped = seen.skipped(slot.stream, slot.consumer, info)
         if not skipped or self.target.recreation(slot) is None:
             return NOTHING_KNOWN
         slots = [
             state.slot.name for state in self.states.values() if state.slot.stream == slot.stream
         ]
         committed = await self.ledger.committed_seqs(slots, skipped, self.committed)
+        marked = seen.acked_earlier.get((slot.stream, slot.consumer), frozenset())
+        unread = (seq for seq in skipped if seq not in committed and seq not in marked)
+        filters = filters_of(info.config)
+        own_from = await first_own_unread(client.api, slot.stream, filters, unread)
         first_seq = (await self._stream_info(client, slot.stream)).first_seq
-        return Skipped(committed, first_seq, not self.reading.fail_on_data_loss)
+        return Skipped(committed, first_seq, not self.reading.fail_on_data_loss, own_from)
 
     async def partitions(self, start: SourceOffset, end: SourceOffset) -> list[SlotPartition]:
         """The tasks of batch `end`; `start` is committed (Spark plans a batch only after the

@@ -5,12 +5,19 @@ planning (an edit or a recreation while the query runs stops it before its next 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from nats_spark.errors import CREATED_AGAIN_HARM, ConfigurationError, consumer_created_again
+from nats_spark.errors import (
+    CREATED_AGAIN_HARM,
+    ConfigurationError,
+    NotFound,
+    consumer_created_again,
+)
+from nats_spark.jetstream.api import JetStreamApi
 from nats_spark.jetstream.replies import ConsumerInfo, created_later
+from nats_spark.spark.group_source.slot_partition import UNBOUNDED
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -60,12 +67,21 @@ class Skipped:
     """What the query knows of the stream sequences a consumer created again skips
     (`SeenConsumers.skipped`): those it committed through any of its consumers of the stream
     (the ledger's: one a sibling partition delivered is none of this consumer's), the stream's
-    first sequence (what is below it is gone, read or not), and whether what is gone unread may
-    be taken as lost (failOnDataLoss=false)."""
+    first sequence (what is below it is gone, read or not), whether what is gone unread may
+    be taken as lost (failOnDataLoss=false), and `own_from` (`first_own_unread`): the first
+    sequence not committed that the consumer's filter matches; what is not committed between
+    the first sequence and it is of other subjects (another partition's, not committed yet or
+    its entry settled and removed), which the consumer delivers from no start (0: not asked)."""
 
     committed: Collection[int] = ()
     first_seq: int = 0
     lost_ok: bool = False
+    own_from: int = 0
+
+    def of_other_subjects(self, seq: int) -> bool:
+        """Whether `seq`, not committed, is a message the consumer's filter does not match: one
+        the stream still held after the ask (a message gone since counts as the consumer's)."""
+        return self.first_seq <= seq < self.own_from
 
 
 NOTHING_KNOWN = Skipped()  # a consumer not created again skips nothing
@@ -116,8 +132,14 @@ def start_refusal(
         )
     start = max(before.ack_floor, skipped.first_seq - 1 if skipped.lost_ok else 0) + 1
     between = range(start, info.ack_floor_seq + 1)
-    # neither committed by this query nor acked by the earlier one
-    unread_ones = (s for s in between if s not in skipped.committed and s not in acked_earlier)
+    # neither committed by this query nor acked by the earlier one, and of the consumer's subjects
+    unread_ones = (
+        s
+        for s in between
+        if s not in skipped.committed
+        and s not in acked_earlier
+        and not skipped.of_other_subjects(s)
+    )
     unread = next(unread_ones, None)
     if unread is None:
         return None
@@ -135,6 +157,38 @@ def start_refusal(
             "restart the query"
         )
     return f"the new one starts past stream sequence {unread}, which the query never read"
+
+
+async def first_own_unread(
+    api: JetStreamApi, stream: str, filters: Sequence[str], unread: Iterable[int]
+) -> int:
+    """Of `unread` (ascending: sequences a consumer created again skips that the query did not
+    commit), the first the consumer's `filters` match, asked of the stream (its first message
+    at or after a sequence on each filter: a request per filter and per message of them met
+    that the query committed); `UNBOUNDED` when none does, 0 when the consumer has no filter
+    (it delivers every subject). Those before it are other subjects' messages (another
+    partition's), which no start of the consumer delivers: refusing for them stops a query a
+    new start would not help. The ask passes over a message gone from the stream as over one
+    of another subject; the caller reads the stream's first sequence after it."""
+    if not filters:
+        return 0
+    pending = iter(unread)
+    seq = next(pending, None)
+    while seq is not None:
+        matching = min([await _first_matching(api, stream, f, seq) for f in filters])
+        if matching in (seq, UNBOUNDED):
+            return matching
+        seq = next((s for s in pending if s >= matching), None)
+    return UNBOUNDED
+
+
+async def _first_matching(api: JetStreamApi, stream: str, subject: str, seq: int) -> int:
+    """The sequence of the stream's first message at or after `seq` on `subject` (a filter;
+    `UNBOUNDED`: none)."""
+    try:
+        return (await api.get_message(stream, seq, next_by_subject=subject)).seq
+    except NotFound:
+        return UNBOUNDED
 
 
 class SeenConsumers:
@@ -206,14 +260,22 @@ class SeenConsumers:
 
     def record(self, stream: str, name: str, info: ConsumerInfo, placed: bool = True) -> None:
         """A consumer the query found or (re)created itself: checked, and its identity kept.
-        `placed`: the query created it where it chose (not one it found or took as it is), so
-        a remembered sighting no longer applies."""
+        `placed`: the query created it where it chose, or judged it at planning (`look`), not
+        one it found or took as it is, so a remembered sighting no longer applies, and the
+        marks of `acked_earlier` its floor passed are forgotten."""
         check_config(stream, name, info.config)
         if placed:
             self.remembered.pop((stream, name), None)
         self.sightings[stream, name] = Sighting(
             info.get("created") or "", info.ack_floor_seq, info.delivered_consumer_seq
         )
+        # One found as it is keeps them: it may have been created again past them, to be judged
+        # against a sighting this driver takes from the pointer later (a restarted checkpoint's
+        # lineage, adopted after 4.2+'s `initialOffset`), for which they tell that what it
+        # starts past was acked (seed 2550 of the worlds whose operator follows a refusal's
+        # advice: the start it advised, past them, was refused as past a message never read).
+        if not placed:
+            return
         earlier = self.acked_earlier.pop((stream, name), frozenset())
         above = frozenset(seq for seq in earlier if seq > info.ack_floor_seq)
         if above:  # what this consumer acked it delivers not again
