@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from tests.simulation.jetstream import Consumer, Delivery, Stream, consumer_of
-from tests.simulation.lateness import Attempts, GiveBacks, held_before
+from tests.simulation.lateness import Attempts, GiveBacks, held_before, late_already
 from tests.simulation.scheduler import Participant
 
 Stall = tuple[Participant, float, float]  # whose process paused, from when, until when
@@ -408,21 +408,27 @@ class Observed:
         consumer = consumer_of(consumers, self.stream.messages[seq - 1])
         deliveries = consumer.deliveries.get(seq, [])
 
-        def emitted(delivery: Delivery) -> bool:
-            """Whether `seq`'s rows in this checkpoint's sink came from `delivery`: the first
-            an attempt of the checkpoint wrote to its entry."""
+        def emitted(delivery: Delivery, of: int = seq) -> bool:
+            """Whether the rows of `of` in this checkpoint's sink came from `delivery`: the
+            first an attempt of the checkpoint wrote to its entry."""
             owner = delivery.owner
             return (
                 owner is not None
-                and seq in self.attempts.writing.get(owner, ())
+                and of in self.attempts.writing.get(owner, ())
                 and self._checkpoint_of(owner) == checkpoint
             )
 
+        newer_emitted = next(
+            (d for d in consumer.deliveries.get(newer, []) if emitted(d, newer)), None
+        )
         held = held_before(deliveries, emitted)
         why = None
-        if held is not None:
-            why = self.attempts.why_late(seq, held, consumer.name)
+        while held is not None:
+            why = self.attempts.why_late(seq, held, consumer.name, newer_emitted)
             why = why or self.give_backs.why_late(held)
+            if why is not None or not late_already(held, newer_emitted):
+                break
+            held = held_before(deliveries, lambda delivery, late=held: delivery is late)
         if why is None:
             self.problem("key order", f"{detail}, neither of the README's first two cases")
             return

@@ -81,6 +81,10 @@ class Delivery:
     given_back: bool = False  # `-NAK` taken: queued for redelivery, whatever `+WPI` follows
     queued: float | None = None  # when it joined the redelivery queue (expired or given back)
     given_back_by: Participant | None = None  # who sent the `-NAK`
+    given_back_after: int = 0  # the deliveries its consumer had made when that `-NAK` came
+    # its place among all its consumer's deliveries (`consumer_seq` starts over when the
+    # consumer is created again)
+    order: int = 0
 
 
 class Stream:
@@ -157,6 +161,7 @@ class Consumer:
         self.floor_from_zero = floor_from_zero
         self.pins = 0
         self.deliveries: dict[int, list[Delivery]] = {}  # by stream seq, in delivery order
+        self.made = 0  # deliveries, whatever its creations (`Delivery.order`)
         self.dropped: list[int] = []  # stream seqs that left it past `max_deliver`
         self.start_over(0.0)
 
@@ -367,7 +372,8 @@ class Consumer:
 
     def _deliver(self, message: Message, count: int, now: float) -> tuple[Message, Delivery]:
         self.consumer_seq += 1
-        delivery = Delivery(count, self.consumer_seq, now + self.ack_wait)
+        self.made += 1
+        delivery = Delivery(count, self.consumer_seq, now + self.ack_wait, order=self.made)
         self.pending[message.seq] = delivery
         self.deliveries.setdefault(message.seq, []).append(delivery)
         return message, delivery
@@ -402,6 +408,7 @@ class Consumer:
             return
         delivery.given_back = True
         delivery.given_back_by = by
+        delivery.given_back_after = self.made
         if delivery.queued is None:
             delivery.queued = now
 

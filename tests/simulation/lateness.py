@@ -6,23 +6,26 @@ simulation fails as such). In both a delivery of the message was left to its ack
 by no ledger entry and given back by nobody, so the message stayed with the server while the
 slot's next pulls took newer messages of its key. Only the delivery just before the one the
 message was emitted from (`held_before`) can explain it: an earlier one came back, and was taken
-again, before the break.
+again, before the break; unless that one itself came after the newer message's emitted
+delivery (`late_already`): the message was late already, and the delivery before it must.
 - a task attempt took the delivery and died (crashed with its executor, killed with its driver,
   or a zombie: lost by Spark, or running on until a later attempt took its entry over or a
   query on a new checkpoint gave it back; one alive beside the attempt that took its entry
-  over, a speculative copy, then hands out the sealed entry) before it recorded it in its
-  ledger entry
+  over, a speculative copy, then hands out the sealed entry; one Spark closed after another
+  attempt took its entry over while it stalled) before it recorded it in its ledger entry
   (`Attempts`: what each attempt recorded; the consumers keep which attempt each delivery went
   to);
 - a query on a new checkpoint gives back what the earlier query's entries hold: it removes the
   entries, then sends `-NAK` for their deliveries, and its driver died between the two
   (`GiveBacks`).
 A delivery given back (`-NAK`) by a driver comes back at once, ahead of newer messages: it
-explains nothing. One given back by the attempt that held it unrecorded, as it closed or failed
-mid-batch, comes back at once too, but its retry may have taken newer ones meanwhile, or newer
-ones were on the redelivery queue before it: the first case. So is a later delivery of a message
-the attempt recorded, when it gave that one back itself: the message came again to a pull the
-attempt still had out after a new checkpoint's give-back NAKed the recorded delivery.
+explains nothing. One given back by the attempt that held it unrecorded, as it failed mid-batch,
+comes back at once too, but its retry may have taken newer ones meanwhile, or newer ones were on
+the redelivery queue before it: the first case. So is a later delivery of a message the attempt
+recorded, when it gave that one back itself: the message came again to a pull the attempt still
+had out after a new checkpoint's give-back NAKed the recorded delivery. One an attempt gave back
+as Spark closed it, holding its entry, is a driver's give-back: no other attempt pulled before
+that `-NAK` (`REQUEUED` when the newer message was taken after it).
 """
 
 from __future__ import annotations
@@ -73,14 +76,20 @@ class Held(NamedTuple):
     hold: Hold
 
 
-def _head(entry: SlotEntry) -> EntryHead | None:
-    """The head of `entry` now, read from the bucket's values themselves, which neither adds
-    a scheduling point nor counts as a read."""
+def _stored_head(entry: SlotEntry) -> tuple[str, bytes, int] | None:
+    """The head of `entry` now, as stored (key, value, revision), read from the bucket's values
+    themselves, which neither adds a scheduling point nor counts as a read."""
     assert entry.ledger is not None
     ledger, partition = entry.ledger, entry.partition
     key = ledger.head_key(partition.gen, partition.slot)
     stored = ledger.kv.store.values.get(key)  # type: ignore[attr-defined]  # a SimBucket's
-    return None if stored is None else EntryHead.from_bytes(stored[0], key)
+    return None if stored is None else (key, *stored)
+
+
+def _head(entry: SlotEntry) -> EntryHead | None:
+    """The head of `entry` now (read as `_stored_head` does)."""
+    stored = _stored_head(entry)
+    return None if stored is None else EntryHead.from_bytes(stored[1], stored[0])
 
 
 def _named(entry: SlotEntry) -> set[int]:
@@ -111,6 +120,9 @@ class Attempts:
         # By stream seq, in order: when an attempt's open entry came to hold it (its write
         # recorded it, or its claim took it over), or the attempt sealed the entry.
         self.held_since: dict[int, list[Hold]] = {}
+        # The holders (`EntryHead.attempt`) of open entries another attempt's claim took over
+        # before they released them: their heads stood still (README guarantee 4, a stall).
+        self.taken_from: set[str] = set()
 
     def watch(self, attempt: Participant, entry: SlotEntry) -> None:
         """Count what `entry` adopts at its claim, and what its writes record once they are
@@ -148,7 +160,16 @@ class Attempts:
             update_head = entry.ledger.update_head
 
             async def updating_head(gen: int, slot: str, value: bytes, revision: int) -> int | None:
-                written = await update_head(gen, slot, value, revision)
+                # A claim's write lands on the head read now, or on none
+                replacing = None if claimed else _stored_head(entry)
+                try:
+                    written = await update_head(gen, slot, value, revision)
+                finally:  # it may have landed, its answer lost
+                    stored = _stored_head(entry)
+                    if replacing and replacing[2] == revision and stored and stored[1] == value:
+                        key = replacing[0]
+                        previous = EntryHead.from_bytes(replacing[1], key)
+                        self._took_over(previous, EntryHead.from_bytes(value, key))
                 if written is not None and not claimed:  # a take-over landed: held from here on
                     self._hold(attempt, entry.taken)
                 return written
@@ -191,6 +212,18 @@ class Attempts:
         entry._write = writing  # type: ignore[method-assign]
         entry.seal = sealing  # type: ignore[method-assign]
 
+    def _took_over(self, previous: EntryHead, head: EntryHead) -> None:
+        """A claim's write of `head` replaced `previous`: an open entry taken over before its
+        holder released it, unless that write was the claim's `record_anew` of its own
+        take-over (the same holder). The holder may be the claiming attempt's own create, its
+        answer lost: no attempt holds its entry under that name any more."""
+        if (
+            previous.state is EntryState.OPEN
+            and not previous.released
+            and previous.attempt != head.attempt
+        ):
+            self.taken_from.add(previous.attempt)
+
     def _hold(self, attempt: Participant, seqs: set[int], sealed: bool = False) -> list[Held]:
         now = self.now()
         holds = [Held(seq, Hold(now, attempt, sealed)) for seq in seqs]
@@ -217,10 +250,13 @@ class Attempts:
             if hold.at <= until and end >= since
         ]
 
-    def why_late(self, seq: int, held: Delivery, consumer: str) -> str | None:
+    def why_late(
+        self, seq: int, held: Delivery, consumer: str, newer: Delivery | None = None
+    ) -> str | None:
         """How `held`, the delivery of `seq` (by `consumer`) before the one it was emitted from,
         was left to its ack wait by the attempt that held it unrecorded (how that attempt ended),
-        or None when it was not."""
+        or None when it was not. `newer`: the delivery the newer message of its key was
+        emitted from (of `consumer`; None: of none of its deliveries)."""
         owner = held.owner
         if held.given_back and (owner is None or held.given_back_by is not owner):
             return REQUEUED  # given back by a driver: at once, ahead of newer messages
@@ -234,13 +270,24 @@ class Attempts:
         # `-NAK` joins nats-server's redelivery queue at its tail (`addToRedeliverQueue`),
         # behind newer messages of its key the give-back NAKed (seeds 8719, 9414, 11707).
         ended = self._ended(owner, consumer)
-        return None if ended is None else f"an attempt that held it unrecorded {ended}"
+        if ended is not None:
+            return f"an attempt that held it unrecorded {ended}"
+        # Given back by the attempt itself as Spark closed it (nothing took its entry: the
+        # batch's next attempt stands by until it releases it, after its NAKs): the newer
+        # message taken after that NAK came first by the server's order, as after a driver's
+        # (seeds 3862 and 1622 of the packed worlds with early stops: the newer one was on
+        # the redelivery queue before it; a restart emptied the queue). One taken before the
+        # NAK is not explained.
+        if held.given_back_by is owner and newer is not None:
+            return REQUEUED if newer.order > held.given_back_after else None
+        return None
 
     def _ended(self, attempt: Participant, consumer: str) -> str | None:
         """How `attempt` died, if in one of the README's ways: crashed (an executor lost),
         killed with its driver (kill -9), or a zombie (lost by Spark, or one that lost its
-        entry of `consumer`'s slot to its retry or to a give-back); else None (its rows reached
-        a batch, or it ended otherwise)."""
+        entry of `consumer`'s slot to its retry or to a give-back, or to another attempt after
+        its head stood still however it ended); else None (its rows reached a batch, or it
+        ended otherwise: Spark closed it, holding its entry until it released it)."""
         if attempt.dead:
             killed = attempt.parent is not None and attempt.parent.dead
             return "was killed with its driver" if killed else "crashed"
@@ -252,12 +299,16 @@ class Attempts:
         # Only the entry of the slot that pulled the delivery: a packed task's other slots may
         # have gone on (seeds 2766 and 8306 of the packed worlds, whose first slot was taken
         # over while the attempt stalled, were judged by their last slot's entry).
-        if any(
-            entry.overtaken
-            for entry in self.entries.get(attempt, [])
-            if entry.partition.consumer == consumer
-        ):
+        entries = [e for e in self.entries.get(attempt, []) if e.partition.consumer == consumer]
+        if any(entry.overtaken for entry in entries):
             return "lost its entry to another attempt while alive, and handed out its seal"
+        # One Spark closed ends with neither, having written nothing since: seeds 263 and 953
+        # of the packed worlds with early stops, whose attempt, stopped by a user's job after
+        # its first rows, stalled past its ack wait holding a delivery unrecorded while the
+        # batch's full read took its entry over; awake, it was closed without a NAK (the wait
+        # may have run out). Not one closed holding its entry: it gives back before releasing.
+        if any(entry.head.attempt in self.taken_from for entry in entries):
+            return "lost its entry to another attempt after its head stood still (a stall)"
         return None
 
 
@@ -337,3 +388,14 @@ def held_before(deliveries: list[Delivery], emitted: Callable[[Delivery], bool])
         if emitted(delivery):
             return before
     return None
+
+
+def late_already(held: Delivery, newer: Delivery | None) -> bool:
+    """Whether `held`, the delivery before the one the message was emitted from, came after
+    `newer`, the delivery of the newer message of its key whose rows came before it (of the
+    same consumer; None: of none of its deliveries): the message was late before whoever held
+    it took it, which explains nothing then; the delivery before `held` must (seed 969 of the
+    packed worlds with early stops: an attempt Spark closed gave back at once the delivery it
+    held unrecorded, which had come after newer ones of its key, its earlier delivery's ack
+    wait having run out behind theirs on the redelivery queue)."""
+    return newer is not None and held.order > newer.order

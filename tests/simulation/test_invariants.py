@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.simulation.invariants import CAME_BACK, Observed, live_leftovers
-from tests.simulation.jetstream import Delivery, Stream
-from tests.simulation.lateness import GiveBacks, Hold
+from tests.simulation.jetstream import Consumer, Delivery, Stream
+from tests.simulation.lateness import REQUEUED, GiveBacks, Hold
 from tests.simulation.scheduler import Participant
 
 pytestmark = pytest.mark.unit
@@ -221,6 +221,48 @@ def test_what_an_attempt_gave_back_unrecorded_is_judged_by_the_delivery_before_i
     checks.attempts.recorded[zombie] = set()
     checks.taken_by_another(1, [kept, taken], 4.0)
     assert checks.problems == [] and checks.let_out == {"a stall while its ack wait ran out": 1}
+
+
+@pytest.mark.parametrize("after_the_newer", [True, False])
+def test_a_delivery_that_came_after_the_newer_message_s_explains_nothing_itself(
+    loop: asyncio.AbstractEventLoop, after_the_newer: bool
+) -> None:
+    """Seed 969 of the packed worlds with early stops: message 1's delivery had run out of its
+    wait behind newer ones of its key on the redelivery queue, which then came first; the next
+    delivery of 1 came after 2 to an attempt a user's job stopped, which recorded 2 and gave
+    1 back at once as Spark closed it; the batch's full read replayed 2 and took 1 again. The
+    closed attempt's delivery, after 2's, explains nothing itself: the one before it does. One
+    delivered before 2's was held back by the closed attempt itself: nothing explains that."""
+    stream = Stream()
+    for _ in range(2):
+        stream.publish("S.p1.k2", 0.0)
+    driver = Participant("driver#1", "driver", loop.create_future())
+    older, early, full = (
+        Participant(f"b0/c#{n}", "task", loop.create_future(), driver) for n in ("0", "early", "1")
+    )
+    early.finished.set_result([2])  # closed by Spark
+    checks = observed(stream, [full])
+    checks.query_run(driver)
+    checks.attempts.writing.update({early: {2}, full: {1}})
+    consumer = Consumer("g-partition-1", "S.p1.", stream, 30.0, 100)
+    requeued = Delivery(1, 1, 0.0, owner=older, given_back=True, given_back_by=driver, order=1)
+    first, then = (2, 3) if after_the_newer else (3, 2)  # 2's delivery, 1's, in their order
+    newer = Delivery(1, first, 0.0, owner=early, order=first)
+    given_back = Delivery(2, then, 0.0, owner=early, given_back=True, given_back_by=early)
+    given_back.order, given_back.given_back_after = then, 3  # given back after both
+    consumer.deliveries = {
+        1: [requeued, given_back, Delivery(3, 4, 0.0, owner=full, order=4)],
+        2: [newer],
+    }
+    checks.sink_write(0, {"task 0": [2, 1]})
+    checks._check_key_order([consumer])
+    if after_the_newer:
+        assert checks.problems == [] and checks.order_reasons == {REQUEUED: 1}
+    else:
+        assert checks.problems == [
+            "key order: S.p1.k2: message 1 after 2 (batch 0), neither of the README's first two "
+            "cases"
+        ]
 
 
 def test_a_stall_of_the_attempt_whose_entry_holds_a_message_lets_it_out(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,7 @@ from nats_spark.spark.group_source.ledger import (
     EntryDeliveries,
     EntryHead,
     EntryState,
+    Ledger,
     LedgerConflict,
 )
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
@@ -97,6 +99,75 @@ def test_an_entry_taken_over_from_a_live_attempt_explains_only_for_its_own_slot(
     assert attempts.why_late(SEQ, held, "g-partition-1") is None
     given_back = Delivery(1, 1, 0.0, owner=packed, given_back=True, given_back_by=packed)
     assert "handed out its seal" in (late(attempts, given_back) or "")
+
+
+class BucketView:
+    """A ledger bucket as the world hands it to an attempt (`SimBucket`): its store beside it,
+    which `lateness` reads without a scheduling point."""
+
+    def __init__(self, store: MemoryBucket) -> None:
+        self.store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+@pytest.mark.usefixtures("short_holds")
+@pytest.mark.parametrize("released", [False, True])
+def test_an_attempt_spark_closed_explains_only_once_its_entry_was_taken_over_unreleased(
+    loop: asyncio.AbstractEventLoop, released: bool
+) -> None:
+    """Seeds 263 and 953 of the packed worlds with early stops: an attempt a user's job
+    stopped after its first rows stalled past its ack wait holding a delivery unrecorded; the
+    batch's full read took its entry over once its head stood still (README guarantee 4, a
+    stall), and the attempt, awake, was closed by Spark without giving the delivery back (its
+    wait may have run out). It ends with neither a `LedgerConflict` nor `overtaken`. One that
+    was not taken over explains nothing, nor one whose entry was taken over only once it
+    released it (it gave back what it held before)."""
+    attempts, bucket = Attempts(), BucketView(MemoryBucket())
+    closed, taker = attempt(loop), attempt(loop)
+    closed.finished.set_result([])
+    held = Delivery(1, 1, 0.0, owner=closed)
+    holding, taking = slot_entry("partition-0"), slot_entry("partition-0")
+    for participant, entry in ((closed, holding), (taker, taking)):
+        entry.ledger = Ledger(bucket, entry.partition.lineage)  # type: ignore[arg-type]
+        attempts.watch(participant, entry)
+    holding.head.format = 1  # an older release's: the take-over records it anew, its own head
+    loop.run_until_complete(holding.claim())
+    assert late(attempts, held) is None  # holding its entry
+    if released:
+        loop.run_until_complete(holding.release())
+    loop.run_until_complete(taking.claim())
+    explained = late(attempts, held)
+    if released:
+        assert explained is None
+    else:
+        assert "head stood still (a stall)" in (explained or "")
+    # nor did the taker's write of its own take-over again
+    assert late(attempts, Delivery(1, 1, 0.0, owner=taker)) is None
+
+
+def test_what_an_attempt_gave_back_as_spark_closed_it_came_back_by_the_server_s_order(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Seeds 3862 and 1622 of the packed worlds with early stops: an attempt a user's job
+    stopped gave back at once, as Spark closed it, the delivery it held unrecorded; the batch's
+    full read, standing by for its entry until its release, took the newer message of its key
+    after that `-NAK`: the newer one was on the redelivery queue before it (3862), or a server
+    restart emptied the queue (1622). One taken before the `-NAK` is not explained: no attempt
+    pulls the slot's consumer until the closed one released its entry."""
+    attempts, closed = Attempts(), attempt(loop)
+    closed.finished.set_result([])
+    held = Delivery(1, 3, 0.0, owner=closed, given_back=True, given_back_by=closed, order=3)
+    held.given_back_after = 4  # the consumer had made 4 deliveries by the -NAK
+    assert late(attempts, held) is None  # no newer message's delivery known
+    newer = Delivery(1, 5, 0.0, order=5)
+    assert attempts.why_late(SEQ, held, CONSUMER, newer) == REQUEUED
+    newer.order = 4
+    assert attempts.why_late(SEQ, held, CONSUMER, newer) is None
+    held.given_back, held.given_back_by = False, None  # left to its ack wait instead
+    newer.order = 5
+    assert attempts.why_late(SEQ, held, CONSUMER, newer) is None
 
 
 def test_a_recorded_given_back_or_finished_delivery_explains_nothing(

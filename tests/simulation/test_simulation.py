@@ -548,31 +548,10 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # acks), 851 (other-client worlds whose executors pause, 4 s wait), 2739, 1893 and 5367
     # (other-client, packed, pausing executors), 1861 (packed, pausing executors), 6791 and
     # 11950 (consumer created again), 2544 (consumer created again, new checkpoints, sink
-    # failures); each was the checker's or the world's, or is closed (CLOSED_HOLES).
-    263: (
-        {"packed": True, "early_stops": True},
-        "per-key order, the checker's (found 2026-11-30 by helper-49 with the early stops): "
-        "packed task b3#early, which a job stopped after its first rows, paused 12.9 s (its "
-        "process) holding 13-15 unrecorded past their 4 s ack wait; the full read's attempt "
-        "took its entry over once the head stood still, so 13 came back only after its wait, "
-        "behind 25. README case 1 (a stall, its entry taken over), but the checker knows a "
-        "take-over only by the attempt's failure (`LedgerConflict`) or `overtaken`, and an "
-        "attempt Spark closed ends with neither",
-    ),
-    953: (
-        {"packed": True, "early_stops": True},
-        "per-key order, as 263 (found 2026-11-30 by helper-49): packed task b0#early, stopped "
-        "by a job after its first rows, paused 32.9 s (its process) holding message 2 past its "
-        "ack wait, and was closed once it woke",
-    ),
-    969: (
-        {"packed": True, "early_stops": True},
-        "per-key order, not explained yet (found 2026-11-30 by helper-49): message 2 of "
-        "S.p1.k2 came after 3; its delivery before the one committed was given back (-NAK) by "
-        "packed task b0#early itself as Spark closed it (it held 2-4, 2 recorded and come "
-        "again): the lateness docstring's first case for an attempt that closes, which "
-        "`Attempts._ended` does not know for an attempt Spark closed",
-    ),
+    # failures); each was the checker's or the world's, or is closed (CLOSED_HOLES). So were
+    # 263, 953 (an attempt Spark closed after its entry was taken over while it stalled) and
+    # 969 (a delivery given back at once that came after the newer one), found by helper-49 in
+    # the packed worlds with early stops.
 }
 
 
