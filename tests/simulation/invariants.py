@@ -178,12 +178,13 @@ class Observed:
         had dropped its delivery as that entry's (nothing keeps that wait until a retry has taken
         its entry over); or its delivery's wait ran out while no run of the live checkpoint lived,
         without a pause, all of that wait (the query stopped or was killed; a stall, of the driver's
-        process or of an attempt that held it, its delivery or its entry, as docs/architecture.md
-        says). So can the other client itself: it took a delivery it got before the query's, once
-        its ack wait had run out (it stalled in between) and the server had delivered the message
-        again (`delivered_again` at the take); no reader of the consumer can keep another from
-        processing what it holds (seed 6024 of the worlds with another client). What the live
-        checkpoint had not committed yet is judged if it commits it later
+        process or of an attempt that held it, its delivery or its entry, or that was taking over
+        its entry once released, as docs/architecture.md says). So can the other client itself:
+        it took a delivery it got before the query's, once its ack wait had run out (it stalled
+        in between) and the server had delivered the message again (`delivered_again` at the
+        take); no reader of the consumer can keep another from processing what it holds (seed
+        6024 of the worlds with another client). What the live checkpoint had not committed yet
+        is judged if it commits it later
         (`_committed_after_taken`), with the same let-outs, as they were at the take."""
         live = len(self.sinks) - 1
         batch = self.in_sinks[live].get(seq)
@@ -263,6 +264,12 @@ class Observed:
         holders = {before.owner, *self.drivers, *self._holding(seq, since, until, live)}
         if any(start < until and end > since and who in holders for who, start, end in self.stalls):
             return "a stall while its ack wait ran out"
+        for taker, released in self.attempts.taking_over(seq):
+            after = max(since, released)
+            if self._checkpoint_of(taker) == live and any(
+                who is taker and start < until and end > after for who, start, end in self.stalls
+            ):
+                return "a stall of the attempt taking its released entry over"
         if not any(
             self.drivers[driver] == live and start <= since and end >= until
             for driver, (start, end) in self.runs_lived.items()

@@ -123,6 +123,11 @@ class Attempts:
         # The holders (`EntryHead.attempt`) of open entries another attempt's claim took over
         # before they released them: their heads stood still (README guarantee 4, a stall).
         self.taken_from: set[str] = set()
+        # The entries whose claim runs, by the attempt claiming them, and by head key when
+        # their holder's release landed: from then until a take-over lands nothing keeps what
+        # they hold (`taking_over`).
+        self.claiming: dict[SlotEntry, Participant] = {}
+        self.released_at: dict[str, float] = {}
 
     def watch(self, attempt: Participant, entry: SlotEntry) -> None:
         """Count what `entry` adopts at its claim, and what its writes record once they are
@@ -137,7 +142,11 @@ class Attempts:
             keep: Callable[[EntryDeliveries], Awaitable[None]] | None = None,
         ) -> None:
             nonlocal claimed
-            await claim(keep)
+            self.claiming[entry] = attempt
+            try:
+                await claim(keep)
+            finally:
+                del self.claiming[entry]
             claimed = True
             recorded.update(entry.taken)
             if not entry.fixed:  # again, if its take-over's answer was lost
@@ -208,7 +217,18 @@ class Attempts:
             recorded.update(written)
             last[0] = written
 
+        release = entry.release
+
+        async def releasing() -> None:
+            await release()
+            stored = _stored_head(entry) if entry.ledger is not None else None
+            if stored is not None:
+                head = EntryHead.from_bytes(stored[1], stored[0])
+                if head.released and head.attempt == entry.head.attempt:  # landed
+                    self.released_at[stored[0]] = self.now()
+
         entry.claim = claiming  # type: ignore[method-assign]
+        entry.release = releasing  # type: ignore[method-assign]
         entry._write = writing  # type: ignore[method-assign]
         entry.seal = sealing  # type: ignore[method-assign]
 
@@ -230,6 +250,22 @@ class Attempts:
         for held in holds:
             self.held_since.setdefault(held.seq, []).append(held.hold)
         return holds
+
+    def taking_over(self, seq: int) -> list[tuple[Participant, float]]:
+        """The attempts claiming, now, an entry that names `seq` and that its holder released,
+        each with when that release landed: nothing keeps the wait of `seq` until the claim's
+        take-over lands, so a stall of the claiming attempt's process from then on lets it
+        run out (seeds 976 and 581 of the packed worlds with early stops and another client:
+        the batch's full read stalled past the wait reading what the attempt a user's job had
+        stopped recorded and released)."""
+        found = []
+        for entry, attempt in self.claiming.items():
+            stored = _stored_head(entry) if entry.ledger is not None else None
+            if stored is None or stored[0] not in self.released_at:
+                continue
+            if EntryHead.from_bytes(stored[1], stored[0]).released and seq in _named(entry):
+                found.append((attempt, self.released_at[stored[0]]))
+        return found
 
     def holding(
         self, seq: int, since: float, until: float, among: Callable[[Participant], bool]

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from nats_spark.spark.group_source.ledger import EntryHead
+from tests.simulation import lateness
 from tests.simulation.invariants import CAME_BACK, Observed, live_leftovers
 from tests.simulation.jetstream import Consumer, Delivery, Stream
 from tests.simulation.lateness import REQUEUED, GiveBacks, Hold
@@ -294,6 +296,41 @@ def test_a_stall_of_the_attempt_whose_entry_holds_a_message_lets_it_out(
     checks.stalls.append((retry, 15.0, 45.0))
     checks.taken_by_another(1, [dropped], 30.0)
     assert checks.problems == [] and checks.let_out == {"a stall while its ack wait ran out": 1}
+
+
+@pytest.mark.parametrize("case", ["stalled", "stalled before the release", "taken over"])
+def test_a_stall_of_the_attempt_taking_a_released_entry_over_lets_it_out(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """Seeds 976 and 581 of the packed worlds with early stops and another client: the attempt
+    a user's job stopped recorded message 1 and released its entry as Spark closed it; the
+    batch's full read, claiming that entry, stalled past the wait before its take-over landed
+    (nothing keeps the wait in between), and the other client got it. Not a stall of the
+    claiming attempt before the release (its holder kept the wait), nor one while the entry was
+    no longer released (taken over: the taker's keeper has it)."""
+    stream = Stream()
+    stream.publish("S.k0", 0.0)
+    driver = Participant("driver#1", "driver", loop.create_future())
+    early, full = (Participant(f"b0/c#{n}", "task", loop.create_future(), driver) for n in "e0")
+    checks = observed(stream, [full])
+    checks.query_run(driver)
+    checks.sink_write(0, {"c#0": [1]})
+    checks.attempts.held_since[1] = [Hold(1.0, early)]
+    entry = type("Entry", (), {"ledger": "its ledger"})()  # what `taking_over` reads of one
+    checks.attempts.claiming[entry] = full  # type: ignore[index]
+    checks.attempts.released_at["key"] = 2.0
+    head = EntryHead(released=case != "taken over").to_bytes()
+    monkeypatch.setattr(lateness, "_stored_head", lambda _: ("key", head, 5))
+    monkeypatch.setattr(lateness, "_named", lambda _: {1})
+    checks.stalls.append(
+        (full, 0.5, 1.9) if case == "stalled before the release" else (full, 3.0, 6.0)
+    )
+    checks.taken_by_another(1, [Delivery(1, 1, due=5.0, owner=early, queued=5.0)], 4.0)
+    if case == "stalled":
+        assert checks.problems == []
+        assert checks.let_out == {"a stall of the attempt taking its released entry over": 1}
+    else:
+        assert checks.problems == ["committed, then taken by another client: message 1, batch 0"]
 
 
 def test_an_earlier_checkpoints_attempt_that_holds_a_message_later_ends_no_live_hold(
