@@ -30,6 +30,7 @@ that `-NAK` (`REQUEUED` when the newer message was taken after it).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
@@ -90,6 +91,10 @@ def _head(entry: SlotEntry) -> EntryHead | None:
     """The head of `entry` now (read as `_stored_head` does)."""
     stored = _stored_head(entry)
     return None if stored is None else EntryHead.from_bytes(stored[1], stored[0])
+
+
+def _at(hold: Hold) -> float:
+    return hold.at
 
 
 def _named(entry: SlotEntry) -> set[int]:
@@ -179,6 +184,9 @@ class Attempts:
                         key = replacing[0]
                         previous = EntryHead.from_bytes(replacing[1], key)
                         self._took_over(previous, EntryHead.from_bytes(value, key))
+                        if previous.released and key in self.released_at:
+                            # the taker's from the release: nothing kept them in between
+                            self._hold(attempt, entry.taken, at=self.released_at[key])
                 if written is not None and not claimed:  # a take-over landed: held from here on
                     self._hold(attempt, entry.taken)
                 return written
@@ -244,11 +252,16 @@ class Attempts:
         ):
             self.taken_from.add(previous.attempt)
 
-    def _hold(self, attempt: Participant, seqs: set[int], sealed: bool = False) -> list[Held]:
-        now = self.now()
-        holds = [Held(seq, Hold(now, attempt, sealed)) for seq in seqs]
+    def _hold(
+        self, attempt: Participant, seqs: set[int], sealed: bool = False, at: float | None = None
+    ) -> list[Held]:
+        """`attempt` holds `seqs` from now, or from `at` (a take-over of a released entry, from
+        its release: seed 2452 of the packed worlds with early stops and another client, whose
+        full read stalled past the wait in its claim, before its take-over landed)."""
+        since = self.now() if at is None else at
+        holds = [Held(seq, Hold(since, attempt, sealed)) for seq in seqs]
         for held in holds:
-            self.held_since.setdefault(held.seq, []).append(held.hold)
+            bisect.insort(self.held_since.setdefault(held.seq, []), held.hold, key=_at)
         return holds
 
     def taking_over(self, seq: int) -> list[tuple[Participant, float]]:

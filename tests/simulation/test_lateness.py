@@ -112,6 +112,36 @@ class BucketView:
         return getattr(self.store, name)
 
 
+def taken_over(
+    loop: asyncio.AbstractEventLoop, released: bool, recording: bool
+) -> tuple[Attempts, Participant, Participant]:
+    """Attempts (on a clock) of two attempts, the first closed by Spark, the second taking its
+    entry of partition-0 over at 5 s: the first claimed it at 1 s, then recorded SEQ when
+    `recording` (else the entry is of an older release's format, which the take-over records
+    anew under its own head), and released it at 2 s when `released` (else the take-over comes
+    once its head stood still)."""
+    now = [1.0]
+    attempts, bucket = Attempts(lambda: now[0]), BucketView(MemoryBucket())
+    closed, taker = attempt(loop), attempt(loop)
+    closed.finished.set_result([])
+    holding, taking = slot_entry("partition-0"), slot_entry("partition-0")
+    for participant, entry in ((closed, holding), (taker, taking)):
+        entry.ledger = Ledger(bucket, entry.partition.lineage)  # type: ignore[arg-type]
+        attempts.watch(participant, entry)
+    if not recording:
+        holding.head.format = 1
+    loop.run_until_complete(holding.claim())
+    if recording:
+        deliveries = EntryDeliveries(b"$JS.ACK.S.g-partition-0", [SEQ], [1], [1])
+        loop.run_until_complete(holding._write([], deliveries, None))
+    now[0] = 2.0
+    if released:
+        loop.run_until_complete(holding.release())
+    now[0] = 5.0
+    loop.run_until_complete(taking.claim())
+    return attempts, closed, taker
+
+
 @pytest.mark.usefixtures("short_holds")
 @pytest.mark.parametrize("released", [False, True])
 def test_an_attempt_spark_closed_explains_only_once_its_entry_was_taken_over_unreleased(
@@ -123,28 +153,31 @@ def test_an_attempt_spark_closed_explains_only_once_its_entry_was_taken_over_unr
     stall), and the attempt, awake, was closed by Spark without giving the delivery back (its
     wait may have run out). It ends with neither a `LedgerConflict` nor `overtaken`. One that
     was not taken over explains nothing, nor one whose entry was taken over only once it
-    released it (it gave back what it held before)."""
-    attempts, bucket = Attempts(), BucketView(MemoryBucket())
-    closed, taker = attempt(loop), attempt(loop)
-    closed.finished.set_result([])
-    held = Delivery(1, 1, 0.0, owner=closed)
-    holding, taking = slot_entry("partition-0"), slot_entry("partition-0")
-    for participant, entry in ((closed, holding), (taker, taking)):
-        entry.ledger = Ledger(bucket, entry.partition.lineage)  # type: ignore[arg-type]
-        attempts.watch(participant, entry)
-    holding.head.format = 1  # an older release's: the take-over records it anew, its own head
-    loop.run_until_complete(holding.claim())
-    assert late(attempts, held) is None  # holding its entry
-    if released:
-        loop.run_until_complete(holding.release())
-    loop.run_until_complete(taking.claim())
-    explained = late(attempts, held)
+    released it (it gave back what it held before); nor does the taker's write of its own
+    take-over again (`record_anew`)."""
+    attempts, closed, taker = taken_over(loop, released, recording=False)
+    explained = late(attempts, Delivery(1, 1, 0.0, owner=closed))
     if released:
         assert explained is None
     else:
         assert "head stood still (a stall)" in (explained or "")
-    # nor did the taker's write of its own take-over again
     assert late(attempts, Delivery(1, 1, 0.0, owner=taker)) is None
+
+
+@pytest.mark.usefixtures("short_holds")
+@pytest.mark.parametrize("released", [False, True])
+def test_a_take_over_of_a_released_entry_holds_what_it_adopts_from_the_release(
+    loop: asyncio.AbstractEventLoop, released: bool
+) -> None:
+    """Seed 2452 of the packed worlds with early stops and another client: the attempt a
+    user's job stopped recorded a message and released its entry as Spark closed it; the
+    batch's full read stalled past the wait in its claim, and its take-over landed after the
+    wait ran out. Nothing kept the wait since the release: the taker holds the message from
+    then (a stall of its lets the message out). An entry taken over unreleased was its
+    holder's until the take-over."""
+    attempts, closed, taker = taken_over(loop, released, recording=True)
+    assert attempts.holding(SEQ, 3.0, 4.0, lambda _: True) == [taker if released else closed]
+    assert attempts.holding(SEQ, 1.0, 1.5, lambda _: True) == [closed]
 
 
 def test_what_an_attempt_gave_back_as_spark_closed_it_came_back_by_the_server_s_order(
