@@ -264,10 +264,9 @@ class Observed:
         holders = {before.owner, *self.drivers, *self._holding(seq, since, until, live)}
         if any(start < until and end > since and who in holders for who, start, end in self.stalls):
             return "a stall while its ack wait ran out"
-        for taker, released in self.attempts.taking_over(seq):
-            after = max(since, released)
+        for taker, first, last in self.attempts.taking_over(seq, since, until):
             if self._checkpoint_of(taker) == live and any(
-                who is taker and start < until and end > after for who, start, end in self.stalls
+                who is taker and start < last and end > first for who, start, end in self.stalls
             ):
                 return "a stall of the attempt taking its released entry over"
         if not any(

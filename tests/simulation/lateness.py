@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from nats_spark.spark.group_source.ledger import (
@@ -87,6 +88,11 @@ def _stored_head(entry: SlotEntry) -> tuple[str, bytes, int] | None:
     return None if stored is None else (key, *stored)
 
 
+def _head_key(entry: SlotEntry) -> str:
+    assert entry.ledger is not None
+    return entry.ledger.head_key(entry.partition.gen, entry.partition.slot)
+
+
 def _head(entry: SlotEntry) -> EntryHead | None:
     """The head of `entry` now (read as `_stored_head` does)."""
     stored = _stored_head(entry)
@@ -112,6 +118,16 @@ def _named(entry: SlotEntry) -> set[int]:
     return named
 
 
+@dataclass
+class Claim:
+    """An attempt's claim of the entry of head key `key`, from `started` to `ended`."""
+
+    attempt: Participant
+    key: str
+    started: float
+    ended: float = math.inf
+
+
 class Attempts:
     def __init__(self, now: Callable[[], float] = lambda: 0.0) -> None:
         self.now = now
@@ -128,11 +144,12 @@ class Attempts:
         # The holders (`EntryHead.attempt`) of open entries another attempt's claim took over
         # before they released them: their heads stood still (README guarantee 4, a stall).
         self.taken_from: set[str] = set()
-        # The entries whose claim runs, by the attempt claiming them, and by head key when
-        # their holder's release landed: from then until a take-over lands nothing keeps what
-        # they hold (`taking_over`).
-        self.claiming: dict[SlotEntry, Participant] = {}
-        self.released_at: dict[str, float] = {}
+        # By head key: each release that landed, when, with what the entry named (from then
+        # until a take-over lands nothing keeps it), and each take-over that landed, when; the
+        # claims, in order (`taking_over`).
+        self.releases: dict[str, list[tuple[float, set[int]]]] = {}
+        self.taken_over_at: dict[str, list[float]] = {}
+        self.claims: list[Claim] = []
 
     def watch(self, attempt: Participant, entry: SlotEntry) -> None:
         """Count what `entry` adopts at its claim, and what its writes record once they are
@@ -147,11 +164,12 @@ class Attempts:
             keep: Callable[[EntryDeliveries], Awaitable[None]] | None = None,
         ) -> None:
             nonlocal claimed
-            self.claiming[entry] = attempt
+            key = _head_key(entry) if entry.ledger is not None else ""
+            self.claims.append(made := Claim(attempt, key, self.now()))
             try:
                 await claim(keep)
-            finally:
-                del self.claiming[entry]
+            finally:  # not when the attempt dies in it (a crash leaves it where it was)
+                made.ended = self.now()
             claimed = True
             recorded.update(entry.taken)
             if not entry.fixed:  # again, if its take-over's answer was lost
@@ -184,9 +202,10 @@ class Attempts:
                         key = replacing[0]
                         previous = EntryHead.from_bytes(replacing[1], key)
                         self._took_over(previous, EntryHead.from_bytes(value, key))
-                        if previous.released and key in self.released_at:
+                        self.taken_over_at.setdefault(key, []).append(self.now())
+                        if previous.released and (releases := self.releases.get(key)):
                             # the taker's from the release: nothing kept them in between
-                            self._hold(attempt, entry.taken, at=self.released_at[key])
+                            self._hold(attempt, entry.taken, at=releases[-1][0])
                 if written is not None and not claimed:  # a take-over landed: held from here on
                     self._hold(attempt, entry.taken)
                 return written
@@ -233,7 +252,8 @@ class Attempts:
             if stored is not None:
                 head = EntryHead.from_bytes(stored[1], stored[0])
                 if head.released and head.attempt == entry.head.attempt:  # landed
-                    self.released_at[stored[0]] = self.now()
+                    released = (self.now(), _named(entry))
+                    self.releases.setdefault(stored[0], []).append(released)
 
         entry.claim = claiming  # type: ignore[method-assign]
         entry.release = releasing  # type: ignore[method-assign]
@@ -264,20 +284,26 @@ class Attempts:
             bisect.insort(self.held_since.setdefault(held.seq, []), held.hold, key=_at)
         return holds
 
-    def taking_over(self, seq: int) -> list[tuple[Participant, float]]:
-        """The attempts claiming, now, an entry that names `seq` and that its holder released,
-        each with when that release landed: nothing keeps the wait of `seq` until the claim's
-        take-over lands, so a stall of the claiming attempt's process from then on lets it
-        run out (seeds 976 and 581 of the packed worlds with early stops and another client:
-        the batch's full read stalled past the wait reading what the attempt a user's job had
-        stopped recorded and released)."""
+    def taking_over(
+        self, seq: int, since: float, until: float
+    ) -> list[tuple[Participant, float, float]]:
+        """The attempts that were claiming an entry naming `seq` while it stood released from
+        `since` to `until`, each with when: nothing keeps the wait of `seq` from the release
+        until a take-over lands, so a stall of the claiming attempt then lets it run out
+        (seeds 976, 581 and 1278 of the worlds with early stops and another client: the
+        batch's full read stalled in its claim of what the attempt a user's job had stopped
+        recorded and released; in 1278 it was killed afterwards, as was the next)."""
         found = []
-        for entry, attempt in self.claiming.items():
-            stored = _stored_head(entry) if entry.ledger is not None else None
-            if stored is None or stored[0] not in self.released_at:
-                continue
-            if EntryHead.from_bytes(stored[1], stored[0]).released and seq in _named(entry):
-                found.append((attempt, self.released_at[stored[0]]))
+        for claim in self.claims:
+            takes = self.taken_over_at.get(claim.key, [])
+            for released, named in self.releases.get(claim.key, []):
+                if seq not in named:
+                    continue
+                ends = min((at for at in takes if at > released), default=math.inf)
+                start = max(since, released, claim.started)
+                end = min(until, ends, claim.ended)
+                if start < end:
+                    found.append((claim.attempt, start, end))
         return found
 
     def holding(

@@ -10,11 +10,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from nats_spark.spark.group_source.ledger import EntryHead
-from tests.simulation import lateness
 from tests.simulation.invariants import CAME_BACK, Observed, live_leftovers
 from tests.simulation.jetstream import Consumer, Delivery, Stream
-from tests.simulation.lateness import REQUEUED, GiveBacks, Hold
+from tests.simulation.lateness import REQUEUED, Claim, GiveBacks, Hold
 from tests.simulation.scheduler import Participant
 
 pytestmark = pytest.mark.unit
@@ -300,14 +298,14 @@ def test_a_stall_of_the_attempt_whose_entry_holds_a_message_lets_it_out(
 
 @pytest.mark.parametrize("case", ["stalled", "stalled before the release", "taken over"])
 def test_a_stall_of_the_attempt_taking_a_released_entry_over_lets_it_out(
-    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch, case: str
+    loop: asyncio.AbstractEventLoop, case: str
 ) -> None:
-    """Seeds 976 and 581 of the packed worlds with early stops and another client: the attempt
+    """Seeds 976, 581 and 1278 of the worlds with early stops and another client: the attempt
     a user's job stopped recorded message 1 and released its entry as Spark closed it; the
     batch's full read, claiming that entry, stalled past the wait before its take-over landed
     (nothing keeps the wait in between), and the other client got it. Not a stall of the
-    claiming attempt before the release (its holder kept the wait), nor one while the entry was
-    no longer released (taken over: the taker's keeper has it)."""
+    claiming attempt before the release (its holder kept the wait), nor one once another
+    attempt's take-over landed (its keeper has it)."""
     stream = Stream()
     stream.publish("S.k0", 0.0)
     driver = Participant("driver#1", "driver", loop.create_future())
@@ -316,12 +314,10 @@ def test_a_stall_of_the_attempt_taking_a_released_entry_over_lets_it_out(
     checks.query_run(driver)
     checks.sink_write(0, {"c#0": [1]})
     checks.attempts.held_since[1] = [Hold(1.0, early)]
-    entry = type("Entry", (), {"ledger": "its ledger"})()  # what `taking_over` reads of one
-    checks.attempts.claiming[entry] = full  # type: ignore[index]
-    checks.attempts.released_at["key"] = 2.0
-    head = EntryHead(released=case != "taken over").to_bytes()
-    monkeypatch.setattr(lateness, "_stored_head", lambda _: ("key", head, 5))
-    monkeypatch.setattr(lateness, "_named", lambda _: {1})
+    checks.attempts.claims.append(Claim(full, "key", 0.2))  # standing by from 0.2 s
+    checks.attempts.releases["key"] = [(2.0, {1})]
+    if case == "taken over":
+        checks.attempts.taken_over_at["key"] = [2.5]
     checks.stalls.append(
         (full, 0.5, 1.9) if case == "stalled before the release" else (full, 3.0, 6.0)
     )
