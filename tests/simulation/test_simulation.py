@@ -552,6 +552,23 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # 263, 953 (an attempt Spark closed after its entry was taken over while it stalled) and
     # 969 (a delivery given back at once that came after the newer one), found by helper-49 in
     # the packed worlds with early stops.
+    1738: (
+        {"packed": True, "early_stops": True, "stalling_executors": True},
+        "per-key order, not explained (found 2026-12-01 by helper-53 in the packed early-stop "
+        "worlds whose executors pause): packed task b3#early, stopped by a job after its first "
+        "rows, paused 3.6 s (its process) with a pull of g-partition-1 out; 17 came to that pull "
+        "after the pause, and as Spark closed the attempt (it released its entry; nothing took "
+        "it over) its give-back skipped 17: the request was sent more than half the 4 s wait "
+        "before, so its wait might have run out (`surely_running`). 17 waited out its wait and "
+        "came after 19. A closed attempt that stalled without losing its entry is none of the "
+        "README's cases: the README would have to state it, or the source avoid it",
+    ),
+    1877: (
+        {"packed": True, "early_stops": True, "stalling_executors": True},
+        "per-key order, as 1738 (found 2026-12-01 by helper-53): packed task b0#early paused "
+        "21.2 s (its process) as deliveries of g-partition-1 arrived; closed as it woke, it did "
+        "not give back 9 (30 s wait, its request sent before the pause), which came after 11",
+    ),
 }
 
 
