@@ -76,6 +76,21 @@ DYING_ZOMBIES = (*STALLING, ("dying_zombies", 0.05), ("new_checkpoint", 0.5))
 CRASHING_DRIVERS = Chaos(driver_crash=0.03, task_crash=0.005, stall=0.01, crashes=4)
 # Faults in place of a seed's draws where processes stall at 3% of their scheduling points.
 STALLING_PROCESSES = Chaos(driver_crash=0.01, task_crash=0.005, stall=0.03, crashes=3)
+# The worlds of seed 1347 of another client's pausing worlds, fixed: a 4 s wait, three messages
+# in flight, two a batch and one a pull, restarts after a tenth of the rounds of acks, half the
+# runs on a new checkpoint, and lost attempts that pause for up to 8 waits, in place of the
+# drawn faults: a keeper round confirmed around a held delivery's lapse.
+LAPSING_HELD_DELIVERIES = (
+    *OTHER_CLIENT,
+    *STALLING,
+    ("ack_wait", 4.0),
+    ("max_ack_pending", 3),
+    ("per_batch", 2),
+    ("fetch_batch", 1),
+    ("restart_after_acks", 0.1),
+    ("new_checkpoint", 0.5),
+    ("chaos", Chaos(task_lost=0.03, lost_stall=8.0, crashes=2)),
+)
 # The worlds whose shared consumer is created again while drivers die often and processes stall
 # at 3% of their points up to 39 s (a 30 s wait), with purges: a restarted driver's looks at the
 # consumer fall on either side of its creation again, and a batch it runs again outlives it.
@@ -863,7 +878,7 @@ MUTANTS = (
                 "        running = self._round\n",
             ),
         ),
-        edit=(*OTHER_CLIENT, *STALLING),
+        edit=LAPSING_HELD_DELIVERIES,
     ),
     Mutant(
         "taken-over-messages-unkept",

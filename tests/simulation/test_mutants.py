@@ -83,7 +83,9 @@ RARE = {
     "rerun-partitions-with-the-option-s-ack-wait": (782,),
     "forgotten-pull-waited-out": (5797,),
     "stale-nak-gives-back-another-s-delivery": (1347, 689),
-    "lapsed-delivery-restarted-by-a-round": (1347, 689),
+    # In the worlds of seed 1347, fixed (`Mutant.edit`): the two of 0-500 (2026-12-01); 814 and
+    # 1195, the first two of 0-2000, on the schedules of ledger format 3 with the seal.
+    "lapsed-delivery-restarted-by-a-round": (26, 229),
     # In worlds with another client, packed tasks and pausing executors: since a record runs to
     # its end however cancelled, the only one of 0-4000 and 5367 (2026-11-30; 1893, which found
     # the hole, 700 and 4643 moved with the fix's tasks).
