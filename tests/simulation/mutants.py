@@ -893,7 +893,19 @@ MUTANTS = (
                 "        if True:\n            return\n",
             ),
         ),
-        edit=(*OTHER_CLIENT, ("ack_wait", 4.0)),
+        # Its hole needs a retry's take-over while siblings drop what went past its wait: tasks
+        # that crash at 3% of their points or are lost, stalls, 30 messages pulled 16 at a time
+        # under a 4 s wait (1 of 0-1200 catches it so, 1 of 0-700 on the schedules of ledger
+        # format 3; 1 of 0-6000 with the faults drawn, 2026-12-01).
+        edit=(
+            *OTHER_CLIENT,
+            ("ack_wait", 4.0),
+            ("fetch_batch", 16),
+            ("messages", 30),
+            ("per_batch", 50),
+            ("max_ack_pending", 1000),
+            ("chaos", Chaos(task_crash=0.03, task_lost=0.02, stall=0.01, crashes=4)),
+        ),
     ),
     Mutant(
         "taken-over-renewed-after-fence",
