@@ -83,7 +83,9 @@ RARE = {
     # In the same worlds: the seeds that found the holes (2026-11-30), by the check of a take
     # before the commit.
     "rerun-partitions-with-the-option-s-ack-wait": (782,),
-    "forgotten-pull-waited-out": (5797,),
+    # In its fixed worlds (`Mutant.edit`, 2026-12-01): the first two of 0-500; 235 and 380 on
+    # the schedules of ledger format 3 (the seal with the last record).
+    "forgotten-pull-waited-out": (125, 235),
     "stale-nak-gives-back-another-s-delivery": (1347, 689),
     # In the worlds of seed 1347, fixed (`Mutant.edit`): the two of 0-500 (2026-12-01); 814 and
     # 1195, the first two of 0-2000, on the schedules of ledger format 3 with the seal.
@@ -111,7 +113,9 @@ RARE = {
     # In the same worlds, the one of 1500-6000 that broke per-key order this way (2026-11-29;
     # none of 0-1500): a recorded message NAKed by the give-back came back late to a pull the
     # failing attempt had out.
-    "late-recorded-redelivery-kept": (270,),
+    # Since 2026-12-01 in the fixed worlds of seed 270 (`Mutant.edit`): the first two of 0-500;
+    # 242 and 449 on the schedules of ledger format 3 (the seal with the last record).
+    "late-recorded-redelivery-kept": (152, 270),
     # In the same worlds, the first of 0-15000 (2026-11-30; the seed that found the hole): a
     # retry of the stopped query took over an entry a crashed attempt had recorded in, after
     # the give-back's fence and before its listing, and removed it.
