@@ -116,6 +116,10 @@ RARE = {
     # Since 2026-12-01 in the fixed worlds of seed 270 (`Mutant.edit`): the first two of 0-500;
     # 242 and 449 on the schedules of ledger format 3 (the seal with the last record).
     "late-recorded-redelivery-kept": (152, 270),
+    # In the same worlds, the only one of 0-1500 (2026-12-01; the seed that found the hole): a
+    # recorded message NAKed by the give-back came again before the read ended, and the seal
+    # found the entry gone.
+    "came-again-kept-at-a-lost-seal": (162,),
     # In the same worlds, the first of 0-15000 (2026-11-30; the seed that found the hole): a
     # retry of the stopped query took over an entry a crashed attempt had recorded in, after
     # the give-back's fence and before its listing, and removed it.

@@ -535,6 +535,15 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "now keeps what was created again after which batch until it commits "
         "(`DriverLedger.started_over`; mutant started-over-told-by-one-driver-only, 2026-12-01)",
     ),
+    162: (
+        dict(BY_NAME["came-again-kept-at-a-lost-seal"].edit),
+        "per-key order (found 2026-12-01 by helper-58, explained by helper-60): a new "
+        "checkpoint's give-back NAKed 1, 3 and 4 of the earlier run's entry; that run's attempt, "
+        "its read ended, had taken 1 and 3 again to its requests still out (`keeper.again`), "
+        "found its entry gone at its seal and gave nothing back (`give_back_unrecorded` runs "
+        "only for a read cut short): 1 and 3 ran out behind 4. The seal's path gives back what "
+        "came again (`give_back_came_again`); mutant came-again-kept-at-a-lost-seal",
+    ),
 }
 
 
@@ -568,16 +577,6 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         "per-key order, as 1738 (found 2026-12-01 by helper-53): packed task b0#early paused "
         "21.2 s (its process) as deliveries of g-partition-1 arrived; closed as it woke, it did "
         "not give back 9 (30 s wait, its request sent before the pause), which came after 11",
-    ),
-    162: (
-        dict(BY_NAME["late-recorded-redelivery-kept"].edit),
-        "per-key order, a hole (found 2026-12-01 by helper-58 in that mutant's world, explained "
-        "by helper-60): a new checkpoint's give-back NAKed 1, 3 and 4 of the earlier run's "
-        "entry; that run's attempt, its read ended and its pulls still waiting at the server, "
-        "took 1 and 3 again from the redelivery queue (`keeper.again`), then found its entry "
-        "gone at its seal (`TakenOver`, then `LedgerConflict` in `sealed_rest`) and gave "
-        "nothing back: `give_back_unrecorded` runs only for a read that did not finish. 1 and 3 "
-        "ran out behind 4. The seal's path must give back what the keeper holds again",
     ),
 }
 

@@ -254,6 +254,7 @@ class SlotReader:
         over meanwhile (it is alive beside it: a speculative copy) hands out the rest of the
         sealed entry instead: both end with its rows, whichever Spark keeps."""
         emitted = [int_array(self.entry.recorded_earlier.stream_seq)]  # read on a take-over only
+        sealing = False
         try:
             async with contextlib.aclosing(self.pull_record_batches()) as batches:
                 async for batch in batches:
@@ -261,8 +262,11 @@ class SlotReader:
                     self.handing_out = True  # no renewals while Spark has not taken them
                     yield batch
                     self.handing_out = False
+            sealing = True
             await self.seal()
-        except TakenOver:
+        except TakenOver as taken:
+            if sealing and not protocol.kept_by_its_taker(taken):
+                await self.give_back_came_again()
             rest = await self.entry.sealed_rest(pa.concat_arrays(emitted).to_pylist())
             async for batch in self.replayer.record_batches(rest):
                 yield batch
@@ -314,17 +318,35 @@ class SlotReader:
                     for reply, seq in zip(late.replies, late_seqs, strict=True)
                     if not (kept_by_taker and seq in recorded)
                 ]
-            now, ack_wait = clock.monotonic(), self.partition.ack_wait
-            naks = [reply for reply, since in unrecorded if surely_running(since, now, ack_wait)]
-            if naks:
-                await publish_acks(self.client.nc, naks, kind=NAK)
-                log.info(
-                    "slot %s: gave back %d unrecorded messages", self.partition.slot, len(naks)
-                )
+            await self.give_back(unrecorded)
         except Exception as error:  # they come back after their ack wait
             log.debug(
                 "slot %s: giving back unrecorded messages failed: %s", self.partition.slot, error
             )
+
+    async def give_back_came_again(self) -> None:
+        """The read ended, and the seal found the entry gone with no attempt of the query
+        keeping it: a new checkpoint gave it back, NAKing the deliveries it names. A recorded
+        message that came again since (to a request still out when that give-back came) is
+        NAKed here, as `give_back_unrecorded` does for a read cut short; else it waits out its
+        ack wait behind newer messages of its key (seed 162 of the replaced-mid-batch worlds)."""
+        try:
+            held, since = self.keeper.held, self.keeper.since
+            again = [seq for seq in self.keeper.again if seq in held]
+            came_again = [(held[seq], since.get(seq, -math.inf)) for seq in again]
+            self.keeper.release(again)
+            await self.give_back(came_again)
+        except Exception as error:  # they come back after their ack wait
+            log.debug("slot %s: giving back failed: %s", self.partition.slot, error)
+
+    async def give_back(self, deliveries: list[tuple[bytes, float]]) -> None:
+        """NAK those of `deliveries` (each with when its ack wait surely started) whose wait
+        surely runs (`surely_running`): one that may have run out may be another reader's."""
+        now, ack_wait = clock.monotonic(), self.partition.ack_wait
+        naks = [reply for reply, since in deliveries if surely_running(since, now, ack_wait)]
+        if naks:
+            await publish_acks(self.client.nc, naks, kind=NAK)
+            log.info("slot %s: gave back %d messages", self.partition.slot, len(naks))
 
     async def seal(self) -> None:
         """Seal the entry. Its messages then wait for the next batch's task to ack them, and the
