@@ -39,6 +39,7 @@ from nats_spark.spark.group_source.ledger import (
     Ledger,
     LedgerConflict,
     chunk_deliveries,
+    inline_deliveries,
     read_deliveries,
     read_head,
 )
@@ -84,13 +85,13 @@ def _head(entry: SlotEntry) -> EntryHead | None:
 
 
 def _named(entry: SlotEntry) -> set[int]:
-    """The stream seqs the head of `entry` names now (read as `_head` does); none when the head
-    or one of its chunks is gone."""
+    """The stream seqs the head of `entry` names now (read as `_head` does): those it holds
+    itself and its chunks'; none when the head or one of its chunks is gone."""
     head = _head(entry)
     if head is None:
         return set()
     values = entry.ledger.kv.store.values  # type: ignore[union-attr]  # `_head` read it
-    named: set[int] = set()
+    named = set(inline_deliveries(head).stream_seq)
     for chunk in head.chunks:
         if chunk not in values:
             return set()
@@ -158,7 +159,10 @@ class Attempts:
         last: list[set[int]] = [set()]  # what the attempt's last write recorded
 
         async def writing(
-            chunks: list[str], taken: EntryDeliveries, pin: str | None, replacing: int = 0
+            kept: tuple[str, list[str]],
+            taken: EntryDeliveries,
+            pin: str | None,
+            replacing: int = 0,
         ) -> None:
             written = set(taken.stream_seq)
             began.update(written)
@@ -168,7 +172,7 @@ class Attempts:
             # was taken for the query holding the message before the other client took it).
             holds = [] if replacing else self._hold(attempt, written)
             try:
-                await write(chunks, taken, pin, replacing)
+                await write(kept, taken, pin, replacing)
             except BaseException as error:
                 named = _named(entry)
                 if holds and not written <= named:

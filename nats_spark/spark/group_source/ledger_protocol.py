@@ -89,6 +89,7 @@ from nats_spark.spark.group_source.ledger import (
     LedgerConflict,
     PointerReads,
     TakenOver,
+    keep_inline,
     own_write_or_taken_over,
     read_deliveries,
     read_head,
@@ -176,6 +177,7 @@ def take_over(previous: EntryHead, pin: str | None, attempt: str) -> EntryHead:
         pin=previous.pin or pin,
         prefix=previous.prefix,
         format=previous.format,
+        inline=previous.inline,
     )
 
 
@@ -195,7 +197,8 @@ def came_back(head: EntryHead, gen: int, fenced: int, kept_from: int, listed: Se
     they commit, so only the newest committed batch and the logged one after it can hold sealed
     entries waiting for their acks (gens planned and never logged, a driver killed between its
     pointer and Spark's offset log, have no entries). Acked or given back before its removal,
-    it is removed again, unread."""
+    it is removed again, unread. One whose record is in its head (`inline`) names no chunk and
+    comes back whole: readable, it settles or is given back again as any entry does."""
     if gen > fenced:
         return False
     return any(chunk not in listed for chunk in head.chunks) or (
@@ -291,22 +294,23 @@ async def record(
     slot: str,
     head: EntryHead,
     revision: int,
-    chunks: list[str],
+    kept: tuple[str, list[str]],
     taken: EntryDeliveries,
     pin: str | None,
     replacing: int = 0,
 ) -> int:
-    """Record `taken` in the OPEN entry: its chunks follow `chunks` (what the head keeps of the
-    chunks written before), then the head is updated to name them; the new revision.
-    `replacing`: deliveries the head counts past `chunks`, of the write that this one does again
-    (without what a sibling recorded too).
+    """Record `taken` in the OPEN entry: after `kept` (what the head keeps of what was
+    recorded before: `EntryHead.recorded`), in the head itself when it is the first record and
+    small (`keep_inline`), else in chunks, then the head is updated to name them; the new
+    revision. `replacing`: deliveries the head counts past `kept`, of the write that this one
+    does again (without what a sibling recorded too).
 
     Once its chunks are being written, a record runs to its end however its attempt is
     cancelled meanwhile (a packed task cancels its other slots when one fails): cut short
     between its writes, it would leave chunks no head names, which only the next start's
     adoption removes, under a removed entry (seeds 1893, 1861 of the worlds with packed tasks
     and pauses). Its end: the head names them, or they are removed (`_settle_failed_write`)."""
-    head.chunks = chunks
+    head.inline, head.chunks = kept
     head.count -= replacing
     if taken.prefix:
         head.prefix = taken.prefix.decode()
@@ -332,10 +336,14 @@ async def _write_record(
     taken: EntryDeliveries,
     pin: str | None,
 ) -> int | LedgerConflict:
-    """`record`'s writes: the chunks, then the head naming them; the head's revision, or the
+    """`record`'s writes: the chunks (none when the head keeps `taken`), then the head naming
+    them; the head's revision, or the
     conflict (returned rather than raised: a task its cancelled attempt no longer awaits
     would log it)."""
-    keys = await ledger.write_chunks(gen, slot, head.attempt, len(head.chunks), taken)
+    if keep_inline(head, taken):
+        keys = []
+    else:
+        keys = await ledger.write_chunks(gen, slot, head.attempt, len(head.chunks), taken)
     head.chunks = [*head.chunks, *keys]
     head.count += len(taken)
     head.max_seq = max(head.max_seq, max(taken.stream_seq, default=0))
@@ -372,7 +380,7 @@ async def record_anew(
     chunks the head named before go when the entry is removed."""
     head.count = 0
     head.format = LEDGER_FORMAT
-    return await record(ledger, gen, slot, head, revision, [], taken, head.pin)
+    return await record(ledger, gen, slot, head, revision, ("", []), taken, head.pin)
 
 
 async def seal(ledger: Ledger, gen: int, slot: str, head: EntryHead, revision: int) -> int:

@@ -202,13 +202,13 @@ def test_a_slot_cancelled_while_it_records_keeps_what_it_recorded_and_releases(
     `recorder-cut-off-from-its-write` does (early-stop worlds)."""
     options = two_slots_of_20(client, nats_url, f"PACKSLOWREC{unique}", unique)
     writing = threading.Event()
-    write_chunks = Ledger.write_chunks
+    update_head = Ledger.update_head
 
     async def slow_second_slot(ledger, gen, slot, *args):
-        if slot == SECOND:
+        if slot == SECOND and not writing.is_set():  # its record's head write
             writing.set()
             await asyncio.sleep(2)  # a slow write: the task ends meanwhile
-        return await write_chunks(ledger, gen, slot, *args)
+        return await update_head(ledger, gen, slot, *args)
 
     given_back: list[bytes] = []
     publish_acks = slot_reader.publish_acks
@@ -217,7 +217,7 @@ def test_a_slot_cancelled_while_it_records_keeps_what_it_recorded_and_releases(
         given_back.extend(replies)
         await publish_acks(nc, replies, kind=kind)
 
-    monkeypatch.setattr(Ledger, "write_chunks", slow_second_slot)
+    monkeypatch.setattr(Ledger, "update_head", slow_second_slot)
     monkeypatch.setattr(slot_reader, "publish_acks", naks_seen)
     monkeypatch.setattr(slot_reader, "SLOTS_AT_ONCE", 2)
     assert_released_holding(second_slot_closed_while(options, unique, writing), 20)
@@ -491,6 +491,34 @@ def test_a_packed_task_does_its_slots_ledger_work_together(client, nats_url, uni
     # a slot acks (a head and a chunk) and claims (a head and the pointer); the earlier entries
     # are read once per task (5.75 a slot, before)
     assert gets / slot_batches < 5, calls.counts
+
+
+def test_a_slot_that_takes_a_few_messages_writes_and_reads_no_chunk(
+    client, nats_url, unique, monkeypatch
+):
+    """8 slots in 2 tasks over 3 batches of 4 messages a slot: each slot's record is kept in its
+    entry's head (ledger format 3), so no task writes a chunk, and the acks of the batch before
+    read none (a put and a get a slot and batch, before)."""
+    stream = f"PACKINLINE{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=8)
+    options = packed_options(nats_url, stream, unique, "2")
+    reader = BatchCoordinator(parse_options(options))
+    calls = LedgerCalls(monkeypatch)
+    rows = 0
+    try:
+        end = run_sync(reader.initial_offset())
+        for round in range(3):
+            publish(client, stream, 32, start=32 * round)
+            start, end = end, run_sync(reader.latest_offset(end, None))
+            calls.on = True
+            for task in run_sync(reader.input_partitions(start, end)):
+                rows += sum(len(batch) for batch in read_packed(task))
+            calls.on = False
+            run_sync(reader.commit(end))
+    finally:
+        run_sync(reader.close())
+    assert rows == 96
+    assert calls.counts["put chunk"] == calls.counts["get chunk"] == 0, calls.counts
 
 
 def test_planning_works_out_a_batchs_shared_facts_once(client, nats_url, unique, monkeypatch):

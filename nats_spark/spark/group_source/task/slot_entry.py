@@ -208,14 +208,14 @@ class SlotEntry:
         the ack wait may have run out first: counted from their pull request, or from `renewed`,
         when it last started over) is checked against the siblings' records and dropped if
         found."""
-        chunks = self.head.chunks
+        before = self.head.recorded()
         taken = EntryDeliveries(
             ack_prefix(replies[0]),
             list(columns.stream_seq),
             list(columns.consumer_seq),
             list(columns.delivered),
         )
-        await self._write(chunks, taken, pin)
+        await self._write(before, taken, pin)
         rows = columns.record_batch()
         if not self.partition.siblings:
             return rows, set()
@@ -235,20 +235,24 @@ class SlotEntry:
         if not twice:
             return rows, twice
         kept = int_array(i for i, s in enumerate(columns.stream_seq) if s not in twice)
-        await self._write(chunks, taken.without(twice), pin, replacing=len(taken))
+        await self._write(before, taken.without(twice), pin, replacing=len(taken))
         self.taken -= twice
         return rows.take(kept), twice
 
     async def _write(
-        self, chunks: list[str], taken: EntryDeliveries, pin: str | None, replacing: int = 0
+        self,
+        kept: tuple[str, list[str]],
+        taken: EntryDeliveries,
+        pin: str | None,
+        replacing: int = 0,
     ) -> None:
-        """Record `taken` as the chunks that follow `chunks` (in place of `replacing` deliveries
-        recorded after them)."""
+        """Record `taken` after what `kept` names (in place of `replacing` deliveries recorded
+        after it)."""
         assert self.ledger is not None
         gen, slot = self.partition.gen, self.partition.slot
         async with self.writing:
             self.revision = await protocol.record(
-                self.ledger, gen, slot, self.head, self.revision, chunks, taken, pin, replacing
+                self.ledger, gen, slot, self.head, self.revision, kept, taken, pin, replacing
             )
             self.written = clock.monotonic()
 
