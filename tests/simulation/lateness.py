@@ -132,6 +132,10 @@ class Attempts:
             if not entry.fixed:  # again, if its take-over's answer was lost
                 self._hold(attempt, entry.taken)
 
+        def sealed_if_landed() -> None:
+            if (head := _head(entry)) is not None and head.state != EntryState.OPEN:
+                self._hold(attempt, entry.taken, sealed=True)
+
         async def sealing() -> None:
             # The attempt holds them until its seal is answered, or found landed as it fails:
             # a pause before the write lands is the attempt's, not the driver's (seed 1949 of
@@ -140,8 +144,7 @@ class Attempts:
             try:
                 await seal()
             except BaseException:
-                if (head := _head(entry)) is not None and head.state != EntryState.OPEN:
-                    self._hold(attempt, entry.taken, sealed=True)
+                sealed_if_landed()
                 raise
             self._hold(attempt, entry.taken, sealed=True)
 
@@ -163,6 +166,7 @@ class Attempts:
             taken: EntryDeliveries,
             pin: str | None,
             replacing: int = 0,
+            sealing: bool = False,  # a last record seals the entry with it, as `sealing` does
         ) -> None:
             written = set(taken.stream_seq)
             began.update(written)
@@ -172,8 +176,10 @@ class Attempts:
             # was taken for the query holding the message before the other client took it).
             holds = [] if replacing else self._hold(attempt, written)
             try:
-                await write(kept, taken, pin, replacing)
+                await write(kept, taken, pin, replacing, sealing)
             except BaseException as error:
+                if sealing:
+                    sealed_if_landed()
                 named = _named(entry)
                 if holds and not written <= named:
                     for hold in holds:
@@ -190,6 +196,8 @@ class Attempts:
                 recorded.difference_update(last[0] - written)
             recorded.update(written)
             last[0] = written
+            if sealing:
+                self._hold(attempt, entry.taken, sealed=True)
 
         entry.claim = claiming  # type: ignore[method-assign]
         entry._write = writing  # type: ignore[method-assign]

@@ -14,9 +14,11 @@ absent
     it expects the entries of the batches it plans (`DriverLedger.expect`) and lists heads from
     the bucket stream's subject index, which does not come back short.
 OPEN (recording)
-    Moved out by the attempt recording it: `seal` (to SEALED); or by a later attempt of the
-    same task after this one died mid-way or gave it up: `take_over` (still OPEN, under the new
-    attempt, which keeps what was recorded and goes on), then `check_fence` when it is the attempt's
+    Moved out by the attempt recording it: `seal` (to SEALED), or its last `record` when it
+    knows the record is its last and has nothing to check after it (`sealing`); or by a later
+    attempt of the same task after this one died mid-way or gave it up: `take_over` (still
+    OPEN, under the new attempt, which keeps what was recorded and goes on), then
+    `check_fence` when it is the attempt's
     own create whose answer was lost. The holder writes its head at least every
     `HOLD_RENEWAL` while it pulls (`SlotEntry.hold`), and marks it `released` when it fails or
     is closed before it seals (`release`). Another attempt (Spark's speculative copy, a retry
@@ -298,12 +300,18 @@ async def record(
     taken: EntryDeliveries,
     pin: str | None,
     replacing: int = 0,
+    sealing: bool = False,
 ) -> int:
     """Record `taken` in the OPEN entry: after `kept` (what the head keeps of what was
     recorded before: `EntryHead.recorded`), in the head itself when it is the first record and
     small (`keep_inline`), else in chunks, then the head is updated to name them; the new
     revision. `replacing`: deliveries the head counts past `kept`, of the write that this one
-    does again (without what a sibling recorded too).
+    does again (without what a sibling recorded too). `sealing`: the attempt takes nothing
+    after `taken`, and the head write seals the entry too (OPEN -> SEALED, as `seal`): one write
+    fewer per slot and batch. The attempt must have nothing more to look at before it seals
+    (slots with siblings check theirs after their record), and what it recorded must be all it
+    holds (nothing can still come to its requests). A write that did not land as this
+    attempt's leaves the head OPEN, as `seal` does, so that the attempt releases it.
 
     Once its chunks are being written, a record runs to its end however its attempt is
     cancelled meanwhile (a packed task cancels its other slots when one fails): cut short
@@ -314,17 +322,32 @@ async def record(
     head.count -= replacing
     if taken.prefix:
         head.prefix = taken.prefix.decode()
+    if sealing:
+        head.state = EntryState.SEALED
     writing = asyncio.ensure_future(_write_record(ledger, gen, slot, head, revision, taken, pin))
     try:
         written = await asyncio.shield(writing)
     except asyncio.CancelledError:
         await asyncio.wait([writing])
-        if not writing.cancelled():
-            writing.exception()  # retrieved: the attempt is cancelled, which is what it raises
+        if _revision_of(writing) is None:
+            head.state = EntryState.OPEN
+        raise
+    except Exception:
+        head.state = EntryState.OPEN
         raise
     if isinstance(written, LedgerConflict):
+        head.state = EntryState.OPEN
         raise written
     return written
+
+
+def _revision_of(writing: asyncio.Future[int | LedgerConflict]) -> int | None:
+    """The revision `_write_record` wrote, once done; None when it did not land as this
+    attempt's (its failure retrieved: the attempt is cancelled, which is what it raises)."""
+    if writing.cancelled() or writing.exception() is not None:
+        return None
+    written = writing.result()
+    return None if isinstance(written, LedgerConflict) else written
 
 
 async def _write_record(
@@ -337,9 +360,8 @@ async def _write_record(
     pin: str | None,
 ) -> int | LedgerConflict:
     """`record`'s writes: the chunks (none when the head keeps `taken`), then the head naming
-    them; the head's revision, or the
-    conflict (returned rather than raised: a task its cancelled attempt no longer awaits
-    would log it)."""
+    them; the head's revision, or the conflict (returned rather than raised: a task its
+    cancelled attempt no longer awaits would log it)."""
     if keep_inline(head, taken):
         keys = []
     else:

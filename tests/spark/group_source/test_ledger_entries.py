@@ -524,6 +524,9 @@ class _Pulled:
     def took(self, taken: int, acked: int) -> None:
         return None
 
+    def over(self) -> bool:
+        return False  # as after a pull that brought less than the slot may take
+
 
 class _Consumer:
     """The slot's pull consumer: no request of it is still out."""
