@@ -550,6 +550,16 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         "there, 4 lying between the floors and read by none of its checkpoint, and advised "
         "--deliver 4 (2026-11-30)",
     ),
+    1726: (
+        {"packed": True, "early_stops": True, "stalling_executors": True, "other_client": True},
+        "taken by another client, then committed, the checker's (found 2026-12-01 by helper-56's "
+        "mutant hunt, unmutated, on the schedules of ledger format 3): packed task b4#0 took "
+        "over c#1's entry (13, 14, 18), which the early-stopped attempt had released, and its "
+        "process stalled 38 s right after the take-over's write landed, before its keeper's "
+        "renewal; the waits ran out and the other client took them. README case 1 (a stall), "
+        "but the checker holds a take-over from its answer (after the stall), not from its "
+        "landing, so the stall is not the holder's",
+    ),
 }
 
 
