@@ -569,6 +569,16 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         "21.2 s (its process) as deliveries of g-partition-1 arrived; closed as it woke, it did "
         "not give back 9 (30 s wait, its request sent before the pause), which came after 11",
     ),
+    1726: (
+        {"packed": True, "early_stops": True, "stalling_executors": True, "other_client": True},
+        "taken by another client, then committed, the checker's (found 2026-12-01 by helper-56's "
+        "mutant hunt, unmutated, on the schedules of ledger format 3): packed task b4#0 took "
+        "over c#1's entry (13, 14, 18), which the early-stopped attempt had released, and its "
+        "process stalled 38 s right after the take-over's write landed, before its keeper's "
+        "renewal; the waits ran out and the other client took them. README case 1 (a stall), "
+        "but the checker holds a take-over from its answer (after the stall), not from its "
+        "landing, so the stall is not the holder's",
+    ),
 }
 
 
