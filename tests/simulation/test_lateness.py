@@ -133,7 +133,7 @@ def taken_over(
     loop.run_until_complete(holding.claim())
     if recording:
         deliveries = EntryDeliveries(b"$JS.ACK.S.g-partition-0", [SEQ], [1], [1])
-        loop.run_until_complete(holding._write([], deliveries, None))
+        loop.run_until_complete(holding._write(("", []), deliveries, None))
     now[0] = 2.0
     if released:
         loop.run_until_complete(holding.release())
@@ -358,3 +358,42 @@ def test_a_give_back_whose_driver_died_after_the_removal_explains(
     del store.values["lineage.1.partition-0"]
     held.given_back = True  # a later give-back sent the -NAK
     assert give_backs.why_late(held) is None
+
+
+class SendingBucket(BucketView):
+    """A `BucketView` that, as `SimBucket`, tells `sent` of each head write that goes out; one
+    whose attempt dies at its scheduling point (`dies`) never goes out, nor answers."""
+
+    def __init__(self, store: MemoryBucket, dies: bool) -> None:
+        super().__init__(store)
+        self.sent: list[Any] = []
+        self.dies = dies
+        self.death = asyncio.Event()  # set: the dead attempt's coroutine is let go (a test's end)
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        if self.dies:
+            await self.death.wait()
+            raise Crashed()
+        for told in self.sent:
+            told(f"kv update {key}")
+        return int(await self.store.update(key, value, last))
+
+
+@pytest.mark.parametrize("dies", [False, True])
+def test_a_record_is_begun_once_its_head_write_goes_out(
+    loop: asyncio.AbstractEventLoop, dies: bool
+) -> None:
+    """Seed 578 of the worlds of mutant `acked-through-ignored` (ledger format 3): an attempt died
+    as its first record's head write came to its scheduling point; the write never went out,
+    so no batch can have emitted that delivery from it."""
+    attempts, recording = Attempts(), attempt(loop)
+    entry = slot_entry("partition-0")
+    bucket = SendingBucket(MemoryBucket(), dies)
+    entry.ledger = Ledger(bucket, entry.partition.lineage)  # type: ignore[arg-type]
+    attempts.watch(recording, entry)
+    loop.run_until_complete(entry.claim())
+    writing = loop.create_task(entry._write(("", []), EntryDeliveries(stream_seq=[SEQ]), None))
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert attempts.writing[recording] == (set() if dies else {SEQ})
+    bucket.death.set()
+    loop.run_until_complete(asyncio.wait([writing]))

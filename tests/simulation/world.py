@@ -191,9 +191,14 @@ class SimBucket:
         self.store = store
         self.sched = sched
         self.name = store.name
+        # The checker's: told of each request that passed its scheduling point (it went out;
+        # its caller's death before that point keeps it from the server).
+        self.sent: list[Callable[[str], None]] = []
 
     async def _call(self, what: str, call: Callable[[], Awaitable[_T]]) -> _T:
         await self.sched.point(what)
+        for told in self.sent:
+            told(what)
         result = await call()
         await self.sched.point(f"{what}: answered")
         return result
