@@ -535,6 +535,15 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "now keeps what was created again after which batch until it commits "
         "(`DriverLedger.started_over`; mutant started-over-told-by-one-driver-only, 2026-12-01)",
     ),
+    1726: (
+        {"packed": True, "early_stops": True, "stalling_executors": True, "other_client": True},
+        "taken by another client, then committed (found by helper-56's hunt on the schedules of "
+        "ledger format 3): packed task b4#0 took over c#1's entry (13, 14, 18), which the "
+        "early-stopped attempt had released, and its process stalled 38 s right after the "
+        "take-over's write landed; the waits ran out and the other client took them. README "
+        "case 1, a stall of the taker: let out since the take-over holds what it adopts from "
+        "the release and the let-out judges the claims as they were while the wait ran",
+    ),
 }
 
 
@@ -568,16 +577,6 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         "per-key order, as 1738 (found 2026-12-01 by helper-53): packed task b0#early paused "
         "21.2 s (its process) as deliveries of g-partition-1 arrived; closed as it woke, it did "
         "not give back 9 (30 s wait, its request sent before the pause), which came after 11",
-    ),
-    1726: (
-        {"packed": True, "early_stops": True, "stalling_executors": True, "other_client": True},
-        "taken by another client, then committed, the checker's (found 2026-12-01 by helper-56's "
-        "mutant hunt, unmutated, on the schedules of ledger format 3): packed task b4#0 took "
-        "over c#1's entry (13, 14, 18), which the early-stopped attempt had released, and its "
-        "process stalled 38 s right after the take-over's write landed, before its keeper's "
-        "renewal; the waits ran out and the other client took them. README case 1 (a stall), "
-        "but the checker holds a take-over from its answer (after the stall), not from its "
-        "landing, so the stall is not the holder's",
     ),
 }
 
