@@ -391,6 +391,11 @@ class PullConsumer:
         gathers next was sent after it (its ack wait started then or later)."""
         return self.inbox.requested_since()
 
+    def drained(self) -> bool:
+        """Whether `collect_late` could gather nothing, now or later: every request has ended,
+        and nothing delivered waits to be taken."""
+        return not self.cut_off and self.inbox.drained()
+
     async def collect_late(self, patience: float) -> Deliveries:
         """What requests given up on (or never iterated) still deliver: the server serves a pull
         until it ends it, whatever the client stopped waiting for. Waits until every request

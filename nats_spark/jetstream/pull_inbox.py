@@ -59,6 +59,11 @@ class PullInbox:
         sent what is in the inbox, and what comes, after that."""
         return min(self._made.values(), default=clock.monotonic())
 
+    def drained(self) -> bool:
+        """Whether no delivery can arrive any more, nor waits here: every request has ended
+        (what the inbox holds may be statuses after their ends: `409 Batch Completed`)."""
+        return not self._made and not any(self._received.replies)
+
     def given_up(self, reply: bytes) -> None:
         """The client stopped waiting for `reply`, which the server may serve still."""
         if reply in self._live:

@@ -648,6 +648,12 @@ class SimPullConsumer:
         request.arrived.clear()
         return chunk
 
+    def drained(self) -> bool:
+        """As `PullConsumer.drained`: every request ended, and what each delivered was taken."""
+        return not self.cut_off and all(
+            r.status is not None and not r.delivered for r in self.requests
+        )
+
     def requested_since(self) -> float:
         unended = [r.made for r in self.requests if r.status is None or r.delivered]
         return min(unended, default=clock.monotonic())

@@ -44,6 +44,7 @@ from nats_spark.spark.group_source.ledger import (
     Ledger,
     LedgerConflict,
     chunk_deliveries,
+    inline_deliveries,
     read_deliveries,
     read_head,
 )
@@ -104,13 +105,13 @@ def _at(hold: Hold) -> float:
 
 
 def _named(entry: SlotEntry) -> set[int]:
-    """The stream seqs the head of `entry` names now (read as `_head` does); none when the head
-    or one of its chunks is gone."""
+    """The stream seqs the head of `entry` names now (read as `_head` does): those it holds
+    itself and its chunks'; none when the head or one of its chunks is gone."""
     head = _head(entry)
     if head is None:
         return set()
     values = entry.ledger.kv.store.values  # type: ignore[union-attr]  # `_head` read it
-    named: set[int] = set()
+    named = set(inline_deliveries(head).stream_seq)
     for chunk in head.chunks:
         if chunk not in values:
             return set()
@@ -175,6 +176,10 @@ class Attempts:
             if not entry.fixed:  # again, if its take-over's answer was lost
                 self._hold(attempt, entry.taken)
 
+        def sealed_if_landed() -> None:
+            if (head := _head(entry)) is not None and head.state != EntryState.OPEN:
+                self._hold(attempt, entry.taken, sealed=True)
+
         async def sealing() -> None:
             # The attempt holds them until its seal is answered, or found landed as it fails:
             # a pause before the write lands is the attempt's, not the driver's (seed 1949 of
@@ -183,17 +188,15 @@ class Attempts:
             try:
                 await seal()
             except BaseException:
-                if (head := _head(entry)) is not None and head.state != EntryState.OPEN:
-                    self._hold(attempt, entry.taken, sealed=True)
+                sealed_if_landed()
                 raise
             self._hold(attempt, entry.taken, sealed=True)
 
         # What the attempt's record write not yet sent will name: begun once its head write
         # goes out, which alone can make a batch emit them (seed 578 of the worlds of mutant
-        # `acked-through-ignored` on the schedules of an unlanded ledger format 3, whose first
-        # record writes its head only: an attempt died as that write came to its scheduling
-        # point, and a batch was taken to have emitted that delivery, hiding the crash that
-        # held it back; here the chunk's put comes first, and the same holds for its head).
+        # `acked-through-ignored`, ledger format 3: an attempt died as its first record's head
+        # write came to its scheduling point, and a batch was taken to have emitted that
+        # delivery, hiding the crash that held it back).
         unsent: set[int] = set()
         sent_hooks = getattr(entry.ledger.kv, "sent", None) if entry.ledger is not None else None
 
@@ -234,7 +237,11 @@ class Attempts:
         last: list[set[int]] = [set()]  # what the attempt's last write recorded
 
         async def writing(
-            chunks: list[str], taken: EntryDeliveries, pin: str | None, replacing: int = 0
+            kept: tuple[str, list[str]],
+            taken: EntryDeliveries,
+            pin: str | None,
+            replacing: int = 0,
+            sealing: bool = False,  # a last record seals the entry with it, as `sealing` does
         ) -> None:
             written = set(taken.stream_seq)
             (unsent if sent_hooks is not None else began).update(written)
@@ -244,9 +251,11 @@ class Attempts:
             # was taken for the query holding the message before the other client took it).
             holds = [] if replacing else self._hold(attempt, written)
             try:
-                await write(chunks, taken, pin, replacing)
+                await write(kept, taken, pin, replacing, sealing)
             except BaseException as error:
                 unsent.clear()
+                if sealing:
+                    sealed_if_landed()
                 named = _named(entry)
                 if holds and not written <= named:
                     for hold in holds:
@@ -263,6 +272,8 @@ class Attempts:
                 recorded.difference_update(last[0] - written)
             recorded.update(written)
             last[0] = written
+            if sealing:
+                self._hold(attempt, entry.taken, sealed=True)
 
         release = entry.release
 

@@ -133,7 +133,7 @@ def taken_over(
     loop.run_until_complete(holding.claim())
     if recording:
         deliveries = EntryDeliveries(b"$JS.ACK.S.g-partition-0", [SEQ], [1], [1])
-        loop.run_until_complete(holding._write([], deliveries, None))
+        loop.run_until_complete(holding._write(("", []), deliveries, None))
     now[0] = 2.0
     if released:
         loop.run_until_complete(holding.release())
@@ -383,16 +383,16 @@ class SendingBucket(BucketView):
 def test_a_record_is_begun_once_its_head_write_goes_out(
     loop: asyncio.AbstractEventLoop, dies: bool
 ) -> None:
-    """Seed 578 of the worlds of mutant `acked-through-ignored`, on the schedules of an unlanded
-    ledger format 3: an attempt died as its record's head write came to its scheduling point;
-    the write never went out, so no batch can have emitted that delivery from it."""
+    """Seed 578 of the worlds of mutant `acked-through-ignored` (ledger format 3): an attempt died
+    as its first record's head write came to its scheduling point; the write never went out,
+    so no batch can have emitted that delivery from it."""
     attempts, recording = Attempts(), attempt(loop)
     entry = slot_entry("partition-0")
     bucket = SendingBucket(MemoryBucket(), dies)
     entry.ledger = Ledger(bucket, entry.partition.lineage)  # type: ignore[arg-type]
     attempts.watch(recording, entry)
     loop.run_until_complete(entry.claim())
-    writing = loop.create_task(entry._write([], EntryDeliveries(stream_seq=[SEQ]), None))
+    writing = loop.create_task(entry._write(("", []), EntryDeliveries(stream_seq=[SEQ]), None))
     loop.run_until_complete(asyncio.sleep(0.01))
     assert attempts.writing[recording] == (set() if dies else {SEQ})
     bucket.death.set()

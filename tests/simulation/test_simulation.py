@@ -544,6 +544,15 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "only for a read cut short): 1 and 3 ran out behind 4. The seal's path gives back what "
         "came again (`give_back_came_again`); mutant came-again-kept-at-a-lost-seal",
     ),
+    1726: (
+        {"packed": True, "early_stops": True, "stalling_executors": True, "other_client": True},
+        "taken by another client, then committed (found by helper-56's hunt on the schedules of "
+        "ledger format 3): packed task b4#0 took over c#1's entry (13, 14, 18), which the "
+        "early-stopped attempt had released, and its process stalled 38 s right after the "
+        "take-over's write landed; the waits ran out and the other client took them. README "
+        "case 1, a stall of the taker: let out since the take-over holds what it adopts from "
+        "the release and the let-out judges the claims as they were while the wait ran",
+    ),
 }
 
 

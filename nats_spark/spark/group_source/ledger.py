@@ -9,12 +9,15 @@ it is `ledger_protocol`, and nothing else reads or writes a head's fields. Keys:
 
 - `<lineage>.<gen>.<slot>`: the head, JSON (format, state, attempt, chunk keys, count, pin,
   max_seq, prefix: the ack subject up to the delivery count, `$JS.ACK.<stream>.<consumer>` or the
-  v2 form with domain and account hash, as the server sent it)
+  v2 form with domain and account hash, as the server sent it; inline: the entry's first record,
+  when its chunk is small, kept in the head itself, base64, ahead of the chunks)
 - `<lineage>.<gen>.<slot>.<attempt>.<n>`: chunks of deliveries, in delivery order: their count (4
   bytes, little endian), then zstd of three columns of signed 64-bit integers: stream sequence
   and consumer sequence each as the difference to the one before, and the delivery count. In-order
   deliveries repeat one pattern, which zstd stores in a few bytes per thousand messages; format 1
-  chunks held the reply subjects themselves (about 73 bytes each) and are still read.
+  chunks held the reply subjects themselves (about 73 bytes each) and are still read. Format 3
+  keeps a first record of at most `INLINE_BYTES` (as a chunk) in the head (`inline`): a slot
+  that takes a few messages a batch writes no chunk, and its ack reads none.
 - `query.<stream>.<target>`: the newest lineage and gen handed out for a target, so a restarted
   driver on Spark 4.0/4.1 (whose `latestOffset` gets no start offset) can go on numbering, the
   pins the query's slots hold, so a restarted query resumes them instead of standing by, and
@@ -47,6 +50,7 @@ the previous release, 7 days, or by an operator) loses it when a driver opens it
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import json
 import logging
@@ -86,8 +90,9 @@ from nats_spark.spark.shared.columns import BATCH_ROWS
 log = logging.getLogger(__name__)
 
 _KEY_TOKEN = re.compile(r"^[-_=a-zA-Z0-9]+$")
-LEDGER_FORMAT = 2
-READABLE_FORMATS = (1, 2)  # 1: chunks of reply subjects, heads without `prefix`
+LEDGER_FORMAT = 3
+# 1: chunks of reply subjects, heads without `prefix`; 2: heads without `inline`
+READABLE_FORMATS = (1, 2, 3)
 # Lineages given back that a target's pointer keeps: a task attempt of one that creates its
 # entry after the give-back finds its lineage here, and removes the entry (`Pointer.retired`).
 RETIRED_KEPT = 16
@@ -98,6 +103,10 @@ _HEAD_ENCODER = json.JSONEncoder(separators=(",", ":"))
 # The ledger stores a task's deliveries in chunks of a record batch's rows (384 KB raw at most,
 # below the 1 MB payload limit).
 CHUNK_MESSAGES = BATCH_ROWS
+# The largest chunk an entry's head keeps inline (format 3): heads are written at every hold
+# renewal and read by the driver at every batch, so they stay small. In-order deliveries take
+# under a byte each (a few bytes per thousand), redeliveries out of order a few bytes each.
+INLINE_BYTES = 1024
 _CODEC = pa.Codec("zstd", compression_level=3)  # level 1 barely shortens long repeats
 _COLUMNS = 3  # stream sequence and consumer sequence (as differences), delivery count
 _WORD = 8
@@ -304,11 +313,22 @@ class EntryHead:
     prefix: str | None = None  # of the deliveries' ack subjects (format 2)
     format: int = LEDGER_FORMAT  # how its chunks are stored
     released: bool = False  # OPEN, and its holder gave it up: take it over at once
+    # The first record's chunk, base64 (format 3, `keep_inline`): its deliveries come first
+    inline: str = ""
 
     def to_bytes(self) -> bytes:
         # Its fields in order (what `asdict` gives, without copying them first: heads are
-        # written at every record, seal and ack).
-        return _HEAD_ENCODER.encode(vars(self)).encode()
+        # written at every record, seal and ack); without an empty `inline`, so that a format 2
+        # head acked by this release stays as that release wrote it.
+        fields = vars(self)
+        if not self.inline:
+            fields = {name: value for name, value in fields.items() if name != "inline"}
+        return _HEAD_ENCODER.encode(fields).encode()
+
+    def recorded(self) -> tuple[str, list[str]]:
+        """Where what it recorded so far is stored (`inline`, `chunks`): what a record that
+        follows it keeps."""
+        return self.inline, self.chunks
 
     @classmethod
     def from_bytes(cls, data: bytes, key: str) -> EntryHead:
@@ -568,11 +588,32 @@ async def read_all_deliveries(ledger: Ledger, heads: Sequence[EntryHead]) -> lis
     chunks = iter(await all_results(ledger.read_chunk(key) for key in keys))
     found = []
     for head in heads:
-        deliveries = EntryDeliveries((head.prefix or "").encode())
+        deliveries = inline_deliveries(head)
         for _ in head.chunks:
             deliveries.extend(chunk_deliveries(next(chunks), head))
         found.append(deliveries)
     return found
+
+
+def inline_deliveries(head: EntryHead) -> EntryDeliveries:
+    """What `head` holds itself (`inline`, format 3): the deliveries ahead of its chunks'."""
+    prefix = (head.prefix or "").encode()
+    if not head.inline:
+        return EntryDeliveries(prefix)
+    return decode_chunk(base64.b64decode(head.inline), prefix)
+
+
+def keep_inline(head: EntryHead, taken: EntryDeliveries) -> bool:
+    """Whether `taken` goes into `head` itself (`inline`, set here): when it is the first the
+    entry records and its chunk is at most `INLINE_BYTES`. Its record then writes no chunk, and
+    a read of the entry reads none."""
+    if head.inline or head.chunks or not taken or len(taken) > CHUNK_MESSAGES:
+        return False
+    data = encode_chunk(taken)
+    if len(data) > INLINE_BYTES:
+        return False
+    head.inline = base64.b64encode(data).decode()
+    return True
 
 
 def chunk_deliveries(data: bytes, head: EntryHead) -> EntryDeliveries:

@@ -14,9 +14,11 @@ absent
     it expects the entries of the batches it plans (`DriverLedger.expect`) and lists heads from
     the bucket stream's subject index, which does not come back short.
 OPEN (recording)
-    Moved out by the attempt recording it: `seal` (to SEALED); or by a later attempt of the
-    same task after this one died mid-way or gave it up: `take_over` (still OPEN, under the new
-    attempt, which keeps what was recorded and goes on), then `check_fence` when it is the attempt's
+    Moved out by the attempt recording it: `seal` (to SEALED), or its last `record` when it
+    knows the record is its last and has nothing to check after it (`sealing`); or by a later
+    attempt of the same task after this one died mid-way or gave it up: `take_over` (still
+    OPEN, under the new attempt, which keeps what was recorded and goes on), then
+    `check_fence` when it is the attempt's
     own create whose answer was lost. The holder writes its head at least every
     `HOLD_RENEWAL` while it pulls (`SlotEntry.hold`), and marks it `released` when it fails or
     is closed before it seals (`release`). Another attempt (Spark's speculative copy, a retry
@@ -89,6 +91,7 @@ from nats_spark.spark.group_source.ledger import (
     LedgerConflict,
     PointerReads,
     TakenOver,
+    keep_inline,
     own_write_or_taken_over,
     read_deliveries,
     read_head,
@@ -176,6 +179,7 @@ def take_over(previous: EntryHead, pin: str | None, attempt: str) -> EntryHead:
         pin=previous.pin or pin,
         prefix=previous.prefix,
         format=previous.format,
+        inline=previous.inline,
     )
 
 
@@ -195,7 +199,8 @@ def came_back(head: EntryHead, gen: int, fenced: int, kept_from: int, listed: Se
     they commit, so only the newest committed batch and the logged one after it can hold sealed
     entries waiting for their acks (gens planned and never logged, a driver killed between its
     pointer and Spark's offset log, have no entries). Acked or given back before its removal,
-    it is removed again, unread."""
+    it is removed again, unread. One whose record is in its head (`inline`) names no chunk and
+    comes back whole: readable, it settles or is given back again as any entry does."""
     if gen > fenced:
         return False
     return any(chunk not in listed for chunk in head.chunks) or (
@@ -291,36 +296,58 @@ async def record(
     slot: str,
     head: EntryHead,
     revision: int,
-    chunks: list[str],
+    kept: tuple[str, list[str]],
     taken: EntryDeliveries,
     pin: str | None,
     replacing: int = 0,
+    sealing: bool = False,
 ) -> int:
-    """Record `taken` in the OPEN entry: its chunks follow `chunks` (what the head keeps of the
-    chunks written before), then the head is updated to name them; the new revision.
-    `replacing`: deliveries the head counts past `chunks`, of the write that this one does again
-    (without what a sibling recorded too).
+    """Record `taken` in the OPEN entry: after `kept` (what the head keeps of what was
+    recorded before: `EntryHead.recorded`), in the head itself when it is the first record and
+    small (`keep_inline`), else in chunks, then the head is updated to name them; the new
+    revision. `replacing`: deliveries the head counts past `kept`, of the write that this one
+    does again (without what a sibling recorded too). `sealing`: the attempt takes nothing
+    after `taken`, and the head write seals the entry too (OPEN -> SEALED, as `seal`): one write
+    fewer per slot and batch. The attempt must have nothing more to look at before it seals
+    (slots with siblings check theirs after their record), and what it recorded must be all it
+    holds (nothing can still come to its requests). A write that did not land as this
+    attempt's leaves the head OPEN, as `seal` does, so that the attempt releases it.
 
     Once its chunks are being written, a record runs to its end however its attempt is
     cancelled meanwhile (a packed task cancels its other slots when one fails): cut short
     between its writes, it would leave chunks no head names, which only the next start's
     adoption removes, under a removed entry (seeds 1893, 1861 of the worlds with packed tasks
     and pauses). Its end: the head names them, or they are removed (`_settle_failed_write`)."""
-    head.chunks = chunks
+    head.inline, head.chunks = kept
     head.count -= replacing
     if taken.prefix:
         head.prefix = taken.prefix.decode()
+    if sealing:
+        head.state = EntryState.SEALED
     writing = asyncio.ensure_future(_write_record(ledger, gen, slot, head, revision, taken, pin))
     try:
         written = await asyncio.shield(writing)
     except asyncio.CancelledError:
         await asyncio.wait([writing])
-        if not writing.cancelled():
-            writing.exception()  # retrieved: the attempt is cancelled, which is what it raises
+        if _revision_of(writing) is None:
+            head.state = EntryState.OPEN
+        raise
+    except Exception:
+        head.state = EntryState.OPEN
         raise
     if isinstance(written, LedgerConflict):
+        head.state = EntryState.OPEN
         raise written
     return written
+
+
+def _revision_of(writing: asyncio.Future[int | LedgerConflict]) -> int | None:
+    """The revision `_write_record` wrote, once done; None when it did not land as this
+    attempt's (its failure retrieved: the attempt is cancelled, which is what it raises)."""
+    if writing.cancelled() or writing.exception() is not None:
+        return None
+    written = writing.result()
+    return None if isinstance(written, LedgerConflict) else written
 
 
 async def _write_record(
@@ -332,10 +359,13 @@ async def _write_record(
     taken: EntryDeliveries,
     pin: str | None,
 ) -> int | LedgerConflict:
-    """`record`'s writes: the chunks, then the head naming them; the head's revision, or the
-    conflict (returned rather than raised: a task its cancelled attempt no longer awaits
-    would log it)."""
-    keys = await ledger.write_chunks(gen, slot, head.attempt, len(head.chunks), taken)
+    """`record`'s writes: the chunks (none when the head keeps `taken`), then the head naming
+    them; the head's revision, or the conflict (returned rather than raised: a task its
+    cancelled attempt no longer awaits would log it)."""
+    if keep_inline(head, taken):
+        keys = []
+    else:
+        keys = await ledger.write_chunks(gen, slot, head.attempt, len(head.chunks), taken)
     head.chunks = [*head.chunks, *keys]
     head.count += len(taken)
     head.max_seq = max(head.max_seq, max(taken.stream_seq, default=0))
@@ -372,7 +402,7 @@ async def record_anew(
     chunks the head named before go when the entry is removed."""
     head.count = 0
     head.format = LEDGER_FORMAT
-    return await record(ledger, gen, slot, head, revision, [], taken, head.pin)
+    return await record(ledger, gen, slot, head, revision, ("", []), taken, head.pin)
 
 
 async def seal(ledger: Ledger, gen: int, slot: str, head: EntryHead, revision: int) -> int:

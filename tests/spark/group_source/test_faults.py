@@ -61,10 +61,12 @@ from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordina
 from nats_spark.spark.group_source.driver.driver_ledger import EntriesLost
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.ledger import (
+    LEDGER_FORMAT,
     EntryState,
     LedgerBucket,
     LedgerConflict,
     Pointer,
+    encode_chunk,
     read_deliveries,
     read_head,
     write_pointer,
@@ -762,7 +764,8 @@ def test_only_a_task_that_used_a_sixth_of_the_ack_wait_restarts_it_when_it_seals
 def test_format_one_entries_are_replayed_acked_and_migrated(client, settings, unique):
     """Entries written by releases before ledger format 2 (reply subjects per message, no
     prefix in the head): a sealed one is replayed exactly and acked through subjects rebuilt from
-    its numbers; an open one is taken over, rewritten in format 2, and its task goes on pulling."""
+    its numbers; an open one is taken over, rewritten in this release's format, and its task goes on
+    pulling."""
     slot = Slot(client, settings, unique)
     publish(client, slot.stream, 10)
     assert seqs_of(read_slot(slot.partition(1, limit=10))) == list(range(1, 11))
@@ -796,9 +799,45 @@ def test_format_one_entries_are_replayed_acked_and_migrated(client, settings, un
     rows = seqs_of(read_slot(slot.partition(2, limit=7, committed=(1,), dedupe=(("m1", 1, 1),))))
     assert rows == [7, 8, 9, 10, 11, 12, 13]
     migrated, _ = run_sync(read_head(slot.ledger, 2, "m1"))
-    assert migrated.format == 2 and migrated.state is EntryState.SEALED and migrated.count == 7
+    assert (
+        migrated.format == LEDGER_FORMAT
+        and migrated.state is EntryState.SEALED
+        and migrated.count == 7
+    )
     assert run_sync(read_head(slot.ledger, 1, "m1"))[0].state is EntryState.ACKED
     assert slot.info()["num_ack_pending"] == 7, "batch 1's format-1 entry was not acked"
+    slot.ack(2)
+    wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
+
+
+def test_format_two_entries_are_replayed_acked_and_recorded_anew(client, settings, unique):
+    """Entries written by the release before ledger format 3 (every record in a chunk, no
+    `inline`): a sealed one is replayed exactly and acked from its chunk; an open one its
+    attempt released is taken over and recorded anew in format 3 (in its head, its chunk left
+    to the entry's removal), and its task goes on pulling (in a chunk of its own)."""
+    slot = Slot(client, settings, unique)
+    publish(client, slot.stream, 6)
+    assert seqs_of(read_slot(slot.partition(1, limit=6))) == list(range(1, 7))
+    head, _ = run_sync(read_head(slot.ledger, 1, "m1"))
+    recorded = run_sync(read_deliveries(slot.ledger, head))
+    kv = slot.ledger.kv
+    for gen, state, part in ((1, "sealed", (0, 3)), (2, "open", (3, 6))):
+        key = slot.ledger.head_key(gen, "m1")
+        run_sync(kv.put(f"{key}.old{gen}.0", encode_chunk(recorded.part(*part))))
+        old = {"state": state, "attempt": f"old{gen}", "chunks": [f"{key}.old{gen}.0"], "count": 3}
+        old |= {"max_seq": part[1], "pin": head.pin, "prefix": head.prefix, "format": 2}
+        run_sync(kv.put(key, json.dumps({**old, "released": state == "open"}).encode()))
+
+    assert seqs_of(read_slot(slot.partition(1, limit=6))) == [1, 2, 3]
+    publish(client, slot.stream, 2, start=6)
+    rows = seqs_of(read_slot(slot.partition(2, limit=5, committed=(1,), dedupe=(("m1", 1, 1),))))
+    assert rows == [4, 5, 6, 7, 8]
+    anew, deliveries = slot.entry(2)
+    assert (anew.format, anew.state, anew.count) == (3, EntryState.SEALED, 5)
+    assert anew.inline and [key.split(".")[3] for key in anew.chunks] == [anew.attempt]
+    assert deliveries == rows
+    assert slot.ledger_head(1).state is EntryState.ACKED
+    assert slot.info()["num_ack_pending"] == 5, "batch 1's format-2 entry was not acked"
     slot.ack(2)
     wait_until(lambda: unacked(client, slot.stream, "g") == 0, 10, "all acked")
 

@@ -36,7 +36,7 @@ V2 = b"$JS.ACK.hub.ACCHASH.S.c1"
 def test_head_round_trip_carries_the_format():
     head = EntryHead(EntryState.SEALED, "a1", ["lin.3.m1.a1.0"], 7, 42, "pin1", "$JS.ACK.S.c")
     data = head.to_bytes()
-    assert json.loads(data)["format"] == LEDGER_FORMAT == 2
+    assert json.loads(data)["format"] == LEDGER_FORMAT == 3
     assert EntryHead.from_bytes(data, KEY) == head
 
 

@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter
 
+import pytest
 from spark_helpers import publish, static_group, unacked, wait_until
 
 from nats_spark.jetstream.acks import InProgressKeeper
@@ -26,7 +27,7 @@ from nats_spark.spark.group_source.ledger import (
 )
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
-from nats_spark.spark.group_source.task import slot_entry, slot_reader
+from nats_spark.spark.group_source.task import slot_entry, slot_pulls, slot_reader
 from nats_spark.spark.group_source.task.slot_reader import read_packed, read_slot
 
 
@@ -190,25 +191,35 @@ def test_a_slot_cancelled_before_its_first_step_releases_its_entry(
         run_sync(reader.close())
 
 
+def not_knowing_its_last_record(monkeypatch) -> None:
+    """Slots that do not know which record is their last (as when a pull ends with less than
+    they may take): they seal in a write of its own, after their last rows."""
+    monkeypatch.setattr(slot_pulls.SlotPulls, "over", lambda _: False)
+
+
+@pytest.mark.parametrize("knows_last", [False, True])
 def test_a_slot_cancelled_while_it_records_keeps_what_it_recorded_and_releases(
-    client, nats_url, unique, monkeypatch
+    client, nats_url, unique, monkeypatch, knows_last
 ):
     """A task that ends while one of its slots records (its write is slow here) lets the write
     finish: the slot gives none of what it recorded back (another reader of the consumer could
     take a message a retry then commits from the entry) and releases the entry at its revision
-    after the write. Cut off from the write's end, it gave back all 20 at c1ade61; on today's
-    code its give-back fails at once instead (the cancelled write's `finish` raises), NAKing
-    nothing, so this test no longer tells: the simulation's mutant
+    after the write; or, when it knew the record was its last (it took its 20), the write
+    sealed the entry, which a retry replays. Cut off from the write's end, it gave back all 20
+    at c1ade61; on today's code its give-back fails at once instead (the cancelled write's
+    `finish` raises), NAKing nothing, so this test no longer tells: the simulation's mutant
     `recorder-cut-off-from-its-write` does (early-stop worlds)."""
+    if not knows_last:
+        not_knowing_its_last_record(monkeypatch)
     options = two_slots_of_20(client, nats_url, f"PACKSLOWREC{unique}", unique)
     writing = threading.Event()
-    write_chunks = Ledger.write_chunks
+    update_head = Ledger.update_head
 
     async def slow_second_slot(ledger, gen, slot, *args):
-        if slot == SECOND:
+        if slot == SECOND and not writing.is_set():  # its record's head write
             writing.set()
             await asyncio.sleep(2)  # a slow write: the task ends meanwhile
-        return await write_chunks(ledger, gen, slot, *args)
+        return await update_head(ledger, gen, slot, *args)
 
     given_back: list[bytes] = []
     publish_acks = slot_reader.publish_acks
@@ -217,10 +228,14 @@ def test_a_slot_cancelled_while_it_records_keeps_what_it_recorded_and_releases(
         given_back.extend(replies)
         await publish_acks(nc, replies, kind=kind)
 
-    monkeypatch.setattr(Ledger, "write_chunks", slow_second_slot)
+    monkeypatch.setattr(Ledger, "update_head", slow_second_slot)
     monkeypatch.setattr(slot_reader, "publish_acks", naks_seen)
     monkeypatch.setattr(slot_reader, "SLOTS_AT_ONCE", 2)
-    assert_released_holding(second_slot_closed_while(options, unique, writing), 20)
+    head = second_slot_closed_while(options, unique, writing)
+    if knows_last:
+        assert (head.state, head.count) == (EntryState.SEALED, 20)
+    else:
+        assert_released_holding(head, 20)
     assert given_back == []
 
 
@@ -231,7 +246,9 @@ def test_a_slot_cancelled_while_it_seals_leaves_its_entry_sealed_or_released(
     ends before it is sent) releases that slot's entry. The slot took its head for sealed
     before the write, so it skipped the release: the entry stayed OPEN and held, and the
     batch's next read stood by `HOLD_QUIET` for it (found by a foreachBatch that asks
-    `isEmpty()` first: tests/spark/group_source/test_early_stops.py)."""
+    `isEmpty()` first: tests/spark/group_source/test_early_stops.py). A seal of its own: one
+    with the last record is a record's write (above)."""
+    not_knowing_its_last_record(monkeypatch)
     options = two_slots_of_20(client, nats_url, f"PACKSLOWSEAL{unique}", unique)
     sealing = threading.Event()
     update_head = Ledger.update_head
@@ -252,7 +269,9 @@ def test_a_slot_cancelled_while_its_keeper_stops_releases_its_entry(
 ):
     """A task that ends while one of its slots, done pulling, waits for its keeper's last
     round (slow here) releases that slot's entry: the cancel reached the keeper's task
-    through the wait, and the release, which waits for that task again, never came."""
+    through the wait, and the release, which waits for that task again, never came. (A slot
+    that knew its last record sealed with it, and has nothing to release.)"""
+    not_knowing_its_last_record(monkeypatch)
     options = two_slots_of_20(client, nats_url, f"PACKSLOWKEEP{unique}", unique)
     stopping = threading.Event()
     run = InProgressKeeper.run
@@ -491,6 +510,37 @@ def test_a_packed_task_does_its_slots_ledger_work_together(client, nats_url, uni
     # a slot acks (a head and a chunk) and claims (a head and the pointer); the earlier entries
     # are read once per task (5.75 a slot, before)
     assert gets / slot_batches < 5, calls.counts
+
+
+def test_a_slot_that_takes_a_few_messages_writes_its_head_only(
+    client, nats_url, unique, monkeypatch
+):
+    """8 slots in 2 tasks over 3 batches of 4 messages a slot: each slot's record is kept in its
+    entry's head (ledger format 3), so no task writes a chunk, and the acks of the batch before
+    read none (a put and a get a slot and batch, before); the record is the slot's last (it
+    took what it was planned), so its head write seals the entry too: with the acked mark of
+    the batch before, two head writes a slot and batch (three, before)."""
+    stream = f"PACKINLINE{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=8)
+    options = packed_options(nats_url, stream, unique, "2")
+    reader = BatchCoordinator(parse_options(options))
+    calls = LedgerCalls(monkeypatch)
+    rows = 0
+    try:
+        end = run_sync(reader.initial_offset())
+        for round in range(3):
+            publish(client, stream, 32, start=32 * round)
+            start, end = end, run_sync(reader.latest_offset(end, None))
+            calls.on = True
+            for task in run_sync(reader.input_partitions(start, end)):
+                rows += sum(len(batch) for batch in read_packed(task))
+            calls.on = False
+            run_sync(reader.commit(end))
+    finally:
+        run_sync(reader.close())
+    assert rows == 96
+    assert calls.counts["put chunk"] == calls.counts["get chunk"] == 0, calls.counts
+    assert calls.counts["update head"] <= 2 * 8 * 3, calls.counts
 
 
 def test_planning_works_out_a_batchs_shared_facts_once(client, nats_url, unique, monkeypatch):

@@ -41,7 +41,7 @@ from nats_spark.jetstream.acks import NAK, InProgressKeeper, publish_acks
 from nats_spark.jetstream.api import to_nanos
 from nats_spark.loop import Blocking, event_loop, run_sync
 from nats_spark.server import EmbeddedServer, binary_version, find_server_binary
-from nats_spark.spark.group_source import ledger_protocol
+from nats_spark.spark.group_source import ledger, ledger_protocol
 from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.ledger import (
@@ -437,6 +437,73 @@ def test_settled_entries_that_come_back_without_their_chunks_are_removed_again(
         assert sorted(taken) == list(range(1, 26))
         assert run_sync(bucket.keys_matching(f"{start.lineage}.1.*")) == []
     finally:
+        run_sync(first.close())
+        run_sync(restarted.close())
+
+
+def test_a_checkpoint_of_ledger_format_two_restarts_exactly_once(client, nats_url, unique):
+    """A query of the release before ledger format 3 (no `inline` in its heads: every record in a
+    chunk), stopped with its first batch committed and acked and its second logged, not
+    committed: restarted on this release, the re-run of the second batch replays exactly what
+    its format 2 entry holds, the next batch's task acks it (reading its chunk), and that batch
+    is recorded in format 3. The previous release is this one without inline records, its
+    pointer and heads numbered 2 (the heads once the query stopped): the bytes that release
+    wrote. Driven through the batch coordinator as Spark 4.2+ calls it."""
+    stream, name = f"FMT2{unique}", "shared"
+    make_stream(client, stream, storage="memory")
+    make_consumer(client, stream, name, "overflow", group=GROUP, ack_wait=to_nanos(60))
+    options = parse_options(
+        {"servers": nats_url, "stream": stream, "consumer": name, "ledgerBucket": f"L{unique}"}
+    )
+    bucket = LedgerBucket(client.target, f"L{unique}")
+    emitted: dict[int, list[int]] = {}  # by gen, as the sink keeps a re-run's rows once
+
+    def run(reader: BatchCoordinator, start: SourceOffset, end: SourceOffset) -> list[int]:
+        emitted[end.gen] = [
+            seq
+            for partition in run_sync(reader.partitions(start, end))
+            for seq in seqs_of(read_slot(partition))
+        ]
+        return emitted[end.gen]
+
+    def head_of(gen: int) -> dict[str, Any]:
+        return json.loads(run_sync(bucket.get(f"{first_offset.lineage}.{gen}.{name}")).value)
+
+    previous = pytest.MonkeyPatch()
+    previous.setattr(ledger, "LEDGER_FORMAT", 2)
+    previous.setattr(ledger, "INLINE_BYTES", -1)
+    first, restarted = BatchCoordinator(options), BatchCoordinator(options)
+    try:
+        first_offset = start = run_sync(first.initial_offset())
+        publish(client, stream, 5)
+        end = run_sync(first.latest_offset(start, None))
+        assert run(first, start, end) == [1, 2, 3, 4, 5]
+        publish(client, stream, 5, start=5)
+        start, end = end, run_sync(first.latest_offset(end, None))  # the first one committed
+        assert run(first, start, end) == [6, 7, 8, 9, 10]
+        run_sync(first.close())  # acks the committed batch
+        for key in run_sync(bucket.keys_matching(f"{first_offset.lineage}.*.*")):
+            head = json.loads(run_sync(bucket.get(key)).value)
+            run_sync(bucket.put(key, json.dumps({**head, "format": 2}).encode()))
+        assert head_of(start.gen)["state"] == "acked"
+        logged = head_of(end.gen)
+        assert logged["format"] == 2 and logged["state"] == "sealed" and "inline" not in logged
+        previous.undo()
+
+        publish(client, stream, 5, start=10)
+        assert run(restarted, start, end) == [6, 7, 8, 9, 10], "the re-run read anew"
+        start, end = end, run_sync(restarted.latest_offset(end, None))
+        assert run(restarted, start, end) == [11, 12, 13, 14, 15]
+        assert head_of(start.gen)["state"] == "acked"
+        recorded = head_of(end.gen)
+        assert recorded["format"] == 3 and recorded["inline"] and not recorded["chunks"]
+        run_sync(restarted.commit(end))
+        run_sync(restarted.close())  # acks it
+        assert sorted(seq for rows in emitted.values() for seq in rows) == list(range(1, 16))
+        info = consumer_info(client, stream, name)
+        assert (info["num_pending"], info["num_ack_pending"]) == (0, 0), "not all acked"
+    finally:
+        previous.undo()
         run_sync(first.close())
         run_sync(restarted.close())
 

@@ -201,21 +201,27 @@ class SlotEntry:
         return twice
 
     async def record(
-        self, columns: SlotColumns, replies: list[bytes], pin: str | None, renewed: float
+        self,
+        columns: SlotColumns,
+        replies: list[bytes],
+        pin: str | None,
+        renewed: float,
+        last: bool = False,
     ) -> tuple[pa.RecordBatch, set[int]]:
         """Write the deliveries to the entry; returns their rows and what was dropped from them.
         With siblings, what may have reached a sibling too (redeliveries, or rows recorded late:
         the ack wait may have run out first: counted from their pull request, or from `renewed`,
         when it last started over) is checked against the siblings' records and dropped if
-        found."""
-        chunks = self.head.chunks
+        found. `last`: the slot takes nothing after these; without siblings (whose records are
+        checked after the write) the write seals the entry too (`protocol.record`)."""
+        before = self.head.recorded()
         taken = EntryDeliveries(
             ack_prefix(replies[0]),
             list(columns.stream_seq),
             list(columns.consumer_seq),
             list(columns.delivered),
         )
-        await self._write(chunks, taken, pin)
+        await self._write(before, taken, pin, sealing=last and not self.partition.siblings)
         rows = columns.record_batch()
         if not self.partition.siblings:
             return rows, set()
@@ -235,20 +241,34 @@ class SlotEntry:
         if not twice:
             return rows, twice
         kept = int_array(i for i, s in enumerate(columns.stream_seq) if s not in twice)
-        await self._write(chunks, taken.without(twice), pin, replacing=len(taken))
+        await self._write(before, taken.without(twice), pin, replacing=len(taken))
         self.taken -= twice
         return rows.take(kept), twice
 
     async def _write(
-        self, chunks: list[str], taken: EntryDeliveries, pin: str | None, replacing: int = 0
+        self,
+        kept: tuple[str, list[str]],
+        taken: EntryDeliveries,
+        pin: str | None,
+        replacing: int = 0,
+        sealing: bool = False,
     ) -> None:
-        """Record `taken` as the chunks that follow `chunks` (in place of `replacing` deliveries
-        recorded after them)."""
+        """Record `taken` after what `kept` names (in place of `replacing` deliveries recorded
+        after it; `sealing`: and seal the entry)."""
         assert self.ledger is not None
         gen, slot = self.partition.gen, self.partition.slot
         async with self.writing:
             self.revision = await protocol.record(
-                self.ledger, gen, slot, self.head, self.revision, chunks, taken, pin, replacing
+                self.ledger,
+                gen,
+                slot,
+                self.head,
+                self.revision,
+                kept,
+                taken,
+                pin,
+                replacing,
+                sealing,
             )
             self.written = clock.monotonic()
 
@@ -325,10 +345,14 @@ class Recorder:
         self.writing: asyncio.Future[pa.RecordBatch] | None = None
         self.recorded: set[int] = set()  # stream sequences its writes recorded
 
-    async def record(self, columns: SlotColumns, replies: list[bytes]) -> pa.RecordBatch | None:
-        """Start recording `columns`; returns the rows of the write before, once it is done."""
+    async def record(
+        self, columns: SlotColumns, replies: list[bytes], last: bool = False
+    ) -> pa.RecordBatch | None:
+        """Start recording `columns` (`last`: the slot takes nothing after them); returns the
+        rows of the write before, once it is done."""
         rows = await self._written() if self.writing else None
-        self.writing = asyncio.ensure_future(self._write(columns, replies, self.consumer.pin_id))
+        pin = self.consumer.pin_id
+        self.writing = asyncio.ensure_future(self._write(columns, replies, pin, last))
         return rows
 
     async def last(self) -> pa.RecordBatch | None:
@@ -354,9 +378,9 @@ class Recorder:
         return self.recorded
 
     async def _write(
-        self, columns: SlotColumns, replies: list[bytes], pin: str | None
+        self, columns: SlotColumns, replies: list[bytes], pin: str | None, last: bool
     ) -> pa.RecordBatch:
-        batch, dropped = await self.entry.record(columns, replies, pin, self.keeper.renewed)
+        batch, dropped = await self.entry.record(columns, replies, pin, self.keeper.renewed, last)
         self.keeper.release(dropped)  # they come back to a slot
         self.recorded.update(columns.stream_seq)
         return batch

@@ -56,6 +56,11 @@ class SlotPulls:
         self.took_any = self.took_any or taken > 0
         self.progress += taken + acked
 
+    def over(self) -> bool:
+        """Whether the chunk just handed out (and reported to `took`) is the last: no more is
+        wanted, and nothing more can come, late or not."""
+        return self.want <= 0 and self.consumer.drained()
+
     async def chunks(self) -> AsyncGenerator[tuple[Deliveries, float], None]:
         """What each request delivered, in one chunk once it has ended (its pulls are `whole`:
         the caller records a batch's rows only once a request ends, and each chunk's steps,

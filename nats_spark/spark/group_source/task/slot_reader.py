@@ -9,7 +9,9 @@ pulling). A first attempt pulls, through a short pipeline:
     -> emit
 
 every message recorded in the entry before its row leaves the task, while `InProgressKeeper`
-keeps what the task holds from redelivery. The task then seals the entry.
+keeps what the task holds from redelivery. The task then seals the entry; with the last record
+already when it knows that record is its last (it took all it was to take, no request of it is
+out, and it has no siblings to check after the write), one head write fewer.
 
 A task of packed slots (`PackedSlots`) first acks what the committed batches left to all its
 slots together (one flush) while it claims all its slots' entries at once (a slot's claim is a few
@@ -223,7 +225,9 @@ class SlotReader:
                     columns = SlotColumns.of(partition)  # columns
                     columns.take(chunk, accepted.rows)
                     columns.taken_from(sent)
-                    rows = await recorder.record(columns, accepted.replies)  # record
+                    # the last record seals the entry too (`SlotEntry.record`)
+                    last = pulls.over()
+                    rows = await recorder.record(columns, accepted.replies, last)  # record
                     if rows is not None:
                         yield rows  # emit
             if (rows := await recorder.last()) is not None:
