@@ -30,6 +30,7 @@ from nats_spark.spark.group_source.driver.consumer_checks import (
     NOTHING_KNOWN,
     Skipped,
     first_own_unread,
+    unread_by_either,
 )
 from nats_spark.spark.group_source.driver.consumer_listing import ConsumerListing
 from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger, entries_lost
@@ -410,7 +411,7 @@ class BatchCoordinator:
         ]
         committed = await self.ledger.committed_seqs(slots, skipped, self.committed)
         marked = seen.acked_earlier.get((slot.stream, slot.consumer), frozenset())
-        unread = (seq for seq in skipped if seq not in committed and seq not in marked)
+        unread = unread_by_either(skipped, committed, marked)
         filters = filters_of(info.config)
         own_from = await first_own_unread(client.api, slot.stream, filters, unread)
         first_seq = (await self._stream_info(client, slot.stream)).first_seq
