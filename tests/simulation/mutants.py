@@ -45,6 +45,10 @@ ACCEPTANCE = "nats_spark.spark.group_source.task.acceptance"
 ACKS = "nats_spark.jetstream.acks"
 REPLIES = "nats_spark.jetstream.replies"
 WORLD = "tests.simulation.world"
+# Worlds on Spark 4.2+'s call order and on 4.0/4.1's (`spark.V42`, `spark.V40`, spelled again
+# here: importing spark would import the modules a mutant patches).
+SPARK_42 = ("version", "4.2+")
+SPARK_40 = ("version", "4.0/4.1")
 # spark.speculation's wait in the worlds that turn it on (`Setup.speculation`): nearly every task
 # attempt gets a copy beside it.
 SPECULATION = 0.1
@@ -96,7 +100,7 @@ LAPSING_HELD_DELIVERIES = (
 # again what the new checkpoint's give-back NAKed, in several seeds of 0-500 on any schedule.
 REDELIVERED_TO_STOPPED_QUERIES = (
     *REPLACED,
-    ("version", "4.2+"),  # spark.V42 (importing spark would import the code patched)
+    SPARK_42,
     ("ack_wait", 4.0),
     ("messages", 29),
     ("max_ack_pending", 1000),
@@ -885,7 +889,7 @@ MUTANTS = (
         # three pending, so a forgotten pull is common in 0-500 on other schedules too.
         edit=(
             *OTHER_CLIENT,
-            ("version", "4.2+"),  # spark.V42 (importing spark would import the code patched)
+            SPARK_42,
             ("ack_wait", 4.0),
             ("messages", 21),
             ("max_ack_pending", 3),
@@ -1127,7 +1131,7 @@ MUTANTS = (
             ("restart_after_acks", 1.0),
             ("new_checkpoint", 0.5),
             ("purges", False),
-            ("version", "4.0/4.1"),  # spark.V40 (whose module imports patched ones)
+            SPARK_40,
         ),
     ),
     Mutant(

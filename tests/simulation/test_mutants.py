@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from tests.simulation.mutants import BY_NAME, MUTANTS, hunt, misfits, summary
+from tests.simulation.mutants import BY_NAME, MUTANTS, SPARK_40, SPARK_42, hunt, misfits, summary
+from tests.simulation.spark import V40, V42
 from tests.simulation.test_simulation import JOBS, SEEDS
 
 pytestmark = pytest.mark.unit
@@ -221,6 +222,11 @@ def test_every_mutant_fits_its_code() -> None:
     assert not misfits()
     assert set(RARE) | set(FIRST_CATCHING) | set(UNCAUGHT) <= set(BY_NAME)
     assert all(seed in SEEDS for seed in FIRST_CATCHING.values())
+
+
+def test_the_mutants_spark_versions_are_the_world_s() -> None:
+    """mutants.py spells the call orders again (it may not import spark): they must match."""
+    assert (SPARK_42, SPARK_40) == (("version", V42), ("version", V40))
 
 
 def seeds_to_search(name: str) -> Sequence[int]:

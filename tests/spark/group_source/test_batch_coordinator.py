@@ -316,6 +316,30 @@ def test_each_driver_that_runs_a_batch_again_tells_its_tasks_of_a_consumer_creat
         run_sync(reader.close())
 
 
+def test_a_planning_that_refuses_a_consumer_writes_that_one_taken_before_started_over(
+    driver: tuple[BatchCoordinator, Server, MemoryBucket],
+) -> None:
+    """A restarted driver's planning takes partition 0's consumer, created again from the
+    start, and then refuses partition 1's, created again with a moving start: the pointer it
+    writes before it refuses keeps partition 0's new sighting, so it keeps as well that the
+    consumer started over after batch 1 was planned (a next driver, which takes that sighting
+    as seen, tells a run of batch 1 again: `DriverLedger.started_over`)."""
+    first, server, kv = driver
+    first_batch_then_its_consumer_created_again(checking(first), server, kv)
+    created_again = server.consumers[SLOTS[1].consumer]
+    created_again["created"] = "2026-11-30T01:05:00Z"
+    created_again["config"]["deliver_policy"] = "new"
+    second = checking(driver_of(server, kv))
+    with pytest.raises(ConfigurationError, match="deliver policy new"):
+        run_sync(second.latest_offset(None, None))
+    pointer = run_sync(read_pointer(kv, second.ledger.pointer_key))
+    assert pointer is not None
+    assert pointer.consumers["S"][SLOTS[0].consumer][0] == "2026-11-30T01:05:00Z"
+    assert pointer.started_over == [["S", SLOTS[0].consumer, 1]]
+    for reader in (first, second):
+        run_sync(reader.close())
+
+
 def test_a_driver_refusing_a_consumer_created_again_first_writes_what_it_saw(
     driver: tuple[BatchCoordinator, Server, MemoryBucket],
 ) -> None:

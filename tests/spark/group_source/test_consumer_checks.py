@@ -4,16 +4,17 @@ is told from the one the query read (by its creation time)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from nats_spark.errors import ConfigurationError, NotFound
+from nats_spark.errors import ConfigurationError, ErrorCode, JetStreamApiError, NotFound
 from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.loop import run_sync
 from nats_spark.pcg.config import ElasticConfig, PartitioningFilter, StaticConfig
-from nats_spark.pcg.consumers import member_consumer, partition_consumer
+from nats_spark.pcg.consumers import GroupConsumer, member_consumer, partition_consumer
 from nats_spark.pcg.kinds import GroupKind
 from nats_spark.pcg.store import GroupEntry
 from nats_spark.spark.group_source.driver.consumer_checks import (
@@ -28,6 +29,7 @@ from nats_spark.spark.group_source.driver.group_consumers import ensure, from_se
 from nats_spark.spark.group_source.driver.slots import Held
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import UNBOUNDED
+from nats_spark.spark.shared.options import parse_starting_position
 
 pytestmark = pytest.mark.unit
 
@@ -366,6 +368,29 @@ def test_marks_a_consumer_found_created_again_passed_stay_until_it_is_judged() -
     assert seen.acked_earlier == {}, "judged: its floor passed them"
 
 
+def static_partition_consumer() -> GroupConsumer:
+    """Partition 0's consumer of a static group: one the query creates where it chooses."""
+    entry = GroupEntry(GroupKind.STATIC, "S", "g", StaticConfig(2, members=["m1"]), 1)
+    return partition_consumer(entry, 0, {"ack_wait": 30 * 10**9})
+
+
+def seen_before(name: str, floor: int, acked_earlier: Collection[int]) -> SeenConsumers:
+    """Consumer `name` as the query's pointer remembers it (created at CREATED, its ack floor
+    `floor`), with what a query on an earlier checkpoint acked of it (`acked_earlier`)."""
+    seen = SeenConsumers()
+    seen.remember({"S": {name: [CREATED, floor]}})
+    seen.given_back({("S", name): acked_earlier})
+    return seen
+
+
+def refusal_placing(api: Any, consumer: GroupConsumer, seen: SeenConsumers, start: int) -> str:
+    """The line the query refuses `consumer` with as it creates it at `start` through `api`."""
+    client: Any = SimpleNamespace(api=api)
+    with pytest.raises(ConfigurationError) as error:
+        run_sync(ensure(client, consumer, seen, from_sequence(start)))
+    return str(error.value)
+
+
 class CreatingApi:
     """Creates a consumer where its config starts it (its floor the sequence before) and notes
     the deletions."""
@@ -386,16 +411,10 @@ def test_a_consumer_the_query_places_below_what_an_earlier_checkpoint_acked_is_r
     by someone is: placed at 4 below 4-8, it would deliver them again, and nothing drops them.
     It is deleted (the next run creates it again where it is told) and refused before it is
     recorded; placed past 8, it is read."""
-    entry = GroupEntry(GroupKind.STATIC, "S", "g", StaticConfig(2, members=["m1"]), 1)
-    consumer = partition_consumer(entry, 0, {"ack_wait": 30 * 10**9})
-    seen = SeenConsumers()
-    seen.remember({"S": {consumer.name: [CREATED, 0]}})
-    seen.given_back({("S", consumer.name): range(4, 9)})
+    consumer = static_partition_consumer()
+    seen = seen_before(consumer.name, 0, range(4, 9))
     api = CreatingApi()
-    client: Any = SimpleNamespace(api=api)
-    with pytest.raises(ConfigurationError) as error:
-        run_sync(ensure(client, consumer, seen, from_sequence(4)))
-    assert str(error.value) == (
+    assert refusal_placing(api, consumer, seen, 4) == (
         f"consumer {consumer.name!r} on stream 'S' was to start at stream sequence 4, but a query "
         "on an earlier checkpoint acked messages up to stream sequence 8 of it, which it would "
         "deliver again; the source deleted it: to read nothing twice, restart the query with "
@@ -404,9 +423,68 @@ def test_a_consumer_the_query_places_below_what_an_earlier_checkpoint_acked_is_r
     )
     assert api.deleted == [consumer.name]
     assert seen.stored() == {"S": {consumer.name: [CREATED, 0]}}, "not recorded"
+    client: Any = SimpleNamespace(api=api)
     run_sync(ensure(client, consumer, seen, from_sequence(9)))
     assert seen.stored() == {"S": {consumer.name: [LATER, 8]}}
     assert seen.acked_earlier == {}
+
+
+class FindingApi(CreatingApi):
+    """Finds the consumer created meanwhile by someone else (DeliverAll, as a member of the group
+    heals its own), of the same membership: a create with another start is refused as existing
+    with another config, and `ensure_group_consumer` takes the one found as it is."""
+
+    def __init__(self, found: ConsumerInfo) -> None:
+        super().__init__()
+        self.found = found
+
+    async def create_consumer(self, stream: str, name: str, config: dict[str, Any]) -> ConsumerInfo:
+        raise JetStreamApiError(
+            f"$JS.API.CONSUMER.CREATE.{stream}.{name}",
+            400,
+            ErrorCode.CONSUMER_EXISTS_WITH_OTHER_CONFIG,
+            "consumer already exists",
+        )
+
+    async def consumer_info(self, stream: str, name: str) -> ConsumerInfo:
+        return self.found
+
+
+@pytest.mark.parametrize("acked_earlier", [range(0), range(4, 9)])
+def test_a_consumer_someone_else_created_as_the_query_placed_it_is_refused_and_left(
+    acked_earlier: range,
+) -> None:
+    """A static group's consumer the query creates at 9 (`startingPosition`, or a layout move
+    that deleted it first) was created meanwhile by someone else from the start (a member of the
+    group healing its own), and the create finds it. It is not the query's: taken as placed at
+    9, it was read on from 1, delivering again what the query committed (its sighting, floor 3,
+    dropped, nothing judged it); below what an earlier checkpoint acked (4-8), the query deleted
+    it as its own. It is refused, neither deleted nor recorded."""
+    consumer = static_partition_consumer()
+    seen = seen_before(consumer.name, 3, acked_earlier)
+    api = FindingApi(info(LATER, 0, **{**consumer.config, "deliver_policy": "all"}))
+    assert refusal_placing(api, consumer, seen, 9) == (
+        f"consumer {consumer.name!r} on stream 'S' was created by someone else as the query "
+        "created it to start with deliver policy by_start_sequence at 9: it starts with deliver "
+        "policy all, and would deliver again what the query read or skip what it did not; the "
+        "source left it as it is: stop what creates it (a member of the group running beside the "
+        f"query), delete it (nats consumer rm S {consumer.name}) and restart the query"
+    )
+    assert api.deleted == []
+    assert seen.stored() == {"S": {consumer.name: [CREATED, 3]}}, "not recorded"
+
+
+def test_a_consumer_created_at_a_start_time_is_the_query_s_as_the_server_writes_it() -> None:
+    """The server writes a start time its own way (a fraction without its trailing zeros): the
+    consumer the query placed there is still its own."""
+    consumer = static_partition_consumer()
+    position = parse_starting_position("time:2026-11-23T08:00:00.5Z")
+    written = {"deliver_policy": "by_start_time", "opt_start_time": "2026-11-23T08:00:00.5Z"}
+    api = FindingApi(info(LATER, 0, **{**consumer.config, **written}))
+    client: Any = SimpleNamespace(api=api)
+    seen = SeenConsumers()
+    run_sync(ensure(client, consumer, seen, position.deliver))
+    assert seen.stored() == {"S": {consumer.name: [LATER, 0]}}
 
 
 @pytest.mark.parametrize("policy", ["new", "last", "last_per_subject"])

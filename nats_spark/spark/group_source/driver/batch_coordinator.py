@@ -16,8 +16,9 @@ rebuilds it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -30,6 +31,7 @@ from nats_spark.spark.group_source.driver.consumer_checks import (
     NOTHING_KNOWN,
     Skipped,
     first_own_unread,
+    unread_by_either,
 )
 from nats_spark.spark.group_source.driver.consumer_listing import ConsumerListing
 from nats_spark.spark.group_source.driver.driver_ledger import DriverLedger, entries_lost
@@ -247,20 +249,22 @@ class BatchCoordinator:
         acked_first = self.ledger.committed_unacked(self.committed)
         slots = {name: state.slot for name, state in self.states.items()}
         infos = await self.listing.infos(client, resolved, lambda s: self._consumer_info(client, s))
-        for slot, info in zip(resolved, infos, strict=True):
-            seen = await self._seen(client, slot, info)
-            if await self._release_dead_pin(client, slot, seen):
-                seen = await self._look(client, slot)
-            if self.ledger.entries and slot.stream not in first_seqs:  # else none to settle
-                first_seqs[slot.stream] = (await self._stream_info(client, slot.stream)).first_seq
-            ours = unacked_by_consumer(slots, unacked, slot)
-            self.states[slot.name] = self.states[slot.name].revised(
-                seen=seen,
-                own_pin=self.ledger.pins.get(slot.name),
-                ours=ours,
-                acked_first=acked_first.get(slot.name, 0),
-                others_due=self._others_due(slot.name, seen, ours),
-            )
+        with self._looking():
+            for slot, info in zip(resolved, infos, strict=True):
+                seen = await self._seen(client, slot, info)
+                if await self._release_dead_pin(client, slot, seen):
+                    seen = await self._look(client, slot)
+                if self.ledger.entries and slot.stream not in first_seqs:  # else none to settle
+                    stream = await self._stream_info(client, slot.stream)
+                    first_seqs[slot.stream] = stream.first_seq
+                ours = unacked_by_consumer(slots, unacked, slot)
+                self.states[slot.name] = self.states[slot.name].revised(
+                    seen=seen,
+                    own_pin=self.ledger.pins.get(slot.name),
+                    ours=ours,
+                    acked_first=acked_first.get(slot.name, 0),
+                    others_due=self._others_due(slot.name, seen, ours),
+                )
         await self.ledger.forget_settled(horizons(self.states.values(), first_seqs), self.committed)
 
     async def _release_dead_pin(self, client: NatsClient, slot: Slot, seen: ConsumerSeen) -> bool:
@@ -380,7 +384,6 @@ class BatchCoordinator:
         """`info` checked by the target (its config, and that the consumer was not created
         again since, or safely so), as planning uses it."""
         self.target.look(slot, info, await self._skipped(client, slot, info))
-        self.ledger.note_started_over(self.target.seen.started_over)
         return ConsumerSeen(
             pending=info.num_pending,
             ack_pending=info.num_ack_pending,
@@ -390,6 +393,18 @@ class BatchCoordinator:
             max_ack_pending=info.max_ack_pending,
             ack_wait=info.ack_wait,
         )
+
+    @contextlib.contextmanager
+    def _looking(self) -> Iterator[None]:
+        """Around a round of looks at consumers (`_seen`): the ledger then notes those taken as
+        created again at the gen planned last, once for the round. Also when a look refused one:
+        the pointer written after the refusal (`latest_offset`, or `close`) keeps the sightings
+        of those taken before it, and must keep that they started over (the next driver takes
+        them as seen: `DriverLedger.started_over`)."""
+        try:
+            yield
+        finally:
+            self.ledger.note_started_over(self.target.seen.started_over)
 
     async def _skipped(self, client: NatsClient, slot: Slot, info: ConsumerInfo) -> Skipped:
         """What this query knows of the stream sequences `slot`'s consumer skips, when it was
@@ -410,7 +425,7 @@ class BatchCoordinator:
         ]
         committed = await self.ledger.committed_seqs(slots, skipped, self.committed)
         marked = seen.acked_earlier.get((slot.stream, slot.consumer), frozenset())
-        unread = (seq for seq in skipped if seq not in committed and seq not in marked)
+        unread = unread_by_either(skipped, committed, marked)
         filters = filters_of(info.config)
         own_from = await first_own_unread(client.api, slot.stream, filters, unread)
         first_seq = (await self._stream_info(client, slot.stream)).first_seq
@@ -488,10 +503,11 @@ class BatchCoordinator:
             return {}
         client = await self._connect()
         infos = await self.listing.infos(client, unseen, lambda s: self._consumer_info(client, s))
-        return {
-            slot.name: await self._seen(client, slot, info)
-            for slot, info in zip(unseen, infos, strict=True)
-        }
+        with self._looking():
+            return {
+                slot.name: await self._seen(client, slot, info)
+                for slot, info in zip(unseen, infos, strict=True)
+            }
 
     async def input_partitions(
         self, start: SourceOffset, end: SourceOffset
@@ -523,10 +539,11 @@ class BatchCoordinator:
             return
         client = await self._connect()
         unsafe = []
-        for name in gone:  # what no delivery is pending of can come back no more
-            slot = self._known_slot(name)
-            if slot is None or (await self._look(client, slot)).ack_pending:
-                unsafe.append(name)
+        with self._looking():
+            for name in gone:  # what no delivery is pending of can come back no more
+                slot = self._known_slot(name)
+                if slot is None or (await self._look(client, slot)).ack_pending:
+                    unsafe.append(name)
         if not unsafe:
             return
         lost = entries_lost(self.options.ledger_bucket, committed.gen, unsafe)

@@ -5,7 +5,7 @@ planning (an edit or a recreation while the query runs stops it before its next 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -132,13 +132,11 @@ def start_refusal(
         )
     start = max(before.ack_floor, skipped.first_seq - 1 if skipped.lost_ok else 0) + 1
     between = range(start, info.ack_floor_seq + 1)
-    # neither committed by this query nor acked by the earlier one, and of the consumer's subjects
+    # of those, the ones of the consumer's subjects (another partition's it never delivers)
     unread_ones = (
         s
-        for s in between
-        if s not in skipped.committed
-        and s not in acked_earlier
-        and not skipped.of_other_subjects(s)
+        for s in unread_by_either(between, skipped.committed, acked_earlier)
+        if not skipped.of_other_subjects(s)
     )
     unread = next(unread_ones, None)
     if unread is None:
@@ -157,6 +155,15 @@ def start_refusal(
             "restart the query"
         )
     return f"the new one starts past stream sequence {unread}, which the query never read"
+
+
+def unread_by_either(
+    seqs: Iterable[int], committed: Collection[int], acked_earlier: Collection[int]
+) -> Iterator[int]:
+    """Of `seqs`, in their order, those neither `committed` by this query nor acked by a query on
+    an earlier checkpoint (`acked_earlier`): what a consumer created again that starts past them
+    would skip unread."""
+    return (seq for seq in seqs if seq not in committed and seq not in acked_earlier)
 
 
 async def first_own_unread(
