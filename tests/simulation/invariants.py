@@ -432,6 +432,9 @@ class Observed:
         while held is not None:
             why = self.attempts.why_late(seq, held, consumer.name, newer_emitted)
             why = why or self.give_backs.why_late(held)
+            why = why or self.attempts.skipped_after_a_stall(
+                seq, held, deliveries, consumer, self.stalls
+            )
             if why is not None or not late_already(held, newer_emitted):
                 break
             held = held_before(deliveries, lambda delivery, late=held: delivery is late)

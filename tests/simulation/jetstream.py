@@ -85,6 +85,7 @@ class Delivery:
     # its place among all its consumer's deliveries (`consumer_seq` starts over when the
     # consumer is created again)
     order: int = 0
+    at: float = 0.0  # when the server made it
 
 
 class Stream:
@@ -373,7 +374,7 @@ class Consumer:
     def _deliver(self, message: Message, count: int, now: float) -> tuple[Message, Delivery]:
         self.consumer_seq += 1
         self.made += 1
-        delivery = Delivery(count, self.consumer_seq, now + self.ack_wait, order=self.made)
+        delivery = Delivery(count, self.consumer_seq, now + self.ack_wait, order=self.made, at=now)
         self.pending[message.seq] = delivery
         self.deliveries.setdefault(message.seq, []).append(delivery)
         return message, delivery

@@ -14,7 +14,9 @@ delivery (`late_already`): the message was late already, and the delivery before
   over, a speculative copy, then hands out the sealed entry; one Spark closed after another
   attempt took its entry over while it stalled) before it recorded it in its ledger entry
   (`Attempts`: what each attempt recorded; the consumers keep which attempt each delivery went
-  to);
+  to); or its process stalled more than half the ack wait after the delivery came, and as it
+  then failed or Spark closed it, its give-back skipped the delivery as not surely running
+  (`Attempts.skipped_after_a_stall`);
 - a query on a new checkpoint gives back what the earlier query's entries hold: it removes the
   entries, then sends `-NAK` for their deliveries, and its driver died between the two
   (`GiveBacks`).
@@ -32,10 +34,11 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from nats_spark.jetstream.acks import NAK_WITHIN
 from nats_spark.spark.group_source.ledger import (
     ChunkMissing,
     EntryDeliveries,
@@ -51,6 +54,7 @@ from nats_spark.spark.group_source.ledger import (
 from nats_spark.spark.group_source.ledger_protocol import GivenBack
 from nats_spark.spark.group_source.runtime import GiveBack
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
+from nats_spark.spark.group_source.task.slot_reader import SlotReader
 from tests.memory_bucket import MemoryBucket
 from tests.simulation.jetstream import Consumer, Delivery, Stream, deliveries_of
 from tests.simulation.scheduler import Participant, Scheduler
@@ -61,6 +65,9 @@ from tests.simulation.scheduler import Participant, Scheduler
 # (seed 767). Not one of the README's cases yet: counted apart (`order_reasons`, printed by
 # `make simulate`) until the README states it or the source avoids it.
 REQUEUED = "OPEN: given back, yet redelivered after newer messages of its key"
+# Scheduler times this close are one instant (their float sums differ in the last bits): a
+# stall that ended as a delivery came, to a request sent as the process woke, did not hold it.
+SAME_INSTANT = 1e-6
 
 
 class Hold(NamedTuple):
@@ -151,6 +158,10 @@ class Attempts:
         self.releases: dict[str, list[tuple[float, set[int]]]] = {}
         self.taken_over_at: dict[str, list[float]] = {}
         self.claims: list[Claim] = []
+        # By attempt and consumer (a packed task's slots give back each their own): when it gave
+        # back what it held (`SlotReader.give_back`: it failed, was closed, or found its entry
+        # gone at its seal).
+        self.gave_back: dict[tuple[Participant, str], list[float]] = {}
 
     def watch(self, attempt: Participant, entry: SlotEntry) -> None:
         """Count what `entry` adopts at its claim, and what its writes record once they are
@@ -291,6 +302,17 @@ class Attempts:
         entry._write = writing  # type: ignore[method-assign]
         entry.seal = sealing  # type: ignore[method-assign]
 
+    def watch_give_backs(self, attempt: Participant, reader: SlotReader) -> None:
+        """Note when `attempt` gives back through `reader` (of one slot). No scheduling point is
+        added."""
+        give_back, consumer = reader.give_back, reader.partition.consumer
+
+        async def giving_back(deliveries: list[tuple[bytes, float]]) -> None:
+            self.gave_back.setdefault((attempt, consumer), []).append(self.now())
+            await give_back(deliveries)
+
+        reader.give_back = giving_back  # type: ignore[method-assign]
+
     def _took_over(self, previous: EntryHead, head: EntryHead) -> None:
         """A claim's write of `head` replaced `previous`: an open entry taken over before its
         holder released it, unless that write was the claim's `record_anew` of its own
@@ -387,6 +409,57 @@ class Attempts:
         if held.given_back_by is owner and newer is not None:
             return REQUEUED if newer.order > held.given_back_after else None
         return None
+
+    def skipped_after_a_stall(
+        self,
+        seq: int,
+        held: Delivery,
+        deliveries: list[Delivery],
+        consumer: Consumer,
+        stalls: Iterable[tuple[Participant, float, float]],
+    ) -> str | None:
+        """Whether `held` (of `deliveries`, those of `seq` by `consumer`), the delivery before the
+        one the message was emitted from, was left to its ack wait by the give-back of the task
+        attempt it went to, as that attempt failed or was closed, because its process had
+        stalled more than `NAK_WITHIN` of the ack wait since it came (README guarantee 4, a
+        stall): the give-back NAKs only deliveries whose wait surely runs (`surely_running`,
+        dated from their request's sending or a round that surely restarted it), as a NAK of one
+        whose wait ran out may give back another reader's delivery (seeds 1347, 689). Seeds
+        1496, 1610 of the worlds of mutant `came-again-kept-at-a-lost-seal` (the attempt
+        failed: its entry given back by a new checkpoint, a chunk missing), 1738, 1877 of the
+        packed worlds with early stops and pausing executors (closed by Spark). The delivery
+        was unrecorded, or came again to the attempt after it recorded the message (`again`),
+        its entry then given back or removed: one kept by an attempt that took the entry over
+        is not given back at all."""
+        owner = held.owner
+        if owner is None or owner.kind != "task" or held.given_back or held.queued is None:
+            return None
+        if seq in self.recorded.get(owner, ()):
+            earlier = deliveries[: next(i for i, d in enumerate(deliveries) if d is held)]
+            if not any(d.owner is owner for d in earlier) or self._taken_from_it(
+                owner, consumer.name
+            ):
+                return None  # the delivery its entry names, or one its taker keeps
+        least = consumer.ack_wait * NAK_WITHIN
+        for gave_back in self.gave_back.get((owner, consumer.name), []):
+            if any(
+                who is owner and held.at + SAME_INSTANT < end <= gave_back and end - start > least
+                for who, start, end in stalls
+            ):
+                return "an attempt that held it unrecorded stalled, then failed or was closed"
+        return None
+
+    def _taken_from_it(self, attempt: Participant, consumer: str) -> bool:
+        """Whether another attempt's claim took over the entry `attempt` held of `consumer`'s
+        slot, once its own claim had ended."""
+        entries = [e for e in self.entries.get(attempt, []) if e.partition.consumer == consumer]
+        keys = {_head_key(entry) for entry in entries if entry.ledger is not None}
+        return any(
+            claim.attempt is attempt
+            and claim.key in keys
+            and any(at > claim.ended for at in self.taken_over_at.get(claim.key, []))
+            for claim in self.claims
+        )
 
     def _ended(self, attempt: Participant, consumer: str) -> str | None:
         """How `attempt` died, if in one of the README's ways: crashed (an executor lost),

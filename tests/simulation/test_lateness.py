@@ -20,7 +20,7 @@ from nats_spark.spark.group_source.ledger import (
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from tests.memory_bucket import MemoryBucket
 from tests.simulation import lateness
-from tests.simulation.jetstream import Delivery, Stream
+from tests.simulation.jetstream import Consumer, Delivery, Stream
 from tests.simulation.lateness import REQUEUED, Attempts, GiveBacks, Hold, held_before
 from tests.simulation.scheduler import Crashed, Lost, Participant
 from tests.spark.group_source.test_ledger_entries import input_partition
@@ -397,3 +397,64 @@ def test_a_record_is_begun_once_its_head_write_goes_out(
     assert attempts.writing[recording] == (set() if dies else {SEQ})
     bucket.death.set()
     loop.run_until_complete(asyncio.wait([writing]))
+
+
+class Reader:
+    """A slot reader of CONSUMER's slot, whose give-back (`SlotReader.give_back`) NAKs nothing
+    here."""
+
+    partition = slot_entry("partition-0").partition
+
+    async def give_back(self, deliveries: list[tuple[bytes, float]]) -> None:
+        del deliveries
+
+
+def test_what_an_attempt_skipped_in_its_give_back_after_a_stall_explains(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Seeds 1738, 1877 of the packed worlds with early stops and pausing executors, 1496,
+    1610 of the worlds of mutant `came-again-kept-at-a-lost-seal`: an attempt took a delivery,
+    its process stalled more than half the ack wait (4 s here), and as it failed or Spark closed
+    it, its give-back skipped the delivery as not surely running; it waited out its ack wait.
+    Only a stall between the delivery and that give-back, longer than half the wait, explains;
+    of a recorded message, only a delivery that came again to the attempt, its entry not taken
+    over by another attempt (whose keeper keeps it)."""
+    now = [5.5]
+    attempts, closed = Attempts(lambda: now[0]), attempt(loop)
+    closed.finished.set_result([])
+    reader = Reader()
+    attempts.watch_give_backs(closed, reader)  # type: ignore[arg-type]
+    loop.run_until_complete(reader.give_back([]))
+    consumer = Consumer(CONSUMER, "p0.", Stream(), 4.0, 100)
+    held = Delivery(1, 1, 9.5, owner=closed, queued=9.5, at=1.0)
+    deliveries = [held, Delivery(2, 2, 13.5, at=9.5)]
+
+    def skipped(stalls: list[tuple[Participant, float, float]], delivery: Delivery = held) -> bool:
+        why = attempts.skipped_after_a_stall(SEQ, delivery, deliveries, consumer, stalls)
+        return why is not None
+
+    assert skipped([(closed, 1.5, 4.0)])
+    assert skipped([(closed, 0.5, 3.0)])  # delivered into the paused process
+    assert not skipped([(closed, 1.5, 3.5)])  # half the wait: it still ran surely
+    assert not skipped([(closed, 6.0, 9.0)])  # after the give-back
+    assert not skipped([(closed, -2.0, 1.0)])  # over as it came
+    assert not skipped([(attempt(loop), 1.5, 4.0)])  # another process's
+    other_slot = Delivery(1, 1, 9.5, owner=closed, queued=9.5, at=1.0)
+    of_partition_1 = Consumer("g-partition-1", "p1.", Stream(), 4.0, 100)
+    why = attempts.skipped_after_a_stall(
+        SEQ, other_slot, [other_slot], of_partition_1, [(closed, 1.5, 4.0)]
+    )
+    assert why is None  # its slot of that consumer gave nothing back
+    given_back = Delivery(1, 1, 9.5, owner=closed, queued=3.0, given_back=True, at=1.0)
+    assert not skipped([(closed, 1.5, 4.0)], given_back)
+    attempts.recorded[closed] = {SEQ}
+    assert not skipped([(closed, 1.5, 4.0)])  # the delivery its entry names
+    deliveries.insert(0, Delivery(1, 1, 0.5, owner=closed, given_back=True, at=0.2))
+    assert skipped([(closed, 1.5, 4.0)])  # came again, its recorded one given back
+    entry = slot_entry("partition-0")
+    entry.ledger = Ledger(BucketView(MemoryBucket()), entry.partition.lineage)  # type: ignore[arg-type]
+    attempts.entries[closed] = [entry]
+    key = lateness._head_key(entry)
+    attempts.claims.append(lateness.Claim(closed, key, 0.0, 0.5))
+    attempts.taken_over_at[key] = [0.4, 3.0]  # its own take-over, then another attempt's
+    assert not skipped([(closed, 1.5, 4.0)])  # its taker keeps it

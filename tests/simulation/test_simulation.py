@@ -553,6 +553,32 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "case 1, a stall of the taker: let out since the take-over holds what it adopts from "
         "the release and the let-out judges the claims as they were while the wait ran",
     ),
+    1738: (
+        {"packed": True, "early_stops": True, "stalling_executors": True},
+        "the checker's (found by helper-53 in the packed early-stop worlds whose executors "
+        "pause): packed task b3#early took 17 (26.67), paused 3.6 s (its process, 4 s wait), and "
+        "Spark closed it as it woke; its give-back skipped 17, dated from its request more than "
+        "half the wait before (`surely_running`): 17 waited out its wait and came after 19. A "
+        "stall of more than half the wait before an attempt fails or is closed is README "
+        "guarantee 4's first case (`skipped_after_a_stall`; helper-65, 2026-12-01)",
+    ),
+    1877: (
+        {"packed": True, "early_stops": True, "stalling_executors": True},
+        "as 1738: packed task b0#early took 9, paused 21.2 s of a 30 s wait, was closed as it "
+        "woke and skipped 9, which came after 11",
+    ),
+    1496: (
+        dict(BY_NAME["came-again-kept-at-a-lost-seal"].edit),
+        "as 1738: attempt b0/partition-0#0 of a stopped query took 4 again (19.89) after a new "
+        "checkpoint's give-back NAKed its recorded delivery, paused 3.4 s (4 s wait) and failed "
+        "on its removed entry; its give-back skipped 4, which came after 7",
+    ),
+    1610: (
+        dict(BY_NAME["came-again-kept-at-a-lost-seal"].edit),
+        "as 1738: attempt b1/partition-0#0 took 4 (27.42) and paused 4.4 s (4 s wait) in a "
+        "dedupe read; 4's wait ran out meanwhile (31.42), behind 5 and 7 on the redelivery "
+        "queue, and the attempt failed (`ChunkMissing`) and skipped it",
+    ),
 }
 
 
@@ -569,24 +595,8 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # failures); each was the checker's or the world's, or is closed (CLOSED_HOLES). So were
     # 263, 953 (an attempt Spark closed after its entry was taken over while it stalled) and
     # 969 (a delivery given back at once that came after the newer one), found by helper-49 in
-    # the packed worlds with early stops.
-    1738: (
-        {"packed": True, "early_stops": True, "stalling_executors": True},
-        "per-key order, not explained (found 2026-12-01 by helper-53 in the packed early-stop "
-        "worlds whose executors pause): packed task b3#early, stopped by a job after its first "
-        "rows, paused 3.6 s (its process) with a pull of g-partition-1 out; 17 came to that pull "
-        "after the pause, and as Spark closed the attempt (it released its entry; nothing took "
-        "it over) its give-back skipped 17: the request was sent more than half the 4 s wait "
-        "before, so its wait might have run out (`surely_running`). 17 waited out its wait and "
-        "came after 19. A closed attempt that stalled without losing its entry is none of the "
-        "README's cases: the README would have to state it, or the source avoid it",
-    ),
-    1877: (
-        {"packed": True, "early_stops": True, "stalling_executors": True},
-        "per-key order, as 1738 (found 2026-12-01 by helper-53): packed task b0#early paused "
-        "21.2 s (its process) as deliveries of g-partition-1 arrived; closed as it woke, it did "
-        "not give back 9 (30 s wait, its request sent before the pause), which came after 11",
-    ),
+    # the packed worlds with early stops, and 1738, 1877 (a stall before Spark closed the
+    # attempt), found by helper-53 there with pausing executors.
 }
 
 

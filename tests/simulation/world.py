@@ -476,6 +476,7 @@ class World:
         for reader in readers:
             reader.entry.ledger = Ledger(self.bucket_view(), reader.partition.lineage)
             self.observed.attempts.watch(attempt, reader.entry)
+            self.observed.attempts.watch_give_backs(attempt, reader)
         packed = isinstance(partition, PackedSlots)
         steps = packed_batches(readers) if packed else slot_batches(readers[0])
         batches = steps if packed else _named(readers[0].partition.slot, steps)
