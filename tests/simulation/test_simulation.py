@@ -560,7 +560,11 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "Spark closed it as it woke; its give-back skipped 17, dated from its request more than "
         "half the wait before (`surely_running`): 17 waited out its wait and came after 19. A "
         "stall of more than half the wait before an attempt fails or is closed is README "
-        "guarantee 4's first case (`skipped_after_a_stall`; helper-65, 2026-12-01)",
+        "guarantee 4's first case (`skipped_after_a_stall`; helper-65, 2026-12-01). On ledger "
+        "format 3: b1#early took 10 (20.96), paused 3.0 s in a head write, and Spark closed it; "
+        "its give-back, the first thing it did as it woke, skipped 10, which came after 21. The "
+        "stall's end, start plus delay, fell a few float bits after the wake's time: one "
+        "instant (`SAME_INSTANT`; helper-67)",
     ),
     1877: (
         {"packed": True, "early_stops": True, "stalling_executors": True},
