@@ -77,10 +77,12 @@ RARE = {
     # format 3 with the seal; 5299 was the only one of 0-6000 under the drawn faults, 12503
     # found the hole). test_slot_take_over fails under it too.
     "taken-over-messages-unkept": (167,),
-    # In worlds where another client reads the overflow consumer under a 4 s ack wait, whose
-    # server restarts after a tenth of the rounds of acks (`Mutant.edit`): the only
-    # one of 0-20000 (2026-11-30; the seed that found the hole).
-    "taken-over-renewed-after-fence": (18241,),
+    # In worlds where another client reads the overflow consumer, a job reads a batch's tasks
+    # first, the answers to the tasks' ledger requests are slow, under a 10 s wait without
+    # crashes (`Mutant.edit`): the first two of 0-999, of which 21 catch it (2026-12-01; 11 of
+    # 0-999 on the schedules of ledger format 3 with the seal, the first 173 and 221; 18241,
+    # which found the hole, was the only one of 0-20000 of the worlds with another client).
+    "taken-over-renewed-after-fence": (47, 52),
     # In the same worlds: the seeds that found the holes (2026-11-30), by the check of a take
     # before the commit.
     "rerun-partitions-with-the-option-s-ack-wait": (782,),
@@ -99,12 +101,16 @@ RARE = {
     # their first rows, with pausing executors and another client (`Mutant.edit`): the first
     # two of 0-1999 (2026-11-30; 1707 the third). None of 0-3999 without the early stops.
     "recorder-cut-off-from-its-write": (200, 220),
-    # In worlds with pausing executors whose server restarts after a tenth of the rounds of
-    # acks (`Mutant.edit`), the first of 0-481 (2026-11-29): none of 0-12000 without the
-    # forced restarts since the schedules moved past 6383.
-    "fence-removes-a-retry-s-entry": (271,),
-    # In the same worlds: the first two of 0-1999 (2026-11-30; 3 of 0-155 catch it; 34884 was
-    # the first of 0-40000 without the kills).
+    # In the worlds of fenced-take-over-removes-what-it-holds (`Mutant.edit`), where its patch
+    # removes an entry of the attempt's own holding deliveries: the first two of 0-999, of which
+    # 11 catch it (2026-12-01; 857 and 897, the two of 0-999 on the schedules of ledger format
+    # 3 with the seal). 271, which caught its own case (a retry's sealed entry, kept while its
+    # acks were lost), was the first of 0-481 of the pausing worlds restarting after a tenth
+    # of the rounds of acks (2026-11-29).
+    "fence-removes-a-retry-s-entry": (199, 251),
+    # In the worlds of outlived-entries-kept, whose lost attempts die (`Mutant.edit`): the first
+    # two of 0-1999 (2026-11-30; 3 of 0-155 catch it; 34884 was the first of 0-40000 without
+    # the kills).
     "headless-chunks-kept": (30, 75),
     # In worlds whose query is stopped mid-batch and replaced at once by one on a new checkpoint
     # (`Mutant.edit`), 3 of 0-1924 (2026-11-29): 1340 (a chunk the attempt wrote after the
@@ -121,12 +127,16 @@ RARE = {
     # recorded message NAKed by the give-back came again before the read ended, and the seal
     # found the entry gone.
     "came-again-kept-at-a-lost-seal": (162,),
-    # In the same worlds, the first of 0-15000 (2026-11-30; the seed that found the hole): a
-    # retry of the stopped query took over an entry a crashed attempt had recorded in, after
+    # In worlds whose stopped query is replaced at once, with crashing tasks under speculation
+    # and a 30 s wait (`Mutant.edit`): the first two of 0-999, of which 9 catch it (2026-12-01;
+    # 5 of 0-999 on the schedules of ledger format 3 with the seal, the first 623 and 701; 3182,
+    # which found the hole, was the first of 0-15000 of the replaced-mid-batch worlds): a copy
+    # of the stopped query's task took over an entry a crashed attempt had recorded in, after
     # the give-back's fence and before its listing, and removed it.
-    "fenced-take-over-removes-what-it-holds": (3182,),
-    # In the same worlds, the only one of 0-15000 (2026-11-30; the seed that found the hole):
-    # an attempt read the give-back's rewrite of its head back as its own lost-answer write.
+    "fenced-take-over-removes-what-it-holds": (199, 271),
+    # In the replaced-mid-batch worlds (`Mutant.edit`), the only one of 0-15000 (2026-11-30;
+    # the seed that found the hole): an attempt read the give-back's rewrite of its head back
+    # as its own lost-answer write.
     "give-back-rewrites-the-head-as-is": (13576,),
     # In the worlds of siblings-lateness-from-take (`Mutant.edit`): the only one of 0-1999
     # (2026-11-30; 7131, the only one of 0-20000 of the pausing worlds whose slots share a
