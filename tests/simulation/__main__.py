@@ -84,12 +84,19 @@ def main() -> int:
         type=float,
         help="spark.speculation on: a copy of a task attempt running this many seconds",
     )
+    parser.add_argument(
+        "--slow-ledger",
+        type=float,
+        help="the answers to task attempts' ledger requests take up to this many ack waits",
+    )
     args = parser.parse_args()
     overrides: dict[str, Any] = {FAULTS[name]: 0.0 for name in args.without}
     if args.speculation is not None:
         overrides["speculation"] = args.speculation
     if args.chaos_waits is not None:
         overrides["chaos_waits"] = args.chaos_waits
+    if args.slow_ledger is not None:
+        overrides["slow_ledger"] = args.slow_ledger
     if args.spark:
         overrides["version"] = args.spark
     overrides.update({world: True for world in WORLDS if getattr(args, world)})

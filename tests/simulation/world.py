@@ -125,6 +125,11 @@ class Setup:
     # A run's override, never drawn: per scheduling point of an attempt Spark lost that runs
     # on, the chance its executor is killed (`Chaos.dying_zombies`; 0: never).
     dying_zombies: float = 0.0
+    # A run's override, never drawn: the longest the answer to a task attempt's request to the
+    # ledger bucket takes on top of the scheduler's delays, in ack waits (a bucket far from the
+    # executors, or a busy server; 0: none). Each answer's time is drawn apart (with the server's
+    # faults).
+    slow_ledger: float = 0.0
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -187,9 +192,12 @@ class SimBucket:
     method hands back `_call`'s coroutine itself (one coroutine less per call, at every step
     of it); the ledger awaits each at once."""
 
-    def __init__(self, store: MemoryBucket, sched: Scheduler) -> None:
+    def __init__(
+        self, store: MemoryBucket, sched: Scheduler, latency: Callable[[], float] | None = None
+    ) -> None:
         self.store = store
         self.sched = sched
+        self.latency = latency  # how long each answer takes to come back (None: no time)
         self.name = store.name
         # The checker's: told of each request that passed its scheduling point (it went out;
         # its caller's death before that point keeps it from the server).
@@ -200,6 +208,8 @@ class SimBucket:
         for told in self.sent:
             told(what)
         result = await call()
+        if self.latency is not None:  # the request took effect; its answer is on its way
+            await self.sched.sleep(self.latency())
         await self.sched.point(f"{what}: answered")
         return result
 
@@ -447,8 +457,12 @@ class World:
     def _query_runs(self) -> bool:
         return self.driver is not None and not self.driver.finished.done()
 
-    def bucket_view(self) -> SimBucket:
-        return SimBucket(self.bucket, self.sched)
+    def bucket_view(self, latency: Callable[[], float] | None = None) -> SimBucket:
+        return SimBucket(self.bucket, self.sched, latency)
+
+    def _task_ledger_latency(self) -> float:
+        """How long the answer to a task attempt's ledger request takes (`slow_ledger`)."""
+        return self.faults.uniform(0.0, self.setup.slow_ledger) * self.setup.ack_wait
 
     def new_driver(self) -> BatchCoordinator:
         reader = BatchCoordinator(self.options, self.runtime)
@@ -473,8 +487,9 @@ class World:
             SlotReader(slot, client, self.runtime)  # type: ignore[arg-type]
             for slot in slots
         ]
+        latency = self._task_ledger_latency if self.setup.slow_ledger else None
         for reader in readers:
-            reader.entry.ledger = Ledger(self.bucket_view(), reader.partition.lineage)
+            reader.entry.ledger = Ledger(self.bucket_view(latency), reader.partition.lineage)
             self.observed.attempts.watch(attempt, reader.entry)
             self.observed.attempts.watch_give_backs(attempt, reader)
         packed = isinstance(partition, PackedSlots)
