@@ -123,10 +123,6 @@ RARE = {
     # Since 2026-12-01 in the fixed worlds of seed 270 (`Mutant.edit`): the first two of 0-500;
     # 242 and 449 on the schedules of ledger format 3 (the seal with the last record).
     "late-recorded-redelivery-kept": (152, 270),
-    # In the same worlds, the only one of 0-1500 (2026-12-01; the seed that found the hole): a
-    # recorded message NAKed by the give-back came again before the read ended, and the seal
-    # found the entry gone.
-    "came-again-kept-at-a-lost-seal": (162,),
     # In worlds whose stopped query is replaced at once, with crashing tasks under speculation
     # and a 30 s wait (`Mutant.edit`): the first two of 0-999, of which 9 catch it (2026-12-01;
     # 5 of 0-999 on the schedules of ledger format 3 with the seal, the first 623 and 701; 3182,
@@ -138,6 +134,13 @@ RARE = {
     # the seed that found the hole): an attempt read the give-back's rewrite of its head back
     # as its own lost-answer write.
     "give-back-rewrites-the-head-as-is": (13576,),
+    # In worlds whose stopped query's attempts send their pull after a refused pin late
+    # (`Mutant.edit`, 2026-12-01): the first two of 0-999, of which 24 catch it; on the
+    # schedules of ledger format 3 with the seal (and main's give-back at the seal), 16, the
+    # first 14 and 50. A recorded message the give-back NAKed came again to that pull, the read
+    # ended, and the seal found the entry gone (162, the only one of 0-1500 of the worlds of
+    # late-recorded-redelivery-kept, found the hole).
+    "came-again-kept-at-a-lost-seal": (9, 14),
     # In the worlds of siblings-lateness-from-take (`Mutant.edit`): the only one of 0-1999
     # (2026-11-30; 7131, the only one of 0-20000 of the pausing worlds whose slots share a
     # consumer; 9129, which found the hole, moved before).

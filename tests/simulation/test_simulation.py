@@ -14,7 +14,13 @@ from typing import Any
 
 import pytest
 
-from tests.simulation.mutants import BY_NAME, ROOT, SPECULATION, world
+from tests.simulation.mutants import (
+    BY_NAME,
+    REDELIVERED_TO_STOPPED_QUERIES,
+    ROOT,
+    SPECULATION,
+    world,
+)
 from tests.simulation.scheduler import Chaos, Crashed, Scheduler, run
 from tests.simulation.spark import counted_by_spark
 from tests.simulation.world import Result, run_schedule, run_schedules
@@ -536,7 +542,7 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "(`DriverLedger.started_over`; mutant started-over-told-by-one-driver-only, 2026-12-01)",
     ),
     162: (
-        dict(BY_NAME["came-again-kept-at-a-lost-seal"].edit),
+        dict(REDELIVERED_TO_STOPPED_QUERIES),
         "per-key order (found 2026-12-01 by helper-58, explained by helper-60): a new "
         "checkpoint's give-back NAKed 1, 3 and 4 of the earlier run's entry; that run's attempt, "
         "its read ended, had taken 1 and 3 again to its requests still out (`keeper.again`), "
