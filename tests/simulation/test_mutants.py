@@ -81,9 +81,12 @@ RARE = {
     # server restarts after a tenth of the rounds of acks (`Mutant.edit`): the only
     # one of 0-20000 (2026-11-30; the seed that found the hole).
     "taken-over-renewed-after-fence": (18241,),
-    # In the same worlds: the seeds that found the holes (2026-11-30), by the check of a take
-    # before the commit.
-    "rerun-partitions-with-the-option-s-ack-wait": (782,),
+    # In worlds with another client whose drivers die at 3% of their points and whose server
+    # restarts after every round of acks, up to 10 times (`Mutant.edit`): the first two of
+    # 0-999, of which 12 catch it (2026-12-01; 8 of 0-999 on the schedules of ledger format 3
+    # with the seal, the first 31 and 129; 782, which found the hole under the drawn faults,
+    # was the only seed known).
+    "rerun-partitions-with-the-option-s-ack-wait": (100, 293),
     # In its fixed worlds (`Mutant.edit`, 2026-12-01): the first two of 0-500; 235 and 380 on
     # the schedules of ledger format 3 (the seal with the last record).
     "forgotten-pull-waited-out": (125, 235),
