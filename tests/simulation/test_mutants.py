@@ -48,8 +48,12 @@ RARE = {
     # 713, 952 and 1442, the three of 0-1442 (2026-11-30; 11950, which found the hole, was the
     # only one of 0-40000 under the drawn faults).
     "acked-through-ignored": (713, 952),
-    # In the worlds of its edit: the only one of 0-5999 (2026-11-30; the seed that found it).
-    "acked-through-in-memory-only": (5265,),
+    # In worlds whose server restarts after every round of acks, up to 10 times, whose runs
+    # start on a new checkpoint at 70% and fail half their sink writes, with a consumer created
+    # again, a partition each (`Mutant.edit`): the first two of 106, 463, 734 and 764, the four
+    # of 0-999 (2026-12-01; 267, 630 and 844 on the schedules of ledger format 3 with the seal;
+    # 5265, which found the hole, was the only one of 0-5999 in its earlier worlds).
+    "acked-through-in-memory-only": (106, 463),
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
     # Since the server answers expired pulls 408; 238 moved when a record came to run to its
@@ -83,9 +87,12 @@ RARE = {
     # 0-999 on the schedules of ledger format 3 with the seal, the first 173 and 221; 18241,
     # which found the hole, was the only one of 0-20000 of the worlds with another client).
     "taken-over-renewed-after-fence": (47, 52),
-    # In the same worlds: the seeds that found the holes (2026-11-30), by the check of a take
-    # before the commit.
-    "rerun-partitions-with-the-option-s-ack-wait": (782,),
+    # In worlds with another client whose drivers die at 3% of their points and whose server
+    # restarts after every round of acks, up to 10 times (`Mutant.edit`): the first two of
+    # 0-999, of which 12 catch it (2026-12-01; 8 of 0-999 on the schedules of ledger format 3
+    # with the seal, the first 31 and 129; 782, which found the hole under the drawn faults,
+    # was the only seed known).
+    "rerun-partitions-with-the-option-s-ack-wait": (100, 293),
     # In its fixed worlds (`Mutant.edit`, 2026-12-01): the first two of 0-500; 235 and 380 on
     # the schedules of ledger format 3 (the seal with the last record).
     "forgotten-pull-waited-out": (125, 235),

@@ -94,6 +94,7 @@ class Setup:
     chaos_waits: float = 8.0  # how long the chaotic phase lasts, in ack waits
     # The server's faults (drawn apart, `draw_hostility`, so the draws above stay the seed's):
     restart_after_acks: float = 0.0  # chance a server restart follows a round of acks
+    server_restarts: int = 3  # at most, per schedule (a run's override, never drawn)
     purges: bool = False  # an operator purges what every consumer acked, now and then
     # Settings the source must refuse or survive, never drawn (a run's override):
     max_deliver: int = 0  # the consumers' max_deliver (0: none)
@@ -340,7 +341,7 @@ class World:
             target = {"group": "g", "ackWait": str(setup.ack_wait)}
         self.server = Server(self.sched, self.consumers, self.stream)
         self.server.after_acks = self._maybe_restart
-        self.restarts = 3  # at most, per schedule
+        self.restarts = setup.server_restarts
         self.reading_done = False  # the last run has stopped: other clients stop too
         self.stopped = False  # the last run was stopped while a batch's tasks ran
         self.recreated = False  # whether the operator deleted a consumer and created it again
