@@ -48,8 +48,12 @@ RARE = {
     # 713, 952 and 1442, the three of 0-1442 (2026-11-30; 11950, which found the hole, was the
     # only one of 0-40000 under the drawn faults).
     "acked-through-ignored": (713, 952),
-    # In the worlds of its edit: the only one of 0-5999 (2026-11-30; the seed that found it).
-    "acked-through-in-memory-only": (5265,),
+    # In worlds whose server restarts after every round of acks, up to 10 times, whose runs
+    # start on a new checkpoint at 70% and fail half their sink writes, with a consumer created
+    # again, a partition each (`Mutant.edit`): the first two of 106, 463, 734 and 764, the four
+    # of 0-999 (2026-12-01; 267, 630 and 844 on the schedules of ledger format 3 with the seal;
+    # 5265, which found the hole, was the only one of 0-5999 in its earlier worlds).
+    "acked-through-in-memory-only": (106, 463),
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
     # Since the server answers expired pulls 408; 238 moved when a record came to run to its
@@ -83,9 +87,12 @@ RARE = {
     # 0-999 on the schedules of ledger format 3 with the seal, the first 173 and 221; 18241,
     # which found the hole, was the only one of 0-20000 of the worlds with another client).
     "taken-over-renewed-after-fence": (47, 52),
-    # In the same worlds: the seeds that found the holes (2026-11-30), by the check of a take
-    # before the commit.
-    "rerun-partitions-with-the-option-s-ack-wait": (782,),
+    # In worlds with another client whose drivers die at 3% of their points and whose server
+    # restarts after every round of acks, up to 10 times (`Mutant.edit`): the first two of
+    # 0-999, of which 12 catch it (2026-12-01; 8 of 0-999 on the schedules of ledger format 3
+    # with the seal, the first 31 and 129; 782, which found the hole under the drawn faults,
+    # was the only seed known).
+    "rerun-partitions-with-the-option-s-ack-wait": (100, 293),
     # In its fixed worlds (`Mutant.edit`, 2026-12-01): the first two of 0-500; 235 and 380 on
     # the schedules of ledger format 3 (the seal with the last record).
     "forgotten-pull-waited-out": (125, 235),
@@ -123,10 +130,6 @@ RARE = {
     # Since 2026-12-01 in the fixed worlds of seed 270 (`Mutant.edit`): the first two of 0-500;
     # 242 and 449 on the schedules of ledger format 3 (the seal with the last record).
     "late-recorded-redelivery-kept": (152, 270),
-    # In the same worlds, the only one of 0-1500 (2026-12-01; the seed that found the hole): a
-    # recorded message NAKed by the give-back came again before the read ended, and the seal
-    # found the entry gone.
-    "came-again-kept-at-a-lost-seal": (162,),
     # In worlds whose stopped query is replaced at once, with crashing tasks under speculation
     # and a 30 s wait (`Mutant.edit`): the first two of 0-999, of which 9 catch it (2026-12-01;
     # 5 of 0-999 on the schedules of ledger format 3 with the seal, the first 623 and 701; 3182,
@@ -138,6 +141,13 @@ RARE = {
     # the seed that found the hole): an attempt read the give-back's rewrite of its head back
     # as its own lost-answer write.
     "give-back-rewrites-the-head-as-is": (13576,),
+    # In worlds whose stopped query's attempts send their pull after a refused pin late
+    # (`Mutant.edit`, 2026-12-01): the first two of 0-999, of which 24 catch it; on the
+    # schedules of ledger format 3 with the seal (and main's give-back at the seal), 16, the
+    # first 14 and 50. A recorded message the give-back NAKed came again to that pull, the read
+    # ended, and the seal found the entry gone (162, the only one of 0-1500 of the worlds of
+    # late-recorded-redelivery-kept, found the hole).
+    "came-again-kept-at-a-lost-seal": (9, 14),
     # In the worlds of siblings-lateness-from-take (`Mutant.edit`): the only one of 0-1999
     # (2026-11-30; 7131, the only one of 0-20000 of the pausing worlds whose slots share a
     # consumer; 9129, which found the hole, moved before).
