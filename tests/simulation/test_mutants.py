@@ -90,10 +90,11 @@ RARE = {
     # In the worlds of seed 1347, fixed (`Mutant.edit`): the two of 0-500 (2026-12-01); 814 and
     # 1195, the first two of 0-2000, on the schedules of ledger format 3 with the seal.
     "lapsed-delivery-restarted-by-a-round": (26, 229),
-    # In worlds with another client, packed tasks and pausing executors: since a record runs to
-    # its end however cancelled, the only one of 0-4000 and 5367 (2026-11-30; 1893, which found
-    # the hole, 700 and 4643 moved with the fix's tasks).
-    "cancelled-record-leaves-its-chunks": (2212, 5367),
+    # In the fixed worlds of seeds 2212 and 5367 of the packed pausing worlds with another
+    # client, without it (`Mutant.edit`, 2026-12-01; 1893 found the hole): the first two of
+    # 0-999, of which 37 catch it; 32 and 85 the first on the schedules of ledger format 3 with
+    # the seal (11 of 0-999 there).
+    "cancelled-record-leaves-its-chunks": (25, 56),
     # In worlds where a job of the user's reads a batch's tasks first and Spark stops them after
     # their first rows, with pausing executors and another client (`Mutant.edit`): the first
     # two of 0-1999 (2026-11-30; 1707 the third). None of 0-3999 without the early stops.
