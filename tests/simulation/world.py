@@ -125,6 +125,13 @@ class Setup:
     # A run's override, never drawn: per scheduling point of an attempt Spark lost that runs
     # on, the chance its executor is killed (`Chaos.dying_zombies`; 0: never).
     dying_zombies: float = 0.0
+    # A run's override, never drawn (with `replaced_mid_batch`): a stop mid-batch pauses the
+    # processes of the batch's attempts still running, each for up to this share of the ack
+    # wait (executors loaded, as when an operator restarts a query from scratch; 0: none).
+    paused_by_the_stop: float = 0.0
+    # A run's override, never drawn: each task attempt runs in a new executor process (dynamic
+    # allocation), which has read no entry yet (`SeenEntries`): its dedupe reads them all.
+    fresh_executors: bool = False
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -469,8 +476,11 @@ class World:
         attempt = self.sched.current()
         assert attempt is not None  # a task attempt's participant
         slots = partition.slots if isinstance(partition, PackedSlots) else (partition,)
+        runtime = self.runtime
+        if self.setup.fresh_executors:
+            runtime = replace(runtime, seen_entries=SeenEntries())
         readers = [
-            SlotReader(slot, client, self.runtime)  # type: ignore[arg-type]
+            SlotReader(slot, client, runtime)  # type: ignore[arg-type]
             for slot in slots
         ]
         for reader in readers:
