@@ -104,10 +104,11 @@ RARE = {
     # In the worlds of seed 1347, fixed (`Mutant.edit`): the two of 0-500 (2026-12-01); 814 and
     # 1195, the first two of 0-2000, on the schedules of ledger format 3 with the seal.
     "lapsed-delivery-restarted-by-a-round": (814, 1195),
-    # In worlds with another client, packed tasks and pausing executors: since a record runs to
-    # its end however cancelled, the only one of 0-4000 and 5367 (2026-11-30; 1893, which found
-    # the hole, 700 and 4643 moved with the fix's tasks).
-    "cancelled-record-leaves-its-chunks": (2212, 5367),
+    # In the fixed worlds of seeds 2212 and 5367 of the packed pausing worlds with another
+    # client, without it (`Mutant.edit`, 2026-12-01; 1893 found the hole): the first two of
+    # 0-999, of which 37 catch it; 32 and 85 the first on the schedules of ledger format 3 with
+    # the seal (11 of 0-999 there).
+    "cancelled-record-leaves-its-chunks": (25, 56),
     # In worlds where a job of the user's reads a batch's tasks first and Spark stops them after
     # their first rows, with pausing executors and another client (`Mutant.edit`): the first
     # two of 0-1999 (2026-11-30; 1707 the third). None of 0-3999 without the early stops.
@@ -156,10 +157,11 @@ RARE = {
     # (2026-11-30; 7131, the only one of 0-20000 of the pausing worlds whose slots share a
     # consumer; 9129, which found the hole, moved before).
     "siblings-late-renewal-covers": (810,),
-    # In the same worlds without siblings (`Mutant.edit`), the first of 0-3819 that broke per-key
-    # order this way (2026-11-29; none of 6000-15250 did with siblings drawn): a chunk whose
-    # dedupe read failed on a given-back entry, never held.
-    "failed-acceptance-chunk-kept": (2308,),
+    # In the replaced-mid-batch worlds without siblings whose attempts run on fresh executors and
+    # pause at their run's stop (`Mutant.edit`, 2026-12-01; 2308 was the first of 0-3819 of those
+    # worlds without the pauses, 3819 found the hole): the first two of 0-999, of which 41 catch
+    # it; 19 and 26 the first on the schedules of ledger format 3 with the seal (27 of 0-999).
+    "failed-acceptance-chunk-kept": (19, 38),
     # In worlds with another client whose executors pause, under a 4 s wait (`Mutant.edit`):
     # since a record runs to its end however its attempt is cancelled, the only one of 0-15000
     # (2026-11-30; 851, which found the hole, moved).

@@ -137,6 +137,13 @@ class Setup:
     # a third of this to all of it late, in seconds (the old executors' link is slow): the
     # replacing run's give-back may come meanwhile, and that pull bring back what it NAKed.
     late_after_refusal: float = 0.0
+    # A run's override, never drawn (with `replaced_mid_batch`): a stop mid-batch pauses the
+    # processes of the batch's attempts still running, each for up to this share of the ack
+    # wait (executors loaded, as when an operator restarts a query from scratch; 0: none).
+    paused_by_the_stop: float = 0.0
+    # A run's override, never drawn: each task attempt runs in a new executor process (dynamic
+    # allocation), which has read no entry yet (`SeenEntries`): its dedupe reads them all.
+    fresh_executors: bool = False
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -493,8 +500,11 @@ class World:
         assert attempt is not None  # a task attempt's participant
         client.late_after_refusal = lambda: self.late_after_refusal(attempt)
         slots = partition.slots if isinstance(partition, PackedSlots) else (partition,)
+        runtime = self.runtime
+        if self.setup.fresh_executors:
+            runtime = replace(runtime, seen_entries=SeenEntries())
         readers = [
-            SlotReader(slot, client, self.runtime)  # type: ignore[arg-type]
+            SlotReader(slot, client, runtime)  # type: ignore[arg-type]
             for slot in slots
         ]
         latency = self._task_ledger_latency if self.setup.slow_ledger else None
