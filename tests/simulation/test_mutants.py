@@ -108,7 +108,7 @@ RARE = {
     # client, without it (`Mutant.edit`, 2026-12-01; 1893 found the hole): the first two of
     # 0-999, of which 37 catch it; 32 and 85 the first on the schedules of ledger format 3 with
     # the seal (11 of 0-999 there).
-    "cancelled-record-leaves-its-chunks": (25, 56),
+    "cancelled-record-leaves-its-chunks": (32, 85),
     # In worlds where a job of the user's reads a batch's tasks first and Spark stops them after
     # their first rows, with pausing executors and another client (`Mutant.edit`): the first
     # two of 0-1999 (2026-11-30; 1707 the third). None of 0-3999 without the early stops.
@@ -161,7 +161,7 @@ RARE = {
     # pause at their run's stop (`Mutant.edit`, 2026-12-01; 2308 was the first of 0-3819 of those
     # worlds without the pauses, 3819 found the hole): the first two of 0-999, of which 41 catch
     # it; 19 and 26 the first on the schedules of ledger format 3 with the seal (27 of 0-999).
-    "failed-acceptance-chunk-kept": (19, 38),
+    "failed-acceptance-chunk-kept": (19, 26),
     # In worlds with another client whose executors pause, under a 4 s wait (`Mutant.edit`):
     # since a record runs to its end however its attempt is cancelled, the only one of 0-15000
     # (2026-11-30; 851, which found the hole, moved).
