@@ -1206,7 +1206,7 @@ MUTANTS = (
         "run that failed on its sink, or a driver that died, after its give-back and before "
         "that write left no trace of it, and a later run read on a consumer created again below "
         "it (seed 5265 of the worlds with a consumer created again, new checkpoints and failing "
-        "sink writes: 2 emitted after 4, and by two checkpoints; 150 and 247 of KNOWN_OPEN's "
+        "sink writes: 2 emitted after 4, and by two checkpoints; 150 and 247 of helper-63's "
         "worlds, a driver that died there, once the mark was written at stop)",
         (
             Patch(
