@@ -1246,11 +1246,13 @@ MUTANTS = (
     ),
     Mutant(
         "acked-through-in-memory-only",
-        "what a give-back removed of entries that had acked is not written to the pointer at "
-        "stop: a run that failed on its sink after its give-back, before its next pointer "
-        "write, left no trace of it, and the next checkpoint's query read on a consumer created "
-        "again below it (seed 5265 of the worlds with a consumer created again, new checkpoints "
-        "and failing sink writes: 2 emitted after 4, and by two checkpoints)",
+        "what a give-back removes of entries that had acked is not written to the pointer "
+        "before the removal, only kept in the driver's memory until its next pointer write: a "
+        "run that failed on its sink, or a driver that died, after its give-back and before "
+        "that write left no trace of it, and a later run read on a consumer created again below "
+        "it (seed 5265 of the worlds with a consumer created again, new checkpoints and failing "
+        "sink writes: 2 emitted after 4, and by two checkpoints; 150 and 247 of helper-63's "
+        "worlds, a driver that died there, once the mark was written at stop)",
         (
             Patch(
                 DRIVER_LEDGER,
