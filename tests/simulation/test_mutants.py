@@ -32,21 +32,21 @@ RARE = {
     # longer reads the heads it hands out and every take-over checks the fence (2026-11-29),
     # the first 2 of 0-20000 of each:
     # In worlds with the operator's edit (`Mutant.edit`), the first of 0-300 after the stand-by:
-    "max-deliver-unchecked": (5, 6),
+    "max-deliver-unchecked": (19, 24),
     "recreated-consumer-unchecked": (3, 4),
-    "recreated-consumer-unchecked-in-flight": (71, 107),
-    "siblings-seal-under-a-new-consumer": (127, 211),  # 3 of 0-199: 111, 127, 173
+    "recreated-consumer-unchecked-in-flight": (259, 382),
+    "siblings-seal-under-a-new-consumer": (211,),  # 3 of 0-199: 111, 127, 173
     # In worlds whose shared consumer is created again and whose drivers often die, with
     # stalls (`Mutant.edit`): the first two of 0-175, of which 3 catch it (2026-11-30; 632 and
     # 1650, which found the hole, were the first two of 0-4000 under the drawn faults).
-    "rerun-siblings-under-a-consumer-started-over": (150, 173),
+    "rerun-siblings-under-a-consumer-started-over": (173,),
     # In worlds whose shared consumer is created again, with drivers that die often, stalls at
     # 3% of the points, a 30 s wait and purges (`Mutant.edit`): the two of 0-1999, 2125 the
     # next (2026-11-30; 6791, which found the hole, was the only one of 0-30000 under the drawn
     # faults).
-    "started-over-only-against-the-pointer": (481, 993),
+    "started-over-only-against-the-pointer": (880,),
     # In the same worlds: the two of 0-6800 (2026-12-01; 2159 found the hole).
-    "started-over-told-by-one-driver-only": (2159, 6177),
+    "started-over-told-by-one-driver-only": (1635, 3414),
     # In worlds whose server restarts after each of the first rounds of acks, half the runs on
     # a new checkpoint, without purges, on Spark 4.0/4.1 (`Mutant.edit`): the first two of
     # 0-2999 since the give-back writes its marks (2026-12-01; 713 and 952 before, the first two
@@ -60,119 +60,115 @@ RARE = {
     # 5265, which found the hole, was the only one of 0-5999 in its earlier worlds). 106 and
     # 463 still catch it once the give-back writes its marks (150 and 247 do in helper-63's
     # worlds, `CLOSED_HOLES`).
-    "acked-through-in-memory-only": (106, 463),
+    "acked-through-in-memory-only": (267, 630),
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
     # Since the server answers expired pulls 408; 238 moved when a record came to run to its
     # end however its attempt is cancelled (2026-11-30): 267, the next of 0-20000.
-    "overtaken-attempt-fails": (141, 267),
+    "overtaken-attempt-fails": (5,),
     # In worlds with pausing executors (`Mutant.edit`: attempts Spark lost run on after their
     # batch settled or their query was given back), of 0-299 (2026-11-29):
-    "take-over-unfenced": (333, 1033),  # the first 2 of 0-20000 since restarts keep whole seconds
+    "take-over-unfenced": (167, 556),  # the first 2 of 0-20000 since restarts keep whole seconds
     # Once a driver that adopts a lineage gives back what retired lineages still hold (seed
     # 3629), only an entry created after the last run's adoption is left.
-    "given-back-zombie-entry-left": (297, 355),
+    "given-back-zombie-entry-left": (126, 436),
     # In worlds whose lost attempts are often killed once they run on, half the runs on a new
     # checkpoint (`Mutant.edit`): the first two of 0-1999 (2026-11-30; 5 of 0-165 catch it;
     # 34884 was the first of 20001-80000 in the pausing worlds).
-    "outlived-entries-kept": (30, 45),
-    "give-back-naks-the-recorded-delivery": (132,),  # 3 of 0-2299: 1200, 1622, 2255
+    "outlived-entries-kept": (18, 33),
+    "give-back-naks-the-recorded-delivery": (550, 1285),  # 3 of 0-2299: 1200, 1622, 2255
     # In worlds that all share a consumer, with stalls at 3% of the points, a 4 s wait and one
     # message a pull (`Mutant.edit`): a task's process paused between the server's send and
     # the take past the ack wait while a sibling pulled. The first two of 0-1006, of which 3
     # catch it (2026-11-30; 4042 and 4284 were the first two of 0-40000 in the shared worlds).
-    "siblings-lateness-from-take": (151, 210),
+    "siblings-lateness-from-take": (151,),
     # In worlds where another client reads the overflow consumer, with tasks that crash at 3%
     # of their points, stalls, 30 messages pulled 16 at a time under a 4 s wait (`Mutant.edit`):
     # the only one of 0-1200 (2026-12-01; 601, the only one of 0-700 on the schedules of ledger
     # format 3 with the seal; 5299 was the only one of 0-6000 under the drawn faults, 12503
     # found the hole). test_slot_take_over fails under it too.
-    "taken-over-messages-unkept": (167,),
+    "taken-over-messages-unkept": (601,),
     # In worlds where another client reads the overflow consumer, a job reads a batch's tasks
     # first, the answers to the tasks' ledger requests are slow, under a 10 s wait without
     # crashes (`Mutant.edit`): the first two of 0-999, of which 21 catch it (2026-12-01; 11 of
     # 0-999 on the schedules of ledger format 3 with the seal, the first 173 and 221; 18241,
     # which found the hole, was the only one of 0-20000 of the worlds with another client).
-    "taken-over-renewed-after-fence": (47, 52),
+    "taken-over-renewed-after-fence": (173, 221),
     # In worlds with another client whose drivers die at 3% of their points and whose server
     # restarts after every round of acks, up to 10 times (`Mutant.edit`): the first two of
     # 0-999, of which 12 catch it (2026-12-01; 8 of 0-999 on the schedules of ledger format 3
     # with the seal, the first 31 and 129; 782, which found the hole under the drawn faults,
     # was the only seed known).
-    "rerun-partitions-with-the-option-s-ack-wait": (100, 293),
+    "rerun-partitions-with-the-option-s-ack-wait": (31, 129),
     # In its fixed worlds (`Mutant.edit`, 2026-12-01): the first two of 0-500; 235 and 380 on
     # the schedules of ledger format 3 (the seal with the last record).
-    "forgotten-pull-waited-out": (125, 235),
-    "stale-nak-gives-back-another-s-delivery": (1347, 689),
+    "forgotten-pull-waited-out": (235, 380),
+    "stale-nak-gives-back-another-s-delivery": (762,),
     # In the worlds of seed 1347, fixed (`Mutant.edit`): the two of 0-500 (2026-12-01); 814 and
     # 1195, the first two of 0-2000, on the schedules of ledger format 3 with the seal.
-    "lapsed-delivery-restarted-by-a-round": (26, 229),
+    "lapsed-delivery-restarted-by-a-round": (814, 1195),
     # In the fixed worlds of seeds 2212 and 5367 of the packed pausing worlds with another
     # client, without it (`Mutant.edit`, 2026-12-01; 1893 found the hole): the first two of
     # 0-999, of which 37 catch it; 32 and 85 the first on the schedules of ledger format 3 with
     # the seal (11 of 0-999 there).
-    "cancelled-record-leaves-its-chunks": (25, 56),
+    "cancelled-record-leaves-its-chunks": (32, 85),
     # In worlds where a job of the user's reads a batch's tasks first and Spark stops them after
     # their first rows, with pausing executors and another client (`Mutant.edit`): the first
     # two of 0-1999 (2026-11-30; 1707 the third). None of 0-3999 without the early stops.
-    "recorder-cut-off-from-its-write": (200, 220),
+    "recorder-cut-off-from-its-write": (933,),
     # In the worlds of fenced-take-over-removes-what-it-holds (`Mutant.edit`), where its patch
     # removes an entry of the attempt's own holding deliveries: the first two of 0-999, of which
     # 11 catch it (2026-12-01; 857 and 897, the two of 0-999 on the schedules of ledger format
     # 3 with the seal). 271, which caught its own case (a retry's sealed entry, kept while its
     # acks were lost), was the first of 0-481 of the pausing worlds restarting after a tenth
     # of the rounds of acks (2026-11-29).
-    "fence-removes-a-retry-s-entry": (199, 251),
+    "fence-removes-a-retry-s-entry": (857, 897),
     # In the worlds of outlived-entries-kept, whose lost attempts die (`Mutant.edit`): the first
     # two of 0-1999 (2026-11-30; 3 of 0-155 catch it; 34884 was the first of 0-40000 without
     # the kills).
-    "headless-chunks-kept": (30, 75),
+    "headless-chunks-kept": (173, 543),
     # In worlds whose query is stopped mid-batch and replaced at once by one on a new checkpoint
     # (`Mutant.edit`), 3 of 0-1924 (2026-11-29): 1340 (a chunk the attempt wrote after the
     # give-back's read, left under the removed entry), 1837 and 1885 (what it recorded after
     # the read, removed un-NAKed, after newer messages of its key).
-    "give-back-under-a-recording-attempt": (264, 919),
+    "give-back-under-a-recording-attempt": (1181,),
     # In the same worlds, the one of 1500-6000 that broke per-key order this way (2026-11-29;
     # none of 0-1500): a recorded message NAKed by the give-back came back late to a pull the
     # failing attempt had out.
     # Since 2026-12-01 in the fixed worlds of seed 270 (`Mutant.edit`): the first two of 0-500;
     # 242 and 449 on the schedules of ledger format 3 (the seal with the last record).
-    "late-recorded-redelivery-kept": (152, 270),
+    "late-recorded-redelivery-kept": (242, 449),
     # In worlds whose stopped query is replaced at once, with crashing tasks under speculation
     # and a 30 s wait (`Mutant.edit`): the first two of 0-999, of which 9 catch it (2026-12-01;
     # 5 of 0-999 on the schedules of ledger format 3 with the seal, the first 623 and 701; 3182,
     # which found the hole, was the first of 0-15000 of the replaced-mid-batch worlds): a copy
     # of the stopped query's task took over an entry a crashed attempt had recorded in, after
     # the give-back's fence and before its listing, and removed it.
-    "fenced-take-over-removes-what-it-holds": (199, 271),
+    "fenced-take-over-removes-what-it-holds": (623, 701),
     # In the replaced-mid-batch worlds (`Mutant.edit`), the only one of 0-15000 (2026-11-30;
     # the seed that found the hole): an attempt read the give-back's rewrite of its head back
     # as its own lost-answer write.
-    "give-back-rewrites-the-head-as-is": (13576,),
+    "give-back-rewrites-the-head-as-is": (677,),
     # In worlds whose stopped query's attempts send their pull after a refused pin late
     # (`Mutant.edit`, 2026-12-01): the first two of 0-999, of which 24 catch it; on the
     # schedules of ledger format 3 with the seal (and main's give-back at the seal), 16, the
     # first 14 and 50. A recorded message the give-back NAKed came again to that pull, the read
     # ended, and the seal found the entry gone (162, the only one of 0-1500 of the worlds of
     # late-recorded-redelivery-kept, found the hole).
-    "came-again-kept-at-a-lost-seal": (9, 14),
+    "came-again-kept-at-a-lost-seal": (14, 50),
     # In the worlds of siblings-lateness-from-take (`Mutant.edit`): the only one of 0-1999
     # (2026-11-30; 7131, the only one of 0-20000 of the pausing worlds whose slots share a
     # consumer; 9129, which found the hole, moved before).
-    "siblings-late-renewal-covers": (210,),
+    "siblings-late-renewal-covers": (810,),
     # In the replaced-mid-batch worlds without siblings whose attempts run on fresh executors and
     # pause at their run's stop (`Mutant.edit`, 2026-12-01; 2308 was the first of 0-3819 of those
     # worlds without the pauses, 3819 found the hole): the first two of 0-999, of which 41 catch
     # it; 19 and 26 the first on the schedules of ledger format 3 with the seal (27 of 0-999).
-    "failed-acceptance-chunk-kept": (19, 38),
-    # In worlds with another client whose executors pause, under a 4 s wait (`Mutant.edit`):
-    # since a record runs to its end however its attempt is cancelled, the only one of 0-15000
-    # (2026-11-30; 851, which found the hole, moved).
-    "taker-s-delivery-given-back": (10323,),
+    "failed-acceptance-chunk-kept": (19, 26),
     # In worlds with a consumer created again, new checkpoints at half the runs and sink
     # failures at a fifth (`Mutant.edit`): since a record runs to its end however its attempt
     # is cancelled, the first two of 0-4000 (2026-11-30; 139, which found the hole, moved).
-    "replaced-lineage-sightings-forgotten": (876, 2259),
+    "replaced-lineage-sightings-forgotten": (2259,),
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
 # dozens (on the schedules of 2026-11-29): searched first, then the rest of the range, so the
@@ -220,6 +216,13 @@ FIRST_CATCHING = {
 }
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.
 UNCAUGHT: dict[str, str] = {
+    "taker-s-delivery-given-back": "seed 10323 of the pausing worlds with another client caught "
+    "it, the only one known (helper-63 tried some 25 worlds aimed at it: a lost attempt must "
+    "get its own recorded message again while a retry holds its entry); on the schedules of "
+    "ledger format 3 with the seal none of 0-30000 of its worlds did (2026-12-01, before the "
+    "give-back wrote its marks first); "
+    "test_slot_take_over's test_an_attempt_that_lost_its_entry_to_a_retry_gives_back_none_of_it "
+    "fails under it",
     "found-consumer-drops-acked-marks": "seed 2550 of the worlds whose operator follows the "
     "advice caught it, the only one of 0-3000; its schedule moved once the give-back writes "
     "its marks (2026-12-01, `KNOWN_OPEN` now), and none of 0-3999 of those worlds does since; "
