@@ -88,7 +88,7 @@ class Observed:
     takes: dict[int, list[Take]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.attempts = Attempts(lambda: self.now())
+        self.attempts = Attempts(lambda: self.now(), self.give_backs.removed)
 
     @property
     def sink(self) -> dict[int, Rows]:

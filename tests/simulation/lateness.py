@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -139,8 +139,14 @@ class Claim:
 
 
 class Attempts:
-    def __init__(self, now: Callable[[], float] = lambda: 0.0) -> None:
+    def __init__(
+        self,
+        now: Callable[[], float] = lambda: 0.0,
+        given_back: Mapping[str, list[float]] | None = None,
+    ) -> None:
         self.now = now
+        # By head key: when a new checkpoint's give-back removed the entry (`GiveBacks.removed`).
+        self.given_back: Mapping[str, list[float]] = {} if given_back is None else given_back
         self.recorded: dict[Participant, set[int]] = {}  # stream seqs, in its entry
         # Stream seqs of its deliveries it wrote or began to write to its entry (a write may
         # land and its answer never come), less those only a write a conflict refused named:
@@ -402,6 +408,15 @@ class Attempts:
         ended = self._ended(owner, consumer)
         if ended is not None:
             return f"an attempt that held it unrecorded {ended}"
+        # Given back by the attempt itself once a new checkpoint's give-back removed its entry:
+        # a zombie that learnt it otherwise than by a `LedgerConflict` (its dedupe read of an
+        # earlier entry the give-back removed failed, `ChunkMissing`), whose `-NAK` came after
+        # the new query's first batch took newer messages of its key (seeds 333, 557, 677, 947
+        # and 955 of the worlds of mutant `failed-acceptance-chunk-kept` on ledger format 3, 445
+        # on format 2: the attempt of a stopped query, paused by the stop as its delivery came).
+        # Not one that kept the delivery: that one's wait runs out (the mutant).
+        if held.given_back_by is owner and self._given_back_under(owner, consumer):
+            return "a zombie that held it unrecorded gave it back after its entry's give-back"
         # Given back by the attempt itself as Spark closed it (nothing took its entry: the
         # batch's next attempt stands by until it releases it, after its NAKs): the newer
         # message taken after that NAK came first by the server's order, as after a driver's
@@ -465,6 +480,19 @@ class Attempts:
             for claim in self.claims
         )
 
+    def _given_back_under(self, attempt: Participant, consumer: str) -> bool:
+        """Whether a new checkpoint's give-back removed the entry `attempt` held of `consumer`'s
+        slot before the attempt gave back what it held there."""
+        gave_back = self.gave_back.get((attempt, consumer), [])
+        entries = [e for e in self.entries.get(attempt, []) if e.partition.consumer == consumer]
+        keys = {_head_key(entry) for entry in entries if entry.ledger is not None}
+        return any(
+            removed < last
+            for key in keys
+            for removed in self.given_back.get(key, [])
+            for last in gave_back
+        )
+
     def _ended(self, attempt: Participant, consumer: str) -> str | None:
         """How `attempt` died, if in one of the README's ways: crashed (an executor lost),
         killed with its driver (kill -9), or a zombie (lost by Spark, or one that lost its
@@ -509,6 +537,7 @@ class GiveBacks:
         # By driver, until its -NAKs are out: the entries it removes (head keys), with what
         # they held.
         self.removing: dict[Participant, list[tuple[str, list[Delivery]]]] = {}
+        self.removed: dict[str, list[float]] = {}  # by head key: when a give-back removed it
 
     def watch(self, give_back: GiveBack) -> GiveBack:
         """`give_back` (the driver's, `Runtime.give_back`), noting what each removal leaves named
@@ -526,8 +555,10 @@ class GiveBacks:
             remove = ledger.delete_entry
 
             async def delete_entry(gen: int, slot: str) -> None:
-                removing.append((ledger.head_key(gen, slot), await self._held(ledger, gen, slot)))
+                key = ledger.head_key(gen, slot)
+                removing.append((key, await self._held(ledger, gen, slot)))
                 await remove(gen, slot)
+                self.removed.setdefault(key, []).append(self.sched.now)
 
             ledger.delete_entry = delete_entry  # type: ignore[method-assign]
             try:

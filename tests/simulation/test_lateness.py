@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from nats_spark.spark.group_source.ledger import (
+    ChunkMissing,
     EntryDeliveries,
     EntryHead,
     EntryState,
@@ -231,6 +232,34 @@ def test_a_recorded_message_the_attempt_gave_back_again_itself_explains(
     again = Delivery(2, 5, 0.0, owner=zombie, given_back=True, given_back_by=zombie)
     assert "zombie" in (late(attempts, again) or "")
     assert late(attempts, Delivery(2, 5, 0.0, owner=zombie)) is None
+
+
+def test_what_a_zombie_gave_back_after_its_entry_s_give_back_explains(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Seeds 333, 557, 677, 947 and 955 of the worlds of mutant `failed-acceptance-chunk-kept`
+    (ledger format 3; 445 on format 2): an attempt of a stopped query, paused by the stop as a
+    delivery came, woke after a new checkpoint's give-back had removed its entry and the new
+    query's first batch had taken newer messages of its key; its dedupe read of an earlier
+    entry the give-back removed failed (`ChunkMissing`, not a `LedgerConflict`), and it gave
+    the delivery back then. One given back before the removal, or kept (the mutant: its ack
+    wait runs out), explains nothing."""
+    attempts, zombie = Attempts(), attempt(loop)
+    zombie.finished.set_exception(ChunkMissing("an earlier entry's chunk, given back"))
+    entry = slot_entry("partition-0")
+    entry.ledger = Ledger(BucketView(MemoryBucket()), entry.partition.lineage)  # type: ignore[arg-type]
+    attempts.watch(zombie, entry)
+    attempts.gave_back[(zombie, CONSUMER)] = [3.0]
+    key = entry.ledger.head_key(entry.partition.gen, entry.partition.slot)
+    held = Delivery(1, 1, 0.0, owner=zombie, given_back=True, given_back_by=zombie, order=1)
+    held.given_back_after = 4  # the new query's batch took the newer one before the -NAK
+    newer = Delivery(1, 3, 0.0, order=3)
+    attempts.given_back = {key: [2.0]}
+    assert "zombie" in (attempts.why_late(SEQ, held, CONSUMER, newer) or "")
+    kept = Delivery(1, 1, 0.0, owner=zombie, order=1)
+    assert attempts.why_late(SEQ, kept, CONSUMER, newer) is None
+    attempts.given_back = {key: [4.0]}  # removed once the attempt had given back
+    assert attempts.why_late(SEQ, held, CONSUMER, newer) is None
 
 
 def test_only_the_delivery_before_the_emitted_one_can_explain(
