@@ -52,7 +52,7 @@ RARE = {
     # 0-2999 since the give-back writes its marks (2026-12-01; 713 and 952 before, the first two
     # of the three of 0-1442; 11950, which found the hole, was the only one of 0-40000 under the
     # drawn faults).
-    "acked-through-ignored": (161, 1056),
+    "acked-through-ignored": (816, 1669),
     # In worlds whose server restarts after every round of acks, up to 10 times, whose runs
     # start on a new checkpoint at 70% and fail half their sink writes, with a consumer created
     # again, a partition each (`Mutant.edit`): the first two of 106, 463, 734 and 764, the four
