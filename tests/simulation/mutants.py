@@ -427,6 +427,24 @@ MUTANTS = (
         edit=REFUSED_PULLS_SENT_LATE,
     ),
     Mutant(
+        "round-dates-back-a-later-delivery",
+        "a keeper round confirmed after a held message came again (its process stalled between "
+        "the round's send and its answer) dated the later delivery's wait back to the round's "
+        "send, so a give-back skipped its NAK as maybe run out, and it waited out its wait "
+        "behind a newer message of its key (seed 264 of the worlds of "
+        "cancelled-record-leaves-its-chunks on the schedules of ledger format 3)",
+        (
+            Patch(
+                ACKS,
+                "            if (started := since.get(seq, -math.inf)) <= sent\n"
+                "            and surely_running(started, sent, wait)\n",
+                "            if surely_running(since.get(seq, -math.inf), sent, wait)\n",
+            ),
+        ),
+        edit=ZOMBIES_WAKING_TO_REMOVED_ENTRIES,
+        packed=True,
+    ),
+    Mutant(
         "failed-acceptance-chunk-kept",
         "an attempt whose acceptance of a chunk failed (its dedupe read, on an entry a new "
         "checkpoint gave back meanwhile) NAKed only what its keeper held and what came late: "
@@ -1018,8 +1036,12 @@ MUTANTS = (
         (
             Patch(
                 ACKS,
-                "        running = [s for s in self._round"
-                " if surely_running(since.get(s, -math.inf), sent, wait)]\n",
+                "        running = [\n"
+                "            seq\n"
+                "            for seq in self._round\n"
+                "            if (started := since.get(seq, -math.inf)) <= sent\n"
+                "            and surely_running(started, sent, wait)\n"
+                "        ]\n",
                 "        running = self._round\n",
             ),
         ),

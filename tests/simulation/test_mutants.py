@@ -160,6 +160,11 @@ RARE = {
     # (2026-11-30; 7131, the only one of 0-20000 of the pausing worlds whose slots share a
     # consumer; 9129, which found the hole, moved before).
     "siblings-late-renewal-covers": (810,),
+    # In the worlds of cancelled-record-leaves-its-chunks (`Mutant.edit`): the only one of
+    # 0-1999 (2026-12-01; 264 found the hole on the schedules of ledger format 3);
+    # test_keeper's test_a_round_confirmed_after_a_delivery_came_again_keeps_that_delivery_s_start
+    # fails under it too.
+    "round-dates-back-a-later-delivery": (264,),
     # In the replaced-mid-batch worlds without siblings whose attempts run on fresh executors and
     # pause at their run's stop (`Mutant.edit`, 2026-12-01; 2308 was the first of 0-3819 of those
     # worlds without the pauses, 3819 found the hole): the first two of 0-999, of which 41 catch
