@@ -144,6 +144,11 @@ class InProgressKeeper:
         except Exception as error:  # the pulls meet the same trouble and report it
             log.debug("%s: progress acks failed: %s", self.label, error)
 
+    def held_deliveries(self, seqs: Iterable[int]) -> list[tuple[bytes, float]]:
+        """The latest delivery held of each of these (stream seqs, all held), with when its ack
+        wait surely started (-inf when unknown): what a give-back NAKs by `surely_running`."""
+        return [(self.held[seq], self.since.get(seq, -math.inf)) for seq in seqs]
+
     def release(self, seqs: Iterable[int]) -> None:
         """Stop keeping these (their messages go back to the server)."""
         for seq in seqs:
