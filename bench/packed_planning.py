@@ -3,10 +3,13 @@ calls it (`latestOffset`, `partitions`, the tasks' `read`, `commit`) in this pro
 static group of 2 members and `--slots` partitions (a slot each) read by 2 packed tasks
 (`maxTasksPerBatch=2`). `--busy` batches of `--per-slot` (4) messages per slot, then `--idle`
 triggers with nothing new. Per batch and per idle trigger: milliseconds (medians), the ledger
-bucket's operations by kind, and the messages the driver's connection sent; per batch the
+bucket's operations by kind and by the key they name (`create:head`, `get:chunk`, `get:other`:
+the pointer, ...), and the messages the driver's connection sent; per batch the
 tasks' read time per slot (the two tasks read one after the other); each time also as this
 process's CPU (`_cpu_ms`: driver and tasks, not the server's). The counts do not depend on the
-machine's load; the milliseconds do (the load average is printed beside them).
+machine's load; the milliseconds do (the load average is printed beside them). The `steady_`
+figures are the busy batches from the third on: the first has no acks of a batch before it, and
+the driver's planning of the second reads no acked marks yet.
 
     .venv/bin/python bench/packed_planning.py --slots 64,256
 """
@@ -27,6 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import create_group, create_stream, emit, publish  # noqa: E402
+from bench.latency_figures import ledger_key_kind  # noqa: E402
 from nats_spark.client import NatsClient, close_shared_clients  # noqa: E402
 from nats_spark.connection import ConnectionSettings  # noqa: E402
 from nats_spark.loop import run_sync  # noqa: E402
@@ -39,7 +43,8 @@ from nats_spark.spark.group_source.task.slot_reader import read_packed  # noqa: 
 
 
 class BucketOps:
-    """The ledger bucket's operations (`LedgerBucket`'s calls), by name, while installed."""
+    """The ledger bucket's operations (`LedgerBucket`'s calls), by name and the kind of key they
+    name (`ledger_key_kind`), while installed."""
 
     NAMES = ("get", "create", "update", "put", "remove", "keys_matching")
 
@@ -51,9 +56,9 @@ class BucketOps:
 
     def _counted(self, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(call)
-        async def counted(bucket: LedgerBucket, *args: Any, **kwargs: Any) -> Any:
-            self.counts[name] += 1
-            return await call(bucket, *args, **kwargs)
+        async def counted(bucket: LedgerBucket, key: str, *args: Any, **kwargs: Any) -> Any:
+            self.counts[f"{name}:{ledger_key_kind(key)}"] += 1
+            return await call(bucket, key, *args, **kwargs)
 
         return counted
 
@@ -83,6 +88,10 @@ def measure(url: str, slots: int, busy: int, idle: int, per_slot: int) -> dict[s
     def note(name: str, value: Any) -> None:
         figures.setdefault(name, []).append(value)
 
+    def note_ops(kinds: tuple[str, ...], step: str, counts: dict[str, int]) -> None:
+        for kind in kinds:
+            note(f"{kind}_{step}_ops", counts)
+
     def sent() -> int:
         return reader.client.nc.stats["out_msgs"] if reader.client is not None else 0
 
@@ -93,13 +102,14 @@ def measure(url: str, slots: int, busy: int, idle: int, per_slot: int) -> dict[s
             if index < busy:
                 run_sync(publish(client, stream, per_slot * slots, 100, keys=8 * slots))
             kind = "busy" if index < busy else "acks" if index == busy else "idle"
+            kinds = (kind, "steady") if 2 <= index < busy else (kind,)
             ops.take()
             before, began, cpu = sent(), time.perf_counter(), time.process_time()
             start, end = end, run_sync(reader.latest_offset(end, None))
             note(f"{kind}_latest_offset_ms", (time.perf_counter() - began) * 1000)
             note(f"{kind}_latest_offset_cpu_ms", (time.process_time() - cpu) * 1000)
             note(f"{kind}_latest_offset_sent", sent() - before)
-            note(f"{kind}_latest_offset_ops", ops.take())
+            note_ops(kinds, "latest_offset", ops.take())
             if end is start:
                 continue
             before, began, cpu = sent(), time.perf_counter(), time.process_time()
@@ -107,13 +117,13 @@ def measure(url: str, slots: int, busy: int, idle: int, per_slot: int) -> dict[s
             note(f"{kind}_partitions_ms", (time.perf_counter() - began) * 1000)
             note(f"{kind}_partitions_cpu_ms", (time.process_time() - cpu) * 1000)
             note(f"{kind}_partitions_sent", sent() - before)
-            note(f"{kind}_partitions_ops", ops.take())
+            note_ops(kinds, "partitions", ops.take())
             began, cpu = time.perf_counter(), time.process_time()
             packed = [task for task in tasks if isinstance(task, PackedSlots)]
             rows = sum(len(batch) for task in packed for batch in read_packed(task))
             note(f"{kind}_task_ms_per_slot", (time.perf_counter() - began) * 1000 / slots)
             note(f"{kind}_task_cpu_ms_per_slot", (time.process_time() - cpu) * 1000 / slots)
-            note(f"{kind}_task_ops", ops.take())
+            note_ops(kinds, "task", ops.take())
             note(f"{kind}_rows", rows)
             run_sync(reader.commit(end))
     finally:
