@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from spark_helpers import (
     waiting_pull_sent,
 )
 
+from nats_spark import clock
 from nats_spark.client import close_shared_clients, shared_client
 from nats_spark.jetstream.acks import NAK
 from nats_spark.loop import event_loop, run_sync
@@ -109,10 +111,11 @@ async def unkept(marks: ledger_protocol.Marks) -> None:
     """A give-back's `keep_marks` where no driver keeps them."""
 
 
+@pytest.mark.parametrize("stall", [0.0, 16.0], ids=["at-once", "past-half-its-wait"])
 def test_a_retry_whose_entry_was_given_back_gives_back_what_came_to_it_again(
-    client, settings, unique
+    client, settings, unique, stall
 ) -> None:
-    """Seed 162 of the simulation's replaced-mid-batch worlds, on a real server. The first
+    """Closed hole 162 of the simulation (`give_back_came_again`), on a real server. The first
     attempt records 1-3 (keys k0-k2) of an overflow consumer with a 30 s ack wait and is closed
     before the seal; a retry takes the entry over and, having taken nothing itself, pulls and
     waits. Meanwhile a new checkpoint's driver gives the entry back (`ledger_protocol.give_back`:
@@ -121,6 +124,9 @@ def test_a_retry_whose_entry_was_given_back_gives_back_what_came_to_it_again(
     kept by no attempt: it NAKs 1-3 (`give_back_came_again`), and the next reader of the
     consumer gets them at once, before 4, published on k0 after 1. Without it they wait out their
     30 s ack wait, and the reader gets 4 alone, ahead of 1 (mutant came-again-kept-at-a-lost-seal).
+    Not after a stall: a retry whose clock moved 16 s (more than half the wait) past the pull
+    that took them again NAKs none, as their wait may have run out and the server delivered them
+    to another reader since (`surely_running`); the reader then gets 4 alone.
     A retry is the attempt staged: only an attempt that has taken nothing itself sends a waiting
     pull, the one request a real server holds open for the give-back's redeliveries."""
     slot = Slot(client, settings, unique)
@@ -133,6 +139,7 @@ def test_a_retry_whose_entry_was_given_back_gives_back_what_came_to_it_again(
     partition = dataclasses.replace(batch, reading=reading)
     publish(client, slot.stream, 3)
     other = puller(client, slot.stream, shared, PRIORITY_GROUP)
+    real_clock = clock.use(time.monotonic)  # the one in use, put back at the end
     try:
         first = read_slot(partition)
         assert seqs(next(first)) == [1, 2, 3]
@@ -146,6 +153,7 @@ def test_a_retry_whose_entry_was_given_back_gives_back_what_came_to_it_again(
         with waiting_pull_sent(client, slot.stream, shared) as waiting:
             retried = asyncio.run_coroutine_threadsafe(read(), event_loop())
             assert waiting.wait(30), "the retry sent no waiting pull"
+            clock.use(lambda: time.monotonic() + stall)  # after the pull's sending
             keys = [(partition.gen, partition.slot)]
             given_back = ledger_protocol.give_back(client.target, slot.ledger, keys, unkept)
             assert run_sync(given_back) == 3
@@ -155,6 +163,8 @@ def test_a_retry_whose_entry_was_given_back_gives_back_what_came_to_it_again(
         publish(client, slot.stream, 1, start=37)  # 4, on k0 as 1
         taken = [m.metadata.sequence.stream for m in other.fetch(10, expires=1.0).messages]
     finally:
+        clock.use(real_clock)
         run_sync(other.target.close())
         close_shared_clients()
-    assert taken == [1, 2, 3, 4], f"the next reader got {taken}: 1-3 were not given back"
+    given_back_seqs = [] if stall else [1, 2, 3]
+    assert taken == [*given_back_seqs, 4], f"the next reader got {taken}"
