@@ -19,6 +19,7 @@ from spark_helpers import (
     rest,
     seqs,
     seqs_of,
+    unkept,
     wait_until,
     waiting_pull_sent,
 )
@@ -105,10 +106,6 @@ def test_an_attempt_that_lost_its_entry_to_a_retry_gives_back_none_of_it(
         run_sync(other.target.close())
         close_shared_clients()
     assert taken == [7, 8, 9], f"the other client got {taken}: only 7-9 were given back"
-
-
-async def unkept(marks: ledger_protocol.Marks) -> None:
-    """A give-back's `keep_marks` where no driver keeps them."""
 
 
 @pytest.mark.parametrize("stall", [0.0, 16.0], ids=["at-once", "past-half-its-wait"])
