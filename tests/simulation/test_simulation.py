@@ -557,6 +557,15 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "only for a read cut short): 1 and 3 ran out behind 4. The seal's path gives back what "
         "came again (`give_back_came_again`); mutant came-again-kept-at-a-lost-seal",
     ),
+    1141: (
+        world(BY_NAME["cancelled-record-leaves-its-chunks"]),
+        "per-key order (found by helper-70, explained by helper-75, 2026-12-01): a zombie of a "
+        "stopped query's packed task found its entry's head written by a later run's retry "
+        "(sealed; that run failed) and left what came again to that taker; a new checkpoint's "
+        "give-back then removed the entry and NAKed 6, whose redelivery came to the zombie's "
+        "pull sent ahead, unNAKed: 6 ran out behind 14. The attempt reads the head again once "
+        "its requests ended (`taker_lost_it`); mutant taker-judged-at-the-lost-write",
+    ),
     1738: (
         {"packed": True, "early_stops": True, "stalling_executors": True},
         "the checker's (found by helper-53 in the packed early-stop worlds whose executors "
