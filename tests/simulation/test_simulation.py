@@ -557,6 +557,22 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "only for a read cut short): 1 and 3 ran out behind 4. The seal's path gives back what "
         "came again (`give_back_came_again`); mutant came-again-kept-at-a-lost-seal",
     ),
+    194: (
+        {
+            "other_client": True,
+            "early_stops": True,
+            "ack_wait": 4.0,
+            "messages": 30,
+            "per_batch": 50,
+            "fetch_batch": 1,
+        },
+        "the checker's (found by helper-61, explained by helper-75, 2026-12-01): the attempt a "
+        "user's job stopped recorded 6 and 7 and released its entry; the full read's attempt "
+        "took it over and was killed as its write's answer came, and the next stood by 5 s for "
+        "that head, past the 4 s wait: the other client got both, then the batch committed them "
+        "(README guarantee 4, a dead holder). The check recorded a take-over only at its answer; "
+        "it holds from the release once its write took effect (`SimBucket.landed`)",
+    ),
     1141: (
         world(BY_NAME["cancelled-record-leaves-its-chunks"]),
         "per-key order (found by helper-70, explained by helper-75, 2026-12-01): a zombie of a "
