@@ -297,7 +297,12 @@ class Attempts:
                     began.difference_update(written - recorded - named)
                 raise
             if replacing:  # the last write again, without what a sibling recorded too
-                recorded.difference_update(last[0] - written)
+                dropped = last[0] - written
+                recorded.difference_update(dropped)
+                # its keeper let them go: the sibling's entry holds them (seed 26 of the worlds
+                # with another client whose executors pause: the attempt whose entry held it was
+                # killed, and the sibling that dropped its redelivery was taken for its holder)
+                self._let_go(attempt, dropped)
             recorded.update(written)
             last[0] = written
 
@@ -351,6 +356,12 @@ class Attempts:
         for held in holds:
             bisect.insort(self.held_since.setdefault(held.seq, []), held.hold, key=_at)
         return holds
+
+    def _let_go(self, attempt: Participant, seqs: set[int]) -> None:
+        """`attempt`'s entry no longer holds `seqs`: its holds of them are taken back."""
+        for seq in seqs:
+            holds = self.held_since.get(seq, [])
+            holds[:] = [hold for hold in holds if hold.attempt is not attempt or hold.sealed]
 
     def taking_over(
         self, seq: int, since: float, until: float

@@ -363,6 +363,33 @@ def test_a_write_refused_by_a_conflict_emitted_nothing_the_head_does_not_name(
     assert attempts.writing[recording] == {5, SEQ + 1, SEQ + 2}
 
 
+def test_a_sibling_that_dropped_what_another_entry_recorded_holds_it_no_more(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Seed 26 of the worlds with another client whose executors pause: a zombie of the
+    sibling slot took the redelivery of SEQ after its wait ran out, recorded it, found the
+    other slot's entry holding it and wrote its record again without it (its keeper let it
+    go). That entry's attempt had been killed, and its retry stood by 5 s for its head, past
+    the wait: the other client got SEQ, the batch committed it, as for any dead holder. The
+    sibling was taken for the holder."""
+    now = [1.0]
+    attempts, killed, sibling = Attempts(lambda: now[0]), attempt(loop), attempt(loop)
+    killed.dead, killed.died = True, 2.0
+    attempts._hold(killed, {SEQ})
+    entry = slot_entry("partition-1")
+
+    async def write(*_: object) -> None:
+        return None
+
+    entry._write = write  # type: ignore[method-assign,assignment]
+    attempts.watch(sibling, entry)
+    now[0] = 3.0
+    loop.run_until_complete(entry._write([], EntryDeliveries(stream_seq=[SEQ]), None))
+    assert attempts.holding(SEQ, 5.0, 5.0, lambda _: True) == [sibling]
+    loop.run_until_complete(entry._write([], EntryDeliveries(stream_seq=[]), None, 1))
+    assert attempts.holding(SEQ, 5.0, 5.0, lambda _: True) == [killed]
+
+
 def test_a_seal_hands_what_it_holds_to_the_driver_once_it_landed(
     loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
 ) -> None:

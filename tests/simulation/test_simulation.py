@@ -557,6 +557,22 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "only for a read cut short): 1 and 3 ran out behind 4. The seal's path gives back what "
         "came again (`give_back_came_again`); mutant came-again-kept-at-a-lost-seal",
     ),
+    26: (
+        {
+            "other_client": True,
+            "stalling_executors": True,
+            "ack_wait": 4.0,
+            "per_batch": 50,
+            "fetch_batch": 1,
+            "chaos": Chaos(task_lost=0.05, task_crash=0.02, lost_stall=2.0, crashes=6),
+        },
+        "the checker's (found by helper-63 in the worlds of another client whose executors "
+        "pause, explained by helper-75, 2026-12-01): b1/c#0#0 recorded 1 and was killed; its "
+        "head writes just before restarted the retry's 5 s stand-by, past the 4 s wait "
+        "(README guarantee 4, a dead holder). The sibling slot's zombie took 1's redelivery, "
+        "found c#0's entry holding it and dropped it, but the check kept it for 1's holder; a "
+        "record written again without what a sibling recorded lets those go (`_let_go`)",
+    ),
     194: (
         {
             "other_client": True,
