@@ -229,24 +229,50 @@ class Attempts:
 
             sent_hooks.append(sent)
 
+        # A claim's head write that took effect, told as it did (the world's bucket tells) or
+        # at its answer: the attempt may die before the answer comes.
+        landing: list[Callable[[], None]] = []
+        landed_hooks = (
+            getattr(entry.ledger.kv, "landed", None) if entry.ledger is not None else None
+        )
+        if landed_hooks is not None:
+            landed_key = f"kv update {_head_key(entry)}"
+
+            def landed(what: str) -> None:
+                if what == landed_key and landing:
+                    landing.pop()()
+
+            landed_hooks.append(landed)
+
         if entry.ledger is not None:  # the world's entries have theirs (a unit test's may not)
             update_head = entry.ledger.update_head
 
             async def updating_head(gen: int, slot: str, value: bytes, revision: int) -> int | None:
                 # A claim's write lands on the head read now, or on none
                 replacing = None if claimed else _stored_head(entry)
+                took_over: list[EntryHead] = []  # the head it replaced, once it took effect
+
+                def taking_effect() -> None:
+                    stored = _stored_head(entry)
+                    if replacing and replacing[2] == revision and stored and stored[1] == value:
+                        previous = EntryHead.from_bytes(replacing[1], replacing[0])
+                        took_over.append(previous)
+                        if previous.released and (releases := self.releases.get(replacing[0])):
+                            # the taker's from the release: nothing kept them in between, and
+                            # an attempt killed before its answer held them (seed 194 of the
+                            # worlds with another client and early stops)
+                            self._hold(attempt, entry.taken, at=releases[-1][0])
+
+                landing[:] = [taking_effect]
                 try:
                     written = await update_head(gen, slot, value, revision)
                 finally:  # it may have landed, its answer lost
-                    stored = _stored_head(entry)
-                    if replacing and replacing[2] == revision and stored and stored[1] == value:
-                        key = replacing[0]
-                        previous = EntryHead.from_bytes(replacing[1], key)
-                        self._took_over(previous, EntryHead.from_bytes(value, key))
+                    if landing:  # not told as it took effect
+                        landing.pop()()
+                    if took_over:
+                        key = _head_key(entry)
+                        self._took_over(took_over[0], EntryHead.from_bytes(value, key))
                         self.taken_over_at.setdefault(key, []).append(self.now())
-                        if previous.released and (releases := self.releases.get(key)):
-                            # the taker's from the release: nothing kept them in between
-                            self._hold(attempt, entry.taken, at=releases[-1][0])
                 if written is not None and not claimed:  # a take-over landed: held from here on
                     self._hold(attempt, entry.taken)
                 return written
@@ -288,7 +314,12 @@ class Attempts:
                     began.difference_update(written - recorded - named)
                 raise
             if replacing:  # the last write again, without what a sibling recorded too
-                recorded.difference_update(last[0] - written)
+                dropped = last[0] - written
+                recorded.difference_update(dropped)
+                # its keeper let them go: the sibling's entry holds them (seed 26 of the worlds
+                # with another client whose executors pause: the attempt whose entry held it was
+                # killed, and the sibling that dropped its redelivery was taken for its holder)
+                self._let_go(attempt, dropped)
             recorded.update(written)
             last[0] = written
             if sealing:
@@ -344,6 +375,12 @@ class Attempts:
         for held in holds:
             bisect.insort(self.held_since.setdefault(held.seq, []), held.hold, key=_at)
         return holds
+
+    def _let_go(self, attempt: Participant, seqs: set[int]) -> None:
+        """`attempt`'s entry no longer holds `seqs`: its holds of them are taken back."""
+        for seq in seqs:
+            holds = self.held_since.get(seq, [])
+            holds[:] = [hold for hold in holds if hold.attempt is not attempt or hold.sealed]
 
     def taking_over(
         self, seq: int, since: float, until: float

@@ -427,6 +427,23 @@ MUTANTS = (
         edit=REFUSED_PULLS_SENT_LATE,
     ),
     Mutant(
+        "taker-judged-at-the-lost-write",
+        "an attempt that lost its entry to another attempt of the query judged whether that one "
+        "kept what came again only from the head its failed write found: a new checkpoint's "
+        "give-back removed the entry after, NAKing what it named, and the redelivery came to "
+        "the attempt's request still out, unNAKed, to wait out its wait behind a newer message "
+        "of its key (seed 1141 of the worlds of cancelled-record-leaves-its-chunks)",
+        (
+            Patch(
+                SLOT_READER,
+                "            if kept_by_taker and await self.taker_lost_it(recorded, late_seqs):\n",
+                "            if False:\n",
+            ),
+        ),
+        edit=ZOMBIES_WAKING_TO_REMOVED_ENTRIES,
+        packed=True,
+    ),
+    Mutant(
         "round-dates-back-a-later-delivery",
         "a keeper round confirmed after a held message came again (its process stalled between "
         "the round's send and its answer) dated the later delivery's wait back to the round's "

@@ -165,6 +165,9 @@ RARE = {
     # test_keeper's test_a_round_confirmed_after_a_delivery_came_again_keeps_that_delivery_s_start
     # fails under it too.
     "round-dates-back-a-later-delivery": (264,),
+    # In the same worlds: the only one of 0-1999, which found the hole (2026-12-01); the
+    # test_ledger_entries test of a redelivery that came after the take-over fails under it too.
+    "taker-judged-at-the-lost-write": (1141,),
     # In the replaced-mid-batch worlds without siblings whose attempts run on fresh executors and
     # pause at their run's stop (`Mutant.edit`, 2026-12-01; 2308 was the first of 0-3819 of those
     # worlds without the pauses, 3819 found the hole): the first two of 0-999, of which 41 catch

@@ -566,6 +566,47 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "case 1, a stall of the taker: let out since the take-over holds what it adopts from "
         "the release and the let-out judges the claims as they were while the wait ran",
     ),
+    26: (
+        {
+            "other_client": True,
+            "stalling_executors": True,
+            "ack_wait": 4.0,
+            "per_batch": 50,
+            "fetch_batch": 1,
+            "chaos": Chaos(task_lost=0.05, task_crash=0.02, lost_stall=2.0, crashes=6),
+        },
+        "the checker's (found by helper-63 in the worlds of another client whose executors "
+        "pause, explained by helper-75, 2026-12-01): b1/c#0#0 recorded 1 and was killed; its "
+        "head writes just before restarted the retry's 5 s stand-by, past the 4 s wait "
+        "(README guarantee 4, a dead holder). The sibling slot's zombie took 1's redelivery, "
+        "found c#0's entry holding it and dropped it, but the check kept it for 1's holder; a "
+        "record written again without what a sibling recorded lets those go (`_let_go`)",
+    ),
+    194: (
+        {
+            "other_client": True,
+            "early_stops": True,
+            "ack_wait": 4.0,
+            "messages": 30,
+            "per_batch": 50,
+            "fetch_batch": 1,
+        },
+        "the checker's (found by helper-61, explained by helper-75, 2026-12-01): the attempt a "
+        "user's job stopped recorded 6 and 7 and released its entry; the full read's attempt "
+        "took it over and was killed as its write's answer came, and the next stood by 5 s for "
+        "that head, past the 4 s wait: the other client got both, then the batch committed them "
+        "(README guarantee 4, a dead holder). The check recorded a take-over only at its answer; "
+        "it holds from the release once its write took effect (`SimBucket.landed`)",
+    ),
+    1141: (
+        world(BY_NAME["cancelled-record-leaves-its-chunks"]),
+        "per-key order (found by helper-70, explained by helper-75, 2026-12-01): a zombie of a "
+        "stopped query's packed task found its entry's head written by a later run's retry "
+        "(sealed; that run failed) and left what came again to that taker; a new checkpoint's "
+        "give-back then removed the entry and NAKed 6, whose redelivery came to the zombie's "
+        "pull sent ahead, unNAKed: 6 ran out behind 14. The attempt reads the head again once "
+        "its requests ended (`taker_lost_it`); mutant taker-judged-at-the-lost-write",
+    ),
     1738: (
         {"packed": True, "early_stops": True, "stalling_executors": True},
         "the checker's (found by helper-53 in the packed early-stop worlds whose executors "
@@ -614,6 +655,35 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
         "purged what every consumer acked (first sequence 6) before run 5 re-ran that batch, "
         "which fails on DataLoss (4-5 gone) at every run: the advice skips what an uncommitted "
         "batch of the live checkpoint holds, and a purge of acked messages takes it",
+    ),
+    # Found by helper-69 in a world of dying drivers, a server restart after every round of
+    # acks and a consumer created again; explained by helper-75 (2026-12-01).
+    1656: (
+        {
+            "recreate_consumer": True,
+            "shared": False,
+            "purges": False,
+            "messages": 30,
+            "ack_wait": 30.0,
+            "new_checkpoint": 0.7,
+            "sink_failure": 0.5,
+            "restart_after_acks": 1.0,
+            "server_restarts": 10,
+            "trigger_interval": 10.0,
+            "chaos": Chaos(driver_crash=0.1, crashes=6),
+        },
+        "per-key order: attempt b2/partition-0#0 of a stopped run had a pull out (made at "
+        "149.99) when the server restarted and forgot it: its end never came, and a request the "
+        "client gave up on stays among those whose end has not come (`PullInbox._made`, as "
+        "`SimPullConsumer.requested_since`: one given up on missed heartbeats may be served "
+        "still). Its consumer created again (DeliverAll), its pulls at 164.99 got 1, which the "
+        "acceptance refused (ConfigurationError), and, sent ahead, 2: the give-back dated 2 "
+        "from `requested_since()`, that forgotten request's 149.99, 16 s before, over half the "
+        "30 s wait, and skipped its NAK as maybe run out; 2 waited out its wait and came after "
+        "4. No stall, none of the README's cases. A direction: a request the server can no "
+        "longer serve (the server restarted since, or a later request of the consumer ended: "
+        "it serves them in order) should leave `requested_since` once what it delivered was "
+        "taken from the inbox",
     ),
     # The hunts of 2026-11-30 found 16463, 21621 (other-client), 2766, 8306 (packed), 782,
     # 5797, 5089 and 5442 (other-client, 4 s wait), 1347 and 689 (other-client worlds whose

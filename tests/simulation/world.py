@@ -214,14 +214,20 @@ class SimBucket:
         self.latency = latency  # how long each answer takes to come back (None: no time)
         self.name = store.name
         # The checker's: told of each request that passed its scheduling point (it went out;
-        # its caller's death before that point keeps it from the server).
+        # its caller's death before that point keeps it from the server), and of each that took
+        # effect or was refused (its caller may die before its answer comes).
         self.sent: list[Callable[[str], None]] = []
+        self.landed: list[Callable[[str], None]] = []
 
     async def _call(self, what: str, call: Callable[[], Awaitable[_T]]) -> _T:
         await self.sched.point(what)
         for told in self.sent:
             told(what)
-        result = await call()
+        try:
+            result = await call()
+        finally:
+            for told in self.landed:
+                told(what)
         if self.latency is not None:  # the request took effect; its answer is on its way
             await self.sched.sleep(self.latency())
         await self.sched.point(f"{what}: answered")

@@ -313,6 +313,20 @@ class SlotEntry:
         with contextlib.suppress(asyncio.CancelledError):
             await holding
 
+    async def held_by_another(self) -> bool:
+        """After `TakenOver` by another attempt of the query: whether the entry is still there
+        and not given back (`kept_by_its_taker`'s rule, on its head as it is now). True when the
+        read fails: as the failed write found it."""
+        ledger = await self.open_ledger()
+        try:
+            found = await read_head(ledger, self.partition.gen, self.partition.slot)
+        except Exception as error:
+            log.debug(
+                "slot %s: reading its ledger entry again failed: %s", self.partition.slot, error
+            )
+            return True
+        return found is not None and found[0].attempt != protocol.GIVEN_BACK
+
     async def release(self) -> None:
         """The attempt ends without sealing the entry it holds (it failed, or Spark closed it):
         mark it released, so that a retry takes it over at once. Not an entry it never claimed
