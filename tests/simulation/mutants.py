@@ -1325,8 +1325,8 @@ MUTANTS = (
         (
             Patch(
                 BATCH_COORDINATOR,
-                "fail_on_data_loss, own_from)\n",
-                "fail_on_data_loss)\n",
+                "lost_ok, own_from, replayed=",
+                "lost_ok, replayed=",
             ),
         ),
         edit=(("recreate_consumer", True), ("follows_advice", True)),

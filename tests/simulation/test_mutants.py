@@ -223,8 +223,9 @@ FIRST_CATCHING = {
 UNCAUGHT: dict[str, str] = {
     "found-consumer-drops-acked-marks": "seed 2550 of the worlds whose operator follows the "
     "advice caught it, the only one of 0-3000; its schedule moved once the give-back writes "
-    "its marks (2026-12-01, `KNOWN_OPEN` now), and none of 0-3999 of those worlds does since; "
-    "test_consumer_checks's "
+    "its marks (2026-12-01), and none of 0-3999 of those worlds does since; nor of 0-1999, "
+    "nor 2550, once a refusal advises no later than what its batch holds (h71, 2026-12-01: the "
+    "consumer created there is not past the marks); test_consumer_checks's "
     "test_marks_a_consumer_found_created_again_passed_stay_until_it_is_judged fails under it",
     "refusal-leaves-the-pointer-behind": "seeds 13, 129 and 255 of the worlds whose operator "
     "follows the advice caught it; by 2026-11-30 only 13 of 0-300 did, refused again for "
