@@ -634,8 +634,9 @@ def assert_schedules_keep_the_guarantees(
     keeps every guarantee."""
     known = {seed for seed, (world, _) in KNOWN_OPEN.items() if world == overrides}
     runs = run_schedules([seed for seed in seeds if seed not in known], jobs, **overrides)
-    flags = "".join(
-        f" --{name}" if value is True else f" --{name} {value}" for name, value in overrides.items()
+    flags = "".join(  # as the command line spells them (`python -m tests.simulation --help`)
+        f" --{name.replace('_', '-')}" + ("" if value is True else f" {value}")
+        for name, value in overrides.items()
     )
     failed = [r for r in runs if r.problems]
     assert not failed, "\n".join(
