@@ -174,6 +174,10 @@ RARE = {
     # failures at a fifth (`Mutant.edit`): since a record runs to its end however its attempt
     # is cancelled, the first two of 0-4000 (2026-11-30; 139, which found the hole, moved).
     "replaced-lineage-sightings-forgotten": (876, 2259),
+    # In worlds whose operator follows a refusal's advice (`Mutant.edit`): the only one of
+    # 0-7999 for each (2026-12-01, helper-71; the seed that found the hole).
+    "refusal-advises-past-the-batch": (2550,),
+    "marks-the-batch-holds-refused": (2550,),
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
 # dozens (on the schedules of 2026-11-29): searched first, then the rest of the range, so the
