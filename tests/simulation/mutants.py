@@ -1333,6 +1333,38 @@ MUTANTS = (
         edit=(("recreate_consumer", True), ("follows_advice", True)),
     ),
     Mutant(
+        "refusal-advises-past-the-batch",
+        "a refusal of a consumer created again advised the start right after what the query and "
+        "an earlier checkpoint's query acked, past what the refused batch held (taken from the "
+        "new consumer): a consumer created there took those as acked, a purge of what it acked "
+        "took them, and the batch failed on DataLoss at every run again (seed 2550 of the "
+        "worlds whose operator follows the advice)",
+        (
+            Patch(
+                SLOT_ENTRY,
+                "        if not self.partition.siblings:\n            return set(self.taken)\n"
+                "        return self.taken | await self.recorded_by_siblings()\n",
+                "        return set()\n",
+            ),
+        ),
+        edit=(("recreate_consumer", True), ("follows_advice", True)),
+    ),
+    Mutant(
+        "marks-the-batch-holds-refused",
+        "a consumer created again below what a query on an earlier checkpoint acked was refused "
+        "even where the batch run again held those messages (its entries drop the consumer's "
+        "deliveries of them): the refusal's advice, the first message that batch held, was "
+        "refused again (seed 2550 of the worlds whose operator follows the advice)",
+        (
+            Patch(
+                CONSUMER_CHECKS,
+                "max((s for s in acked_earlier if s not in skipped.committed), default=0)",
+                "max(acked_earlier, default=0)",
+            ),
+        ),
+        edit=(("recreate_consumer", True), ("follows_advice", True)),
+    ),
+    Mutant(
         "other-subjects-counted-unread",
         "a consumer created again was judged against every message between the floors the query "
         "had not committed, another partition's too (not committed yet, or its entry settled "
@@ -1342,8 +1374,8 @@ MUTANTS = (
         (
             Patch(
                 BATCH_COORDINATOR,
-                "fail_on_data_loss, own_from)\n",
-                "fail_on_data_loss)\n",
+                "lost_ok, own_from, replayed=",
+                "lost_ok, replayed=",
             ),
         ),
         edit=(("recreate_consumer", True), ("follows_advice", True)),

@@ -403,7 +403,7 @@ class SlotReader:
                 partition.consumer,
                 "while a batch read it",
                 f"created {sighting.created}, now {created}",
-                sighting.recreation,
+                sighting.recreation.starting_by(await self.entry.held_by_the_batch()),
             )
 
     async def consumer_created(self) -> str:
