@@ -102,8 +102,8 @@ class PullInbox:
         counts until what came before the restart has been taken from the inbox."""
         self._reconnected()
         for reply, received in list(self._forgotten.items()):
-            if self._taken >= received:
-                self.ended(reply)
+            if self._taken >= received:  # (`collect_late` still waits for it, as before)
+                del self._forgotten[reply], self._made[reply], self._sent_to[reply]
         return min(self._made.values(), default=clock.monotonic())
 
     def _lost(self) -> None:
