@@ -45,6 +45,7 @@ ACCEPTANCE = "nats_spark.spark.group_source.task.acceptance"
 ACKS = "nats_spark.jetstream.acks"
 REPLIES = "nats_spark.jetstream.replies"
 WORLD = "tests.simulation.world"
+SIM_JETSTREAM = "tests.simulation.jetstream"
 # Worlds on Spark 4.2+'s call order and on 4.0/4.1's (`spark.V42`, `spark.V40`, spelled again
 # here: importing spark would import the modules a mutant patches).
 SPARK_42 = ("version", "4.2+")
@@ -1379,6 +1380,39 @@ MUTANTS = (
             ),
         ),
         edit=(("recreate_consumer", True), ("follows_advice", True)),
+    ),
+    Mutant(
+        "forgotten-pull-dates-late-deliveries",
+        "a pull request a restart of the server forgot (never ended) stayed among those whose "
+        "end has not come, and dated every later late delivery of its consumer from its making: "
+        "a give-back skipped their NAKs as maybe run out, and they waited out their ack wait "
+        "behind newer messages of their keys (seed 1656 of helper-69's worlds of dying drivers: "
+        "2 after 4). The client sees it on reconnecting, a standalone server of another id "
+        "(`PullInbox`); the world's client, as `SimPullConsumer.requested_since`",
+        (
+            Patch(
+                SIM_JETSTREAM,
+                "(r.status is None and not r.dropped) or r.delivered",
+                "r.status is None or r.delivered",
+            ),
+        ),
+        # Its hole needs a pull out at a restart (a restart after every round of acks, up to
+        # 10), a later give-back of late deliveries (the consumer created again, new
+        # checkpoints at 70% of the runs, half the sink's writes failing, drivers dying), more
+        # than half a 30 s wait after it: helper-69's world of 1656.
+        edit=(
+            ("recreate_consumer", True),
+            ("shared", False),
+            ("purges", False),
+            ("messages", 30),
+            ("ack_wait", 30.0),
+            ("new_checkpoint", 0.7),
+            ("sink_failure", 0.5),
+            ("restart_after_acks", 1.0),
+            ("server_restarts", 10),
+            ("trigger_interval", 10.0),
+            ("chaos", Chaos(driver_crash=0.1, crashes=6)),
+        ),
     ),
     Mutant(
         "packed-slots-out-of-order",

@@ -164,6 +164,10 @@ RARE = {
     # In the same worlds: the only one of 0-1999, which found the hole (2026-12-01); the
     # test_ledger_entries test of a redelivery that came after the take-over fails under it too.
     "taker-judged-at-the-lost-write": (1141,),
+    # In helper-69's worlds of dying drivers, a restart after every round of acks and a
+    # consumer created again (`Mutant.edit`): the only one of 0-7999, which found the hole
+    # (2026-12-01); test_pull_inbox and test_pull's killed-server test fail without the rule.
+    "forgotten-pull-dates-late-deliveries": (1656,),
     # In the replaced-mid-batch worlds without siblings whose attempts run on fresh executors and
     # pause at their run's stop (`Mutant.edit`, 2026-12-01; 2308 was the first of 0-3819 of those
     # worlds without the pauses, 3819 found the hole): the first two of 0-999, of which 41 catch

@@ -77,6 +77,34 @@ ADVICE_CHECK, ADVICE_EXPLORED = range(0, 20), range(20, 300)
 # keep every guarantee. A change of the schedules makes them other schedules; the holes found
 # before are kept as mutants (mutants.py, test_mutants.py), which do not depend on seeds.
 CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
+    # Found by helper-69 in a world of dying drivers, a server restart after every round of
+    # acks and a consumer created again; explained by helper-75,
+    # closed by helper-76 (2026-12-01).
+    1656: (
+        {
+            "recreate_consumer": True,
+            "shared": False,
+            "purges": False,
+            "messages": 30,
+            "ack_wait": 30.0,
+            "new_checkpoint": 0.7,
+            "sink_failure": 0.5,
+            "restart_after_acks": 1.0,
+            "server_restarts": 10,
+            "trigger_interval": 10.0,
+            "chaos": Chaos(driver_crash=0.1, crashes=6),
+        },
+        "per-key order: attempt b2/partition-0#0 of a stopped run had a pull out (made at "
+        "149.99) when the server restarted and forgot it: its end never came, and a request the "
+        "client gave up on stayed among those whose end has not come. Its consumer created "
+        "again, its pulls at 164.99 got 1, which the acceptance refused (ConfigurationError), "
+        "and, sent ahead, 2: the give-back dated 2 from that forgotten request's making, 16 s "
+        "before, over half the 30 s wait, and skipped its NAK; 2 came after 4. Closed: a "
+        "request a restart forgot leaves `requested_since` once what came before the restart "
+        "was taken from the inbox (`PullInbox`: the connection to a standalone server lost with "
+        "every request written, then made to a server of another id; `SimPullConsumer`: a "
+        "dropped request once what it delivered was taken)",
+    ),
     851: (
         {"other_client": True, "stalling_executors": True, "ack_wait": 4.0},
         "attempt b3/c#1#0 recorded message 13 (12.93), Spark lost it and it stalled 6.3 s; the "
@@ -637,35 +665,6 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
 # explored, and each must still break it (when it passes, the hole is closed: move the seed to
 # CLOSED_HOLES).
 KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
-    # Found by helper-69 in a world of dying drivers, a server restart after every round of
-    # acks and a consumer created again; explained by helper-75 (2026-12-01).
-    1656: (
-        {
-            "recreate_consumer": True,
-            "shared": False,
-            "purges": False,
-            "messages": 30,
-            "ack_wait": 30.0,
-            "new_checkpoint": 0.7,
-            "sink_failure": 0.5,
-            "restart_after_acks": 1.0,
-            "server_restarts": 10,
-            "trigger_interval": 10.0,
-            "chaos": Chaos(driver_crash=0.1, crashes=6),
-        },
-        "per-key order: attempt b2/partition-0#0 of a stopped run had a pull out (made at "
-        "149.99) when the server restarted and forgot it: its end never came, and a request the "
-        "client gave up on stays among those whose end has not come (`PullInbox._made`, as "
-        "`SimPullConsumer.requested_since`: one given up on missed heartbeats may be served "
-        "still). Its consumer created again (DeliverAll), its pulls at 164.99 got 1, which the "
-        "acceptance refused (ConfigurationError), and, sent ahead, 2: the give-back dated 2 "
-        "from `requested_since()`, that forgotten request's 149.99, 16 s before, over half the "
-        "30 s wait, and skipped its NAK as maybe run out; 2 waited out its wait and came after "
-        "4. No stall, none of the README's cases. A direction: a request the server can no "
-        "longer serve (the server restarted since, or a later request of the consumer ended: "
-        "it serves them in order) should leave `requested_since` once what it delivered was "
-        "taken from the inbox",
-    ),
     # The hunts of 2026-11-30 found 16463, 21621 (other-client), 2766, 8306 (packed), 782,
     # 5797, 5089 and 5442 (other-client, 4 s wait), 1347 and 689 (other-client worlds whose
     # executors pause), 18241 (other-client, 4 s wait, restarts after a tenth of the rounds of
