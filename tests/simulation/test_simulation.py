@@ -624,6 +624,19 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "dedupe read; 4's wait ran out meanwhile (31.42), behind 5 and 7 on the redelivery "
         "queue, and the attempt failed (`ChunkMissing`) and skipped it",
     ),
+    636: (
+        {
+            **dict(REDELIVERED_TO_STOPPED_QUERIES),
+            "chaos": Chaos(driver_crash=0.003, task_lost=0.005, stall=0.03, crashes=3),
+        },
+        "as 1738, the checker's (helper-66's worlds of stalls, 3% of the points; explained by "
+        "helper-77, 2026-12-01): retry b0/partition-1#1 of run 1 took over the entry its "
+        "zombie had recorded 1 in; run 2's give-back removed it and NAKed 1, whose redelivery "
+        "came to the retry (21.93), which stalled 2.2 s (4 s wait), failed on the removed "
+        "entry and skipped 1: 1 came after 22. The check took the retry's first delivery of 1 "
+        "for the one its entry named (the zombie's): a message a take-over adopted comes again "
+        "at any delivery to the taker (`Attempts.adopted`)",
+    ),
 }
 
 
