@@ -637,6 +637,18 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "for the one its entry named (the zombie's): a message a take-over adopted comes again "
         "at any delivery to the taker (`Attempts.adopted`)",
     ),
+    540: (
+        {
+            **dict(REDELIVERED_TO_STOPPED_QUERIES),
+            "chaos": Chaos(driver_crash=0.003, task_lost=0.005, stall=0.1, crashes=3),
+        },
+        "per-key order in helper-66's worlds of stalls at 10% of the points (found 2026-12-01, "
+        "explained by helper-77), closed by 410abf0 before it was looked at: run 2's "
+        "b0/partition-1#0, its entry given back by run 3, stalled through a keeper round sent at "
+        "32.97; 1 came again to its pull at 37.18 before the round's answer, which dated that "
+        "delivery back to the round's send, and its give-back skipped 1 as maybe run out: 1 "
+        "came after 3. Mutant round-dates-back-a-later-delivery fails it",
+    ),
 }
 
 
