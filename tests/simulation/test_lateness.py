@@ -514,6 +514,8 @@ def test_what_an_attempt_skipped_in_its_give_back_after_a_stall_explains(
     assert skipped([(closed, 0.5, 3.0)])  # delivered into the paused process
     assert not skipped([(closed, 1.5, 3.5)])  # half the wait: it still ran surely
     assert not skipped([(closed, 6.0, 9.0)])  # after the give-back
+    assert skipped([(closed, 1.5, 7.0)])  # still on at the give-back (seed 1244)
+    assert not skipped([(closed, 4.0, 7.0)])  # 1.5 s of it before the give-back
     assert not skipped([(closed, -2.0, 1.0)])  # over as it came
     assert not skipped([(attempt(loop), 1.5, 4.0)])  # another process's
     other_slot = Delivery(1, 1, 9.5, owner=closed, queued=9.5, at=1.0)

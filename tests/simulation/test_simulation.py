@@ -649,6 +649,18 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "delivery back to the round's send, and its give-back skipped 1 as maybe run out: 1 "
         "came after 3. Mutant round-dates-back-a-later-delivery fails it",
     ),
+    1244: (
+        {
+            **dict(REDELIVERED_TO_STOPPED_QUERIES),
+            "chaos": Chaos(driver_crash=0.003, task_lost=0.005, stall=0.1, crashes=3),
+        },
+        "as 1738, the checker's (helper-77, 2026-12-01): run 2's b1/partition-1#0 recorded 3, "
+        "which run 3's give-back NAKed; 3 came again to it (43.13), and its process stalled "
+        "4.2 s from 43.33 (4 s wait). Its give-back ran at 47.49, inside the stall's last "
+        "instants (a simulated stall holds a coroutine at its next scheduling point; one woken "
+        "by an answer runs on), and skipped 3, which ran out and came after 4. The check "
+        "counted only stalls over by the give-back; one still on counts up to it",
+    ),
 }
 
 
