@@ -658,6 +658,43 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "dedupe read; 4's wait ran out meanwhile (31.42), behind 5 and 7 on the redelivery "
         "queue, and the attempt failed (`ChunkMissing`) and skipped it",
     ),
+    636: (
+        {
+            **dict(REDELIVERED_TO_STOPPED_QUERIES),
+            "chaos": Chaos(driver_crash=0.003, task_lost=0.005, stall=0.03, crashes=3),
+        },
+        "as 1738, the checker's (helper-66's worlds of stalls, 3% of the points; explained by "
+        "helper-77, 2026-12-01): retry b0/partition-1#1 of run 1 took over the entry its "
+        "zombie had recorded 1 in; run 2's give-back removed it and NAKed 1, whose redelivery "
+        "came to the retry (21.93), which stalled 2.2 s (4 s wait), failed on the removed "
+        "entry and skipped 1: 1 came after 22. The check took the retry's first delivery of 1 "
+        "for the one its entry named (the zombie's): a message a take-over adopted comes again "
+        "at any delivery to the taker (`Attempts.adopted`)",
+    ),
+    540: (
+        {
+            **dict(REDELIVERED_TO_STOPPED_QUERIES),
+            "chaos": Chaos(driver_crash=0.003, task_lost=0.005, stall=0.1, crashes=3),
+        },
+        "per-key order in helper-66's worlds of stalls at 10% of the points (found 2026-12-01, "
+        "explained by helper-77), closed by 410abf0 before it was looked at: run 2's "
+        "b0/partition-1#0, its entry given back by run 3, stalled through a keeper round sent at "
+        "32.97; 1 came again to its pull at 37.18 before the round's answer, which dated that "
+        "delivery back to the round's send, and its give-back skipped 1 as maybe run out: 1 "
+        "came after 3. Mutant round-dates-back-a-later-delivery fails it",
+    ),
+    1244: (
+        {
+            **dict(REDELIVERED_TO_STOPPED_QUERIES),
+            "chaos": Chaos(driver_crash=0.003, task_lost=0.005, stall=0.1, crashes=3),
+        },
+        "as 1738, the checker's (helper-77, 2026-12-01): run 2's b1/partition-1#0 recorded 3, "
+        "which run 3's give-back NAKed; 3 came again to it (43.13), and its process stalled "
+        "4.2 s from 43.33 (4 s wait). Its give-back ran at 47.49, inside the stall's last "
+        "instants (a simulated stall holds a coroutine at its next scheduling point; one woken "
+        "by an answer runs on), and skipped 3, which ran out and came after 4. The check "
+        "counted only stalls over by the give-back; one still on counts up to it",
+    ),
 }
 
 
