@@ -546,6 +546,8 @@ def test_what_an_attempt_skipped_in_its_give_back_after_a_stall_explains(
     assert not skipped([(closed, 1.5, 3.5)])  # half the wait: it still ran surely
     assert skipped([(closed, 2.0, 5.5 + 4e-14)])  # ended as the give-back ran, in last bits
     assert not skipped([(closed, 6.0, 9.0)])  # after the give-back
+    assert skipped([(closed, 1.5, 7.0)])  # still on at the give-back (seed 1244)
+    assert not skipped([(closed, 4.0, 7.0)])  # 1.5 s of it before the give-back
     assert not skipped([(closed, -2.0, 1.0)])  # over as it came
     assert not skipped([(attempt(loop), 1.5, 4.0)])  # another process's
     other_slot = Delivery(1, 1, 9.5, owner=closed, queued=9.5, at=1.0)
@@ -567,3 +569,27 @@ def test_what_an_attempt_skipped_in_its_give_back_after_a_stall_explains(
     attempts.claims.append(lateness.Claim(closed, key, 0.0, 0.5))
     attempts.taken_over_at[key] = [0.4, 3.0]  # its own take-over, then another attempt's
     assert not skipped([(closed, 1.5, 4.0)])  # its taker keeps it
+
+
+@pytest.mark.usefixtures("short_holds")
+def test_a_message_a_take_over_adopted_came_again_at_the_taker_s_first_delivery(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Seed 636 of helper-66's worlds of mutant `came-again-kept-at-a-lost-seal` whose
+    processes stall at 3% of their points: a retry took over the entry its zombie had recorded
+    1 in, and a new checkpoint's give-back removed it and NAKed 1, whose redelivery came to the
+    retry; its process stalled past half the wait, and as it failed on the removed entry its
+    give-back skipped 1. The entry named the zombie's delivery, not the retry's first one: that
+    came again, and the stall explains. Before, only an attempt's second delivery of a message
+    it recorded was taken to have come again."""
+    attempts, closed, taker = taken_over(loop, released=True, recording=True)
+    attempts.now = lambda: 9.0
+    reader = Reader()
+    attempts.watch_give_backs(taker, reader)  # type: ignore[arg-type]
+    loop.run_until_complete(reader.give_back([]))
+    consumer = Consumer(CONSUMER, "p0.", Stream(), 4.0, 100)
+    named = Delivery(1, 1, 1.5, owner=closed, given_back=True, at=1.0)
+    again = Delivery(2, 2, 10.0, owner=taker, queued=10.0, at=6.0)
+    deliveries = [named, again, Delivery(3, 3, 14.0, at=10.0)]
+    why = attempts.skipped_after_a_stall(SEQ, again, deliveries, consumer, [(taker, 6.0, 8.5)])
+    assert why == "an attempt that held it unrecorded stalled, then failed or was closed"

@@ -34,7 +34,7 @@ from nats_spark.spark.group_source.driver.targets import Held, Slot
 from nats_spark.spark.group_source.ledger import Ledger, TakenOver
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.runtime import Runtime, SeenEntries
-from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
+from nats_spark.spark.group_source.slot_partition import PackedSlots, Recreation, SlotPartition
 from nats_spark.spark.group_source.task.slot_reader import (
     SlotReader,
     packed_batches,
@@ -289,11 +289,13 @@ class Target:
     def look(self, slot: Slot, info: ConsumerInfo, skipped: Skipped = NOTHING_KNOWN) -> None:
         self.seen.look(slot.stream, slot.consumer, info, self.recreation(slot), skipped)
 
-    def recreation(self, slot: Slot) -> str:
+    def recreation(self, slot: Slot) -> Recreation:
         """The advice of the source's targets (`next_after_acked`), in the form the world's
         operator follows (`ADVICE`)."""
         start = self.seen.next_after_acked(slot.stream, slot.consumer)
-        return f"recreate {slot.consumer} with --deliver {start}, then restart the query"
+        return Recreation(
+            f"recreate {slot.consumer} with --deliver ", start, ", then restart the query"
+        )
 
 
 ADVICE = re.compile(r"recreate (\S+) with --deliver (\d+), then restart the query")

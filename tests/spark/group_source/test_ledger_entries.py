@@ -47,6 +47,7 @@ from nats_spark.spark.group_source.ledger import (
 from nats_spark.spark.group_source.ledger_protocol import Horizon
 from nats_spark.spark.group_source.slot_partition import (
     ConsumerSighting,
+    Recreation,
     SlotPartition,
     SlotReading,
 )
@@ -405,6 +406,24 @@ def test_siblings_never_both_emit_a_redelivered_message(
     assert "this slot drops them (the sibling emits them" in caplog.text
 
 
+def test_what_the_batch_holds_is_the_slot_s_records_and_its_siblings(
+    kv: MemoryBucket, lineage: str
+) -> None:
+    """What a refusal's advice must not start past (`Recreation.starting_by`): a run again of
+    the batch replays every slot's records; a slot without siblings reads nothing for it."""
+    a = claimed(kv, input_partition(lineage, slot="c#0", siblings=("c#1",)))
+    b = claimed(kv, input_partition(lineage, slot="c#1", siblings=("c#0",)))
+    take(a, [4, 5, 6])
+    b.taken.update([7, 8])  # as its acceptance took them, before their record
+    take(b, [7, 8])
+    assert run_sync(b.held_by_the_batch()) == {4, 5, 6, 7, 8}
+    alone = claimed(kv, input_partition(lineage, slot="m1"))
+    alone.taken.add(9)
+    reads = kv.reads
+    assert run_sync(alone.held_by_the_batch()) == {9}
+    assert kv.reads == reads
+
+
 def test_a_sibling_counts_a_late_take_from_its_pull_request(kv: MemoryBucket, lineage: str) -> None:
     """A task's process paused between the server's send of a delivery and its take (a GC):
     the ack wait ran out meanwhile, and a sibling took the redelivery and recorded it first.
@@ -653,7 +672,7 @@ def test_a_chunk_of_a_consumer_created_again_is_given_back_whole(
 ) -> None:
     """What a new consumer delivers again, at or below the ack floor, stops the batch before
     any of its chunk is taken: all of it is given back, what came after the floor too."""
-    sighting = ConsumerSighting(10, 0, "recreate it at 11")
+    sighting = ConsumerSighting(10, 0, Recreation("recreate it at ", 11))
     p = input_partition(lineage, 1, consumer_sighting=sighting)
     chunk = first_deliveries(1, 2, 12)
     assert given_back_by_failing_attempt(monkeypatch, kv, p, chunk, ConfigurationError) == (
@@ -937,6 +956,22 @@ def test_heads_tell_pins_unacked_and_sealed_entries(kv: MemoryBucket, lineage: s
     assert ledger.acks_due(1) == {"m1": (1,)}
     assert ledger.committed_unacked(1) == {"m1": 3}  # what m1's next task acks before it pulls
     assert ledger.committed_unacked(2) == {"m1": 5, "m2": 0}
+
+
+def test_what_a_batch_run_again_holds_is_told_apart_from_what_was_committed(
+    kv: MemoryBucket, lineage: str
+) -> None:
+    """Judging a consumer created again as batch 2, logged and not committed, runs again: its
+    entries (open ones too: a retry takes them over and replays them) hold what it replays,
+    apart from what committed batches emitted; at planning (no batch run again) they hold
+    nothing read."""
+    sealed(kv, lineage, 1, [1, 2])
+    take(claimed(kv, input_partition(lineage, 2)), [4, 5])
+    ledger = driver(kv)
+    run_sync(ledger.adopt(SourceOffset(lineage, 2)))
+    within = range(1, 10)
+    assert run_sync(ledger.held_seqs(["m1"], within, 1, 2)) == ({1, 2}, {4, 5})
+    assert run_sync(ledger.held_seqs(["m1"], within, 1)) == ({1, 2}, set())
 
 
 def test_the_driver_restarts_the_ack_wait_of_sealed_entries_only_before_it_runs_short(

@@ -182,6 +182,13 @@ class SlotEntry:
         assert self.ledger is not None
         return await recorded_in(self.ledger, self.partition.gen, self.partition.siblings)
 
+    async def held_by_the_batch(self) -> set[int]:
+        """The stream sequences this slot and its siblings have recorded in this batch, read
+        now: what a run again of the batch replays of its consumer."""
+        if not self.partition.siblings:
+            return set(self.taken)
+        return self.taken | await self.recorded_by_siblings()
+
     async def drop_taken_twice(self, at_risk: set[int]) -> set[int]:
         """Of `at_risk`, just recorded by this slot, what a sibling recorded too; both drop it
         from their entries, so it is emitted once or not at all (then it stays pending and comes

@@ -337,7 +337,10 @@ class SlotReader:
         keeping it: a new checkpoint gave it back, NAKing the deliveries it names. A recorded
         message that came again since (to a request still out when that give-back came) is
         NAKed here, as `give_back_unrecorded` does for a read cut short; else it waits out its
-        ack wait behind newer messages of its key (seed 162 of the replaced-mid-batch worlds)."""
+        ack wait behind newer messages of its key (seed 162 of the replaced-mid-batch worlds).
+        Judged by the head the seal's write found, not read again (`taker_lost_it`): the read's
+        requests had all ended, so no redelivery of a later give-back comes to this attempt,
+        and that give-back's NAK, by stream sequence, gives back what came again before."""
         try:
             again = self.held_again()
             came_again = self.keeper.held_deliveries(again)
@@ -407,7 +410,7 @@ class SlotReader:
                 partition.consumer,
                 "while a batch read it",
                 f"created {sighting.created}, now {created}",
-                sighting.recreation,
+                sighting.recreation.starting_by(await self.entry.held_by_the_batch()),
             )
 
     async def consumer_created(self) -> str:
