@@ -220,7 +220,7 @@ def test_a_take_over_of_a_released_entry_holds_from_the_release_once_it_took_eff
     attempts.watch(taker, taking)
     loop.run_until_complete(holding.claim())
     deliveries = EntryDeliveries(b"$JS.ACK.S.g-partition-0", [SEQ], [1], [1])
-    loop.run_until_complete(holding._write([], deliveries, None))
+    loop.run_until_complete(holding._write(("", []), deliveries, None))
     now[0] = 2.0
     loop.run_until_complete(holding.release())
     now[0] = 5.0
@@ -354,7 +354,7 @@ def test_a_write_that_failed_holds_only_what_the_head_names(
     monkeypatch.setattr(lateness, "_named", names)
     for named[0] in (set(), {SEQ}):
         with pytest.raises(LedgerConflict):
-            loop.run_until_complete(entry._write([], EntryDeliveries(stream_seq=[SEQ]), None))
+            loop.run_until_complete(entry._write(("", []), EntryDeliveries(stream_seq=[SEQ]), None))
     assert attempts.held_since[SEQ] == [Hold(1.0, recording)]
 
 
@@ -378,7 +378,7 @@ def test_a_write_refused_by_a_conflict_emitted_nothing_the_head_does_not_name(
     entry._write = write  # type: ignore[method-assign,assignment]
     attempts.watch(recording, entry)
     monkeypatch.setattr(lateness, "_named", lambda *_: named[0])
-    loop.run_until_complete(entry._write([], EntryDeliveries(stream_seq=[5]), None))
+    loop.run_until_complete(entry._write(("", []), EntryDeliveries(stream_seq=[5]), None))
     taken_over = LedgerConflict("taken over")
     writes: list[tuple[Exception, int, set[int]]] = [
         (taken_over, SEQ, set()),
@@ -388,7 +388,9 @@ def test_a_write_refused_by_a_conflict_emitted_nothing_the_head_does_not_name(
     for error, seq, named[0] in writes:
         failure[0] = error
         with pytest.raises(type(error)):
-            loop.run_until_complete(entry._write([], EntryDeliveries(stream_seq=[5, seq]), None))
+            loop.run_until_complete(
+                entry._write(("", []), EntryDeliveries(stream_seq=[5, seq]), None)
+            )
     assert attempts.writing[recording] == {5, SEQ + 1, SEQ + 2}
 
 
@@ -413,9 +415,9 @@ def test_a_sibling_that_dropped_what_another_entry_recorded_holds_it_no_more(
     entry._write = write  # type: ignore[method-assign,assignment]
     attempts.watch(sibling, entry)
     now[0] = 3.0
-    loop.run_until_complete(entry._write([], EntryDeliveries(stream_seq=[SEQ]), None))
+    loop.run_until_complete(entry._write(("", []), EntryDeliveries(stream_seq=[SEQ]), None))
     assert attempts.holding(SEQ, 5.0, 5.0, lambda _: True) == [sibling]
-    loop.run_until_complete(entry._write([], EntryDeliveries(stream_seq=[]), None, 1))
+    loop.run_until_complete(entry._write(("", []), EntryDeliveries(stream_seq=[]), None, 1))
     assert attempts.holding(SEQ, 5.0, 5.0, lambda _: True) == [killed]
 
 
