@@ -136,7 +136,11 @@ class InProgressKeeper:
     async def renew_taken_late(self, seqs: Iterable[int]) -> None:
         """Restart at once the ack wait of the deliveries held of these (stream seqs): the rounds
         alone would leave them unkept for up to another third of the wait."""
-        replies = [self.held[seq] for seq in seqs if seq in self.held]
+        await self.restart([self.held[seq] for seq in seqs if seq in self.held])
+
+    async def restart(self, replies: Sequence[bytes]) -> None:
+        """Restart at once the ack wait of these deliveries, held or not; none counts as
+        restarted (`since`): one whose wait may have run out may be another reader's."""
         if not replies:
             return
         try:

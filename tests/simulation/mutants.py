@@ -66,6 +66,19 @@ RETURNING = (("removals_return", True),)
 # The worlds where a job of the user's reads a batch's tasks first and Spark stops them after
 # their first rows (`Setup.early_stops`): a packed task's slots are cancelled mid-step.
 EARLY_STOPS = (("early_stops", True),)
+# The worlds where another client reads the overflow consumer, a job reads a batch's tasks first
+# (Spark's close of such a task releases its entry with what it recorded, and the full read
+# takes it over at once), 30 messages pulled one at a time, no crashes, and the answers to the
+# task attempts' ledger requests take up to 0.15 of the ack wait each (`Setup.slow_ledger`).
+SLOW_TAKE_OVERS = (
+    *OTHER_CLIENT,
+    *EARLY_STOPS,
+    ("messages", 30),
+    ("per_batch", 50),
+    ("fetch_batch", 1),
+    ("slow_ledger", 0.15),
+    ("chaos", Chaos()),
+)
 # `ConsumerInfo.ack_floor_seq`'s floor as reported, raised to a consumer's configured start.
 FLOOR_BOUNDED_BY_THE_START = (
     '        stream_floor = max(int(floor.get("stream_seq", 0)), self.opt_start_seq - 1)\n'
@@ -983,7 +996,7 @@ MUTANTS = (
         (
             Patch(
                 SLOT_READER,
-                "        await self.entry.claim(self.keep_taken_over)\n",
+                "        await self.entry.claim(self.keep_taken_over, self.restart_taken_over)\n",
                 "        await self.entry.claim()\n",
             ),
             Patch(
@@ -999,16 +1012,26 @@ MUTANTS = (
         # recorded, and the full read takes it over at once; the answers to the attempts'
         # ledger requests take up to 1.5 s, so its reads after the write span a good part of
         # the 10 s wait; no crashes, so no take-over waits out a dead holder.
-        edit=(
-            *OTHER_CLIENT,
-            *EARLY_STOPS,
-            ("ack_wait", 10.0),
-            ("messages", 30),
-            ("per_batch", 50),
-            ("fetch_batch", 1),
-            ("slow_ledger", 0.15),
-            ("chaos", Chaos()),
+        edit=(*SLOW_TAKE_OVERS, ("ack_wait", 10.0)),
+    ),
+    Mutant(
+        "released-unrenewed",
+        "an attempt released its entry without restarting the ack wait of what it recorded, "
+        "which it had last restarted more than a sixth of the wait before: nothing kept it until "
+        "the taker's write was answered, four slow ledger answers later, and another client of "
+        "the overflow consumer took a message the batch committed (seed 52 of the slow-ledger "
+        "worlds with a 6 s wait and answers up to 1.5 s)",
+        (
+            Patch(
+                SLOT_READER,
+                "        await self.renew_used_wait()\n        await self.entry.release()\n",
+                "        await self.entry.release()\n",
+            ),
         ),
+        # The worlds of `taken-over-renewed-after-fence` under a 6 s wait: the answers to the
+        # attempts' ledger requests take up to 0.9 s, and the take-over's four or more come
+        # after the release.
+        edit=(*SLOW_TAKE_OVERS, ("ack_wait", 6.0)),
     ),
     Mutant(
         "taker-s-delivery-given-back",

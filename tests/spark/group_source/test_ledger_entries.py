@@ -692,10 +692,12 @@ def test_a_chunk_taken_late_has_its_ack_wait_restarted_as_it_is_taken(
 def test_a_take_over_restarts_the_wait_of_what_it_took_over_before_its_reads(
     kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A retry restarts the ack wait of what it took over as its take-over lands, before the
-    fence and sibling reads, a round trip or more each (seed 18241 of the simulation's worlds
-    with another client: a redelivery a sibling had dropped as recorded ran out in them). Its
-    keeper goes on with what is left once the claim dropped what a sibling recorded too."""
+    """A retry restarts the ack wait of what it took over before its take-over's write (seed
+    110 of the simulation's slow-ledger worlds with a 4 s wait: one ran out in the write) and
+    again as it lands, before the fence and sibling reads, a round trip or more each (seed
+    18241 of the worlds with another client: a redelivery a sibling had dropped as recorded ran
+    out in them). Its keeper goes on with what is left once the claim dropped what a sibling
+    recorded too."""
     p = input_partition(lineage, slot="c#0", siblings=("c#1",), ack_wait=4.0)
     failed = claimed(kv, p)
     take(failed, [1, 2])
@@ -730,7 +732,55 @@ def test_a_take_over_restarts_the_wait_of_what_it_took_over_before_its_reads(
 
     assert run_sync(claiming()) == [1]  # 2 is the sibling's to keep
     taken_over = steps.index(("update", Ledger(kv, lineage).head_key(1, "c#0")))
-    assert steps[taken_over + 1] == ("+WPI", 2)
+    assert steps[taken_over - 1 : taken_over + 2] == [
+        ("+WPI", 2),
+        ("update", Ledger(kv, lineage).head_key(1, "c#0")),
+        ("+WPI", 2),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("ack_wait", "used", "renewed"), [(12.0, 2.5, True), (12.0, 1.5, False), (4.0, 0.1, True)]
+)
+def test_an_attempt_restarts_the_wait_of_what_it_recorded_before_it_releases_its_entry(
+    kv: MemoryBucket,
+    lineage: str,
+    monkeypatch: pytest.MonkeyPatch,
+    ack_wait: float,
+    used: float,
+    renewed: bool,
+) -> None:
+    """What a released entry holds is kept by nobody until the taker's write lands, four
+    ledger round trips or more later (seed 52 of the simulation's slow-ledger worlds with a 6 s
+    wait: it ran out first, and another client took a message the batch committed). An attempt
+    that used more than a sixth of the wait since its keeper's last round, or any under a short
+    wait, restarts it before the release, as a seal does."""
+    now = [1000.0]
+    monkeypatch.setattr(clock, "_source", lambda: now[0])
+    steps: list[tuple[str, object]] = []
+    update = kv.update
+
+    async def updating(key: str, value: bytes, last: int) -> int:
+        steps.append(("update", key))
+        return await update(key, value, last)
+
+    async def renewing(nc: object, commands: list[bytes], count: int) -> int:
+        assert all(b"+WPI" in command for command in commands)
+        steps.append(("+WPI", count))
+        return count
+
+    monkeypatch.setattr(acks, "send_acks", renewing)
+    p = input_partition(lineage, ack_wait=ack_wait)
+    reader = slot_reader.SlotReader(p, SimpleNamespace(nc=None))  # type: ignore[arg-type]
+    reader.entry.ledger = Ledger(kv, lineage)
+    run_sync(reader.claim())
+    take(reader.entry, [1, 2])
+    reader.keeper.hold([1, 2], first_deliveries(1, 2).replies, now[0])
+    monkeypatch.setattr(kv, "update", updating)
+    now[0] += used
+    run_sync(reader.abandon())
+    release = ("update", Ledger(kv, lineage).head_key(1, "m1"))
+    assert steps == ([("+WPI", 2)] if renewed else []) + [release]
 
 
 # DriverLedger

@@ -112,7 +112,7 @@ class SlotReader:
         partition = self.partition
         if not self.pulling:
             return
-        await self.entry.claim(self.keep_taken_over)
+        await self.entry.claim(self.keep_taken_over, self.restart_taken_over)
         if self.entry.fixed:
             self.pulling = False  # the batch's content is fixed: exactly this, nothing more
             return
@@ -140,6 +140,12 @@ class SlotReader:
         self.keeper.hold(taken_over.stream_seq, taken_over.subjects(), -math.inf)
         await self.keeper.renew()
 
+    async def restart_taken_over(self, found: EntryDeliveries) -> None:
+        """A take-over, before its write: restart the ack wait of what the entry holds, kept by
+        nobody since its attempt's last round (`SlotEntry.claim`). Not held yet: the write may
+        fail (`keep_taken_over` holds it once it lands)."""
+        await self.keeper.restart(found.subjects())
+
     def keep_on_taken_over(self) -> None:
         """After the claim: the keeper's rounds go on with what the take-over kept, but for what
         the claim found a sibling recorded too and dropped (the sibling keeps it)."""
@@ -165,8 +171,14 @@ class SlotReader:
     async def abandon(self) -> None:
         """The attempt ends without sealing the entry it claimed: it keeps nothing from
         redelivery any more, and releases the entry, so that a retry takes it over at once
-        instead of waiting for its head to go quiet."""
+        instead of waiting for its head to go quiet. What it recorded is kept by nobody from
+        its keeper's last round until the taker's write lands (four ledger round trips or more
+        after the release): it restarts their wait first by the seal's rule
+        (`renew_used_wait`), so the taker finds most of a wait left (seed 52 of the
+        slow-ledger worlds with a 6 s wait: renewed at 8.8 s, released at 10.7 s, the take-over
+        answered at 15.0 s, after the wait ran out and another client took a message)."""
         await self.stop_keeping()
+        await self.renew_used_wait()
         await self.entry.release()
 
     async def history(self) -> SlotHistory:
@@ -352,10 +364,19 @@ class SlotReader:
         """Seal the entry. Its messages then wait for the next batch's task to ack them, and the
         driver's `SealedKeeper` restarts their ack wait before less than a third of it is left;
         a task that has used more than a sixth of it since its last restart (or its start)
-        restarts it first, as does any task under a short ack wait. A short task does not: a
-        `+WPI` per message costs the server about a quarter of what delivering and acking the
-        message does. What the attempt took over counts from the keeper's last round only (the
-        first came at the take-over): their waits started before this attempt did."""
+        restarts it first, as does any task under a short ack wait (`renew_used_wait`). A short
+        task does not: a `+WPI` per message costs the server about a quarter of what delivering
+        and acking the message does."""
+        await self.renew_used_wait()
+        await self.check_not_created_again()
+        await self.entry.seal()
+
+    async def renew_used_wait(self) -> None:
+        """Before the entry leaves this attempt's hands (sealed or released): restart the ack wait
+        of what the keeper holds when more than a sixth of it was used since it last started (or
+        the attempt's start), and always under a short ack wait. What it took over counts from
+        the keeper's last round only (the first came at the take-over): their waits started
+        before this attempt did."""
         taken_over = bool(self.entry.recorded_earlier)
         kept_since = self.keeper.renewed if taken_over else max(self.started, self.keeper.renewed)
         used = clock.monotonic() - kept_since
@@ -364,8 +385,6 @@ class SlotReader:
             or used > self.partition.ack_wait * RESTART_AFTER
         ):
             await self.keeper.renew()
-        await self.check_not_created_again()
-        await self.entry.seal()
 
     async def check_not_created_again(self) -> None:
         """With siblings, before the seal: the consumer is still the one the driver saw. A new
