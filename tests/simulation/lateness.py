@@ -173,12 +173,13 @@ class Attempts:
 
         async def claiming(
             keep: Callable[[EntryDeliveries], Awaitable[None]] | None = None,
+            restart: Callable[[EntryDeliveries], Awaitable[None]] | None = None,
         ) -> None:
             nonlocal claimed
             key = _head_key(entry) if entry.ledger is not None else ""
             self.claims.append(made := Claim(attempt, key, self.now()))
             try:
-                await claim(keep)
+                await claim(keep, restart)
             finally:  # not when the attempt dies in it (a crash leaves it where it was)
                 made.ended = self.now()
             claimed = True

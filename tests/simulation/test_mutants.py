@@ -83,6 +83,9 @@ RARE = {
     # 0-999 on the schedules of ledger format 3 with the seal, the first 173 and 221; 18241,
     # which found the hole, was the only one of 0-20000 of the worlds with another client).
     "taken-over-renewed-after-fence": (47, 52),
+    # In the same worlds under a 6 s wait, answers up to 1.5 s (`Mutant.edit`): the two of
+    # 0-499 (2026-12-01; 52, which found the hole, passes under it: the taker's restart).
+    "released-unrenewed": (349, 418),
     # In the same worlds: the seeds that found the holes (2026-11-30), by the check of a take
     # before the commit.
     "rerun-partitions-with-the-option-s-ack-wait": (782,),

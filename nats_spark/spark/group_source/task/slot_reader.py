@@ -172,13 +172,17 @@ class SlotReader:
         """The attempt ends without sealing the entry it claimed: it keeps nothing from
         redelivery any more, and releases the entry, so that a retry takes it over at once
         instead of waiting for its head to go quiet. What it recorded is kept by nobody from
-        its keeper's last round until the taker's write lands (four ledger round trips or more
-        after the release): it restarts their wait first by the seal's rule
-        (`renew_used_wait`), so the taker finds most of a wait left (seed 52 of the
-        slow-ledger worlds with a 6 s wait: renewed at 8.8 s, released at 10.7 s, the take-over
-        answered at 15.0 s, after the wait ran out and another client took a message)."""
+        its keeper's last round until the taker restarts their wait (`restart_taken_over`):
+        the taker may start only seconds later (a job reading a batch's tasks first ends when
+        all its tasks have, the batch's full read starts then) and its claim is three ledger
+        round trips or more. So their wait is restarted first, whatever was used of it: a
+        release is rare, not worth the seal's saving (`renew_used_wait`). Seed 52 of the
+        slow-ledger worlds with a 6 s wait: renewed at 8.8 s, released at 10.7 s, taken over
+        at 15.0 s, after the wait ran out and another client took a message; seed 349 of the
+        same with answers up to 1.5 s: renewed 0.7 s before the release, whose taker's first
+        `+WPI` came 6.2 s after that renewal."""
         await self.stop_keeping()
-        await self.renew_used_wait()
+        await self.keeper.renew()
         await self.entry.release()
 
     async def history(self) -> SlotHistory:
