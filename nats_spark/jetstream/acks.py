@@ -138,6 +138,18 @@ class InProgressKeeper:
         alone would leave them unkept for up to another third of the wait."""
         await self.restart([self.held[seq] for seq in seqs if seq in self.held])
 
+    async def restart_running(self) -> None:
+        """Restart at once the ack wait of the held deliveries whose wait surely runs
+        (`surely_running`): a `+WPI` of one whose wait may have run out would restart another
+        reader's delivery of it. None counts as restarted: the holder lets them go."""
+        now, since, wait = clock.monotonic(), self.since, self.ack_wait
+        running = [
+            reply
+            for seq, reply in self.held.items()
+            if surely_running(since.get(seq, -math.inf), now, wait)
+        ]
+        await self.restart(running)
+
     async def restart(self, replies: Sequence[bytes]) -> None:
         """Restart at once the ack wait of these deliveries, held or not; none counts as
         restarted (`since`): one whose wait may have run out may be another reader's."""

@@ -1019,18 +1019,18 @@ MUTANTS = (
         "an attempt released its entry without restarting the ack wait of what it recorded: "
         "nothing kept it until the taker restarted it, after the early job's end and slow ledger "
         "answers, and another client of the overflow consumer took a message the batch "
-        "committed (seed 52 of the slow-ledger worlds with a 6 s wait and answers up to 1.5 s)",
+        "committed (seed 349 of the slow-ledger worlds with a 6 s wait and answers up to 1.5 s)",
         (
             Patch(
                 SLOT_READER,
-                "        await self.keeper.renew()\n        await self.entry.release()\n",
-                "        await self.entry.release()\n",
+                "        await self.keeper.restart_running()\n",
+                "",
             ),
         ),
         # The worlds of `taken-over-renewed-after-fence` under a 6 s wait, the answers to the
         # attempts' ledger requests up to 1.5 s: the taker's claim, three of them or more, comes
         # once the job reading the batch's tasks first has ended, seconds after the release (2
-        # of 0-499 catch it; 1 of 0-999 with answers up to 0.9 s).
+        # of 0-499 catch it, 2026-12-01).
         edit=(*SLOW_TAKE_OVERS, ("ack_wait", 6.0), ("slow_ledger", 0.25)),
     ),
     Mutant(

@@ -746,8 +746,9 @@ def test_an_attempt_restarts_the_wait_of_what_it_recorded_before_it_releases_its
     (a batch's full read starts once the job reading its tasks first ends; the claim is three
     ledger round trips or more): seed 52 of the simulation's slow-ledger worlds with a 6 s wait,
     where it ran out first and another client took a message the batch committed. An attempt
-    restarts it before the release, even half a second after its keeper's last round (a seal
-    would not, under a sixth of a 12 s wait)."""
+    restarts it before its release, even half a second after its keeper's last round (a seal
+    would not, under a sixth of a 12 s wait), but only what surely still has its wait running: a
+    delivery held since more than half the wait (`surely_running`) may be another reader's."""
     now = [1000.0]
     monkeypatch.setattr(clock, "_source", lambda: now[0])
     steps: list[tuple[str, object]] = []
@@ -769,6 +770,7 @@ def test_an_attempt_restarts_the_wait_of_what_it_recorded_before_it_releases_its
     run_sync(reader.claim())
     take(reader.entry, [1, 2])
     reader.keeper.hold([1, 2], first_deliveries(1, 2).replies, now[0])
+    reader.keeper.hold([3], first_deliveries(3).replies, now[0] - 7.0)  # may have run out
     monkeypatch.setattr(kv, "update", updating)
     reader.keeper.renewed = now[0]
     now[0] += 0.5

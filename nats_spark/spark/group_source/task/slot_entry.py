@@ -305,24 +305,25 @@ class SlotEntry:
         with contextlib.suppress(asyncio.CancelledError):
             await holding
 
-    async def release(self) -> None:
+    async def release(self) -> bool:
         """The attempt ends without sealing the entry it holds (it failed, or Spark closed it):
-        mark it released, so that a retry takes it over at once. Not an entry it never claimed
-        (revision 0: an ack-only partition, or a claim that failed): a write on revision 0
-        would create it."""
+        mark it released, so that a retry takes it over at once; whether it did. Not an entry
+        it never claimed (revision 0: an ack-only partition, or a claim that failed): a write on
+        revision 0 would create it."""
         if (
             self.ledger is None
             or not self.revision
             or self.fixed
             or protocol.content_fixed(self.head)
         ):
-            return
+            return False
         gen, slot = self.partition.gen, self.partition.slot
         try:
             async with self.writing:
-                await protocol.release(self.ledger, gen, slot, self.head, self.revision)
+                return await protocol.release(self.ledger, gen, slot, self.head, self.revision)
         except Exception as error:  # a retry then waits for the head to go quiet
             log.debug("slot %s: releasing its ledger entry failed: %s", slot, error)
+            return False
 
 
 class Recorder:

@@ -175,14 +175,18 @@ class SlotReader:
         its keeper's last round until the taker restarts their wait (`restart_taken_over`):
         the taker may start only seconds later (a job reading a batch's tasks first ends when
         all its tasks have, the batch's full read starts then) and its claim is three ledger
-        round trips or more. So their wait is restarted first, whatever was used of it: a
-        release is rare, not worth the seal's saving (`renew_used_wait`). Seed 52 of the
-        slow-ledger worlds with a 6 s wait: renewed at 8.8 s, released at 10.7 s, taken over
-        at 15.0 s, after the wait ran out and another client took a message; seed 349 of the
-        same with answers up to 1.5 s: renewed 0.7 s before the release, whose taker's first
-        `+WPI` came 6.2 s after that renewal."""
+        round trips or more. So their wait is restarted just before the release, whatever was
+        used of it (a release is rare, not worth the seal's saving: `renew_used_wait`), but
+        only of the deliveries whose wait surely runs (`InProgressKeeper.restart_running`):
+        after a stall, or a new checkpoint's give-back (which NAKed them), a `+WPI` would
+        restart what came again to another reader, holding it back behind newer messages of
+        its key (seed 162 of the replaced-mid-batch worlds). Seed 52 of the slow-ledger worlds
+        with a 6 s wait: renewed at 8.8 s, released at 10.7 s, taken over at 15.0 s, after the
+        wait ran out and another client took a message; seed 349 of the same with answers up
+        to 1.5 s: renewed 0.7 s before the release, whose taker's first `+WPI` came 6.2 s after
+        that renewal (a restart once the release's answer came was too late)."""
         await self.stop_keeping()
-        await self.keeper.renew()
+        await self.keeper.restart_running()
         await self.entry.release()
 
     async def history(self) -> SlotHistory:
