@@ -972,6 +972,14 @@ MUTANTS = (
                 "        if not taken_over:\n            return\n",
                 "        if True:\n            return\n",
             ),
+            # and without the restart before the take-over's write, which since 2026-12-01
+            # restarts their wait once (a retry outliving it lets them go all the same, rarely
+            # within the worlds' short batches)
+            Patch(
+                SLOT_READER,
+                "        await self.entry.claim(self.keep_taken_over, self.restart_taken_over)\n",
+                "        await self.entry.claim(self.keep_taken_over)\n",
+            ),
         ),
         # Its hole needs a retry's take-over while siblings drop what went past its wait: tasks
         # that crash at 3% of their points or are lost, stalls, 30 messages pulled 16 at a time
