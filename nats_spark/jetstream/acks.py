@@ -141,12 +141,14 @@ class InProgressKeeper:
     async def restart_running(self) -> None:
         """Restart at once the ack wait of the held deliveries whose wait surely runs
         (`surely_running`): a `+WPI` of one whose wait may have run out would restart another
-        reader's delivery of it. None counts as restarted: the holder lets them go."""
+        reader's delivery of it. Not of what came again (`again`): its holder gives those back,
+        or leaves them to a taker that keeps them. None counts as restarted: the holder lets
+        them go."""
         now, since, wait = clock.monotonic(), self.since, self.ack_wait
         running = [
             reply
             for seq, reply in self.held.items()
-            if surely_running(since.get(seq, -math.inf), now, wait)
+            if seq not in self.again and surely_running(since.get(seq, -math.inf), now, wait)
         ]
         await self.restart(running)
 

@@ -147,6 +147,8 @@ RARE = {
     # In the replaced-mid-batch worlds (`Mutant.edit`), the only one of 0-15000 (2026-11-30;
     # the seed that found the hole): an attempt read the give-back's rewrite of its head back
     # as its own lost-answer write.
+    # Lost on the schedules of 2026-12-01 (h68: a release restarts what it recorded): 13576 no
+    # longer catches it, nor does any of 0-999 or 12000-15999; to be hunted again.
     "give-back-rewrites-the-head-as-is": (13576,),
     # In the worlds of siblings-lateness-from-take (`Mutant.edit`): the only one of 0-1999
     # (2026-11-30; 7131, the only one of 0-20000 of the pausing worlds whose slots share a
