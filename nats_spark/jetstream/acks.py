@@ -162,6 +162,11 @@ class InProgressKeeper:
         except Exception as error:  # the pulls meet the same trouble and report it
             log.debug("%s: progress acks failed: %s", self.label, error)
 
+    def held_deliveries(self, seqs: Iterable[int]) -> list[tuple[bytes, float]]:
+        """The latest delivery held of each of these (stream seqs, all held), with when its ack
+        wait surely started (-inf when unknown): what a give-back NAKs by `surely_running`."""
+        return [(self.held[seq], self.since.get(seq, -math.inf)) for seq in seqs]
+
     def release(self, seqs: Iterable[int]) -> None:
         """Stop keeping these (their messages go back to the server)."""
         for seq in seqs:
@@ -172,9 +177,16 @@ class InProgressKeeper:
         """The round sent at `sent` was confirmed: it restarted the wait of the deliveries it
         named whose wait surely ran then. Not the others': a `+WPI` too restarts whatever
         delivery of the message is pending, and one whose wait may have run out may be another
-        reader's by then."""
+        reader's by then. Nor a delivery that came after the round was sent (`redelivered`): its
+        wait started later, and dating it back to the round made a give-back skip its NAK as
+        maybe run out (seed 264 of the worlds of mutant cancelled-record-leaves-its-chunks)."""
         since, wait = self.since, self.ack_wait
-        running = [s for s in self._round if surely_running(since.get(s, -math.inf), sent, wait)]
+        running = [
+            seq
+            for seq in self._round
+            if (started := since.get(seq, -math.inf)) <= sent
+            and surely_running(started, sent, wait)
+        ]
         since.update(dict.fromkeys(running, sent))
 
     async def due(self) -> tuple[list[bytes], int]:

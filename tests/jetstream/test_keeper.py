@@ -52,3 +52,18 @@ def test_a_confirmed_round_restarts_only_the_waits_that_surely_ran(monkeypatch):
     assert kept.since == {1: 14.0, 2: 14.0, 3: -math.inf}
     kept.release([2])
     assert set(kept.since) == {1, 3}
+
+
+def test_a_round_confirmed_after_a_delivery_came_again_keeps_that_delivery_s_start(monkeypatch):
+    """A round sent at 4.5 is confirmed at 27.2 (its process stalled meanwhile), after 1 came
+    again at 27.1: the round restarted the wait of whatever delivery of 1 was pending then, not
+    the one of 27.1, whose wait began later. Dated back to 4.5, a give-back skipped its NAK as
+    maybe run out, and 1 waited out its wait behind a newer message of its key (seed 264 of the
+    worlds of mutant cancelled-record-leaves-its-chunks)."""
+    kept = keeper(monkeypatch)
+    kept.hold([1, 2], [b"$JS.ACK.S.C.1.1.1.0.0", b"$JS.ACK.S.C.1.2.2.0.0"], since=3.2)
+    run_sync(kept.due())  # the round of 4.5 names both
+    kept.redelivered(1, b"$JS.ACK.S.C.2.1.7.0.0", since=27.1)
+    kept.restarted(4.5)
+    assert kept.since == {1: 27.1, 2: 4.5}
+    assert surely_running(kept.since[1], 27.4, WAIT)

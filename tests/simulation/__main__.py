@@ -52,6 +52,7 @@ WORLDS = {
     "an ack",
     "follows_advice": "an operator does what a refusal of a consumer created again says",
     "early_stops": "a job reads a batch's tasks first and Spark stops them after their first rows",
+    "fresh_executors": "each task attempt runs in a new executor process, which read no entry yet",
 }
 
 

@@ -617,6 +617,11 @@ class SimPullConsumer:
         **_: Any,
     ) -> SimPull:
         sched = self.client.sched
+        refused = bool(self.requests) and self.requests[-1].status is PullStatus.PIN_MISMATCH
+        late = self.client.late_after_refusal() if refused else 0.0
+        if late:  # it reaches the server late (`World.late_after_refusal`)
+            sched.note(f"this pull, after a refused pin, reaches the server {late:.1f}s late")
+            await sched.sleep(late)
         await sched.point(f"pull {batch} from {self.consumer.name}")
         now = self.client.server.now()
         request = PullRequest(
@@ -750,6 +755,9 @@ class SimClient:
         self.api = SimApi(self)
         self.denied: list[str] = []
         self.usable = True
+        # How late a task's pull sent after one refused for a stale pin reaches the server (its
+        # world's `late_after_refusal`; a driver's never is).
+        self.late_after_refusal: Callable[[], float] = lambda: 0.0
 
     def pull_consumer(
         self, stream: str, consumer: str, group: str | None = None, pin_id: str | None = None

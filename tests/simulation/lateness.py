@@ -50,7 +50,7 @@ from nats_spark.spark.group_source.ledger import (
     read_deliveries,
     read_head,
 )
-from nats_spark.spark.group_source.ledger_protocol import GivenBack
+from nats_spark.spark.group_source.ledger_protocol import Marks
 from nats_spark.spark.group_source.runtime import GiveBack
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from nats_spark.spark.group_source.task.slot_reader import SlotReader
@@ -500,7 +500,12 @@ class GiveBacks:
         """`give_back` (the driver's, `Runtime.give_back`), noting what each removal leaves named
         by nothing."""
 
-        async def watched(client: Any, ledger: Ledger, keys: list[tuple[int, str]]) -> GivenBack:
+        async def watched(
+            client: Any,
+            ledger: Ledger,
+            keys: list[tuple[int, str]],
+            keep_marks: Callable[[Marks], Awaitable[None]],
+        ) -> int:
             driver = self.sched.current()
             assert driver is not None  # a driver's give-back
             removing = self.removing.setdefault(driver, [])
@@ -512,7 +517,7 @@ class GiveBacks:
 
             ledger.delete_entry = delete_entry  # type: ignore[method-assign]
             try:
-                returned = await give_back(client, ledger, keys)
+                returned = await give_back(client, ledger, keys, keep_marks)
             finally:
                 ledger.delete_entry = remove  # type: ignore[method-assign]
             del self.removing[driver]  # its -NAKs are out

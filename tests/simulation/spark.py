@@ -117,6 +117,7 @@ class Query:
     stop_at: float  # virtual time after which the query is stopped between batches
     idle: int = 0  # triggers in a row that planned no batch
     stopping: bool = False  # a stop interrupted a batch
+    attempts: list[Participant] = field(default_factory=list)  # of the batch running
     refusal: str | None = None  # the source's ConfigurationError that failed the run
 
     async def run(self) -> str:
@@ -218,9 +219,11 @@ class Query:
             await world.sched.sleep(world.sched.rng.uniform(0, world.stops_within))
             if not running.done():
                 self.stopping = True  # no more task attempts; the running ones go on a while
+                self._pause_at_the_stop()
                 running.add_done_callback(lambda done: done.cancelled() or done.exception())
                 raise QueryFailed(f"the query was stopped during batch {batch}")
         results = await running
+        self.attempts.clear()
         # by slot, or by packed task's index: a re-run must emit the same rows, in the same
         # order, in the same input partition (the nats sink's ids are batch/partition/row)
         rows = {
@@ -237,6 +240,17 @@ class Query:
         await world.sched.point(f"write commit log {batch}")
         world.checkpoint.commits.add(batch)
         world.sched.note(f"commit log {batch}")
+
+    def _pause_at_the_stop(self) -> None:
+        """In the worlds whose stopped runs' executors pause (`Setup.paused_by_the_stop`): each
+        attempt of the batch still running pauses its process from here, within half its ack
+        wait, so that a read it has begun ends after the new checkpoint's give-back."""
+        world = self.world
+        longest = world.setup.paused_by_the_stop * world.setup.ack_wait
+        for attempt in self.attempts:
+            if longest and not attempt.dead and not attempt.finished.done():
+                pause = world.side.uniform(0.0, longest)
+                world.sched.stall(attempt, f"the stop of {attempt.name}'s run", pause)
 
     async def _stopped_early(
         self, batch: int, partitions: list[SlotPartition | PackedSlots]
@@ -328,6 +342,7 @@ class Query:
         # Its end is known even when this task is gone before it looks (its driver died).
         task.finished.add_done_callback(lambda done: done.cancelled() or done.exception())
         running[task.finished] = task
+        self.attempts.append(task)
 
 
 def counted_by_spark(attempt: Participant) -> bool:

@@ -14,7 +14,13 @@ from typing import Any
 
 import pytest
 
-from tests.simulation.mutants import BY_NAME, ROOT, SPECULATION, world
+from tests.simulation.mutants import (
+    BY_NAME,
+    REDELIVERED_TO_STOPPED_QUERIES,
+    ROOT,
+    SPECULATION,
+    world,
+)
 from tests.simulation.scheduler import Chaos, Crashed, Scheduler, run
 from tests.simulation.spark import counted_by_spark
 from tests.simulation.world import Result, run_schedule, run_schedules
@@ -462,8 +468,27 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "run 4, on a new checkpoint, gave back an earlier one's acked entry of 2 above the "
         "consumer's floor and failed on its sink before its next pointer write, so the mark "
         "was lost; run 5, on another new checkpoint, read on a consumer created again during "
-        "its batch 0, which delivered 2 again after 4: the mark is now written at stop "
-        "(`DriverLedger.save_marks`; mutant acked-through-in-memory-only, 2026-11-30)",
+        "its batch 0, which delivered 2 again after 4: the mark was written at stop then "
+        "(2026-11-30), and is now by the give-back before its removal (`DriverLedger."
+        "_keep_marks`; mutant acked-through-in-memory-only, 2026-12-01)",
+    ),
+    150: (
+        {
+            "recreate_consumer": True,
+            "purges": False,
+            "restart_after_acks": 1.0,
+            "new_checkpoint": 1.0,
+            "sink_failure": 0.3,
+            "messages": 30,
+        },
+        "per-key order: driver#4, of a new checkpoint, gave the earlier lineage back (its "
+        "entries of gens 1-3 removed at 29.0) and died at 33.9 before its next pointer write, "
+        "which 5265's write at stop kept the marks for; g-partition-0 was created again at "
+        "30.6, and the checkpoint's next run read on from its start: 2, acked by the earlier "
+        "checkpoint's query, came after 11. The give-back writes the marks to the pointer "
+        "before it removes the entries now (`DriverLedger._keep_marks`; found by helper-63, "
+        "2026-12-01, with 247 of the worlds that also restart the server 10 times, have half "
+        "the runs on a new checkpoint, a 30 s wait and a partition each, a key taken here)",
     ),
     248: (
         {"packed": True, "early_stops": True},
@@ -494,18 +519,6 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         )
         for seed in (1958, 2452)
     },
-    2550: (
-        {"recreate_consumer": True, "follows_advice": True},
-        "found by helper-52's hunt of 1001-3000 of the worlds on 2.11-2.12 whose operator follows "
-        "a refusal's advice (it breaks without floor_from_zero too). Run 3's acks of 4-5 were "
-        "lost to a server restart (floor 3); run 4, on a new checkpoint, gave its entries back "
-        "(marks 4-5), c was created again (DeliverAll) and a task refused it, advising "
-        "--deliver 6. Run 5 (Spark 4.2+) asked initialOffset first: its driver found c as it "
-        "was, whose floor 5 dropped the marks, then took the checkpoint's sighting (floor 3) "
-        "and refused c as starting past 4, never read, advising --deliver 4, before what run 3 "
-        "acked. A consumer found as it is keeps the marks until judged (mutant "
-        "found-consumer-drops-acked-marks, helper-54, 2026-11-30)",
-    ),
     669: (
         {"recreate_consumer": True, "follows_advice": True, "floor_from_zero": True},
         "run 3 refused consumer c created again (DeliverAll) with a task's failure; the operator "
@@ -536,7 +549,7 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "(`DriverLedger.started_over`; mutant started-over-told-by-one-driver-only, 2026-12-01)",
     ),
     162: (
-        dict(BY_NAME["came-again-kept-at-a-lost-seal"].edit),
+        dict(REDELIVERED_TO_STOPPED_QUERIES),
         "per-key order (found 2026-12-01 by helper-58, explained by helper-60): a new "
         "checkpoint's give-back NAKed 1, 3 and 4 of the earlier run's entry; that run's attempt, "
         "its read ended, had taken 1 and 3 again to its requests still out (`keeper.again`), "
@@ -577,6 +590,18 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
 # explored, and each must still break it (when it passes, the hole is closed: move the seed to
 # CLOSED_HOLES).
 KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
+    # Moved from CLOSED_HOLES (h69, 2026-12-01): the give-back's pointer write moved its
+    # schedule off the hole it was found by (mutant found-consumer-drops-acked-marks, closed).
+    2550: (
+        {"recreate_consumer": True, "follows_advice": True},
+        "a loud failure at every run, not a wrong row: run 3's acks of 4-5 were lost to a "
+        "server restart; run 4, on a new checkpoint, gave its entries back (marks 4-5), took "
+        "4-6 in batch 0 from c created again (DeliverAll), and its tasks refused c, advising "
+        "--deliver 6, past the marks. The operator created c there (floor 5) and the world "
+        "purged what every consumer acked (first sequence 6) before run 5 re-ran that batch, "
+        "which fails on DataLoss (4-5 gone) at every run: the advice skips what an uncommitted "
+        "batch of the live checkpoint holds, and a purge of acked messages takes it",
+    ),
     # The hunts of 2026-11-30 found 16463, 21621 (other-client), 2766, 8306 (packed), 782,
     # 5797, 5089 and 5442 (other-client, 4 s wait), 1347 and 689 (other-client worlds whose
     # executors pause), 18241 (other-client, 4 s wait, restarts after a tenth of the rounds of

@@ -94,6 +94,7 @@ class Setup:
     chaos_waits: float = 8.0  # how long the chaotic phase lasts, in ack waits
     # The server's faults (drawn apart, `draw_hostility`, so the draws above stay the seed's):
     restart_after_acks: float = 0.0  # chance a server restart follows a round of acks
+    server_restarts: int = 3  # at most, per schedule (a run's override, never drawn)
     purges: bool = False  # an operator purges what every consumer acked, now and then
     # Settings the source must refuse or survive, never drawn (a run's override):
     max_deliver: int = 0  # the consumers' max_deliver (0: none)
@@ -130,6 +131,19 @@ class Setup:
     # executors, or a busy server; 0: none). Each answer's time is drawn apart (with the server's
     # faults).
     slow_ledger: float = 0.0
+    # A family of worlds, never drawn (a run's override, with `replaced_mid_batch`): a task
+    # attempt of a run stopped mid-batch whose pull the server refused (423: the stopped
+    # driver's close unpinned the consumer) sends its next pull once, and it reaches the server
+    # a third of this to all of it late, in seconds (the old executors' link is slow): the
+    # replacing run's give-back may come meanwhile, and that pull bring back what it NAKed.
+    late_after_refusal: float = 0.0
+    # A run's override, never drawn (with `replaced_mid_batch`): a stop mid-batch pauses the
+    # processes of the batch's attempts still running, each for up to this share of the ack
+    # wait (executors loaded, as when an operator restarts a query from scratch; 0: none).
+    paused_by_the_stop: float = 0.0
+    # A run's override, never drawn: each task attempt runs in a new executor process (dynamic
+    # allocation), which has read no entry yet (`SeenEntries`): its dedupe reads them all.
+    fresh_executors: bool = False
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -334,7 +348,7 @@ class World:
             target = {"group": "g", "ackWait": str(setup.ack_wait)}
         self.server = Server(self.sched, self.consumers, self.stream)
         self.server.after_acks = self._maybe_restart
-        self.restarts = 3  # at most, per schedule
+        self.restarts = setup.server_restarts
         self.reading_done = False  # the last run has stopped: other clients stop too
         self.stopped = False  # the last run was stopped while a batch's tasks ran
         self.recreated = False  # whether the operator deleted a consumer and created it again
@@ -342,6 +356,8 @@ class World:
         self.advice_followed = 0
         self.restarting = False  # the last run was refused and the operator followed its advice
         self.driver: Participant | None = None  # the last query run's
+        self.runs: dict[Participant, Query] = {}  # each query run's, by its driver
+        self.sent_late: set[Participant] = set()  # attempts whose pull `late_after_refusal` held
         self.observed = Observed(
             self.stream,
             key_order=not setup.shared,
@@ -482,9 +498,13 @@ class World:
         client = SimClient(self.sched, self.server)
         attempt = self.sched.current()
         assert attempt is not None  # a task attempt's participant
+        client.late_after_refusal = lambda: self.late_after_refusal(attempt)
         slots = partition.slots if isinstance(partition, PackedSlots) else (partition,)
+        runtime = self.runtime
+        if self.setup.fresh_executors:
+            runtime = replace(runtime, seen_entries=SeenEntries())
         readers = [
-            SlotReader(slot, client, self.runtime)  # type: ignore[arg-type]
+            SlotReader(slot, client, runtime)  # type: ignore[arg-type]
             for slot in slots
         ]
         latency = self._task_ledger_latency if self.setup.slow_ledger else None
@@ -527,6 +547,16 @@ class World:
             await steps.aclose()
             await batches.aclose()
         return rows
+
+    def late_after_refusal(self, attempt: Participant) -> float:
+        """How late `attempt`'s pull sent after one refused for a stale pin reaches the server
+        (`Setup.late_after_refusal`): once, in a run stopped mid-batch."""
+        longest = self.setup.late_after_refusal
+        run = self.runs.get(attempt.parent) if attempt.parent is not None else None
+        if not longest or run is None or not run.stopping or attempt in self.sent_late:
+            return 0.0
+        self.sent_late.add(attempt)
+        return self.sched.rng.uniform(longest / 3, longest)
 
     async def publish(self, count: int, over: float) -> None:
         rng = self.sched.rng
@@ -587,6 +617,7 @@ class World:
         query = Query(self, self.setup.version, trigger, stop_at)
         participant = self.sched.spawn(f"driver#{number}", "driver", self._drive(query, quiet))
         self.driver = participant
+        self.runs[participant] = query
         self.observed.query_run(participant)
         self.sched.note(f"query run {number}: Spark {self.setup.version}, {trigger}")
         with contextlib.suppress(Crashed):

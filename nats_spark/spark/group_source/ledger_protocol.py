@@ -595,20 +595,24 @@ async def remove_settled(
         forget((gen, slot))
 
 
-@dataclass(frozen=True)
-class GivenBack:
-    """What a `give_back` did: how many messages it NAKed, and by consumer ((stream, name), from
-    the entries' ack prefix) the stream sequences its ACKED entries held. What those entries
-    acked is no longer in the ledger: a consumer created again that starts below one delivers
-    it again, and nothing would drop it (`SeenConsumers.acked_earlier`)."""
-
-    returned: int
-    acked: dict[tuple[str, str], frozenset[int]]
+Marks = dict[tuple[str, str], frozenset[int]]
+"""By consumer ((stream, name), from the entries' ack prefix): the stream sequences a give-back's
+ACKED entries held. Once they are removed, what those entries acked is in no ledger: a consumer
+created again that starts below one delivers it again, and nothing would drop it
+(`SeenConsumers.acked_earlier`)."""
 
 
-async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, str]]) -> GivenBack:
+async def give_back(
+    client: NatsClient,
+    ledger: Ledger,
+    keys: list[tuple[int, str]],
+    keep_marks: Callable[[Marks], Awaitable[None]],
+) -> int:
     """Any state -> given back: remove the entries `keys` of an earlier checkpoint and NAK what
-    they hold (read first: once removed, nothing names those deliveries).
+    they hold (read first: once removed, nothing names those deliveries); returns how many
+    messages it NAKed. `keep_marks` keeps what the ACKED ones held (`Marks`) before any is
+    removed: kept after, a driver that dies between the removal and its keeping loses them
+    (seeds 150 and 247 of the simulation, as 5265 did before the pointer was written at stop).
     Acked entries too: a server restart loses the acks its consumer store had not written yet
     (the last 100 ms), and the server ignores the NAK of a message no longer pending, so only
     what came back is given back, at once, ahead of newer messages of its key."""
@@ -631,6 +635,7 @@ async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, st
         held.append(deliveries)
         if head.state is EntryState.ACKED and deliveries:
             acked.setdefault(_consumer_of(deliveries), set()).update(deliveries.stream_seq)
+    await keep_marks({consumer: frozenset(seqs) for consumer, seqs in acked.items()})
     for gen, slot in keys:
         await ledger.delete_entry(gen, slot)
     returned = 0
@@ -640,7 +645,7 @@ async def give_back(client: NatsClient, ledger: Ledger, keys: list[tuple[int, st
         current = await _as_last_delivered(client, deliveries)
         if current is not None:
             returned += await send_acks(client.nc, current.ack_commands(NAK), len(current))
-    return GivenBack(returned, {consumer: frozenset(seqs) for consumer, seqs in acked.items()})
+    return returned
 
 
 def _consumer_of(deliveries: EntryDeliveries) -> tuple[str, str]:

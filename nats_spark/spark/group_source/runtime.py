@@ -20,7 +20,13 @@ _KEPT_ENTRIES = 4096  # entries' sequences a worker keeps between tasks
 
 EntryKey = tuple[str, str, int, str]  # bucket, lineage, gen, slot
 GiveBack = Callable[
-    [NatsClient, Ledger, list[tuple[int, str]]], Awaitable[ledger_protocol.GivenBack]
+    [
+        NatsClient,
+        Ledger,
+        list[tuple[int, str]],
+        Callable[[ledger_protocol.Marks], Awaitable[None]],
+    ],
+    Awaitable[int],
 ]
 
 

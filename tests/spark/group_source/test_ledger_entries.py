@@ -65,6 +65,10 @@ pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("short_holds")]
 PREFIX = b"$JS.ACK.S.c1"
 
 
+async def unkept(marks: ledger_protocol.Marks) -> None:
+    """A give-back's `keep_marks` where no driver keeps them."""
+
+
 @pytest.fixture
 def kv() -> MemoryBucket:
     return MemoryBucket()
@@ -1121,7 +1125,7 @@ def test_a_give_back_takes_the_entry_from_an_attempt_still_recording_in_it(
         return await read(ledger, head)
 
     monkeypatch.setattr(ledger_protocol, "read_deliveries", zombie_records_meanwhile)
-    run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), [(1, "m1")]))
+    run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), [(1, "m1")], unkept))
     assert recorded_meanwhile == []
     assert b"".join(given_back).count(b"-NAK") == 2
 
@@ -1147,7 +1151,7 @@ def test_a_give_back_takes_the_entry_from_an_attempt_whose_write_answered_as_a_c
         kv.lost_answer = None
         giving_back.append(
             asyncio.ensure_future(
-                ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), [(1, "m1")])
+                ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), [(1, "m1")], unkept)
             )
         )
         await taken.wait()
@@ -1185,7 +1189,7 @@ def test_a_give_back_naks_with_the_consumers_last_delivery(
     window whenever anything is pending (seeds 1494, 1571, 3433 and 3992 of the simulation,
     whose server ignores such a NAK, broke key order before)."""
     sealed(kv, lineage, 1, [1, 2])
-    run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), [(1, "m1")]))
+    run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), [(1, "m1")], unkept))
     subjects = [line for line in b"".join(given_back).split(b"\r\n") if line.startswith(b"PUB ")]
     assert [subject.split(b" ")[1].split(b".")[5:7] for subject in subjects] == [
         [b"1", b"%d" % LAST_DELIVERED],
@@ -1204,7 +1208,7 @@ def test_a_give_back_naks_past_an_entry_that_took_nothing(
     claimed(kv, input_partition(lineage, slot="m0"))
     sealed(kv, lineage, 1, [1, 2])
     keys = [(1, "m0"), (1, "m1")]
-    assert run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), keys)).returned == 2
+    assert run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), keys, unkept)) == 2
     assert b"".join(given_back).count(b"-NAK") == 2
     assert run_sync(Ledger(kv, lineage).heads()) == []
 
@@ -1221,7 +1225,7 @@ def test_a_give_back_gives_back_an_acked_entry_too(
     run_sync(ledger_protocol.ack(CLIENT, Ledger(kv, lineage), 1, "m1", "S"))
     assert stored(kv, lineage, 1)[0].state is EntryState.ACKED
     given_back.clear()  # the acks
-    run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), [(1, "m1")]))
+    run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, lineage), [(1, "m1")], unkept))
     assert b"".join(given_back).count(b"-NAK") == 2
     assert run_sync(Ledger(kv, lineage).heads()) == []
 
@@ -1258,32 +1262,41 @@ def test_a_give_back_marks_what_the_acked_entries_held_for_the_next_drivers(
     restarted = driver(kv)
     run_sync(restarted.adopt(None))
     assert restarted.seen.acked_earlier == {("S", "c1"): {4, 5, 6, 7, 8}}
-    given = run_sync(
-        ledger_protocol.give_back(CLIENT, Ledger(kv, earlier.lineage), [(1, "m1"), (2, "m1")])
-    )
-    assert given == ledger_protocol.GivenBack(0, {}), "given back already"
+    kept: list[ledger_protocol.Marks] = []
+
+    async def keep(marks: ledger_protocol.Marks) -> None:
+        kept.append(marks)
+
+    keys = [(1, "m1"), (2, "m1")]
+    given = run_sync(ledger_protocol.give_back(CLIENT, Ledger(kv, earlier.lineage), keys, keep))
+    assert (given, kept) == (0, [{}]), "given back already"
 
 
-def test_a_query_that_stops_before_its_next_pointer_write_keeps_the_give_back_s_marks(
-    kv: MemoryBucket, given_back: list[bytes]
+def test_a_give_back_writes_its_marks_to_the_pointer_before_it_removes_the_entries(
+    kv: MemoryBucket, given_back: list[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A new checkpoint's run gave back an earlier query's acked entry, then failed (on its
-    sink) before any other pointer write: the mark would have been lost with it, and the next
-    checkpoint's query would read on a consumer created again below it (seed 5265 of the
-    simulation's worlds with the recreation, new checkpoints and failing sink writes: 2 emitted
-    again after 4). At stop the pointer is written with it; when it is written already, not."""
+    """A new checkpoint's driver gave back an earlier query's acked entry and died before its
+    next pointer write: the mark, in its memory only, was lost, and a consumer created again
+    below it was read on by a later run (seeds 150 and 247 of the simulation's worlds with the
+    recreation: an acked message came after a newer one of its key; 5265 likewise, a run that
+    failed on its sink). The give-back writes the pointer with its marks before it removes a
+    single entry, so a driver that dies as it removes them has kept them."""
     query_that_acked_4_to_8(kv)
-    failing = driver(kv)
-    run_sync(failing.adopt(SourceOffset.initial(uuid.uuid4().hex)))
-    run_sync(failing.give_back_replaced(CLIENT))
-    pointer = run_sync(read_pointer(kv, "query.S.g"))
-    assert pointer is not None and pointer.acked_earlier == {}  # in its memory only
-    run_sync(failing.save_marks())
+
+    class Died(Exception):
+        pass
+
+    async def dies(self: Ledger, gen: int, slot: str) -> None:
+        raise Died
+
+    dying = driver(kv)
+    run_sync(dying.adopt(SourceOffset.initial(uuid.uuid4().hex)))
+    with monkeypatch.context() as removing:
+        removing.setattr(Ledger, "delete_entry", dies)
+        with pytest.raises(Died):
+            run_sync(dying.give_back_replaced(CLIENT))
     pointer = run_sync(read_pointer(kv, "query.S.g"))
     assert pointer is not None and pointer.acked_earlier == {"S": {"c1": [[4, 8]]}}
-    revision = kv.values["query.S.g"][1]
-    run_sync(failing.save_marks())
-    assert kv.values["query.S.g"][1] == revision  # nothing new to keep
     next_checkpoint = driver(kv)
     run_sync(next_checkpoint.adopt(SourceOffset.initial(uuid.uuid4().hex)))
     assert next_checkpoint.seen.acked_through("S", "c1") == 8

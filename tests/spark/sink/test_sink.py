@@ -249,9 +249,14 @@ def test_streaming_group_to_stream_exactly_once_across_a_replay(
     forget_commit()
     assert stores_probe(client, sink_stream, "newest")  # its id is newer than every row's
     config = run_sync(client.api.stream_info(sink_stream)).config
-    run_sync(client.api.update_stream({**config, "duplicate_window": int(1.0 * NANOS)}))
-    # The server purges ids older than the new 1 s window on its own timer: once the probe,
-    # stored after every row, is forgotten, so are the rows' ids.
+    # An update that changes the window fires the server's purge timer at once, but before it
+    # applies the new window (nats-server 2.15 stream.go, update): a purge that wins that race
+    # keeps the old 600 s and sleeps that long. A second change, from 2 s to 1 s, fires it again
+    # with a window of at most 2 s whichever side wins.
+    for seconds in (2.0, 1.0):
+        run_sync(client.api.update_stream({**config, "duplicate_window": int(seconds * NANOS)}))
+    # The server purges ids older than the window on its own timer: once the probe, stored
+    # after every row, is forgotten, so are the rows' ids.
     wait_until(lambda: stores_probe(client, sink_stream, "newest"), 60, "the window to pass")
     assert run_once() == 500
     assert len(values(client, sink_stream)) == 1000

@@ -674,11 +674,6 @@ class BatchCoordinator:
                     await self.ack_through(self.committed)
                 except Exception as error:  # the next start acks them: stop must still finish
                     log.warning("acks at stop failed (the next start sends them): %s", error)
-            if self.ledger.lineage is not None:
-                try:
-                    await self.ledger.save_marks()
-                except Exception as error:  # stop must still finish
-                    log.warning("writing the ledger's pointer at stop failed: %s", error)
             await self._release_pins(self.client)
             if self.presence is not None:
                 try:

@@ -239,9 +239,9 @@ class SeenConsumers:
         return _by_stream({key: [s.created, s.ack_floor] for key, s in seen.items()})
 
     def given_back(self, acked: Mapping[tuple[str, str], Collection[int]]) -> None:
-        """Take what a give-back removed of entries that had acked (`GivenBack.acked`): above a
-        consumer's ack floor as last seen, a consumer created again that starts below it would
-        deliver it again, which the ledger no longer drops."""
+        """Take what a give-back removes of entries that had acked (`ledger_protocol.Marks`):
+        above a consumer's ack floor as last seen, a consumer created again that starts below it
+        would deliver it again, which the ledger no longer drops."""
         for key, seqs in acked.items():
             before = self.last_seen(*key)
             above = {seq for seq in seqs if seq > (before.ack_floor if before else 0)}

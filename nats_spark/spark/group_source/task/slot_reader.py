@@ -319,11 +319,10 @@ class SlotReader:
         worlds with another client whose executors pause)."""
         try:
             recorded = await recorder.finish() | set(self.entry.recorded_earlier.stream_seq)
-            held, since = self.keeper.held, self.keeper.since
+            held = self.keeper.held
             again = set() if kept_by_taker else self.keeper.again
             given_back = [seq for seq in held if seq not in recorded or seq in again]
-            # each with when its ack wait surely started (`surely_running`)
-            unrecorded = [(held[seq], since.get(seq, -math.inf)) for seq in given_back]
+            unrecorded = self.keeper.held_deliveries(given_back)
             if self.accepting is not None:  # its acceptance failed: what of it was not held
                 replies = set(held.values())
                 chunk, sent = self.accepting
@@ -351,9 +350,8 @@ class SlotReader:
         NAKed here, as `give_back_unrecorded` does for a read cut short; else it waits out its
         ack wait behind newer messages of its key (seed 162 of the replaced-mid-batch worlds)."""
         try:
-            held, since = self.keeper.held, self.keeper.since
-            again = [seq for seq in self.keeper.again if seq in held]
-            came_again = [(held[seq], since.get(seq, -math.inf)) for seq in again]
+            again = [seq for seq in self.keeper.again if seq in self.keeper.held]
+            came_again = self.keeper.held_deliveries(again)
             self.keeper.release(again)
             await self.give_back(came_again)
         except Exception as error:  # they come back after their ack wait
