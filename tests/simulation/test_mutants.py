@@ -115,8 +115,9 @@ RARE = {
     # In the fixed worlds of seeds 2212 and 5367 of the packed pausing worlds with another
     # client, without it (`Mutant.edit`, 2026-12-01; 1893 found the hole): the first two of
     # 0-999, of which 37 catch it; 32 and 85 the first on the schedules of ledger format 3 with
-    # the seal (11 of 0-999 there).
-    "cancelled-record-leaves-its-chunks": (25, 56),
+    # the seal (11 of 0-999 there). Since a release restarts what it recorded (2026-12-01): the
+    # first two of 0-999.
+    "cancelled-record-leaves-its-chunks": (13, 80),
     # In worlds where a job of the user's reads a batch's tasks first and Spark stops them after
     # their first rows, with pausing executors and another client (`Mutant.edit`): the first
     # two of 0-1999 (2026-11-30; 1707 the third). None of 0-3999 without the early stops.
@@ -151,12 +152,13 @@ RARE = {
     # of the stopped query's task took over an entry a crashed attempt had recorded in, after
     # the give-back's fence and before its listing, and removed it.
     "fenced-take-over-removes-what-it-holds": (199, 271),
-    # In the replaced-mid-batch worlds (`Mutant.edit`), the only one of 0-15000 (2026-11-30;
-    # the seed that found the hole): an attempt read the give-back's rewrite of its head back
-    # as its own lost-answer write.
-    # Lost on the schedules of 2026-12-01 (h68: a release restarts what it recorded): 13576 no
-    # longer catches it, nor does any of 0-999 or 12000-15999; to be hunted again.
-    "give-back-rewrites-the-head-as-is": (13576,),
+    # In the replaced-mid-batch worlds whose lost answers come late, with a backlog the stopped
+    # batch records and no other faults (`Mutant.edit`: `GIVE_BACKS_BETWEEN_LOST_ANSWERS`): the
+    # first two of 0-999, of which 35 catch it (2026-12-01; 13576, the only one of 0-15000 of
+    # the replaced-mid-batch worlds, found the hole and lost it once a release restarted what
+    # it recorded): an attempt read the give-back's rewrite of its head back as its own
+    # lost-answer write.
+    "give-back-rewrites-the-head-as-is": (0, 41),
     # In worlds whose stopped query's attempts send their pull after a refused pin late
     # (`Mutant.edit`, 2026-12-01): the first two of 0-999, of which 24 catch it; on the
     # schedules of ledger format 3 with the seal (and main's give-back at the seal), 16, the
@@ -171,13 +173,15 @@ RARE = {
     # In the worlds of cancelled-record-leaves-its-chunks (`Mutant.edit`): the only one of
     # 0-1999 (2026-12-01; 264 found the hole on the schedules of ledger format 3);
     # test_keeper's test_a_round_confirmed_after_a_delivery_came_again_keeps_that_delivery_s_start
-    # fails under it too.
-    "round-dates-back-a-later-delivery": (1121,),
+    # fails under it too. Since a release restarts what it recorded (2026-12-01): 711, the only
+    # one of 0-3999.
+    "round-dates-back-a-later-delivery": (711,),
     # In the replaced-mid-batch worlds without siblings whose attempts run on fresh executors and
     # pause at their run's stop (`Mutant.edit`, 2026-12-01; 2308 was the first of 0-3819 of those
     # worlds without the pauses, 3819 found the hole): the first two of 0-999, of which 41 catch
     # it; 19 and 26 the first on the schedules of ledger format 3 with the seal (27 of 0-999).
-    "failed-acceptance-chunk-kept": (19, 38),
+    # Since a release restarts what it recorded (2026-12-01): the first two of 0-999.
+    "failed-acceptance-chunk-kept": (55, 111),
     # In worlds with another client whose executors pause, under a 4 s wait (`Mutant.edit`):
     # since a record runs to its end however its attempt is cancelled, the only one of 0-15000
     # (2026-11-30; 851, which found the hole, moved).
@@ -195,16 +199,19 @@ FIRST_CATCHING = {
     # In worlds on nats-server 2.11-2.12 whose operator follows a refusal's advice: 3 of 0-4
     # (2026-11-30); it only refuses where no operator restarts the query.
     "new-consumer-floor-read-as-reported": 1,
-    "cut-off-chunk-stranded": 248,  # and 555, of 0-599 (2026-11-30)
+    "cut-off-chunk-stranded": 1333,  # and 1622 (2026-12-01; 248 and 555 of 0-599 before)
     # In worlds on nats-server 2.11-2.12 whose operator follows a refusal's advice: 3 of 0-400
     # (97, 147, 326; 2026-11-30).
     "sibling-partition-messages-taken-as-unread": 97,
-    # In the same worlds: the only one of 0-1000 (2026-11-30; the seed that found the hole).
-    "new-consumer-start-ignored": 669,
+    # In the same worlds: the only one of 0-1000 (2026-11-30; the seed that found the hole);
+    # 1026 and 1486 of 0-1999 since a release restarts what it recorded (2026-12-01).
+    "new-consumer-start-ignored": 1026,
     # In worlds whose operator follows a refusal's advice: the first of 0-400 (2026-11-30).
     "other-subjects-counted-unread": 46,
-    "short-key-listing": 125,  # 247 before the adopt listed chunks too (a cut of a longer list)
-    "latest-seen-taken-as-committed": 28,
+    # Since a release restarts what it recorded (2026-12-01); 125 before, 247 before the adopt
+    # listed chunks too (a cut of a longer list).
+    "short-key-listing": 3,
+    "latest-seen-taken-as-committed": 4,
     "initial-offset-new-lineage": 32,
     "new-checkpoint-takes-earlier-batch": 32,
     "replaced-lineage-forgotten": 262,
@@ -212,18 +219,20 @@ FIRST_CATCHING = {
     # since the adopting driver removed headless chunks, 17 before that).
     "zombie-chunks-left": 190,
     # In worlds with pausing executors, once their quiet run waits for the attempts Spark lost:
-    # 14 of 0-300 since the adopting driver removes headless chunks (91 before).
-    "zombie-recreates-settled": 14,
+    # 14 of 0-300 since the adopting driver removes headless chunks (91 before); 56 since a
+    # release restarts what it recorded (2026-12-01).
+    "zombie-recreates-settled": 56,
     "acks-uncommitted-at-stop": 4,
     "stale-pin-ends-the-batch": 1,
     # Since a source error no fault explains breaks the schedule (2026-11-29): 2 of 0-300
-    # (43, 218).
-    "give-back-fails-on-an-empty-entry": 43,
+    # (43, 218); 260 and 270 since a release restarts what it recorded (2026-12-01).
+    "give-back-fails-on-an-empty-entry": 260,
     # In worlds where another client reads the overflow consumer (`Mutant.edit`): 5 of 0-153
     # (12, 19, 39, 40, 85; 2026-11-29).
     "sealed-kept-only-once-due": 12,
-    # The only one of 0-4000 of those worlds (2026-11-30).
-    "rerun-batch-unkept": 230,
+    # The only one of 0-4000 of those worlds (2026-11-30: 230); 5 and 187 since a release
+    # restarts what it recorded (2026-12-01).
+    "rerun-batch-unkept": 5,
     # In worlds whose server restarts bring back removed keys: the first of 0-2500 of each.
     "returned-entries-kept": 74,
     # Since a record runs to its end however its attempt is cancelled (2026-11-30), 137, the
