@@ -50,7 +50,7 @@ from nats_spark.pcg.consumers import (
 from nats_spark.pcg.partitioning import member_partitions, partition_for
 from nats_spark.pcg.store import GroupKind, load_group
 from nats_spark.spark.group_source.ledger import Ledger, pointer_key, read_deliveries, read_head
-from nats_spark.spark.group_source.ledger_protocol import ack
+from nats_spark.spark.group_source.ledger_protocol import Marks, ack
 from nats_spark.spark.group_source.slot_partition import SlotPartition, SlotReading
 
 SPARK_VERSION = tuple(int(part) for part in pyspark.__version__.split(".")[:2])
@@ -909,3 +909,7 @@ def assert_no_pandas_in_workers() -> None:
         with contextlib.suppress(OSError):
             maps = (Path("/proc") / str(pid) / "maps").read_text()
             assert "/pandas/" not in maps, f"pyspark worker {pid} imported pandas"
+
+
+async def unkept(marks: Marks) -> None:
+    """A give-back's `keep_marks` where no driver keeps them."""

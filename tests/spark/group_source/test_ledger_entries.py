@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from memory_bucket import MemoryBucket, attempt
+from spark_helpers import unkept
 
 from nats_spark import clock
 from nats_spark.connection import ConnectionSettings
@@ -63,10 +64,6 @@ from tests.simulation.scheduler import START_TIME, VirtualLoop
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("short_holds")]
 
 PREFIX = b"$JS.ACK.S.c1"
-
-
-async def unkept(marks: ledger_protocol.Marks) -> None:
-    """A give-back's `keep_marks` where no driver keeps them."""
 
 
 @pytest.fixture
