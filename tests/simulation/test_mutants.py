@@ -244,7 +244,7 @@ FIRST_CATCHING = {
 UNCAUGHT: dict[str, str] = {
     "found-consumer-drops-acked-marks": "seed 2550 of the worlds whose operator follows the "
     "advice caught it, the only one of 0-3000; its schedule moved once the give-back writes "
-    "its marks (2026-12-01, `KNOWN_OPEN` now), and none of 0-3999 of those worlds does since; "
+    "its marks (2026-12-01, `KNOWN_OPEN` then), and none of 0-3999 of those worlds does since; "
     "test_consumer_checks's "
     "test_marks_a_consumer_found_created_again_passed_stay_until_it_is_judged fails under it",
     "refusal-leaves-the-pointer-behind": "seeds 13, 129 and 255 of the worlds whose operator "
