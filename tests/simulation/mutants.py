@@ -219,7 +219,8 @@ STOPPED_MID_DEDUPE = (
 # no drawn faults, and three in ten compare-and-set answers lost, each coming up to 0.8 s late
 # (`lost_answers_late`): the new checkpoint's give-back often reads and takes an entry between
 # an attempt's write and its reading the head back after the lost answer. 35 of seeds 0-999
-# catch `give-back-rewrites-the-head-as-is` (12 without the late answers).
+# catch `give-back-rewrites-the-head-as-is` (12 without the late answers; 34 on the schedules
+# of ledger format 3 with the seal).
 GIVE_BACKS_BETWEEN_LOST_ANSWERS = (
     *REPLACED,
     ("shared", False),

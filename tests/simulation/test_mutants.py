@@ -154,9 +154,10 @@ RARE = {
     "fenced-take-over-removes-what-it-holds": (199, 271),
     # In the replaced-mid-batch worlds whose lost answers come late, with a backlog the stopped
     # batch records and no other faults (`Mutant.edit`: `GIVE_BACKS_BETWEEN_LOST_ANSWERS`): the
-    # first two of 0-999, of which 35 catch it (2026-12-01; 13576, the only one of 0-15000 of
-    # the replaced-mid-batch worlds, found the hole and lost it once a release restarted what
-    # it recorded): an attempt read the give-back's rewrite of its head back as its own
+    # first two of 0-999, of which 35 catch it (2026-12-01; 34 of 0-999 on the schedules of
+    # ledger format 3 with the seal, the first 22 and 41; 13576, the only one of 0-15000 of the
+    # replaced-mid-batch worlds, found the hole and lost it once a release restarted what it
+    # recorded): an attempt read the give-back's rewrite of its head back as its own
     # lost-answer write.
     "give-back-rewrites-the-head-as-is": (0, 41),
     # In worlds whose stopped query's attempts send their pull after a refused pin late
