@@ -138,17 +138,19 @@ class InProgressKeeper:
         alone would leave them unkept for up to another third of the wait."""
         await self.restart([self.held[seq] for seq in seqs if seq in self.held])
 
-    async def restart_running(self) -> None:
+    async def restart_running(self, came_again: bool = False) -> None:
         """Restart at once the ack wait of the held deliveries whose wait surely runs
         (`surely_running`): a `+WPI` of one whose wait may have run out would restart another
-        reader's delivery of it. Not of what came again (`again`): its holder gives those back,
-        or leaves them to a taker that keeps them. None counts as restarted: the holder lets
-        them go."""
+        reader's delivery of it. Of those that did not come again (`again`), or with
+        `came_again` of those that did: their holder gives them back, or, once its release
+        landed, leaves them to a taker that keeps them. None counts as restarted: the holder
+        lets them go."""
         now, since, wait = clock.monotonic(), self.since, self.ack_wait
         running = [
             reply
             for seq, reply in self.held.items()
-            if seq not in self.again and surely_running(since.get(seq, -math.inf), now, wait)
+            if (seq in self.again) == came_again
+            and surely_running(since.get(seq, -math.inf), now, wait)
         ]
         await self.restart(running)
 

@@ -278,14 +278,15 @@ class Attempts:
 
         release = entry.release
 
-        async def releasing() -> None:
-            await release()
+        async def releasing() -> bool:
+            did = await release()
             stored = _stored_head(entry) if entry.ledger is not None else None
             if stored is not None:
                 head = EntryHead.from_bytes(stored[1], stored[0])
                 if head.released and head.attempt == entry.head.attempt:  # landed
                     released = (self.now(), _named(entry))
                     self.releases.setdefault(stored[0], []).append(released)
+            return did
 
         entry.claim = claiming  # type: ignore[method-assign]
         entry.release = releasing  # type: ignore[method-assign]

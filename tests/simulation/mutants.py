@@ -438,8 +438,8 @@ MUTANTS = (
         (
             Patch(
                 SLOT_READER,
-                "                    if not (kept_by_taker and seq in recorded)\n",
-                "                    if seq not in self.entry.taken\n",
+                "                    if lost or seq not in recorded:\n",
+                "                    if seq not in self.entry.taken:\n",
             ),
         ),
         edit=REDELIVERED_TO_STOPPED_QUERIES,
@@ -1160,6 +1160,28 @@ MUTANTS = (
         # once the job reading the batch's tasks first has ended, seconds after the release (2
         # of 0-499 catch it, 2026-12-01).
         edit=(*SLOW_TAKE_OVERS, ("ack_wait", 6.0), ("slow_ledger", 0.25)),
+    ),
+    Mutant(
+        "came-again-naked-before-the-release",
+        "an attempt Spark closed NAKed, before its release, the recorded deliveries that came "
+        "again to it (its stall let their waits run out): the retry that took the entry over "
+        "committed them, and another client of the overflow consumer took one from the "
+        "redelivery queue first (seed 723 of the slow-ledger worlds with early stops, a 4 s "
+        "wait and the drawn faults)",
+        (
+            Patch(
+                SLOT_READER,
+                "            again = self.keeper.again if lost else set()\n",
+                "            again = set() if kept_by_taker else self.keeper.again\n",
+            ),
+        ),
+        # The worlds of `taken-over-renewed-after-fence` under a 4 s wait, the answers to the
+        # attempts' ledger requests up to 0.4 s, with the drawn faults (their stalls).
+        edit=(
+            *(edit for edit in SLOW_TAKE_OVERS if edit[0] != "chaos"),
+            ("ack_wait", 4.0),
+            ("slow_ledger", 0.1),
+        ),
     ),
     Mutant(
         "taker-s-delivery-given-back",

@@ -99,6 +99,10 @@ RARE = {
     # In the same worlds under a 6 s wait, answers up to 1.5 s (`Mutant.edit`): the two of
     # 0-499 (2026-12-01; 52, which found the hole, passes under it: the taker's restart).
     "released-unrenewed": (349, 418),
+    # In the same worlds under a 4 s wait, answers up to 0.4 s and the drawn faults
+    # (`Mutant.edit`): 723, the only one of 0-999, which found the hole, and 1277 (2026-12-01;
+    # 10 other seeds of 1000-2999 fail unmutated: the late takers of docs/faults.md).
+    "came-again-naked-before-the-release": (723, 1277),
     # In worlds with another client whose drivers die at 3% of their points and whose server
     # restarts after every round of acks, up to 10 times (`Mutant.edit`): the first two of
     # 0-999, of which 12 catch it (2026-12-01; 8 of 0-999 on the schedules of ledger format 3

@@ -77,6 +77,23 @@ ADVICE_CHECK, ADVICE_EXPLORED = range(0, 20), range(20, 300)
 # keep every guarantee. A change of the schedules makes them other schedules; the holes found
 # before are kept as mutants (mutants.py, test_mutants.py), which do not depend on seeds.
 CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
+    723: (
+        {
+            "other_client": True,
+            "early_stops": True,
+            "messages": 30,
+            "per_batch": 50,
+            "fetch_batch": 1,
+            "ack_wait": 4.0,
+            "slow_ledger": 0.1,
+        },
+        "attempt b1/c#1#early recorded 11 and 12 (10.8), stalled 3.8 s in a head write (4 s "
+        "wait), took both again (15.4), and Spark closed it (17.5): it NAKed them before its "
+        "release (18.05); the full read's retry took the entry over and committed them, and the "
+        "other client took 12 from the redelivery queue (20.76). The release now decides: "
+        "landed, their wait is restarted and the taker keeps them (found by helper-68, fixed by "
+        "helper-72, 2026-12-01)",
+    ),
     851: (
         {"other_client": True, "stalling_executors": True, "ack_wait": 4.0},
         "attempt b3/c#1#0 recorded message 13 (12.93), Spark lost it and it stalled 6.3 s; the "
@@ -594,21 +611,6 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # once the give-back's pointer write moved its schedule (h69), passes since a release
     # restarts what it recorded (2026-12-01, h68): its hole is open without a seed (none of
     # 0-7999 of those worlds breaks a guarantee; docs/faults.md, seed 2550's paragraph).
-    723: (
-        {
-            "other_client": True,
-            "early_stops": True,
-            "messages": 30,
-            "per_batch": 50,
-            "fetch_batch": 1,
-            "ack_wait": 4.0,
-            "slow_ledger": 0.1,
-        },
-        "an attempt Spark closed early NAKs, before its release, the recorded deliveries that "
-        "came again to it (its stall let their waits run out): the retry that takes the entry "
-        "over commits them, and the other client took 12 from the redelivery queue first "
-        "(docs/faults.md, the slow-ledger worlds; found by helper-68, 2026-12-01)",
-    ),
     # The hunts of 2026-11-30 found 16463, 21621 (other-client), 2766, 8306 (packed), 782,
     # 5797, 5089 and 5442 (other-client, 4 s wait), 1347 and 689 (other-client worlds whose
     # executors pause), 18241 (other-client, 4 s wait, restarts after a tenth of the rounds of

@@ -779,6 +779,51 @@ def test_an_attempt_restarts_the_wait_of_what_it_recorded_before_it_releases_its
     assert steps == [("+WPI", 2), ("update", Ledger(kv, lineage).head_key(1, "m1"))]
 
 
+@pytest.mark.parametrize("given_back", [False, True])
+def test_a_closed_attempt_leaves_a_recorded_delivery_that_came_again_to_its_release(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch, given_back: bool
+) -> None:
+    """An attempt Spark closed holds 2, recorded, delivered to it again (its wait ran out in a
+    stall). Neither closed nor failed tells it who has the entry; its release does. Landed, a
+    retry of the query takes the entry over and commits 2: the attempt restarts the wait of the
+    later delivery (the taker's `+WPI` then keeps it), where a NAK let another client of the
+    consumer take it first (seed 723 of the simulation's slow-ledger worlds with early stops).
+    Refused, a new checkpoint's give-back took the entry, whose NAK of 2 is what may have
+    brought it again: the attempt NAKs it, or it waits out its wait behind newer messages of its
+    key (seed 162)."""
+    now = [1000.0]
+    monkeypatch.setattr(clock, "_source", lambda: now[0])
+    steps: list[tuple[str, object]] = []
+    update = kv.update
+
+    async def updating(key: str, value: bytes, last: int) -> int:
+        steps.append(("update", key))
+        return await update(key, value, last)
+
+    async def acking(nc: object, commands: list[bytes], count: int) -> int:
+        sent = b"".join(commands)
+        steps.append(("-NAK" if b"-NAK" in sent else "+WPI" if b"+WPI" in sent else "?", count))
+        return count
+
+    monkeypatch.setattr(acks, "send_acks", acking)
+    p = input_partition(lineage, ack_wait=12.0)
+    reader = slot_reader.SlotReader(p, SimpleNamespace(nc=None))  # type: ignore[arg-type]
+    reader.entry.ledger = Ledger(kv, lineage)
+    run_sync(reader.claim())
+    take(reader.entry, [1, 2])
+    reader.keeper.hold([1, 2], first_deliveries(1, 2).replies, now[0])
+    now[0] += 1.0
+    reader.keeper.redelivered(2, b"$JS.ACK.S.C.2.2.3.0.0", now[0])
+    reader.came_again_undecided = True  # closed: `give_back_unrecorded` left 2 to the release
+    if given_back:
+        run_sync(ledger_protocol._taken_from_its_attempt(Ledger(kv, lineage), 1, "m1"))
+    monkeypatch.setattr(kv, "update", updating)
+    run_sync(reader.abandon())
+    key = Ledger(kv, lineage).head_key(1, "m1")
+    later = ("-NAK", 1) if given_back else ("+WPI", 1)
+    assert steps == [("+WPI", 1), ("update", key), later]
+
+
 # DriverLedger
 
 
