@@ -64,11 +64,14 @@ class MessageColumns:
 
 class RawInbox(MessageColumns):
     """A routed subscription's messages as the parser appends them; `arrived` is called once per
-    read that added any."""
+    read that added any, `lost` when the connection is lost (what came until then came on it)."""
 
-    def __init__(self, arrived: Callable[[], None]) -> None:
+    def __init__(
+        self, arrived: Callable[[], None], lost: Callable[[], None] = lambda: None
+    ) -> None:
         super().__init__()
         self.arrived = arrived
+        self.lost = lost
 
 
 async def queue_command(nc: NATS, command: bytes) -> None:
@@ -96,6 +99,17 @@ def server_info(nc: NATS) -> dict[str, Any]:
     return nc._server_info or {}
 
 
+def reconnects(nc: NATS) -> int:
+    """How many times the connection was made again after it was lost."""
+    return int(nc.stats["reconnects"])
+
+
+def unsent(nc: NATS) -> bool:
+    """Whether commands wait in the connection's buffer, unwritten: after a lost connection,
+    nats-py writes them to the next server it connects to."""
+    return nc._pending_data_size > 0
+
+
 def server_scheme(nc: NATS) -> str:
     """The URL scheme of the server the connection uses now ('' before it has one)."""
     server = nc._current_server
@@ -119,8 +133,13 @@ class RoutingParser(Parser):
         self.wanted = 0  # bytes the buffer must hold before a message in it is complete
 
     def reset(self) -> None:
+        """Called by nats-py as the connection is lost (and once at the start): the inboxes
+        routed here hear of it before anything of the next connection comes."""
         super().reset()
         self.wanted = 0
+        for route in getattr(self, "routes", {}).values():  # none yet at the start
+            if isinstance(route, RawInbox):
+                route.lost()
 
     async def parse(self, data: bytes = b"") -> None:
         buf = self.buf

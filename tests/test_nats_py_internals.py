@@ -42,7 +42,13 @@ def test_nats_py_still_has_the_internals_the_connector_uses(name: str) -> None:
 
 def test_nats_py_client_state_the_connector_reads(client) -> None:
     nc = client.target.nc
-    for attribute in ("_reading_task", "_transport", "_server_info", "_current_server"):
+    for attribute in (
+        "_reading_task",
+        "_transport",
+        "_server_info",
+        "_current_server",
+        "_pending_data_size",
+    ):
         assert hasattr(nc, attribute), f"nats-py Client has no {attribute}; adapt {ADAPTER}"
     assert isinstance(nc._ps, RoutingParser), f"the connection's parser is not {ADAPTER}'s"
     fields = {"buf", "reset", "parse"}

@@ -336,7 +336,7 @@ class PullConsumer:
         self.group = group
         self.pin_id = pin_id
         self.subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
-        self.inbox = PullInbox(nc)
+        self.inbox = PullInbox(nc, served_by_connected=api_prefix == "$JS.API")
         # What a whole pull had gathered when its reader was cancelled: `collect_late`'s
         self.cut_off = Deliveries()
 

@@ -233,6 +233,41 @@ def test_heartbeat_missed_when_server_dies_mid_pull() -> None:
             run_sync(own.target.close())
 
 
+def test_a_pull_a_restart_forgot_stops_dating_later_deliveries() -> None:
+    """A standalone server was killed and started again while a pull waited on it (a clean
+    shutdown ends it, 409 Server Shutdown): it forgot the pull and never ends it. After the
+    reconnect (a server of another id), a later pull's delivery is dated from that pull's
+    making, not the forgotten one's (seed 1656 of helper-69's world of dying drivers: dated
+    16 s back, over half the ack wait, its give-back skipped the NAK)."""
+    with EmbeddedServer() as server:
+        settings = ConnectionSettings(servers=(server.url,), reconnect_time_wait=0.2)
+        own = open_blocking(settings)
+        try:
+            api = Blocking(own.api)
+            api.create_stream({"name": "RST", "subjects": ["rst.>"], "storage": "file"})
+            make_consumer(own, "RST", "C", None, group=GROUP)
+            consumer = own.pull_consumer("RST", "C")
+            nc = own.target.nc
+
+            async def scenario() -> tuple[float, float, float]:
+                forgotten = await consumer.pull(1, expires=60)
+                await nc.flush()
+                await asyncio.to_thread(server.kill)
+                await asyncio.to_thread(server.start)
+                while nc.stats["reconnects"] < 1 or not nc.is_connected:
+                    await asyncio.sleep(0.05)
+                later = await consumer.pull(1, expires=5, whole=True)
+                await own.js.publish("rst.k", b"x")
+                while not len(consumer.inbox._received):
+                    await asyncio.sleep(0.01)
+                return forgotten.sent, later.sent, consumer.requested_since()
+
+            forgotten_sent, later_sent, since = run_sync(scenario())
+        finally:
+            run_sync(own.target.close())
+    assert forgotten_sent < since <= later_sent
+
+
 PRIORITY_REJECTIONS = [
     # (policy, group the client pulls with, fetch options, pin id sent, server text)
     ("pinned_client", None, {}, None, "Priority Group missing"),

@@ -48,6 +48,8 @@ WORLDS = {
     "replaced_mid_batch": "a query stopped mid-batch is replaced at once by one on a new "
     "checkpoint",
     "removals_return": "the server's restarts are unclean and bring back removed ledger keys",
+    "recreate_consumer": "a consumer is deleted and created again (DeliverAll) while the query "
+    "reads it",
     "floor_from_zero": "nats-server 2.11-2.12: a new consumer reports its ack floor as 0 until "
     "an ack",
     "follows_advice": "an operator does what a refusal of a consumer created again says",

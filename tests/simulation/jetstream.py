@@ -655,7 +655,12 @@ class SimPullConsumer:
         return chunk
 
     def requested_since(self) -> float:
-        unended = [r.made for r in self.requests if r.status is None or r.delivered]
+        """As `PullInbox.requested_since`: a request a restart forgot counts until what it
+        delivered was taken (the client sees the standalone server's new id on reconnecting;
+        requests reach the server at once here, none is left unwritten at the loss)."""
+        unended = [
+            r.made for r in self.requests if (r.status is None and not r.dropped) or r.delivered
+        ]
         return min(unended, default=clock.monotonic())
 
     async def collect_late(self, patience: float) -> Deliveries:

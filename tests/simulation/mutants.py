@@ -45,6 +45,7 @@ ACCEPTANCE = "nats_spark.spark.group_source.task.acceptance"
 ACKS = "nats_spark.jetstream.acks"
 REPLIES = "nats_spark.jetstream.replies"
 WORLD = "tests.simulation.world"
+SIM_JETSTREAM = "tests.simulation.jetstream"
 # Worlds on Spark 4.2+'s call order and on 4.0/4.1's (`spark.V42`, `spark.V40`, spelled again
 # here: importing spark would import the modules a mutant patches).
 SPARK_42 = ("version", "4.2+")
@@ -458,6 +459,23 @@ MUTANTS = (
             ),
         ),
         edit=REFUSED_PULLS_SENT_LATE,
+    ),
+    Mutant(
+        "taker-judged-at-the-lost-write",
+        "an attempt that lost its entry to another attempt of the query judged whether that one "
+        "kept what came again only from the head its failed write found: a new checkpoint's "
+        "give-back removed the entry after, NAKing what it named, and the redelivery came to "
+        "the attempt's request still out, unNAKed, to wait out its wait behind a newer message "
+        "of its key (seed 1141 of the worlds of cancelled-record-leaves-its-chunks)",
+        (
+            Patch(
+                SLOT_READER,
+                "            if kept_by_taker and await self.taker_lost_it(recorded, late_seqs):\n",
+                "            if False:\n",
+            ),
+        ),
+        edit=ZOMBIES_WAKING_TO_REMOVED_ENTRIES,
+        packed=True,
     ),
     Mutant(
         "round-dates-back-a-later-delivery",
@@ -1389,6 +1407,38 @@ MUTANTS = (
         edit=(("recreate_consumer", True), ("follows_advice", True)),
     ),
     Mutant(
+        "refusal-advises-past-the-batch",
+        "a refusal of a consumer created again advised the start right after what the query and "
+        "an earlier checkpoint's query acked, past what the refused batch held (taken from the "
+        "new consumer): a consumer created there took those as acked, a purge of what it acked "
+        "took them, and the batch failed on DataLoss at every run again (seed 2550 of the "
+        "worlds whose operator follows the advice)",
+        (
+            Patch(
+                SLOT_ENTRY,
+                "        if not self.partition.siblings:\n            return set(self.taken)\n"
+                "        return self.taken | await self.recorded_by_siblings()\n",
+                "        return set()\n",
+            ),
+        ),
+        edit=(("recreate_consumer", True), ("follows_advice", True)),
+    ),
+    Mutant(
+        "marks-the-batch-holds-refused",
+        "a consumer created again below what a query on an earlier checkpoint acked was refused "
+        "even where the batch run again held those messages (its entries drop the consumer's "
+        "deliveries of them): the refusal's advice, the first message that batch held, was "
+        "refused again (seed 2550 of the worlds whose operator follows the advice)",
+        (
+            Patch(
+                CONSUMER_CHECKS,
+                "max((s for s in acked_earlier if s not in skipped.committed), default=0)",
+                "max(acked_earlier, default=0)",
+            ),
+        ),
+        edit=(("recreate_consumer", True), ("follows_advice", True)),
+    ),
+    Mutant(
         "other-subjects-counted-unread",
         "a consumer created again was judged against every message between the floors the query "
         "had not committed, another partition's too (not committed yet, or its entry settled "
@@ -1398,11 +1448,44 @@ MUTANTS = (
         (
             Patch(
                 BATCH_COORDINATOR,
-                "fail_on_data_loss, own_from)\n",
-                "fail_on_data_loss)\n",
+                "lost_ok, own_from, replayed=",
+                "lost_ok, replayed=",
             ),
         ),
         edit=(("recreate_consumer", True), ("follows_advice", True)),
+    ),
+    Mutant(
+        "forgotten-pull-dates-late-deliveries",
+        "a pull request a restart of the server forgot (never ended) stayed among those whose "
+        "end has not come, and dated every later late delivery of its consumer from its making: "
+        "a give-back skipped their NAKs as maybe run out, and they waited out their ack wait "
+        "behind newer messages of their keys (seed 1656 of helper-69's worlds of dying drivers: "
+        "2 after 4). The client sees it on reconnecting, a standalone server of another id "
+        "(`PullInbox`); the world's client, as `SimPullConsumer.requested_since`",
+        (
+            Patch(
+                SIM_JETSTREAM,
+                "(r.status is None and not r.dropped) or r.delivered",
+                "r.status is None or r.delivered",
+            ),
+        ),
+        # Its hole needs a pull out at a restart (a restart after every round of acks, up to
+        # 10), a later give-back of late deliveries (the consumer created again, new
+        # checkpoints at 70% of the runs, half the sink's writes failing, drivers dying), more
+        # than half a 30 s wait after it: helper-69's world of 1656.
+        edit=(
+            ("recreate_consumer", True),
+            ("shared", False),
+            ("purges", False),
+            ("messages", 30),
+            ("ack_wait", 30.0),
+            ("new_checkpoint", 0.7),
+            ("sink_failure", 0.5),
+            ("restart_after_acks", 1.0),
+            ("server_restarts", 10),
+            ("trigger_interval", 10.0),
+            ("chaos", Chaos(driver_crash=0.1, crashes=6)),
+        ),
     ),
     Mutant(
         "packed-slots-out-of-order",

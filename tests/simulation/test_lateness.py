@@ -180,6 +180,56 @@ def test_a_take_over_of_a_released_entry_holds_what_it_adopts_from_the_release(
     assert attempts.holding(SEQ, 1.0, 1.5, lambda _: True) == [closed]
 
 
+class LandingBucket(BucketView):
+    """A `BucketView` that, as `SimBucket`, tells `landed` of each head write that took effect;
+    one whose attempt is killed before the answer (`dies`) never answers."""
+
+    def __init__(self, store: MemoryBucket, dies: bool) -> None:
+        super().__init__(store)
+        self.landed: list[Any] = []
+        self.dies = dies
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        revision = int(await self.store.update(key, value, last))
+        for told in self.landed:
+            told(f"kv update {key}")
+        if self.dies:
+            await asyncio.Event().wait()  # killed: its answer never comes
+        return revision
+
+
+@pytest.mark.usefixtures("short_holds")
+@pytest.mark.parametrize("dies", [False, True])
+def test_a_take_over_of_a_released_entry_holds_from_the_release_once_it_took_effect(
+    loop: asyncio.AbstractEventLoop, dies: bool
+) -> None:
+    """Seed 194 of the worlds with another client and early stops: the batch's full read took
+    over the entry the attempt a user's job stopped had released, and was killed as its write's
+    answer came; the next attempt stood by 5 s for that head, past the 4 s wait, and the other
+    client got the message. The taker holds it from the release once its write took effect,
+    answered or not (its death then lets it out)."""
+    now = [1.0]
+    attempts, store = Attempts(lambda: now[0]), MemoryBucket()
+    closed, taker = attempt(loop), attempt(loop)
+    closed.finished.set_result([])
+    holding, taking = slot_entry("partition-0"), slot_entry("partition-0")
+    holding.ledger = Ledger(BucketView(store), "lineage")  # type: ignore[arg-type]
+    taking.ledger = Ledger(LandingBucket(store, dies), "lineage")  # type: ignore[arg-type]
+    attempts.watch(closed, holding)
+    attempts.watch(taker, taking)
+    loop.run_until_complete(holding.claim())
+    deliveries = EntryDeliveries(b"$JS.ACK.S.g-partition-0", [SEQ], [1], [1])
+    loop.run_until_complete(holding._write([], deliveries, None))
+    now[0] = 2.0
+    loop.run_until_complete(holding.release())
+    now[0] = 5.0
+    claiming = loop.create_task(taking.claim())
+    loop.run_until_complete(asyncio.wait([claiming], timeout=0.1))
+    assert attempts.holding(SEQ, 3.0, 4.0, lambda _: True) == [taker]
+    claiming.cancel()
+    loop.run_until_complete(asyncio.wait([claiming]))
+
+
 def test_what_an_attempt_gave_back_as_spark_closed_it_came_back_by_the_server_s_order(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
@@ -313,6 +363,33 @@ def test_a_write_refused_by_a_conflict_emitted_nothing_the_head_does_not_name(
     assert attempts.writing[recording] == {5, SEQ + 1, SEQ + 2}
 
 
+def test_a_sibling_that_dropped_what_another_entry_recorded_holds_it_no_more(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Seed 26 of the worlds with another client whose executors pause: a zombie of the
+    sibling slot took the redelivery of SEQ after its wait ran out, recorded it, found the
+    other slot's entry holding it and wrote its record again without it (its keeper let it
+    go). That entry's attempt had been killed, and its retry stood by 5 s for its head, past
+    the wait: the other client got SEQ, the batch committed it, as for any dead holder. The
+    sibling was taken for the holder."""
+    now = [1.0]
+    attempts, killed, sibling = Attempts(lambda: now[0]), attempt(loop), attempt(loop)
+    killed.dead, killed.died = True, 2.0
+    attempts._hold(killed, {SEQ})
+    entry = slot_entry("partition-1")
+
+    async def write(*_: object) -> None:
+        return None
+
+    entry._write = write  # type: ignore[method-assign,assignment]
+    attempts.watch(sibling, entry)
+    now[0] = 3.0
+    loop.run_until_complete(entry._write([], EntryDeliveries(stream_seq=[SEQ]), None))
+    assert attempts.holding(SEQ, 5.0, 5.0, lambda _: True) == [sibling]
+    loop.run_until_complete(entry._write([], EntryDeliveries(stream_seq=[]), None, 1))
+    assert attempts.holding(SEQ, 5.0, 5.0, lambda _: True) == [killed]
+
+
 def test_a_seal_hands_what_it_holds_to_the_driver_once_it_landed(
     loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -437,6 +514,8 @@ def test_what_an_attempt_skipped_in_its_give_back_after_a_stall_explains(
     assert skipped([(closed, 0.5, 3.0)])  # delivered into the paused process
     assert not skipped([(closed, 1.5, 3.5)])  # half the wait: it still ran surely
     assert not skipped([(closed, 6.0, 9.0)])  # after the give-back
+    assert skipped([(closed, 1.5, 7.0)])  # still on at the give-back (seed 1244)
+    assert not skipped([(closed, 4.0, 7.0)])  # 1.5 s of it before the give-back
     assert not skipped([(closed, -2.0, 1.0)])  # over as it came
     assert not skipped([(attempt(loop), 1.5, 4.0)])  # another process's
     other_slot = Delivery(1, 1, 9.5, owner=closed, queued=9.5, at=1.0)
@@ -458,3 +537,27 @@ def test_what_an_attempt_skipped_in_its_give_back_after_a_stall_explains(
     attempts.claims.append(lateness.Claim(closed, key, 0.0, 0.5))
     attempts.taken_over_at[key] = [0.4, 3.0]  # its own take-over, then another attempt's
     assert not skipped([(closed, 1.5, 4.0)])  # its taker keeps it
+
+
+@pytest.mark.usefixtures("short_holds")
+def test_a_message_a_take_over_adopted_came_again_at_the_taker_s_first_delivery(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Seed 636 of helper-66's worlds of mutant `came-again-kept-at-a-lost-seal` whose
+    processes stall at 3% of their points: a retry took over the entry its zombie had recorded
+    1 in, and a new checkpoint's give-back removed it and NAKed 1, whose redelivery came to the
+    retry; its process stalled past half the wait, and as it failed on the removed entry its
+    give-back skipped 1. The entry named the zombie's delivery, not the retry's first one: that
+    came again, and the stall explains. Before, only an attempt's second delivery of a message
+    it recorded was taken to have come again."""
+    attempts, closed, taker = taken_over(loop, released=True, recording=True)
+    attempts.now = lambda: 9.0
+    reader = Reader()
+    attempts.watch_give_backs(taker, reader)  # type: ignore[arg-type]
+    loop.run_until_complete(reader.give_back([]))
+    consumer = Consumer(CONSUMER, "p0.", Stream(), 4.0, 100)
+    named = Delivery(1, 1, 1.5, owner=closed, given_back=True, at=1.0)
+    again = Delivery(2, 2, 10.0, owner=taker, queued=10.0, at=6.0)
+    deliveries = [named, again, Delivery(3, 3, 14.0, at=10.0)]
+    why = attempts.skipped_after_a_stall(SEQ, again, deliveries, consumer, [(taker, 6.0, 8.5)])
+    assert why == "an attempt that held it unrecorded stalled, then failed or was closed"

@@ -36,7 +36,7 @@ from nats_spark.spark.group_source.driver.targets import Held, Slot
 from nats_spark.spark.group_source.ledger import Ledger, TakenOver
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.runtime import Runtime, SeenEntries
-from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
+from nats_spark.spark.group_source.slot_partition import PackedSlots, Recreation, SlotPartition
 from nats_spark.spark.group_source.task.slot_reader import (
     SlotReader,
     packed_batches,
@@ -227,15 +227,21 @@ class SimBucket:
         self.lost_late = lost_late
         self.name = store.name
         # The checker's: told of each request that passed its scheduling point (it went out;
-        # its caller's death before that point keeps it from the server).
+        # its caller's death before that point keeps it from the server), and of each that took
+        # effect or was refused (its caller may die before its answer comes).
         self.sent: list[Callable[[str], None]] = []
+        self.landed: list[Callable[[str], None]] = []
 
     async def _call(self, what: str, call: Callable[[], Awaitable[_T]]) -> _T:
         await self.sched.point(what)
         for told in self.sent:
             told(what)
         try:
-            result = await call()
+            try:
+                result = await call()
+            finally:
+                for told in self.landed:
+                    told(what)
         except KeyWrongLastSequenceError:
             if self.lost_late is not None and (late := self.lost_late()):
                 await self.sched.sleep(late)
@@ -301,11 +307,13 @@ class Target:
     def look(self, slot: Slot, info: ConsumerInfo, skipped: Skipped = NOTHING_KNOWN) -> None:
         self.seen.look(slot.stream, slot.consumer, info, self.recreation(slot), skipped)
 
-    def recreation(self, slot: Slot) -> str:
+    def recreation(self, slot: Slot) -> Recreation:
         """The advice of the source's targets (`next_after_acked`), in the form the world's
         operator follows (`ADVICE`)."""
         start = self.seen.next_after_acked(slot.stream, slot.consumer)
-        return f"recreate {slot.consumer} with --deliver {start}, then restart the query"
+        return Recreation(
+            f"recreate {slot.consumer} with --deliver ", start, ", then restart the query"
+        )
 
 
 ADVICE = re.compile(r"recreate (\S+) with --deliver (\d+), then restart the query")

@@ -533,6 +533,13 @@ def holds_committed(head: EntryHead, gen: int, committed: int) -> bool:
     )
 
 
+def replayed(head: EntryHead, gen: int, committed: int, logged: int) -> bool:
+    """Whether the entry holds what a batch logged and not committed yet replays as it runs
+    again now: every record of a batch after `committed` up to `logged`, the batch run again
+    (0: none), sealed or open (a retry takes an open one over and replays what it holds)."""
+    return committed < gen <= logged and head.count > 0
+
+
 def awaits_acks(head: EntryHead) -> bool:
     """A finished batch's messages wait for their acks: the `SealedKeeper` keeps them from
     redelivery meanwhile."""

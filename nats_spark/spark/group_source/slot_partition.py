@@ -3,6 +3,7 @@ several slots packed into one (`PackedSlots`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pyspark.sql.datasource import InputPartition
@@ -28,6 +29,35 @@ class SlotReading:
 
 
 @dataclass(frozen=True)
+class Recreation:
+    """How to go on when a slot's consumer, which the query refuses to read on, was deleted and
+    created again: the advice `before` + a stream sequence + `after`, which names where the
+    consumer is to start again: `start` (right after what the query acked,
+    `SeenConsumers.next_after_acked`), or the first sequence a batch not committed yet holds in
+    its entries below it (`starting_by`)."""
+
+    before: str
+    start: int
+    after: str = ""
+    # False: a start below `start` is refused (a static group's consumer the query creates below
+    # what an earlier checkpoint acked: `group_consumers._check_past_acked`), so not advised
+    by_replayed: bool = True
+
+    def __str__(self) -> str:
+        return self.starting_by(())
+
+    def starting_by(self, replayed: Iterable[int]) -> str:
+        """The advice, its start no later than the first of `replayed`: what a batch logged and
+        not committed yet holds in its entries, which its run again replays from the stream. A
+        consumer created past them takes them as acked, and what purges acked messages (an
+        interest or work-queue stream, an operator) would leave the batch unable to run again
+        (`DataLoss` at every run: seed 2550 of the simulation's worlds whose operator follows
+        the advice); one created at them delivers them again, which the batch's entries drop."""
+        start = min([self.start, *replayed]) if self.by_replayed else self.start
+        return f"{self.before}{start}{self.after}"
+
+
+@dataclass(frozen=True)
 class ConsumerSighting:
     """A slot's consumer as the driver last saw it, for consumers the query refuses to read once
     they were deleted and created again (a static group's, a plain one): everything through
@@ -40,7 +70,7 @@ class ConsumerSighting:
 
     ack_floor: int
     delivered: int
-    recreation: str
+    recreation: Recreation
     created: str = ""
     started_over: bool = False
 

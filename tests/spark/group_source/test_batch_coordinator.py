@@ -25,7 +25,7 @@ from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.driver.targets import Held, Slot
 from nats_spark.spark.group_source.ledger import read_head, read_pointer
 from nats_spark.spark.group_source.options import parse_options
-from nats_spark.spark.group_source.slot_partition import SlotPartition
+from nats_spark.spark.group_source.slot_partition import Recreation, SlotPartition
 from nats_spark.spark.group_source.task.columns import SlotColumns
 
 pytestmark = pytest.mark.unit
@@ -232,10 +232,10 @@ class CheckingTarget(Target):
     """A target that checks its consumers' identity, as the source's targets do."""
 
     def look(self, slot: Slot, info: ConsumerInfo, skipped: Skipped) -> None:
-        self.seen.look(slot.stream, slot.consumer, info, "recreate it", skipped)
+        self.seen.look(slot.stream, slot.consumer, info, self.recreation(slot), skipped)
 
-    def recreation(self, slot: Slot) -> str:  # type: ignore[override]
-        return "recreate it"
+    def recreation(self, slot: Slot) -> Recreation:  # type: ignore[override]
+        return Recreation("recreate it at ", self.seen.next_after_acked(slot.stream, slot.consumer))
 
 
 def checking(reader: BatchCoordinator) -> BatchCoordinator:

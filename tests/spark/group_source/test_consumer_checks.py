@@ -28,12 +28,13 @@ from nats_spark.spark.group_source.driver.consumer_target import ConsumerTarget
 from nats_spark.spark.group_source.driver.group_consumers import ensure, from_sequence
 from nats_spark.spark.group_source.driver.slots import Held
 from nats_spark.spark.group_source.options import parse_options
-from nats_spark.spark.group_source.slot_partition import UNBOUNDED
+from nats_spark.spark.group_source.slot_partition import UNBOUNDED, Recreation
 from nats_spark.spark.shared.options import parse_starting_position
 
 pytestmark = pytest.mark.unit
 
 CREATED = "2026-11-28T19:00:00.123456789Z"
+GO_ON = Recreation("go on from ", 9)  # a target's way on, its start 9
 
 
 def info(created: str = CREATED, floor: int = 0, **config: Any) -> ConsumerInfo:
@@ -100,14 +101,14 @@ def test_the_consumers_the_source_creates_pass() -> None:
 def test_a_consumer_created_again_is_told_from_the_one_read() -> None:
     seen = SeenConsumers()
     seen.record("S", "C", info(floor=41))
-    seen.look("S", "C", info(floor=57), "go on so")  # the same consumer, further on
+    seen.look("S", "C", info(floor=57), GO_ON)  # the same consumer, further on
     assert seen.next_after_acked("S", "C") == 58
     with pytest.raises(ConfigurationError) as error:
-        seen.look("S", "C", info(created="2026-11-28T19:05:00Z"), "go on so")
+        seen.look("S", "C", info(created="2026-11-28T19:05:00Z"), GO_ON)
     assert str(error.value) == (
         "consumer 'C' on stream 'S' was deleted and created again while the query ran (created "
         f"{CREATED}, now 2026-11-28T19:05:00Z; {MOVED_CREATION}): the new one delivers again "
-        "what the query already committed; go on so"
+        "what the query already committed; go on from 9"
     )
     assert seen.next_after_acked("S", "C") == 58, "the refused consumer is not taken"
 
@@ -118,10 +119,10 @@ def test_an_earlier_created_time_is_the_same_consumer() -> None:
     Only a later time is a consumer created again."""
     seen = SeenConsumers()
     seen.record("S", "C", info(created="2026-11-28T21:14:43.287753916Z"))
-    seen.look("S", "C", info(created="2026-11-25T09:57:28.627967491Z", floor=5), "go on so")
+    seen.look("S", "C", info(created="2026-11-25T09:57:28.627967491Z", floor=5), GO_ON)
     assert seen.next_after_acked("S", "C") == 6
     with pytest.raises(ConfigurationError, match="deleted and created again"):
-        seen.look("S", "C", info(created="2026-11-25T09:57:29.1Z"), "go on so")
+        seen.look("S", "C", info(created="2026-11-25T09:57:29.1Z"), GO_ON)
 
 
 def test_where_a_new_consumer_is_exact_it_is_taken() -> None:
@@ -142,15 +143,15 @@ def test_a_consumer_created_again_while_stopped_is_told_from_the_one_remembered(
     assert seen.next_after_acked("S", "C") == 42
     assert seen.stored() == {"S": {"C": [CREATED, 41]}}, "still to be checked"
     with pytest.raises(ConfigurationError) as error:
-        seen.look("S", "C", info(created="2026-11-28T19:05:00Z"), "go on so")
+        seen.look("S", "C", info(created="2026-11-28T19:05:00Z"), GO_ON)
     assert "was deleted and created again while the query was stopped (created " in str(error.value)
     assert seen.stored() == {"S": {"C": [CREATED, 41]}}, "refused: still the one remembered"
     seen.record("S", "C", info(created="2026-11-28T19:06:00Z", floor=41))
-    seen.look("S", "C", info(created="2026-11-28T19:06:00Z", floor=45), "go on so")
+    seen.look("S", "C", info(created="2026-11-28T19:06:00Z", floor=45), GO_ON)
     assert seen.stored() == {"S": {"C": ["2026-11-28T19:06:00Z", 45]}}
     unchanged = SeenConsumers()
     unchanged.remember({"S": {"C": [CREATED, 41]}})
-    unchanged.look("S", "C", info(floor=50), "go on so")
+    unchanged.look("S", "C", info(floor=50), GO_ON)
     assert unchanged.next_after_acked("S", "C") == 51
 
 
@@ -175,10 +176,10 @@ def test_a_consumer_taken_as_created_again_since_the_last_driver_is_handed_on_on
     one delivered), and only it; one created again since this driver's own look is not (its
     batches since hold only what the new one delivered)."""
     seen = remembered(0)
-    seen.look("S", "C", info(LATER), "go on so")
+    seen.look("S", "C", info(LATER), GO_ON)
     assert seen.handed_started_over() == {("S", "C")}
     assert seen.handed_started_over() == set(), "told once"
-    seen.look("S", "C", info("2026-11-28T19:06:00Z"), "go on so")
+    seen.look("S", "C", info("2026-11-28T19:06:00Z"), GO_ON)
     assert seen.handed_started_over() == set()
 
 
@@ -188,8 +189,8 @@ def test_a_consumer_created_again_between_two_looks_before_a_batch_is_handed_sta
     all the same, and the batch that driver planned, run again, is told (seed 6791 of the
     worlds with the recreation emitted twice what the batch's first run had sealed)."""
     seen = remembered(0)
-    seen.look("S", "C", info(CREATED), "go on so")
-    seen.look("S", "C", info(LATER), "go on so")
+    seen.look("S", "C", info(CREATED), GO_ON)
+    seen.look("S", "C", info(LATER), GO_ON)
     assert seen.handed_started_over() == {("S", "C")}
 
 
@@ -199,22 +200,22 @@ def test_a_consumer_created_again_right_after_the_floor_is_read_on_and_kept() ->
     not, so it is taken, and later looks take it as the one read."""
     seen = remembered(30)
     assert seen.skipped("S", "C", created_again(30)) == range(31, 31)
-    seen.look("S", "C", created_again(30), "go on so")
+    seen.look("S", "C", created_again(30), GO_ON)
     assert seen.stored() == {"S": {"C": [LATER, 30]}}
-    seen.look("S", "C", info(LATER, 40), "go on so")
+    seen.look("S", "C", info(LATER, 40), GO_ON)
     assert seen.next_after_acked("S", "C") == 41
-    assert seen.skipped("S", "C", info(LATER, 40)) == range(0), "not created again"
+    assert seen.skipped("S", "C", info(LATER, 40)) is None, "not created again"
 
 
 def test_a_consumer_created_again_at_or_before_the_floor_is_refused() -> None:
     for policy in ("by_start_sequence", "all", "by_start_time"):
         seen = remembered(30)
         with pytest.raises(ConfigurationError) as error:
-            seen.look("S", "C", created_again(29, policy), "go on so")
+            seen.look("S", "C", created_again(29, policy), GO_ON)
         assert str(error.value) == (
             "consumer 'C' on stream 'S' was deleted and created again while the query was "
             f"stopped (created {CREATED}, now {LATER}; {MOVED_CREATION}): the new one delivers "
-            "again what the query already committed; go on so"
+            "again what the query already committed; go on from 9"
         )
         assert seen.stored() == {"S": {"C": [CREATED, 30]}}, "refused: not taken"
 
@@ -224,8 +225,8 @@ def test_a_consumer_created_again_past_the_floor_is_read_on_only_past_what_was_c
     committed (the ledger's: acked, or sealed in a committed batch), or the new one skips it."""
     seen = remembered(30)
     with pytest.raises(ConfigurationError, match="starts past stream sequence 34, which the query"):
-        seen.look("S", "C", created_again(35), "go on so", Skipped({31, 32, 33}))
-    seen.look("S", "C", created_again(35), "go on so", Skipped(set(range(31, 36))))
+        seen.look("S", "C", created_again(35), GO_ON, Skipped({31, 32, 33}))
+    seen.look("S", "C", created_again(35), GO_ON, Skipped(set(range(31, 36))))
     assert seen.next_after_acked("S", "C") == 36
 
 
@@ -233,10 +234,10 @@ def test_what_a_consumer_created_again_skips_that_the_stream_lost_is_data_loss()
     seen = remembered(30)
     gone = Skipped({31}, first_seq=40)
     with pytest.raises(ConfigurationError, match="32, which the query never read, is gone"):
-        seen.look("S", "C", created_again(39), "go on so", gone)
-    seen.look("S", "C", created_again(39), "go on so", Skipped({31}, 40, lost_ok=True))
+        seen.look("S", "C", created_again(39), GO_ON, gone)
+    seen.look("S", "C", created_again(39), GO_ON, Skipped({31}, 40, lost_ok=True))
     with pytest.raises(ConfigurationError, match="starts past stream sequence 40"):
-        remembered(30).look("S", "C", created_again(41), "go on", Skipped((), 40, lost_ok=True))
+        remembered(30).look("S", "C", created_again(41), GO_ON, Skipped((), 40, lost_ok=True))
 
 
 def test_what_a_consumer_created_again_skips_of_other_subjects_is_not_its_to_read() -> None:
@@ -247,10 +248,10 @@ def test_what_a_consumer_created_again_skips_of_other_subjects_is_not_its_to_rea
     yet). One gone from the stream (below its first sequence) counts as its, subject unknown."""
     seen = remembered(30)
     with pytest.raises(ConfigurationError, match="starts past stream sequence 35, which the query"):
-        seen.look("S", "C", created_again(35), "go on so", Skipped({31, 32}, 20, own_from=35))
-    seen.look("S", "C", created_again(34), "go on so", Skipped({31, 32}, 20, own_from=35))
+        seen.look("S", "C", created_again(35), GO_ON, Skipped({31, 32}, 20, own_from=35))
+    seen.look("S", "C", created_again(34), GO_ON, Skipped({31, 32}, 20, own_from=35))
     with pytest.raises(ConfigurationError, match="33, which the query never read, is gone"):
-        remembered(30).look("S", "C", created_again(34), "go", Skipped({31, 32}, 34, own_from=35))
+        remembered(30).look("S", "C", created_again(34), GO_ON, Skipped({31, 32}, 34, own_from=35))
 
 
 class Messages:
@@ -297,15 +298,15 @@ def test_a_consumer_created_again_below_what_an_earlier_checkpoint_acked_is_refu
     seen = remembered(0)
     seen.given_back({("S", "C"): range(4, 9)})
     with pytest.raises(ConfigurationError) as error:
-        seen.look("S", "C", created_again(0, "all"), "go on so")
+        seen.look("S", "C", created_again(0, "all"), GO_ON)
     assert str(error.value).endswith(
         ": a query on an earlier checkpoint acked messages up to stream sequence 8, above the "
-        "old consumer's ack floor, and the new one would deliver them again; go on so"
+        "old consumer's ack floor, and the new one would deliver them again; go on from 9"
     )
     with pytest.raises(ConfigurationError, match="up to stream sequence 8"):
-        seen.look("S", "C", created_again(7), "go on so", Skipped(set(range(1, 8))))
+        seen.look("S", "C", created_again(7), GO_ON, Skipped(set(range(1, 8))))
     assert seen.stored_acked_earlier() == {"S": {"C": [[4, 8]]}}
-    seen.look("S", "C", created_again(8), "go on so", Skipped({1, 2, 3}))
+    seen.look("S", "C", created_again(8), GO_ON, Skipped({1, 2, 3}))
     assert seen.acked_earlier == {}
 
 
@@ -321,15 +322,36 @@ def test_the_start_a_refusal_advises_is_past_what_an_earlier_checkpoint_acked() 
     seen.given_back({("S", "C"): range(4, 9)})
     assert seen.next_after_acked("S", "C") == 9
     with pytest.raises(ConfigurationError) as refused:
-        seen.look("S", "C", created_again(8), "go on so", Skipped({1, 2}))
+        seen.look("S", "C", created_again(8), GO_ON, Skipped({1, 2}))
     assert str(refused.value).endswith(
         ": no start reads exactly once: stream sequence 3 was given back by a query on an "
         "earlier checkpoint and never read again, while that query acked messages up to 8; a "
         "consumer that starts at 3 delivers those again, one that starts at 9 skips 3: create "
         "it at either and restart the query"
     ), refused.value
-    seen.look("S", "C", created_again(8), "go on so", Skipped({1, 2, 3}))
+    seen.look("S", "C", created_again(8), GO_ON, Skipped({1, 2, 3}))
     assert seen.next_after_acked("S", "C") == 9
+
+
+def test_what_a_batch_run_again_holds_counts_as_read_and_bounds_the_advised_start() -> None:
+    """Seed 2550 of the simulation's worlds whose operator follows the advice: a query on an
+    earlier checkpoint acked 4-5 (their acks lost to a server restart: floor 3), and this
+    one's first batch took 4-6 again before its tasks refused the consumer, created again. That
+    batch runs again first: a consumer created at 4 delivers 4-6 again, which its entries drop,
+    so it is read on (what the ledger holds again of the marks refuses nothing); a mark it does
+    not hold still refuses. A refusal as it runs again advises a start no later than what it
+    replays: past it (`--deliver 6`), a purge of what the new consumer acked took 4-5 from
+    under the batch, which failed on DataLoss at every run."""
+    seen = remembered(3)
+    seen.given_back({("S", "C"): [4, 5]})
+    assert seen.next_after_acked("S", "C") == 6
+    replayed = Skipped({4, 5, 6}, replayed={4, 5, 6})
+    with pytest.raises(ConfigurationError) as refused:
+        seen.look("S", "C", created_again(2), GO_ON, replayed)
+    assert str(refused.value).endswith("the query already committed; go on from 4")
+    with pytest.raises(ConfigurationError, match="acked messages up to stream sequence 5"):
+        seen.look("S", "C", created_again(3), GO_ON, Skipped({4}, replayed={4}))
+    seen.look("S", "C", created_again(3), GO_ON, replayed)
 
 
 def test_what_an_earlier_checkpoint_acked_is_marked_only_above_the_floor_seen() -> None:
@@ -342,7 +364,7 @@ def test_what_an_earlier_checkpoint_acked_is_marked_only_above_the_floor_seen() 
     seen.restore_acked_earlier({"S": {"C": [[28, 31]], "D": [[4, 4], [6, 6]]}})
     assert seen.stored_acked_earlier() == {"S": {"C": [[31, 31]], "D": [[4, 7]]}}
     assert seen.next_after_acked("S", "D") == 8
-    seen.look("S", "D", info(floor=5), "go on so")
+    seen.look("S", "D", info(floor=5), GO_ON)
     assert seen.stored_acked_earlier() == {"S": {"C": [[31, 31]], "D": [[6, 7]]}}
 
 
@@ -363,7 +385,7 @@ def test_marks_a_consumer_found_created_again_passed_stay_until_it_is_judged() -
     assert pointer == {"S": {"C": [[4, 5]]}}
     seen.remember({"S": {"C": [CREATED, 3]}})
     seen.restore_acked_earlier(pointer)
-    seen.look("S", "C", created_again(5), "go on so", Skipped(first_seq=4))
+    seen.look("S", "C", created_again(5), GO_ON, Skipped(first_seq=4))
     assert seen.stored() == {"S": {"C": [LATER, 5]}}
     assert seen.acked_earlier == {}, "judged: its floor passed them"
 
@@ -490,14 +512,14 @@ def test_a_consumer_created_at_a_start_time_is_the_query_s_as_the_server_writes_
 @pytest.mark.parametrize("policy", ["new", "last", "last_per_subject"])
 def test_a_consumer_created_again_whose_start_may_move_is_refused(policy: str) -> None:
     with pytest.raises(ConfigurationError, match=f"its deliver policy {policy} lets the server"):
-        remembered(30).look("S", "C", created_again(30, policy), "go on so")
+        remembered(30).look("S", "C", created_again(30, policy), GO_ON)
 
 
 def test_an_edit_while_the_query_runs_is_refused_at_the_next_look() -> None:
     seen = SeenConsumers()
     seen.record("S", "C", info())
     with pytest.raises(ConfigurationError, match="has max_deliver=3"):
-        seen.look("S", "C", info(max_deliver=3), "go on so")
+        seen.look("S", "C", info(max_deliver=3), GO_ON)
 
 
 class Api:
@@ -524,8 +546,8 @@ def test_plain_consumer_deleted_or_created_again_says_where_to_start() -> None:
     [slot] = run_sync(target.resolve(client, Held()))
     fix = (
         "to read nothing twice, (re)create it with nats consumer add S C --deliver 121 (its other "
-        "settings as before): it starts right after the last message the query acked; then "
-        "restart the query"
+        "settings as before): it starts right after the last message the query acked, or at the "
+        "first one a batch not committed yet holds; then restart the query"
     )
     with pytest.raises(ConfigurationError) as error:
         target.look(slot, info(created="2026-11-28T19:05:00Z"))
@@ -535,6 +557,6 @@ def test_plain_consumer_deleted_or_created_again_says_where_to_start() -> None:
     assert str(error.value).startswith("consumer 'C' on stream 'S' was deleted while the query ran")
     assert str(error.value).endswith(fix)
     target.seen.given_back({("S", "C"): [125, 126]})
-    assert target.recreation(slot).startswith(
+    assert str(target.recreation(slot)).startswith(
         "to read nothing twice, (re)create it with nats consumer add S C --deliver 127 "
     ), "past what a query on an earlier checkpoint acked above the floor"

@@ -380,10 +380,12 @@ class BatchCoordinator:
             await self.target.heal(client, slot)
             return await client.api.consumer_info(slot.stream, slot.consumer)
 
-    async def _seen(self, client: NatsClient, slot: Slot, info: ConsumerInfo) -> ConsumerSeen:
+    async def _seen(
+        self, client: NatsClient, slot: Slot, info: ConsumerInfo, logged: int = 0
+    ) -> ConsumerSeen:
         """`info` checked by the target (its config, and that the consumer was not created
-        again since, or safely so), as planning uses it."""
-        self.target.look(slot, info, await self._skipped(client, slot, info))
+        again since, or safely so), as planning uses it, or as batch `logged` runs again."""
+        self.target.look(slot, info, await self._skipped(client, slot, info, logged))
         return ConsumerSeen(
             pending=info.num_pending,
             ack_pending=info.num_ack_pending,
@@ -406,30 +408,40 @@ class BatchCoordinator:
         finally:
             self.ledger.note_started_over(self.target.seen.started_over)
 
-    async def _skipped(self, client: NatsClient, slot: Slot, info: ConsumerInfo) -> Skipped:
+    async def _skipped(
+        self, client: NatsClient, slot: Slot, info: ConsumerInfo, logged: int
+    ) -> Skipped:
         """What this query knows of the stream sequences `slot`'s consumer skips, when it was
-        created again since it was last seen (`SeenConsumers.skipped`): read from the ledger and
-        the stream only then. What the query committed through its other consumers of the
+        created again since it was last seen (`SeenConsumers.skipped`), and of those below what
+        a query on an earlier checkpoint acked (`acked_earlier`): read from the ledger and the
+        stream only then. What the query committed through its other consumers of the
         stream counts as read: a message has one subject, so one a sibling partition delivered
         is not in this consumer's filter (seed 97 of the worlds on nats-server 2.11-2.12 whose
         operator follows a refusal's advice: another partition's message, purged, was refused
         as lost). Nor is what the consumer's filter does not match (`first_own_unread`: seed 46
         of those worlds refused a partition's consumer for another partition's message, not
-        committed yet); the stream's first sequence is read after that ask."""
+        committed yet); the stream's first sequence is read after that ask. So does what batch
+        `logged`, run again now, holds: it replays it, and its entries drop what the consumer
+        delivers of it again (a refusal's advice names the first of it: `Recreation`)."""
         seen = self.target.seen
         skipped = seen.skipped(slot.stream, slot.consumer, info)
-        if not skipped or self.target.recreation(slot) is None:
+        if skipped is None or self.target.recreation(slot) is None:
+            return NOTHING_KNOWN
+        marked = seen.acked_earlier.get((slot.stream, slot.consumer), frozenset())
+        within = range(skipped.start, max(skipped.stop, max(marked, default=0) + 1))
+        if not within:
             return NOTHING_KNOWN
         slots = [
             state.slot.name for state in self.states.values() if state.slot.stream == slot.stream
         ]
-        committed = await self.ledger.committed_seqs(slots, skipped, self.committed)
-        marked = seen.acked_earlier.get((slot.stream, slot.consumer), frozenset())
+        emitted, replayed = await self.ledger.held_seqs(slots, within, self.committed, logged)
+        committed = emitted | replayed
         unread = unread_by_either(skipped, committed, marked)
         filters = filters_of(info.config)
         own_from = await first_own_unread(client.api, slot.stream, filters, unread)
         first_seq = (await self._stream_info(client, slot.stream)).first_seq
-        return Skipped(committed, first_seq, not self.reading.fail_on_data_loss, own_from)
+        lost_ok = not self.reading.fail_on_data_loss
+        return Skipped(committed, first_seq, lost_ok, own_from, replayed=frozenset(replayed))
 
     async def partitions(self, start: SourceOffset, end: SourceOffset) -> list[SlotPartition]:
         """The tasks of batch `end`; `start` is committed (Spark plans a batch only after the
@@ -469,7 +481,7 @@ class BatchCoordinator:
         handed = dict.fromkeys(task.slot for task in plan.tasks if task.slot in end.slots)
         self.ledger.hand_out(end.gen, handed.keys())
         pulled = [known[task.slot] for task in plan.tasks if task.limit]
-        looked = await self._look_unseen(pulled)
+        looked = await self._look_unseen(pulled, end.gen)
         if pulled:  # a re-run batch's seals are kept from now on, not from the next planning
             self._keep_sealed([seen.ack_wait for seen in looked.values()])
         pulling = {slot.stream for slot in pulled}
@@ -482,7 +494,7 @@ class BatchCoordinator:
             for t in plan.tasks
         ]
 
-    async def _look_unseen(self, slots: list[Slot]) -> dict[str, ConsumerSeen]:
+    async def _look_unseen(self, slots: list[Slot], gen: int) -> dict[str, ConsumerSeen]:
         """By slot name: the consumers of `slots` that this driver has not looked at yet, looked
         at now (a batch run again after a restart, planned by the driver before, comes without
         a `latestOffset` before it). Their tasks keep what they take for the consumer's ack
@@ -490,7 +502,8 @@ class BatchCoordinator:
         every 10 s), and check deliveries against the consumer as last seen (`_sighting`); one
         created again while the query was stopped is refused, or taken, here first; and the
         driver's `SealedKeeper` keeps what they seal for that wait (a re-run batch's sealed
-        entries waited unkept for the next planning: seed 230)."""
+        entries waited unkept for the next planning: seed 230). What batch `gen` holds counts
+        as read (`_skipped`)."""
         remembered = self.target.seen.remembered
         unseen = [
             slot
@@ -505,7 +518,7 @@ class BatchCoordinator:
         infos = await self.listing.infos(client, unseen, lambda s: self._consumer_info(client, s))
         with self._looking():
             return {
-                slot.name: await self._seen(client, slot, info)
+                slot.name: await self._seen(client, slot, info, gen)
                 for slot, info in zip(unseen, infos, strict=True)
             }
 

@@ -17,7 +17,7 @@ from nats_spark.errors import (
 )
 from nats_spark.jetstream.api import JetStreamApi
 from nats_spark.jetstream.replies import ConsumerInfo, created_later
-from nats_spark.spark.group_source.slot_partition import UNBOUNDED
+from nats_spark.spark.group_source.slot_partition import UNBOUNDED, Recreation
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,17 +66,22 @@ class Sighting:
 class Skipped:
     """What the query knows of the stream sequences a consumer created again skips
     (`SeenConsumers.skipped`): those it committed through any of its consumers of the stream
-    (the ledger's: one a sibling partition delivered is none of this consumer's), the stream's
-    first sequence (what is below it is gone, read or not), whether what is gone unread may
-    be taken as lost (failOnDataLoss=false), and `own_from` (`first_own_unread`): the first
-    sequence not committed that the consumer's filter matches; what is not committed between
+    (the ledger's: one a sibling partition delivered is none of this consumer's) or that a
+    batch logged and run again now holds (it replays them, and its entries drop what the
+    consumer delivers of them again), up to what a query on an earlier checkpoint acked; the
+    stream's first sequence (what is below it is gone, read or not), whether what is gone
+    unread may be taken as lost (failOnDataLoss=false), and `own_from` (`first_own_unread`): the
+    first sequence not committed that the consumer's filter matches; what is not committed between
     the first sequence and it is of other subjects (another partition's, not committed yet or
-    its entry settled and removed), which the consumer delivers from no start (0: not asked)."""
+    its entry settled and removed), which the consumer delivers from no start (0: not asked).
+    `replayed`: of `committed`, what the batch run again holds, where a refusal's advice starts
+    at the latest (`Recreation.starting_by`)."""
 
     committed: Collection[int] = ()
     first_seq: int = 0
     lost_ok: bool = False
     own_from: int = 0
+    replayed: Collection[int] = ()
 
     def of_other_subjects(self, seq: int) -> bool:
         """Whether `seq`, not committed, is a message the consumer's filter does not match: one
@@ -112,9 +117,10 @@ def start_refusal(
     seen: what the query committed above that is still in the ledger, which drops redeliveries
     (an entry is removed only once a floor the pointer keeps is past it), but for what an
     earlier checkpoint's query acked above it (`acked_earlier`, `SeenConsumers.acked_earlier`),
-    whose entries the give-back to this one removed. And it loses nothing when each sequence
-    between the two floors was committed by the query or acked by that earlier one (its
-    checkpoint emitted it)."""
+    whose entries the give-back to this one removed, unless the ledger holds them again
+    (`skipped.committed`: a batch of this checkpoint took them, whose entries drop them). And it
+    loses nothing when each sequence between the two floors was committed by the query or
+    acked by that earlier one (its checkpoint emitted it)."""
     policy = info.config.get("deliver_policy") or "all"
     if policy in MOVING_STARTS:
         return (
@@ -123,7 +129,7 @@ def start_refusal(
         )
     if info.ack_floor_seq < before.ack_floor:
         return CREATED_AGAIN_HARM
-    acked_through = max(acked_earlier, default=0)
+    acked_through = max((s for s in acked_earlier if s not in skipped.committed), default=0)
     if info.ack_floor_seq < acked_through:
         return (
             f"a query on an earlier checkpoint acked messages up to stream sequence "
@@ -288,13 +294,13 @@ class SeenConsumers:
         if above:  # what this consumer acked it delivers not again
             self.acked_earlier[stream, name] = above
 
-    def skipped(self, stream: str, name: str, info: ConsumerInfo) -> range:
+    def skipped(self, stream: str, name: str, info: ConsumerInfo) -> range | None:
         """The stream sequences a consumer created again since it was last seen has acked or
-        started past, above the ack floor the query saw (empty when it was not created again).
+        started past, above the ack floor the query saw (None when it was not created again).
         Read on, it delivers none of them: each must be one the query committed."""
         before = self.last_seen(stream, name)
         if before is None or not created_later(info.get("created") or "", before.created):
-            return range(0)
+            return None
         return range(before.ack_floor + 1, info.ack_floor_seq + 1)
 
     def look(
@@ -302,7 +308,7 @@ class SeenConsumers:
         stream: str,
         name: str,
         info: ConsumerInfo,
-        recreation: str | None,
+        recreation: Recreation | None,
         skipped: Skipped = NOTHING_KNOWN,
     ) -> None:
         """Check a consumer seen at planning and keep it; `recreation`: how to go on when it was
@@ -317,7 +323,8 @@ class SeenConsumers:
             if harm is not None:
                 when = "while the query was stopped" if remembered else "while the query ran"
                 evidence = f"created {before.created}, now {created}; {MOVED_CREATION}"
-                way_on = "" if harm.startswith(NO_EXACT_START) else recreation
+                exact = harm.startswith(NO_EXACT_START)
+                way_on = "" if exact else recreation.starting_by(skipped.replayed)
                 raise consumer_created_again(stream, name, when, evidence, way_on, harm)
             log.info("%s > %s was created again past nothing the query did not read", stream, name)
             if (stream, name) in self.inherited:

@@ -14,6 +14,7 @@ from nats_spark.spark.group_source.driver.consumer_checks import (
 )
 from nats_spark.spark.group_source.driver.slots import Held, Slot
 from nats_spark.spark.group_source.options import SourceOptions
+from nats_spark.spark.group_source.slot_partition import Recreation
 
 
 class ConsumerTarget:
@@ -127,12 +128,13 @@ class ConsumerTarget:
             f"ran; recreate it and restart the query; {self.recreation(slot)}"
         )
 
-    def recreation(self, slot: Slot) -> str:
+    def recreation(self, slot: Slot) -> Recreation:
         """How to go on when `slot`'s consumer was deleted and created again: the query refuses
         to read a plain consumer that starts over."""
-        start = self.seen.next_after_acked(slot.stream, slot.consumer)
-        return (
+        return Recreation(
             f"to read nothing twice, (re)create it with nats consumer add {slot.stream} "
-            f"{slot.consumer} --deliver {start} (its other settings as before): it starts right "
-            "after the last message the query acked; then restart the query"
+            f"{slot.consumer} --deliver ",
+            self.seen.next_after_acked(slot.stream, slot.consumer),
+            " (its other settings as before): it starts right after the last message the query "
+            "acked, or at the first one a batch not committed yet holds; then restart the query",
         )

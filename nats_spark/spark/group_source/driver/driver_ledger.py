@@ -380,21 +380,24 @@ class DriverLedger:
                     highest = max(highest, entry.head.max_seq)
         return highest
 
-    async def committed_seqs(
-        self, slots: Collection[str], within: range, committed: int
-    ) -> set[int]:
+    async def held_seqs(
+        self, slots: Collection[str], within: range, committed: int, logged: int = 0
+    ) -> tuple[set[int], set[int]]:
         """The stream sequences in `within` that the entries of `slots` hold of batches up to
-        `committed` (the query emitted them; `ledger_protocol.holds_committed`). Reads those
-        entries: only when a consumer was created again past what the query saw acked."""
+        `committed` (the query emitted them; `ledger_protocol.holds_committed`), and those they
+        hold of a batch up to `logged` that runs again now (`ledger_protocol.replayed`). Reads
+        those entries: only when a consumer was created again past what the query saw acked."""
         assert self.ledger is not None
-        found: set[int] = set()
+        found: tuple[set[int], set[int]] = (set(), set())
         for (gen, slot), entry in self.entries.items():
             head = entry.head
             if slot not in slots or head is None or head.max_seq < within.start:
                 continue
-            if protocol.holds_committed(head, gen, committed):
+            emitted = protocol.holds_committed(head, gen, committed)
+            if emitted or protocol.replayed(head, gen, committed, logged):
                 deliveries = await read_deliveries(self.ledger, head)
-                found.update(seq for seq in deliveries.stream_seq if seq in within)
+                held = found[0] if emitted else found[1]
+                held.update(seq for seq in deliveries.stream_seq if seq in within)
         return found
 
     async def forget_settled(self, horizons: dict[str, Horizon], committed: int) -> None:

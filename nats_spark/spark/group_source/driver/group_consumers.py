@@ -14,6 +14,7 @@ from nats_spark.errors import ConfigurationError, ErrorCode, JetStreamApiError, 
 from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.pcg.consumers import GroupConsumer, ensure_group_consumer
 from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
+from nats_spark.spark.group_source.slot_partition import Recreation
 
 _OVERLAP_RETRIES = 20
 
@@ -118,10 +119,13 @@ async def _check_past_acked(
     )
 
 
-def restart_at(start: int) -> str:
+def restart_at(start: int, before: str = "") -> Recreation:
     """How a static group's deleted consumer comes back exactly: created by the query right
-    after the last message it acked (`SeenConsumers.next_after_acked`)."""
-    return (
-        f"restart the query with startingPosition=sequence:{start}, so it creates the consumer "
-        "right after the last message it acked (the option applies only to consumers it creates)"
+    after the last message it acked (`SeenConsumers.next_after_acked`), after `before`."""
+    return Recreation(
+        f"{before}restart the query with startingPosition=sequence:",
+        start,
+        ", so it creates the consumer right after the last message it acked (the option applies "
+        "only to consumers it creates)",
+        by_replayed=False,
     )

@@ -33,6 +33,7 @@ from nats_spark.spark.group_source.driver.group_consumers import ensure, restart
 from nats_spark.spark.group_source.driver.layouts import GroupLayouts
 from nats_spark.spark.group_source.driver.slots import Held, Slot
 from nats_spark.spark.group_source.options import SourceOptions
+from nats_spark.spark.group_source.slot_partition import Recreation
 
 log = logging.getLogger(__name__)
 
@@ -262,16 +263,17 @@ class GroupTarget:
         query read (`recreation`)."""
         self.seen.look(slot.stream, slot.consumer, info, self.recreation(slot), skipped)
 
-    def recreation(self, slot: Slot) -> str | None:
+    def recreation(self, slot: Slot) -> Recreation | None:
         """How to go on when `slot`'s consumer was deleted and created again: a static group's
         is refused; None for an elastic group's, whose work-queue stream holds just what was not
         acked, so a new consumer there reads nothing twice."""
         if self.kind is not GroupKind.STATIC:
             return None
         start = self.seen.next_after_acked(slot.stream, slot.consumer)
-        return (
+        return restart_at(
+            start,
             f"to read nothing twice, delete it (nats consumer rm {slot.stream} "
-            f"{slot.consumer}) and {restart_at(start)}"
+            f"{slot.consumer}) and ",
         )
 
     async def heal(self, client: NatsClient, slot: Slot) -> None:

@@ -194,6 +194,13 @@ class SlotEntry:
         assert self.ledger is not None
         return await recorded_in(self.ledger, self.partition.gen, self.partition.siblings)
 
+    async def held_by_the_batch(self) -> set[int]:
+        """The stream sequences this slot and its siblings have recorded in this batch, read
+        now: what a run again of the batch replays of its consumer."""
+        if not self.partition.siblings:
+            return set(self.taken)
+        return self.taken | await self.recorded_by_siblings()
+
     async def drop_taken_twice(self, at_risk: set[int]) -> set[int]:
         """Of `at_risk`, just recorded by this slot, what a sibling recorded too; both drop it
         from their entries, so it is emitted once or not at all (then it stays pending and comes
@@ -304,6 +311,20 @@ class SlotEntry:
             holding.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await holding
+
+    async def held_by_another(self) -> bool:
+        """After `TakenOver` by another attempt of the query: whether the entry is still there
+        and not given back (`kept_by_its_taker`'s rule, on its head as it is now). True when the
+        read fails: as the failed write found it."""
+        ledger = await self.open_ledger()
+        try:
+            found = await read_head(ledger, self.partition.gen, self.partition.slot)
+        except Exception as error:
+            log.debug(
+                "slot %s: reading its ledger entry again failed: %s", self.partition.slot, error
+            )
+            return True
+        return found is not None and found[0].attempt != protocol.GIVEN_BACK
 
     async def release(self) -> bool:
         """The attempt ends without sealing the entry it holds (it failed, or Spark closed it):

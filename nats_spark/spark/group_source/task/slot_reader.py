@@ -350,8 +350,13 @@ class SlotReader:
             self.keeper.release(given_back)
             requested = consumer.requested_since()
             late = await consumer.collect_late(self.partition.reading.fetch_timeout)
+            _, late_seqs, _, _ = late.numbers if late else ((), (), (), ())
+            if kept_by_taker and await self.taker_lost_it(recorded, late_seqs):
+                lost = True
+                came_again = self.held_again()
+                unrecorded += self.keeper.held_deliveries(came_again)
+                self.keeper.release(came_again)
             if late:  # new, or again
-                _, late_seqs, _, _ = late.numbers
                 for reply, seq in zip(late.replies, late_seqs, strict=True):
                     if lost or seq not in recorded:
                         unrecorded.append((reply, requested))
@@ -368,14 +373,34 @@ class SlotReader:
         keeping it: a new checkpoint gave it back, NAKing the deliveries it names. A recorded
         message that came again since (to a request still out when that give-back came) is
         NAKed here, as `give_back_unrecorded` does for a read cut short; else it waits out its
-        ack wait behind newer messages of its key (seed 162 of the replaced-mid-batch worlds)."""
+        ack wait behind newer messages of its key (seed 162 of the replaced-mid-batch worlds).
+        Judged by the head the seal's write found, not read again (`taker_lost_it`): the read's
+        requests had all ended, so no redelivery of a later give-back comes to this attempt,
+        and that give-back's NAK, by stream sequence, gives back what came again before."""
         try:
-            again = [seq for seq in self.keeper.again if seq in self.keeper.held]
+            again = self.held_again()
             came_again = self.keeper.held_deliveries(again)
             self.keeper.release(again)
             await self.give_back(came_again)
         except Exception as error:  # they come back after their ack wait
             log.debug("slot %s: giving back failed: %s", self.partition.slot, error)
+
+    def held_again(self) -> list[int]:
+        """The recorded messages held that came again to this attempt's requests."""
+        return [seq for seq in self.keeper.again if seq in self.keeper.held]
+
+    async def taker_lost_it(self, recorded: set[int], late_seqs: Sequence[int]) -> bool:
+        """Whether the entry another attempt of the query took from this one (`TakenOver`: it
+        would keep what came again) was given back or removed since, as this attempt's requests
+        ended: a new checkpoint's give-back NAKs the deliveries an entry names, and a recorded
+        message it gives back may come again to this attempt's requests after the take-over was
+        seen; left unNAKed, it waits out its ack wait behind newer messages of its key (seed
+        1141 of the worlds of mutant cancelled-record-leaves-its-chunks: the retry had sealed
+        the entry, its query had failed, and the give-back read it before the removal). Read
+        only when a recorded message came again (nothing else depends on it)."""
+        if not self.held_again() and recorded.isdisjoint(late_seqs):
+            return False
+        return not await self.entry.held_by_another()
 
     async def give_back(self, deliveries: list[tuple[bytes, float]]) -> None:
         """NAK those of `deliveries` (each with when its ack wait surely started) whose wait
@@ -428,7 +453,7 @@ class SlotReader:
                 partition.consumer,
                 "while a batch read it",
                 f"created {sighting.created}, now {created}",
-                sighting.recreation,
+                sighting.recreation.starting_by(await self.entry.held_by_the_batch()),
             )
 
     async def consumer_created(self) -> str:
