@@ -256,6 +256,22 @@ class Mutant:
     packed: bool = False  # its hole needs packed slots: every world packs its slots in one task
 
 
+# Acks lost below what a query acked (a restart after every round of acks, up to 10), new
+# checkpoints at 70% of the runs, half the sink's writes failing, the consumer created again: a
+# 30 s wait, 30 messages, a look every 10 s, no purges, a partition each (h63's world).
+ACKS_LOST_UNDER_NEW_CHECKPOINTS: tuple[tuple[str, object], ...] = (
+    ("recreate_consumer", True),
+    ("shared", False),
+    ("purges", False),
+    ("messages", 30),
+    ("ack_wait", 30.0),
+    ("new_checkpoint", 0.7),
+    ("sink_failure", 0.5),
+    ("restart_after_acks", 1.0),
+    ("server_restarts", 10),
+    ("trigger_interval", 10.0),
+)
+
 MUTANTS = (
     Mutant(
         "overtaken-attempt-fails",
@@ -1382,18 +1398,7 @@ MUTANTS = (
         # siblings). 4 of 0-999 catch it so (2026-12-01; 5265, which found the hole, was the
         # only one of 0-5999 with new checkpoints at half the runs and a fifth of the sink's
         # writes failing).
-        edit=(
-            ("recreate_consumer", True),
-            ("shared", False),
-            ("purges", False),
-            ("messages", 30),
-            ("ack_wait", 30.0),
-            ("new_checkpoint", 0.7),
-            ("sink_failure", 0.5),
-            ("restart_after_acks", 1.0),
-            ("server_restarts", 10),
-            ("trigger_interval", 10.0),
-        ),
+        edit=ACKS_LOST_UNDER_NEW_CHECKPOINTS,
     ),
     Mutant(
         "found-consumer-drops-acked-marks",
@@ -1473,19 +1478,7 @@ MUTANTS = (
         # 10), a later give-back of late deliveries (the consumer created again, new
         # checkpoints at 70% of the runs, half the sink's writes failing, drivers dying), more
         # than half a 30 s wait after it: helper-69's world of 1656.
-        edit=(
-            ("recreate_consumer", True),
-            ("shared", False),
-            ("purges", False),
-            ("messages", 30),
-            ("ack_wait", 30.0),
-            ("new_checkpoint", 0.7),
-            ("sink_failure", 0.5),
-            ("restart_after_acks", 1.0),
-            ("server_restarts", 10),
-            ("trigger_interval", 10.0),
-            ("chaos", Chaos(driver_crash=0.1, crashes=6)),
-        ),
+        edit=(*ACKS_LOST_UNDER_NEW_CHECKPOINTS, ("chaos", Chaos(driver_crash=0.1, crashes=6))),
     ),
     Mutant(
         "packed-slots-out-of-order",
