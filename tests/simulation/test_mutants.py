@@ -263,9 +263,9 @@ UNCAUGHT: dict[str, str] = {
     "under it",
     "refusal-advises-past-the-batch": "seed 2550 of the worlds whose operator follows the "
     "advice caught it, the only one of 0-7999 (helper-71); none of 0-7999 does once a release "
-    "restarts what it recorded (2026-12-01, h72's schedules). test_acceptance's "
-    "test_a_refusal_advises_a_start_no_later_than_what_the_batch_holds passed under its patch "
-    "in a quick check (its siblings' case not looked into): to be given a world",
+    "restarts what it recorded (2026-12-01, h72's schedules); test_ledger_entries's "
+    "test_what_the_batch_holds_is_the_slot_s_records_and_its_siblings fails under it (its "
+    "patch applied to a copy of the tree)",
     "found-consumer-drops-acked-marks": "seed 2550 of the worlds whose operator follows the "
     "advice caught it, the only one of 0-3000; its schedule moved once the give-back writes "
     "its marks (2026-12-01), and none of 0-3999 of those worlds does since; nor of 0-1999, "
