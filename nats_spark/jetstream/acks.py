@@ -136,7 +136,27 @@ class InProgressKeeper:
     async def renew_taken_late(self, seqs: Iterable[int]) -> None:
         """Restart at once the ack wait of the deliveries held of these (stream seqs): the rounds
         alone would leave them unkept for up to another third of the wait."""
-        replies = [self.held[seq] for seq in seqs if seq in self.held]
+        await self.restart([self.held[seq] for seq in seqs if seq in self.held])
+
+    async def restart_running(self, came_again: bool = False) -> None:
+        """Restart at once the ack wait of the held deliveries whose wait surely runs
+        (`surely_running`): a `+WPI` of one whose wait may have run out would restart another
+        reader's delivery of it. Of those that did not come again (`again`), or with
+        `came_again` of those that did: their holder gives them back, or, once its release
+        landed, leaves them to a taker that keeps them. None counts as restarted: the holder
+        lets them go."""
+        now, since, wait = clock.monotonic(), self.since, self.ack_wait
+        running = [
+            reply
+            for seq, reply in self.held.items()
+            if (seq in self.again) == came_again
+            and surely_running(since.get(seq, -math.inf), now, wait)
+        ]
+        await self.restart(running)
+
+    async def restart(self, replies: Sequence[bytes]) -> None:
+        """Restart at once the ack wait of these deliveries, held or not; none counts as
+        restarted (`since`): one whose wait may have run out may be another reader's."""
         if not replies:
             return
         try:

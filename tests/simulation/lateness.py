@@ -183,12 +183,13 @@ class Attempts:
 
         async def claiming(
             keep: Callable[[EntryDeliveries], Awaitable[None]] | None = None,
+            restart: Callable[[EntryDeliveries], Awaitable[None]] | None = None,
         ) -> None:
             nonlocal claimed
             key = _head_key(entry) if entry.ledger is not None else ""
             self.claims.append(made := Claim(attempt, key, self.now()))
             try:
-                await claim(keep)
+                await claim(keep, restart)
             finally:  # not when the attempt dies in it (a crash leaves it where it was)
                 made.ended = self.now()
             claimed = True
@@ -329,14 +330,15 @@ class Attempts:
 
         release = entry.release
 
-        async def releasing() -> None:
-            await release()
+        async def releasing() -> bool:
+            did = await release()
             stored = _stored_head(entry) if entry.ledger is not None else None
             if stored is not None:
                 head = EntryHead.from_bytes(stored[1], stored[0])
                 if head.released and head.attempt == entry.head.attempt:  # landed
                     released = (self.now(), _named(entry))
                     self.releases.setdefault(stored[0], []).append(released)
+            return did
 
         entry.claim = claiming  # type: ignore[method-assign]
         entry.release = releasing  # type: ignore[method-assign]

@@ -67,6 +67,19 @@ RETURNING = (("removals_return", True),)
 # The worlds where a job of the user's reads a batch's tasks first and Spark stops them after
 # their first rows (`Setup.early_stops`): a packed task's slots are cancelled mid-step.
 EARLY_STOPS = (("early_stops", True),)
+# The worlds where another client reads the overflow consumer, a job reads a batch's tasks first
+# (Spark's close of such a task releases its entry with what it recorded, and the full read
+# takes it over at once), 30 messages pulled one at a time, no crashes, and the answers to the
+# task attempts' ledger requests take up to 0.15 of the ack wait each (`Setup.slow_ledger`).
+SLOW_TAKE_OVERS = (
+    *OTHER_CLIENT,
+    *EARLY_STOPS,
+    ("messages", 30),
+    ("per_batch", 50),
+    ("fetch_batch", 1),
+    ("slow_ledger", 0.15),
+    ("chaos", Chaos()),
+)
 # `ConsumerInfo.ack_floor_seq`'s floor as reported, raised to a consumer's configured start.
 FLOOR_BOUNDED_BY_THE_START = (
     '        stream_floor = max(int(floor.get("stream_seq", 0)), self.opt_start_seq - 1)\n'
@@ -202,6 +215,26 @@ STOPPED_MID_DEDUPE = (
     ("paused_by_the_stop", 0.25),
 )
 
+# The replaced-mid-batch worlds with partitions, a 4 s wait, 60 messages published within 22 s
+# (a backlog the stopped batch's attempts still record, one message a pull up to 50 a batch),
+# no drawn faults, and three in ten compare-and-set answers lost, each coming up to 0.8 s late
+# (`lost_answers_late`): the new checkpoint's give-back often reads and takes an entry between
+# an attempt's write and its reading the head back after the lost answer. 35 of seeds 0-999
+# catch `give-back-rewrites-the-head-as-is` (12 without the late answers; 34 on the schedules
+# of ledger format 3 with the seal).
+GIVE_BACKS_BETWEEN_LOST_ANSWERS = (
+    *REPLACED,
+    ("shared", False),
+    ("ack_wait", 4.0),
+    ("messages", 60),
+    ("chaos_waits", 4.0),
+    ("per_batch", 50),
+    ("fetch_batch", 1),
+    ("chaos", Chaos()),
+    ("lost_answer", 0.3),
+    ("lost_answers_late", 0.2),
+)
+
 
 @dataclass(frozen=True)
 class Patch:
@@ -222,6 +255,22 @@ class Mutant:
     speculation: bool = False  # its hole needs spark.speculation: every world has it on
     packed: bool = False  # its hole needs packed slots: every world packs its slots in one task
 
+
+# Acks lost below what a query acked (a restart after every round of acks, up to 10), new
+# checkpoints at 70% of the runs, half the sink's writes failing, the consumer created again: a
+# 30 s wait, 30 messages, a look every 10 s, no purges, a partition each (h63's world).
+ACKS_LOST_UNDER_NEW_CHECKPOINTS: tuple[tuple[str, object], ...] = (
+    ("recreate_consumer", True),
+    ("shared", False),
+    ("purges", False),
+    ("messages", 30),
+    ("ack_wait", 30.0),
+    ("new_checkpoint", 0.7),
+    ("sink_failure", 0.5),
+    ("restart_after_acks", 1.0),
+    ("server_restarts", 10),
+    ("trigger_interval", 10.0),
+)
 
 MUTANTS = (
     Mutant(
@@ -406,8 +455,8 @@ MUTANTS = (
         (
             Patch(
                 SLOT_READER,
-                "                    if not (kept_by_taker and seq in recorded)\n",
-                "                    if seq not in self.entry.taken\n",
+                "                    if lost or seq not in recorded:\n",
+                "                    if seq not in self.entry.taken:\n",
             ),
         ),
         edit=REDELIVERED_TO_STOPPED_QUERIES,
@@ -509,7 +558,7 @@ MUTANTS = (
                 "await write_head(ledger, gen, slot, head, revision)",
             ),
         ),
-        edit=REPLACED,
+        edit=GIVE_BACKS_BETWEEN_LOST_ANSWERS,
     ),
     Mutant(
         "lost-acks-refused-as-a-new-consumer",
@@ -1077,6 +1126,14 @@ MUTANTS = (
                 "        if not taken_over:\n            return\n",
                 "        if True:\n            return\n",
             ),
+            # and without the restart before the take-over's write, which since 2026-12-01
+            # restarts their wait once (a retry outliving it lets them go all the same, rarely
+            # within the worlds' short batches)
+            Patch(
+                SLOT_READER,
+                "        await self.entry.claim(self.keep_taken_over, self.restart_taken_over)\n",
+                "        await self.entry.claim(self.keep_taken_over)\n",
+            ),
         ),
         # Its hole needs a retry's take-over while siblings drop what went past its wait: tasks
         # that crash at 3% of their points or are lost, stalls, 30 messages pulled 16 at a time
@@ -1101,7 +1158,7 @@ MUTANTS = (
         (
             Patch(
                 SLOT_READER,
-                "        await self.entry.claim(self.keep_taken_over)\n",
+                "        await self.entry.claim(self.keep_taken_over, self.restart_taken_over)\n",
                 "        await self.entry.claim()\n",
             ),
             Patch(
@@ -1117,15 +1174,47 @@ MUTANTS = (
         # recorded, and the full read takes it over at once; the answers to the attempts'
         # ledger requests take up to 1.5 s, so its reads after the write span a good part of
         # the 10 s wait; no crashes, so no take-over waits out a dead holder.
+        edit=(*SLOW_TAKE_OVERS, ("ack_wait", 10.0)),
+    ),
+    Mutant(
+        "released-unrenewed",
+        "an attempt released its entry without restarting the ack wait of what it recorded: "
+        "nothing kept it until the taker restarted it, after the early job's end and slow ledger "
+        "answers, and another client of the overflow consumer took a message the batch "
+        "committed (seed 349 of the slow-ledger worlds with a 6 s wait and answers up to 1.5 s)",
+        (
+            Patch(
+                SLOT_READER,
+                "        await self.keeper.restart_running()\n",
+                "",
+            ),
+        ),
+        # The worlds of `taken-over-renewed-after-fence` under a 6 s wait, the answers to the
+        # attempts' ledger requests up to 1.5 s: the taker's claim, three of them or more, comes
+        # once the job reading the batch's tasks first has ended, seconds after the release (2
+        # of 0-499 catch it, 2026-12-01).
+        edit=(*SLOW_TAKE_OVERS, ("ack_wait", 6.0), ("slow_ledger", 0.25)),
+    ),
+    Mutant(
+        "came-again-naked-before-the-release",
+        "an attempt Spark closed NAKed, before its release, the recorded deliveries that came "
+        "again to it (its stall let their waits run out): the retry that took the entry over "
+        "committed them, and another client of the overflow consumer took one from the "
+        "redelivery queue first (seed 723 of the slow-ledger worlds with early stops, a 4 s "
+        "wait and the drawn faults)",
+        (
+            Patch(
+                SLOT_READER,
+                "            again = self.keeper.again if lost else set()\n",
+                "            again = set() if kept_by_taker else self.keeper.again\n",
+            ),
+        ),
+        # The worlds of `taken-over-renewed-after-fence` under a 4 s wait, the answers to the
+        # attempts' ledger requests up to 0.4 s, with the drawn faults (their stalls).
         edit=(
-            *OTHER_CLIENT,
-            *EARLY_STOPS,
-            ("ack_wait", 10.0),
-            ("messages", 30),
-            ("per_batch", 50),
-            ("fetch_batch", 1),
-            ("slow_ledger", 0.15),
-            ("chaos", Chaos()),
+            *(edit for edit in SLOW_TAKE_OVERS if edit[0] != "chaos"),
+            ("ack_wait", 4.0),
+            ("slow_ledger", 0.1),
         ),
     ),
     Mutant(
@@ -1309,18 +1398,7 @@ MUTANTS = (
         # siblings). 4 of 0-999 catch it so (2026-12-01; 5265, which found the hole, was the
         # only one of 0-5999 with new checkpoints at half the runs and a fifth of the sink's
         # writes failing).
-        edit=(
-            ("recreate_consumer", True),
-            ("shared", False),
-            ("purges", False),
-            ("messages", 30),
-            ("ack_wait", 30.0),
-            ("new_checkpoint", 0.7),
-            ("sink_failure", 0.5),
-            ("restart_after_acks", 1.0),
-            ("server_restarts", 10),
-            ("trigger_interval", 10.0),
-        ),
+        edit=ACKS_LOST_UNDER_NEW_CHECKPOINTS,
     ),
     Mutant(
         "found-consumer-drops-acked-marks",
@@ -1400,19 +1478,7 @@ MUTANTS = (
         # 10), a later give-back of late deliveries (the consumer created again, new
         # checkpoints at 70% of the runs, half the sink's writes failing, drivers dying), more
         # than half a 30 s wait after it: helper-69's world of 1656.
-        edit=(
-            ("recreate_consumer", True),
-            ("shared", False),
-            ("purges", False),
-            ("messages", 30),
-            ("ack_wait", 30.0),
-            ("new_checkpoint", 0.7),
-            ("sink_failure", 0.5),
-            ("restart_after_acks", 1.0),
-            ("server_restarts", 10),
-            ("trigger_interval", 10.0),
-            ("chaos", Chaos(driver_crash=0.1, crashes=6)),
-        ),
+        edit=(*ACKS_LOST_UNDER_NEW_CHECKPOINTS, ("chaos", Chaos(driver_crash=0.1, crashes=6))),
     ),
     Mutant(
         "packed-slots-out-of-order",

@@ -21,7 +21,11 @@ RARE = {
     # Re-checked on the schedules of ledger format 3 and the seal with the last record
     # (2026-12-01): each holds the first two of its known seeds (on the earlier schedules, or
     # found on these by the helpers who gave it its world) that catch it on these; the comments
-    # below tell where they came from and how many of a range catch it.
+    # below tell where they came from and how many of a range catch it. Re-checked again once
+    # main's release restarts what it holds (h72) joined format 3 (2026-12-01, later): each
+    # holds those of its known seeds (both sides') that still catch it, or the first two of
+    # 0-999 (1000-2999 for give-back-naks-the-recorded-delivery and
+    # came-again-naked-before-the-release) of its worlds where none did.
     # All re-found on the schedules of 2026-11-29 evening (claims create first, one pointer read
     # per packed task, one purge per settled batch): the first one or two of 0-20000 of each,
     # unless a comment says otherwise.
@@ -60,12 +64,14 @@ RARE = {
     # 5265, which found the hole, was the only one of 0-5999 in its earlier worlds). 106 and
     # 463 still catch it once the give-back writes its marks (150 and 247 do in helper-63's
     # worlds, `CLOSED_HOLES`).
-    "acked-through-in-memory-only": (267, 630),
+    "acked-through-in-memory-only": (267,),
     # Under speculation (its worlds): with the stand-by, a live attempt loses its entry only
     # after its head stood still (a stall), in few schedules.
     # Since the server answers expired pulls 408; 238 moved when a record came to run to its
-    # end however its attempt is cancelled (2026-11-30): 267, the next of 0-20000.
-    "overtaken-attempt-fails": (5,),
+    # end however its attempt is cancelled (2026-11-30): 267, the next of 0-20000. Since a
+    # release restarts what it holds and a taker what it adopts (2026-12-01): the first two
+    # of 0-999.
+    "overtaken-attempt-fails": (275, 5),
     # In worlds with pausing executors (`Mutant.edit`: attempts Spark lost run on after their
     # batch settled or their query was given back), of 0-299 (2026-11-29):
     "take-over-unfenced": (167, 556),  # the first 2 of 0-20000 since restarts keep whole seconds
@@ -76,7 +82,7 @@ RARE = {
     # checkpoint (`Mutant.edit`): the first two of 0-1999 (2026-11-30; 5 of 0-165 catch it;
     # 34884 was the first of 20001-80000 in the pausing worlds).
     "outlived-entries-kept": (18, 33),
-    "give-back-naks-the-recorded-delivery": (550, 1285),  # 3 of 0-2299: 1200, 1622, 2255
+    "give-back-naks-the-recorded-delivery": (1311, 1886),  # 3 of 0-2299: 1200, 1622, 2255
     # In worlds that all share a consumer, with stalls at 3% of the points, a 4 s wait and one
     # message a pull (`Mutant.edit`): a task's process paused between the server's send and
     # the take past the ack wait while a sibling pulled. The first two of 0-1006, of which 3
@@ -86,14 +92,24 @@ RARE = {
     # of their points, stalls, 30 messages pulled 16 at a time under a 4 s wait (`Mutant.edit`):
     # the only one of 0-1200 (2026-12-01; 601, the only one of 0-700 on the schedules of ledger
     # format 3 with the seal; 5299 was the only one of 0-6000 under the drawn faults, 12503
-    # found the hole). test_slot_take_over fails under it too.
+    # found the hole). test_slot_take_over fails under it too. Since a taker restarts what it
+    # adopts before its write too (2026-12-01; its patch undoes that as well): the only one of
+    # 0-1999 still (none of 0-3999 without that second patch).
     "taken-over-messages-unkept": (601,),
     # In worlds where another client reads the overflow consumer, a job reads a batch's tasks
     # first, the answers to the tasks' ledger requests are slow, under a 10 s wait without
     # crashes (`Mutant.edit`): the first two of 0-999, of which 21 catch it (2026-12-01; 11 of
     # 0-999 on the schedules of ledger format 3 with the seal, the first 173 and 221; 18241,
     # which found the hole, was the only one of 0-20000 of the worlds with another client).
-    "taken-over-renewed-after-fence": (173, 221),
+    # Since a taker restarts what it adopts before its write too (its patch undoes both), the
+    # first two of 0-999 (2026-12-01).
+    # In the same worlds under a 6 s wait, answers up to 1.5 s (`Mutant.edit`): the two of
+    # 0-499 (2026-12-01; 52, which found the hole, passes under it: the taker's restart).
+    "released-unrenewed": (91, 518),
+    # In the same worlds under a 4 s wait, answers up to 0.4 s and the drawn faults
+    # (`Mutant.edit`): 723, the only one of 0-999, which found the hole, and 1277 (2026-12-01;
+    # 10 other seeds of 1000-2999 fail unmutated: the late takers of docs/faults.md).
+    "came-again-naked-before-the-release": (1758, 2681),
     # In worlds with another client whose drivers die at 3% of their points and whose server
     # restarts after every round of acks, up to 10 times (`Mutant.edit`): the first two of
     # 0-999, of which 12 catch it (2026-12-01; 8 of 0-999 on the schedules of ledger format 3
@@ -110,11 +126,13 @@ RARE = {
     # In the fixed worlds of seeds 2212 and 5367 of the packed pausing worlds with another
     # client, without it (`Mutant.edit`, 2026-12-01; 1893 found the hole): the first two of
     # 0-999, of which 37 catch it; 32 and 85 the first on the schedules of ledger format 3 with
-    # the seal (11 of 0-999 there).
-    "cancelled-record-leaves-its-chunks": (32, 85),
+    # the seal (11 of 0-999 there). Since a release restarts what it recorded (2026-12-01): the
+    # first two of 0-999.
+    "cancelled-record-leaves-its-chunks": (85,),
     # In worlds where a job of the user's reads a batch's tasks first and Spark stops them after
     # their first rows, with pausing executors and another client (`Mutant.edit`): the first
     # two of 0-1999 (2026-11-30; 1707 the third). None of 0-3999 without the early stops.
+    # Since a release restarts what it holds (2026-12-01): the first two of 0-999.
     "recorder-cut-off-from-its-write": (933,),
     # In the worlds of fenced-take-over-removes-what-it-holds (`Mutant.edit`), where its patch
     # removes an entry of the attempt's own holding deliveries: the first two of 0-999, of which
@@ -122,7 +140,7 @@ RARE = {
     # 3 with the seal). 271, which caught its own case (a retry's sealed entry, kept while its
     # acks were lost), was the first of 0-481 of the pausing worlds restarting after a tenth
     # of the rounds of acks (2026-11-29).
-    "fence-removes-a-retry-s-entry": (857, 897),
+    "fence-removes-a-retry-s-entry": (129, 912),
     # In the worlds of outlived-entries-kept, whose lost attempts die (`Mutant.edit`): the first
     # two of 0-1999 (2026-11-30; 3 of 0-155 catch it; 34884 was the first of 0-40000 without
     # the kills).
@@ -144,11 +162,15 @@ RARE = {
     # which found the hole, was the first of 0-15000 of the replaced-mid-batch worlds): a copy
     # of the stopped query's task took over an entry a crashed attempt had recorded in, after
     # the give-back's fence and before its listing, and removed it.
-    "fenced-take-over-removes-what-it-holds": (623, 701),
-    # In the replaced-mid-batch worlds (`Mutant.edit`), the only one of 0-15000 (2026-11-30;
-    # the seed that found the hole): an attempt read the give-back's rewrite of its head back
-    # as its own lost-answer write.
-    "give-back-rewrites-the-head-as-is": (677,),
+    "fenced-take-over-removes-what-it-holds": (857, 912),
+    # In the replaced-mid-batch worlds whose lost answers come late, with a backlog the stopped
+    # batch records and no other faults (`Mutant.edit`: `GIVE_BACKS_BETWEEN_LOST_ANSWERS`): the
+    # first two of 0-999, of which 35 catch it (2026-12-01; 34 of 0-999 on the schedules of
+    # ledger format 3 with the seal, the first 22 and 41; 13576, the only one of 0-15000 of the
+    # replaced-mid-batch worlds, found the hole and lost it once a release restarted what it
+    # recorded): an attempt read the give-back's rewrite of its head back as its own
+    # lost-answer write.
+    "give-back-rewrites-the-head-as-is": (41, 22),
     # In worlds whose stopped query's attempts send their pull after a refused pin late
     # (`Mutant.edit`, 2026-12-01): the first two of 0-999, of which 24 catch it; on the
     # schedules of ledger format 3 with the seal (and main's give-back at the seal), 16, the
@@ -163,17 +185,27 @@ RARE = {
     # In the worlds of cancelled-record-leaves-its-chunks (`Mutant.edit`): the only one of
     # 0-1999 (2026-12-01; 264 found the hole on the schedules of ledger format 3);
     # test_keeper's test_a_round_confirmed_after_a_delivery_came_again_keeps_that_delivery_s_start
-    # fails under it too.
-    "round-dates-back-a-later-delivery": (264,),
+    # fails under it too. Since a release restarts what it recorded (2026-12-01): 711, the only
+    # one of 0-3999.
+    # In helper-69's worlds of dying drivers, a restart after every round of acks and a
+    # consumer created again (`Mutant.edit`): the only one of 0-7999, which found the hole
+    # (2026-12-01); test_pull_inbox and test_pull's killed-server test fail without the rule.
     # In the replaced-mid-batch worlds without siblings whose attempts run on fresh executors and
     # pause at their run's stop (`Mutant.edit`, 2026-12-01; 2308 was the first of 0-3819 of those
     # worlds without the pauses, 3819 found the hole): the first two of 0-999, of which 41 catch
     # it; 19 and 26 the first on the schedules of ledger format 3 with the seal (27 of 0-999).
+    # Since a release restarts what it recorded (2026-12-01): the first two of 0-999.
     "failed-acceptance-chunk-kept": (19, 26),
+    # In worlds with another client whose executors pause, under a 4 s wait (`Mutant.edit`):
+    # since a record runs to its end however its attempt is cancelled, the only one of 0-15000
+    # (2026-11-30; 851, which found the hole, moved).
     # In worlds with a consumer created again, new checkpoints at half the runs and sink
     # failures at a fifth (`Mutant.edit`): since a record runs to its end however its attempt
     # is cancelled, the first two of 0-4000 (2026-11-30; 139, which found the hole, moved).
     "replaced-lineage-sightings-forgotten": (2259,),
+    # In worlds whose operator follows a refusal's advice (`Mutant.edit`): the only one of
+    # 0-7999 (2026-12-01, helper-71; the seed that found the hole), still on the schedules of a
+    # release that restarts what it recorded.
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
 # dozens (on the schedules of 2026-11-29): searched first, then the rest of the range, so the
@@ -183,16 +215,19 @@ FIRST_CATCHING = {
     # In worlds on nats-server 2.11-2.12 whose operator follows a refusal's advice: 3 of 0-4
     # (2026-11-30); it only refuses where no operator restarts the query.
     "new-consumer-floor-read-as-reported": 1,
-    "cut-off-chunk-stranded": 248,  # and 555, of 0-599 (2026-11-30)
+    "cut-off-chunk-stranded": 1333,  # and 1622 (2026-12-01; 248 and 555 of 0-599 before)
     # In worlds on nats-server 2.11-2.12 whose operator follows a refusal's advice: 3 of 0-400
     # (97, 147, 326; 2026-11-30).
     "sibling-partition-messages-taken-as-unread": 97,
-    # In the same worlds: the only one of 0-1000 (2026-11-30; the seed that found the hole).
-    "new-consumer-start-ignored": 669,
+    # In the same worlds: the only one of 0-1000 (2026-11-30; the seed that found the hole);
+    # 1026 and 1486 of 0-1999 since a release restarts what it recorded (2026-12-01).
+    "new-consumer-start-ignored": 1026,
     # In worlds whose operator follows a refusal's advice: the first of 0-400 (2026-11-30).
     "other-subjects-counted-unread": 46,
-    "short-key-listing": 125,  # 247 before the adopt listed chunks too (a cut of a longer list)
-    "latest-seen-taken-as-committed": 28,
+    # Since a release restarts what it recorded (2026-12-01); 125 before, 247 before the adopt
+    # listed chunks too (a cut of a longer list).
+    "short-key-listing": 3,
+    "latest-seen-taken-as-committed": 4,
     "initial-offset-new-lineage": 32,
     "new-checkpoint-takes-earlier-batch": 32,
     "replaced-lineage-forgotten": 262,
@@ -200,18 +235,20 @@ FIRST_CATCHING = {
     # since the adopting driver removed headless chunks, 17 before that).
     "zombie-chunks-left": 190,
     # In worlds with pausing executors, once their quiet run waits for the attempts Spark lost:
-    # 14 of 0-300 since the adopting driver removes headless chunks (91 before).
-    "zombie-recreates-settled": 14,
+    # 14 of 0-300 since the adopting driver removes headless chunks (91 before); 56 since a
+    # release restarts what it recorded (2026-12-01).
+    "zombie-recreates-settled": 56,
     "acks-uncommitted-at-stop": 4,
     "stale-pin-ends-the-batch": 1,
     # Since a source error no fault explains breaks the schedule (2026-11-29): 2 of 0-300
-    # (43, 218).
-    "give-back-fails-on-an-empty-entry": 43,
+    # (43, 218); 260 and 270 since a release restarts what it recorded (2026-12-01).
+    "give-back-fails-on-an-empty-entry": 260,
     # In worlds where another client reads the overflow consumer (`Mutant.edit`): 5 of 0-153
     # (12, 19, 39, 40, 85; 2026-11-29).
     "sealed-kept-only-once-due": 12,
-    # The only one of 0-4000 of those worlds (2026-11-30).
-    "rerun-batch-unkept": 230,
+    # The only one of 0-4000 of those worlds (2026-11-30: 230); 5 and 187 since a release
+    # restarts what it recorded (2026-12-01).
+    "rerun-batch-unkept": 5,
     # In worlds whose server restarts bring back removed keys: the first of 0-2500 of each.
     "returned-entries-kept": 74,
     # Since a record runs to its end however its attempt is cancelled (2026-11-30), 137, the
@@ -221,6 +258,17 @@ FIRST_CATCHING = {
 }
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.
 UNCAUGHT: dict[str, str] = {
+    # Two more on the schedules of format 3 with a release that restarts what it holds
+    # (2026-12-01), each checked with its patch applied to a copy of the tree:
+    "round-dates-back-a-later-delivery": "264 (format 3) and 711 (main after the release's "
+    "restart) each the only one of 0-3999 of the cancelled-record worlds on their schedules; "
+    "neither catches on both changes; test_keeper's "
+    "test_a_round_confirmed_after_a_delivery_came_again_keeps_that_delivery_s_start fails under "
+    "it",
+    "taken-over-renewed-after-fence": "21 of 0-999 of its slow-ledger worlds caught it on main, "
+    "11 on format 3; none of 0-2999 on both changes with the taker's restart before its write "
+    "(its patch undoes that too); test_ledger_entries's "
+    "test_a_take_over_restarts_the_wait_of_what_it_took_over_before_its_reads fails under it",
     # Four mutants of holes found on main's schedules by the one seed of 0-7999 (0-1999 for the
     # first) that broke there; ledger format 3 moved those schedules (2026-12-01) and none
     # catches on them. Each hole's own test fails under its mutant (checked with the patches

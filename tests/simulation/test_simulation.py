@@ -77,6 +77,23 @@ ADVICE_CHECK, ADVICE_EXPLORED = range(0, 20), range(20, 300)
 # keep every guarantee. A change of the schedules makes them other schedules; the holes found
 # before are kept as mutants (mutants.py, test_mutants.py), which do not depend on seeds.
 CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
+    723: (
+        {
+            "other_client": True,
+            "early_stops": True,
+            "messages": 30,
+            "per_batch": 50,
+            "fetch_batch": 1,
+            "ack_wait": 4.0,
+            "slow_ledger": 0.1,
+        },
+        "attempt b1/c#1#early recorded 11 and 12 (10.8), stalled 3.8 s in a head write (4 s "
+        "wait), took both again (15.4), and Spark closed it (17.5): it NAKed them before its "
+        "release (18.05); the full read's retry took the entry over and committed them, and the "
+        "other client took 12 from the redelivery queue (20.76). The release now decides: "
+        "landed, their wait is restarted and the taker keeps them (found by helper-68, fixed by "
+        "helper-72, 2026-12-01)",
+    ),
     # Found by helper-69 in a world of dying drivers, a server restart after every round of
     # acks and a consumer created again; explained by helper-75,
     # closed by helper-76 (2026-12-01).

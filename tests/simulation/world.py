@@ -18,9 +18,11 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, TypeVar
 
 import pyarrow as pa
+from nats.js.errors import KeyWrongLastSequenceError
 
 from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.spark.group_source import ledger_protocol
@@ -144,6 +146,11 @@ class Setup:
     # A run's override, never drawn: each task attempt runs in a new executor process (dynamic
     # allocation), which has read no entry yet (`SeenEntries`): its dedupe reads them all.
     fresh_executors: bool = False
+    # A run's override, never drawn: the answer to a task attempt's compare-and-set write that
+    # `lost_answer` loses comes (as a conflict: the retry's) up to this many ack waits late, each
+    # drawn from the server's faults (the request timed out before the client sent it again;
+    # 0: at once). Meanwhile others may read and write what it wrote.
+    lost_answers_late: float = 0.0
 
     @classmethod
     def draw(cls, rng: random.Random) -> Setup:
@@ -207,11 +214,17 @@ class SimBucket:
     of it); the ledger awaits each at once."""
 
     def __init__(
-        self, store: MemoryBucket, sched: Scheduler, latency: Callable[[], float] | None = None
+        self,
+        store: MemoryBucket,
+        sched: Scheduler,
+        latency: Callable[[], float] | None = None,
+        lost_late: Callable[[], float] | None = None,
     ) -> None:
         self.store = store
         self.sched = sched
         self.latency = latency  # how long each answer takes to come back (None: no time)
+        # how late a write's answer the world lost comes, as a conflict (None: at once)
+        self.lost_late = lost_late
         self.name = store.name
         # The checker's: told of each request that passed its scheduling point (it went out;
         # its caller's death before that point keeps it from the server), and of each that took
@@ -224,10 +237,15 @@ class SimBucket:
         for told in self.sent:
             told(what)
         try:
-            result = await call()
-        finally:
-            for told in self.landed:
-                told(what)
+            try:
+                result = await call()
+            finally:
+                for told in self.landed:
+                    told(what)
+        except KeyWrongLastSequenceError:
+            if self.lost_late is not None and (late := self.lost_late()):
+                await self.sched.sleep(late)
+            raise
         if self.latency is not None:  # the request took effect; its answer is on its way
             await self.sched.sleep(self.latency())
         await self.sched.point(f"{what}: answered")
@@ -366,6 +384,7 @@ class World:
         self.driver: Participant | None = None  # the last query run's
         self.runs: dict[Participant, Query] = {}  # each query run's, by its driver
         self.sent_late: set[Participant] = set()  # attempts whose pull `late_after_refusal` held
+        self.answer_lost_to: Participant | None = None  # the writer of the last answer lost
         self.observed = Observed(
             self.stream,
             key_order=not setup.shared,
@@ -420,7 +439,16 @@ class World:
         if self.quiet or self.sched.rng.random() >= self.setup.lost_answer:
             return False
         self.sched.note(f"the answer to the write of {key} is lost (it was retried)")
+        self.answer_lost_to = self.sched.current()
         return True
+
+    def lost_answer_late(self, attempt: Participant) -> float:
+        """How late the conflict answering `attempt`'s write comes when the world lost that
+        write's answer (`Setup.lost_answers_late`), else 0."""
+        if self.answer_lost_to is not attempt:
+            return 0.0
+        self.answer_lost_to = None
+        return self.faults.uniform(0.0, self.setup.lost_answers_late) * self.setup.ack_wait
 
     def _maybe_restart(self) -> None:
         """After a round of acks: maybe a server restart within the window its store misses."""
@@ -481,8 +509,12 @@ class World:
     def _query_runs(self) -> bool:
         return self.driver is not None and not self.driver.finished.done()
 
-    def bucket_view(self, latency: Callable[[], float] | None = None) -> SimBucket:
-        return SimBucket(self.bucket, self.sched, latency)
+    def bucket_view(
+        self,
+        latency: Callable[[], float] | None = None,
+        lost_late: Callable[[], float] | None = None,
+    ) -> SimBucket:
+        return SimBucket(self.bucket, self.sched, latency, lost_late)
 
     def _task_ledger_latency(self) -> float:
         """How long the answer to a task attempt's ledger request takes (`slow_ledger`)."""
@@ -516,8 +548,11 @@ class World:
             for slot in slots
         ]
         latency = self._task_ledger_latency if self.setup.slow_ledger else None
+        late = self.setup.lost_answers_late
+        lost_late = partial(self.lost_answer_late, attempt) if late else None
         for reader in readers:
-            reader.entry.ledger = Ledger(self.bucket_view(latency), reader.partition.lineage)
+            bucket = self.bucket_view(latency, lost_late)
+            reader.entry.ledger = Ledger(bucket, reader.partition.lineage)
             self.observed.attempts.watch(attempt, reader.entry)
             self.observed.attempts.watch_give_backs(attempt, reader)
         packed = isinstance(partition, PackedSlots)

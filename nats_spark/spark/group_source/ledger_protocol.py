@@ -71,7 +71,6 @@ starting with what it handed out.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Set
 from dataclasses import dataclass
@@ -281,13 +280,16 @@ async def await_sealed(ledger: Ledger, gen: int, slot: str, quiet: float) -> Ent
     return head
 
 
-async def release(ledger: Ledger, gen: int, slot: str, head: EntryHead, revision: int) -> None:
+async def release(ledger: Ledger, gen: int, slot: str, head: EntryHead, revision: int) -> bool:
     """OPEN -> OPEN, released: the holder fails (or is closed) before it seals; another attempt
     takes the entry over at once instead of standing by. Nothing when it is no longer the
-    holder's."""
+    holder's; whether it released it."""
     head.released = True
-    with contextlib.suppress(LedgerConflict):
+    try:
         await write_head(ledger, gen, slot, head, revision)
+    except LedgerConflict:
+        return False
+    return True
 
 
 async def record(

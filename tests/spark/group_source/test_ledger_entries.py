@@ -790,10 +790,12 @@ def test_a_chunk_taken_late_has_its_ack_wait_restarted_as_it_is_taken(
 def test_a_take_over_restarts_the_wait_of_what_it_took_over_before_its_reads(
     kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A retry restarts the ack wait of what it took over as its take-over lands, before the
-    fence and sibling reads, a round trip or more each (seed 18241 of the simulation's worlds
-    with another client: a redelivery a sibling had dropped as recorded ran out in them). Its
-    keeper goes on with what is left once the claim dropped what a sibling recorded too."""
+    """A retry restarts the ack wait of what it took over before its take-over's write (seed
+    110 of the simulation's slow-ledger worlds with a 4 s wait: one ran out in the write) and
+    again as it lands, before the fence and sibling reads, a round trip or more each (seed
+    18241 of the worlds with another client: a redelivery a sibling had dropped as recorded ran
+    out in them). Its keeper goes on with what is left once the claim dropped what a sibling
+    recorded too."""
     p = input_partition(lineage, slot="c#0", siblings=("c#1",), ack_wait=4.0)
     failed = claimed(kv, p)
     take(failed, [1, 2])
@@ -828,7 +830,95 @@ def test_a_take_over_restarts_the_wait_of_what_it_took_over_before_its_reads(
 
     assert run_sync(claiming()) == [1]  # 2 is the sibling's to keep
     taken_over = steps.index(("update", Ledger(kv, lineage).head_key(1, "c#0")))
-    assert steps[taken_over + 1] == ("+WPI", 2)
+    assert steps[taken_over - 1 : taken_over + 2] == [
+        ("+WPI", 2),
+        ("update", Ledger(kv, lineage).head_key(1, "c#0")),
+        ("+WPI", 2),
+    ]
+
+
+def test_an_attempt_restarts_the_wait_of_what_it_recorded_before_it_releases_its_entry(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a released entry holds is kept by nobody until its taker restarts it, seconds later
+    (a batch's full read starts once the job reading its tasks first ends; the claim is three
+    ledger round trips or more): seed 52 of the simulation's slow-ledger worlds with a 6 s wait,
+    where it ran out first and another client took a message the batch committed. An attempt
+    restarts it before its release, even half a second after its keeper's last round (a seal
+    would not, under a sixth of a 12 s wait), but only what surely still has its wait running: a
+    delivery held since more than half the wait (`surely_running`) may be another reader's."""
+    now = [1000.0]
+    monkeypatch.setattr(clock, "_source", lambda: now[0])
+    steps: list[tuple[str, object]] = []
+    update = kv.update
+
+    async def updating(key: str, value: bytes, last: int) -> int:
+        steps.append(("update", key))
+        return await update(key, value, last)
+
+    async def renewing(nc: object, commands: list[bytes], count: int) -> int:
+        assert all(b"+WPI" in command for command in commands)
+        steps.append(("+WPI", count))
+        return count
+
+    monkeypatch.setattr(acks, "send_acks", renewing)
+    p = input_partition(lineage, ack_wait=12.0)
+    reader = slot_reader.SlotReader(p, SimpleNamespace(nc=None))  # type: ignore[arg-type]
+    reader.entry.ledger = Ledger(kv, lineage)
+    run_sync(reader.claim())
+    take(reader.entry, [1, 2])
+    reader.keeper.hold([1, 2], first_deliveries(1, 2).replies, now[0])
+    reader.keeper.hold([3], first_deliveries(3).replies, now[0] - 7.0)  # may have run out
+    monkeypatch.setattr(kv, "update", updating)
+    reader.keeper.renewed = now[0]
+    now[0] += 0.5
+    run_sync(reader.abandon())
+    assert steps == [("+WPI", 2), ("update", Ledger(kv, lineage).head_key(1, "m1"))]
+
+
+@pytest.mark.parametrize("given_back", [False, True])
+def test_a_closed_attempt_leaves_a_recorded_delivery_that_came_again_to_its_release(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch, given_back: bool
+) -> None:
+    """An attempt Spark closed holds 2, recorded, delivered to it again (its wait ran out in a
+    stall). Neither closed nor failed tells it who has the entry; its release does. Landed, a
+    retry of the query takes the entry over and commits 2: the attempt restarts the wait of the
+    later delivery (the taker's `+WPI` then keeps it), where a NAK let another client of the
+    consumer take it first (seed 723 of the simulation's slow-ledger worlds with early stops).
+    Refused, a new checkpoint's give-back took the entry, whose NAK of 2 is what may have
+    brought it again: the attempt NAKs it, or it waits out its wait behind newer messages of its
+    key (seed 162)."""
+    now = [1000.0]
+    monkeypatch.setattr(clock, "_source", lambda: now[0])
+    steps: list[tuple[str, object]] = []
+    update = kv.update
+
+    async def updating(key: str, value: bytes, last: int) -> int:
+        steps.append(("update", key))
+        return await update(key, value, last)
+
+    async def acking(nc: object, commands: list[bytes], count: int) -> int:
+        sent = b"".join(commands)
+        steps.append(("-NAK" if b"-NAK" in sent else "+WPI" if b"+WPI" in sent else "?", count))
+        return count
+
+    monkeypatch.setattr(acks, "send_acks", acking)
+    p = input_partition(lineage, ack_wait=12.0)
+    reader = slot_reader.SlotReader(p, SimpleNamespace(nc=None))  # type: ignore[arg-type]
+    reader.entry.ledger = Ledger(kv, lineage)
+    run_sync(reader.claim())
+    take(reader.entry, [1, 2])
+    reader.keeper.hold([1, 2], first_deliveries(1, 2).replies, now[0])
+    now[0] += 1.0
+    reader.keeper.redelivered(2, b"$JS.ACK.S.C.2.2.3.0.0", now[0])
+    reader.came_again_undecided = True  # closed: `give_back_unrecorded` left 2 to the release
+    if given_back:
+        run_sync(ledger_protocol._taken_from_its_attempt(Ledger(kv, lineage), 1, "m1"))
+    monkeypatch.setattr(kv, "update", updating)
+    run_sync(reader.abandon())
+    key = Ledger(kv, lineage).head_key(1, "m1")
+    later = ("-NAK", 1) if given_back else ("+WPI", 1)
+    assert steps == [("+WPI", 1), ("update", key), later]
 
 
 # DriverLedger

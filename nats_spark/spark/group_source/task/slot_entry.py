@@ -82,12 +82,17 @@ class SlotEntry:
             self.pointer = PointerReads(ledger.kv, self.partition.pointer_key)
         return self.pointer
 
-    async def claim(self, keep: Callable[[EntryDeliveries], Awaitable[None]] | None = None) -> None:
+    async def claim(
+        self,
+        keep: Callable[[EntryDeliveries], Awaitable[None]] | None = None,
+        restart: Callable[[EntryDeliveries], Awaitable[None]] | None = None,
+    ) -> None:
         """Create the entry, take over an open one whose holder died or released it, or find it
         sealed (at once, or once the live attempt holding it seals it). The create goes first:
         a first attempt, which most are, finds no entry. A take-over hands what it adopts to
-        `keep` (the reader's keeper) as soon as its write lands: the entry holds it from then
-        on, and nothing kept its waits since the attempt it took it over from ended."""
+        `restart` (the reader's: their ack wait restarted) once it read it, before its write,
+        and to `keep` (the reader's keeper) as soon as that write lands: the entry holds it
+        from then on, and nothing kept its waits since the attempt it took it over from ended."""
         ledger = await self.open_ledger()
         gen, slot = self.partition.gen, self.partition.slot
         pointer = self.pointer_reads(ledger)
@@ -111,6 +116,13 @@ class SlotEntry:
                 return
             # An earlier attempt died mid-way: adopt what it took, then go on pulling. Or the
             # entry is this attempt's own create, whose answer was lost after it took effect.
+            # Their waits are restarted before the write, a ledger round trip that may take
+            # most of what is left of them (seed 110 of the slow-ledger worlds with a 4 s wait:
+            # the release's last +WPI, a restart's whole second and the write let one run
+            # out). Sound if the write fails: a `+WPI` gives nothing back, and what it restarts
+            # of another attempt or reader (a later delivery) is only kept longer.
+            if restart is not None:
+                await restart(self.recorded_earlier)
             self.head = protocol.take_over(previous, self.partition.pin_id, self.new_id()[:12])
             try:
                 self.revision = await write_head(ledger, gen, slot, self.head, revision)
@@ -334,24 +346,25 @@ class SlotEntry:
             return True
         return found is not None and found[0].attempt != protocol.GIVEN_BACK
 
-    async def release(self) -> None:
+    async def release(self) -> bool:
         """The attempt ends without sealing the entry it holds (it failed, or Spark closed it):
-        mark it released, so that a retry takes it over at once. Not an entry it never claimed
-        (revision 0: an ack-only partition, or a claim that failed): a write on revision 0
-        would create it."""
+        mark it released, so that a retry takes it over at once; whether it did. Not an entry
+        it never claimed (revision 0: an ack-only partition, or a claim that failed): a write on
+        revision 0 would create it."""
         if (
             self.ledger is None
             or not self.revision
             or self.fixed
             or protocol.content_fixed(self.head)
         ):
-            return
+            return False
         gen, slot = self.partition.gen, self.partition.slot
         try:
             async with self.writing:
-                await protocol.release(self.ledger, gen, slot, self.head, self.revision)
+                return await protocol.release(self.ledger, gen, slot, self.head, self.revision)
         except Exception as error:  # a retry then waits for the head to go quiet
             log.debug("slot %s: releasing its ledger entry failed: %s", slot, error)
+            return False
 
 
 class Recorder:

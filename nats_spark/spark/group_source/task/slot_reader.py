@@ -92,6 +92,9 @@ class SlotReader:
         self.pulling = partition.limit > 0
         self.started = clock.monotonic()  # before any delivery this attempt holds
         self.handing_out = False  # its rows wait for Spark to take them
+        # Recorded deliveries that came again, kept until the release tells whether a taker
+        # keeps them or a give-back took the entry (`give_back_unrecorded`, `abandon`).
+        self.came_again_undecided = False
         self.begun = False  # acked and claimed (`begin`)
         self.stepping = False  # its steps run (`slot_batches`): their end lets go of the entry
         self._history: SlotHistory | None = None
@@ -114,7 +117,7 @@ class SlotReader:
         partition = self.partition
         if not self.pulling:
             return
-        await self.entry.claim(self.keep_taken_over)
+        await self.entry.claim(self.keep_taken_over, self.restart_taken_over)
         if self.entry.fixed:
             self.pulling = False  # the batch's content is fixed: exactly this, nothing more
             return
@@ -142,6 +145,12 @@ class SlotReader:
         self.keeper.hold(taken_over.stream_seq, taken_over.subjects(), -math.inf)
         await self.keeper.renew()
 
+    async def restart_taken_over(self, found: EntryDeliveries) -> None:
+        """A take-over, before its write: restart the ack wait of what the entry holds, kept by
+        nobody since its attempt's last round (`SlotEntry.claim`). Not held yet: the write may
+        fail (`keep_taken_over` holds it once it lands)."""
+        await self.keeper.restart(found.subjects())
+
     def keep_on_taken_over(self) -> None:
         """After the claim: the keeper's rounds go on with what the take-over kept, but for what
         the claim found a sibling recorded too and dropped (the sibling keeps it)."""
@@ -167,9 +176,34 @@ class SlotReader:
     async def abandon(self) -> None:
         """The attempt ends without sealing the entry it claimed: it keeps nothing from
         redelivery any more, and releases the entry, so that a retry takes it over at once
-        instead of waiting for its head to go quiet."""
+        instead of waiting for its head to go quiet. What it recorded is kept by nobody from
+        its keeper's last round until the taker restarts their wait (`restart_taken_over`):
+        the taker may start only seconds later (a job reading a batch's tasks first ends when
+        all its tasks have, the batch's full read starts then) and its claim is three ledger
+        round trips or more. So their wait is restarted just before the release, whatever was
+        used of it (a release is rare, not worth the seal's saving: `renew_used_wait`), but
+        only of the deliveries whose wait surely runs (`InProgressKeeper.restart_running`):
+        after a stall, or a new checkpoint's give-back (which NAKed them), a `+WPI` would
+        restart what came again to another reader, holding it back behind newer messages of
+        its key (seed 162 of the replaced-mid-batch worlds). Seed 52 of the slow-ledger worlds
+        with a 6 s wait: renewed at 8.8 s, released at 10.7 s, taken over at 15.0 s, after the
+        wait ran out and another client took a message; seed 349 of the same with answers up
+        to 1.5 s: renewed 0.7 s before the release, whose taker's first `+WPI` came 6.2 s after
+        that renewal (a restart once the release's answer came was too late).
+
+        The recorded deliveries that came again, which `give_back_unrecorded` could not judge
+        (`came_again_undecided`), are judged by the release: landed, the entry is still the
+        query's and a taker keeps them (their wait restarted now, as the rest's was); refused,
+        a new checkpoint's give-back took it, whose NAK may be what brought them again, and
+        they are NAKed (`give_back_came_again`)."""
         await self.stop_keeping()
-        await self.entry.release()
+        await self.keeper.restart_running()
+        released = await self.entry.release()
+        if self.came_again_undecided:  # the release tells who has them (seed 723)
+            if released:
+                await self.keeper.restart_running(came_again=True)
+            else:
+                await self.give_back_came_again()
 
     async def history(self) -> SlotHistory:
         if self._history is None:
@@ -211,7 +245,7 @@ class SlotReader:
         recorder = Recorder(self.entry, self.keeper, consumer)
         self.start_keeping()
         holding = asyncio.ensure_future(self.entry.hold(lambda: not self.handing_out))
-        finished = kept_by_taker = False
+        finished = kept_by_taker = lost = False
         try:
             async with contextlib.aclosing(pulls.chunks()) as chunks:
                 async for chunk, sent in chunks:  # pull, a request's deliveries whole
@@ -235,11 +269,12 @@ class SlotReader:
             finished = True
         except TakenOver as taken:
             kept_by_taker = protocol.kept_by_its_taker(taken)
+            lost = not kept_by_taker
             raise
         finally:
             await self.entry.end_hold(holding)
             if not finished:  # what it recorded stays kept until the entry is let go of
-                await self.give_back_unrecorded(recorder, consumer, kept_by_taker)
+                await self.give_back_unrecorded(recorder, consumer, kept_by_taker, lost)
             await self.stop_keeping()
             await consumer.close()
 
@@ -276,7 +311,7 @@ class SlotReader:
                 yield batch
 
     async def give_back_unrecorded(
-        self, recorder: Recorder, consumer: PullConsumer, kept_by_taker: bool
+        self, recorder: Recorder, consumer: PullConsumer, kept_by_taker: bool, lost: bool
     ) -> None:
         """Closed or failed mid-batch: NAK what this attempt pulled and did not record, so that
         it comes back at once instead of after its ack wait. The write in flight is let finish
@@ -286,16 +321,19 @@ class SlotReader:
         back, a consumer created again), whose deliveries the keeper does not hold (those it
         acked as an earlier batch's are no longer pending: the server ignores their NAK). So
         is a recorded message that came again since, to a pull it processed or to one still
-        out: the entry names its earlier delivery, and a new checkpoint's give-back of the
-        entry NAKs that one, not this (which would wait out its ack wait, behind newer messages
-        of its key); a retry that takes the entry over drops it as its own when it comes
-        back. Not when the attempt lost the entry to another attempt of the query
-        (`kept_by_taker`): that one's keeper keeps the delivery with what the entry holds, and
-        a NAK would hand it to any reader of the consumer (seed 851: another client got a
-        message the batch then committed). What the attempt took over is recorded, as what it
-        recorded itself is. The keeper goes on meanwhile (the wait for late deliveries is up to
-        `fetchTimeout`, which may be longer than the ack wait) for what stays recorded: only the
-        release lets it go.
+        out, when the attempt lost the entry to a give-back (`lost`: a head write found it
+        given back or removed): the entry names its earlier delivery, and a new checkpoint's
+        give-back of the entry NAKs that one, not this (which would wait out its ack wait,
+        behind newer messages of its key). Not when the attempt lost the entry to another
+        attempt of the query (`kept_by_taker`): that one's keeper keeps the delivery with what
+        the entry holds, and a NAK would hand it to any reader of the consumer (seed 851:
+        another client got a message the batch then committed). Nor when it knows neither
+        (Spark closed it, or it failed otherwise): the keeper holds those until the release
+        tells (`abandon`; seed 723 of the slow-ledger worlds with early stops: NAKed here,
+        another client took one its retry then committed). What the attempt took over is
+        recorded, as what it recorded itself is. The keeper goes on meanwhile (the wait for
+        late deliveries is up to `fetchTimeout`, which may be longer than the ack wait) for
+        what stays recorded: only the release lets it go.
 
         Only deliveries whose ack wait surely runs are NAKed (`surely_running`): one that may
         have run out (the attempt stalled) may be another reader's by now, a retry's that
@@ -304,7 +342,9 @@ class SlotReader:
         try:
             recorded = await recorder.finish() | set(self.entry.recorded_earlier.stream_seq)
             held = self.keeper.held
-            again = set() if kept_by_taker else self.keeper.again
+            # Neither known taken nor lost (Spark closed it, or it failed): its release decides.
+            self.came_again_undecided = not (kept_by_taker or lost)
+            again = self.keeper.again if lost else set()
             given_back = [seq for seq in held if seq not in recorded or seq in again]
             unrecorded = self.keeper.held_deliveries(given_back)
             if self.accepting is not None:  # its acceptance failed: what of it was not held
@@ -316,16 +356,16 @@ class SlotReader:
             late = await consumer.collect_late(self.partition.reading.fetch_timeout)
             _, late_seqs, _, _ = late.numbers if late else ((), (), (), ())
             if kept_by_taker and await self.taker_lost_it(recorded, late_seqs):
-                kept_by_taker = False
+                lost = True
                 came_again = self.held_again()
                 unrecorded += self.keeper.held_deliveries(came_again)
                 self.keeper.release(came_again)
             if late:  # new, or again
-                unrecorded += [
-                    (reply, requested)
-                    for reply, seq in zip(late.replies, late_seqs, strict=True)
-                    if not (kept_by_taker and seq in recorded)
-                ]
+                for reply, seq in zip(late.replies, late_seqs, strict=True):
+                    if lost or seq not in recorded:
+                        unrecorded.append((reply, requested))
+                    elif self.came_again_undecided:
+                        self.keeper.redelivered(seq, reply, requested)
             await self.give_back(unrecorded)
         except Exception as error:  # they come back after their ack wait
             log.debug(
@@ -379,10 +419,19 @@ class SlotReader:
         """Seal the entry. Its messages then wait for the next batch's task to ack them, and the
         driver's `SealedKeeper` restarts their ack wait before less than a third of it is left;
         a task that has used more than a sixth of it since its last restart (or its start)
-        restarts it first, as does any task under a short ack wait. A short task does not: a
-        `+WPI` per message costs the server about a quarter of what delivering and acking the
-        message does. What the attempt took over counts from the keeper's last round only (the
-        first came at the take-over): their waits started before this attempt did."""
+        restarts it first, as does any task under a short ack wait (`renew_used_wait`). A short
+        task does not: a `+WPI` per message costs the server about a quarter of what delivering
+        and acking the message does."""
+        await self.renew_used_wait()
+        await self.check_not_created_again()
+        await self.entry.seal()
+
+    async def renew_used_wait(self) -> None:
+        """Before the entry leaves this attempt's hands (sealed or released): restart the ack wait
+        of what the keeper holds when more than a sixth of it was used since it last started (or
+        the attempt's start), and always under a short ack wait. What it took over counts from
+        the keeper's last round only (the first came at the take-over): their waits started
+        before this attempt did."""
         taken_over = bool(self.entry.recorded_earlier)
         kept_since = self.keeper.renewed if taken_over else max(self.started, self.keeper.renewed)
         used = clock.monotonic() - kept_since
@@ -391,8 +440,6 @@ class SlotReader:
             or used > self.partition.ack_wait * RESTART_AFTER
         ):
             await self.keeper.renew()
-        await self.check_not_created_again()
-        await self.entry.seal()
 
     async def check_not_created_again(self) -> None:
         """With siblings, before the seal: the consumer is still the one the driver saw. A new
