@@ -203,6 +203,10 @@ RARE = {
     # failures at a fifth (`Mutant.edit`): since a record runs to its end however its attempt
     # is cancelled, the first two of 0-4000 (2026-11-30; 139, which found the hole, moved).
     "replaced-lineage-sightings-forgotten": (2259,),
+    # The only one of 0-4000 of its worlds (2026-11-30: 230); 5 and 187 once a release
+    # restarts what it recorded (2026-12-01); on that with ledger format 3, none of 0-1999, the
+    # first two of 2000-9999.
+    "rerun-batch-unkept": (2183, 4382),
     # In worlds whose operator follows a refusal's advice (`Mutant.edit`): the only one of
     # 0-7999 (2026-12-01, helper-71; the seed that found the hole), still on the schedules of a
     # release that restarts what it recorded.
@@ -246,9 +250,6 @@ FIRST_CATCHING = {
     # In worlds where another client reads the overflow consumer (`Mutant.edit`): 5 of 0-153
     # (12, 19, 39, 40, 85; 2026-11-29).
     "sealed-kept-only-once-due": 12,
-    # The only one of 0-4000 of those worlds (2026-11-30: 230); 5 and 187 since a release
-    # restarts what it recorded (2026-12-01).
-    "rerun-batch-unkept": 5,
     # In worlds whose server restarts bring back removed keys: the first of 0-2500 of each.
     "returned-entries-kept": 74,
     # Since a record runs to its end however its attempt is cancelled (2026-11-30), 137, the
