@@ -125,8 +125,9 @@ def test_a_packed_task_claims_its_slots_at_once(client, nats_url, unique, monkey
     round trips: a slot after another, four at a time, they were most of a packed task's time
     at 128 slots a task); closed after its first rows, it releases the entries of the slots it
     never ran or did not finish, so that a retry takes them over at once. The last slot's
-    record is slow here, so that the close comes before it ends (small slots all ran to their
-    seals before the close on a quick machine)."""
+    first pull is slow here, so that the close comes before it records (small slots all ran to
+    their seals before the close on a quick machine; a record, once begun, runs to its end and,
+    the slot's last, seals the entry)."""
     stream = f"PACKCLAIM{unique}"
     static_group(client, stream, "g", ["m1", "m2"], partitions=8)
     publish(client, stream, 800)
@@ -149,17 +150,18 @@ def test_a_packed_task_claims_its_slots_at_once(client, nats_url, unique, monkey
     try:
         task = first_packed_task(reader)
         assert len(task.slots) == 8
-        last, recording_last = task.slots[-1].slot, threading.Event()
-        record = slot_entry.SlotEntry.record
+        last, pulling_last = task.slots[-1].slot, threading.Event()
+        chunks = slot_pulls.SlotPulls.chunks
 
-        async def slow_record_of_the_last(entry, *args):
-            if entry.partition.slot == last:
-                recording_last.set()
+        async def slow_pulls_of_the_last(pulls):
+            if pulls.label == last:
+                pulling_last.set()
                 await asyncio.sleep(2)  # the task is closed meanwhile
-            return await record(entry, *args)
+            async for chunk in chunks(pulls):
+                yield chunk
 
-        monkeypatch.setattr(slot_entry.SlotEntry, "record", slow_record_of_the_last)
-        closed_after_first_rows(task, recording_last)
+        monkeypatch.setattr(slot_pulls.SlotPulls, "chunks", slow_pulls_of_the_last)
+        closed_after_first_rows(task, pulling_last)
         assert peak == 8  # four at a time, before
         found = [head for slot in task.slots if (head := entry_head(reader, unique, slot))]
         assert len(found) == 8
@@ -167,7 +169,7 @@ def test_a_packed_task_claims_its_slots_at_once(client, nats_url, unique, monkey
         assert all(head.released or done for head, done in zip(found, sealed, strict=True)), [
             (h.state, h.released, h.count) for h in found
         ]
-        assert not sealed[-1]  # closed as it recorded
+        assert not sealed[-1]  # closed before it pulled
     finally:
         run_sync(reader.close())
 
