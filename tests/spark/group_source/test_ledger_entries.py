@@ -73,6 +73,19 @@ def kv() -> MemoryBucket:
     return MemoryBucket()
 
 
+def log_updates(
+    kv: MemoryBucket, monkeypatch: pytest.MonkeyPatch, steps: list[tuple[str, object]]
+) -> None:
+    """From now on, each update of `kv` appends ("update", its key) to `steps`."""
+    update = kv.update
+
+    async def updating(key: str, value: bytes, last: int) -> int:
+        steps.append(("update", key))
+        return await update(key, value, last)
+
+    monkeypatch.setattr(kv, "update", updating)
+
+
 @pytest.fixture
 def given_back(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """The ack commands the ledger protocol sends (NAKs of give-backs, acks), as sent."""
@@ -802,15 +815,11 @@ def test_a_take_over_restarts_the_wait_of_what_it_took_over_before_its_reads(
     run_sync(failed.release())
     take(claimed(kv, input_partition(lineage, slot="c#1", siblings=("c#0",))), [2])
     steps: list[tuple[str, object]] = []
-    get, update = kv.get, kv.update
+    get = kv.get
 
     async def getting(key: str) -> Any:
         steps.append(("get", key))
         return await get(key)
-
-    async def updating(key: str, value: bytes, last: int) -> int:
-        steps.append(("update", key))
-        return await update(key, value, last)
 
     async def renewing(nc: object, commands: list[bytes], count: int) -> int:
         assert all(b"+WPI" in command for command in commands)
@@ -818,7 +827,7 @@ def test_a_take_over_restarts_the_wait_of_what_it_took_over_before_its_reads(
         return count
 
     monkeypatch.setattr(kv, "get", getting)
-    monkeypatch.setattr(kv, "update", updating)
+    log_updates(kv, monkeypatch, steps)
     monkeypatch.setattr(acks, "send_acks", renewing)
     retry = slot_reader.SlotReader(p, SimpleNamespace(nc=None))  # type: ignore[arg-type]
     retry.entry.ledger = Ledger(kv, lineage)
@@ -850,11 +859,6 @@ def test_an_attempt_restarts_the_wait_of_what_it_recorded_before_it_releases_its
     now = [1000.0]
     monkeypatch.setattr(clock, "_source", lambda: now[0])
     steps: list[tuple[str, object]] = []
-    update = kv.update
-
-    async def updating(key: str, value: bytes, last: int) -> int:
-        steps.append(("update", key))
-        return await update(key, value, last)
 
     async def renewing(nc: object, commands: list[bytes], count: int) -> int:
         assert all(b"+WPI" in command for command in commands)
@@ -869,7 +873,7 @@ def test_an_attempt_restarts_the_wait_of_what_it_recorded_before_it_releases_its
     take(reader.entry, [1, 2])
     reader.keeper.hold([1, 2], first_deliveries(1, 2).replies, now[0])
     reader.keeper.hold([3], first_deliveries(3).replies, now[0] - 7.0)  # may have run out
-    monkeypatch.setattr(kv, "update", updating)
+    log_updates(kv, monkeypatch, steps)
     reader.keeper.renewed = now[0]
     now[0] += 0.5
     run_sync(reader.abandon())
@@ -891,11 +895,6 @@ def test_a_closed_attempt_leaves_a_recorded_delivery_that_came_again_to_its_rele
     now = [1000.0]
     monkeypatch.setattr(clock, "_source", lambda: now[0])
     steps: list[tuple[str, object]] = []
-    update = kv.update
-
-    async def updating(key: str, value: bytes, last: int) -> int:
-        steps.append(("update", key))
-        return await update(key, value, last)
 
     async def acking(nc: object, commands: list[bytes], count: int) -> int:
         sent = b"".join(commands)
@@ -914,7 +913,7 @@ def test_a_closed_attempt_leaves_a_recorded_delivery_that_came_again_to_its_rele
     reader.came_again_undecided = True  # closed: `give_back_unrecorded` left 2 to the release
     if given_back:
         run_sync(ledger_protocol._taken_from_its_attempt(Ledger(kv, lineage), 1, "m1"))
-    monkeypatch.setattr(kv, "update", updating)
+    log_updates(kv, monkeypatch, steps)
     run_sync(reader.abandon())
     key = Ledger(kv, lineage).head_key(1, "m1")
     later = ("-NAK", 1) if given_back else ("+WPI", 1)
