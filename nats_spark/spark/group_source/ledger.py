@@ -86,10 +86,11 @@ from nats_spark.jetstream.retry import is_transient, retrying
 from nats_spark.jetstream.subjects import ack_numbers
 from nats_spark.requests_at_once import all_results
 from nats_spark.spark.group_source.packed_heads import (
-    PackedHeads,
     PackedKey,
+    PackedLayouts,
     index_of,
     is_packed_token,
+    packed_token,
 )
 from nats_spark.spark.shared.columns import BATCH_ROWS
 
@@ -455,16 +456,28 @@ def _missing(name: str) -> ConfigurationError:
 class Ledger:
     """One query lineage's entries in the ledger bucket."""
 
-    def __init__(self, kv: Bucket, lineage: str, packed: PackedHeads | None = None) -> None:
+    def __init__(self, kv: Bucket, lineage: str, layouts: PackedLayouts | None = None) -> None:
         self.kv = kv
         self.lineage = lineage
         # Where the heads of packed tasks' slots are kept together (`packed_heads`): the
-        # batches of offset v2 (None: every head has a key of its own).
-        self.packed = packed
+        # batches of offset v2, as their offsets say or a listing found.
+        self.layouts: PackedLayouts = layouts if layouts is not None else {}
+        self._packed: dict[str, PackedKey] = {}  # this process's handle on each packed key
 
     def _section(self, gen: int, slot: str) -> PackedKey | None:
         """The packed key holding the slot's head in batch `gen`; None: the head's own key."""
-        return None if self.packed is None else self.packed.key_of(self.kv, gen, slot)
+        index = self.layouts.get(gen, {}).get(slot)
+        return (
+            None
+            if index is None
+            else self._packed_key(f"{self.lineage}.{gen}.{packed_token(index)}")
+        )
+
+    def _packed_key(self, key: str) -> PackedKey:
+        found = self._packed.get(key)
+        if found is None:
+            found = self._packed[key] = PackedKey(self.kv, key)
+        return found
 
     @staticmethod
     async def bucket(
@@ -566,10 +579,8 @@ class Ledger:
             if not is_packed_token(token):
                 entries.add(_entry_of(key))
                 continue
-            if self.packed is None:
-                self.packed = PackedHeads(self.lineage)
-            slots = await self.packed.key_named(self.kv, key).slots()
-            self.packed.learn(int(gen), index_of(token), slots)
+            slots = await self._packed_key(key).slots()
+            self.layouts.setdefault(int(gen), {}).update(dict.fromkeys(slots, index_of(token)))
             entries.update((int(gen), slot) for slot in slots)
         return entries
 

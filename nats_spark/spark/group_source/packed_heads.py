@@ -39,9 +39,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
@@ -245,40 +244,11 @@ class PackedKey:
                 write.done.set_result(stored.revision if holds else None)
 
 
-class PackedHeads:
-    """Which slots' heads of which batches are sections of a packed key, for one lineage, and
-    the process's handle on each such key. `layouts`: by batch (gen), each slot's packed task
-    index; a batch not in it keeps a key per slot."""
-
-    def __init__(
-        self, lineage: str, layouts: Mapping[int, Mapping[str, int]] | None = None
-    ) -> None:
-        self.lineage = lineage
-        self.layouts = {gen: dict(slots) for gen, slots in (layouts or {}).items()}
-        self._keys: dict[str, PackedKey] = {}
-
-    def key_of(self, kv: SectionStore, gen: int, slot: str) -> PackedKey | None:
-        index = self.layouts.get(gen, {}).get(slot)
-        if index is None:
-            return None
-        return self.key_named(kv, f"{self.lineage}.{gen}.{packed_token(index)}")
-
-    def key_named(self, kv: SectionStore, key: str) -> PackedKey:
-        found = self._keys.get(key)
-        if found is None:
-            found = self._keys[key] = PackedKey(kv, key)
-        return found
-
-    def learn(self, gen: int, index: int, slots: Iterable[str]) -> None:
-        """Slots a listing found in packed task `index`'s key of batch `gen`."""
-        self.layouts.setdefault(gen, {}).update(dict.fromkeys(slots, index))
+# By batch (gen), each packed slot's task index (`slot_packing.layout`): where its head is kept.
+# A batch not in it keeps a key per head.
+PackedLayouts = dict[int, dict[str, int]]
 
 
 def index_of(token: str) -> int:
     """The packed task index of a packed key's last token."""
     return int(bytes.fromhex(token[1:]).decode().removeprefix("\0task-"))
-
-
-def packed_layout(raw: Mapping[str, Any]) -> dict[int, dict[str, int]]:
-    """A layout as JSON carries it (gen and index as strings of digits) in `PackedHeads` form."""
-    return {int(gen): {slot: int(i) for slot, i in slots.items()} for gen, slots in raw.items()}

@@ -14,7 +14,7 @@ from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError
 from nats_spark.loop import Blocking, run_sync
 from nats_spark.spark.group_source.ledger import EntryHead, Ledger
-from nats_spark.spark.group_source.packed_heads import PackedHeads, packed_token
+from nats_spark.spark.group_source.packed_heads import packed_token
 
 GEN = 3
 SLOTS = [f"g-partition-{i}" for i in range(64)]
@@ -22,7 +22,7 @@ SLOTS = [f"g-partition-{i}" for i in range(64)]
 
 def packed(kv: object, lineage: str = "lin") -> Ledger:
     """A ledger whose batch GEN keeps SLOTS' heads in packed task 0's key."""
-    return Ledger(kv, lineage, PackedHeads(lineage, {GEN: dict.fromkeys(SLOTS, 0)}))  # type: ignore[arg-type]
+    return Ledger(kv, lineage, {GEN: dict.fromkeys(SLOTS, 0)})  # type: ignore[arg-type]
 
 
 class Counted(MemoryBucket):
