@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -46,6 +47,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from nats_spark.errors import ConfigurationError
+from nats_spark.spark.group_source.slot_partition import SlotPartition
 
 PACKED_FORMAT = 4
 # A packed key's last token begins with the hex form of NUL, which no slot name's token does
@@ -247,6 +249,12 @@ class PackedKey:
 # By batch (gen), each packed slot's task index (`slot_packing.layout`): where its head is kept.
 # A batch not in it keeps a key per head.
 PackedLayouts = dict[int, dict[str, int]]
+
+
+def task_layouts(partitions: Iterable[SlotPartition]) -> PackedLayouts:
+    """The layouts a task's input partitions were handed, as one (a ledger's, which a listing
+    may add to)."""
+    return {gen: dict(slots) for p in partitions for gen, slots in p.layouts.items()}
 
 
 def index_of(token: str) -> int:

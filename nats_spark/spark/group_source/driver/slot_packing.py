@@ -29,6 +29,14 @@ def pack(offset: SourceOffset) -> list[list[str]]:
     return [sorted(group) for group in groups]
 
 
+def layout(offset: SourceOffset) -> dict[str, int] | None:
+    """Where batch `offset`'s heads are kept: each planned slot's task index, whose key holds
+    its head (`packed_heads`); None when every head has a key of its own (offset version 1)."""
+    if not offset.packed_heads:
+        return None
+    return {slot: index for index, group in enumerate(pack(offset)) for slot in group}
+
+
 def packed(offset: SourceOffset, partitions: Iterable[SlotPartition]) -> list[PackedSlots]:
     """The tasks of batch `offset` from its slots' input `partitions`: the planned slots as
     `pack` says (a group whose slots all dropped out stays, empty, so that the groups after it
