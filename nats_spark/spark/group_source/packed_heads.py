@@ -236,8 +236,12 @@ class PackedKey:
         except BaseException as error:
             self._known = None  # it may have landed: read it again before the next write
             for write in writes:
-                if not write.done.done():
+                if write.done.done():
+                    continue
+                if isinstance(error, Exception):
                     write.done.set_exception(error)
+                else:  # the process ends (its loop's tasks cancelled or closed): so do they
+                    write.done.cancel()
             if not isinstance(error, Exception):
                 raise
             return

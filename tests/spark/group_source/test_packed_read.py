@@ -26,6 +26,7 @@ from nats_spark.spark.group_source.ledger import (
     read_head,
 )
 from nats_spark.spark.group_source.options import parse_options
+from nats_spark.spark.group_source.packed_heads import task_layouts
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from nats_spark.spark.group_source.task import slot_entry, slot_pulls, slot_reader
 from nats_spark.spark.group_source.task.slot_reader import read_packed, read_slot
@@ -83,7 +84,7 @@ def entry_head(reader: BatchCoordinator, unique: str, slot: SlotPartition) -> En
 
     async def read() -> EntryHead | None:
         kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
-        found = await read_head(Ledger(kv, slot.lineage), slot.gen, slot.slot)
+        found = await read_head(Ledger(kv, slot.lineage, task_layouts([slot])), slot.gen, slot.slot)
         return None if found is None else found[0]
 
     return run_sync(read())
@@ -363,7 +364,7 @@ def test_a_packed_task_claims_while_it_acks_and_marks_while_it_pulls(
 
         async def states() -> list:
             kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
-            ledger = Ledger(kv, first.lineage)
+            ledger = Ledger(kv, first.lineage, task_layouts(task.slots))
             return [(await read_head(ledger, first.gen, s.slot))[0].state for s in task.slots]
 
         assert run_sync(states()) == [EntryState.ACKED] * 4
