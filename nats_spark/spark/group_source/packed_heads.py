@@ -2,7 +2,8 @@
 
 Every slot keeps its own ledger entry, and `ledger_protocol` moves each one on as before; only
 where a head is stored changes. The heads of the slots one packed task reads in a batch are
-sections of one key, `<lineage>.<gen>.<task token>` (`packed_key`): a task's claims, records,
+sections of one key, `<lineage>.<gen>.<packed token>` (`slot_packing.layout`: a key per task,
+of `SECTIONS_PER_KEY` heads at most): a task's claims, records,
 seals, hold renewals and releases, the next batch's ack reads and acked marks, and the driver's
 reads of them then cost a request per task rather than one per slot, whose server and client
 costs grew with the slots (issue 48). A section behaves as a key of its own:
@@ -50,6 +51,10 @@ from nats_spark.errors import ConfigurationError
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 
 PACKED_FORMAT = 4
+# Heads one packed key holds at most: a head is about 300 bytes, and one whose first record is
+# kept inline (`ledger.INLINE_BYTES`) up to about 1.7 KB, so a key of 128 stays far below the
+# server's 1 MB payload (and below a quarter of it) however its slots record.
+SECTIONS_PER_KEY = 128
 # A packed key's last token begins with the hex form of NUL, which no slot name's token does
 # (`ledger.key_token`): it never names a slot's own entry.
 PACKED_TOKEN_PREFIX = "_00"
@@ -58,8 +63,8 @@ _EMPTY = _ENCODER.encode({"format": PACKED_FORMAT, "sections": {}}).encode()
 
 
 def packed_token(index: int) -> str:
-    """The last token of packed task `index`'s key: `key_token("\\0task-<index>")`."""
-    return "_" + f"\0task-{index}".encode().hex()
+    """The last token of packed key `index` of a batch: `key_token("\\0heads-<index>")`."""
+    return "_" + f"\0heads-{index}".encode().hex()
 
 
 def is_packed_token(token: str) -> bool:
@@ -262,5 +267,5 @@ def task_layouts(partitions: Iterable[SlotPartition]) -> PackedLayouts:
 
 
 def index_of(token: str) -> int:
-    """The packed task index of a packed key's last token."""
-    return int(bytes.fromhex(token[1:]).decode().removeprefix("\0task-"))
+    """The index of a packed key, from its last token."""
+    return int(bytes.fromhex(token[1:]).decode().removeprefix("\0heads-"))

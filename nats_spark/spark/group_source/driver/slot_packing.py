@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
+from nats_spark.spark.group_source.packed_heads import SECTIONS_PER_KEY
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 
 
@@ -30,11 +31,18 @@ def pack(offset: SourceOffset) -> list[list[str]]:
 
 
 def layout(offset: SourceOffset) -> dict[str, int] | None:
-    """Where batch `offset`'s heads are kept: each planned slot's task index, whose key holds
-    its head (`packed_heads`); None when every head has a key of its own (offset version 1)."""
+    """Where batch `offset`'s heads are kept: by planned slot, the index of the packed key
+    that holds its head (`packed_heads`): a key per task, of `SECTIONS_PER_KEY` slots at most
+    (a task of more has several, its slots in their order); None when every head has a key of
+    its own (offset version 1). Fixed for version 2: a batch run again finds its heads."""
     if not offset.packed_heads:
         return None
-    return {slot: index for index, group in enumerate(pack(offset)) for slot in group}
+    runs = [
+        group[start : start + SECTIONS_PER_KEY]
+        for group in pack(offset)
+        for start in range(0, len(group), SECTIONS_PER_KEY)
+    ]
+    return {slot: index for index, run in enumerate(runs) for slot in run}
 
 
 def packed(offset: SourceOffset, partitions: Iterable[SlotPartition]) -> list[PackedSlots]:
