@@ -323,7 +323,9 @@ class DriverLedger:
         if ledger is None or offset.lineage != ledger.lineage:
             return
         found = layout(offset)
-        if found is not None:
+        if found is None:  # the offset says, whatever was noted of its gen before
+            ledger.layouts.pop(offset.gen, None)
+        else:
             ledger.layouts[offset.gen] = found
         oldest = min((gen for gen, _ in self.entries), default=offset.gen)
         for gen in [gen for gen in ledger.layouts if gen < min(oldest, offset.gen)]:
