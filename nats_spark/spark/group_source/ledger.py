@@ -599,8 +599,11 @@ class Ledger:
 
     async def delete_entry(self, gen: int, slot: str) -> None:
         """Remove the entry: its head and the chunks of every attempt."""
-        if (packed := self._section(gen, slot)) is not None:
-            await packed.remove(slot)
+        if (packed := self._section(gen, slot)) is not None and await packed.remove(slot):
+            # Its last head gone, the key goes too (an attempt fenced off after its batch's
+            # removal would leave it behind for good). Whoever writes a head into it after
+            # this finds the fence raised (every removal follows the fence) and removes that.
+            await self.kv.remove(packed.key)
         await self.kv.remove(self.head_key(gen, slot))
 
     async def delete_batch(self, gen: int) -> None:

@@ -168,8 +168,10 @@ class PackedKey:
         """The section's new revision; None when its revision is no longer `last`."""
         return await self._write(_Write(slot, head.decode(), last))
 
-    async def remove(self, slot: str) -> None:
+    async def remove(self, slot: str) -> bool:
+        """Whether the key holds no head any more, as far as this process knows."""
         await self._write(_Write(slot, None, None))
+        return self._known is not None and not self._known.sections
 
     async def _read(self) -> _Stored:
         if self._reading is None:

@@ -85,6 +85,15 @@ async def a_slot_s_writes_are_its_own(ledger: Ledger) -> object:
     return await ledger.update_head(GEN, SLOTS[0], b'{"a":2}', mine or 0) is not None
 
 
+async def the_last_head_removed_leaves_no_key(ledger: Ledger) -> object:
+    for slot in SLOTS[:2]:
+        await ledger.create_head(GEN, slot, b'{"a":1}')
+    await ledger.delete_entry(GEN, SLOTS[0])
+    kept = await ledger.kv.keys_matching(f"{ledger.lineage}.>")
+    await ledger.delete_entry(GEN, SLOTS[1])
+    return len(kept), await ledger.kv.keys_matching(f"{ledger.lineage}.>")
+
+
 async def removed_batch_is_gone(ledger: Ledger) -> object:
     for slot in SLOTS[:3]:
         await ledger.create_head(GEN, slot, b'{"a":1}')
@@ -104,6 +113,7 @@ CASES = [
     create_update_and_read,
     removed_and_created_again,
     a_slot_s_writes_are_its_own,
+    the_last_head_removed_leaves_no_key,
     removed_batch_is_gone,
     listed_entries,
 ]
