@@ -238,7 +238,8 @@ class SimBucket:
         self, what: str, call: Callable[[], Awaitable[_T]], heads: Sequence[str] = ()
     ) -> _T:
         """`heads`: the keys of the heads a write of a packed key writes (`sections_written`),
-        told to the checker as writes of their own keys."""
+        told to the checker as writes of their own keys: sent as it goes out, landed once it
+        took effect (a refused one is sent again, on the revision read since)."""
         await self.sched.point(what)
         told_as = [what, *(f"kv update {head}" for head in heads)]
         for told in self.sent:
@@ -248,8 +249,9 @@ class SimBucket:
             try:
                 result = await call()
             finally:
+                took = [what, *told_as[1:]] if heads and self._took(what) else [what]
                 for told in self.landed:
-                    for said in told_as:
+                    for said in took:
                         told(said)
         except KeyWrongLastSequenceError:
             if self.lost_late is not None and (late := self.lost_late()):
@@ -259,6 +261,11 @@ class SimBucket:
             await self.sched.sleep(self.latency())
         await self.sched.point(f"{what}: answered")
         return result
+
+    def _took(self, what: str) -> bool:
+        """Whether the write `what` names (a packed key's) is the key's newest, just landed."""
+        key = what.removeprefix("kv update ")
+        return self.store.last_seq == self.store.values.get(key, (b"", 0))[1]
 
     def get(self, key: str) -> Awaitable[Any]:
         return self._call(f"kv get {key}", lambda: self.store.get(key))
