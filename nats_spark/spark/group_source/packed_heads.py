@@ -39,6 +39,7 @@ format 4 reads it as a head and refuses it with its one line (`readable_format`)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -213,6 +214,10 @@ class PackedKey:
                 await self._write_together(writes)
         finally:
             self._writing = None
+            queued, self._queued = self._queued, []
+            for write in queued:  # ended by its process's end (its tasks cancelled): so are they
+                with contextlib.suppress(RuntimeError):  # its loop closed already
+                    write.done.cancel()
 
     async def _write_together(self, writes: list[_Write]) -> None:
         fresh = False  # read since `writes` were taken: a refused one is refused
