@@ -229,3 +229,59 @@ def test_an_older_release_refuses_a_packed_key_with_its_one_line() -> None:
     value, _ = kv.values[key]
     with pytest.raises(ConfigurationError, match="has format 4 but nats-spark"):
         EntryHead.from_bytes(value, key)
+
+
+@pytest.mark.unit
+def test_a_write_refused_on_what_the_process_knew_is_judged_again_on_a_read() -> None:
+    """Another process removed the batch (the driver's purge): what this one knew of the key is
+    stale, and a create of a slot it knew there succeeds, as on a head's own key."""
+    kv = MemoryBucket()
+    ledger, driver = packed(kv), packed(kv)
+
+    async def created_again() -> int | None:
+        await ledger.create_head(GEN, SLOTS[0], b'{"a":1}')
+        await driver.delete_batch(GEN)
+        return await ledger.create_head(GEN, SLOTS[0], b'{"a":2}')
+
+    assert run_sync(created_again())
+
+
+class Gated(MemoryBucket):
+    """A memory bucket whose next get, once `hold` is set, reads the value as it is when sent
+    and answers only once `hold` is set (`held` meanwhile)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold: asyncio.Event | None = None
+        self.held = False
+
+    async def get(self, key: str):  # type: ignore[no-untyped-def]
+        hold, self.hold = self.hold, None
+        found = await super().get(key)
+        if hold is not None:
+            self.held = True
+            await hold.wait()
+        return found
+
+
+@pytest.mark.unit
+def test_a_read_never_joins_a_get_sent_before_it_was_asked() -> None:
+    """A get in flight when another process's write ended may miss that write: a read asked
+    after the write sends its own."""
+    kv = Gated()
+    ledger, other = packed(kv), packed(kv)
+
+    async def read_after_a_write() -> tuple[bytes | None, bytes | None]:
+        first = await other.create_head(GEN, SLOTS[0], b'{"a":1}')
+        kv.hold = answer = asyncio.Event()
+        early = asyncio.ensure_future(ledger.get_head(GEN, SLOTS[0]))
+        while not kv.held:
+            await asyncio.sleep(0)
+        assert await other.update_head(GEN, SLOTS[0], b'{"a":2}', first or 0)
+        late = asyncio.ensure_future(ledger.get_head(GEN, SLOTS[0]))
+        await asyncio.sleep(0)
+        answer.set()
+        return (await early).value, (await late).value  # type: ignore[union-attr]
+
+    early, late = run_sync(read_after_a_write())
+    assert (early, late) == (b'{"a":1}', b'{"a":2}')
