@@ -10,12 +10,12 @@ costs grew with the slots (issue 48). A section behaves as a key of its own:
 
 - **Writes** (create, compare-and-set update, removal) of one key's sections go out together:
   one write of the key in flight per process, each taking every section write queued while the
-  last one was out (at most one per slot, so that each write of a section has a revision of
-  its own). It is a compare-and-set of the whole key on the revision it was based on; when
-  another process wrote the key since, the key is read again and each section write judged
-  anew. A section write succeeds when its own condition holds on the key as written (create:
-  no such section; update: the section's revision is the one given), so two processes never
-  lose each other's sections, and one refused section does not hold the others back.
+  last one was out. It is a compare-and-set of the whole key on the revision it was based on;
+  when another process wrote the key since, the key is read again and each section write
+  judged anew. A section write succeeds when its own condition holds on the key as the writes
+  before it in the same key write left it (create: no such section; update: the section's
+  revision is the one given), so two processes never lose each other's sections, and one
+  refused section does not hold the others back.
 - **A section's revision** is the key's revision its write was based on. The key's revision
   grows with every write of it, so a slot's revision grows with every write of its head, and a
   head removed and written again never gets a number it had: what a slot's compare-and-set
@@ -26,10 +26,12 @@ costs grew with the slots (issue 48). A section behaves as a key of its own:
 - **Removal** of a section is a write without a condition; a removed batch's keys go with their
   chunks in the one purge of the batch (`Ledger.delete_batch`).
 
-Ordering: section writes of one process reach the key in the order they were made, except
-that a second write of the same slot waits for the first's key write. A write whose caller
-was cancelled still goes out (the request was made; what it did is read back, as after an
-answer lost), which keeps a later write of the same process from overtaking it.
+Ordering: section writes of one process reach the key in the order they were made. Two of
+one slot in one key write are judged one after the other; the second can hold only where it
+needs no revision of the first's (a create after a removal), so every revision a caller gets
+is one no other write of its slot got. A write whose caller was cancelled still goes out (the
+request was made; what it did is read back, as after an answer lost), which keeps a later
+write of the same process from overtaking it.
 
 Stored form, format 4: `{"format": 4, "sections": {slot: [revision, head]}}`, `head` the
 slot's head as its own key would hold it (a string of JSON). A release that does not know
@@ -205,12 +207,7 @@ class PackedKey:
     async def _write_queued(self) -> None:
         try:
             while self._queued:
-                writes: list[_Write] = []
-                later: list[_Write] = []
-                for write in self._queued:  # one write per slot in each key write
-                    taken = any(w.slot == write.slot for w in writes)
-                    (later if taken else writes).append(write)
-                self._queued = later
+                writes, self._queued = self._queued, []
                 await self._write_together(writes)
         finally:
             self._writing = None

@@ -206,8 +206,9 @@ def test_a_write_whose_answer_was_lost_reads_as_refused_and_then_as_its_own() ->
 
 
 @pytest.mark.unit
-def test_a_slot_s_second_write_waits_for_the_first_s_key_write() -> None:
-    """Two writes of one slot never share a key write (each gets a revision of its own)."""
+def test_two_writes_of_one_slot_in_one_key_write_are_judged_one_after_the_other() -> None:
+    """Two updates of one slot on the same revision, sent together: the second is judged on
+    the first's write and refused."""
     ledger = packed(Counted())
 
     async def twice() -> None:
