@@ -1437,7 +1437,7 @@ MUTANTS = (
         (
             Patch(
                 CONSUMER_CHECKS,
-                "max((s for s in acked_earlier if s not in skipped.committed), default=0)",
+                "max((s for s in acked_earlier if s not in held), default=0)",
                 "max(acked_earlier, default=0)",
             ),
         ),
