@@ -49,7 +49,9 @@ class Recreation:
         consumer created past them takes them as acked, and what purges acked messages (an
         interest or work-queue stream, an operator) would leave the batch unable to run again
         (`DataLoss` at every run: seed 2550 of the simulation's worlds whose operator follows
-        the advice); one created at them delivers them again, which the batch's entries drop."""
+        the advice); one created at them delivers them again, which the batch's entries drop
+        (a static group's, which the query creates there, is judged knowing that:
+        `SeenConsumers.place`)."""
         return f"{self.before}{min([self.start, *replayed])}{self.after}"
 
 

@@ -421,7 +421,8 @@ class BatchCoordinator:
         self, client: NatsClient, slot: Slot, info: ConsumerInfo, logged: int
     ) -> Skipped:
         """What this query knows of the stream sequences `slot`'s consumer skips, when it was
-        created again since it was last seen (`SeenConsumers.skipped`), and of those below what
+        created again since it was last seen, or placed by the query below what a query on an
+        earlier checkpoint acked (`SeenConsumers.skipped`), and of those below what
         a query on an earlier checkpoint acked (`acked_earlier`): read from the ledger and the
         stream only then. What the query committed through its other consumers of the
         stream counts as read: a message has one subject, so one a sibling partition delivered
