@@ -390,7 +390,7 @@ class BatchCoordinator:
         try:
             self.target.look(slot, info, skipped)
         except PlacedPastAcked:
-            # The query created it (`SeenConsumers.placed`): deleted, the next run creates it
+            # The query created it (`SeenConsumers.place`): deleted, the next run creates it
             # again where it is told; left, it would be taken as it is, judged no more.
             with contextlib.suppress(NotFound):
                 await client.api.delete_consumer(slot.stream, slot.consumer)

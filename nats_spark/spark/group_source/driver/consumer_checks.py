@@ -183,6 +183,8 @@ def placed_past_acked(
     way_on: Recreation,
     replayed: Collection[int],
 ) -> PlacedPastAcked:
+    """The refusal of a consumer the query created at `start`, below `acked_through`; its way
+    on no later than the first of `replayed` (what a batch run again holds)."""
     return PlacedPastAcked(
         f"consumer {name!r} on stream {stream!r} was to start at stream sequence {start}, but "
         f"a query on an earlier checkpoint acked messages up to stream sequence {acked_through} "
