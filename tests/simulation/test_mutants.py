@@ -289,7 +289,11 @@ UNCAUGHT: dict[str, str] = {
     "test_what_the_batch_holds_is_the_slot_s_records_and_its_siblings fails under it",
     "marks-the-batch-holds-refused": "seed 2550 of the worlds whose operator follows the advice "
     "caught it before format 3; test_consumer_checks's "
-    "test_what_a_batch_run_again_holds_counts_as_read_and_bounds_the_advised_start fails under it",
+    "test_what_a_batch_run_again_holds_counts_as_read_and_bounds_the_advised_start fails under it "
+    "(and, for a static group's consumer the query places, "
+    "test_a_static_group_s_advice_followed_runs_the_logged_batch_again_exactly and "
+    "test_batch_coordinator's test_a_consumer_placed_below_the_marks_is_judged_by_what_the_"
+    "logged_batch_holds)",
     "taker-s-delivery-given-back": "seed 10323 of the pausing worlds with another client caught "
     "it, the only one known (helper-63 tried some 25 worlds aimed at it: a lost attempt must "
     "get its own recorded message again while a retry holds its entry); on the schedules of "

@@ -39,9 +39,6 @@ class Recreation:
     before: str
     start: int
     after: str = ""
-    # False: a start below `start` is refused (a static group's consumer the query creates below
-    # what an earlier checkpoint acked: `group_consumers._check_past_acked`), so not advised
-    by_replayed: bool = True
 
     def __str__(self) -> str:
         return self.starting_by(())
@@ -52,9 +49,10 @@ class Recreation:
         consumer created past them takes them as acked, and what purges acked messages (an
         interest or work-queue stream, an operator) would leave the batch unable to run again
         (`DataLoss` at every run: seed 2550 of the simulation's worlds whose operator follows
-        the advice); one created at them delivers them again, which the batch's entries drop."""
-        start = min([self.start, *replayed]) if self.by_replayed else self.start
-        return f"{self.before}{start}{self.after}"
+        the advice); one created at them delivers them again, which the batch's entries drop
+        (a static group's, which the query creates there, is judged knowing that:
+        `SeenConsumers.place`)."""
+        return f"{self.before}{min([self.start, *replayed])}{self.after}"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,12 @@ from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from nats_spark.loop import run_sync
 from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
-from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers, Skipped
+from nats_spark.spark.group_source.driver.consumer_checks import (
+    PlacedPastAcked,
+    SeenConsumers,
+    Skipped,
+    restart_at,
+)
 from nats_spark.spark.group_source.driver.driver_ledger import EntriesLost
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.driver.targets import Held, Slot
@@ -285,6 +290,68 @@ def first_batch_then_its_consumer_created_again(
     run_task(kv, tasks[0], [1, 2], pin="pin-0")
     server.consumers[SLOTS[0].consumer]["created"] = "2026-11-30T01:05:00Z"
     return start, end
+
+
+class PlacingTarget(CheckingTarget):
+    """A static group's target whose first resolve creates partition-0's consumer where the
+    server shows it then, as `startingPosition` does (`SeenConsumers.place`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.to_place = True
+
+    async def resolve(self, client: Any, held: Held) -> list[Slot]:
+        if self.to_place:
+            self.to_place = False
+            name = SLOTS[0].consumer
+            self.seen.place("S", name, await client.api.consumer_info("S", name))
+        return await super().resolve(client, held)
+
+    def recreation(self, slot: Slot) -> Recreation:
+        return restart_at(self.seen.next_after_acked(slot.stream, slot.consumer))
+
+
+def placing(reader: BatchCoordinator) -> BatchCoordinator:
+    """`reader` with a target that places partition-0's consumer (`PlacingTarget`)."""
+    reader.target = PlacingTarget()  # type: ignore[assignment]
+    reader.ledger.seen = reader.target.seen
+    return reader
+
+
+def test_a_consumer_placed_below_the_marks_is_judged_by_what_the_logged_batch_holds(
+    driver: tuple[BatchCoordinator, Server, MemoryBucket], published_acks: list[bytes]
+) -> None:
+    """A static group's consumer (floor 3) whose 4-5 a query on an earlier checkpoint acked:
+    batch 1 took 4-6, then the consumer was deleted and, on the advice, created by the restarted
+    query at 4 (`startingPosition`). Run again, the batch replays 4-6, whose entries drop the
+    new consumer's deliveries of them: it is read on, its tasks told it started over. A new
+    checkpoint's query, which holds none of them (no sighting to judge it by either), refuses
+    the consumer it placed there as it plans, deletes it, and advises 6."""
+    first, server, kv = driver
+    name = SLOTS[0].consumer
+    for slot in SLOTS:
+        server.show(slot, pending=3)
+        server.consumers[slot.consumer]["created"] = "2026-11-30T01:00:00Z"
+        server.consumers[slot.consumer]["ack_floor"] = {"stream_seq": 3}
+    start = run_sync(checking(first).initial_offset())
+    first.target.seen.given_back({("S", name): [4, 5]})
+    end = run_sync(first.latest_offset(start, None))
+    run_task(kv, run_sync(first.partitions(start, end))[0], [4, 5, 6], pin="pin-0")
+    server.consumers[name]["created"] = "2026-11-30T01:05:00Z"  # placed at 4: floor 3
+    again = run_sync(placing(driver_of(server, kv)).partitions(start, end))
+    assert started_over(again) == [("partition-0", True), ("partition-1", False)]
+    deleted: list[str] = []
+
+    async def delete_consumer(stream: str, consumer: str) -> None:
+        deleted.append(consumer)
+
+    server.api.delete_consumer = delete_consumer
+    server.consumers[name]["created"] = "2026-11-30T01:10:00Z"
+    fresh = placing(driver_of(server, kv))
+    new_start = run_sync(fresh.initial_offset())
+    with pytest.raises(PlacedPastAcked, match="startingPosition=sequence:6, so it creates"):
+        run_sync(fresh.latest_offset(new_start, None))
+    assert deleted == [name]
 
 
 def test_each_driver_that_runs_a_batch_again_tells_its_tasks_of_a_consumer_created_again(

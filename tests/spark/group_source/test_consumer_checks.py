@@ -19,6 +19,7 @@ from nats_spark.pcg.kinds import GroupKind
 from nats_spark.pcg.store import GroupEntry
 from nats_spark.spark.group_source.driver.consumer_checks import (
     MOVED_CREATION,
+    PlacedPastAcked,
     SeenConsumers,
     Skipped,
     check_config,
@@ -26,6 +27,7 @@ from nats_spark.spark.group_source.driver.consumer_checks import (
 )
 from nats_spark.spark.group_source.driver.consumer_target import ConsumerTarget
 from nats_spark.spark.group_source.driver.group_consumers import ensure, from_sequence
+from nats_spark.spark.group_source.driver.group_target import GroupTarget
 from nats_spark.spark.group_source.driver.slots import Held
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.slot_partition import UNBOUNDED, Recreation
@@ -427,28 +429,109 @@ class CreatingApi:
         self.deleted.append(name)
 
 
-def test_a_consumer_the_query_places_below_what_an_earlier_checkpoint_acked_is_refused() -> None:
+def static_target(seen: SeenConsumers) -> tuple[GroupTarget, Any]:
+    """A static group's target reading partition 0's consumer, its sightings `seen`, and the
+    slot of that consumer (what `GroupTarget.recreation` reads of it)."""
+    options = parse_options({"servers": "nats://127.0.0.1:1", "stream": "S", "group": "g"})
+    target = GroupTarget(options)
+    target.kind = GroupKind.STATIC
+    target.seen = seen
+    slot: Any = SimpleNamespace(stream="S", consumer=static_partition_consumer().name)
+    return target, slot
+
+
+def placing(api: Any, consumer: GroupConsumer, seen: SeenConsumers, start: int) -> ConsumerInfo:
+    """What the query records of `consumer` as it creates it at `start` through `api`."""
+    client: Any = SimpleNamespace(api=api)
+    run_sync(ensure(client, consumer, seen, from_sequence(start)))
+    return info(LATER, start - 1, **{**consumer.config, **(from_sequence(start) or {})})
+
+
+def test_a_consumer_the_query_places_below_what_an_earlier_checkpoint_acked_is_judged() -> None:
     """A static group's consumer the query creates where it chose (`startingPosition`, or a
     layout move) is held to what a query on an earlier checkpoint acked, as one created again
     by someone is: placed at 4 below 4-8, it would deliver them again, and nothing drops them.
-    It is deleted (the next run creates it again where it is told) and refused before it is
-    recorded; placed past 8, it is read."""
+    It is judged at its first look (what a batch run again holds of them is known only then),
+    against the sighting the pointer remembers, which it keeps: refused, it is left to the
+    operator as the line says, and the next run judges it again; placed past 8, it is read."""
     consumer = static_partition_consumer()
     seen = seen_before(consumer.name, 0, range(4, 9))
+    target, slot = static_target(seen)
     api = CreatingApi()
-    assert refusal_placing(api, consumer, seen, 4) == (
-        f"consumer {consumer.name!r} on stream 'S' was to start at stream sequence 4, but a query "
-        "on an earlier checkpoint acked messages up to stream sequence 8 of it, which it would "
-        "deliver again; the source deleted it: to read nothing twice, restart the query with "
+    placed = placing(api, consumer, seen, 4)
+    assert seen.stored() == {"S": {consumer.name: [CREATED, 0]}}, "the pointer's kept"
+    with pytest.raises(ConfigurationError) as refused:
+        target.look(slot, placed, Skipped(set(range(1, 4))))
+    assert str(refused.value).endswith(
+        ": a query on an earlier checkpoint acked messages up to stream sequence 8, above the "
+        "old consumer's ack floor, and the new one would deliver them again; to read nothing "
+        f"twice, delete it (nats consumer rm S {consumer.name}) and restart the query with "
         "startingPosition=sequence:9, so it creates the consumer right after the last message "
-        "it acked (the option applies only to consumers it creates)"
+        "it acked, or at the first one a batch not committed yet holds (the option applies only "
+        "to consumers it creates)"
     )
-    assert api.deleted == [consumer.name]
-    assert seen.stored() == {"S": {consumer.name: [CREATED, 0]}}, "not recorded"
-    client: Any = SimpleNamespace(api=api)
-    run_sync(ensure(client, consumer, seen, from_sequence(9)))
+    assert api.deleted == []
+    assert seen.stored() == {"S": {consumer.name: [CREATED, 0]}}, "still judged next run"
+    placing(api, consumer, seen, 9)  # as the line says, on the next run
     assert seen.stored() == {"S": {consumer.name: [LATER, 8]}}
     assert seen.acked_earlier == {}
+
+
+def test_a_static_group_s_advice_followed_runs_the_logged_batch_again_exactly() -> None:
+    """Seed 2550 of the simulation's worlds whose operator follows the advice, for a static
+    group's consumer (not simulated: the worlds read a plain one). A query on an earlier
+    checkpoint acked 4-5 (their acks lost to a server restart: floor 3); this one's batch took
+    4-6 again, logged, and is refused as it runs again: the consumer was created again (from
+    the start). The advice starts at 4, the first the batch holds: past it
+    (`startingPosition=sequence:6`), what purges acked messages (an interest stream, an
+    operator) takes 4-5 from under the batch, which fails on `DataLoss` at every run. Created
+    there, it was refused in turn as below the marks, advising 6 again. It is read on now: the
+    batch's entries drop its deliveries of 4-6, and its tasks are told it started over."""
+    consumer = static_partition_consumer()
+    key = ("S", consumer.name)
+    replayed = Skipped({4, 5, 6}, replayed={4, 5, 6})
+    target, slot = static_target(seen_before(consumer.name, 3, [4, 5]))
+    with pytest.raises(ConfigurationError) as refused:
+        target.look(slot, info(LATER, 0, **consumer.config), replayed)
+    assert f"delete it (nats consumer rm S {consumer.name}) and restart the query with " in str(
+        refused.value
+    )
+    assert "startingPosition=sequence:4, so it creates the consumer" in str(refused.value)
+    seen = seen_before(consumer.name, 3, [4, 5])  # the next run, the consumer deleted
+    target, slot = static_target(seen)
+    placed = placing(CreatingApi(), consumer, seen, 4)
+    target.look(slot, placed, replayed)
+    assert seen.handed_started_over() == {key}
+    assert seen.stored() == {"S": {consumer.name: [LATER, 3]}}
+    assert seen.stored_acked_earlier() == {"S": {consumer.name: [[4, 5]]}}, "until acked past"
+
+
+def test_a_consumer_placed_below_the_marks_with_no_sighting_is_judged_as_placed() -> None:
+    """With no sighting to judge it by (a new checkpoint, or a restarted one's driver on the
+    lineage of its own it began as Spark asked `initialOffset`, before it takes up the
+    checkpoint's), a consumer the query placed below the pointer's marks (4-5) is judged as
+    placed: refused when the ledger does not hold them again (the caller deletes it, so the
+    next run creates it again where it is told), its advice no later than what a batch run
+    again holds; read on when that batch holds them."""
+    consumer = static_partition_consumer()
+    name = consumer.name
+    seen = SeenConsumers()
+    seen.restore_acked_earlier({"S": {name: [[4, 5]]}})
+    placed = placing(CreatingApi(), consumer, seen, 4)
+    line = (
+        f"consumer {name!r} on stream 'S' was to start at stream sequence 4, but a query on an "
+        "earlier checkpoint acked messages up to stream sequence 5 of it, which it would deliver "
+        "again; the source deleted it: to read nothing twice, restart the query with "
+        "startingPosition=sequence:{}, so it creates the consumer right after the last message "
+        "it acked, or at the first one a batch not committed yet holds (the option applies only "
+        "to consumers it creates)"
+    )
+    for skipped, start in [(Skipped(), 6), (Skipped({4}, replayed={4}), 4)]:
+        with pytest.raises(PlacedPastAcked) as refused:
+            seen.look("S", name, placed, GO_ON, skipped)
+        assert str(refused.value) == line.format(start)
+    seen.look("S", name, placed, GO_ON, Skipped({4, 5}, replayed={4, 5}))
+    seen.look("S", name, placed, GO_ON)  # judged once: what the batch took is its own now
 
 
 class FindingApi(CreatingApi):

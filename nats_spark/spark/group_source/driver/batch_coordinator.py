@@ -29,6 +29,7 @@ from nats_spark.jetstream.replies import ConsumerInfo, StreamInfo
 from nats_spark.pcg.consumers import filters_of
 from nats_spark.spark.group_source.driver.consumer_checks import (
     NOTHING_KNOWN,
+    PlacedPastAcked,
     Skipped,
     first_own_unread,
     unread_by_either,
@@ -385,7 +386,15 @@ class BatchCoordinator:
     ) -> ConsumerSeen:
         """`info` checked by the target (its config, and that the consumer was not created
         again since, or safely so), as planning uses it, or as batch `logged` runs again."""
-        self.target.look(slot, info, await self._skipped(client, slot, info, logged))
+        skipped = await self._skipped(client, slot, info, logged)
+        try:
+            self.target.look(slot, info, skipped)
+        except PlacedPastAcked:
+            # The query created it (`SeenConsumers.place`): deleted, the next run creates it
+            # again where it is told; left, it would be taken as it is, judged no more.
+            with contextlib.suppress(NotFound):
+                await client.api.delete_consumer(slot.stream, slot.consumer)
+            raise
         return ConsumerSeen(
             pending=info.num_pending,
             ack_pending=info.num_ack_pending,
@@ -412,7 +421,8 @@ class BatchCoordinator:
         self, client: NatsClient, slot: Slot, info: ConsumerInfo, logged: int
     ) -> Skipped:
         """What this query knows of the stream sequences `slot`'s consumer skips, when it was
-        created again since it was last seen (`SeenConsumers.skipped`), and of those below what
+        created again since it was last seen, or placed by the query below what a query on an
+        earlier checkpoint acked (`SeenConsumers.skipped`), and of those below what
         a query on an earlier checkpoint acked (`acked_earlier`): read from the ledger and the
         stream only then. What the query committed through its other consumers of the
         stream counts as read: a message has one subject, so one a sibling partition delivered

@@ -129,7 +129,7 @@ def start_refusal(
         )
     if info.ack_floor_seq < before.ack_floor:
         return CREATED_AGAIN_HARM
-    acked_through = max((s for s in acked_earlier if s not in skipped.committed), default=0)
+    acked_through = unheld_through(acked_earlier, skipped.committed)
     if info.ack_floor_seq < acked_through:
         return (
             f"a query on an earlier checkpoint acked messages up to stream sequence "
@@ -161,6 +161,48 @@ def start_refusal(
             "restart the query"
         )
     return f"the new one starts past stream sequence {unread}, which the query never read"
+
+
+def unheld_through(acked_earlier: Collection[int], held: Collection[int]) -> int:
+    """The highest stream sequence a query on an earlier checkpoint acked (`acked_earlier`) that
+    the ledger does not hold again (`held`: entries of this query, which drop its redeliveries):
+    a consumer that starts at or below it delivers it again, emitted twice (0: none)."""
+    return max((s for s in acked_earlier if s not in held), default=0)
+
+
+class PlacedPastAcked(ConfigurationError):
+    """A consumer the query created where it chose (a static group's) starts at or below what a
+    query on an earlier checkpoint acked: the caller deletes it, as the line says."""
+
+
+def placed_past_acked(
+    stream: str,
+    name: str,
+    start: int,
+    acked_through: int,
+    way_on: Recreation,
+    replayed: Collection[int],
+) -> PlacedPastAcked:
+    """The refusal of a consumer the query created at `start`, below `acked_through`; its way
+    on no later than the first of `replayed` (what a batch run again holds)."""
+    return PlacedPastAcked(
+        f"consumer {name!r} on stream {stream!r} was to start at stream sequence {start}, but "
+        f"a query on an earlier checkpoint acked messages up to stream sequence {acked_through} "
+        "of it, which it would deliver again; the source deleted it: to read nothing twice, "
+        f"{way_on.starting_by(replayed)}"
+    )
+
+
+def restart_at(start: int, before: str = "") -> Recreation:
+    """How a static group's deleted consumer comes back exactly: created by the query right
+    after the last message it acked (`SeenConsumers.next_after_acked`), or at the first one a
+    batch logged and run again holds (`Recreation.starting_by`), after `before`."""
+    return Recreation(
+        f"{before}restart the query with startingPosition=sequence:",
+        start,
+        ", so it creates the consumer right after the last message it acked, or at the first one "
+        "a batch not committed yet holds (the option applies only to consumers it creates)",
+    )
 
 
 def unread_by_either(
@@ -229,6 +271,9 @@ class SeenConsumers:
         # consumer's ack floor, whose entries were given back (removed from the ledger); each
         # until a sighting shows the floor past it. Kept in the pointer as well.
         self.acked_earlier: dict[tuple[str, str], frozenset[int]] = {}
+        # Created by the query where it chose (`place`) below `acked_earlier`, until judged at
+        # their first look, which knows what a batch run again holds of the marks.
+        self.placed_below: set[tuple[str, str]] = set()
 
     def remember(self, stored: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
         """Take the sightings a previous driver of the query `stored` (the pointer's)."""
@@ -294,14 +339,35 @@ class SeenConsumers:
         if above:  # what this consumer acked it delivers not again
             self.acked_earlier[stream, name] = above
 
+    def place(self, stream: str, name: str, info: ConsumerInfo) -> None:
+        """Record a consumer the query just created where it chose (a static group's, at
+        `startingPosition` or where a layout move puts it). It must start past what a query on
+        an earlier checkpoint acked of it, as one created again must (`start_refusal`): those
+        entries were given back, so nothing drops its deliveries of them; but for what a batch
+        logged and run again holds of them, whose entries drop them. That is known as the batch
+        runs again, after the consumer is created (Spark asks `initialOffset` first on 4.2+), so
+        one below is judged at its first look, `placed_below`: as created again against a
+        sighting a previous driver remembers (kept, as for one found: its refusal leaves it to
+        the operator, and the next run judges it again), else by `_judge_placed`."""
+        below = info.ack_floor_seq < self.acked_through(stream, name)
+        if below:
+            self.placed_below.add((stream, name))
+        else:
+            self.placed_below.discard((stream, name))
+        self.record(stream, name, info, placed=not below)
+
     def skipped(self, stream: str, name: str, info: ConsumerInfo) -> range | None:
         """The stream sequences a consumer created again since it was last seen has acked or
-        started past, above the ack floor the query saw (None when it was not created again).
-        Read on, it delivers none of them: each must be one the query committed."""
+        started past, above the ack floor the query saw (None when it was not created again;
+        empty when it was `placed_below` what an earlier checkpoint's query acked, to judge
+        against what the ledger holds of that). Read on, it delivers none of them: each must be
+        one the query committed."""
         before = self.last_seen(stream, name)
-        if before is None or not created_later(info.get("created") or "", before.created):
-            return None
-        return range(before.ack_floor + 1, info.ack_floor_seq + 1)
+        if before is not None and created_later(info.get("created") or "", before.created):
+            return range(before.ack_floor + 1, info.ack_floor_seq + 1)
+        if (stream, name) in self.placed_below:
+            return range(info.ack_floor_seq + 1, info.ack_floor_seq + 1)
+        return None
 
     def look(
         self,
@@ -337,7 +403,21 @@ class SeenConsumers:
                     name,
                     skipped.first_seq - 1,
                 )
+        elif (stream, name) in self.placed_below:
+            self._judge_placed(stream, name, info, skipped)
+        self.placed_below.discard((stream, name))
         self.record(stream, name, info)
+
+    def _judge_placed(self, stream: str, name: str, info: ConsumerInfo, skipped: Skipped) -> None:
+        """Refuse a consumer `placed_below` what a query on an earlier checkpoint acked of it
+        when the ledger does not hold all of that again (`skipped.committed`); the advised start
+        is no later than what a batch run again holds (`skipped.replayed`)."""
+        earlier = self.acked_earlier.get((stream, name), frozenset())
+        acked_through = unheld_through(earlier, skipped.committed)
+        if info.ack_floor_seq < acked_through:
+            way_on = restart_at(self.next_after_acked(stream, name))
+            start = info.ack_floor_seq + 1
+            raise placed_past_acked(stream, name, start, acked_through, way_on, skipped.replayed)
 
     def handed_started_over(self) -> set[tuple[str, str]]:
         """The consumers `started_over`, now told to a batch's tasks (and forgotten: a batch

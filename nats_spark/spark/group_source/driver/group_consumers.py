@@ -4,17 +4,15 @@ overlapping filters on the work-queue stream, and from a given sequence when one
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from nats_spark.client import NatsClient
-from nats_spark.errors import ConfigurationError, ErrorCode, JetStreamApiError, NotFound
+from nats_spark.errors import ConfigurationError, ErrorCode, JetStreamApiError
 from nats_spark.jetstream.replies import ConsumerInfo
 from nats_spark.pcg.consumers import GroupConsumer, ensure_group_consumer
 from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
-from nats_spark.spark.group_source.slot_partition import Recreation
 
 _OVERLAP_RETRIES = 20
 
@@ -35,9 +33,10 @@ async def ensure(
     """Create a group consumer (delivering from where `deliver` says, when it is new), waiting
     while another consumer (maybe a Go member) still holds overlapping filters on the work-queue
     stream, as Go members wait for each other; then check it (an adopted one keeps its own
-    config; one placed by `deliver`, `_check_placed` and `_check_past_acked`) and record it in
-    `seen` as the query's (`placed`: the query creates it where it chose, as opposed to taking
-    one it may find as it is, `SeenConsumers.record`)."""
+    config; one placed by `deliver`, `_check_placed`, and held to what an earlier checkpoint's
+    query acked at its first look, `SeenConsumers.place`) and record it in `seen` as the
+    query's (`placed`: the query creates it where it chose, as opposed to taking one it may
+    find as it is, `SeenConsumers.record`)."""
     if deliver:
         consumer = GroupConsumer(consumer.stream, consumer.name, {**consumer.config, **deliver})
     for _ in range(_OVERLAP_RETRIES - 1):
@@ -52,8 +51,9 @@ async def ensure(
         info = await ensure_group_consumer(client, consumer)
     if deliver:
         _check_placed(consumer, info, deliver)
-        await _check_past_acked(client, consumer, info, seen)
-    seen.record(consumer.stream, consumer.name, info, placed)
+        seen.place(consumer.stream, consumer.name, info)
+    else:
+        seen.record(consumer.stream, consumer.name, info, placed)
 
 
 def _check_placed(consumer: GroupConsumer, info: ConsumerInfo, deliver: Mapping[str, Any]) -> None:
@@ -94,38 +94,3 @@ def _start_of(config: Mapping[str, Any]) -> str:
     policy = config.get("deliver_policy") or "all"
     at = config.get("opt_start_seq") or config.get("opt_start_time")
     return f"with deliver policy {policy}" + (f" at {at}" if at else "")
-
-
-async def _check_past_acked(
-    client: NatsClient, consumer: GroupConsumer, info: ConsumerInfo, seen: SeenConsumers
-) -> None:
-    """A consumer the query just created where it chose (a static group's, at
-    `startingPosition` or where a layout move puts it) starts past what a query on an earlier
-    checkpoint acked of it, as one created again must (`consumer_checks.start_refusal`): those
-    entries were given back, so nothing would drop its deliveries of them. Below, it is deleted
-    (the next run creates it again where it is told) and refused, before it is recorded: a
-    sighting the pointer keeps stays the one the refusal of a consumer created again needs."""
-    stream, name = consumer.stream, consumer.name
-    acked_through = seen.acked_through(stream, name)
-    if info.ack_floor_seq >= acked_through:
-        return
-    with contextlib.suppress(NotFound):
-        await client.api.delete_consumer(stream, name)
-    raise ConfigurationError(
-        f"consumer {name!r} on stream {stream!r} was to start at stream sequence "
-        f"{info.ack_floor_seq + 1}, but a query on an earlier checkpoint acked messages up to "
-        f"stream sequence {acked_through} of it, which it would deliver again; the source "
-        f"deleted it: to read nothing twice, {restart_at(seen.next_after_acked(stream, name))}"
-    )
-
-
-def restart_at(start: int, before: str = "") -> Recreation:
-    """How a static group's deleted consumer comes back exactly: created by the query right
-    after the last message it acked (`SeenConsumers.next_after_acked`), after `before`."""
-    return Recreation(
-        f"{before}restart the query with startingPosition=sequence:",
-        start,
-        ", so it creates the consumer right after the last message it acked (the option applies "
-        "only to consumers it creates)",
-        by_replayed=False,
-    )

@@ -28,8 +28,9 @@ from nats_spark.spark.group_source.driver.consumer_checks import (
     NOTHING_KNOWN,
     SeenConsumers,
     Skipped,
+    restart_at,
 )
-from nats_spark.spark.group_source.driver.group_consumers import ensure, restart_at
+from nats_spark.spark.group_source.driver.group_consumers import ensure
 from nats_spark.spark.group_source.driver.layouts import GroupLayouts
 from nats_spark.spark.group_source.driver.slots import Held, Slot
 from nats_spark.spark.group_source.options import SourceOptions
