@@ -700,13 +700,19 @@ class World:
 
     def _gone_before(self, refusal: str) -> bool:
         """Whether `refusal` names a message gone from the stream already when the operator
-        created the consumer where the advice said: every start skips it then (the server starts
-        a consumer at the stream's first sequence when asked for an earlier one), and no query
-        can tell it of another subject, so the refusal for data loss is README guarantee 2, not
-        a wrong advice (seed 1606 of the worlds on nats-server 2.11-2.12 whose operator follows
-        the advice: purged before the first refusal, which was for the floor 2.11 reports)."""
+        created the consumer where the advice said, and not committed on the live checkpoint:
+        every start skips it then (the server starts a consumer at the stream's first sequence
+        when asked for an earlier one), and the query, which never read it, cannot tell it of
+        another subject, so the refusal for data loss is README guarantee 2, not a wrong advice
+        (seed 1606 of the worlds on nats-server 2.11-2.12 whose operator follows the advice:
+        another partition's message, committed on an earlier checkpoint, purged before the
+        first refusal, which was for the floor 2.11 reports). One the query committed is no
+        loss (mutant sibling-partition-messages-taken-as-unread)."""
         gone = GONE_UNREAD.search(refusal)
-        return gone is not None and int(gone.group(1)) < self.first_seq_advised
+        if gone is None:
+            return False
+        seq = int(gone.group(1))
+        return seq < self.first_seq_advised and seq not in self.observed.in_sinks[-1]
 
     async def _drive(self, query: Query, quiet: bool) -> str:
         if quiet:
