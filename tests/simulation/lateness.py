@@ -62,9 +62,10 @@ from tests.simulation.scheduler import Participant, Scheduler
 # A delivery given back comes back ahead of newer messages of its key, unless some were on
 # nats-server's redelivery queue before it (their ack wait ran out: the queue is first in,
 # first out), or a server restart emptied the queue. Found once the simulated server did both
-# (seed 767). Not one of the README's cases yet: counted apart (`order_reasons`, printed by
-# `make simulate`) until the README states it or the source avoids it.
-REQUEUED = "OPEN: given back, yet redelivered after newer messages of its key"
+# (seed 767); the README states it (guarantee 4), as nothing the source sends avoids it.
+REQUEUED = (
+    "given back, yet redelivered after newer messages of its key (queued first, or a restart)"
+)
 # Scheduler times this close are one instant (their float sums differ in the last bits): a
 # stall that ended as a delivery came, to a request sent as the process woke, did not hold it.
 SAME_INSTANT = 1e-6

@@ -223,8 +223,8 @@ FIRST_CATCHING = {
     "new-consumer-floor-read-as-reported": 1,
     "cut-off-chunk-stranded": 1333,  # and 1622 (2026-12-01; 248 and 555 of 0-599 before)
     # In worlds on nats-server 2.11-2.12 whose operator follows a refusal's advice: 3 of 0-400
-    # (97, 147, 326; 2026-11-30).
-    "sibling-partition-messages-taken-as-unread": 97,
+    # (97, 147, 326; 2026-11-30); the only one of 0-1999 on the schedules of 2026-12-01 (h80).
+    "sibling-partition-messages-taken-as-unread": 175,
     # In the same worlds: the only one of 0-1000 (2026-11-30; the seed that found the hole);
     # 1026 and 1486 of 0-1999 since a release restarts what it recorded (2026-12-01).
     "new-consumer-start-ignored": 1026,

@@ -23,7 +23,7 @@ from tests.simulation.mutants import (
 )
 from tests.simulation.scheduler import Chaos, Crashed, Scheduler, run
 from tests.simulation.spark import counted_by_spark
-from tests.simulation.world import Result, run_schedule, run_schedules
+from tests.simulation.world import GONE_UNREAD, Result, run_schedule, run_schedules
 
 pytestmark = pytest.mark.unit
 
@@ -841,6 +841,30 @@ def test_a_refusal_s_advice_followed_is_read_on() -> None:
     restarts the query, which must read on (refused again, it advised an earlier start, which
     delivers again what the query committed) and keep every guarantee to the end."""
     assert_schedules_keep_the_guarantees(ADVICE_CHECK, recreate_consumer=True, follows_advice=True)
+
+
+def test_a_refusal_for_a_message_gone_before_the_advice_was_followed_is_no_wrong_advice() -> None:
+    """A consumer created again on nats-server 2.11-2.12 is refused for the floor 0 it reports;
+    messages past the floor the query saw are purged before the operator creates it where the
+    refusal said. The server starts it at the stream's first sequence, past them, and the query,
+    which cannot tell a message gone of another subject, refuses it for data loss: no start
+    would read them, so that is README guarantee 2 and not an advice the operator followed in
+    vain (`World._gone_before`; seed 1606 of 0-1999, on the schedules of 2026-12-01)."""
+
+    def gone_after_the_advice(result: Result) -> bool:
+        followed = [i for i, line in enumerate(result.trace) if "the operator creates" in line]
+        return bool(followed) and any(
+            GONE_UNREAD.search(line) for line in result.trace[followed[0] :]
+        )
+
+    refused = _first_seed(
+        gone_after_the_advice,
+        known=1606,
+        recreate_consumer=True,
+        follows_advice=True,
+        floor_from_zero=True,
+    )
+    assert refused is not None and not refused.problems
 
 
 def test_a_seed_replays_the_same_schedule() -> None:
