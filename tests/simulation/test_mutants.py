@@ -209,9 +209,25 @@ RARE = {
     # restarts what it recorded (2026-12-01); on that with ledger format 3, none of 0-1999, the
     # first two of 2000-9999.
     "rerun-batch-unkept": (2183, 4382),
-    # In worlds whose operator follows a refusal's advice (`Mutant.edit`): the only one of
-    # 0-7999 (2026-12-01, helper-71; the seed that found the hole), still on the schedules of a
-    # release that restarts what it recorded.
+    # In worlds whose operator follows the advice, the shared consumer created again, with a
+    # server restart after every round of acks, new checkpoints at half the runs and purges
+    # (`Mutant.edit`: `ADVICE_AFTER_LOST_ACKS`, 2026-12-01, helper-82): the first two of 0-999,
+    # of which 12 catch it (2550, which found the hole, was the only one of 0-7999 of the worlds
+    # following the advice, and none since format 3; its unit test
+    # test_what_the_batch_holds_is_the_slot_s_records_and_its_siblings fails under it).
+    "refusal-advises-past-the-batch": (43, 109),
+    # In the same worlds: the first two of 0-999, of which 41 catch it (2550 likewise;
+    # test_what_a_batch_run_again_holds_counts_as_read_and_bounds_the_advised_start).
+    "marks-the-batch-holds-refused": (36, 43),
+    # In the same worlds: the first two of 0-999, of which 48 catch it (2550, the only one of
+    # 0-3000 of the worlds following the advice, and none since the give-back writes its marks;
+    # test_marks_a_consumer_found_created_again_passed_stay_until_it_is_judged).
+    "found-consumer-drops-acked-marks": (2, 3),
+    # In its slow-ledger worlds with answers up to 3 s under a 10 s wait (`Mutant.edit`,
+    # 2026-12-01, helper-82): the first two of 0-999, of which 95 catch it (none of 0-2999 with
+    # answers up to 1.5 s once the taker restarted what it adopts before its write too;
+    # test_a_take_over_restarts_the_wait_of_what_it_took_over_before_its_reads fails under it).
+    "taken-over-renewed-after-fence": (19, 26),
 }
 # The first seed of the unit lane's range that catches each mutant most seeds catch only after
 # dozens (on the schedules of 2026-11-29): searched first, then the rest of the range, so the
@@ -261,18 +277,14 @@ FIRST_CATCHING = {
 }
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.
 UNCAUGHT: dict[str, str] = {
-    # Two more on the schedules of format 3 with a release that restarts what it holds
-    # (2026-12-01), each checked with its patch applied to a copy of the tree:
+    # One more on the schedules of format 3 with a release that restarts what it holds
+    # (2026-12-01), checked with its patch applied to a copy of the tree:
     "round-dates-back-a-later-delivery": "264 (format 3) and 711 (main after the release's "
     "restart) each the only one of 0-3999 of the cancelled-record worlds on their schedules; "
     "neither catches on both changes; test_keeper's "
     "test_a_round_confirmed_after_a_delivery_came_again_keeps_that_delivery_s_start fails under "
     "it",
-    "taken-over-renewed-after-fence": "21 of 0-999 of its slow-ledger worlds caught it on main, "
-    "11 on format 3; none of 0-2999 on both changes with the taker's restart before its write "
-    "(its patch undoes that too); test_ledger_entries's "
-    "test_a_take_over_restarts_the_wait_of_what_it_took_over_before_its_reads fails under it",
-    # Four mutants of holes found on main's schedules by the one seed of 0-7999 (0-1999 for the
+    # Mutants of holes found on main's schedules by the one seed of 0-7999 (0-1999 for the
     # first) that broke there; ledger format 3 moved those schedules (2026-12-01) and none
     # catches on them. Each hole's own test fails under its mutant (checked with the patches
     # applied to a copy of the tree).
@@ -284,16 +296,6 @@ UNCAUGHT: dict[str, str] = {
     "restart after every round of acks, a consumer created again) caught it before format 3; "
     "it puts the simulated client's old rule back, whose production rule test_pull_inbox's "
     "tests and test_pull's killed-server test guard",
-    "refusal-advises-past-the-batch": "seed 2550 of the worlds whose operator follows the advice "
-    "caught it before format 3; test_ledger_entries's "
-    "test_what_the_batch_holds_is_the_slot_s_records_and_its_siblings fails under it",
-    "marks-the-batch-holds-refused": "seed 2550 of the worlds whose operator follows the advice "
-    "caught it before format 3; test_consumer_checks's "
-    "test_what_a_batch_run_again_holds_counts_as_read_and_bounds_the_advised_start fails under it "
-    "(and, for a static group's consumer the query places, "
-    "test_a_static_group_s_advice_followed_runs_the_logged_batch_again_exactly and "
-    "test_batch_coordinator's test_a_consumer_placed_below_the_marks_is_judged_by_what_the_"
-    "logged_batch_holds)",
     "taker-s-delivery-given-back": "seed 10323 of the pausing worlds with another client caught "
     "it, the only one known (helper-63 tried some 25 worlds aimed at it: a lost attempt must "
     "get its own recorded message again while a retry holds its entry); on the schedules of "
@@ -301,12 +303,6 @@ UNCAUGHT: dict[str, str] = {
     "give-back wrote its marks first); "
     "test_slot_take_over's test_an_attempt_that_lost_its_entry_to_a_retry_gives_back_none_of_it "
     "fails under it",
-    "found-consumer-drops-acked-marks": "seed 2550 of the worlds whose operator follows the "
-    "advice caught it, the only one of 0-3000; its schedule moved once the give-back writes "
-    "its marks (2026-12-01), and none of 0-3999 of those worlds does since; nor of 0-1999, "
-    "nor 2550, once a refusal advises no later than what its batch holds (h71, 2026-12-01: the "
-    "consumer created there is not past the marks); test_consumer_checks's "
-    "test_marks_a_consumer_found_created_again_passed_stay_until_it_is_judged fails under it",
     "refusal-leaves-the-pointer-behind": "seeds 13, 129 and 255 of the worlds whose operator "
     "follows the advice caught it; by 2026-11-30 only 13 of 0-300 did, refused again for "
     "another partition's message between the pointer's older floor and the one seen, which "

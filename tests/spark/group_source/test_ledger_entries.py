@@ -910,7 +910,13 @@ def test_a_closed_attempt_leaves_a_recorded_delivery_that_came_again_to_its_rele
     reader.keeper.hold([1, 2], first_deliveries(1, 2).replies, now[0])
     now[0] += 1.0
     reader.keeper.redelivered(2, b"$JS.ACK.S.C.2.2.3.0.0", now[0])
-    reader.came_again_undecided = True  # closed: `give_back_unrecorded` left 2 to the release
+    consumer: Any = _Consumer()
+    recorder = slot_reader.Recorder(reader.entry, reader.keeper, consumer)
+    recorder.recorded.update((1, 2))
+    # Closed (neither taken over nor lost): it gives back nothing it recorded, 2 neither, and
+    # leaves 2 to its release.
+    run_sync(reader.give_back_unrecorded(recorder, consumer, kept_by_taker=False, lost=False))
+    assert reader.came_again_undecided and steps == []
     if given_back:
         run_sync(ledger_protocol._taken_from_its_attempt(Ledger(kv, lineage), 1, "m1"))
     log_updates(kv, monkeypatch, steps)
