@@ -242,10 +242,12 @@ FIRST_CATCHING = {
     # (97, 147, 326; 2026-11-30); the only one of 0-1999 on the schedules of 2026-12-01 (h80).
     "sibling-partition-messages-taken-as-unread": 175,
     # In the same worlds: the only one of 0-1000 (2026-11-30; the seed that found the hole);
-    # 1026 and 1486 of 0-1999 since a release restarts what it recorded (2026-12-01).
-    "new-consumer-start-ignored": 1026,
-    # In worlds whose operator follows a refusal's advice: the first of 0-400 (2026-11-30).
-    "other-subjects-counted-unread": 46,
+    # 1026 and 1486 of 0-1999 since a release restarts what it recorded (2026-12-01); 195 the
+    # first on the schedules with a packed task's heads in one key (h80, 2026-12-01).
+    "new-consumer-start-ignored": 195,
+    # In worlds whose operator follows a refusal's advice: the first of 0-400 (2026-11-30); 25
+    # the first on the schedules of 2026-12-01 (h80).
+    "other-subjects-counted-unread": 25,
     # Since a release restarts what it recorded (2026-12-01); 125 before, 247 before the adopt
     # listed chunks too (a cut of a longer list).
     "short-key-listing": 3,
