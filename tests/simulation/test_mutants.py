@@ -243,7 +243,7 @@ FIRST_CATCHING = {
     "sibling-partition-messages-taken-as-unread": 175,
     # In the same worlds: the only one of 0-1000 (2026-11-30; the seed that found the hole);
     # 1026 and 1486 of 0-1999 since a release restarts what it recorded (2026-12-01); 195 the
-    # first on the schedules with a packed task's heads in one key (h80, 2026-12-01).
+    # first of 0-1999 on the schedules of 2026-12-01 (h80).
     "new-consumer-start-ignored": 195,
     # In worlds whose operator follows a refusal's advice: the first of 0-400 (2026-11-30); 25
     # the first on the schedules of 2026-12-01 (h80).
