@@ -131,8 +131,9 @@ RARE = {
     # client, without it (`Mutant.edit`, 2026-12-01; 1893 found the hole): the first two of
     # 0-999, of which 37 catch it; 32 and 85 the first on the schedules of ledger format 3 with
     # the seal (11 of 0-999 there). Since a release restarts what it recorded (2026-12-01): the
-    # first two of 0-999.
-    "cancelled-record-leaves-its-chunks": (85,),
+    # first two of 0-999. Since a take-over's keeper starts as its write lands (helper-79,
+    # 2026-12-01): 86 and 288, the first two of 0-1999.
+    "cancelled-record-leaves-its-chunks": (86, 288),
     # In worlds where a job of the user's reads a batch's tasks first and Spark stops them after
     # their first rows, with pausing executors and another client (`Mutant.edit`): the first
     # two of 0-1999 (2026-11-30; 1707 the third). None of 0-3999 without the early stops.
