@@ -22,13 +22,18 @@ took effect answer as a conflict, as the retry of a write whose answer was lost 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from nats_spark import clock
-from nats_spark.spark.group_source.ledger import Ledger
+from nats_spark.spark.group_source.ledger import Ledger, key_token
+from nats_spark.spark.group_source.packed_heads import (
+    PACKED_TOKEN_PREFIX,
+    decode_sections,
+    is_packed_token,
+)
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 
@@ -125,6 +130,50 @@ class MemoryBucket:
         self.revisions.setdefault(key, []).append(self.values[key])
         self.written[key] = clock.monotonic()
         return self.last_seq
+
+
+def unpacked(values: Mapping[str, tuple[bytes, int]]) -> dict[str, tuple[bytes, int]]:
+    """A ledger bucket's keys and values, each packed task's key (`packed_heads`) given as its
+    sections, each under its own head's key with the section's revision: what a checker that
+    reads heads by their keys reads."""
+    found: dict[str, tuple[bytes, int]] = {}
+    for key, stored in values.items():
+        prefix, _, token = key.rpartition(".")
+        if key.count(".") == 2 and is_packed_token(token):
+            for slot, (revision, head) in decode_sections(stored[0], key).items():
+                found[f"{prefix}.{key_token(slot)}"] = (head.encode(), revision)
+        else:
+            found[key] = stored
+    return found
+
+
+def stored_head(values: Mapping[str, tuple[bytes, int]], key: str) -> tuple[bytes, int] | None:
+    """The head stored under `key` (its own, or a section of its batch's packed key) and its
+    revision, read from the bucket's values themselves."""
+    if (stored := values.get(key)) is not None:
+        return stored
+    prefix, _, token = key.rpartition(".")
+    for packed, (value, _) in values.items():
+        if packed.startswith(f"{prefix}.{PACKED_TOKEN_PREFIX}") and packed.count(".") == 2:
+            sections = decode_sections(value, packed)
+            for slot, (revision, head) in sections.items():
+                if key_token(slot) == token:
+                    return head.encode(), revision
+    return None
+
+
+def sections_written(
+    values: Mapping[str, list[tuple[bytes, int]]], key: str, value: bytes, last: int
+) -> list[str]:
+    """The heads a write of packed key `key` on revision `last` writes (their keys): the
+    sections `value` holds other than the key held at `last` (`values`: each key's revisions)."""
+    prefix, _, token = key.rpartition(".")
+    if key.count(".") != 2 or not is_packed_token(token):
+        return []
+    before = next((v for v, revision in values.get(key, []) if revision == last), None)
+    held = decode_sections(before, key) if before else {}
+    written = decode_sections(value, key)
+    return [f"{prefix}.{key_token(slot)}" for slot, s in written.items() if held.get(slot) != s]
 
 
 def attempt(kv: MemoryBucket, partition: SlotPartition) -> SlotEntry:

@@ -55,7 +55,7 @@ from nats_spark.spark.group_source.ledger_protocol import Marks
 from nats_spark.spark.group_source.runtime import GiveBack
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from nats_spark.spark.group_source.task.slot_reader import SlotReader
-from tests.memory_bucket import MemoryBucket
+from tests.memory_bucket import MemoryBucket, stored_head
 from tests.simulation.jetstream import Consumer, Delivery, Stream, deliveries_of
 from tests.simulation.scheduler import Participant, Scheduler
 
@@ -92,7 +92,7 @@ def _stored_head(entry: SlotEntry) -> tuple[str, bytes, int] | None:
     assert entry.ledger is not None
     ledger, partition = entry.ledger, entry.partition
     key = ledger.head_key(partition.gen, partition.slot)
-    stored = ledger.kv.store.values.get(key)  # type: ignore[attr-defined]  # a SimBucket's
+    stored = stored_head(ledger.kv.store.values, key)  # type: ignore[attr-defined]  # a SimBucket's
     return None if stored is None else (key, *stored)
 
 
@@ -620,7 +620,7 @@ class GiveBacks:
 
     async def _held(self, removing: Ledger, gen: int, slot: str) -> list[Delivery]:
         """The current deliveries of what entry (gen, slot) holds."""
-        ledger = Ledger(self.store, removing.lineage)  # type: ignore[arg-type]  # a Bucket
+        ledger = Ledger(self.store, removing.lineage, removing.layouts)  # type: ignore[arg-type]
         found = await read_head(ledger, gen, slot)
         if found is None:
             return []
@@ -641,7 +641,8 @@ class GiveBacks:
             return None
         for driver, removing in self.removing.items():
             for head_key, deliveries in removing:
-                removed = head_key not in self.store.values  # the driver may have died first
+                # the driver may have died first
+                removed = stored_head(self.store.values, head_key) is None
                 if driver.dead and removed and any(d is held for d in deliveries):
                     return "a give-back removed its entry, and its driver died before the -NAK"
         return None

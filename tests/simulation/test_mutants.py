@@ -131,14 +131,15 @@ RARE = {
     # client, without it (`Mutant.edit`, 2026-12-01; 1893 found the hole): the first two of
     # 0-999, of which 37 catch it; 32 and 85 the first on the schedules of ledger format 3 with
     # the seal (11 of 0-999 there). Since a release restarts what it recorded (2026-12-01): the
-    # first two of 0-999. Since a take-over's keeper starts as its write lands (helper-79,
-    # 2026-12-01): 86 and 288, the first two of 0-1999.
-    "cancelled-record-leaves-its-chunks": (86, 288),
+    # first two of 0-999. With a packed task's heads in one key (2026-12-01): the first two
+    # of 0-2999.
+    "cancelled-record-leaves-its-chunks": (69, 162),
     # In worlds where a job of the user's reads a batch's tasks first and Spark stops them after
     # their first rows, with pausing executors and another client (`Mutant.edit`): the first
     # two of 0-1999 (2026-11-30; 1707 the third). None of 0-3999 without the early stops.
-    # Since a release restarts what it holds (2026-12-01): the first two of 0-999.
-    "recorder-cut-off-from-its-write": (933,),
+    # Since a release restarts what it holds (2026-12-01): the first two of 0-999. With a
+    # packed task's heads in one key (2026-12-01): the first two of 0-2999.
+    "recorder-cut-off-from-its-write": (300, 775),
     # In the worlds of fenced-take-over-removes-what-it-holds (`Mutant.edit`), where its patch
     # removes an entry of the attempt's own holding deliveries: the first two of 0-999, of which
     # 11 catch it (2026-12-01; 857 and 897, the two of 0-999 on the schedules of ledger format

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import gc
 import logging
 import random
@@ -35,6 +36,7 @@ from nats_spark.spark.group_source.driver.consumer_checks import (
 from nats_spark.spark.group_source.driver.targets import Held, Slot
 from nats_spark.spark.group_source.ledger import Ledger, TakenOver
 from nats_spark.spark.group_source.options import parse_options
+from nats_spark.spark.group_source.packed_heads import task_layouts
 from nats_spark.spark.group_source.runtime import Runtime, SeenEntries
 from nats_spark.spark.group_source.slot_partition import PackedSlots, Recreation, SlotPartition
 from nats_spark.spark.group_source.task.slot_reader import (
@@ -42,7 +44,7 @@ from nats_spark.spark.group_source.task.slot_reader import (
     packed_batches,
     slot_batches,
 )
-from tests.memory_bucket import MemoryBucket
+from tests.memory_bucket import MemoryBucket, sections_written, unpacked
 from tests.simulation.invariants import Observed, live_leftovers
 from tests.simulation.jetstream import (
     FLUSH_INTERVAL,
@@ -232,16 +234,25 @@ class SimBucket:
         self.sent: list[Callable[[str], None]] = []
         self.landed: list[Callable[[str], None]] = []
 
-    async def _call(self, what: str, call: Callable[[], Awaitable[_T]]) -> _T:
+    async def _call(
+        self, what: str, call: Callable[[], Awaitable[_T]], heads: Sequence[str] = ()
+    ) -> _T:
+        """`heads`: the keys of the heads a write of a packed key writes (`sections_written`),
+        told to the checker as writes of their own keys: sent as it goes out, landed once it
+        took effect (a refused one is sent again, on the revision read since)."""
         await self.sched.point(what)
+        told_as = [what, *(f"kv update {head}" for head in heads)]
         for told in self.sent:
-            told(what)
+            for said in told_as:
+                told(said)
         try:
             try:
                 result = await call()
             finally:
+                took = [what, *told_as[1:]] if heads and self._took(what) else [what]
                 for told in self.landed:
-                    told(what)
+                    for said in took:
+                        told(said)
         except KeyWrongLastSequenceError:
             if self.lost_late is not None and (late := self.lost_late()):
                 await self.sched.sleep(late)
@@ -251,6 +262,11 @@ class SimBucket:
         await self.sched.point(f"{what}: answered")
         return result
 
+    def _took(self, what: str) -> bool:
+        """Whether the write `what` names (a packed key's) is the key's newest, just landed."""
+        key = what.removeprefix("kv update ")
+        return self.store.last_seq == self.store.values.get(key, (b"", 0))[1]
+
     def get(self, key: str) -> Awaitable[Any]:
         return self._call(f"kv get {key}", lambda: self.store.get(key))
 
@@ -258,7 +274,8 @@ class SimBucket:
         return self._call(f"kv create {key}", lambda: self.store.create(key, value))
 
     def update(self, key: str, value: bytes, last: int) -> Awaitable[int]:
-        return self._call(f"kv update {key}", lambda: self.store.update(key, value, last))
+        heads = sections_written(self.store.revisions, key, value, last)
+        return self._call(f"kv update {key}", lambda: self.store.update(key, value, last), heads)
 
     def put(self, key: str, value: bytes) -> Awaitable[int]:
         return self._call(f"kv put {key}", lambda: self.store.put(key, value))
@@ -550,9 +567,12 @@ class World:
         latency = self._task_ledger_latency if self.setup.slow_ledger else None
         late = self.setup.lost_answers_late
         lost_late = partial(self.lost_answer_late, attempt) if late else None
+        # One ledger for the attempt's slots, as `packed_task` has (a packed batch's heads share
+        # its task's key); a copy each, whose methods the checker wraps for its own slot.
+        lineage = slots[0].lineage if slots else ""
+        ledger = Ledger(self.bucket_view(latency, lost_late), lineage, task_layouts(slots))
         for reader in readers:
-            bucket = self.bucket_view(latency, lost_late)
-            reader.entry.ledger = Ledger(bucket, reader.partition.lineage)
+            reader.entry.ledger = copy.copy(ledger)
             self.observed.attempts.watch(attempt, reader.entry)
             self.observed.attempts.watch_give_backs(attempt, reader)
         packed = isinstance(partition, PackedSlots)
@@ -650,8 +670,10 @@ class World:
         ticking.set()
         await server
         self.observed.check_quiet(self.consumers)
-        self.observed.check_ledger_quiet(self.bucket.values)
-        self.observed.check_live_lineage(self.bucket.values, self.checkpoint.committed_gen())
+        self.observed.check_ledger_quiet(unpacked(self.bucket.values))
+        self.observed.check_live_lineage(
+            unpacked(self.bucket.values), self.checkpoint.committed_gen()
+        )
 
     async def run_query(
         self, number: int, trigger: str, stop_at: float, quiet: bool = False
@@ -708,7 +730,7 @@ class World:
             if not query.idle:  # planning batches still
                 last = self.sched.now + wait
             drained = all(not c.pending and not c.num_pending() for c in self.consumers)
-            leftovers = live_leftovers(self.bucket.values)
+            leftovers = live_leftovers(unpacked(self.bucket.values))
             if query.idle >= 2 and drained and not leftovers and not self._zombies_running():
                 break
         query.stop_at = self.sched.now

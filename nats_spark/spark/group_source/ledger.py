@@ -85,6 +85,13 @@ from nats_spark.jetstream.kv_requests import KvRequests
 from nats_spark.jetstream.retry import is_transient, retrying
 from nats_spark.jetstream.subjects import ack_numbers
 from nats_spark.requests_at_once import all_results
+from nats_spark.spark.group_source.packed_heads import (
+    PackedKey,
+    PackedLayouts,
+    index_of,
+    is_packed_token,
+    packed_token,
+)
 from nats_spark.spark.shared.columns import BATCH_ROWS
 
 log = logging.getLogger(__name__)
@@ -449,9 +456,28 @@ def _missing(name: str) -> ConfigurationError:
 class Ledger:
     """One query lineage's entries in the ledger bucket."""
 
-    def __init__(self, kv: Bucket, lineage: str) -> None:
+    def __init__(self, kv: Bucket, lineage: str, layouts: PackedLayouts | None = None) -> None:
         self.kv = kv
         self.lineage = lineage
+        # Where the heads of packed tasks' slots are kept together (`packed_heads`): the
+        # batches of offset v2, as their offsets say or a listing found.
+        self.layouts: PackedLayouts = layouts if layouts is not None else {}
+        self._packed: dict[str, PackedKey] = {}  # this process's handle on each packed key
+
+    def _section(self, gen: int, slot: str) -> PackedKey | None:
+        """The packed key holding the slot's head in batch `gen`; None: the head's own key."""
+        index = self.layouts.get(gen, {}).get(slot)
+        return (
+            None
+            if index is None
+            else self._packed_key(f"{self.lineage}.{gen}.{packed_token(index)}")
+        )
+
+    def _packed_key(self, key: str) -> PackedKey:
+        found = self._packed.get(key)
+        if found is None:
+            found = self._packed[key] = PackedKey(self.kv, key)
+        return found
 
     @staticmethod
     async def bucket(
@@ -478,6 +504,8 @@ class Ledger:
 
     async def get_head(self, gen: int, slot: str) -> StoredValue | None:
         """The stored head of the entry (None: there is none); `read_head` reads it."""
+        if (packed := self._section(gen, slot)) is not None:
+            return await packed.section(slot)
         try:
             return await self.kv.get(self.head_key(gen, slot))
         except KeyNotFoundError:
@@ -485,6 +513,8 @@ class Ledger:
 
     async def create_head(self, gen: int, slot: str, value: bytes) -> int | None:
         """Create the head; None when it exists already (another attempt was first)."""
+        if (packed := self._section(gen, slot)) is not None:
+            return await packed.create(slot, value)
         try:
             return await self.kv.create(self.head_key(gen, slot), value)
         except KeyWrongLastSequenceError:
@@ -492,6 +522,8 @@ class Ledger:
 
     async def update_head(self, gen: int, slot: str, value: bytes, revision: int) -> int | None:
         """Compare-and-set the head; None when its revision is no longer `revision`."""
+        if (packed := self._section(gen, slot)) is not None:
+            return await packed.update(slot, value, revision)
         try:
             return await self.kv.update(self.head_key(gen, slot), value, last=revision)
         except KeyWrongLastSequenceError:
@@ -520,21 +552,37 @@ class Ledger:
 
     async def heads(self) -> list[tuple[int, str]]:
         """(gen, slot name) of every entry of this lineage (a head's key has three tokens, its
-        chunks' five)."""
-        return sorted(_entry_of(key) for key in await self.kv.keys_matching(f"{self.lineage}.*.*"))
+        chunks' five; a packed key's sections are read)."""
+        keys = await self.kv.keys_matching(f"{self.lineage}.*.*")
+        return sorted(await self._entries_of(keys))
 
     async def listing(self) -> LineageKeys:
         """The entries of this lineage, and those of its chunks no head was listed beside, in
         one listing of its keys."""
-        heads: set[tuple[int, str]] = set()
+        heads: list[str] = []
         chunks: set[str] = set()
         for key in await self.kv.keys_matching(f"{self.lineage}.>"):
             if key.count(".") == 2:
-                heads.add(_entry_of(key))
+                heads.append(key)
             else:
                 chunks.add(key)
+        entries = await self._entries_of(heads)
         chunked = {_entry_of(key) for key in chunks}
-        return LineageKeys(sorted(heads), sorted(chunked - heads), frozenset(chunks))
+        return LineageKeys(sorted(entries), sorted(chunked - entries), frozenset(chunks))
+
+    async def _entries_of(self, heads: Iterable[str]) -> set[tuple[int, str]]:
+        """(gen, slot name) of the entries whose heads `heads` are: a slot's own key names
+        one, a packed key those of its sections, which this ledger then knows where to find."""
+        entries: set[tuple[int, str]] = set()
+        for key in heads:
+            _, gen, token = key.split(".")
+            if not is_packed_token(token):
+                entries.add(_entry_of(key))
+                continue
+            slots = await self._packed_key(key).slots()
+            self.layouts.setdefault(int(gen), {}).update(dict.fromkeys(slots, index_of(token)))
+            entries.update((int(gen), slot) for slot in slots)
+        return entries
 
     async def remove_headless(self, entries: Iterable[tuple[int, str]]) -> None:
         """Remove the chunks of `entries` whose head is gone: an attempt that outlived its entry
@@ -551,6 +599,11 @@ class Ledger:
 
     async def delete_entry(self, gen: int, slot: str) -> None:
         """Remove the entry: its head and the chunks of every attempt."""
+        if (packed := self._section(gen, slot)) is not None and await packed.remove(slot):
+            # Its last head gone, the key goes too (an attempt fenced off after its batch's
+            # removal would leave it behind for good). Whoever writes a head into it after
+            # this finds the fence raised (every removal follows the fence) and removes that.
+            await self.kv.remove(packed.key)
         await self.kv.remove(self.head_key(gen, slot))
 
     async def delete_batch(self, gen: int) -> None:

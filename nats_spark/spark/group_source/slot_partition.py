@@ -3,8 +3,8 @@ several slots packed into one (`PackedSlots`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import InputPartition
 
@@ -104,6 +104,10 @@ class SlotPartition(InputPartition):
     redelivery_wait: float = 0.0
     # None: a consumer created again reads nothing twice (an elastic group's), or none seen yet
     consumer_sighting: ConsumerSighting | None = None
+    # By gen, the task index of each slot whose head is kept in its packed task's key, for
+    # the batches whose entries this task reads or writes (`packed_heads`; the same mapping
+    # for every slot of a batch, pickled once for a packed task's slots)
+    layouts: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from functools import partial
 
 import pytest
 from spark_helpers import (
@@ -29,7 +30,7 @@ from spark_helpers import (
 
 from nats_spark.client import NatsClient
 from nats_spark.loop import run_sync
-from nats_spark.spark.group_source.ledger import EntryHead, EntryState, Ledger
+from nats_spark.spark.group_source.ledger import EntryState, Ledger, read_head
 from nats_spark.spark.group_source.ledger_protocol import HOLD_QUIET
 
 pytestmark = pytest.mark.spark
@@ -45,12 +46,17 @@ async def newest_entries(client: NatsClient, bucket: str) -> Counter[str]:
     read of the batch stands by for it until it goes quiet), `released` (OPEN, given up by a
     stopped attempt: taken over at once), or their state's name."""
     kv = await Ledger.bucket(client, bucket, create=False)
-    heads = [k for k in await kv.keys_matching("*.*.*") if not k.startswith("query.")]
-    newest = max((int(key.split(".")[1]) for key in heads), default=0)
+    lineages = {k.split(".")[0] for k in await kv.keys_matching("*.*.*") if k[:6] != "query."}
+    entries = [
+        (ledger, gen, slot)
+        for ledger in map(partial(Ledger, kv), lineages)
+        for gen, slot in await ledger.heads()
+    ]  # a packed key's heads too
+    newest = max((gen for _, gen, _ in entries), default=0)
     states: Counter[str] = Counter()
-    for key in heads:
-        if int(key.split(".")[1]) == newest:
-            head = EntryHead.from_bytes((await kv.get(key)).value or b"", key)
+    for ledger, gen, slot in entries:
+        if gen == newest and (found := await read_head(ledger, gen, slot)) is not None:
+            head = found[0]
             if head.state is not EntryState.OPEN:
                 states[head.state.name.lower()] += 1
             else:

@@ -18,6 +18,7 @@ from nats_spark.spark.group_source import ledger_protocol
 from nats_spark.spark.group_source.driver import batch_coordinator, driver_ledger, group_target
 from nats_spark.spark.group_source.driver.batch_coordinator import BatchCoordinator
 from nats_spark.spark.group_source.driver.consumer_listing import LIST_FROM
+from nats_spark.spark.group_source.driver.offsets import SourceOffset
 from nats_spark.spark.group_source.ledger import (
     EntryHead,
     EntryState,
@@ -26,6 +27,7 @@ from nats_spark.spark.group_source.ledger import (
     read_head,
 )
 from nats_spark.spark.group_source.options import parse_options
+from nats_spark.spark.group_source.packed_heads import packed_token, task_layouts
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from nats_spark.spark.group_source.task import slot_entry, slot_pulls, slot_reader
 from nats_spark.spark.group_source.task.slot_reader import read_packed, read_slot
@@ -83,7 +85,7 @@ def entry_head(reader: BatchCoordinator, unique: str, slot: SlotPartition) -> En
 
     async def read() -> EntryHead | None:
         kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
-        found = await read_head(Ledger(kv, slot.lineage), slot.gen, slot.slot)
+        found = await read_head(Ledger(kv, slot.lineage, task_layouts([slot])), slot.gen, slot.slot)
         return None if found is None else found[0]
 
     return run_sync(read())
@@ -363,7 +365,7 @@ def test_a_packed_task_claims_while_it_acks_and_marks_while_it_pulls(
 
         async def states() -> list:
             kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
-            ledger = Ledger(kv, first.lineage)
+            ledger = Ledger(kv, first.lineage, task_layouts(task.slots))
             return [(await read_head(ledger, first.gen, s.slot))[0].state for s in task.slots]
 
         assert run_sync(states()) == [EntryState.ACKED] * 4
@@ -668,5 +670,54 @@ def test_planning_lists_the_consumers_of_a_stream_many_slots_read(
         slot_infos = [a for a in asked if a.startswith(f"CONSUMER.INFO.{stream}.g-partition-")]
         assert slot_infos == [], asked  # (the Go layout's member consumers are still watched)
         assert not any(plan.limit for plan in idle.slots.values())
+    finally:
+        run_sync(reader.close())
+
+
+def test_packed_heads_share_their_task_s_key_and_a_batch_logged_before_keeps_a_key_each(
+    client, nats_url, unique
+):
+    """A packed batch (offset version 2) keeps its slots' heads in one key of its task's; one
+    logged by the release before (version 1, the same packing) runs again with a key per head,
+    as its first run wrote them, and the next batch, packed, acks those entries and keeps its
+    own heads in its task's key: exactly once across the upgrade."""
+    stream = f"PACKHEADS{unique}"
+    static_group(client, stream, "g", ["m1", "m2"], partitions=4)
+    publish(client, stream, 200)
+    options = packed_options(nats_url, stream, unique, "1", maxMessagesPerPartition="30")
+    reader = BatchCoordinator(parse_options(options))
+
+    async def keys() -> list[str]:
+        kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
+        return sorted(k for k in await kv.keys_matching(">") if not k.startswith("query."))
+
+    def read(start, end) -> list[int]:
+        (task,) = run_sync(reader.input_partitions(start, end))
+        assert isinstance(task, PackedSlots)
+        return [s for b in read_packed(task) for s in b.column("stream_seq").to_pylist()]
+
+    try:
+        start = run_sync(reader.initial_offset())
+        planned = run_sync(reader.latest_offset(start, None))
+        assert planned.to_json()["v"] == 2
+        logged_before = SourceOffset.from_json({**planned.to_json(), "v": 1})
+        first = read(start, logged_before)
+        assert len(first) == 120
+        lineage = logged_before.lineage
+        assert run_sync(keys()) == [f"{lineage}.1.partition-{p}" for p in range(4)]
+        following = run_sync(reader.latest_offset(logged_before, None))
+        second = read(logged_before, following)
+        assert len(second) == 80 and not set(first) & set(second)
+        assert [k for k in run_sync(keys()) if k.startswith(f"{lineage}.2.")] == [
+            f"{lineage}.2.{packed_token(0)}"
+        ]
+        wait_until(lambda: unacked(client, stream, "g") == 80, 30, "batch 1's acks")
+
+        async def batch_1_states() -> list[EntryState]:
+            kv = await Ledger.bucket(reader.client, f"L{unique}", create=False)
+            ledger = Ledger(kv, lineage)  # the heads' own keys
+            return [(await read_head(ledger, 1, f"partition-{p}"))[0].state for p in range(4)]
+
+        assert run_sync(batch_1_states()) == [EntryState.ACKED] * 4
     finally:
         run_sync(reader.close())

@@ -5,13 +5,16 @@ what they were before packing."""
 from __future__ import annotations
 
 import json
+from collections import Counter
+from dataclasses import replace
 
 import pytest
 
 from nats_spark.errors import ConfigurationError
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
-from nats_spark.spark.group_source.driver.slot_packing import pack, packed
+from nats_spark.spark.group_source.driver.slot_packing import layout, pack, packed
 from nats_spark.spark.group_source.options import parse_options
+from nats_spark.spark.group_source.packed_heads import SECTIONS_PER_KEY
 from tests.spark.group_source.test_ledger_entries import input_partition
 
 pytestmark = pytest.mark.unit
@@ -59,3 +62,28 @@ def test_max_tasks_per_batch_is_a_positive_count():
     assert parse_options({**base, "maxTasksPerBatch": "8"}).max_tasks_per_batch == 8
     with pytest.raises(ConfigurationError, match="maxTasksPerBatch"):
         parse_options({**base, "maxTasksPerBatch": "0"})
+
+
+def test_a_packed_batch_keeps_its_heads_in_a_key_per_task_of_128_at_most():
+    """Offset version 2 (`packed_heads`): each planned slot's head is in its task's key, a task
+    of more than `SECTIONS_PER_KEY` slots has several keys; the layout is the offset's alone
+    (a re-run finds the heads the first run wrote), and an offset logged as version 1 keeps a
+    key per head when it runs again."""
+    limits = {f"s{i:03}": 1 for i in range(300)}
+    batch = replace(offset(2, **limits), packed_heads=True)
+    found = layout(batch)
+    assert found is not None and set(found) == set(limits)
+    groups = pack(batch)
+    for group in groups:
+        keys = {found[slot] for slot in group}
+        assert len(keys) == -(-len(group) // SECTIONS_PER_KEY)  # its own keys, 128 at most each
+        assert all(
+            found[slot] == found[group[0]] + position // SECTIONS_PER_KEY
+            for position, slot in enumerate(group)
+        )
+    assert sorted(Counter(found.values()).values()) == [22, 22, 128, 128]
+    again = SourceOffset.from_json(json.loads(json.dumps(batch.to_json())))
+    assert again.to_json()["v"] == 2 and layout(again) == found
+    logged_before = SourceOffset.from_json({**batch.to_json(), "v": 1})
+    assert logged_before.tasks == 2 and layout(logged_before) is None
+    assert layout(offset(2, a=1, b=1)) is None  # planned without packed heads

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -450,6 +450,8 @@ class BatchCoordinator:
         re-run: that call only adopts the checkpoint's lineage, or the batch would be acked
         early."""
         await self._adopt(end)
+        self.ledger.note_layout(start)
+        self.ledger.note_layout(end)
         if start == end:
             if self.current is None or self.current.lineage != end.lineage:
                 self.current = end  # the checkpoint's lineage: `initial_offset` answers in it
@@ -489,8 +491,11 @@ class BatchCoordinator:
         readers = readers_by_consumer(self.states, end.slots)
         started_over = self.target.seen.handed_started_over()
         started_over |= self.ledger.started_over_before(end.gen, committed)
+        layouts = self.ledger.handed_layouts()
         return [
-            self._input_partition(known[t.slot], end, t, dedupes, readers, started_over, looked)
+            self._input_partition(
+                known[t.slot], end, t, dedupes, readers, started_over, looked, layouts
+            )
             for t in plan.tasks
         ]
 
@@ -592,6 +597,7 @@ class BatchCoordinator:
         readers: dict[str, tuple[str, ...]],
         started_over: set[tuple[str, str]],  # consumers created again since the batch's planning
         looked: dict[str, ConsumerSeen],  # consumers of slots this driver saw first just now
+        layouts: Mapping[int, Mapping[str, int]],  # where the batches' heads are kept
     ) -> SlotPartition:
         """The input partition of `slot` in batch `end`: what it may take (0: it only acks),
         what it acks first, and the earlier entries whose redeliveries it drops."""
@@ -620,6 +626,7 @@ class BatchCoordinator:
             siblings=siblings(readers, slot),
             redelivery_wait=state.others_due if waits and state is not None else 0.0,
             consumer_sighting=self._sighting(slot, started_over) if task.limit else None,
+            layouts=layouts,
         )
 
     def _dedupe(self, stream: str, gen: int) -> Dedupe:

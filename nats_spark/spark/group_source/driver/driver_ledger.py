@@ -22,6 +22,7 @@ from nats_spark.requests_at_once import all_results
 from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
+from nats_spark.spark.group_source.driver.slot_packing import layout
 from nats_spark.spark.group_source.ledger import (
     RETIRED_KEPT,
     Bucket,
@@ -101,7 +102,7 @@ class DriverLedger:
         """Use `kv` (a new connection's handle on the bucket)."""
         self.kv = kv
         if self.ledger is not None:
-            self.ledger = Ledger(kv, self.ledger.lineage)
+            self.ledger = Ledger(kv, self.ledger.lineage, self.ledger.layouts)
 
     @property
     def lineage(self) -> str | None:
@@ -305,9 +306,30 @@ class DriverLedger:
     async def new_offset(self, slots: dict[str, SlotPlan], tasks: int = 0) -> SourceOffset:
         assert self.ledger is not None
         self.head_gen += 1
-        offset = SourceOffset(self.ledger.lineage, self.head_gen, slots, tasks)
+        offset = SourceOffset(self.ledger.lineage, self.head_gen, slots, tasks, tasks > 0)
+        self.note_layout(offset)
         await self.save_pointer()
         return offset
+
+    def handed_layouts(self) -> dict[int, dict[str, int]]:
+        """The layouts tasks are handed: of every batch whose entries they may read."""
+        return {} if self.ledger is None else dict(self.ledger.layouts)
+
+    def note_layout(self, offset: SourceOffset) -> None:
+        """Where batch `offset`'s heads are kept (`slot_packing.layout`), as long as this driver
+        knows entries of batches from it on: the ledger and the tasks it hands out read them
+        there."""
+        ledger = self.ledger
+        if ledger is None or offset.lineage != ledger.lineage:
+            return
+        found = layout(offset)
+        if found is None:  # the offset says, whatever was noted of its gen before
+            ledger.layouts.pop(offset.gen, None)
+        else:
+            ledger.layouts[offset.gen] = found
+        oldest = min((gen for gen, _ in self.entries), default=offset.gen)
+        for gen in [gen for gen in ledger.layouts if gen < min(oldest, offset.gen)]:
+            del ledger.layouts[gen]
 
     def note_started_over(self, consumers: Collection[tuple[str, str]]) -> None:
         """`consumers` were taken as created again: every batch planned so far may hold what

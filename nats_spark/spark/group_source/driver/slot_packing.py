@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from nats_spark.spark.group_source.driver.offsets import SourceOffset
+from nats_spark.spark.group_source.packed_heads import SECTIONS_PER_KEY
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 
 
@@ -27,6 +28,21 @@ def pack(offset: SourceOffset) -> list[list[str]]:
         groups[least].append(name)
         loads[least] += plan.limit
     return [sorted(group) for group in groups]
+
+
+def layout(offset: SourceOffset) -> dict[str, int] | None:
+    """Where batch `offset`'s heads are kept: by planned slot, the index of the packed key
+    that holds its head (`packed_heads`): a key per task, of `SECTIONS_PER_KEY` slots at most
+    (a task of more has several, its slots in their order); None when every head has a key of
+    its own (offset version 1). Fixed for version 2: a batch run again finds its heads."""
+    if not offset.packed_heads:
+        return None
+    runs = [
+        group[start : start + SECTIONS_PER_KEY]
+        for group in pack(offset)
+        for start in range(0, len(group), SECTIONS_PER_KEY)
+    ]
+    return {slot: index for index, run in enumerate(runs) for slot in run}
 
 
 def packed(offset: SourceOffset, partitions: Iterable[SlotPartition]) -> list[PackedSlots]:

@@ -36,6 +36,7 @@ from nats_spark.spark.group_source.ledger import (
     recorded_in,
     write_head,
 )
+from nats_spark.spark.group_source.packed_heads import task_layouts
 from nats_spark.spark.group_source.runtime import PROCESS
 from nats_spark.spark.group_source.slot_partition import SlotPartition
 from nats_spark.spark.group_source.task.columns import SlotColumns
@@ -72,7 +73,7 @@ class SlotEntry:
             kv = await Ledger.bucket(
                 self.client, self.partition.reading.ledger_bucket, create=False
             )
-            self.ledger = Ledger(kv, self.partition.lineage)
+            self.ledger = Ledger(kv, self.partition.lineage, task_layouts([self.partition]))
         return self.ledger
 
     def pointer_reads(self, ledger: Ledger) -> PointerReads:

@@ -52,6 +52,7 @@ from nats_spark.loop import run_sync
 from nats_spark.requests_at_once import all_results
 from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.ledger import EntryDeliveries, Ledger, TakenOver
+from nats_spark.spark.group_source.packed_heads import task_layouts
 from nats_spark.spark.group_source.runtime import PROCESS, Runtime
 from nats_spark.spark.group_source.slot_partition import PackedSlots, SlotPartition
 from nats_spark.spark.group_source.task.acceptance import Acceptance
@@ -511,8 +512,11 @@ async def packed_task(
     """A packed task: one connection and one opening of the ledger bucket for all its slots."""
     kv = await Ledger.bucket(client, packed.slots[0].reading.ledger_bucket, create=False)
     readers = [SlotReader(partition, client) for partition in packed.slots]
+    # One ledger for all its slots: the heads of a packed batch share its task's key, whose
+    # writes and reads its slots then share too (`packed_heads`).
+    ledger = Ledger(kv, packed.slots[0].lineage, task_layouts(packed.slots))
     for reader in readers:
-        reader.entry.ledger = Ledger(kv, reader.partition.lineage)
+        reader.entry.ledger = ledger
     async with contextlib.aclosing(packed_batches(readers)) as batches:
         async for _, batch in batches:
             yield batch
