@@ -1242,6 +1242,45 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "released-left-to-a-late-taker",
+        "the driver's keeper left a released entry to the attempt that takes it over: the full "
+        "read of a batch a job read first started once that job's other task ended, past the "
+        "ack wait of what an attempt Spark closed had released, and another client of the "
+        "overflow consumer took a message the batch committed (seeds 280 and 735 of the "
+        "slow-ledger worlds with early stops, a 4 s wait and the drawn faults)",
+        (
+            Patch(
+                SEALED_KEEPER,
+                "            if head is not None and protocol.awaits_taker(head):\n",
+                "            if False:\n",
+            ),
+        ),
+        # The world of `came-again-naked-before-the-release`.
+        edit=(
+            *(edit for edit in SLOW_TAKE_OVERS if edit[0] != "chaos"),
+            ("ack_wait", 4.0),
+            ("slow_ledger", 0.1),
+        ),
+    ),
+    Mutant(
+        "taken-over-kept-after-the-claim",
+        "a retry that took an entry over began its keeper's rounds only once its claim was done: "
+        "the claim's fence and sibling reads after the take-over's write, under slow ledger "
+        "answers, and a third of the wait to the first round let the wait restarted as the "
+        "write landed run out, and another client of the overflow consumer took messages the "
+        "batch committed (seed 662 of the slow-ledger worlds with a 6 s wait and answers up to "
+        "1.5 s, main's schedules)",
+        (
+            Patch(
+                SLOT_READER,
+                "        await self.keeper.renew()\n        self.start_keeping()\n",
+                "        await self.keeper.renew()\n",
+            ),
+        ),
+        # The worlds of `released-unrenewed`.
+        edit=(*SLOW_TAKE_OVERS, ("ack_wait", 6.0), ("slow_ledger", 0.25)),
+    ),
+    Mutant(
         "taker-s-delivery-given-back",
         "a zombie whose entry a retry took over gave back the redelivery of a message it had "
         "recorded (for the order of its key): the retry's keeper would have kept it, and "

@@ -94,6 +94,26 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "landed, their wait is restarted and the taker keeps them (found by helper-68, fixed by "
         "helper-72, 2026-12-01)",
     ),
+    # Found on ledger format 3's schedules in 723's world; closed by helper-79 (2026-12-01).
+    **dict.fromkeys(
+        (280, 735),
+        (
+            {
+                "other_client": True,
+                "early_stops": True,
+                "messages": 30,
+                "per_batch": 50,
+                "fetch_batch": 1,
+                "ack_wait": 4.0,
+                "slow_ledger": 0.1,
+            },
+            "the late taker: Spark closed an early job's attempt, whose release restarted what "
+            "it recorded and landed (735: 23-25 at 26.86), while the job's other task ran on "
+            "past the 4 s wait (to 32.15); the other client got 24 and 25 (31.70) before the "
+            "full read's attempt took the entry over and committed them. The driver's keeper "
+            "keeps a released entry until it is taken over",
+        ),
+    ),
     # Found by helper-69 in a world of dying drivers, a server restart after every round of
     # acks and a consumer created again; explained by helper-75,
     # closed by helper-76 (2026-12-01).

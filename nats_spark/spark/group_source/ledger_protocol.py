@@ -576,6 +576,14 @@ def awaits_acks(head: EntryHead) -> bool:
     return head.state is EntryState.SEALED and head.count > 0
 
 
+def awaits_taker(head: EntryHead) -> bool:
+    """An entry its holder released holding what it recorded: those messages wait for the
+    attempt that takes it over, which may start late (the full read of a batch that a job of the
+    user's read first starts only once that job has ended), and the `SealedKeeper` keeps them
+    from redelivery meanwhile."""
+    return head.state is EntryState.OPEN and head.released and head.count > 0
+
+
 @dataclass(frozen=True)
 class Horizon:
     """How far a slot's consumer and stream have moved: entries below both are settled."""

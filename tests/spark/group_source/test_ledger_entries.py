@@ -846,6 +846,81 @@ def test_a_take_over_restarts_the_wait_of_what_it_took_over_before_its_reads(
     ]
 
 
+def test_a_take_over_keeps_what_it_took_over_through_the_claims_later_reads(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After its take-over's write the claim reads the pointer (the fence) and its siblings'
+    entries, each a ledger round trip: under slow answers they took 4.1 s, and a keeper whose
+    rounds began once the claim was done came a third of the 6 s wait later still, after the
+    wait restarted as the write landed had run out (seed 662 of the simulation's slow-ledger
+    worlds with early stops). Its rounds start as the write lands: here a fence read of 1 s under
+    a 0.6 s wait (a round every 0.2 s) meets four of them."""
+    p = input_partition(lineage, ack_wait=0.6)
+    failed = claimed(kv, p)
+    take(failed, [1, 2])
+    run_sync(failed.release())
+    steps: list[tuple[str, object]] = []
+    get = kv.get
+
+    async def getting(key: str) -> Any:
+        if key == p.pointer_key:
+            steps.append(("fence read", key))
+            await asyncio.sleep(1.0)
+            steps.append(("fence read", "answered"))
+        return await get(key)
+
+    async def renewing(nc: object, commands: list[bytes], count: int) -> int:
+        assert all(b"+WPI" in command for command in commands)
+        steps.append(("+WPI", count))
+        return count
+
+    monkeypatch.setattr(kv, "get", getting)
+    monkeypatch.setattr(acks, "send_acks", renewing)
+    retry = slot_reader.SlotReader(p, SimpleNamespace(nc=None))  # type: ignore[arg-type]
+    retry.entry.ledger = Ledger(kv, lineage)
+
+    async def claiming() -> None:
+        await retry.claim()
+        await retry.stop_keeping()
+
+    scheduler.run(VirtualLoop(), claiming())
+    fence = steps.index(("fence read", p.pointer_key))
+    answered = steps.index(("fence read", "answered"))
+    assert steps[fence + 1 : answered] == [("+WPI", 2)] * 4
+
+
+def test_a_take_over_the_fence_refuses_keeps_nothing(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take-over's keeper rounds start as its write lands; when the fence then refuses the
+    claim (the attempt outlived its batch, settled meanwhile), what it took over is not its to
+    keep, and the rounds end with the claim."""
+    p = input_partition(lineage, ack_wait=0.6)
+    failed = claimed(kv, p)
+    take(failed, [1, 2])
+    run_sync(failed.release())
+    run_sync(write_pointer(kv, "query.S.g", Pointer(lineage, 2, settled=1)))
+    renewed: list[int] = []
+
+    async def renewing(nc: object, commands: list[bytes], count: int) -> int:
+        renewed.append(count)
+        return count
+
+    monkeypatch.setattr(acks, "send_acks", renewing)
+    retry = slot_reader.SlotReader(p, SimpleNamespace(nc=None))  # type: ignore[arg-type]
+    retry.entry.ledger = Ledger(kv, lineage)
+
+    async def claiming() -> list[int]:
+        with pytest.raises(LedgerConflict, match="outlived"):
+            await retry.claim()
+        refused = len(renewed)
+        await asyncio.sleep(2.0)
+        return renewed[refused:]
+
+    assert scheduler.run(VirtualLoop(), claiming()) == []
+    assert renewed  # the restarts before and as the take-over's write landed
+
+
 def test_an_attempt_restarts_the_wait_of_what_it_recorded_before_it_releases_its_entry(
     kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1128,6 +1203,49 @@ def test_the_driver_restarts_the_ack_wait_of_sealed_entries_only_before_it_runs_
         short.left,
         short.ack_wait,
     )
+
+
+def test_the_driver_keeps_a_released_entry_until_an_attempt_takes_it_over(
+    kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attempt Spark closed early releases its entry holding what it recorded, and the full
+    read's attempt that takes it over may start only after the early job's other task ends,
+    past the ack wait (seeds 280, 735 of the slow-ledger worlds with early stops): the keeper
+    restarts the wait of a released entry's deliveries as it does a sealed one's, dated a sixth
+    of the wait earlier (the taker may seal it right after the look): found open at 0 s (due
+    again from 6 s), restarted at 6 s and 12 s; taken over, its taker keeps it."""
+    now = [1000.0]
+    monkeypatch.setattr(clock, "_source", lambda: now[0])
+    restarted: list[int] = []
+
+    async def send(nc: object, commands: list[bytes], count: int) -> int:
+        assert all(command.endswith(b" 4\r\n+WPI\r\n") for command in commands)
+        restarted.append(count)
+        return count
+
+    monkeypatch.setattr(acks, "send_acks", send)
+    monkeypatch.setattr(ledger_protocol, "HOLD_QUIET", 60.0)
+    closed = claimed(kv, input_partition(lineage, 1))
+    take(closed, [1, 2])
+    ledger = driver(kv)
+    run_sync(ledger.adopt(SourceOffset(lineage, 1)))
+    keeper = SealedKeeper(lambda: CLIENT, ledger, ack_wait=12.0)
+
+    def look(at: float) -> int:
+        now[0] = 1000.0 + at
+        restarted.clear()
+        run_sync(keeper.renew())
+        return sum(restarted)
+
+    assert look(0) == 0  # open and held: its holder keeps it
+    run_sync(closed.release())
+    assert [look(t) for t in range(1, 6)] == [0] * 5
+    assert look(6) == 2
+    assert [look(t) for t in range(7, 12)] == [0] * 5
+    assert look(12) == 2
+    taker = attempt(kv, input_partition(lineage, 1))
+    run_sync(asyncio.wait_for(taker.claim(), 5))
+    assert [look(t) for t in range(13, 30)] == [0] * 17
 
 
 def test_the_sealed_keeper_reads_an_entry_only_once_its_wait_may_be_due(

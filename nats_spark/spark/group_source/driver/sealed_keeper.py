@@ -17,6 +17,14 @@ or the last read that found it open; after a restart, or once another lineage is
 entry may be due. A sealed entry stays sealed until acked, so it is read again only when due,
 and only then are its deliveries read. `+WPI` is not an ack, so it is safe before Spark
 commits.
+
+It keeps the entries an attempt released holding what it recorded (`awaits_taker`) the same
+way, until an attempt takes them over: the releasing attempt restarted their wait as it let them
+go, and nothing else keeps them while no attempt of their task runs. The full read of a batch
+that a job of the user's read first starts only once that job has ended, which an early-stopped
+task's sibling may hold up past the ack wait; another client of an overflow consumer then got
+a message the batch committed (seeds 280 and 735 of the slow-ledger worlds with early stops and
+a 4 s wait). A `+WPI` that comes after a taker took one over only keeps it longer.
 """
 
 from __future__ import annotations
@@ -54,7 +62,10 @@ class SealedKeeper(InProgressKeeper):
         self.looked = -math.inf  # when the previous look was (none yet: any entry may be due)
         # Entries not known acked at the last look: the earliest their ack wait may have started.
         self.started: dict[tuple[int, str], float] = {}
-        self.restarting: list[tuple[int, str]] = []  # what the round in progress restarts
+        # What the round in progress restarts: how much earlier than the round its wait may
+        # start once the round is confirmed (a released entry's taker may seal it after the
+        # head was read, with waits up to a sixth of the ack wait older: `SlotReader.seal`).
+        self.restarting: dict[tuple[int, str], float] = {}
 
     def shorten(self, ack_wait: float) -> None:
         """Keep entries under `ack_wait` from the next round on (a consumer with a shorter one
@@ -84,10 +95,13 @@ class SealedKeeper(InProgressKeeper):
         # The heads of all due entries at once, then the deliveries of those to restart at once:
         # a round of many slots or big entries must still end well within the wait it keeps.
         found = await all_results(read_head(ledger, *key) for key, _ in due)
-        self.restarting, kept = [], list[EntryHead]()
+        self.restarting, kept = {}, list[EntryHead]()
         for (key, entry), head_found in zip(due, found, strict=True):
             head = None if head_found is None else head_found[0]
-            if head is None or not protocol.content_fixed(head):
+            if head is not None and protocol.awaits_taker(head):
+                self.restarting[key] = self.wait * RESTART_AFTER
+                kept.append(head)
+            elif head is None or not protocol.content_fixed(head):
                 started[key] = now - self.wait * RESTART_AFTER  # it seals later, if ever
             elif protocol.known_acked(head):
                 del started[key]
@@ -95,7 +109,7 @@ class SealedKeeper(InProgressKeeper):
             elif not protocol.awaits_acks(head):
                 started[key] = math.inf  # sealed empty: nothing to keep
             else:
-                self.restarting.append(key)
+                self.restarting[key] = 0.0
                 kept.append(head)
         commands, count = list[bytes](), 0
         for deliveries in await read_all_deliveries(ledger, kept):
@@ -113,6 +127,6 @@ class SealedKeeper(InProgressKeeper):
         confirmed = self.renewed
         await super().renew()
         if self.renewed != confirmed:  # the round went out and the server has it
-            for key in self.restarting:
+            for key, earlier in self.restarting.items():
                 if key in self.started:
-                    self.started[key] = self.renewed
+                    self.started[key] = self.renewed - earlier
