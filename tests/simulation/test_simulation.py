@@ -76,17 +76,20 @@ ADVICE_CHECK, ADVICE_EXPLORED = range(0, 20), range(20, 300)
 # Seeds of a longer range that found a hole since closed (with what they ran under): each must
 # keep every guarantee. A change of the schedules makes them other schedules; the holes found
 # before are kept as mutants (mutants.py, test_mutants.py), which do not depend on seeds.
+# Another client of the overflow consumer, a job reading a batch's tasks first (Spark stops them
+# after their first rows), one message a pull, a 4 s wait, ledger answers up to 0.4 s.
+SLOW_LEDGER_EARLY_STOPS: dict[str, Any] = {
+    "other_client": True,
+    "early_stops": True,
+    "messages": 30,
+    "per_batch": 50,
+    "fetch_batch": 1,
+    "ack_wait": 4.0,
+    "slow_ledger": 0.1,
+}
 CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
     723: (
-        {
-            "other_client": True,
-            "early_stops": True,
-            "messages": 30,
-            "per_batch": 50,
-            "fetch_batch": 1,
-            "ack_wait": 4.0,
-            "slow_ledger": 0.1,
-        },
+        SLOW_LEDGER_EARLY_STOPS,
         "attempt b1/c#1#early recorded 11 and 12 (10.8), stalled 3.8 s in a head write (4 s "
         "wait), took both again (15.4), and Spark closed it (17.5): it NAKed them before its "
         "release (18.05); the full read's retry took the entry over and committed them, and the "
@@ -98,15 +101,7 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
     **dict.fromkeys(
         (280, 735),
         (
-            {
-                "other_client": True,
-                "early_stops": True,
-                "messages": 30,
-                "per_batch": 50,
-                "fetch_batch": 1,
-                "ack_wait": 4.0,
-                "slow_ledger": 0.1,
-            },
+            SLOW_LEDGER_EARLY_STOPS,
             "the late taker: Spark closed an early job's attempt, whose release restarted what "
             "it recorded and landed (735: 23-25 at 26.86), while the job's other task ran on "
             "past the 4 s wait (to 32.15); the other client got 24 and 25 (31.70) before the "
