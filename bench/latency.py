@@ -131,6 +131,12 @@ def _until(done: Callable[[], bool], timeout: float, query: Any = None) -> bool:
     return True
 
 
+def _idle(query: Any) -> bool:
+    """No batch runs, and the last trigger found no data."""
+    status = query.status
+    return not status["isTriggerActive"] and not status["isDataAvailable"]
+
+
 @contextlib.contextmanager
 def _running(df: Any, collector: InHand, trigger: float) -> Iterator[Any]:
     """A query of `df` into `collector` on a checkpoint of its own, stopped at the end."""
@@ -286,17 +292,26 @@ def partition_loop_case(
 
 
 def floor_case(spark: Any, partitions: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Spark's floor at `partitions` input partitions: batches back to back, nothing to read."""
+    """Spark's floor at `partitions` input partitions: batches back to back, nothing to read.
+
+    Its source is halted and the query left to go idle before it is stopped: a stop that
+    interrupts the `foreachBatch`'s `collect()` makes Spark match its interruption regex
+    (`StreamExecution.PROXY_ERROR`, one recursion a character) against the long Py4J error,
+    and the stream execution thread dies of a `StackOverflowError`."""
+    halted = tempfile.TemporaryDirectory(prefix="nats-spark-floor-")
+    halt = Path(halted.name, "halt")
     df = spark.readStream.format("latency_floor").option("partitions", partitions)
-    df = df.option("rows", args.floor_rows).load()
+    df = df.option("rows", args.floor_rows).option("halt", str(halt)).load()
     collector = InHand(stored="arrived")
-    with _running(df, collector, 0) as query:
+    with halted, _running(df, collector, 0) as query:
         _until(lambda: len(collector.batches) >= FLOOR_WARM_BATCHES, 300, query)
         started, before = time.time(), len(collector.batches)
         with ProcessSampler(SAMPLE_EVERY) as sampler:
             _until(lambda: time.time() - started >= args.floor_seconds, args.floor_seconds + 1)
             _until(lambda: len(collector.batches) >= before + 3, 300, query)
             measured = len(collector.batches) - before
+        halt.touch()
+        _until(lambda: _idle(query), 300, query)
     progress = progress_batches(query)
     warm = {b: p for b, p in progress.items() if p["started"] >= started}
     details = batch_details(warm, collector.batches, None, None)

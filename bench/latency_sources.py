@@ -10,7 +10,8 @@
   processes inherit it); nothing is noted where it is unset.
 - `latency_floor`: Spark's own floor, no NATS: every `latestOffset` is one more than the last,
   and each batch is `partitions` input partitions of `rows` rows, which stand for messages that
-  arrived evenly since the previous `latestOffset` (`arrived`).
+  arrived evenly since the previous `latestOffset` (`arrived`); once the file named by `halt`
+  exists, `latestOffset` stays where it is, so that the query can go idle before it is stopped.
 """
 
 from __future__ import annotations
@@ -87,15 +88,18 @@ class _FloorReader(DataSourceStreamReader):
     `latestOffset` and this one (the column `arrived`): what a source that plans a batch from
     what has arrived when Spark asks for its latest offset would read, at no cost."""
 
-    def __init__(self, partitions: int, rows: int) -> None:
-        self.count, self.rows = partitions, rows
+    def __init__(self, partitions: int, rows: int, halt: str) -> None:
+        self.count, self.rows, self.halt = partitions, rows, halt
+        self.latest: dict[str, float] | None = None
 
     def initialOffset(self) -> dict[str, float]:
         return {"at": 0, "t": time.time()}
 
     def latestOffset(self) -> dict[str, float]:
-        self.at = getattr(self, "at", 0) + 1
-        return {"at": self.at, "t": time.time()}
+        if self.latest is None or not os.path.exists(self.halt):
+            at = self.latest["at"] + 1 if self.latest else 1
+            self.latest = {"at": at, "t": time.time()}
+        return self.latest
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         return [InputPartition((i, start["t"], end["t"])) for i in range(self.count)]
@@ -119,4 +123,5 @@ class LatencyFloor(DataSource):
         return "partition INT, row INT, arrived DOUBLE"
 
     def streamReader(self, schema: Any) -> _FloorReader:
-        return _FloorReader(int(self.options["partitions"]), int(self.options["rows"]))
+        options = self.options
+        return _FloorReader(int(options["partitions"]), int(options["rows"]), options["halt"])
