@@ -1144,6 +1144,36 @@ def test_what_a_batch_run_again_holds_is_told_apart_from_what_was_committed(
     assert run_sync(ledger.held_seqs(["m1"], within, 1)) == ({1, 2}, set())
 
 
+class KeeperRounds:
+    """The driver's keeper (12 s ack wait) of batch 1's entry of `lineage`, claimed holding
+    `seqs`, on a clock of its own (`now`, from 1000 s); `look(at)` runs a round at `at` seconds
+    and counts the deliveries it restarted (each `+WPI`)."""
+
+    def __init__(
+        self, kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch, seqs: list[int]
+    ) -> None:
+        self.now = 1000.0
+        monkeypatch.setattr(clock, "_source", lambda: self.now)
+        self.restarted: list[int] = []
+        monkeypatch.setattr(acks, "send_acks", self._send)
+        self.entry = claimed(kv, input_partition(lineage, 1))
+        take(self.entry, seqs)
+        self.ledger = driver(kv)
+        run_sync(self.ledger.adopt(SourceOffset(lineage, 1)))
+        self.keeper = SealedKeeper(lambda: CLIENT, self.ledger, ack_wait=12.0)
+
+    async def _send(self, nc: object, commands: list[bytes], count: int) -> int:
+        assert all(command.endswith(b" 4\r\n+WPI\r\n") for command in commands)
+        self.restarted.append(count)
+        return count
+
+    def look(self, at: float) -> int:
+        self.now = 1000.0 + at
+        self.restarted.clear()
+        run_sync(self.keeper.renew())
+        return sum(self.restarted)
+
+
 def test_the_driver_restarts_the_ack_wait_of_sealed_entries_only_before_it_runs_short(
     kv: MemoryBucket, lineage: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1152,47 +1182,27 @@ def test_the_driver_restarts_the_ack_wait_of_sealed_entries_only_before_it_runs_
     left (`SlotReader.seal`): it expires at 10 s at the earliest. It is restarted at the first look
     after which less than a third (4 s) would be left at the next look: at 6 s; then again at
     14 s. A keeper's first look (a restarted driver) restarts every sealed entry at once."""
-    now = [1000.0]
-    monkeypatch.setattr(clock, "_source", lambda: now[0])
-    restarted: list[int] = []
-
-    async def send(nc: object, commands: list[bytes], count: int) -> int:
-        assert all(command.endswith(b" 4\r\n+WPI\r\n") for command in commands)
-        restarted.append(count)
-        return count
-
-    monkeypatch.setattr(acks, "send_acks", send)
-    entry = claimed(kv, input_partition(lineage, 1))
-    take(entry, [1, 2, 3])
-    ledger = driver(kv)
-    run_sync(ledger.adopt(SourceOffset(lineage, 1)))
-    keeper = SealedKeeper(lambda: CLIENT, ledger, ack_wait=12.0)
-
-    def look(at: float) -> int:
-        now[0] = 1000.0 + at
-        restarted.clear()
-        run_sync(keeper.renew())
-        return sum(restarted)
-
+    rounds = KeeperRounds(kv, lineage, monkeypatch, [1, 2, 3])
+    look, ledger = rounds.look, rounds.ledger
     assert look(0) == 0  # open: nothing to keep
-    run_sync(entry.seal())
+    run_sync(rounds.entry.seal())
     assert [look(t) for t in range(1, 6)] == [0] * 5
     assert look(6) == 3
     assert [look(t) for t in range(7, 14)] == [0] * 7
     assert look(14) == 3
 
     again = SealedKeeper(lambda: CLIENT, ledger, ack_wait=12.0)
-    now[0] = 1012.0
+    rounds.now = 1012.0
     wpi = [b"$JS.ACK.S.c1.1.%d.%d.0.0" % (s, s) for s in (1, 2, 3)]
     assert run_sync(again.due()) == (acks.ack_commands(wpi, acks.IN_PROGRESS), 3)
 
     # Under a short ack wait (3 s: a look every 0.25 s) two thirds are kept: restarted at the
     # second look that finds it sealed, as before.
     short = SealedKeeper(lambda: CLIENT, ledger, ack_wait=3.0)
-    now[0] = 2000.0
-    short.lineage, short.looked, short.started = lineage, now[0] - 0.25, {}  # not sealed then
+    rounds.now = 2000.0
+    short.lineage, short.looked, short.started = lineage, rounds.now - 0.25, {}  # not sealed then
     assert run_sync(short.due()) == ([], 0)
-    now[0] += 0.25
+    rounds.now += 0.25
     assert run_sync(short.due())[1] == 3
 
     # Shortened once a consumer with a shorter wait comes into view: as if started with it.
@@ -1214,31 +1224,11 @@ def test_the_driver_keeps_a_released_entry_until_an_attempt_takes_it_over(
     restarts the wait of a released entry's deliveries as it does a sealed one's, dated a sixth
     of the wait earlier (the taker may seal it right after the look): found open at 0 s (due
     again from 6 s), restarted at 6 s and 12 s; taken over, its taker keeps it."""
-    now = [1000.0]
-    monkeypatch.setattr(clock, "_source", lambda: now[0])
-    restarted: list[int] = []
-
-    async def send(nc: object, commands: list[bytes], count: int) -> int:
-        assert all(command.endswith(b" 4\r\n+WPI\r\n") for command in commands)
-        restarted.append(count)
-        return count
-
-    monkeypatch.setattr(acks, "send_acks", send)
     monkeypatch.setattr(ledger_protocol, "HOLD_QUIET", 60.0)
-    closed = claimed(kv, input_partition(lineage, 1))
-    take(closed, [1, 2])
-    ledger = driver(kv)
-    run_sync(ledger.adopt(SourceOffset(lineage, 1)))
-    keeper = SealedKeeper(lambda: CLIENT, ledger, ack_wait=12.0)
-
-    def look(at: float) -> int:
-        now[0] = 1000.0 + at
-        restarted.clear()
-        run_sync(keeper.renew())
-        return sum(restarted)
-
+    rounds = KeeperRounds(kv, lineage, monkeypatch, [1, 2])
+    look = rounds.look
     assert look(0) == 0  # open and held: its holder keeps it
-    run_sync(closed.release())
+    run_sync(rounds.entry.release())
     assert [look(t) for t in range(1, 6)] == [0] * 5
     assert look(6) == 2
     assert [look(t) for t in range(7, 12)] == [0] * 5
