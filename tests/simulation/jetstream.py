@@ -515,10 +515,11 @@ class Server:
         for consumer in self.consumers.values():
             consumer.restart(self.now())
 
-    def purge_acked(self) -> int:
+    def purge_acked(self, keep_from: int) -> int:
         """Remove the messages every consumer has acked (a purge through the lowest ack floor,
-        as an operator or a work-queue stream's retention would); the new first sequence."""
-        floor = min(c.ack_floor() for c in self.consumers.values())
+        as an operator or a work-queue stream's retention would) below `keep_from`; the new
+        first sequence."""
+        floor = min([keep_from - 1, *(c.ack_floor() for c in self.consumers.values())])
         self.stream.first_seq = max(self.stream.first_seq, floor + 1)
         self.serve()
         return self.stream.first_seq

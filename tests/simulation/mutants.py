@@ -44,6 +44,7 @@ SLOT_PULLS = "nats_spark.spark.group_source.task.slot_pulls"
 ACCEPTANCE = "nats_spark.spark.group_source.task.acceptance"
 ACKS = "nats_spark.jetstream.acks"
 REPLIES = "nats_spark.jetstream.replies"
+SLOT_PARTITION = "nats_spark.spark.group_source.slot_partition"
 WORLD = "tests.simulation.world"
 SIM_JETSTREAM = "tests.simulation.jetstream"
 # Worlds on Spark 4.2+'s call order and on 4.0/4.1's (`spark.V42`, `spark.V40`, spelled again
@@ -242,10 +243,11 @@ GIVE_BACKS_BETWEEN_LOST_ANSWERS = (
 # a batch's task takes marked messages from the consumer created again before it refuses it,
 # and a purge takes what the advised consumer passed (seed 2550's mechanism). Seeds of 0-999
 # catch `found-consumer-drops-acked-marks` (48), `marks-the-batch-holds-refused` (41) and
-# `refusal-advises-past-the-batch` (12). 47 are refused again unmutated (2026-12-01, seed 8 the
-# first): the advice, bounded by the first message the batch run again holds, lies below marks
-# of an earlier checkpoint's acks that the batch does not hold, and the consumer created there
-# is refused with the same advice (no start reads exactly once there; the query stops loudly).
+# `refusal-advises-past-the-batch` (12). 46 were refused again unmutated until helper-84
+# (2026-12-01): an advice bounded by the first message the batch run again holds lay below marks
+# of an earlier checkpoint's acks that nothing held (seed 8; `advice-delivers-marks-again`, 33),
+# or a 4.0/4.1 availableNow run's first look refused the consumer created as advised knowing
+# nothing of that batch (seed 42; `consumer-judged-before-the-checkpoint-is-told`, 9).
 ADVICE_AFTER_LOST_ACKS = (
     ("recreate_consumer", True),
     ("follows_advice", True),
@@ -1420,7 +1422,7 @@ MUTANTS = (
         (
             Patch(
                 CONSUMER_CHECKS,
-                "            earlier = self.acked_earlier.get((stream, name), frozenset())\n",
+                "            earlier = self.marks(stream, name)\n",
                 "            earlier = frozenset()\n",
             ),
         ),
@@ -1543,6 +1545,41 @@ MUTANTS = (
         # checkpoints at 70% of the runs, half the sink's writes failing, drivers dying), more
         # than half a 30 s wait after it: helper-69's world of 1656.
         edit=(*ACKS_LOST_UNDER_NEW_CHECKPOINTS, ("chaos", Chaos(driver_crash=0.1, crashes=6))),
+    ),
+    Mutant(
+        "advice-delivers-marks-again",
+        "a refusal's advice, bounded by the first message the batch run again holds, lay below "
+        "what a query on an earlier checkpoint acked that nothing of this query held: the "
+        "consumer created there delivers that again, and was refused with the same advice, for "
+        "ever (seed 8 of the worlds whose operator follows the advice, after lost acks)",
+        (
+            Patch(
+                SLOT_PARTITION,
+                "        again = sorted(\n"
+                "            seq for seq in self.acked_earlier if seq >= first and seq not in "
+                "replayed | set(held)\n"
+                "        )\n",
+                "        again: list[int] = []\n",
+            ),
+        ),
+        edit=ADVICE_AFTER_LOST_ACKS,
+    ),
+    Mutant(
+        "consumer-judged-before-the-checkpoint-is-told",
+        "Spark 4.0/4.1's availableNow run asks latestOffset() before setLatestSeenOffset: its "
+        "driver judged a consumer created again knowing neither what the query committed nor "
+        "what the batch it runs again holds, refused the one created where a task's refusal "
+        "said for marks that batch held, and advised a start past the batch, which a purge "
+        "then took (seeds 42, 280, 614 of the worlds whose operator follows the advice, after "
+        "lost acks)",
+        (
+            Patch(
+                BATCH_COORDINATOR,
+                "        told = start is not None or self.current is not None",
+                "        told = True",
+            ),
+        ),
+        edit=ADVICE_AFTER_LOST_ACKS,
     ),
     Mutant(
         "packed-slots-out-of-order",

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.simulation.mutants import (
+    ADVICE_AFTER_LOST_ACKS,
     BY_NAME,
     REDELIVERED_TO_STOPPED_QUERIES,
     ROOT,
@@ -579,6 +580,20 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         )
         for seed in (1958, 2452)
     },
+    8: (
+        dict(ADVICE_AFTER_LOST_ACKS),
+        "the advice bounded by what the batch run again held (3-4), --deliver 3, lay below 5-6, "
+        "which an earlier checkpoint's query acked and nothing of this one held: the consumer "
+        "created there was refused with the same advice, for ever. It is now --deliver 7, with "
+        "3-4 to keep in the stream until committed (helper-84, 2026-12-01)",
+    ),
+    614: (
+        dict(ADVICE_AFTER_LOST_ACKS),
+        "a 4.0/4.1 availableNow run's first latestOffset(), before setLatestSeenOffset, judged "
+        "the consumer created where a task's refusal said knowing nothing of the batch run "
+        "again, refused it for marks that batch held and advised past it; that look now leaves "
+        "it to the batch's run again (helper-84, 2026-12-01)",
+    ),
     2550: (
         {"recreate_consumer": True, "follows_advice": True},
         "a refusal advised --deliver 6, past 4-5 that the refused batch 0 held (a purge of what "

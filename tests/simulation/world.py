@@ -38,7 +38,12 @@ from nats_spark.spark.group_source.ledger import Ledger, TakenOver
 from nats_spark.spark.group_source.options import parse_options
 from nats_spark.spark.group_source.packed_heads import task_layouts
 from nats_spark.spark.group_source.runtime import Runtime, SeenEntries
-from nats_spark.spark.group_source.slot_partition import PackedSlots, Recreation, SlotPartition
+from nats_spark.spark.group_source.slot_partition import (
+    UNBOUNDED,
+    PackedSlots,
+    Recreation,
+    SlotPartition,
+)
 from nats_spark.spark.group_source.task.slot_reader import (
     SlotReader,
     packed_batches,
@@ -329,11 +334,16 @@ class Target:
         operator follows (`ADVICE`)."""
         start = self.seen.next_after_acked(slot.stream, slot.consumer)
         return Recreation(
-            f"recreate {slot.consumer} with --deliver ", start, ", then restart the query"
+            f"recreate {slot.consumer} with --deliver ",
+            start,
+            ", then restart the query",
+            self.seen.marks(slot.stream, slot.consumer),
         )
 
 
 ADVICE = re.compile(r"recreate (\S+) with --deliver (\d+), then restart the query")
+# What an advice says to keep in the stream until the query has committed it.
+KEPT = re.compile(r"keep stream sequences ([\d, -]+) \(do not purge them\)")
 # A refusal of a consumer created again past a message gone from the stream, which the query
 # cannot tell of another subject (`consumer_checks.start_refusal`).
 GONE_UNREAD = re.compile(
@@ -400,10 +410,14 @@ class World:
         self.reading_done = False  # the last run has stopped: other clients stop too
         self.stopped = False  # the last run was stopped while a batch's tasks ran
         self.recreated = False  # whether the operator deleted a consumer and created it again
-        self.advised = False  # the operator followed a refusal's advice since the last recreation
+        # the operator followed a refusal's advice since the last recreation or new checkpoint
+        self.advised = False
         self.advice_followed = 0
         # The stream's first sequence when the operator last followed a refusal's advice.
         self.first_seq_advised = 0
+        # Stream sequences an advice followed said to keep in the stream (unpurged) until the
+        # query has committed them (`Recreation.starting_by`).
+        self.kept: set[int] = set()
         self.restarting = False  # the last run was refused and the operator followed its advice
         self.driver: Participant | None = None  # the last query run's
         self.runs: dict[Participant, Query] = {}  # each query run's, by its driver
@@ -510,7 +524,7 @@ class World:
             if self.quiet:  # the last run's faults ended while this slept
                 break
             if setup.purges:
-                first = self.server.purge_acked()
+                first = self.server.purge_acked(self._keep_from())
                 sched.note(f"purge: the stream's first sequence is {first}")
             if setup.recreate_consumer and sched.now >= recreate_at and self._query_runs():
                 consumer = self.consumers[0]
@@ -529,6 +543,12 @@ class World:
 
         other = OtherClient(self.sched, self.server, consumer, self.other, took)
         self.observed.others.add(other.start(lambda: self.reading_done))
+
+    def _keep_from(self) -> int:
+        """The first stream sequence an advice followed said to keep that the live checkpoint
+        has not committed yet: a purge stops below it (`UNBOUNDED`: none)."""
+        self.kept -= set(self.observed.in_sinks[-1])
+        return min(self.kept, default=UNBOUNDED)
 
     def _query_runs(self) -> bool:
         return self.driver is not None and not self.driver.finished.done()
@@ -650,7 +670,13 @@ class World:
         runs, replaced = 0, False
         while sched.now < chaos_time or not publishing.done():
             runs += 1
-            if runs > 1 and (replaced or self.side.random() < setup.new_checkpoint):
+            # An operator who followed a refusal's advice restarts the query, on its checkpoint:
+            # an advice bounded by what a batch not committed holds is for its run again. A new
+            # checkpoint later gives that batch back, and what it held is no longer read again,
+            # so the start advised may be refused then (seed 425), which is no wrong advice.
+            new = runs > 1 and (replaced or self.side.random() < setup.new_checkpoint)
+            if new and not self.restarting:
+                self.advised = False
                 self.checkpoint = Checkpoint()
                 self.observed.new_checkpoint()
                 sched.note("a new checkpoint: the next run starts without offsets")
@@ -716,6 +742,14 @@ class World:
         name, start = advice.group(1), int(advice.group(2))
         self.sched.note(f"the operator creates {name} again with --deliver {start}")
         self.server.consumers[name].start_over(self.sched.now, start)
+        kept = KEPT.search(refusal)
+        if kept is not None:
+            self.sched.note(f"the operator keeps stream sequences {kept.group(1)}")
+            self.kept |= {
+                seq
+                for span in kept.group(1).split(", ")
+                for seq in range(int(span.split("-")[0]), int(span.split("-")[-1]) + 1)
+            }
         self.advised, self.advice_followed = True, self.advice_followed + 1
         self.first_seq_advised = self.stream.first_seq
         return True

@@ -3,7 +3,7 @@ several slots packed into one (`PackedSlots`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import InputPartition
@@ -34,16 +34,18 @@ class Recreation:
     created again: the advice `before` + a stream sequence + `after`, which names where the
     consumer is to start again: `start` (right after what the query acked,
     `SeenConsumers.next_after_acked`), or the first sequence a batch not committed yet holds in
-    its entries below it (`starting_by`)."""
+    its entries below it (`starting_by`). `acked_earlier`: what a query on an earlier checkpoint
+    acked of the consumer (`SeenConsumers.acked_earlier`), all below `start`."""
 
     before: str
     start: int
     after: str = ""
+    acked_earlier: frozenset[int] = frozenset()
 
     def __str__(self) -> str:
         return self.starting_by(())
 
-    def starting_by(self, replayed: Iterable[int]) -> str:
+    def starting_by(self, replayed: Iterable[int], held: Collection[int] = ()) -> str:
         """The advice, its start no later than the first of `replayed`: what a batch logged and
         not committed yet holds in its entries, which its run again replays from the stream. A
         consumer created past them takes them as acked, and what purges acked messages (an
@@ -51,8 +53,48 @@ class Recreation:
         (`DataLoss` at every run: seed 2550 of the simulation's worlds whose operator follows
         the advice); one created at them delivers them again, which the batch's entries drop
         (a static group's, which the query creates there, is judged knowing that:
-        `SeenConsumers.place`)."""
-        return f"{self.before}{min([self.start, *replayed])}{self.after}"
+        `SeenConsumers.place`). But one created there delivers again what an earlier
+        checkpoint's query acked above it that neither the batch nor the ledger (`held`: what
+        else it knows the query's entries hold) holds, which nothing drops, and is refused with
+        this same advice (seed 8 of those worlds). No start reads exactly once then unless the
+        stream keeps the batch's messages: the advice is `start`, past both, and says to keep
+        those until the query has committed them."""
+        replayed = set(replayed)
+        first = min([self.start, *replayed])
+        again = sorted(
+            seq for seq in self.acked_earlier if seq >= first and seq not in replayed | set(held)
+        )
+        if not again:
+            return f"{self.before}{first}{self.after}"
+        kept = sorted(seq for seq in replayed if seq < self.start)
+        return (
+            f"{self.before}{self.start}{self.after}, and keep stream sequences {spans(kept)} "
+            f"(do not purge them) until the query has committed them: {NO_EXACT_START} without "
+            f"them, since the batch it runs again replays them, and a consumer that starts at or "
+            f"before {again[-1]} delivers again what a query on an earlier checkpoint acked "
+            f"({spans(again)})"
+        )
+
+
+# A refusal of a consumer created again that no start reads on exactly for sure: the line names
+# what each start costs (`consumer_checks.start_refusal`, `Recreation.starting_by`).
+NO_EXACT_START = "no start reads exactly once"
+
+
+def seq_spans(seqs: Iterable[int]) -> list[list[int]]:
+    """Stream sequences as [first, last] spans of consecutive ones, in order."""
+    runs: list[list[int]] = []
+    for seq in sorted(seqs):
+        if runs and runs[-1][1] == seq - 1:
+            runs[-1][1] = seq
+        else:
+            runs.append([seq, seq])
+    return runs
+
+
+def spans(seqs: Iterable[int]) -> str:
+    """Stream sequences as a line names them: `3-4, 7`."""
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in seq_spans(seqs))
 
 
 @dataclass(frozen=True)

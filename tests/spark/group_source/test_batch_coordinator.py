@@ -366,7 +366,8 @@ def test_each_driver_that_runs_a_batch_again_tells_its_tasks_of_a_consumer_creat
     first, server, kv = driver
     start, end = first_batch_then_its_consumer_created_again(checking(first), server, kv)
     second = checking(driver_of(server, kv))
-    run_sync(second.latest_offset(None, None))  # Spark 4.0/4.1's availableNow asks first
+    run_sync(second.partitions(end, end))  # Spark 4.0/4.1's `setLatestSeenOffset`
+    run_sync(second.latest_offset(None, None))
     pointer = run_sync(read_pointer(kv, second.ledger.pointer_key))
     assert pointer is not None
     assert pointer.consumers["S"][SLOTS[0].consumer][0] == "2026-11-30T01:05:00Z"
@@ -383,6 +384,28 @@ def test_each_driver_that_runs_a_batch_again_tells_its_tasks_of_a_consumer_creat
         run_sync(reader.close())
 
 
+def test_a_first_latest_offset_before_the_checkpoint_is_known_leaves_a_consumer_to_the_run_again(
+    driver: tuple[BatchCoordinator, Server, MemoryBucket],
+) -> None:
+    """Spark 4.0/4.1's availableNow run asks `latestOffset()` before `setLatestSeenOffset`: its
+    driver knows neither what the query committed nor what the logged batch holds, and leaves
+    the consumer created again unjudged (the pointer keeps the old sighting) to the batch's run
+    again, which takes it and tells the tasks (seeds 42, 280 and 614 of the simulation's worlds
+    whose operator follows the advice: that look refused a consumer created where a task's
+    refusal said, for marks the batch held, and advised a start past the batch)."""
+    first, server, kv = driver
+    start, end = first_batch_then_its_consumer_created_again(checking(first), server, kv)
+    second = checking(driver_of(server, kv))
+    run_sync(second.latest_offset(None, None))
+    pointer = run_sync(read_pointer(kv, second.ledger.pointer_key))
+    assert pointer is not None
+    assert pointer.consumers["S"][SLOTS[0].consumer][0] == "2026-11-30T01:00:00Z"
+    told = [("partition-0", True), ("partition-1", False)]
+    assert started_over(run_sync(second.partitions(start, end))) == told
+    for reader in (first, second):
+        run_sync(reader.close())
+
+
 def test_a_planning_that_refuses_a_consumer_writes_that_one_taken_before_started_over(
     driver: tuple[BatchCoordinator, Server, MemoryBucket],
 ) -> None:
@@ -392,11 +415,12 @@ def test_a_planning_that_refuses_a_consumer_writes_that_one_taken_before_started
     consumer started over after batch 1 was planned (a next driver, which takes that sighting
     as seen, tells a run of batch 1 again: `DriverLedger.started_over`)."""
     first, server, kv = driver
-    first_batch_then_its_consumer_created_again(checking(first), server, kv)
+    _, end = first_batch_then_its_consumer_created_again(checking(first), server, kv)
     created_again = server.consumers[SLOTS[1].consumer]
     created_again["created"] = "2026-11-30T01:05:00Z"
     created_again["config"]["deliver_policy"] = "new"
     second = checking(driver_of(server, kv))
+    run_sync(second.partitions(end, end))  # Spark 4.0/4.1's `setLatestSeenOffset`
     with pytest.raises(ConfigurationError, match="deliver policy new"):
         run_sync(second.latest_offset(None, None))
     pointer = run_sync(read_pointer(kv, second.ledger.pointer_key))

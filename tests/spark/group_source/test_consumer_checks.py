@@ -356,6 +356,34 @@ def test_what_a_batch_run_again_holds_counts_as_read_and_bounds_the_advised_star
     seen.look("S", "C", created_again(3), GO_ON, replayed)
 
 
+def test_an_advice_below_marks_the_batch_does_not_hold_says_to_keep_what_it_holds() -> None:
+    """Seed 8 of the simulation's worlds whose operator follows the advice: a query on an
+    earlier checkpoint acked 1-6 (their acks lost to server restarts: floor 0); this one
+    committed 1-2 again, and the batch it runs again took 3-4 before the consumer was created
+    again. The advice bounded by what the batch holds (3) delivers 5-6 again, which nothing
+    drops: a consumer created there was refused with that same advice, for ever. No start reads
+    exactly once unless the stream keeps 3-4 for the batch: the advice is 7, past both, saying
+    so, and a consumer created there is read on; a task's refusal, which knows only what the
+    batch holds, says the same."""
+    seen = remembered(0)
+    seen.given_back({("S", "C"): range(1, 7)})
+    go_on = Recreation("go on from ", seen.next_after_acked("S", "C"), "", seen.marks("S", "C"))
+    skipped = Skipped({1, 2, 3, 4}, replayed={3, 4})
+    advice = (
+        "go on from 7, and keep stream sequences 3-4 (do not purge them) until the query has "
+        "committed them: no start reads exactly once without them, since the batch it runs "
+        "again replays them, and a consumer that starts at or before 6 delivers again what a "
+        "query on an earlier checkpoint acked (5-6)"
+    )
+    for floor in (0, 2):  # created again (DeliverAll), then where the old advice said
+        with pytest.raises(ConfigurationError) as refused:
+            seen.look("S", "C", created_again(floor), go_on, skipped)
+        assert str(refused.value).endswith(advice)
+    assert go_on.starting_by({3, 4}) == advice
+    assert go_on.starting_by({5, 6}) == "go on from 5", "the batch holds what is marked above"
+    seen.look("S", "C", created_again(6), go_on, skipped)
+
+
 def test_what_an_earlier_checkpoint_acked_is_marked_only_above_the_floor_seen() -> None:
     """The pointer's spans come back (`restore_acked_earlier`) with those taken since; what is
     at or below the floor seen is kept not (a new consumer below that floor is refused anyway),
@@ -512,7 +540,8 @@ def test_a_consumer_placed_below_the_marks_with_no_sighting_is_judged_as_placed(
     checkpoint's), a consumer the query placed below the pointer's marks (4-5) is judged as
     placed: refused when the ledger does not hold them again (the caller deletes it, so the
     next run creates it again where it is told), its advice no later than what a batch run
-    again holds; read on when that batch holds them."""
+    again holds unless that start delivers marks nothing holds; read on when that batch holds
+    them."""
     consumer = static_partition_consumer()
     name = consumer.name
     seen = SeenConsumers()
@@ -526,10 +555,18 @@ def test_a_consumer_placed_below_the_marks_with_no_sighting_is_judged_as_placed(
         "it acked, or at the first one a batch not committed yet holds (the option applies only "
         "to consumers it creates)"
     )
-    for skipped, start in [(Skipped(), 6), (Skipped({4}, replayed={4}), 4)]:
+    # Held by the batch run again, 4 bounds the advice only where 5 is held too: 4 delivers 5
+    # again, so it is 6 then, with 4 to keep (`Recreation.starting_by`).
+    keep = (
+        ", and keep stream sequences 4 (do not purge them) until the query has committed them: "
+        "no start reads exactly once without them, since the batch it runs again replays them, "
+        "and a consumer that starts at or before 5 delivers again what a query on an earlier "
+        "checkpoint acked (5)"
+    )
+    for skipped, end in [(Skipped(), ""), (Skipped({4}, replayed={4}), keep)]:
         with pytest.raises(PlacedPastAcked) as refused:
             seen.look("S", name, placed, GO_ON, skipped)
-        assert str(refused.value) == line.format(start)
+        assert str(refused.value) == line.format(6) + end
     seen.look("S", name, placed, GO_ON, Skipped({4, 5}, replayed={4, 5}))
     seen.look("S", name, placed, GO_ON)  # judged once: what the batch took is its own now
 

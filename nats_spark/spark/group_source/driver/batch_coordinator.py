@@ -204,6 +204,7 @@ class BatchCoordinator:
             self.states[name] = replace(state, end_seq=info.last_seq)
 
     async def latest_offset(self, start: SourceOffset | None, max_rows: int | None) -> SourceOffset:
+        told = start is not None or self.current is not None  # the checkpoint's position
         await self._adopt(start)
         pins_before = dict(self.ledger.pins)
         if start is not None:
@@ -212,7 +213,7 @@ class BatchCoordinator:
         resolved = await self._resolve()
         before = self.states
         try:
-            await self._observe(client, resolved)
+            await self._observe(client, resolved, judged=told)
         except ConfigurationError:  # refused: a consumer created again, say
             # The next start judges the consumers against the pointer's sightings: it must see
             # them as this driver did, whose refusal advises where to create one again (the
@@ -242,9 +243,10 @@ class BatchCoordinator:
         self._keep_sealed()
         return self.current
 
-    async def _observe(self, client: NatsClient, resolved: list[Slot]) -> None:
+    async def _observe(self, client: NatsClient, resolved: list[Slot], judged: bool) -> None:
         """Look at the consumers of the `resolved` slots and at what the ledger holds of them
-        into their states, then let the ledger forget the entries that settled."""
+        into their states, then let the ledger forget the entries that settled; `judged`: see
+        `_seen`."""
         first_seqs: dict[str, int] = {}
         unacked = self.ledger.unacked()
         acked_first = self.ledger.committed_unacked(self.committed)
@@ -252,9 +254,10 @@ class BatchCoordinator:
         infos = await self.listing.infos(client, resolved, lambda s: self._consumer_info(client, s))
         with self._looking():
             for slot, info in zip(resolved, infos, strict=True):
-                seen = await self._seen(client, slot, info)
+                seen = await self._seen(client, slot, info, judged=judged)
                 if await self._release_dead_pin(client, slot, seen):
-                    seen = await self._look(client, slot)
+                    info = await self._consumer_info(client, slot)
+                    seen = await self._seen(client, slot, info, judged=judged)
                 if self.ledger.entries and slot.stream not in first_seqs:  # else none to settle
                     stream = await self._stream_info(client, slot.stream)
                     first_seqs[slot.stream] = stream.first_seq
@@ -382,19 +385,34 @@ class BatchCoordinator:
             return await client.api.consumer_info(slot.stream, slot.consumer)
 
     async def _seen(
-        self, client: NatsClient, slot: Slot, info: ConsumerInfo, logged: int = 0
+        self,
+        client: NatsClient,
+        slot: Slot,
+        info: ConsumerInfo,
+        logged: int = 0,
+        judged: bool = True,
     ) -> ConsumerSeen:
         """`info` checked by the target (its config, and that the consumer was not created
-        again since, or safely so), as planning uses it, or as batch `logged` runs again."""
-        skipped = await self._skipped(client, slot, info, logged)
-        try:
-            self.target.look(slot, info, skipped)
-        except PlacedPastAcked:
-            # The query created it (`SeenConsumers.place`): deleted, the next run creates it
-            # again where it is told; left, it would be taken as it is, judged no more.
-            with contextlib.suppress(NotFound):
-                await client.api.delete_consumer(slot.stream, slot.consumer)
-            raise
+        again since, or safely so), as planning uses it, or as batch `logged` runs again.
+        `judged` False: a look before Spark told the driver its checkpoint (4.0/4.1's first
+        `latestOffset()` of an availableNow run, before `setLatestSeenOffset`), which knows
+        neither what the query committed nor what a batch run again holds, so it would refuse
+        a consumer created where a refusal said, holding what that batch holds as never read
+        again, and advise a start past the batch (seed 280 of the worlds whose operator follows
+        the advice: a purge then took it, and the batch failed on `DataLoss` at every run). It
+        leaves a consumer created again unjudged (its sighting remembered) to the first look
+        that knows: the batch's run again (`_look_unseen`), or the next planning."""
+        seen = self.target.seen
+        if judged or seen.skipped(slot.stream, slot.consumer, info) is None:
+            skipped = await self._skipped(client, slot, info, logged)
+            try:
+                self.target.look(slot, info, skipped)
+            except PlacedPastAcked:
+                # The query created it (`SeenConsumers.place`): deleted, the next run creates
+                # it again where it is told; left, it would be taken as it is, judged no more.
+                with contextlib.suppress(NotFound):
+                    await client.api.delete_consumer(slot.stream, slot.consumer)
+                raise
         return ConsumerSeen(
             pending=info.num_pending,
             ack_pending=info.num_ack_pending,

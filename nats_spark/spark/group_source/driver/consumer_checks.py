@@ -17,7 +17,12 @@ from nats_spark.errors import (
 )
 from nats_spark.jetstream.api import JetStreamApi
 from nats_spark.jetstream.replies import ConsumerInfo, created_later
-from nats_spark.spark.group_source.slot_partition import UNBOUNDED, Recreation
+from nats_spark.spark.group_source.slot_partition import (
+    NO_EXACT_START,
+    UNBOUNDED,
+    Recreation,
+    seq_spans,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -102,11 +107,6 @@ MOVED_CREATION = (
 )
 
 
-# The refusal of a consumer created again that no start would read on exactly: the line names
-# the two starts and what each costs, and advises neither (the advice would be refused too).
-NO_EXACT_START = "no start reads exactly once"
-
-
 def start_refusal(
     before: Sighting, info: ConsumerInfo, skipped: Skipped, acked_earlier: Collection[int] = ()
 ) -> str | None:
@@ -181,19 +181,21 @@ def placed_past_acked(
     start: int,
     acked_through: int,
     way_on: Recreation,
-    replayed: Collection[int],
+    skipped: Skipped,
 ) -> PlacedPastAcked:
     """The refusal of a consumer the query created at `start`, below `acked_through`; its way
-    on no later than the first of `replayed` (what a batch run again holds)."""
+    on no later than the first of what a batch run again holds (`skipped.replayed`)."""
     return PlacedPastAcked(
         f"consumer {name!r} on stream {stream!r} was to start at stream sequence {start}, but "
         f"a query on an earlier checkpoint acked messages up to stream sequence {acked_through} "
         "of it, which it would deliver again; the source deleted it: to read nothing twice, "
-        f"{way_on.starting_by(replayed)}"
+        f"{way_on.starting_by(skipped.replayed, skipped.committed)}"
     )
 
 
-def restart_at(start: int, before: str = "") -> Recreation:
+def restart_at(
+    start: int, before: str = "", acked_earlier: frozenset[int] = frozenset()
+) -> Recreation:
     """How a static group's deleted consumer comes back exactly: created by the query right
     after the last message it acked (`SeenConsumers.next_after_acked`), or at the first one a
     batch logged and run again holds (`Recreation.starting_by`), after `before`."""
@@ -202,6 +204,7 @@ def restart_at(start: int, before: str = "") -> Recreation:
         start,
         ", so it creates the consumer right after the last message it acked, or at the first one "
         "a batch not committed yet holds (the option applies only to consumers it creates)",
+        acked_earlier,
     )
 
 
@@ -310,11 +313,17 @@ class SeenConsumers:
 
     def stored_acked_earlier(self) -> dict[str, dict[str, list[list[int]]]]:
         """`acked_earlier` by stream and name, as the pointer keeps it: [first, last] spans."""
-        return _by_stream({key: _spans(seqs) for key, seqs in sorted(self.acked_earlier.items())})
+        return _by_stream(
+            {key: seq_spans(seqs) for key, seqs in sorted(self.acked_earlier.items())}
+        )
+
+    def marks(self, stream: str, name: str) -> frozenset[int]:
+        """`acked_earlier` of the consumer."""
+        return self.acked_earlier.get((stream, name), frozenset())
 
     def acked_through(self, stream: str, name: str) -> int:
         """The highest stream sequence of `acked_earlier` of the consumer (0: none)."""
-        return max(self.acked_earlier.get((stream, name), ()), default=0)
+        return max(self.marks(stream, name), default=0)
 
     def record(self, stream: str, name: str, info: ConsumerInfo, placed: bool = True) -> None:
         """A consumer the query found or (re)created itself: checked, and its identity kept.
@@ -384,13 +393,15 @@ class SeenConsumers:
         before = self.last_seen(stream, name)
         created = info.get("created") or ""
         if recreation is not None and before is not None and created_later(created, before.created):
-            earlier = self.acked_earlier.get((stream, name), frozenset())
+            earlier = self.marks(stream, name)
             harm = start_refusal(before, info, skipped, earlier)
             if harm is not None:
                 when = "while the query was stopped" if remembered else "while the query ran"
                 evidence = f"created {before.created}, now {created}; {MOVED_CREATION}"
                 exact = harm.startswith(NO_EXACT_START)
-                way_on = "" if exact else recreation.starting_by(skipped.replayed)
+                way_on = (
+                    "" if exact else recreation.starting_by(skipped.replayed, skipped.committed)
+                )
                 raise consumer_created_again(stream, name, when, evidence, way_on, harm)
             log.info("%s > %s was created again past nothing the query did not read", stream, name)
             if (stream, name) in self.inherited:
@@ -412,12 +423,12 @@ class SeenConsumers:
         """Refuse a consumer `placed_below` what a query on an earlier checkpoint acked of it
         when the ledger does not hold all of that again (`skipped.committed`); the advised start
         is no later than what a batch run again holds (`skipped.replayed`)."""
-        earlier = self.acked_earlier.get((stream, name), frozenset())
+        earlier = self.marks(stream, name)
         acked_through = unheld_through(earlier, skipped.committed)
         if info.ack_floor_seq < acked_through:
-            way_on = restart_at(self.next_after_acked(stream, name))
+            way_on = restart_at(self.next_after_acked(stream, name), acked_earlier=earlier)
             start = info.ack_floor_seq + 1
-            raise placed_past_acked(stream, name, start, acked_through, way_on, skipped.replayed)
+            raise placed_past_acked(stream, name, start, acked_through, way_on, skipped)
 
     def handed_started_over(self) -> set[tuple[str, str]]:
         """The consumers `started_over`, now told to a batch's tasks (and forgotten: a batch
@@ -440,17 +451,6 @@ class SeenConsumers:
     def last_seen(self, stream: str, name: str) -> Sighting | None:
         """As the previous driver remembered it until this one looked, else as this one saw it."""
         return self.remembered.get((stream, name)) or self.sightings.get((stream, name))
-
-
-def _spans(seqs: Collection[int]) -> list[list[int]]:
-    """Sequences as [first, last] spans of consecutive ones, in order."""
-    spans: list[list[int]] = []
-    for seq in sorted(seqs):
-        if spans and spans[-1][1] == seq - 1:
-            spans[-1][1] = seq
-        else:
-            spans.append([seq, seq])
-    return spans
 
 
 def _by_stream(by_consumer: Mapping[tuple[str, str], T]) -> dict[str, dict[str, T]]:

@@ -137,4 +137,5 @@ class ConsumerTarget:
             self.seen.next_after_acked(slot.stream, slot.consumer),
             " (its other settings as before): it starts right after the last message the query "
             "acked, or at the first one a batch not committed yet holds; then restart the query",
+            self.seen.marks(slot.stream, slot.consumer),
         )

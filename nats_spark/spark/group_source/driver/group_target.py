@@ -275,6 +275,7 @@ class GroupTarget:
             start,
             f"to read nothing twice, delete it (nats consumer rm {slot.stream} "
             f"{slot.consumer}) and ",
+            self.seen.marks(slot.stream, slot.consumer),
         )
 
     async def heal(self, client: NatsClient, slot: Slot) -> None:

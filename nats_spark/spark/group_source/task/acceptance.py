@@ -125,7 +125,7 @@ class Acceptance:
             "while a batch read it",
             f"it delivered stream sequence {again[0]} again, at or below its ack floor "
             f"{through} when the batch was planned",
-            sighting.recreation.starting_by(await self.entry.held_by_the_batch()),
+            sighting.recreation.starting_by(await self.entry.held_by_the_batch(), emitted),
         )
 
     async def _same_consumer(self, sighting: ConsumerSighting) -> bool:

@@ -467,7 +467,9 @@ class SlotReader:
                 partition.consumer,
                 "while a batch read it",
                 f"created {sighting.created}, now {created}",
-                sighting.recreation.starting_by(await self.entry.held_by_the_batch()),
+                sighting.recreation.starting_by(
+                    await self.entry.held_by_the_batch(), await (await self.history()).dedupe()
+                ),
             )
 
     async def consumer_created(self) -> str:
