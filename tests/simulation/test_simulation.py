@@ -773,6 +773,16 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # 969 (a delivery given back at once that came after the newer one), found by helper-49 in
     # the packed worlds with early stops, and 1738, 1877 (a stall before Spark closed the
     # attempt), found by helper-53 there with pausing executors.
+    #
+    # Open (helper-84, 2026-12-01): a query started on a new checkpoint refuses a consumer
+    # created again before its give-back has marked what the earlier checkpoint acked (5-6), so
+    # its advice (--deliver 5) is refused once more by the first batch after the give-back, with
+    # the right advice (--deliver 7). Nothing is lost or doubled; the operator is refused twice.
+    # The fix: a refusal on a new checkpoint counts the pointer lineage's acked entries as marks.
+    767: (
+        {"recreate_consumer": True, "follows_advice": True},
+        "a refusal before a new checkpoint's give-back advises below the marks it will make",
+    ),
 }
 
 
