@@ -13,7 +13,7 @@ from memory_bucket import MemoryBucket
 from nats_spark.client import NatsClient
 from nats_spark.errors import ConfigurationError
 from nats_spark.loop import Blocking, run_sync
-from nats_spark.spark.group_source.ledger import EntryHead, Ledger
+from nats_spark.spark.group_source.ledger import EntryHead, Ledger, read_heads
 from nats_spark.spark.group_source.packed_heads import packed_token
 
 GEN = 3
@@ -159,6 +159,27 @@ def test_a_task_s_claims_go_out_in_one_write_and_its_reads_in_one_get() -> None:
     assert all(created)
     assert kv.calls == {"get": 1}
     assert len(kv.values) == 1  # the packed key, nothing per slot
+
+
+@pytest.mark.unit
+def test_the_driver_reads_a_packed_key_once_however_many_of_its_heads_it_reads() -> None:
+    """Two keys of 128 heads each and 3 heads of their own keys (a batch of offset v1): the
+    driver's reads of all of them cost a get per key, not one per `AT_ONCE` heads."""
+    kv = Counted()
+    slots = [f"g-partition-{i}" for i in range(256)]
+    own = [f"o-partition-{i}" for i in range(3)]
+    ledger = Ledger(kv, "lin", {GEN: {slot: i // 128 for i, slot in enumerate(slots)}})  # type: ignore[arg-type]
+    keys = [(GEN, slot) for slot in slots] + [(GEN - 1, slot) for slot in own]
+
+    async def written_then_read() -> list[tuple[EntryHead, int] | None]:
+        for gen, slot in keys:
+            await ledger.create_head(gen, slot, EntryHead(attempt=slot).to_bytes())
+        kv.calls.clear()
+        return await read_heads(ledger, [*keys, (GEN, "g-partition-never")])
+
+    found = run_sync(written_then_read())
+    assert kv.calls == {"get": 2 + 3 + 1}
+    assert [f[0].attempt if f else None for f in found] == [slot for _, slot in keys] + [None]
 
 
 @pytest.mark.unit

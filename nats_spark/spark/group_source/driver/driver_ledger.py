@@ -18,7 +18,6 @@ from typing import Any
 from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.errors import NatsSparkError
-from nats_spark.requests_at_once import all_results
 from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
@@ -32,6 +31,7 @@ from nats_spark.spark.group_source.ledger import (
     keep_entries,
     read_deliveries,
     read_head,
+    read_heads,
     read_pointer,
     write_pointer,
 )
@@ -189,7 +189,7 @@ class DriverLedger:
         ledger = self.ledger
         assert ledger is not None
         entries = list(entries)
-        heads = await all_results(read_head(ledger, e.gen, e.slot) for e in entries)
+        heads = await read_heads(ledger, [(e.gen, e.slot) for e in entries])
         newest = self._newest_gens()  # kept as entries go: per head, a walk over all of them
         for entry, found in zip(entries, heads, strict=True):
             if found is None:
@@ -476,7 +476,7 @@ class DriverLedger:
             for slot in slots
             if (entry := self.entries.get((gen, slot))) is None or entry.head is None
         ]
-        heads = await all_results(read_head(ledger, gen, slot) for slot in unread)
+        heads = await read_heads(ledger, [(gen, slot) for slot in unread])
         gone = []
         for slot, found in zip(unread, heads, strict=True):
             if found is None:

@@ -40,10 +40,9 @@ from nats_spark.jetstream.acks import (
     SHORT_ACK_WAIT,
     InProgressKeeper,
 )
-from nats_spark.requests_at_once import all_results
 from nats_spark.spark.group_source import ledger_protocol as protocol
 from nats_spark.spark.group_source.driver.driver_ledger import DriverEntry, DriverLedger
-from nats_spark.spark.group_source.ledger import EntryHead, read_all_deliveries, read_head
+from nats_spark.spark.group_source.ledger import EntryHead, read_all_deliveries, read_heads
 
 _LOOKS = 12  # looks per ack wait
 _LEFT = 1 / 3  # of the ack wait, what an entry's wait keeps at least at every look
@@ -94,7 +93,7 @@ class SealedKeeper(InProgressKeeper):
                 due.append((key, entry))
         # The heads of all due entries at once, then the deliveries of those to restart at once:
         # a round of many slots or big entries must still end well within the wait it keeps.
-        found = await all_results(read_head(ledger, *key) for key, _ in due)
+        found = await read_heads(ledger, [key for key, _ in due])
         self.restarting, kept = {}, list[EntryHead]()
         for (key, entry), head_found in zip(due, found, strict=True):
             head = None if head_found is None else head_found[0]
