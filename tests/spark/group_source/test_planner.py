@@ -234,8 +234,9 @@ def test_unacked_of_a_consumer_counts_its_slots_and_unknown_ones() -> None:
     other = partition_slot(3, "m2")
     slots = {s.name: s for s in (a, b, other)}
     unacked = [(a.name, 4), (b.name, 5), (other.name, 100), ("since-restart", 7)]
-    assert unacked_by_consumer(slots, unacked, a) == 16  # both readers', and the unknown one
-    assert unacked_by_consumer(slots, unacked, other) == 107
+    ours = unacked_by_consumer(slots, unacked)
+    assert ours(a) == 16  # both readers', and the unknown one
+    assert ours(other) == 107
 
 
 def test_horizons_use_the_ack_floor_of_durable_consumers_only() -> None:

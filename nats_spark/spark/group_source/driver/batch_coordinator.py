@@ -248,9 +248,10 @@ class BatchCoordinator:
         into their states, then let the ledger forget the entries that settled; `judged`: see
         `_seen`."""
         first_seqs: dict[str, int] = {}
-        unacked = self.ledger.unacked()
+        unacked = unacked_by_consumer(
+            {name: state.slot for name, state in self.states.items()}, self.ledger.unacked()
+        )
         acked_first = self.ledger.committed_unacked(self.committed)
-        slots = {name: state.slot for name, state in self.states.items()}
         infos = await self.listing.infos(client, resolved, lambda s: self._consumer_info(client, s))
         with self._looking():
             for slot, info in zip(resolved, infos, strict=True):
@@ -261,7 +262,7 @@ class BatchCoordinator:
                 if self.ledger.entries and slot.stream not in first_seqs:  # else none to settle
                     stream = await self._stream_info(client, slot.stream)
                     first_seqs[slot.stream] = stream.first_seq
-                ours = unacked_by_consumer(slots, unacked, slot)
+                ours = unacked(slot)
                 self.states[slot.name] = self.states[slot.name].revised(
                     seen=seen,
                     own_pin=self.ledger.pins.get(slot.name),
