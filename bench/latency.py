@@ -356,6 +356,8 @@ def connector_case(
             kept_up = _until(lambda: collector.rows >= expected, args.drain_seconds, query)
             last = max(collector.batches)
             _until(lambda: any(p["batchId"] == last for p in query.recentProgress), 30, query)
+            # stopped once idle, as the floor is (`floor_case`): its last acks' batch ran
+            _until(lambda: _idle(query), 60, query)
         finally:
             run_sync(requests.stop())
     progress = progress_batches(query)

@@ -509,22 +509,28 @@ class Ledger:
         return await self._get_own_head(gen, slot)
 
     async def get_heads(self, keys: Sequence[tuple[int, str]]) -> list[StoredValue | None]:
-        """The stored heads of the entries `keys` (gen, slot), as `get_head` reads each. The
-        sections asked of a packed key share one get when asked together, so they are asked all
-        at once: `AT_ONCE` at a time, a packed key of 128 heads was read twice per 128 heads of
-        it, and a get of such a key costs the server and the client ten times a head's own."""
-        where = [self._section(gen, slot) for gen, slot in keys]
-        packed = [(i, key) for i, key in enumerate(where) if key is not None]
-        own = [i for i, key in enumerate(where) if key is None]
+        """The stored heads of the entries `keys` (gen, slot), as `get_head` reads each: a
+        packed key's asked sections from one get (a key of 128 heads read `AT_ONCE` heads at a
+        time was read twice, and a get of one costs the server and the client ten times a
+        head's own), the heads of their own keys `AT_ONCE` at a time."""
+        by_key: dict[str, tuple[PackedKey, list[int]]] = {}
+        own = []
+        for i, (gen, slot) in enumerate(keys):
+            if (packed := self._section(gen, slot)) is None:
+                own.append(i)
+            else:
+                by_key.setdefault(packed.key, (packed, []))[1].append(i)
         found: list[StoredValue | None] = [None] * len(keys)
         sections = await all_results(
-            (key.section(keys[i][1]) for i, key in packed), at_once=max(1, len(packed))
+            (packed.sections_of([keys[i][1] for i in at]) for packed, at in by_key.values()),
+            at_once=max(1, len(by_key)),
         )
+        for (_, at), of_key in zip(by_key.values(), sections, strict=True):
+            for i, section in zip(at, of_key, strict=True):
+                found[i] = section
         heads = await all_results(self._get_own_head(*keys[i]) for i in own)
-        for (i, _), stored in zip(packed, sections, strict=True):
-            found[i] = stored
-        for i, stored in zip(own, heads, strict=True):
-            found[i] = stored
+        for i, head in zip(own, heads, strict=True):
+            found[i] = head
         return found
 
     async def _get_own_head(self, gen: int, slot: str) -> StoredValue | None:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -152,11 +152,17 @@ class PackedKey:
 
     async def section(self, slot: str) -> KeyValue.Entry | None:
         """The slot's head as stored now, with its revision; None when it has none."""
-        stored = await self._read()
-        found = stored.sections.get(slot)
-        if found is None:
+        return (await self.sections_of([slot]))[0]
+
+    async def sections_of(self, slots: Sequence[str]) -> list[KeyValue.Entry | None]:
+        """`section` of each of `slots`, from one read."""
+        stored = (await self._read()).sections
+        return [self._entry(stored.get(slot)) for slot in slots]
+
+    def _entry(self, section: tuple[int, str] | None) -> KeyValue.Entry | None:
+        if section is None:
             return None
-        revision, head = found
+        revision, head = section
         return KeyValue.Entry(self.kv.name, self.key, head.encode(), revision, None, None, None)
 
     async def slots(self) -> list[str]:
