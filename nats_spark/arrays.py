@@ -15,7 +15,9 @@ import pyarrow.compute as pc
 
 _INT64, _BINARY = pa.int64(), pa.binary()
 TYPECODES = {pa.int32(): "i", _INT64: "q"}  # `array` type codes of the integer columns
-SUM_BY_ARROW_FROM = 256  # values from which `bytes_array` sums their lengths with Arrow
+# Values from which a column is worked by an Arrow kernel rather than in Python: a kernel call
+# costs tens of microseconds whatever the size, more than a few values cost one by one.
+ARROW_FROM = 256
 
 
 def int_array(values: Iterable[int], kind: pa.DataType = _INT64) -> pa.Array:
@@ -38,7 +40,7 @@ def bytes_array(values: Sequence[bytes], kind: pa.DataType = _BINARY) -> pa.Arra
 def _offsets(values: Sequence[bytes]) -> pa.Buffer:
     """Where each of `values` starts in their join, and where the last ends (int32): summed by
     Arrow's kernel, or for a few values in Python, where the kernel's fixed cost is more."""
-    if len(values) < SUM_BY_ARROW_FROM:
+    if len(values) < ARROW_FROM:
         return pa.py_buffer(array("i", accumulate(map(len, values), initial=0)))
     lengths = array("i", (0,))
     lengths.fromlist(list(map(len, values)))  # through a list: array() steps an iterator slowly

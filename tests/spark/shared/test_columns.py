@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
-from nats_spark.arrays import SUM_BY_ARROW_FROM
+from nats_spark.arrays import ARROW_FROM
 from nats_spark.errors import NatsSparkError
 from nats_spark.jetstream.pull import Deliveries
 from nats_spark.spark.group_source.task.columns import SlotColumns
@@ -42,9 +42,9 @@ def test_int_and_bytes_columns_equal_pyarrows_conversion() -> None:
     assert len(bytes_array([])) == 0 and len(int_array([])) == 0
 
 
-@pytest.mark.parametrize("count", [SUM_BY_ARROW_FROM - 1, SUM_BY_ARROW_FROM, 5000])
+@pytest.mark.parametrize("count", [ARROW_FROM - 1, ARROW_FROM, 5000])
 def test_offsets_summed_in_python_or_by_arrow_are_the_same(count) -> None:
-    """Below `SUM_BY_ARROW_FROM` values a column's offsets are summed in Python, from it by
+    """Below `ARROW_FROM` values a column's offsets are summed in Python, from it by
     Arrow."""
     rows = [b"x" * (i % 7) + "é".encode() * (i % 2) for i in range(count)]
     assert bytes_array(rows).equals(pa.array(rows, pa.binary()))
@@ -112,6 +112,18 @@ def test_slot_columns_split_the_partition_token() -> None:
         7,
         1,
     )
+
+
+@pytest.mark.parametrize("rows", [2, ARROW_FROM - 1, ARROW_FROM, 1000])
+@pytest.mark.parametrize("other", [None, b"12.3.x", b"30.y", "3.é".encode()])
+def test_the_partition_token_is_split_alike_in_python_or_by_arrow(rows: int, other) -> None:
+    """Below `ARROW_FROM` rows one partition's token is cut off in Python, from it by Arrow;
+    a batch with another token (or none that matches the first's bytes) takes the regex."""
+    subjects = [f"3.orders.k{i % 9}".encode() for i in range(rows)]
+    if other is not None:
+        subjects[-1] = other
+    split = [(row["partition"], row["subject"]) for row in _partitioned(*subjects)]
+    assert split == [(int(s.split(b".")[0]), s.split(b".", 1)[1].decode()) for s in subjects]
 
 
 @pytest.mark.parametrize("subject", [b"orders.k1", b"x3.orders", b"3"])

@@ -583,16 +583,21 @@ async def packed_batches(
     marking: asyncio.Future[None] | None = None  # the acked entries' heads, marked meanwhile
     queued = QueuedAhead()
     ending = False  # start no more slots (a slot's end calls `start_more`)
+    running = 0  # of the started slots, those whose steps have not ended
 
-    def start_more(_: object = None) -> None:
-        nonlocal started
-        running = sum(not slot.running.done() for slot in ahead)
+    def start_more() -> None:
+        nonlocal started, running
         while running < SLOTS_AT_ONCE and started < len(readers) and not ending:
             slot = _SlotAhead(readers[started], queued)
-            slot.running.add_done_callback(start_more)
+            slot.running.add_done_callback(steps_ended)
             ahead.append(slot)
             started += 1
             running += 1
+
+    def steps_ended(_: object) -> None:
+        nonlocal running
+        running -= 1
+        start_more()
 
     try:
         if readers:
