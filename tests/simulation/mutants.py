@@ -356,7 +356,12 @@ MUTANTS = (
             Patch(
                 BATCH_COORDINATOR,
                 "        if self.current is not None and self.current.lineage == "
-                "self.ledger.lineage:\n            return SourceOffset(self.current.lineage, 0)\n",
+                "self.ledger.lineage:\n"
+                "            # Nothing is committed in the checkpoint: the lineage's entries below "
+                "its first\n"
+                "            # batch are an earlier checkpoint's, which that batch gives back.\n"
+                "            self.ledger.earlier_checkpoint_left = True\n"
+                "            return SourceOffset(self.current.lineage, 0)\n",
                 "        started = self.current\n"
                 "        if started is not None and started.gen == 0 and "
                 "self.ledger.head_gen == 0:\n            return started\n",
@@ -1580,6 +1585,39 @@ MUTANTS = (
             ),
         ),
         edit=ADVICE_AFTER_LOST_ACKS,
+    ),
+    Mutant(
+        "refusal-before-the-give-back-knows-no-marks",
+        "a 4.0/4.1 availableNow run on a new checkpoint judges a consumer created again at its "
+        "reportLatestOffset(), before its first batch gives back what an earlier checkpoint's "
+        "query acked in the lineage: its advice started below those marks, and the first "
+        "batch after the give-back refused the consumer created there again (seed 767 of the "
+        "worlds whose operator follows the advice: --deliver 5, then --deliver 7)",
+        (
+            Patch(
+                BATCH_COORDINATOR,
+                "        seen.expect_given_back(await self.ledger.earlier_acked())\n",
+                "",
+            ),
+        ),
+        edit=(("recreate_consumer", True), ("follows_advice", True)),
+    ),
+    Mutant(
+        "given-back-entries-held-before-the-give-back",
+        "a look before a new checkpoint's give-back counted the ACKED entries an earlier "
+        "checkpoint's query left in the lineage as held by this query: a consumer created again "
+        "where that query's sighting left it, below what it acked, was read on, and delivered "
+        "that again once the give-back removed the entries (helper-86, with 767's fix)",
+        (
+            Patch(
+                DRIVER_LEDGER,
+                "            if self.earlier_checkpoint_left and protocol.known_acked(head):\n"
+                "                continue  # an earlier checkpoint's query's, given back before "
+                "this one reads\n",
+                "",
+            ),
+        ),
+        edit=(("recreate_consumer", True), ("follows_advice", True)),
     ),
     Mutant(
         "packed-slots-out-of-order",

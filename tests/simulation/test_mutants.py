@@ -240,6 +240,9 @@ RARE = {
 # verdict is the range's and a change of the schedules only makes the search longer again (then
 # take the new first seeds from `make mutants`).
 FIRST_CATCHING = {
+    # In worlds whose operator follows the advice: the only one of 0-1999 (2026-12-02, helper-86;
+    # the seed that found the hole).
+    "refusal-before-the-give-back-knows-no-marks": 767,
     # In worlds whose operator follows the advice after lost acks (`ADVICE_AFTER_LOST_ACKS`):
     # 9 of 0-999, 108 the first (2026-12-01, helper-84).
     "consumer-judged-before-the-checkpoint-is-told": 108,
@@ -288,6 +291,12 @@ FIRST_CATCHING = {
 }
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.
 UNCAUGHT: dict[str, str] = {
+    # Only a consumer created at the old floor, below the marks to come, meets it: an operator
+    # who follows the advice creates it past them (767's fix) or from the start (refused).
+    "given-back-entries-held-before-the-give-back": "none of 0-1999 of the worlds whose operator "
+    "follows the advice (with new checkpoints at 70% of the runs too), nor 0-999 of "
+    "ADVICE_AFTER_LOST_ACKS (2026-12-02, helper-86); test_batch_coordinator's "
+    "test_spark_40_entries_a_new_checkpoint_gives_back_hold_nothing_of_its_own fails under it",
     # Its drivers wrote the new consumer's sighting to the pointer at a 4.0/4.1 availableNow
     # run's first latestOffset(), which leaves it to the batch's run again since (helper-84,
     # 2026-12-01): no other driver writes it before the batch it runs again commits.

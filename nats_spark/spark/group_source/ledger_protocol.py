@@ -678,8 +678,7 @@ async def give_back(
             )
             continue
         held.append(deliveries)
-        if head.state is EntryState.ACKED and deliveries:
-            acked.setdefault(_consumer_of(deliveries), set()).update(deliveries.stream_seq)
+        _mark(acked, head, deliveries)
     await keep_marks({consumer: frozenset(seqs) for consumer, seqs in acked.items()})
     for gen, slot in keys:
         await ledger.delete_entry(gen, slot)
@@ -691,6 +690,28 @@ async def give_back(
         if current is not None:
             returned += await send_acks(client.nc, current.ack_commands(NAK), len(current))
     return returned
+
+
+async def marks_of(ledger: Ledger, heads: Iterable[EntryHead]) -> Marks:
+    """What the ACKED ones of `heads` hold (`Marks`), as a give-back of them keeps it: read
+    before that give-back, by a driver that knows it comes
+    (`DriverLedger.earlier_checkpoint_left`)."""
+    acked: dict[tuple[str, str], set[int]] = {}
+    for head in heads:
+        if head.state is not EntryState.ACKED or not head.count:
+            continue
+        try:
+            deliveries = await read_deliveries(ledger, head)
+        except ChunkMissing:  # brought back without its chunks: as `give_back` passes it over
+            continue
+        _mark(acked, head, deliveries)
+    return {consumer: frozenset(seqs) for consumer, seqs in acked.items()}
+
+
+def _mark(acked: dict[tuple[str, str], set[int]], head: EntryHead, held: EntryDeliveries) -> None:
+    """Add what an ACKED entry `head` holds (`held`) to `acked`, by consumer (`Marks`)."""
+    if head.state is EntryState.ACKED and held:
+        acked.setdefault(_consumer_of(held), set()).update(held.stream_seq)
 
 
 def _consumer_of(deliveries: EntryDeliveries) -> tuple[str, str]:

@@ -571,6 +571,87 @@ def test_spark_40_plans_batch_0_before_its_start_in_one_lineage(
     assert sorted(int(subject.split(b".")[5]) for subject in published_acks) == list(range(1, 11))
 
 
+def acked_5_and_6_then_created_again(
+    driver: tuple[BatchCoordinator, Server, MemoryBucket],
+    monkeypatch: pytest.MonkeyPatch,
+    floor: int,
+) -> tuple[Server, MemoryBucket, list[bytes]]:
+    """A query on Spark 4.0/4.1 that saw partition-0's consumer at floor 4 commits 5-6 and acks
+    them at stop (its entry is ACKED), then the consumer is created again at `floor`; with
+    what the ledger sends from then on (+ACK, -NAK)."""
+    sent: list[bytes] = []
+
+    async def send(nc: object, commands: list[bytes], count: int) -> int:
+        sent.extend(line for line in b"".join(commands).split(b"\r\n")[1::2])
+        return count
+
+    monkeypatch.setattr(ledger_protocol, "send_acks", send)
+    first, server, kv = driver
+    server.show(SLOTS[0], pending=2)
+    for slot in SLOTS:
+        server.consumers[slot.consumer]["created"] = "2026-11-30T01:00:00Z"
+        server.consumers[slot.consumer]["ack_floor"] = {"stream_seq": 4}
+    end = run_sync(checking(first).latest_offset(None, None))
+    start = run_sync(first.initial_offset())
+    [task] = run_sync(first.partitions(start, end))
+    run_task(kv, task, [5, 6], pin="pin-0")
+    run_sync(first.commit(end))
+    run_sync(first.close())
+    assert sent == [b"+ACK"] * 2
+    server.usable = True  # the next queries' own connections
+    server.show(SLOTS[0])
+    again = {"created": "2026-11-30T01:05:00Z", "ack_floor": {"stream_seq": floor}}
+    server.consumers[SLOTS[0].consumer].update(again)
+    return server, kv, sent
+
+
+def judged_on_a_new_checkpoint(server: Server, kv: MemoryBucket) -> BatchCoordinator:
+    """A new checkpoint's availableNow run on Spark 4.0/4.1 (wrapped): the `latestOffset()`
+    fetched before anything is told (unjudged), `initialOffset()`, then `reportLatestOffset`'s,
+    which judges the consumers before the first batch's give-back."""
+    reader = checking(driver_of(server, kv))
+    run_sync(reader.latest_offset(None, None))
+    run_sync(reader.initial_offset())
+    run_sync(reader.latest_offset(None, None))
+    return reader
+
+
+def test_spark_40_refusal_before_a_new_checkpoint_s_give_back_advises_past_what_it_marks(
+    driver: tuple[BatchCoordinator, Server, MemoryBucket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Partition-0's consumer, whose 5-6 a query on an earlier checkpoint acked, created again
+    from the start, is judged by a new checkpoint's run before its first batch gives back the
+    entry of 5-6 (keeping them as acked by that query): it advises a start past them, 7, as a
+    refusal after the give-back does; not 5, which that refusal refused again (seed 767 of the
+    simulation's worlds whose operator follows the advice). A consumer created at 7 is read on,
+    and the give-back NAKs 5-6 (ignored: acked)."""
+    server, kv, sent = acked_5_and_6_then_created_again(driver, monkeypatch, floor=0)
+    with pytest.raises(ConfigurationError, match="recreate it at 7$"):
+        judged_on_a_new_checkpoint(server, kv)
+    server.usable = True
+    created_at_7 = {"created": "2026-11-30T01:10:00Z", "ack_floor": {"stream_seq": 6}}
+    server.consumers[SLOTS[0].consumer].update(created_at_7)
+    advised = judged_on_a_new_checkpoint(server, kv)  # the checkpoint again: nothing logged
+    first_batch = advised.current
+    assert first_batch is not None
+    run_sync(advised.partitions(SourceOffset(first_batch.lineage, 0), first_batch))
+    assert sent[2:] == [b"-NAK"] * 2
+    run_sync(advised.close())
+
+
+def test_spark_40_entries_a_new_checkpoint_gives_back_hold_nothing_of_its_own(
+    driver: tuple[BatchCoordinator, Server, MemoryBucket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer created again where the earlier query's sighting left it (5: floor 4),
+    judged before the new checkpoint's give-back: the ACKED entry of 5-6 is that query's, whose
+    give-back removes it, not one of this query's that drops the new consumer's deliveries of
+    them. It is refused, as after the give-back; taken, it would deliver 5-6 again, which
+    nothing drops once the give-back removed the entry."""
+    server, kv, _ = acked_5_and_6_then_created_again(driver, monkeypatch, floor=4)
+    with pytest.raises(ConfigurationError, match="acked messages up to stream sequence 6"):
+        judged_on_a_new_checkpoint(server, kv)
+
+
 class ShortListingBucket(MemoryBucket):
     """nats-py's `keys()` as it comes back 2 or 3 times in 1,000: empty while keys exist."""
 

@@ -184,6 +184,9 @@ class BatchCoordinator:
         batch planned in it and mix two lineages' committed gens."""
         await self._connect()
         if self.current is not None and self.current.lineage == self.ledger.lineage:
+            # Nothing is committed in the checkpoint: the lineage's entries below its first
+            # batch are an earlier checkpoint's, which that batch gives back.
+            self.ledger.earlier_checkpoint_left = True
             return SourceOffset(self.current.lineage, 0)
         offset = SourceOffset.initial(self.runtime.new_id())
         log.info("%s: new query lineage %s", self.options.target, offset.lineage)
@@ -451,12 +454,18 @@ class BatchCoordinator:
         of those worlds refused a partition's consumer for another partition's message, not
         committed yet); the stream's first sequence is read after that ask. So does what batch
         `logged`, run again now, holds: it replays it, and its entries drop what the consumer
-        delivers of it again (a refusal's advice names the first of it: `Recreation`)."""
+        delivers of it again (a refusal's advice names the first of it: `Recreation`). Before a
+        new checkpoint's first batch gave back what an earlier checkpoint's query left in the
+        lineage (4.0/4.1's availableNow judges at `reportLatestOffset`, before it), what that
+        query acked counts as the marks the give-back keeps (`SeenConsumers.marks_to_come`), not
+        as held: its advice was refused again once the give-back had kept them (seed 767 of the
+        worlds whose operator follows the advice: --deliver 5, then --deliver 7)."""
         seen = self.target.seen
         skipped = seen.skipped(slot.stream, slot.consumer, info)
         if skipped is None or self.target.recreation(slot) is None:
             return NOTHING_KNOWN
-        marked = seen.acked_earlier.get((slot.stream, slot.consumer), frozenset())
+        seen.expect_given_back(await self.ledger.earlier_acked())
+        marked = seen.marks(slot.stream, slot.consumer)
         within = range(skipped.start, max(skipped.stop, max(marked, default=0) + 1))
         if not within:
             return NOTHING_KNOWN
@@ -608,6 +617,9 @@ class BatchCoordinator:
         if start.lineage == first.lineage and first.gen > 1:
             await self.ledger.give_back_before(client, first.gen)
         await self.ledger.give_back_replaced(client)
+        # What that query acked is kept as marks now (`SeenConsumers.given_back`).
+        self.ledger.earlier_checkpoint_left = False
+        self.target.seen.marks_to_come = {}
 
     def _known_slot(self, name: str) -> Slot | None:
         if name in self.states:

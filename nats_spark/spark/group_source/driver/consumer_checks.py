@@ -274,6 +274,11 @@ class SeenConsumers:
         # consumer's ack floor, whose entries were given back (removed from the ledger); each
         # until a sighting shows the floor past it. Kept in the pointer as well.
         self.acked_earlier: dict[tuple[str, str], frozenset[int]] = {}
+        # As `acked_earlier`: what a new checkpoint's first batch will give back of ACKED
+        # entries an earlier checkpoint's query left in the lineage (`expect_given_back`), until
+        # it has (then in `acked_earlier`). Not kept in the pointer: the next driver reads it
+        # from the ledger again.
+        self.marks_to_come: dict[tuple[str, str], frozenset[int]] = {}
         # Created by the query where it chose (`place`) below `acked_earlier`, until judged at
         # their first look, which knows what a batch run again holds of the marks.
         self.placed_below: set[tuple[str, str]] = set()
@@ -302,6 +307,17 @@ class SeenConsumers:
             if above:
                 self.acked_earlier[key] = self.acked_earlier.get(key, frozenset()) | above
 
+    def expect_given_back(self, acked: Mapping[tuple[str, str], Collection[int]]) -> None:
+        """Take what a give-back still to come will remove of entries that had acked
+        (`ledger_protocol.marks_of`) as `marks_to_come`, as `given_back` takes it once done: a
+        refusal before it advises a start past them, as one after it does."""
+        self.marks_to_come = {}
+        for key, seqs in acked.items():
+            before = self.last_seen(*key)
+            above = frozenset(seq for seq in seqs if seq > (before.ack_floor if before else 0))
+            if above:
+                self.marks_to_come[key] = above
+
     def restore_acked_earlier(self, stored: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
         """Take what the pointer keeps (`stored_acked_earlier`), with what was taken since."""
         self.given_back(
@@ -318,8 +334,9 @@ class SeenConsumers:
         )
 
     def marks(self, stream: str, name: str) -> frozenset[int]:
-        """`acked_earlier` of the consumer."""
-        return self.acked_earlier.get((stream, name), frozenset())
+        """`acked_earlier` of the consumer, with its `marks_to_come`."""
+        key = (stream, name)
+        return self.acked_earlier.get(key, frozenset()) | self.marks_to_come.get(key, frozenset())
 
     def acked_through(self, stream: str, name: str) -> int:
         """The highest stream sequence of `acked_earlier` of the consumer (0: none)."""

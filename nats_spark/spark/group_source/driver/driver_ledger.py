@@ -97,6 +97,12 @@ class DriverLedger:
         # dead after the one that told it had written the new consumer's sighting.
         self.started_over: dict[tuple[str, str], int] = {}
         self.kept = False  # whether the bucket is known to keep entries (no max age)
+        # Whether the lineage's entries below the checkpoint's first batch are an earlier
+        # checkpoint's, which that batch gives back (`give_back_before`), and it has not yet:
+        # Spark 4.0/4.1 asked `initialOffset` (nothing is committed in the checkpoint) of a
+        # driver that planned in the stored lineage. Its ACKED entries are then what that query
+        # acked, marks to come (`earlier_acked`), not what this one emitted (`held_seqs`).
+        self.earlier_checkpoint_left = False
 
     def attach(self, kv: Bucket) -> None:
         """Use `kv` (a new connection's handle on the bucket)."""
@@ -143,6 +149,8 @@ class DriverLedger:
             self.replaced_consumers = {n: seen[n] for n in self.replaced if seen.get(n)}
             self.retired = tuple(n for n in pointer.retired if n != offset.lineage)
         self.ledger = Ledger(self.kv, offset.lineage)
+        self.earlier_checkpoint_left = False
+        self.seen.marks_to_come = {}
         self.head_gen = offset.gen
         self.settled = 0
         if pointer and pointer.lineage == offset.lineage:
@@ -415,6 +423,8 @@ class DriverLedger:
             head = entry.head
             if slot not in slots or head is None or head.max_seq < within.start:
                 continue
+            if self.earlier_checkpoint_left and protocol.known_acked(head):
+                continue  # an earlier checkpoint's query's, given back before this one reads
             emitted = protocol.holds_committed(head, gen, committed)
             if emitted or protocol.replayed(head, gen, committed, logged):
                 deliveries = await read_deliveries(self.ledger, head)
@@ -484,6 +494,16 @@ class DriverLedger:
             else:
                 self.loaded(self.entries.setdefault((gen, slot), DriverEntry(gen, slot)), found[0])
         return gone
+
+    async def earlier_acked(self) -> protocol.Marks:
+        """While `earlier_checkpoint_left`: what the ACKED entries hold (read), all an earlier
+        checkpoint's query's (this one committed nothing), which the first batch's give-back
+        keeps as marks (`SeenConsumers.given_back`); else nothing."""
+        if not self.earlier_checkpoint_left:
+            return {}
+        assert self.ledger is not None
+        heads = [entry.head for _, entry in sorted(self.entries.items()) if entry.head]
+        return await protocol.marks_of(self.ledger, heads)
 
     async def give_back_before(self, client: NatsClient, gen: int) -> None:
         """Give back the entries of this lineage's gens before `gen`, a checkpoint's first
