@@ -602,12 +602,16 @@ class Ledger:
         """(gen, slot name) of the entries whose heads `heads` are: a slot's own key names
         one, a packed key those of its sections, which this ledger then knows where to find."""
         entries: set[tuple[int, str]] = set()
+        packed = []
         for key in heads:
-            _, gen, token = key.split(".")
-            if not is_packed_token(token):
+            if is_packed_token(key.rsplit(".", 1)[1]):
+                packed.append(key)
+            else:
                 entries.add(_entry_of(key))
-                continue
-            slots = await self._packed_key(key).slots()
+        # read at once: a restart lists the packed keys of every batch not settled yet
+        sections = await all_results(self._packed_key(key).slots() for key in packed)
+        for key, slots in zip(packed, sections, strict=True):
+            _, gen, token = key.split(".")
             self.layouts.setdefault(int(gen), {}).update(dict.fromkeys(slots, index_of(token)))
             entries.update((int(gen), slot) for slot in slots)
         return entries

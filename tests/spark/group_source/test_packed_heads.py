@@ -183,6 +183,36 @@ def test_the_driver_reads_a_packed_key_once_however_many_of_its_heads_it_reads()
 
 
 @pytest.mark.unit
+def test_a_listing_reads_the_packed_keys_of_its_batches_at_once() -> None:
+    """A restart lists the packed keys of every batch not settled: each get waits here until
+    all three are out, which one read after the other never are."""
+    keys = [(gen, f"g-partition-{i}") for gen in (1, 2, 3) for i in range(2)]
+    layouts = {gen: {slot: 0 for g, slot in keys if g == gen} for gen in (1, 2, 3)}
+
+    class AllOut(MemoryBucket):
+        gets = 0
+        out = asyncio.Event()
+
+        async def get(self, key: str):  # type: ignore[no-untyped-def]
+            AllOut.gets += 1
+            if AllOut.gets == 3:
+                AllOut.out.set()
+            await asyncio.wait_for(AllOut.out.wait(), 2)
+            return await super().get(key)
+
+    async def listed() -> list[tuple[int, str]]:
+        kv = MemoryBucket()
+        written = Ledger(kv, "lin", layouts)  # type: ignore[arg-type]
+        for gen, slot in keys:
+            await written.create_head(gen, slot, b"{}")
+        reader = AllOut()
+        reader.values = kv.values
+        return (await Ledger(reader, "lin").listing()).heads  # type: ignore[arg-type]
+
+    assert run_sync(listed()) == keys
+
+
+@pytest.mark.unit
 def test_two_processes_writing_one_key_keep_each_other_s_sections() -> None:
     kv = Counted()
     first, second = packed(kv), packed(kv)  # each with its own handle on the key
