@@ -145,11 +145,13 @@ def _entry_of(key: str) -> tuple[int, str]:
 @dataclass(frozen=True)
 class LineageKeys:
     """What a listing of a lineage's keys found: its entries (gen, slot name), by their heads,
-    the entries it found chunks of but no head, and the keys of all chunks."""
+    the entries it found chunks of but no head, the keys of all chunks, and the packed keys
+    that hold no head (`packed_heads`), by gen."""
 
     heads: list[tuple[int, str]]
     headless: list[tuple[int, str]]
     chunks: frozenset[str]
+    empty_packed: list[tuple[int, str]]
 
 
 def readable_format(raw: dict[str, Any], key: str) -> int:
@@ -582,7 +584,8 @@ class Ledger:
         """(gen, slot name) of every entry of this lineage (a head's key has three tokens, its
         chunks' five; a packed key's sections are read)."""
         keys = await self.kv.keys_matching(f"{self.lineage}.*.*")
-        return sorted(await self._entries_of(keys))
+        entries, _ = await self._entries_of(keys)
+        return sorted(entries)
 
     async def listing(self) -> LineageKeys:
         """The entries of this lineage, and those of its chunks no head was listed beside, in
@@ -594,13 +597,16 @@ class Ledger:
                 heads.append(key)
             else:
                 chunks.add(key)
-        entries = await self._entries_of(heads)
+        entries, empty = await self._entries_of(heads)
         chunked = {_entry_of(key) for key in chunks}
-        return LineageKeys(sorted(entries), sorted(chunked - entries), frozenset(chunks))
+        return LineageKeys(sorted(entries), sorted(chunked - entries), frozenset(chunks), empty)
 
-    async def _entries_of(self, heads: Iterable[str]) -> set[tuple[int, str]]:
+    async def _entries_of(
+        self, heads: Iterable[str]
+    ) -> tuple[set[tuple[int, str]], list[tuple[int, str]]]:
         """(gen, slot name) of the entries whose heads `heads` are: a slot's own key names
-        one, a packed key those of its sections, which this ledger then knows where to find."""
+        one, a packed key those of its sections, which this ledger then knows where to find;
+        and the packed keys of `heads` that hold none, (gen, key)."""
         entries: set[tuple[int, str]] = set()
         packed = []
         for key in heads:
@@ -610,11 +616,14 @@ class Ledger:
                 entries.add(_entry_of(key))
         # read at once: a restart lists the packed keys of every batch not settled yet
         sections = await all_results(self._packed_key(key).slots() for key in packed)
+        empty = []
         for key, slots in zip(packed, sections, strict=True):
             _, gen, token = key.split(".")
+            if not slots:
+                empty.append((int(gen), key))
             self.layouts.setdefault(int(gen), {}).update(dict.fromkeys(slots, index_of(token)))
             entries.update((int(gen), slot) for slot in slots)
-        return entries
+        return entries, sorted(empty)
 
     async def remove_headless(self, entries: Iterable[tuple[int, str]]) -> None:
         """Remove the chunks of `entries` whose head is gone: an attempt that outlived its entry
@@ -628,6 +637,16 @@ class Ledger:
                     "removing ledger chunks of %s, whose head is gone", self.head_key(gen, slot)
                 )
                 await self.delete_entry(gen, slot)
+
+    async def remove_empty_packed(self, keys: Iterable[str]) -> None:
+        """Remove packed keys that hold no head, of batches fenced off (`Pointer.settled`) or
+        of a lineage given back: the key is created empty before its first section is written
+        (`packed_heads`), and an attempt that outlived its batch's removal and was killed in
+        between left it, which no removal of an entry would take. An attempt writing a section
+        into it meanwhile finds the fence raised and removes what it wrote."""
+        for key in keys:
+            log.info("removing ledger key %s, a packed task's heads, holding none", key)
+            await self.kv.remove(key)
 
     async def delete_entry(self, gen: int, slot: str) -> None:
         """Remove the entry: its head and the chunks of every attempt."""

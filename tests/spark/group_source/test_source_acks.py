@@ -56,6 +56,7 @@ from nats_spark.spark.group_source.ledger import (
     write_pointer,
 )
 from nats_spark.spark.group_source.options import SourceOptions, parse_options
+from nats_spark.spark.group_source.packed_heads import PACKED_FORMAT, packed_token
 from nats_spark.spark.group_source.task.slot_entry import SlotEntry
 from nats_spark.spark.group_source.task.slot_reader import read_slot
 
@@ -647,7 +648,9 @@ def test_a_driver_that_adopts_a_lineage_clears_what_outlived_attempts_left(
     each once (left, they would wait out the minute and count as the query's own). The chunk
     is one an attempt wrote after its entry was settled, then found its head write failing and
     was killed before it removed it (the simulation's seed 1860); no head names it, and it
-    stayed for good. The slot may take 10 in pulls of 4: neither its first record nor the next
+    stayed for good; so did a packed key created empty (a packed task's heads are written
+    into a key created empty first) by an attempt killed before its first section. The slot
+    may take 10 in pulls of 4: neither its first record nor the next
     (in flight as Spark closes the task) is its last, so neither seals the entry with it, and
     the attempt closed after the first leaves it OPEN."""
     stream = f"OUTLIVED{unique}"
@@ -670,6 +673,11 @@ def test_a_driver_that_adopts_a_lineage_clears_what_outlived_attempts_left(
         kv, key = old.ledger.kv, old.ledger.pointer_key
         headless = f"{Ledger(kv, end.lineage).head_key(end.gen, 'partition-9')}.a1.0"
         run_sync(kv.put(headless, b"deliveries"))
+        # a packed key created empty by an attempt killed before its first section (of the
+        # fenced batch), and one of a batch past the fence, which a live task may be writing
+        empty, live = (f"{end.lineage}.{gen}.{packed_token(0)}" for gen in (end.gen, end.gen + 9))
+        for packed in (empty, live):
+            run_sync(kv.put(packed, json.dumps({"format": PACKED_FORMAT, "sections": {}}).encode()))
         pointer = run_sync(read_pointer(kv, key))
         assert pointer is not None and pointer.lineage == end.lineage
         if outlived_by == "a settled batch":  # batch 1 committed and settled, created again
@@ -686,7 +694,9 @@ def test_a_driver_that_adopts_a_lineage_clears_what_outlived_attempts_left(
         assert sorted(taken) == list(range(1, 11)), "a message was held, lost or read twice"
         left = run_sync(Ledger(restarted.ledger.kv, end.lineage).heads())
         assert (end.gen, partition.slot) not in left
-        assert headless not in run_sync(restarted.ledger.kv.keys_matching(f"{end.lineage}.>"))
+        kept = run_sync(restarted.ledger.kv.keys_matching(f"{end.lineage}.>"))
+        assert headless not in kept and empty not in kept
+        assert (live in kept) == (outlived_by == "a settled batch")  # a given-back lineage goes
     finally:
         run_sync(old.close())
         run_sync(restarted.close())

@@ -80,6 +80,7 @@ class DriverLedger:
         self.unwritten: set[tuple[int, str]] = set()
         # Entries of settled gens the adopt found chunks of and no head (`give_back_outlived`).
         self.headless: list[tuple[int, str]] = []
+        self.empty_packed: list[str] = []  # of gens fenced off: `Ledger.remove_empty_packed`
         self.pins: dict[str, str] = {}  # by slot: the pin its newest entry (or pointer) holds
         self.settled = 0  # newest gen with an entry removed as settled (`Pointer.settled`)
         self.last_query_pins: frozenset[str] = frozenset()  # pins of this target's last query
@@ -177,6 +178,7 @@ class DriverLedger:
         listing = await self.ledger.listing()
         self.entries = {(gen, slot): DriverEntry(gen, slot) for gen, slot in listing.heads}
         self.headless = [(gen, slot) for gen, slot in listing.headless if gen <= self.settled]
+        self.empty_packed = [key for gen, key in listing.empty_packed if gen <= self.settled]
         self.unwritten = set()
         await self.load_heads(self.entries.values())
         await self._remove_returned(listing.chunks)
@@ -555,7 +557,8 @@ class DriverLedger:
             for key in outlived:
                 del self.entries[key]
         await self.ledger.remove_headless(self.headless)
-        self.headless = []
+        await self.ledger.remove_empty_packed(self.empty_packed)
+        self.headless, self.empty_packed = [], []
         await self._give_back_lineages(client, self.retired)
 
     async def _give_back_lineages(self, client: NatsClient, lineages: Iterable[str]) -> None:
@@ -566,6 +569,7 @@ class DriverLedger:
             if listing.heads:
                 await self._give_back(client, ledger, listing.heads)
             await ledger.remove_headless(listing.headless)
+            await ledger.remove_empty_packed(key for _, key in listing.empty_packed)
 
     async def _give_back(
         self, client: NatsClient, ledger: Ledger, keys: list[tuple[int, str]]
