@@ -240,9 +240,9 @@ RARE = {
 # verdict is the range's and a change of the schedules only makes the search longer again (then
 # take the new first seeds from `make mutants`).
 FIRST_CATCHING = {
-    # In worlds whose operator follows the advice: the only one of 0-1999 (2026-12-02, helper-86;
+    # In worlds whose operator follows the advice: the only one of 0-1999 (2026-12-02, helper-87;
     # the seed that found the hole).
-    "refusal-before-the-give-back-knows-no-marks": 767,
+    "marks-of-acks-a-new-consumer-ignored": 1586,
     # In worlds whose operator follows the advice after lost acks (`ADVICE_AFTER_LOST_ACKS`):
     # 9 of 0-999, 108 the first (2026-12-01, helper-84).
     "consumer-judged-before-the-checkpoint-is-told": 108,
@@ -291,6 +291,15 @@ FIRST_CATCHING = {
 }
 # Mutants no seed is known to catch on today's schedules: `make mutants` reports them SURVIVED.
 UNCAUGHT: dict[str, str] = {
+    # Since a new checkpoint keeps only marks a look at the same consumer followed (helper-87,
+    # 2026-12-02; the pointer is written as the sightings' revisions move, which moved the
+    # schedules too): not studied why 767 no longer catches it (its marks no look followed are
+    # read again now, with or without the marks to come, is the likely reason).
+    "refusal-before-the-give-back-knows-no-marks": "767 was the only catching seed of 0-1999 of "
+    "the advice worlds (helper-86); none of 0-1999 of them, nor of 0-1999 with new checkpoints "
+    "at 70% of the runs, since; test_batch_coordinator's "
+    "test_spark_40_refusal_before_a_new_checkpoint_s_give_back_advises_past_what_it_marks "
+    "fails under it",
     # Only a consumer created at the old floor, below the marks to come, meets it: an operator
     # who follows the advice creates it past them (767's fix) or from the start (refused).
     "given-back-entries-held-before-the-give-back": "none of 0-1999 of the worlds whose operator "

@@ -765,6 +765,20 @@ CLOSED_HOLES: dict[int, tuple[dict[str, Any], str]] = {
         "by an answer runs on), and skipped 3, which ran out and came after 4. The check "
         "counted only stalls over by the give-back; one still on counts up to it",
     ),
+    # Found by helper-86 (2026-12-02), closed by helper-87: 1959 with new checkpoints at 70% of
+    # the runs is the same hole (1-3, 6, 8-9 of a batch acked 0.4 s after the recreation).
+    1586: (
+        {"recreate_consumer": True, "follows_advice": True},
+        "b4/partition-0 acked 12-13 of a committed batch 9 ms after g-partition-0 was created "
+        "again, which ignored them, yet marked the entry ACKED: a new checkpoint kept them as "
+        "acked and advised --deliver 14. Only marks a look at the same consumer followed count "
+        "now (Sighting.looked_after); the others are read again",
+    ),
+    1959: (
+        {"recreate_consumer": True, "follows_advice": True, "new_checkpoint": 0.7},
+        "as 1586: acks of 1-3, 6, 8-9 sent 0.4 s after the consumer was created again were "
+        "kept as marks, and --deliver 10 skipped 6 and 8-9",
+    ),
 }
 
 
@@ -784,24 +798,7 @@ KNOWN_OPEN: dict[int, tuple[dict[str, Any], str]] = {
     # the packed worlds with early stops, and 1738, 1877 (a stall before Spark closed the
     # attempt), found by helper-53 there with pausing executors.
     # 767 (helper-84's, consumer created again, operator follows the advice) is closed.
-    #
-    # Open (helper-86, 2026-12-02; fails on main before 767's fix too, then also refused once
-    # more): b4/partition-0 acked 12-13, committed by checkpoint B's batch 3, 9 ms after
-    # g-partition-0 was deleted and created again (DeliverAll); the new consumer, which never
-    # delivered them, ignored the acks (`processAckMsg`), yet the entry was marked ACKED. A new
-    # checkpoint's give-back keeps 12-13 as acked by an earlier checkpoint's query, and the advice
-    # (--deliver 14) starts past them: the server never had them acked, and the live checkpoint
-    # never reads them. An ack the ledger marks is not known to have reached the consumer that
-    # delivered it: a fix needs the mark (or the give-back's marks) to check the consumer's
-    # identity (its creation time) against the one that delivered. So does seed 1959 of those
-    # worlds with new checkpoints at 70% of the runs (1-3, 6, 8-9 of a batch whose acks went out
-    # 0.4 s after the recreation; the task then dropped and acked 1-3 the new consumer
-    # delivered again, and --deliver 10 skipped 6 and 8-9).
-    1586: (
-        {"recreate_consumer": True, "follows_advice": True},
-        "acks to a consumer created again an instant before are marked ACKED: a new checkpoint "
-        "skips what the server never had acked",
-    ),
+    # 1586 (helper-86's, consumer created again, operator follows the advice) is closed.
 }
 
 

@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable, Set
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence, Set
 from dataclasses import dataclass
 from enum import Enum
 
@@ -94,6 +94,7 @@ from nats_spark.spark.group_source.ledger import (
     own_write_or_taken_over,
     read_deliveries,
     read_head,
+    read_heads,
     write_head,
 )
 
@@ -640,11 +641,16 @@ async def remove_settled(
         forget((gen, slot))
 
 
-Marks = dict[tuple[str, str], frozenset[int]]
+Marks = dict[tuple[str, str], dict[int, int]]
 """By consumer ((stream, name), from the entries' ack prefix): the stream sequences a give-back's
-ACKED entries held. Once they are removed, what those entries acked is in no ledger: a consumer
-created again that starts below one delivers it again, and nothing would drop it
-(`SeenConsumers.acked_earlier`)."""
+ACKED entries held, each with the ledger revision its entry's head was read at (that of the ACKED
+write, or of a later one; a packed key's last write). Once they are removed, what those entries
+acked is in no ledger: a consumer created again that starts below one delivers it again, and
+nothing would drop it (`SeenConsumers.acked_earlier`). The revision tells whether the acks are
+known to have reached the consumer that delivered them: the server ignores an ack of what the
+consumer it reaches never delivered, one created again an instant before it (seed 1586 of the
+simulation's worlds whose operator follows the advice), and the task marks the entry ACKED
+anyway (`DriverLedger.marks_known_taken`)."""
 
 
 async def give_back(
@@ -662,11 +668,12 @@ async def give_back(
     (the last 100 ms), and the server ignores the NAK of a message no longer pending, so only
     what came back is given back, at once, ahead of newer messages of its key."""
     held: list[EntryDeliveries] = []
-    acked: dict[tuple[str, str], set[int]] = {}
+    acked: Marks = {}
     for gen, slot in keys:
-        head = await _taken_from_its_attempt(ledger, gen, slot)
-        if head is None:
+        taken = await _taken_from_its_attempt(ledger, gen, slot)
+        if taken is None:
             continue
+        head, revision = taken
         try:
             deliveries = await read_deliveries(ledger, head)
         except ChunkMissing:
@@ -678,8 +685,8 @@ async def give_back(
             )
             continue
         held.append(deliveries)
-        _mark(acked, head, deliveries)
-    await keep_marks({consumer: frozenset(seqs) for consumer, seqs in acked.items()})
+        _mark(acked, head, deliveries, revision)
+    await keep_marks(acked)
     for gen, slot in keys:
         await ledger.delete_entry(gen, slot)
     returned = 0
@@ -692,26 +699,29 @@ async def give_back(
     return returned
 
 
-async def marks_of(ledger: Ledger, heads: Iterable[EntryHead]) -> Marks:
-    """What the ACKED ones of `heads` hold (`Marks`), as a give-back of them keeps it: read
-    before that give-back, by a driver that knows it comes
+async def marks_of(ledger: Ledger, keys: Sequence[tuple[int, str]]) -> Marks:
+    """What the ACKED ones of the entries `keys` hold (`Marks`), as a give-back of them keeps
+    it: read before that give-back, by a driver that knows it comes
     (`DriverLedger.earlier_checkpoint_left`)."""
-    acked: dict[tuple[str, str], set[int]] = {}
-    for head in heads:
-        if head.state is not EntryState.ACKED or not head.count:
+    acked: Marks = {}
+    for found in await read_heads(ledger, keys):
+        if found is None or found[0].state is not EntryState.ACKED or not found[0].count:
             continue
+        head, revision = found
         try:
             deliveries = await read_deliveries(ledger, head)
         except ChunkMissing:  # brought back without its chunks: as `give_back` passes it over
             continue
-        _mark(acked, head, deliveries)
-    return {consumer: frozenset(seqs) for consumer, seqs in acked.items()}
+        _mark(acked, head, deliveries, revision)
+    return acked
 
 
-def _mark(acked: dict[tuple[str, str], set[int]], head: EntryHead, held: EntryDeliveries) -> None:
-    """Add what an ACKED entry `head` holds (`held`) to `acked`, by consumer (`Marks`)."""
+def _mark(acked: Marks, head: EntryHead, held: EntryDeliveries, revision: int) -> None:
+    """Add what an ACKED entry `head`, read at `revision`, holds (`held`) to `acked`, by
+    consumer (`Marks`)."""
     if head.state is EntryState.ACKED and held:
-        acked.setdefault(_consumer_of(held), set()).update(held.stream_seq)
+        marks = acked.setdefault(_consumer_of(held), {})
+        marks.update(dict.fromkeys(held.stream_seq, revision))
 
 
 def _consumer_of(deliveries: EntryDeliveries) -> tuple[str, str]:
@@ -739,21 +749,23 @@ async def _as_last_delivered(
     )
 
 
-async def _taken_from_its_attempt(ledger: Ledger, gen: int, slot: str) -> EntryHead | None:
-    """The entry's head, rewritten under `GIVEN_BACK` when OPEN (compare-and-set on its
-    revision): an attempt of the earlier query still recording in it fails its next write,
-    instead of recording deliveries after the give-back read what to NAK (they would wait out
-    their ack wait, behind newer messages of their keys). Not as it is: an attempt whose write
-    answered as a conflict reads the head back and takes one equal to what it wrote for its own
-    write (`write_head`), and it would go on recording on the give-back's revision (seed
-    13576)."""
+async def _taken_from_its_attempt(
+    ledger: Ledger, gen: int, slot: str
+) -> tuple[EntryHead, int] | None:
+    """The entry's head and the revision it was read at, rewritten under `GIVEN_BACK` when OPEN
+    (compare-and-set on its revision): an attempt of the earlier query still recording in it
+    fails its next write, instead of recording deliveries after the give-back read what to NAK
+    (they would wait out their ack wait, behind newer messages of their keys). Not as it is: an
+    attempt whose write answered as a conflict reads the head back and takes one equal to what
+    it wrote for its own write (`write_head`), and it would go on recording on the give-back's
+    revision (seed 13576)."""
     while True:
         found = await read_head(ledger, gen, slot)
         if found is None or found[0].state is not EntryState.OPEN:
-            return None if found is None else found[0]
+            return found
         head, revision = found
         try:
             await write_head(ledger, gen, slot, take_over(head, head.pin, GIVEN_BACK), revision)
         except LedgerConflict:
             continue  # the attempt wrote meanwhile: read what it recorded
-        return head
+        return head, revision

@@ -458,8 +458,8 @@ def test_a_driver_refusing_a_consumer_created_again_first_writes_what_it_saw(
     assert pointer is not None
     assert pointer.consumers == {
         "S": {
-            "g-partition-0": ["2026-11-30T01:00:00Z", 10],
-            "g-partition-1": ["2026-11-30T01:00:00Z", 5],
+            "g-partition-0": ["2026-11-30T01:00:00Z", 10, 0],
+            "g-partition-1": ["2026-11-30T01:00:00Z", 5, 0],
         }
     }
     run_sync(reader.close())
@@ -575,10 +575,14 @@ def acked_5_and_6_then_created_again(
     driver: tuple[BatchCoordinator, Server, MemoryBucket],
     monkeypatch: pytest.MonkeyPatch,
     floor: int,
+    looked_at_since: bool = True,
 ) -> tuple[Server, MemoryBucket, list[bytes]]:
     """A query on Spark 4.0/4.1 that saw partition-0's consumer at floor 4 commits 5-6 and acks
     them at stop (its entry is ACKED), then the consumer is created again at `floor`; with
-    what the ledger sends from then on (+ACK, -NAK)."""
+    what the ledger sends from then on (+ACK, -NAK). `looked_at_since`: a run of the query
+    restarted on its checkpoint looked at the old consumer after the acks (it took them), as
+    the pointer it wrote keeps; else the new consumer may have been created before they came
+    (nothing tells), and ignored them."""
     sent: list[bytes] = []
 
     async def send(nc: object, commands: list[bytes], count: int) -> int:
@@ -600,6 +604,13 @@ def acked_5_and_6_then_created_again(
     assert sent == [b"+ACK"] * 2
     server.usable = True  # the next queries' own connections
     server.show(SLOTS[0])
+    if looked_at_since:  # the old consumer, its floor below 5 still (acks lost below, say)
+        old = {"created": "2026-11-30T01:00:00Z", "ack_floor": {"stream_seq": 4}}
+        server.consumers[SLOTS[0].consumer].update(old)
+        restarted = checking(driver_of(server, kv))
+        run_sync(restarted.latest_offset(end, None))
+        run_sync(restarted.close())
+        server.usable = True
     again = {"created": "2026-11-30T01:05:00Z", "ack_floor": {"stream_seq": floor}}
     server.consumers[SLOTS[0].consumer].update(again)
     return server, kv, sent
@@ -650,6 +661,33 @@ def test_spark_40_entries_a_new_checkpoint_gives_back_hold_nothing_of_its_own(
     server, kv, _ = acked_5_and_6_then_created_again(driver, monkeypatch, floor=4)
     with pytest.raises(ConfigurationError, match="acked messages up to stream sequence 6"):
         judged_on_a_new_checkpoint(server, kv)
+
+
+def test_spark_40_a_new_checkpoint_reads_again_what_acks_may_have_missed_by_a_recreation(
+    driver: tuple[BatchCoordinator, Server, MemoryBucket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry of 5-6 was marked ACKED after the query's last look at partition-0's consumer,
+    which is found created again from the start: nothing tells whether the acks reached the old
+    consumer or came an instant after the new one was created, which ignored them (seed 1586 of
+    the simulation's worlds whose operator follows the advice: 9 ms after). 5-6 count as
+    committed and never acked, not as marks: the advice starts at 5, not past them at 7 (which
+    the live checkpoint would never have read), a consumer created at 5 is read on, and the
+    give-back keeps no mark of them."""
+    server, kv, sent = acked_5_and_6_then_created_again(
+        driver, monkeypatch, floor=0, looked_at_since=False
+    )
+    with pytest.raises(ConfigurationError, match="recreate it at 5$"):
+        judged_on_a_new_checkpoint(server, kv)
+    server.usable = True
+    created_at_5 = {"created": "2026-11-30T01:10:00Z", "ack_floor": {"stream_seq": 4}}
+    server.consumers[SLOTS[0].consumer].update(created_at_5)
+    advised = judged_on_a_new_checkpoint(server, kv)
+    first_batch = advised.current
+    assert first_batch is not None
+    run_sync(advised.partitions(SourceOffset(first_batch.lineage, 0), first_batch))
+    assert sent[2:] == [b"-NAK"] * 2
+    assert advised.target.seen.acked_earlier == {}
+    run_sync(advised.close())
 
 
 class ShortListingBucket(MemoryBucket):

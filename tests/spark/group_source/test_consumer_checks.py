@@ -150,7 +150,7 @@ def test_a_consumer_created_again_while_stopped_is_told_from_the_one_remembered(
     assert seen.stored() == {"S": {"C": [CREATED, 41]}}, "refused: still the one remembered"
     seen.record("S", "C", info(created="2026-11-28T19:06:00Z", floor=41))
     seen.look("S", "C", info(created="2026-11-28T19:06:00Z", floor=45), GO_ON)
-    assert seen.stored() == {"S": {"C": ["2026-11-28T19:06:00Z", 45]}}
+    assert seen.stored() == {"S": {"C": ["2026-11-28T19:06:00Z", 45, 0]}}
     unchanged = SeenConsumers()
     unchanged.remember({"S": {"C": [CREATED, 41]}})
     unchanged.look("S", "C", info(floor=50), GO_ON)
@@ -203,7 +203,7 @@ def test_a_consumer_created_again_right_after_the_floor_is_read_on_and_kept() ->
     seen = remembered(30)
     assert seen.skipped("S", "C", created_again(30)) == range(31, 31)
     seen.look("S", "C", created_again(30), GO_ON)
-    assert seen.stored() == {"S": {"C": [LATER, 30]}}
+    assert seen.stored() == {"S": {"C": [LATER, 30, 0]}}
     seen.look("S", "C", info(LATER, 40), GO_ON)
     assert seen.next_after_acked("S", "C") == 41
     assert seen.skipped("S", "C", info(LATER, 40)) is None, "not created again"
@@ -416,7 +416,7 @@ def test_marks_a_consumer_found_created_again_passed_stay_until_it_is_judged() -
     seen.remember({"S": {"C": [CREATED, 3]}})
     seen.restore_acked_earlier(pointer)
     seen.look("S", "C", created_again(5), GO_ON, Skipped(first_seq=4))
-    assert seen.stored() == {"S": {"C": [LATER, 5]}}
+    assert seen.stored() == {"S": {"C": [LATER, 5, 0]}}
     assert seen.acked_earlier == {}, "judged: its floor passed them"
 
 
@@ -501,7 +501,7 @@ def test_a_consumer_the_query_places_below_what_an_earlier_checkpoint_acked_is_j
     assert api.deleted == []
     assert seen.stored() == {"S": {consumer.name: [CREATED, 0]}}, "still judged next run"
     placing(api, consumer, seen, 9)  # as the line says, on the next run
-    assert seen.stored() == {"S": {consumer.name: [LATER, 8]}}
+    assert seen.stored() == {"S": {consumer.name: [LATER, 8, 0]}}
     assert seen.acked_earlier == {}
 
 
@@ -530,7 +530,7 @@ def test_a_static_group_s_advice_followed_runs_the_logged_batch_again_exactly() 
     placed = placing(CreatingApi(), consumer, seen, 4)
     target.look(slot, placed, replayed)
     assert seen.handed_started_over() == {key}
-    assert seen.stored() == {"S": {consumer.name: [LATER, 3]}}
+    assert seen.stored() == {"S": {consumer.name: [LATER, 3, 0]}}
     assert seen.stored_acked_earlier() == {"S": {consumer.name: [[4, 5]]}}, "until acked past"
 
 
@@ -626,7 +626,7 @@ def test_a_consumer_created_at_a_start_time_is_the_query_s_as_the_server_writes_
     client: Any = SimpleNamespace(api=api)
     seen = SeenConsumers()
     run_sync(ensure(client, consumer, seen, position.deliver))
-    assert seen.stored() == {"S": {consumer.name: [LATER, 0]}}
+    assert seen.stored() == {"S": {consumer.name: [LATER, 0, 0]}}
 
 
 @pytest.mark.parametrize("policy", ["new", "last", "last_per_subject"])

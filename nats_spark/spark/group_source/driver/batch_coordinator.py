@@ -255,6 +255,7 @@ class BatchCoordinator:
             {name: state.slot for name, state in self.states.items()}, self.ledger.unacked()
         )
         acked_first = self.ledger.committed_unacked(self.committed)
+        self.target.seen.looks_after = self.ledger.revision  # before the infos are asked
         infos = await self.listing.infos(client, resolved, lambda s: self._consumer_info(client, s))
         with self._looking():
             for slot, info in zip(resolved, infos, strict=True):
@@ -558,6 +559,7 @@ class BatchCoordinator:
         if not unseen:
             return {}
         client = await self._connect()
+        self.target.seen.looks_after = self.ledger.revision  # before the infos are asked
         infos = await self.listing.infos(client, unseen, lambda s: self._consumer_info(client, s))
         with self._looking():
             return {

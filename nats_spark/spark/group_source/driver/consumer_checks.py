@@ -65,6 +65,12 @@ class Sighting:
     created: str  # when the server created the consumer (RFC 3339): its identity
     ack_floor: int  # the stream sequence up to which it had everything acked
     delivered: int = 0  # the consumer sequence of its last delivery (0: not known)
+    # The highest ledger revision the driver had read before it asked for the info this
+    # sighting is of: every ledger write up to it landed before that ask, so the acks a task
+    # sent before marking an entry ACKED at or below it reached the server while this consumer
+    # still was (`SeenConsumers.marks_known_taken_through`). None: not known (a pointer of a
+    # release before it).
+    looked_after: int | None = None
 
 
 @dataclass(frozen=True)
@@ -282,20 +288,24 @@ class SeenConsumers:
         # Created by the query where it chose (`place`) below `acked_earlier`, until judged at
         # their first look, which knows what a batch run again holds of the marks.
         self.placed_below: set[tuple[str, str]] = set()
+        # The highest ledger revision the driver had read when it last sent for consumer infos
+        # (`DriverLedger.revision`, set before each round of looks): what it stamps the
+        # sightings it takes with (`Sighting.looked_after`).
+        self.looks_after = 0
+        # By consumer: the sighting a look replaced with that of a consumer created again,
+        # which it took. What the old one delivered is judged by it (`marks_known_taken_through`).
+        self.superseded: dict[tuple[str, str], Sighting] = {}
 
     def remember(self, stored: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
         """Take the sightings a previous driver of the query `stored` (the pointer's)."""
-        self.remembered = {
-            key: Sighting(str(created), int(floor))
-            for key, (created, floor) in _by_consumer(stored).items()
-        }
+        self.remembered = sightings_of(stored)
         self.inherited = set(self.remembered)
 
     def stored(self) -> dict[str, dict[str, list[Any]]]:
         """By stream and name: [created, ack floor] of each consumer, as the pointer keeps them
         (a remembered one not looked at yet as it was remembered: it is still to be checked)."""
         seen = {**self.sightings, **self.remembered}
-        return _by_stream({key: [s.created, s.ack_floor] for key, s in seen.items()})
+        return _by_stream({key: _stored(sighting) for key, sighting in seen.items()})
 
     def given_back(self, acked: Mapping[tuple[str, str], Collection[int]]) -> None:
         """Take what a give-back removes of entries that had acked (`ledger_protocol.Marks`):
@@ -350,8 +360,13 @@ class SeenConsumers:
         check_config(stream, name, info.config)
         if placed:
             self.remembered.pop((stream, name), None)
+        created = info.get("created") or ""
+        looked_after = self.looks_after
+        before = self.sightings.get((stream, name))
+        if before is not None and before.created == created and before.looked_after:
+            looked_after = max(looked_after, before.looked_after)
         self.sightings[stream, name] = Sighting(
-            info.get("created") or "", info.ack_floor_seq, info.delivered_consumer_seq
+            created, info.ack_floor_seq, info.delivered_consumer_seq, looked_after
         )
         # One found as it is keeps them: it may have been created again past them, to be judged
         # against a sighting this driver takes from the pointer later (a restarted checkpoint's
@@ -421,6 +436,7 @@ class SeenConsumers:
                 )
                 raise consumer_created_again(stream, name, when, evidence, way_on, harm)
             log.info("%s > %s was created again past nothing the query did not read", stream, name)
+            self.superseded.setdefault((stream, name), before)
             if (stream, name) in self.inherited:
                 self.started_over.add((stream, name))
             if skipped.lost_ok and before.ack_floor + 1 < skipped.first_seq:
@@ -465,9 +481,49 @@ class SeenConsumers:
         floor = before.ack_floor if before else 0
         return max(floor, self.acked_through(stream, name)) + 1
 
+    def marks_known_taken_through(
+        self, key: tuple[str, str], earlier: Sighting | None
+    ) -> int | None:
+        """The ledger revision up to which an entry marked ACKED is known to have had its acks
+        taken by the consumer `key` that delivered what it holds, as `earlier` (the sighting the
+        query that wrote the entry kept) shows it; None: not known, every mark counts (a
+        sighting of an earlier release, or none: an entry of a lineage retired since). A task
+        sends an entry's acks, flushed, before it marks it ACKED, so a mark at or below a
+        sighting's `looked_after` came before that look: the consumer was still the one seen.
+        One created again since, an instant before the acks, ignored them (the server takes an
+        ack only of what the consumer it reaches delivered), yet the entry was marked ACKED
+        (seed 1586 of the simulation's worlds whose operator follows the advice: 12-13 of a
+        committed batch, acked 9 ms after the recreation). This driver's own look at the same
+        consumer (created alike) counts too."""
+        if earlier is None or earlier.looked_after is None:
+            return None
+        mine = self.superseded.get(key) or self.sightings.get(key)
+        if mine is not None and mine.created == earlier.created and mine.looked_after:
+            return max(mine.looked_after, earlier.looked_after)
+        return earlier.looked_after
+
     def last_seen(self, stream: str, name: str) -> Sighting | None:
         """As the previous driver remembered it until this one looked, else as this one saw it."""
         return self.remembered.get((stream, name)) or self.sightings.get((stream, name))
+
+
+def sightings_of(
+    stored: Mapping[str, Mapping[str, Sequence[Any]]],
+) -> dict[tuple[str, str], Sighting]:
+    """The sightings a pointer keeps (`SeenConsumers.stored`), by consumer."""
+    return {
+        key: Sighting(str(kept[0]), int(kept[1]), 0, int(kept[2]) if len(kept) > 2 else None)
+        for key, kept in _by_consumer(stored).items()
+    }
+
+
+def _stored(sighting: Sighting) -> list[Any]:
+    """[created, ack floor] of a sighting, and its `looked_after` when known, as the pointer
+    keeps it."""
+    kept: list[Any] = [sighting.created, sighting.ack_floor]
+    if sighting.looked_after is not None:
+        kept.append(sighting.looked_after)
+    return kept
 
 
 def _by_stream(by_consumer: Mapping[tuple[str, str], T]) -> dict[str, dict[str, T]]:

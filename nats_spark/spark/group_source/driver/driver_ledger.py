@@ -9,6 +9,7 @@ per batch grows with the slots, not the messages; only `ack_through`, at stop, r
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Collection, Iterable
@@ -19,7 +20,11 @@ from nats_spark import clock
 from nats_spark.client import NatsClient
 from nats_spark.errors import NatsSparkError
 from nats_spark.spark.group_source import ledger_protocol as protocol
-from nats_spark.spark.group_source.driver.consumer_checks import SeenConsumers
+from nats_spark.spark.group_source.driver.consumer_checks import (
+    SeenConsumers,
+    Sighting,
+    sightings_of,
+)
 from nats_spark.spark.group_source.driver.offsets import SlotPlan, SourceOffset
 from nats_spark.spark.group_source.driver.slot_packing import layout
 from nats_spark.spark.group_source.ledger import (
@@ -104,6 +109,13 @@ class DriverLedger:
         # driver that planned in the stored lineage. Its ACKED entries are then what that query
         # acked, marks to come (`earlier_acked`), not what this one emitted (`held_seqs`).
         self.earlier_checkpoint_left = False
+        # The highest ledger revision read in an entry's head: every write up to it landed
+        # before that read (`SeenConsumers.looks_after`).
+        self.revision = 0
+        # By lineage (this one's, and those it replaced): its consumers as its last driver saw
+        # them, by which the marks a give-back of its entries keeps are judged
+        # (`marks_known_taken`).
+        self.lineage_sightings: dict[str, dict[tuple[str, str], Sighting]] = {}
 
     def attach(self, kv: Bucket) -> None:
         """Use `kv` (a new connection's handle on the bucket)."""
@@ -168,6 +180,8 @@ class DriverLedger:
             else:
                 remembered = pointer.replaced_consumers.get(offset.lineage, {})
         self.seen.remember(remembered)
+        self.lineage_sightings = {n: sightings_of(c) for n, c in self.replaced_consumers.items()}
+        self.lineage_sightings[offset.lineage] = sightings_of(remembered)
         self.started_over = {}
         if pointer is not None and pointer.lineage == offset.lineage:
             self.started_over = {(str(s), str(n)): int(g) for s, n, g in pointer.started_over}
@@ -200,6 +214,7 @@ class DriverLedger:
         assert ledger is not None
         entries = list(entries)
         heads = await read_heads(ledger, [(e.gen, e.slot) for e in entries])
+        self.revision = max([self.revision, *(found[1] for found in heads if found)])
         newest = self._newest_gens()  # kept as entries go: per head, a walk over all of them
         for entry, found in zip(entries, heads, strict=True):
             if found is None:
@@ -497,15 +512,16 @@ class DriverLedger:
                 self.loaded(self.entries.setdefault((gen, slot), DriverEntry(gen, slot)), found[0])
         return gone
 
-    async def earlier_acked(self) -> protocol.Marks:
+    async def earlier_acked(self) -> dict[tuple[str, str], frozenset[int]]:
         """While `earlier_checkpoint_left`: what the ACKED entries hold (read), all an earlier
         checkpoint's query's (this one committed nothing), which the first batch's give-back
         keeps as marks (`SeenConsumers.given_back`); else nothing."""
         if not self.earlier_checkpoint_left:
             return {}
         assert self.ledger is not None
-        heads = [entry.head for _, entry in sorted(self.entries.items()) if entry.head]
-        return await protocol.marks_of(self.ledger, heads)
+        keys = [key for key, entry in sorted(self.entries.items()) if entry.head]
+        marks = await protocol.marks_of(self.ledger, keys)
+        return self.marks_known_taken(marks, self.ledger.lineage)
 
     async def give_back_before(self, client: NatsClient, gen: int) -> None:
         """Give back the entries of this lineage's gens before `gen`, a checkpoint's first
@@ -576,18 +592,42 @@ class DriverLedger:
     ) -> None:
         """Give back `keys` of `ledger` (`ledger_protocol.give_back`), keeping what its acked
         entries held (`_keep_marks`) before they are removed."""
-        returned = await self.runtime.give_back(client, ledger, keys, self._keep_marks)
+        returned = await self.runtime.give_back(
+            client, ledger, keys, functools.partial(self._keep_marks, ledger.lineage)
+        )
         log.info("a new checkpoint: %d messages an earlier query took are read again", returned)
 
-    async def _keep_marks(self, acked: protocol.Marks) -> None:
+    def marks_known_taken(
+        self, marks: protocol.Marks, lineage: str
+    ) -> dict[tuple[str, str], frozenset[int]]:
+        """Of `marks` (of entries of `lineage`), those whose acks are known to have reached the
+        consumer that delivered them (`SeenConsumers.marks_known_taken_through`, by the
+        sightings of the query that wrote them). The others count as committed and never
+        acked: a new checkpoint reads them again, as it does what an earlier query committed
+        and did not ack; kept as marks, a refusal of the consumer created again advised a start
+        past them and the live checkpoint never read them (seed 1586 of the simulation's worlds
+        whose operator follows the advice)."""
+        earlier = self.lineage_sightings.get(lineage, {})
+        known: dict[tuple[str, str], frozenset[int]] = {}
+        for key, seqs in marks.items():
+            through = self.seen.marks_known_taken_through(key, earlier.get(key))
+            taken = frozenset(
+                s for s, revision in seqs.items() if through is None or revision <= through
+            )
+            if taken:
+                known[key] = taken
+        return known
+
+    async def _keep_marks(self, lineage: str, acked: protocol.Marks) -> None:
         """Keep what a give-back's acked entries held (`SeenConsumers.given_back`) in the
         pointer, before it removes them: only the pointer carries it to the target's next
         drivers. Kept in memory until the next pointer write, it was lost by a run that failed
         (seed 5265 of the worlds whose consumer is created again: the next checkpoint's query
         read on a consumer created again below it, which delivered 2 again after 4), and, once
         written at stop, by a driver that died (seeds 150 and 247: an acked message came after
-        a newer one of its key). Written only when the pointer lacks a mark."""
-        self.seen.given_back(acked)
+        a newer one of its key). Written only when the pointer lacks a mark. Only the marks
+        known to have been taken by the consumer count (`marks_known_taken`)."""
+        self.seen.given_back(self.marks_known_taken(acked, lineage))
         if self.seen.stored_acked_earlier() != self.stored_marks:
             await self.save_pointer()
 
