@@ -312,9 +312,7 @@ class SeenConsumers:
         above a consumer's ack floor as last seen, a consumer created again that starts below it
         would deliver it again, which the ledger no longer drops."""
         for key, seqs in acked.items():
-            before = self.last_seen(*key)
-            above = {seq for seq in seqs if seq > (before.ack_floor if before else 0)}
-            if above:
+            if above := self._above_floor(key, seqs):
                 self.acked_earlier[key] = self.acked_earlier.get(key, frozenset()) | above
 
     def expect_given_back(self, acked: Mapping[tuple[str, str], Collection[int]]) -> None:
@@ -323,10 +321,13 @@ class SeenConsumers:
         refusal before it advises a start past them, as one after it does."""
         self.marks_to_come = {}
         for key, seqs in acked.items():
-            before = self.last_seen(*key)
-            above = frozenset(seq for seq in seqs if seq > (before.ack_floor if before else 0))
-            if above:
+            if above := self._above_floor(key, seqs):
                 self.marks_to_come[key] = above
+
+    def _above_floor(self, key: tuple[str, str], seqs: Collection[int]) -> frozenset[int]:
+        """Of `seqs`, those above the consumer's ack floor as last seen."""
+        before = self.last_seen(*key)
+        return frozenset(seq for seq in seqs if seq > (before.ack_floor if before else 0))
 
     def restore_acked_earlier(self, stored: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
         """Take what the pointer keeps (`stored_acked_earlier`), with what was taken since."""
