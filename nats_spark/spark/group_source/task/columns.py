@@ -112,7 +112,7 @@ class SlotColumns:
 
     def _subjects(self, n: int) -> tuple[pa.Array, pa.Array]:
         """The `subject` and `partition` columns; a group's stored `<partition>.<subject>` is
-        split in Arrow, not row by row."""
+        split as a column (`_without_token`, else Arrow's regex), not subject by subject."""
         if not (self.partitioned and n):
             return bytes_array(self.subject, pa.string()), pa.nulls(n, pa.int32())
         # A partition's consumer reads one partition: its token is cut off by position.

@@ -624,8 +624,7 @@ async def packed_batches(
             queued.emitting(emitting)
             async for batch in emitting.batches():
                 yield emitting.slot, batch
-            ahead.remove(emitting)
-            start_more()
+            ahead.remove(emitting)  # its steps end with its last rows: `steps_ended` starts more
     finally:
         ending = True
         for slot in ahead:
